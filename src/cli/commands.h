@@ -1,0 +1,11 @@
+#pragma once
+// The subcommands of the fitllm executable; one file each.
+#include <string>
+#include <vector>
+
+namespace fitllm::cli {
+
+// Each returns the process exit status; args exclude "fitllm" and the subcommand name.
+int run_inspect(const std::vector<std::string>& args);
+
+}  // namespace fitllm::cli

@@ -1,0 +1,71 @@
+// fitllm: one executable, one subcommand per task.
+#include <cstdio>
+#include <string>
+#include <vector>
+
+#include "cli/args.h"
+#include "cli/commands.h"
+#include "fitllm/error.h"
+#include "fitllm/version.h"
+
+namespace {
+
+struct Command {
+    const char* name;
+    const char* summary;
+    int (*run)(const std::vector<std::string>& args);
+};
+
+constexpr Command kCommands[] = {
+    {"inspect", "show what a GGUF file holds: model, hyper-parameters, tokenizer, tensors", fitllm::cli::run_inspect},
+};
+
+void print_help() {
+    std::printf("fitllm %s: run GGUF language models inside a memory budget\n\n", fitllm::kVersion);
+    std::printf("usage: fitllm COMMAND [OPTIONS]\n\ncommands:\n");
+    for (const Command& c : kCommands) std::printf("  %-12s %s\n", c.name, c.summary);
+    std::printf("\n'fitllm COMMAND --help' shows the options of a command.\n");
+}
+
+int run_command(const std::string& name, const std::vector<std::string>& args) {
+    for (const Command& c : kCommands) {
+        if (name != c.name) continue;
+        try {
+            return c.run(args);
+        } catch (const fitllm::cli::UsageError& e) {
+            std::fprintf(stderr, "fitllm %s: %s\n", c.name, e.what());
+            return 2;
+        } catch (const std::exception& e) {
+            std::fprintf(stderr, "fitllm %s: error: %s\n", c.name, e.what());
+            return 1;
+        }
+    }
+    std::fprintf(stderr, "fitllm: unknown command '%s' (run 'fitllm --help' for the list)\n", name.c_str());
+    return 2;
+}
+
+}  // namespace
+
+int main(int argc, char** argv) {
+    const std::vector<std::string> args(argv + 1, argv + argc);
+    if (args.empty()) {
+        print_help();
+        return 2;
+    }
+    if (args[0] == "--help" || args[0] == "-h") {
+        print_help();
+        return 0;
+    }
+    if (args[0] == "help") {
+        if (args.size() < 2) {
+            print_help();
+            return 0;
+        }
+        return run_command(args[1], {"--help"});
+    }
+    if (args[0] == "--version") {
+        std::printf("fitllm %s\n", fitllm::kVersion);
+        return 0;
+    }
+    return run_command(args[0], std::vector<std::string>(args.begin() + 1, args.end()));
+}

@@ -1,0 +1,76 @@
+#include "test_support.h"
+
+#include <sys/wait.h>
+#include <unistd.h>
+
+#include <array>
+#include <cstdio>
+#include <cstdlib>
+#include <cstring>
+#include <fstream>
+#include <stdexcept>
+
+namespace fitllm::test {
+
+namespace fs = std::filesystem;
+
+fs::path source_dir() { return FITLLM_SOURCE_DIR; }
+
+std::optional<fs::path> demo_model() {
+    fs::path p = std::getenv("FITLLM_DEMO_MODEL") ? fs::path(std::getenv("FITLLM_DEMO_MODEL"))
+                                                  : source_dir() / "models" / "gemma-3-270m-q4_k_m.gguf";
+    if (fs::exists(p)) return p;
+    return std::nullopt;
+}
+
+std::optional<fs::path> vocab_dir() {
+    fs::path p = std::getenv("FITLLM_VOCAB_DIR") ? fs::path(std::getenv("FITLLM_VOCAB_DIR"))
+                                                 : source_dir().parent_path() / "shared" / "data" / "vocab";
+    if (fs::is_directory(p)) return p;
+    return std::nullopt;
+}
+
+std::optional<fs::path> python() {
+    fs::path p = std::getenv("FITLLM_PYTHON") ? fs::path(std::getenv("FITLLM_PYTHON"))
+                                              : source_dir() / ".venv" / "bin" / "python";
+    if (fs::exists(p)) return p;
+    return std::nullopt;
+}
+
+TempDir::TempDir() {
+    std::string templ = (fs::temp_directory_path() / "fitllm-test-XXXXXX").string();
+    if (!mkdtemp(templ.data())) throw std::runtime_error("mkdtemp failed");
+    path_ = templ;
+}
+
+TempDir::~TempDir() {
+    std::error_code ec;
+    fs::remove_all(path_, ec);
+}
+
+void write_file(const fs::path& path, std::span<const std::byte> bytes) {
+    std::ofstream out(path, std::ios::binary);
+    out.write(reinterpret_cast<const char*>(bytes.data()), static_cast<std::streamsize>(bytes.size()));
+    if (!out) throw std::runtime_error("cannot write " + path.string());
+}
+
+std::vector<std::byte> read_file(const fs::path& path) {
+    std::ifstream in(path, std::ios::binary);
+    std::vector<char> chars((std::istreambuf_iterator<char>(in)), std::istreambuf_iterator<char>());
+    std::vector<std::byte> out(chars.size());
+    std::memcpy(out.data(), chars.data(), chars.size());
+    return out;
+}
+
+CommandResult run_command(const std::string& command) {
+    FILE* pipe = popen(command.c_str(), "r");
+    if (!pipe) throw std::runtime_error("popen failed: " + command);
+    std::string output;
+    std::array<char, 4096> buf;
+    size_t n;
+    while ((n = fread(buf.data(), 1, buf.size(), pipe)) > 0) output.append(buf.data(), n);
+    const int status = pclose(pipe);
+    return {WIFEXITED(status) ? WEXITSTATUS(status) : -1, output};
+}
+
+}  // namespace fitllm::test

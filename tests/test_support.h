@@ -1,0 +1,45 @@
+#pragma once
+// Shared helpers for the test suite: where the fixtures live, temp files, running Python tools.
+#include <cstddef>
+#include <filesystem>
+#include <optional>
+#include <span>
+#include <string>
+#include <vector>
+
+namespace fitllm::test {
+
+std::filesystem::path source_dir();
+// The demo model (Gemma 3 270M Q4_K_M) as set up by scripts/setup.sh; nullopt when absent.
+// FITLLM_DEMO_MODEL overrides the location.
+std::optional<std::filesystem::path> demo_model();
+// ../shared/data/vocab beside the checkout (FITLLM_VOCAB_DIR overrides); nullopt when absent.
+std::optional<std::filesystem::path> vocab_dir();
+// The project venv's python (FITLLM_PYTHON overrides); nullopt when absent.
+std::optional<std::filesystem::path> python();
+
+// A fresh directory under the system temp dir, removed with everything in it on destruction.
+class TempDir {
+public:
+    TempDir();
+    ~TempDir();
+    TempDir(const TempDir&) = delete;
+    TempDir& operator=(const TempDir&) = delete;
+    const std::filesystem::path& path() const { return path_; }
+    std::filesystem::path operator/(const std::string& name) const { return path_ / name; }
+
+private:
+    std::filesystem::path path_;
+};
+
+void write_file(const std::filesystem::path& path, std::span<const std::byte> bytes);
+std::vector<std::byte> read_file(const std::filesystem::path& path);
+
+// Runs a shell command; returns its exit status and stdout.
+struct CommandResult {
+    int status;
+    std::string output;
+};
+CommandResult run_command(const std::string& command);
+
+}  // namespace fitllm::test
