@@ -7,5 +7,7 @@ namespace fitllm::cli {
 
 // Each returns the process exit status; args exclude "fitllm" and the subcommand name.
 int run_inspect(const std::vector<std::string>& args);
+int run_tokenize(const std::vector<std::string>& args);
+int run_template(const std::vector<std::string>& args);
 
 }  // namespace fitllm::cli

@@ -18,6 +18,8 @@ struct Command {
 
 constexpr Command kCommands[] = {
     {"inspect", "show what a GGUF file holds: model, hyper-parameters, tokenizer, tensors", fitllm::cli::run_inspect},
+    {"tokenize", "split text into the model's tokens (ids and pieces), as llama.cpp does", fitllm::cli::run_tokenize},
+    {"template", "render a conversation through the model's chat template", fitllm::cli::run_template},
 };
 
 void print_help() {

@@ -65,7 +65,9 @@ public:
     const std::string& source() const { return source_; }
     uint32_t version() const { return version_; }
     uint32_t alignment() const { return alignment_; }
-    uint64_t data_offset() const { return data_offset_; }  // start of the data section
+    // Start of the data section. A file without tensors may end before it (no padding), so
+    // data_offset() can exceed size() there.
+    uint64_t data_offset() const { return data_offset_; }
     uint64_t size() const { return bytes_.size(); }
     std::span<const std::byte> bytes() const { return bytes_; }
     // The mapping behind open(); nullptr after parse().

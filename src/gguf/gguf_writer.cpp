@@ -77,14 +77,15 @@ void GgufWriter::add_value(const Value& v) {
 void GgufWriter::add_tensor(std::string_view name, quant::GgmlType type, std::span<const int64_t> dims,
                             std::span<const std::byte> data) {
     const std::string where = "GgufWriter: tensor '" + std::string(name) + "': ";
-    if (dims.empty() || dims.size() > kMaxDims) throw Error(where + "needs 1 to 4 dimensions");
+    if (dims.size() > kMaxDims) throw Error(where + "has more than 4 dimensions");  // 0 dims: a scalar
     uint64_t n = 1;
     for (int64_t d : dims) {
         if (d < 0) throw Error(where + "negative dimension");
         if (__builtin_mul_overflow(n, static_cast<uint64_t>(d), &n)) throw Error(where + "element count overflows");
     }
-    if (static_cast<uint64_t>(dims[0]) % quant::traits(type).block_elements != 0) {
-        throw Error(where + "row length " + std::to_string(dims[0]) + " is not a multiple of the block size of " +
+    const uint64_t row = dims.empty() ? 1 : static_cast<uint64_t>(dims[0]);
+    if (row % quant::traits(type).block_elements != 0) {
+        throw Error(where + "row length " + std::to_string(row) + " is not a multiple of the block size of " +
                     std::string(quant::traits(type).name));
     }
     const uint64_t expected = n / quant::traits(type).block_elements * quant::traits(type).block_bytes;
@@ -122,6 +123,9 @@ std::vector<std::byte> GgufWriter::to_bytes() const {
         le(offset);
         offset += padded(t.data.size());
     }
+    // A file without tensors ends right after its header, as llama.cpp and gguf-py write
+    // vocab-only files: the data section (and its padding) is empty.
+    if (tensors_.empty()) return out;
     out.resize(padded(out.size()));
     out.reserve(out.size() + offset);
     for (const Tensor& t : tensors_) {

@@ -76,6 +76,10 @@ TEST(DemoModel, EveryVocabFileParses) {
         EXPECT_TRUE(f.has("tokenizer.ggml.model"));
         EXPECT_GT(f.at("tokenizer.ggml.tokens").array_size(), 1000u);
         EXPECT_TRUE(f.tensors().empty());
+        GgufWriter w(f.version());  // vocab-only files round-trip byte-exactly too
+        for (const Value& v : f.metadata()) w.add_value(v);
+        const std::vector<std::byte> out = w.to_bytes();
+        EXPECT_TRUE(out.size() == f.size() && std::equal(out.begin(), out.end(), f.bytes().begin()));
         ++files;
     }
     EXPECT_GE(files, 10);

@@ -48,13 +48,17 @@ TEST(GgmlType, AgreesWithPyPIGguf) {
         EXPECT_EQ(t->name, entry[0].get<std::string>());
         EXPECT_EQ(t->block_elements, entry[1].get<uint32_t>());
         // gguf-py keeps Q8_1's old 40-byte layout; ggml (what reads files) uses 36.
-        if (id != static_cast<uint32_t>(GgmlType::Q8_1)) EXPECT_EQ(t->block_bytes, entry[2].get<uint32_t>());
+        if (id != static_cast<uint32_t>(GgmlType::Q8_1)) {
+            EXPECT_EQ(t->block_bytes, entry[2].get<uint32_t>());
+        }
         ++compared;
     }
     EXPECT_GE(compared, 30);
     // Every type we support is one gguf-py knows.
     for (uint32_t id = 0; id < kGgmlTypeIdEnd; ++id) {
-        if (is_supported(id)) EXPECT_TRUE(facts["types"].contains(std::to_string(id))) << type_name(id);
+        if (is_supported(id)) {
+            EXPECT_TRUE(facts["types"].contains(std::to_string(id))) << type_name(id);
+        }
     }
 }
 

@@ -1,0 +1,321 @@
+#pragma once
+// The block layouts of ggml's quantized types, byte for byte as GGUF files store them, and the
+// scalar half-precision conversions used by the reference kernels.
+//
+// A block holds block_elements() weights (32 for the legacy types, 256 = kQK for the k-quants)
+// as small integers plus one or more scales. Scales are IEEE half (fp16) unless noted. The
+// comments give the value of element i of a block; dequantize.cpp is the executable version.
+#include <bit>
+#include <cmath>
+#include <cstdint>
+#include <cstring>
+
+#include "quant/ggml_type.h"
+
+namespace fitllm::quant {
+
+inline constexpr int kQK = 256;  // elements of a k-quant super-block (ggml's QK_K)
+
+// Q4_0: x[i] = d * (q[i] - 8), q 4-bit. Element i < 16 is the low nibble of qs[i],
+// element i >= 16 the high nibble of qs[i - 16].
+struct BlockQ4_0 {
+    uint16_t d;
+    uint8_t qs[16];
+};
+
+// Q4_1: x[i] = d * q[i] + m, nibbles as in Q4_0.
+struct BlockQ4_1 {
+    uint16_t d;
+    uint16_t m;
+    uint8_t qs[16];
+};
+
+// Q5_0: x[i] = d * (q[i] - 16), q 5-bit: the nibble as in Q4_0, bit 4 is bit i of qh (little endian).
+struct BlockQ5_0 {
+    uint16_t d;
+    uint8_t qh[4];
+    uint8_t qs[16];
+};
+
+// Q5_1: x[i] = d * q[i] + m, q as in Q5_0.
+struct BlockQ5_1 {
+    uint16_t d;
+    uint16_t m;
+    uint8_t qh[4];
+    uint8_t qs[16];
+};
+
+// Q8_0: x[i] = d * qs[i].
+struct BlockQ8_0 {
+    uint16_t d;
+    int8_t qs[32];
+};
+
+// Q8_1: x[i] = d * qs[i]; s = d * sum(qs) (rounded to fp16), for the Q4_1 / Q5_1 dots.
+struct BlockQ8_1 {
+    uint16_t d;
+    uint16_t s;
+    int8_t qs[32];
+};
+
+// Q2_K: 16 sub-blocks of 16. x = d * (scales[j] & 15) * q - dmin * (scales[j] >> 4), q 2-bit.
+// Element e = 128 * h + 32 * g + l (h < 2, g < 4, l < 32) is bits 2g..2g+1 of qs[32 * h + l],
+// in sub-block j = 8 * h + 2 * g + l / 16.
+struct BlockQ2_K {
+    uint8_t scales[kQK / 16];
+    uint8_t qs[kQK / 4];
+    uint16_t d;
+    uint16_t dmin;
+};
+
+// Q3_K: 16 sub-blocks of 16. x = d * (s[j] - 32) * (q - 4), s 6-bit, q 3-bit.
+// The low 2 bits of q are placed as in Q2_K; bit 2 is bit 4h + g of hmask[l].
+// s[j]: low 4 bits = j < 8 ? scales[j] & 15 : scales[j - 8] >> 4,
+//       high 2 bits = bits 2 * (j / 4) of scales[8 + j % 4].
+struct BlockQ3_K {
+    uint8_t hmask[kQK / 8];
+    uint8_t qs[kQK / 4];
+    uint8_t scales[12];
+    uint16_t d;
+};
+
+// Q4_K: 8 sub-blocks of 32. x = d * sc[j] * q - dmin * mn[j], sc and mn 6-bit, q 4-bit.
+// Element e = 64 * c + 32 * half + l is the low (half 0) or high (half 1) nibble of
+// qs[32 * c + l], in sub-block j = 2 * c + half. sc/mn are packed in scales, see unpack below.
+struct BlockQ4_K {
+    uint16_t d;
+    uint16_t dmin;
+    uint8_t scales[12];
+    uint8_t qs[kQK / 2];
+};
+
+// Q5_K: as Q4_K with a 5th bit: bit j of qh[l] for element 32 * j + l.
+struct BlockQ5_K {
+    uint16_t d;
+    uint16_t dmin;
+    uint8_t scales[12];
+    uint8_t qh[kQK / 8];
+    uint8_t qs[kQK / 2];
+};
+
+// Q6_K: 16 sub-blocks of 16. x = d * scales[j] * (q - 32), q 6-bit, scales signed 8-bit.
+// Element e = 128 * h + 32 * g + l (h < 2, g < 4, l < 32): low 4 bits are the low (g < 2) or
+// high (g >= 2) nibble of ql[64 * h + 32 * (g % 2) + l], high 2 bits are bits 2g..2g+1 of
+// qh[32 * h + l]; sub-block j = e / 16.
+struct BlockQ6_K {
+    uint8_t ql[kQK / 2];
+    uint8_t qh[kQK / 4];
+    int8_t scales[kQK / 16];
+    uint16_t d;
+};
+
+// Q8_K: the activation format of the k-quant dots. x[i] = d * qs[i] with d a float;
+// bsums[j] = sum of qs[16 j .. 16 j + 15].
+struct BlockQ8_K {
+    float d;
+    int8_t qs[kQK];
+    int16_t bsums[kQK / 16];
+};
+
+static_assert(sizeof(BlockQ4_0) == 18 && sizeof(BlockQ4_1) == 20 && sizeof(BlockQ5_0) == 22);
+static_assert(sizeof(BlockQ5_1) == 24 && sizeof(BlockQ8_0) == 34 && sizeof(BlockQ8_1) == 36);
+static_assert(sizeof(BlockQ2_K) == 84 && sizeof(BlockQ3_K) == 110 && sizeof(BlockQ4_K) == 144);
+static_assert(sizeof(BlockQ5_K) == 176 && sizeof(BlockQ6_K) == 210 && sizeof(BlockQ8_K) == 292);
+
+// The block struct of each type, and a compile-time check against the type table of ggml_type.cpp
+// (which tests check against PyPI's gguf).
+template <GgmlType T>
+struct BlockOf;
+template <>
+struct BlockOf<GgmlType::Q4_0> {
+    using type = BlockQ4_0;
+    static constexpr int elements = 32;
+};
+template <>
+struct BlockOf<GgmlType::Q4_1> {
+    using type = BlockQ4_1;
+    static constexpr int elements = 32;
+};
+template <>
+struct BlockOf<GgmlType::Q5_0> {
+    using type = BlockQ5_0;
+    static constexpr int elements = 32;
+};
+template <>
+struct BlockOf<GgmlType::Q5_1> {
+    using type = BlockQ5_1;
+    static constexpr int elements = 32;
+};
+template <>
+struct BlockOf<GgmlType::Q8_0> {
+    using type = BlockQ8_0;
+    static constexpr int elements = 32;
+};
+template <>
+struct BlockOf<GgmlType::Q8_1> {
+    using type = BlockQ8_1;
+    static constexpr int elements = 32;
+};
+template <>
+struct BlockOf<GgmlType::Q2_K> {
+    using type = BlockQ2_K;
+    static constexpr int elements = kQK;
+};
+template <>
+struct BlockOf<GgmlType::Q3_K> {
+    using type = BlockQ3_K;
+    static constexpr int elements = kQK;
+};
+template <>
+struct BlockOf<GgmlType::Q4_K> {
+    using type = BlockQ4_K;
+    static constexpr int elements = kQK;
+};
+template <>
+struct BlockOf<GgmlType::Q5_K> {
+    using type = BlockQ5_K;
+    static constexpr int elements = kQK;
+};
+template <>
+struct BlockOf<GgmlType::Q6_K> {
+    using type = BlockQ6_K;
+    static constexpr int elements = kQK;
+};
+template <>
+struct BlockOf<GgmlType::Q8_K> {
+    using type = BlockQ8_K;
+    static constexpr int elements = kQK;
+};
+
+// ---- Scalar conversions (the SIMD files use F16C instead) ----
+
+inline float fp16_to_fp32(uint16_t h) {
+    const uint32_t sign = static_cast<uint32_t>(h & 0x8000u) << 16;
+    const uint32_t exponent = (h >> 10) & 0x1Fu;
+    const uint32_t mantissa = h & 0x3FFu;
+    if (exponent == 0x1F) return std::bit_cast<float>(sign | 0x7F800000u | (mantissa << 13));  // inf, nan
+    if (exponent != 0) return std::bit_cast<float>(sign | ((exponent + 112) << 23) | (mantissa << 13));
+    const float subnormal = static_cast<float>(mantissa) * 0x1p-24f;  // exact
+    return sign ? -subnormal : subnormal;
+}
+
+// Round to nearest, ties to even; overflow gives infinity, NaN stays NaN.
+inline uint16_t fp32_to_fp16(float f) {
+    const uint32_t x = std::bit_cast<uint32_t>(f);
+    const auto sign = static_cast<uint16_t>((x >> 16) & 0x8000u);
+    const uint32_t ax = x & 0x7FFFFFFFu;
+    if (ax > 0x7F800000u) return sign | 0x7E00u;   // NaN
+    if (ax >= 0x477FF000u) return sign | 0x7C00u;  // >= 65520 rounds to infinity
+    if (ax >= 0x38800000u) {                       // a normal half (>= 2^-14)
+        const uint32_t rounded = ax + 0xFFFu + ((ax >> 13) & 1u);
+        return sign | static_cast<uint16_t>((rounded - 0x38000000u) >> 13);
+    }
+    // Subnormal half: a multiple of 2^-24; the product is exact and nearbyint rounds to even.
+    return sign | static_cast<uint16_t>(std::nearbyint(std::bit_cast<float>(ax) * 0x1p24f));
+}
+
+inline float bf16_to_fp32(uint16_t h) {
+    return std::bit_cast<float>(static_cast<uint32_t>(h) << 16);
+}
+
+inline uint16_t fp32_to_bf16(float f) {
+    const uint32_t x = std::bit_cast<uint32_t>(f);
+    if ((x & 0x7FFFFFFFu) > 0x7F800000u) return static_cast<uint16_t>((x >> 16) | 0x40u);  // quiet NaN
+    return static_cast<uint16_t>((x + 0x7FFFu + ((x >> 16) & 1u)) >> 16);
+}
+
+// ---- Packed sub-block scales of the k-quants ----
+
+inline uint32_t load_u32(const uint8_t* p) {
+    uint32_t v;
+    std::memcpy(&v, p, 4);
+    return v;
+}
+
+// Q4_K / Q5_K: twelve bytes hold eight 6-bit scales and eight 6-bit mins. Bytes 0..3 carry
+// scales 0..3 in their low 6 bits, bytes 4..7 mins 0..3; scales and mins 4..7 keep their low
+// nibbles in bytes 8..11 (scale low, min high) and their top 2 bits in the top of bytes 0..7.
+struct KScalesMins {
+    uint8_t scales[8];
+    uint8_t mins[8];
+};
+inline KScalesMins unpack_q4k_scales(const uint8_t* packed) {
+    const uint32_t w0 = load_u32(packed), w1 = load_u32(packed + 4), w2 = load_u32(packed + 8);
+    const uint32_t words[4] = {
+        w0 & 0x3F3F3F3Fu,
+        (w2 & 0x0F0F0F0Fu) | (((w0 >> 6) & 0x03030303u) << 4),
+        w1 & 0x3F3F3F3Fu,
+        ((w2 >> 4) & 0x0F0F0F0Fu) | (((w1 >> 6) & 0x03030303u) << 4),
+    };
+    KScalesMins r;
+    std::memcpy(&r, words, sizeof(r));
+    return r;
+}
+
+// Q3_K: twelve bytes hold sixteen 6-bit scales (stored +32). Returns them with the 32 removed.
+struct KScales16 {
+    int8_t scales[16];
+};
+inline KScales16 unpack_q3k_scales(const uint8_t* packed) {
+    const uint32_t w0 = load_u32(packed), w1 = load_u32(packed + 4), w2 = load_u32(packed + 8);
+    const uint32_t words[4] = {
+        (w0 & 0x0F0F0F0Fu) | ((w2 & 0x03030303u) << 4),
+        (w1 & 0x0F0F0F0Fu) | (((w2 >> 2) & 0x03030303u) << 4),
+        ((w0 >> 4) & 0x0F0F0F0Fu) | (((w2 >> 4) & 0x03030303u) << 4),
+        ((w1 >> 4) & 0x0F0F0F0Fu) | (((w2 >> 6) & 0x03030303u) << 4),
+    };
+    KScales16 r;
+    std::memcpy(&r, words, sizeof(r));
+    for (auto& s : r.scales) s = static_cast<int8_t>(s - 32);
+    return r;
+}
+
+// ---- The unsigned quant of element e of a block, before its offset, scale and min ----
+// (The scalar reference kernels use these; they are the layouts above as code.)
+
+// Legacy types: element l < 32 of a block of 32.
+inline int nibble_of(const uint8_t* qs, int l) {
+    return l < 16 ? (qs[l] & 0x0F) : (qs[l - 16] >> 4);
+}
+inline int bit_of(const uint8_t* bits, int l) {
+    return (bits[l / 8] >> (l % 8)) & 1;
+}
+inline int quant_of(const BlockQ4_0& b, int l) {
+    return nibble_of(b.qs, l);
+}  // x = d (q - 8)
+inline int quant_of(const BlockQ4_1& b, int l) {
+    return nibble_of(b.qs, l);
+}  // x = d q + m
+inline int quant_of(const BlockQ5_0& b, int l) {
+    return nibble_of(b.qs, l) | (bit_of(b.qh, l) << 4);
+}  // d (q - 16)
+inline int quant_of(const BlockQ5_1& b, int l) {
+    return nibble_of(b.qs, l) | (bit_of(b.qh, l) << 4);
+}  // d q + m
+
+// k-quants: element e < 256 of a super-block, in sub-block e / 16 (Q2_K, Q3_K, Q6_K) or e / 32.
+inline int quant_of(const BlockQ2_K& b, int e) {
+    return (b.qs[32 * (e / 128) + e % 32] >> (2 * ((e / 32) % 4))) & 3;
+}
+inline int quant_of(const BlockQ3_K& b, int e) {  // x = d s (q - 4)
+    const int low = (b.qs[32 * (e / 128) + e % 32] >> (2 * ((e / 32) % 4))) & 3;
+    const int high = (b.hmask[e % 32] >> (e / 32)) & 1;  // bit 4h + g = e / 32
+    return low | (high << 2);
+}
+inline int quant_of(const BlockQ4_K& b, int e) {
+    const uint8_t byte = b.qs[32 * (e / 64) + e % 32];
+    return (e / 32) % 2 == 0 ? (byte & 0x0F) : (byte >> 4);
+}
+inline int quant_of(const BlockQ5_K& b, int e) {
+    const uint8_t byte = b.qs[32 * (e / 64) + e % 32];
+    const int low = (e / 32) % 2 == 0 ? (byte & 0x0F) : (byte >> 4);
+    return low | (((b.qh[e % 32] >> (e / 32)) & 1) << 4);
+}
+inline int quant_of(const BlockQ6_K& b, int e) {  // x = d scales[e / 16] (q - 32)
+    const int h = e / 128, g = (e / 32) % 4, l = e % 32;
+    const uint8_t byte = b.ql[64 * h + 32 * (g % 2) + l];
+    const int low = g < 2 ? (byte & 0x0F) : (byte >> 4);
+    return low | (((b.qh[32 * h + l] >> (2 * g)) & 3) << 4);
+}
+
+}  // namespace fitllm::quant

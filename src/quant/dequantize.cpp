@@ -1,0 +1,174 @@
+#include "quant/dequantize.h"
+
+#include <stdexcept>
+#include <string>
+
+#include "quant/blocks.h"
+
+namespace fitllm::quant {
+namespace {
+
+// Each function turns nb blocks into floats; quant_of (blocks.h) knows where element e lives.
+// The products are grouped as llama.cpp groups them ((d * scale) * q - dmin * min), so the
+// floats come out the same.
+
+// Q4_0, Q5_0: x = d * (q - offset).
+template <typename Block, int kOffset>
+void dequant_symmetric32(const Block* x, float* y, int64_t nb) {
+    for (int64_t i = 0; i < nb; ++i, y += 32) {
+        const float d = fp16_to_fp32(x[i].d);
+        for (int l = 0; l < 32; ++l) y[l] = d * static_cast<float>(quant_of(x[i], l) - kOffset);
+    }
+}
+
+// Q4_1, Q5_1: x = d * q + m.
+template <typename Block>
+void dequant_affine32(const Block* x, float* y, int64_t nb) {
+    for (int64_t i = 0; i < nb; ++i, y += 32) {
+        const float d = fp16_to_fp32(x[i].d), m = fp16_to_fp32(x[i].m);
+        for (int l = 0; l < 32; ++l) y[l] = d * static_cast<float>(quant_of(x[i], l)) + m;
+    }
+}
+
+template <typename Block>
+void dequant_q8(const Block* x, float* y, int64_t nb) {
+    for (int64_t i = 0; i < nb; ++i, y += 32) {
+        const float d = fp16_to_fp32(x[i].d);
+        for (int l = 0; l < 32; ++l) y[l] = d * static_cast<float>(x[i].qs[l]);
+    }
+}
+
+void dequant_q2_K(const BlockQ2_K* x, float* y, int64_t nb) {
+    for (int64_t i = 0; i < nb; ++i, y += kQK) {
+        const float d = fp16_to_fp32(x[i].d), dmin = fp16_to_fp32(x[i].dmin);
+        for (int e = 0; e < kQK; ++e) {
+            const uint8_t sc = x[i].scales[e / 16];
+            y[e] = d * static_cast<float>(sc & 0x0F) * static_cast<float>(quant_of(x[i], e)) -
+                   dmin * static_cast<float>(sc >> 4);
+        }
+    }
+}
+
+void dequant_q3_K(const BlockQ3_K* x, float* y, int64_t nb) {
+    for (int64_t i = 0; i < nb; ++i, y += kQK) {
+        const float d = fp16_to_fp32(x[i].d);
+        const KScales16 s = unpack_q3k_scales(x[i].scales);
+        for (int e = 0; e < kQK; ++e) {
+            y[e] = d * static_cast<float>(s.scales[e / 16]) * static_cast<float>(quant_of(x[i], e) - 4);
+        }
+    }
+}
+
+// Q4_K and Q5_K share the scale layout.
+template <typename Block>
+void dequant_q4_5_K(const Block* x, float* y, int64_t nb) {
+    for (int64_t i = 0; i < nb; ++i, y += kQK) {
+        const float d = fp16_to_fp32(x[i].d), dmin = fp16_to_fp32(x[i].dmin);
+        const KScalesMins sm = unpack_q4k_scales(x[i].scales);
+        for (int e = 0; e < kQK; ++e) {
+            y[e] = d * static_cast<float>(sm.scales[e / 32]) * static_cast<float>(quant_of(x[i], e)) -
+                   dmin * static_cast<float>(sm.mins[e / 32]);
+        }
+    }
+}
+
+void dequant_q6_K(const BlockQ6_K* x, float* y, int64_t nb) {
+    for (int64_t i = 0; i < nb; ++i, y += kQK) {
+        const float d = fp16_to_fp32(x[i].d);
+        for (int e = 0; e < kQK; ++e) {
+            y[e] = d * static_cast<float>(x[i].scales[e / 16]) * static_cast<float>(quant_of(x[i], e) - 32);
+        }
+    }
+}
+
+void dequant_q8_K(const BlockQ8_K* x, float* y, int64_t nb) {
+    for (int64_t i = 0; i < nb; ++i, y += kQK) {
+        for (int e = 0; e < kQK; ++e) y[e] = x[i].d * static_cast<float>(x[i].qs[e]);
+    }
+}
+
+template <typename Block>
+const Block* as(const void* p) {
+    return static_cast<const Block*>(p);
+}
+
+}  // namespace
+
+bool can_dequantize(GgmlType type) {
+    switch (type) {
+        case GgmlType::F32:
+        case GgmlType::F16:
+        case GgmlType::BF16:
+        case GgmlType::Q4_0:
+        case GgmlType::Q4_1:
+        case GgmlType::Q5_0:
+        case GgmlType::Q5_1:
+        case GgmlType::Q8_0:
+        case GgmlType::Q8_1:
+        case GgmlType::Q2_K:
+        case GgmlType::Q3_K:
+        case GgmlType::Q4_K:
+        case GgmlType::Q5_K:
+        case GgmlType::Q6_K:
+        case GgmlType::Q8_K:
+            return true;
+        default:
+            return false;
+    }
+}
+
+void dequantize_row(GgmlType type, const void* src, float* dst, int64_t n) {
+    const TypeTraits& t = traits(type);
+    if (!can_dequantize(type) || n < 0 || n % t.block_elements != 0) {
+        throw std::invalid_argument(
+            "dequantize_row: " + std::string(t.name) + " row of " + std::to_string(n) +
+            (can_dequantize(type) ? " elements is not a whole number of blocks of " + std::to_string(t.block_elements)
+                                  : " elements: type not supported"));
+    }
+    const int64_t nb = n / t.block_elements;
+    switch (type) {
+        case GgmlType::F32: {
+            const auto* x = as<float>(src);
+            for (int64_t i = 0; i < n; ++i) dst[i] = x[i];
+            return;
+        }
+        case GgmlType::F16: {
+            const auto* x = as<uint16_t>(src);
+            for (int64_t i = 0; i < n; ++i) dst[i] = fp16_to_fp32(x[i]);
+            return;
+        }
+        case GgmlType::BF16: {
+            const auto* x = as<uint16_t>(src);
+            for (int64_t i = 0; i < n; ++i) dst[i] = bf16_to_fp32(x[i]);
+            return;
+        }
+        case GgmlType::Q4_0:
+            return dequant_symmetric32<BlockQ4_0, 8>(as<BlockQ4_0>(src), dst, nb);
+        case GgmlType::Q4_1:
+            return dequant_affine32(as<BlockQ4_1>(src), dst, nb);
+        case GgmlType::Q5_0:
+            return dequant_symmetric32<BlockQ5_0, 16>(as<BlockQ5_0>(src), dst, nb);
+        case GgmlType::Q5_1:
+            return dequant_affine32(as<BlockQ5_1>(src), dst, nb);
+        case GgmlType::Q8_0:
+            return dequant_q8(as<BlockQ8_0>(src), dst, nb);
+        case GgmlType::Q8_1:
+            return dequant_q8(as<BlockQ8_1>(src), dst, nb);
+        case GgmlType::Q2_K:
+            return dequant_q2_K(as<BlockQ2_K>(src), dst, nb);
+        case GgmlType::Q3_K:
+            return dequant_q3_K(as<BlockQ3_K>(src), dst, nb);
+        case GgmlType::Q4_K:
+            return dequant_q4_5_K(as<BlockQ4_K>(src), dst, nb);
+        case GgmlType::Q5_K:
+            return dequant_q4_5_K(as<BlockQ5_K>(src), dst, nb);
+        case GgmlType::Q6_K:
+            return dequant_q6_K(as<BlockQ6_K>(src), dst, nb);
+        case GgmlType::Q8_K:
+            return dequant_q8_K(as<BlockQ8_K>(src), dst, nb);
+        default:
+            return;  // unreachable: checked above
+    }
+}
+
+}  // namespace fitllm::quant

@@ -1,0 +1,235 @@
+// AVX2 + FMA + F16C dots for the float types and the blocks of 32 (compiled with -mavx2 -mfma
+// -mf16c; see dot_kernels.h for the rules this file follows).
+//
+// Integer dots run on maddubs (unsigned 8-bit x signed 8-bit, pairs summed to 16 bits) and madd
+// (16-bit pairs to 32 bits). The weight quants are kept unsigned (0..15 or 0..31) and the offset
+// is subtracted as offset * sum(y), so no pair sum can saturate. One block's 8 partial sums are
+// converted to float and scaled by d_w * d_a with one FMA; four blocks a step share one
+// conversion of their eight half-precision scales.
+#include <immintrin.h>
+
+#include <cstdint>
+#include <type_traits>
+
+#include "quant/blocks.h"
+#include "quant/dot_kernels.h"
+
+namespace fitllm::quant::detail {
+namespace {
+
+template <typename T>
+const T* as(const void* p) {
+    return static_cast<const T*>(p);
+}
+float f16(uint16_t h) {
+    return _cvtsh_ss(h);
+}
+
+float hsum(__m256 v) {
+    __m128 s = _mm_add_ps(_mm256_castps256_ps128(v), _mm256_extractf128_ps(v, 1));
+    s = _mm_add_ps(s, _mm_movehl_ps(s, s));
+    s = _mm_add_ss(s, _mm_movehdup_ps(s));
+    return _mm_cvtss_f32(s);
+}
+
+// ---- Float weights, F32 activations ----
+
+__m256 load8(const float* p) {
+    return _mm256_loadu_ps(p);
+}
+
+// Eight weights as floats: F32, or F16 / BF16 (uint16_t, kBf16 tells which).
+template <typename W, bool kBf16>
+__m256 load_weights8(const W* p) {
+    if constexpr (std::is_same_v<W, float>) {
+        return _mm256_loadu_ps(p);
+    } else if constexpr (kBf16) {
+        const __m256i wide = _mm256_cvtepu16_epi32(_mm_loadu_si128(reinterpret_cast<const __m128i*>(p)));
+        return _mm256_castsi256_ps(_mm256_slli_epi32(wide, 16));
+    } else {
+        return _mm256_cvtph_ps(_mm_loadu_si128(reinterpret_cast<const __m128i*>(p)));
+    }
+}
+
+float bf16_scalar(uint16_t h) {
+    return _mm_cvtss_f32(_mm_castsi128_ps(_mm_cvtsi32_si128(static_cast<int>(h) << 16)));
+}
+
+// W is float (F32) or uint16_t with kBf16 telling F16 from BF16.
+template <typename W, bool kBf16>
+void dot_float(int n, float* out, const void* w, const void* a) {
+    const auto* x = as<W>(w);
+    const auto* y = as<float>(a);
+    auto load_w = load_weights8<W, kBf16>;
+    auto weight = [](W v) {
+        if constexpr (std::is_same_v<W, float>)
+            return v;
+        else if constexpr (kBf16)
+            return bf16_scalar(v);
+        else
+            return f16(v);
+    };
+    __m256 acc0 = _mm256_setzero_ps(), acc1 = _mm256_setzero_ps(), acc2 = _mm256_setzero_ps(),
+           acc3 = _mm256_setzero_ps();
+    // Align the weights (streamed from memory) to their vector size: split loads cost bandwidth
+    // when rows start in the middle of a cache line.
+    constexpr uintptr_t kVectorBytes = 8 * sizeof(W);
+    const uintptr_t misaligned = reinterpret_cast<uintptr_t>(x) % kVectorBytes;
+    int head = misaligned == 0 ? 0 : static_cast<int>((kVectorBytes - misaligned) / sizeof(W));
+    if (head > n) head = n;
+    float head_sum = 0.0f;
+    for (int k = 0; k < head; ++k) head_sum += weight(x[k]) * y[k];
+    int i = head;
+    for (; i + 32 <= n; i += 32) {
+        acc0 = _mm256_fmadd_ps(load_w(x + i), load8(y + i), acc0);
+        acc1 = _mm256_fmadd_ps(load_w(x + i + 8), load8(y + i + 8), acc1);
+        acc2 = _mm256_fmadd_ps(load_w(x + i + 16), load8(y + i + 16), acc2);
+        acc3 = _mm256_fmadd_ps(load_w(x + i + 24), load8(y + i + 24), acc3);
+    }
+    for (; i + 8 <= n; i += 8) acc0 = _mm256_fmadd_ps(load_w(x + i), load8(y + i), acc0);
+    float sum = hsum(_mm256_add_ps(_mm256_add_ps(acc0, acc1), _mm256_add_ps(acc2, acc3))) + head_sum;
+    for (; i < n; ++i) sum += weight(x[i]) * y[i];
+    *out = sum;
+}
+
+// ---- Blocks of 32 ----
+
+// 16 bytes of nibbles -> 32 bytes: the low nibbles (elements 0..15), then the high ones (16..31).
+__m256i unpack_nibbles(const uint8_t* qs) {
+    const __m128i packed = _mm_loadu_si128(reinterpret_cast<const __m128i*>(qs));
+    const __m256i both = _mm256_set_m128i(_mm_srli_epi16(packed, 4), packed);
+    return _mm256_and_si256(both, _mm256_set1_epi8(0x0F));
+}
+
+// Byte l is 0x10 where bit l of the 32 bits is set (the 5th bit of Q5_0 / Q5_1).
+__m256i fifth_bits(const uint8_t* qh) {
+    uint32_t bits;
+    std::memcpy(&bits, qh, 4);
+    const __m256i spread = _mm256_shuffle_epi8(  // byte l gets byte l / 8 of the bits
+        _mm256_set1_epi32(static_cast<int>(bits)),
+        _mm256_set_epi64x(0x0303030303030303, 0x0202020202020202, 0x0101010101010101, 0));
+    const __m256i select = _mm256_set1_epi64x(static_cast<long long>(0x8040201008040201ull));
+    const __m256i set = _mm256_cmpeq_epi8(_mm256_and_si256(spread, select), select);
+    return _mm256_and_si256(set, _mm256_set1_epi8(0x10));
+}
+
+__m256i load32(const int8_t* p) {
+    return _mm256_loadu_si256(reinterpret_cast<const __m256i*>(p));
+}
+
+// sum(q * y) - offset * sum(y) per 4 elements, in 8 int32 lanes; q unsigned below 32.
+template <int kOffset>
+__m256i block_dot(__m256i q, __m256i y) {
+    __m256i pairs = _mm256_maddubs_epi16(q, y);
+    if constexpr (kOffset != 0) pairs = _mm256_sub_epi16(pairs, _mm256_maddubs_epi16(_mm256_set1_epi8(kOffset), y));
+    return _mm256_madd_epi16(pairs, _mm256_set1_epi16(1));
+}
+
+template <typename Block>
+__m256i quants(const Block& b) {
+    if constexpr (std::is_same_v<Block, BlockQ4_0> || std::is_same_v<Block, BlockQ4_1>)
+        return unpack_nibbles(b.qs);
+    else
+        return _mm256_or_si256(unpack_nibbles(b.qs), fifth_bits(b.qh));
+}
+
+// a[k] * b[k] for four pairs of halves (d_w * d_a of four blocks, or m_w * s_a): one conversion.
+__m128 products4(uint16_t a0, uint16_t a1, uint16_t a2, uint16_t a3, uint16_t b0, uint16_t b1, uint16_t b2,
+                 uint16_t b3) {
+    auto h = [](uint16_t v) { return static_cast<short>(v); };
+    const __m256 f = _mm256_cvtph_ps(_mm_setr_epi16(h(a0), h(a1), h(a2), h(a3), h(b0), h(b1), h(b2), h(b3)));
+    return _mm_mul_ps(_mm256_castps256_ps128(f), _mm256_extractf128_ps(f, 1));
+}
+
+// Lane k of s in all eight lanes.
+template <int kLane>
+__m256 lane(__m128 s) {
+    return _mm256_permutevar8x32_ps(_mm256_castps128_ps256(s), _mm256_set1_epi32(kLane));
+}
+
+// sum over the row's nb blocks of d_w d_a times the block's integer dot (block_sums(i): 8 partial
+// sums of block i), four blocks a step so that their scales take one conversion.
+template <typename WBlock, typename ABlock, typename BlockSums>
+float sum_blocks(const WBlock* x, const ABlock* y, int nb, BlockSums block_sums) {
+    __m256 acc0 = _mm256_setzero_ps(), acc1 = _mm256_setzero_ps();
+    int i = 0;
+    for (; i + 4 <= nb; i += 4) {
+        const __m128 s =
+            products4(x[i].d, x[i + 1].d, x[i + 2].d, x[i + 3].d, y[i].d, y[i + 1].d, y[i + 2].d, y[i + 3].d);
+        acc0 = _mm256_fmadd_ps(lane<0>(s), _mm256_cvtepi32_ps(block_sums(i)), acc0);
+        acc1 = _mm256_fmadd_ps(lane<1>(s), _mm256_cvtepi32_ps(block_sums(i + 1)), acc1);
+        acc0 = _mm256_fmadd_ps(lane<2>(s), _mm256_cvtepi32_ps(block_sums(i + 2)), acc0);
+        acc1 = _mm256_fmadd_ps(lane<3>(s), _mm256_cvtepi32_ps(block_sums(i + 3)), acc1);
+    }
+    for (; i < nb; ++i) {
+        acc0 = _mm256_fmadd_ps(_mm256_set1_ps(f16(x[i].d) * f16(y[i].d)), _mm256_cvtepi32_ps(block_sums(i)), acc0);
+    }
+    return hsum(_mm256_add_ps(acc0, acc1));
+}
+
+// Q4_0, Q5_0 with Q8_0.
+template <typename Block, int kOffset>
+void dot_symmetric32(int n, float* out, const void* w, const void* a) {
+    const auto* x = as<Block>(w);
+    const auto* y = as<BlockQ8_0>(a);
+    *out = sum_blocks(x, y, n / 32, [&](int i) { return block_dot<kOffset>(quants(x[i]), load32(y[i].qs)); });
+}
+
+// Q4_1, Q5_1 with Q8_1: d_w d_a sum(q y) + m_w s_a.
+template <typename Block>
+void dot_affine32(int n, float* out, const void* w, const void* a) {
+    const auto* x = as<Block>(w);
+    const auto* y = as<BlockQ8_1>(a);
+    const int nb = n / 32;
+    __m128 mins = _mm_setzero_ps();
+    int i = 0;
+    for (; i + 4 <= nb; i += 4) {
+        mins = _mm_add_ps(
+            mins, products4(x[i].m, x[i + 1].m, x[i + 2].m, x[i + 3].m, y[i].s, y[i + 1].s, y[i + 2].s, y[i + 3].s));
+    }
+    float tail = 0.0f;
+    for (; i < nb; ++i) tail += f16(x[i].m) * f16(y[i].s);
+    const float dots = sum_blocks(x, y, nb, [&](int b) { return block_dot<0>(quants(x[b]), load32(y[b].qs)); });
+    mins = _mm_add_ps(mins, _mm_movehl_ps(mins, mins));
+    *out = dots + _mm_cvtss_f32(_mm_add_ss(mins, _mm_movehdup_ps(mins))) + tail;
+}
+
+// Q8_0 with Q8_0: signed x signed, so move x's sign onto y (maddubs wants one unsigned side).
+// Exact while y avoids -128, which Q8_0 activations do (|q| <= 127).
+__m256i signed_block_dot(__m256i x, __m256i y) {
+    const __m256i pairs = _mm256_maddubs_epi16(_mm256_sign_epi8(x, x), _mm256_sign_epi8(y, x));
+    return _mm256_madd_epi16(pairs, _mm256_set1_epi16(1));
+}
+
+void dot_q8_0(int n, float* out, const void* w, const void* a) {
+    const auto* x = as<BlockQ8_0>(w);
+    const auto* y = as<BlockQ8_0>(a);
+    *out = sum_blocks(x, y, n / 32, [&](int i) { return signed_block_dot(load32(x[i].qs), load32(y[i].qs)); });
+}
+
+}  // namespace
+
+DotFn dot_avx2(GgmlType weight_type) {
+    switch (weight_type) {
+        case GgmlType::F32:
+            return dot_float<float, false>;
+        case GgmlType::F16:
+            return dot_float<uint16_t, false>;
+        case GgmlType::BF16:
+            return dot_float<uint16_t, true>;
+        case GgmlType::Q4_0:
+            return dot_symmetric32<BlockQ4_0, 8>;
+        case GgmlType::Q4_1:
+            return dot_affine32<BlockQ4_1>;
+        case GgmlType::Q5_0:
+            return dot_symmetric32<BlockQ5_0, 16>;
+        case GgmlType::Q5_1:
+            return dot_affine32<BlockQ5_1>;
+        case GgmlType::Q8_0:
+            return dot_q8_0;
+        default:
+            return nullptr;
+    }
+}
+
+}  // namespace fitllm::quant::detail

@@ -1,0 +1,277 @@
+// AVX-512 (F, BW, VL; VNNI where kVnni) dots of the k-quants with Q8_K activations. Compiled with
+// -mavx512f -mavx512bw -mavx512vl -mavx512vnni -mfma -mf16c; the kVnni = false kernels use no VNNI
+// instruction. See dot_kernels.h for the rules this file follows.
+//
+// 64 elements per register: maddubs(unsigned quants, y) gives 16-bit pair sums, which are scaled
+// by a register of 16-bit sub-block scales and summed to 32 bits: vpdpwssd with VNNI, madd + add
+// without. Offsets and mins go through Q8_K's bsums, as in the AVX2 kernels.
+
+// GCC 12's AVX-512 headers trip its own uninitialized-variable warnings (the _mm512_undefined_*
+// helpers initialize a variable with itself); the warnings point into the header, so silence them there.
+#pragma GCC diagnostic push
+#pragma GCC diagnostic ignored "-Wuninitialized"
+#pragma GCC diagnostic ignored "-Wmaybe-uninitialized"
+#include <immintrin.h>
+#pragma GCC diagnostic pop
+
+#include <type_traits>
+#include <utility>
+
+#include "quant/blocks.h"
+#include "quant/dot_kernels.h"
+
+namespace fitllm::quant::detail {
+namespace {
+
+template <typename T>
+const T* as(const void* p) {
+    return static_cast<const T*>(p);
+}
+float f16(uint16_t h) {
+    return _cvtsh_ss(h);
+}
+__m128i load128(const void* p) {
+    return _mm_loadu_si128(static_cast<const __m128i*>(p));
+}
+__m256i load256(const void* p) {
+    return _mm256_loadu_si256(static_cast<const __m256i*>(p));
+}
+__m512i load512(const void* p) {
+    return _mm512_loadu_si512(p);
+}
+__m512i twice(const void* p) {
+    return _mm512_broadcast_i64x4(load256(p));
+}  // 32 bytes in both halves
+
+template <typename F, int... I>
+void unrolled(F&& f, std::integer_sequence<int, I...>) {
+    (f(std::integral_constant<int, I>{}), ...);
+}
+template <int N, typename F>
+void unroll(F&& f) {
+    unrolled(f, std::make_integer_sequence<int, N>{});
+}
+
+float hsum(__m256 v) {
+    __m128 s = _mm_add_ps(_mm256_castps256_ps128(v), _mm256_extractf128_ps(v, 1));
+    s = _mm_add_ps(s, _mm_movehl_ps(s, s));
+    s = _mm_add_ss(s, _mm_movehdup_ps(s));
+    return _mm_cvtss_f32(s);
+}
+
+// acc + sum over word pairs of p * scales.
+template <bool kVnni>
+__m512i scaled_sum(__m512i acc, __m512i p, __m512i scales) {
+    if constexpr (kVnni)
+        return _mm512_dpwssd_epi32(acc, p, scales);
+    else
+        return _mm512_add_epi32(acc, _mm512_madd_epi16(p, scales));
+}
+
+// Per-64-bit-lane constants for the low and the high 256 bits.
+__m512i halves64(long long lo, long long hi) {
+    return _mm512_set_epi64(hi, hi, hi, hi, lo, lo, lo, lo);
+}
+__m512i halves8(int lo, int hi) {
+    return _mm512_inserti64x4(_mm512_castsi256_si512(_mm256_set1_epi8(static_cast<char>(lo))),
+                              _mm256_set1_epi8(static_cast<char>(hi)), 1);
+}
+
+// Words kFirst, kFirst + 1, kFirst + 2, kFirst + 3 of `words`, each repeated over one 128-bit lane:
+// the scales of four sub-blocks of 16 for the 16-bit pair sums of 64 elements.
+template <int kFirst>
+__m512i four_scales(__m512i words) {
+    constexpr auto rep = [](long long w) { return w * 0x0001000100010001LL; };
+    const __m512i idx = _mm512_set_epi64(rep(kFirst + 3), rep(kFirst + 3), rep(kFirst + 2), rep(kFirst + 2),
+                                         rep(kFirst + 1), rep(kFirst + 1), rep(kFirst), rep(kFirst));
+    return _mm512_permutexvar_epi16(idx, words);
+}
+
+// Words kLow (low 256 bits) and kHigh (high 256 bits): the scales of two sub-blocks of 32.
+template <int kLow, int kHigh>
+__m512i two_scales(__m512i words) {
+    constexpr auto rep = [](long long w) { return w * 0x0001000100010001LL; };
+    return _mm512_permutexvar_epi16(halves64(rep(kLow), rep(kHigh)), words);
+}
+
+// See unpack_q4k_scales / unpack_q3k_scales in blocks.h.
+__m128i q4k_scales_mins(const uint8_t* packed) {
+    uint32_t w[3];
+    std::memcpy(w, packed, 12);
+    return _mm_set_epi32(static_cast<int>(((w[2] >> 4) & 0x0F0F0F0Fu) | (((w[1] >> 6) & 0x03030303u) << 4)),
+                         static_cast<int>(w[1] & 0x3F3F3F3Fu),
+                         static_cast<int>((w[2] & 0x0F0F0F0Fu) | (((w[0] >> 6) & 0x03030303u) << 4)),
+                         static_cast<int>(w[0] & 0x3F3F3F3Fu));
+}
+__m128i q3k_scales(const uint8_t* packed) {
+    uint32_t w[3];
+    std::memcpy(w, packed, 12);
+    const __m128i s = _mm_set_epi32(static_cast<int>(((w[1] >> 4) & 0x0F0F0F0Fu) | (((w[2] >> 6) & 0x03030303u) << 4)),
+                                    static_cast<int>(((w[0] >> 4) & 0x0F0F0F0Fu) | (((w[2] >> 4) & 0x03030303u) << 4)),
+                                    static_cast<int>((w[1] & 0x0F0F0F0Fu) | (((w[2] >> 2) & 0x03030303u) << 4)),
+                                    static_cast<int>((w[0] & 0x0F0F0F0Fu) | ((w[2] & 0x03030303u) << 4)));
+    return _mm_sub_epi8(s, _mm_set1_epi8(32));
+}
+
+// ---- Q4_K, Q5_K: 64 elements = sub-blocks 2c (low nibbles) and 2c + 1 (high nibbles) ----
+
+template <typename Block, bool kVnni>
+void dot_q4_5_K(int n, float* out, const void* w, const void* a) {
+    constexpr bool kFive = std::is_same_v<Block, BlockQ5_K>;
+    const auto* x = as<Block>(w);
+    const auto* y = as<BlockQ8_K>(a);
+    const __m512i nibble = _mm512_set1_epi8(0x0F), nibble_shift = halves64(0, 4);
+    __m512 acc = _mm512_setzero_ps();
+    __m256 acc_mins = _mm256_setzero_ps();
+    for (int i = 0; i < n / kQK; ++i) {
+        const __m128i packed = q4k_scales_mins(x[i].scales);
+        const __m128i mins = _mm_cvtepu8_epi16(_mm_srli_si128(packed, 8));
+        const __m256i mins_twice = _mm256_set_m128i(_mm_unpackhi_epi16(mins, mins), _mm_unpacklo_epi16(mins, mins));
+        const __m256i min_sums = _mm256_madd_epi16(load256(y[i].bsums), mins_twice);
+        acc_mins = _mm256_fmadd_ps(_mm256_set1_ps(y[i].d * f16(x[i].dmin)), _mm256_cvtepi32_ps(min_sums), acc_mins);
+
+        const __m512i scales = _mm512_castsi128_si512(_mm_cvtepu8_epi16(packed));  // words 0..7
+        __m512i high_bits;
+        if constexpr (kFive) high_bits = twice(x[i].qh);
+        __m512i sumi = _mm512_setzero_si512();
+        unroll<4>([&](auto c_) {
+            constexpr int c = decltype(c_)::value;
+            __m512i q = _mm512_and_si512(_mm512_srlv_epi64(twice(x[i].qs + 32 * c), nibble_shift), nibble);
+            if constexpr (kFive) {
+                const __mmask64 fifth = _mm512_test_epi8_mask(high_bits, halves8(1 << (2 * c), 1 << (2 * c + 1)));
+                q = _mm512_mask_add_epi8(q, fifth, q, _mm512_set1_epi8(16));
+            }
+            const __m512i p = _mm512_maddubs_epi16(q, load512(y[i].qs + 64 * c));
+            sumi = scaled_sum<kVnni>(sumi, p, two_scales<2 * c, 2 * c + 1>(scales));
+        });
+        acc = _mm512_fmadd_ps(_mm512_set1_ps(y[i].d * f16(x[i].d)), _mm512_cvtepi32_ps(sumi), acc);
+    }
+    *out = _mm512_reduce_add_ps(acc) - hsum(acc_mins);
+}
+
+// ---- Q2_K, Q3_K, Q6_K: sub-blocks of 16 ----
+// Elements 128 h + 64 part + 16 k + l: the 128-bit lane k of a register of 64 elements is
+// sub-block 8h + 4 part + k, scaled by four_scales<8h + 4 part>.
+
+template <bool kVnni>
+void dot_q2_K(int n, float* out, const void* w, const void* a) {
+    const auto* x = as<BlockQ2_K>(w);
+    const auto* y = as<BlockQ8_K>(a);
+    const __m512i two_bits = _mm512_set1_epi8(3);
+    __m512 acc = _mm512_setzero_ps();
+    __m256 acc_mins = _mm256_setzero_ps();
+    for (int i = 0; i < n / kQK; ++i) {
+        const __m128i packed = load128(x[i].scales);
+        const __m128i nibble = _mm_set1_epi8(0x0F);
+        const __m256i scales = _mm256_cvtepu8_epi16(_mm_and_si128(packed, nibble));
+        const __m256i mins = _mm256_cvtepu8_epi16(_mm_and_si128(_mm_srli_epi16(packed, 4), nibble));
+        const __m256i min_sums = _mm256_madd_epi16(load256(y[i].bsums), mins);
+        acc_mins = _mm256_fmadd_ps(_mm256_set1_ps(y[i].d * f16(x[i].dmin)), _mm256_cvtepi32_ps(min_sums), acc_mins);
+
+        const __m512i sc = _mm512_castsi256_si512(scales);
+        __m512i sumi = _mm512_setzero_si512();
+        unroll<2>([&](auto h_) {
+            constexpr int h = decltype(h_)::value;
+            const __m512i q = twice(x[i].qs + 32 * h);
+            const __m512i q01 = _mm512_and_si512(_mm512_srlv_epi64(q, halves64(0, 2)), two_bits);  // groups 0, 1
+            const __m512i q23 = _mm512_and_si512(_mm512_srlv_epi64(q, halves64(4, 6)), two_bits);  // groups 2, 3
+            const __m512i p01 = _mm512_maddubs_epi16(q01, load512(y[i].qs + 128 * h));
+            const __m512i p23 = _mm512_maddubs_epi16(q23, load512(y[i].qs + 128 * h + 64));
+            sumi = scaled_sum<kVnni>(sumi, p01, four_scales<8 * h>(sc));
+            sumi = scaled_sum<kVnni>(sumi, p23, four_scales<8 * h + 4>(sc));
+        });
+        acc = _mm512_fmadd_ps(_mm512_set1_ps(y[i].d * f16(x[i].d)), _mm512_cvtepi32_ps(sumi), acc);
+    }
+    *out = _mm512_reduce_add_ps(acc) - hsum(acc_mins);
+}
+
+template <bool kVnni>
+void dot_q3_K(int n, float* out, const void* w, const void* a) {
+    const auto* x = as<BlockQ3_K>(w);
+    const auto* y = as<BlockQ8_K>(a);
+    const __m512i two_bits = _mm512_set1_epi8(3), four = _mm512_set1_epi8(4);
+    __m512 acc = _mm512_setzero_ps();
+    for (int i = 0; i < n / kQK; ++i) {
+        const __m256i scales = _mm256_cvtepi8_epi16(q3k_scales(x[i].scales));
+        // q in 0..7 stands for q - 4: subtract 4 * sum_j scale_j * bsum_j.
+        const __m256i offsets = _mm256_slli_epi32(_mm256_madd_epi16(load256(y[i].bsums), scales), 2);
+        const __m512i sc = _mm512_castsi256_si512(scales);
+        const __m512i hmask = twice(x[i].hmask);
+        __m512i sumi = _mm512_setzero_si512();
+        unroll<2>([&](auto h_) {
+            constexpr int h = decltype(h_)::value;
+            const __m512i q = twice(x[i].qs + 32 * h);
+            __m512i q01 = _mm512_and_si512(_mm512_srlv_epi64(q, halves64(0, 2)), two_bits);
+            __m512i q23 = _mm512_and_si512(_mm512_srlv_epi64(q, halves64(4, 6)), two_bits);
+            // The third bit of group g is bit 4h + g of hmask.
+            q01 =
+                _mm512_mask_add_epi8(q01, _mm512_test_epi8_mask(hmask, halves8(1 << (4 * h), 2 << (4 * h))), q01, four);
+            q23 =
+                _mm512_mask_add_epi8(q23, _mm512_test_epi8_mask(hmask, halves8(4 << (4 * h), 8 << (4 * h))), q23, four);
+            const __m512i p01 = _mm512_maddubs_epi16(q01, load512(y[i].qs + 128 * h));
+            const __m512i p23 = _mm512_maddubs_epi16(q23, load512(y[i].qs + 128 * h + 64));
+            sumi = scaled_sum<kVnni>(sumi, p01, four_scales<8 * h>(sc));
+            sumi = scaled_sum<kVnni>(sumi, p23, four_scales<8 * h + 4>(sc));
+        });
+        sumi = _mm512_sub_epi32(sumi, _mm512_zextsi256_si512(offsets));
+        acc = _mm512_fmadd_ps(_mm512_set1_ps(y[i].d * f16(x[i].d)), _mm512_cvtepi32_ps(sumi), acc);
+    }
+    *out = _mm512_reduce_add_ps(acc);
+}
+
+template <bool kVnni>
+void dot_q6_K(int n, float* out, const void* w, const void* a) {
+    const auto* x = as<BlockQ6_K>(w);
+    const auto* y = as<BlockQ8_K>(a);
+    const __m512i nibble = _mm512_set1_epi8(0x0F), top = _mm512_set1_epi8(0x30);
+    __m512 acc = _mm512_setzero_ps();
+    for (int i = 0; i < n / kQK; ++i) {
+        const __m256i scales = _mm256_cvtepi8_epi16(load128(x[i].scales));
+        // q in 0..63 stands for q - 32: subtract 32 * sum_j scale_j * bsum_j.
+        const __m256i offsets = _mm256_slli_epi32(_mm256_madd_epi16(load256(y[i].bsums), scales), 5);
+        const __m512i sc = _mm512_castsi256_si512(scales);
+        __m512i sumi = _mm512_setzero_si512();
+        unroll<2>([&](auto h_) {
+            constexpr int h = decltype(h_)::value;
+            const __m512i ql = load512(x[i].ql + 64 * h);  // low nibbles: groups 0, 1; high nibbles: 2, 3
+            const __m512i qh = twice(x[i].qh + 32 * h);    // bits 2g, 2g + 1 of group g
+            const __m512i q01 = _mm512_or_si512(_mm512_and_si512(ql, nibble),
+                                                _mm512_and_si512(_mm512_sllv_epi64(qh, halves64(4, 2)), top));
+            const __m512i q23 = _mm512_or_si512(_mm512_and_si512(_mm512_srli_epi16(ql, 4), nibble),
+                                                _mm512_and_si512(_mm512_srlv_epi64(qh, halves64(0, 2)), top));
+            const __m512i p01 = _mm512_maddubs_epi16(q01, load512(y[i].qs + 128 * h));
+            const __m512i p23 = _mm512_maddubs_epi16(q23, load512(y[i].qs + 128 * h + 64));
+            sumi = scaled_sum<kVnni>(sumi, p01, four_scales<8 * h>(sc));
+            sumi = scaled_sum<kVnni>(sumi, p23, four_scales<8 * h + 4>(sc));
+        });
+        sumi = _mm512_sub_epi32(sumi, _mm512_zextsi256_si512(offsets));
+        acc = _mm512_fmadd_ps(_mm512_set1_ps(y[i].d * f16(x[i].d)), _mm512_cvtepi32_ps(sumi), acc);
+    }
+    *out = _mm512_reduce_add_ps(acc);
+}
+
+template <bool kVnni>
+DotFn table(GgmlType weight_type) {
+    switch (weight_type) {
+        case GgmlType::Q2_K:
+            return dot_q2_K<kVnni>;
+        case GgmlType::Q3_K:
+            return dot_q3_K<kVnni>;
+        case GgmlType::Q4_K:
+            return dot_q4_5_K<BlockQ4_K, kVnni>;
+        case GgmlType::Q5_K:
+            return dot_q4_5_K<BlockQ5_K, kVnni>;
+        case GgmlType::Q6_K:
+            return dot_q6_K<kVnni>;
+        default:
+            return nullptr;
+    }
+}
+
+}  // namespace
+
+DotFn dot_avx512_kquants(GgmlType weight_type, bool vnni) {
+    return vnni ? table<true>(weight_type) : table<false>(weight_type);
+}
+
+}  // namespace fitllm::quant::detail

@@ -1,0 +1,18 @@
+#pragma once
+// Internal to quant/: the kernel tables of each instruction set, looked up by select_dot.
+//
+// The files behind the AVX2 and AVX-512 tables are compiled with those instruction sets enabled.
+// Everything they define must have internal linkage (anonymous namespaces) and they must not call
+// inline functions of shared headers: the linker keeps one copy of an inline function, and it
+// could pick one compiled for AVX-512 for a caller that runs on any x86-64.
+#include "quant/dot.h"
+
+namespace fitllm::quant::detail {
+
+DotFn dot_ref(GgmlType weight_type);
+DotFn dot_avx2(GgmlType weight_type);
+DotFn dot_avx2_kquants(GgmlType weight_type);
+DotFn dot_avx512(GgmlType weight_type, bool vnni);
+DotFn dot_avx512_kquants(GgmlType weight_type, bool vnni);
+
+}  // namespace fitllm::quant::detail

@@ -1,0 +1,322 @@
+#include "quant/quantize.h"
+
+#include <algorithm>
+#include <cmath>
+#include <stdexcept>
+#include <string>
+
+#include "quant/blocks.h"
+
+namespace fitllm::quant {
+namespace {
+
+int round_to_int(float v) {
+    return static_cast<int>(std::nearbyint(v));
+}  // ties to even
+int clamp_int(int v, int lo, int hi) {
+    return std::min(std::max(v, lo), hi);
+}
+float half_rounded(float v) {
+    return fp16_to_fp32(fp32_to_fp16(v));
+}
+
+// The value of largest magnitude, with its sign (0 for an all-zero range).
+float signed_absmax(const float* x, int n) {
+    float best = 0.0f;
+    for (int i = 0; i < n; ++i) {
+        if (std::fabs(x[i]) > std::fabs(best)) best = x[i];
+    }
+    return best;
+}
+
+// ---- Activations, rounded as llama.cpp rounds them ----
+
+// Q8_0 / Q8_1: d = max|x| / 127, q = round(x / d) with ties away from zero.
+template <typename Block>
+void quant_q8_blocks(const float* x, Block* y, int64_t nb) {
+    for (int64_t i = 0; i < nb; ++i, x += 32) {
+        float amax = 0.0f;
+        for (int l = 0; l < 32; ++l) amax = std::max(amax, std::fabs(x[l]));
+        const float d = amax / 127.0f;
+        const float id = d != 0.0f ? 1.0f / d : 0.0f;
+        int sum = 0;
+        for (int l = 0; l < 32; ++l) {
+            y[i].qs[l] = static_cast<int8_t>(std::round(x[l] * id));
+            sum += y[i].qs[l];
+        }
+        y[i].d = fp32_to_fp16(d);
+        if constexpr (sizeof(Block) == sizeof(BlockQ8_1)) y[i].s = fp32_to_fp16(d * static_cast<float>(sum));
+    }
+}
+
+// Q8_K: the value of largest magnitude maps to -127; d is a float and bsums are exact.
+void quant_q8_K(const float* x, BlockQ8_K* y, int64_t nb) {
+    for (int64_t i = 0; i < nb; ++i, x += kQK) {
+        const float max = signed_absmax(x, kQK);
+        if (max == 0.0f) {
+            y[i] = BlockQ8_K{};
+            continue;
+        }
+        const float iscale = -127.0f / max;
+        for (int e = 0; e < kQK; ++e) y[i].qs[e] = static_cast<int8_t>(std::min(127, round_to_int(iscale * x[e])));
+        for (int j = 0; j < kQK / 16; ++j) {
+            int sum = 0;
+            for (int l = 0; l < 16; ++l) sum += y[i].qs[16 * j + l];
+            y[i].bsums[j] = static_cast<int16_t>(sum);
+        }
+        y[i].d = 1.0f / iscale;
+    }
+}
+
+// ---- Weights: round to nearest ----
+
+// Symmetric blocks of 32 (Q4_0, Q5_0): the value of largest magnitude maps to -2^(bits-1).
+template <typename Block, int kBits>
+void quant_symmetric32(const float* x, Block* y, int64_t nb) {
+    constexpr int kOffset = 1 << (kBits - 1), kMax = (1 << kBits) - 1;
+    for (int64_t i = 0; i < nb; ++i, x += 32) {
+        const float d = half_rounded(signed_absmax(x, 32) / -static_cast<float>(kOffset));
+        const float id = d != 0.0f ? 1.0f / d : 0.0f;
+        int q[32];
+        for (int l = 0; l < 32; ++l) q[l] = clamp_int(round_to_int(x[l] * id) + kOffset, 0, kMax);
+        y[i].d = fp32_to_fp16(d);
+        for (int l = 0; l < 16; ++l) y[i].qs[l] = static_cast<uint8_t>((q[l] & 0x0F) | ((q[l + 16] & 0x0F) << 4));
+        if constexpr (kBits == 5) {
+            uint32_t qh = 0;
+            for (int l = 0; l < 32; ++l) qh |= static_cast<uint32_t>(q[l] >> 4) << l;
+            std::memcpy(y[i].qh, &qh, 4);
+        }
+    }
+}
+
+// Affine blocks of 32 (Q4_1, Q5_1): x = d * q + m over [min, max].
+template <typename Block, int kBits>
+void quant_affine32(const float* x, Block* y, int64_t nb) {
+    constexpr int kMax = (1 << kBits) - 1;
+    for (int64_t i = 0; i < nb; ++i, x += 32) {
+        const float lo = *std::min_element(x, x + 32), hi = *std::max_element(x, x + 32);
+        const float d = half_rounded((hi - lo) / kMax), m = half_rounded(lo);
+        const float id = d != 0.0f ? 1.0f / d : 0.0f;
+        int q[32];
+        for (int l = 0; l < 32; ++l) q[l] = clamp_int(round_to_int((x[l] - m) * id), 0, kMax);
+        y[i].d = fp32_to_fp16(d);
+        y[i].m = fp32_to_fp16(m);
+        for (int l = 0; l < 16; ++l) y[i].qs[l] = static_cast<uint8_t>((q[l] & 0x0F) | ((q[l + 16] & 0x0F) << 4));
+        if constexpr (kBits == 5) {
+            uint32_t qh = 0;
+            for (int l = 0; l < 32; ++l) qh |= static_cast<uint32_t>(q[l] >> 4) << l;
+            std::memcpy(y[i].qh, &qh, 4);
+        }
+    }
+}
+
+// Affine sub-blocks of a k-quant super-block: x ~ scale * q - min with min >= 0, q in [0, qmax];
+// scales and mins are then quantized against the super-block's d and dmin with `levels` steps.
+struct AffineFit {
+    float scale[16];
+    float min[16];
+    int sc[16];  // quantized scales
+    int mn[16];  // quantized mins
+    float d, dmin;
+};
+AffineFit fit_affine(const float* x, int n_sub, int sub_len, int qmax, int levels) {
+    AffineFit f{};
+    float max_scale = 0.0f, max_min = 0.0f;
+    for (int j = 0; j < n_sub; ++j) {
+        const float* s = x + j * sub_len;
+        const float lo = std::min(0.0f, *std::min_element(s, s + sub_len));
+        const float hi = std::max(0.0f, *std::max_element(s, s + sub_len));
+        f.scale[j] = (hi - lo) / static_cast<float>(qmax);
+        f.min[j] = -lo;
+        max_scale = std::max(max_scale, f.scale[j]);
+        max_min = std::max(max_min, f.min[j]);
+    }
+    f.d = half_rounded(max_scale / static_cast<float>(levels));
+    f.dmin = half_rounded(max_min / static_cast<float>(levels));
+    for (int j = 0; j < n_sub; ++j) {
+        f.sc[j] = f.d != 0.0f ? clamp_int(round_to_int(f.scale[j] / f.d), 0, levels) : 0;
+        f.mn[j] = f.dmin != 0.0f ? clamp_int(round_to_int(f.min[j] / f.dmin), 0, levels) : 0;
+    }
+    return f;
+}
+int affine_q(float x, float step, float offset, int qmax) {
+    return step != 0.0f ? clamp_int(round_to_int((x + offset) / step), 0, qmax) : 0;
+}
+
+void quant_q2_K(const float* x, BlockQ2_K* y, int64_t nb) {
+    for (int64_t i = 0; i < nb; ++i, x += kQK) {
+        const AffineFit f = fit_affine(x, 16, 16, 3, 15);
+        BlockQ2_K& b = y[i];
+        b = BlockQ2_K{};
+        b.d = fp32_to_fp16(f.d);
+        b.dmin = fp32_to_fp16(f.dmin);
+        for (int j = 0; j < 16; ++j) b.scales[j] = static_cast<uint8_t>(f.sc[j] | (f.mn[j] << 4));
+        for (int e = 0; e < kQK; ++e) {
+            const int j = e / 16, h = e / 128, g = (e / 32) % 4, l = e % 32;
+            const int q = affine_q(x[e], f.d * static_cast<float>(f.sc[j]), f.dmin * static_cast<float>(f.mn[j]), 3);
+            b.qs[32 * h + l] |= static_cast<uint8_t>(q << (2 * g));
+        }
+    }
+}
+
+template <typename Block>
+void quant_q4_5_K(const float* x, Block* y, int64_t nb) {
+    constexpr bool kFive = sizeof(Block) == sizeof(BlockQ5_K);
+    constexpr int kQMax = kFive ? 31 : 15;
+    for (int64_t i = 0; i < nb; ++i, x += kQK) {
+        const AffineFit f = fit_affine(x, 8, 32, kQMax, 63);
+        Block& b = y[i];
+        b = Block{};
+        b.d = fp32_to_fp16(f.d);
+        b.dmin = fp32_to_fp16(f.dmin);
+        // The packing that unpack_q4k_scales undoes.
+        for (int j = 0; j < 4; ++j) {
+            b.scales[j] = static_cast<uint8_t>(f.sc[j] | ((f.sc[j + 4] >> 4) << 6));
+            b.scales[j + 4] = static_cast<uint8_t>(f.mn[j] | ((f.mn[j + 4] >> 4) << 6));
+            b.scales[j + 8] = static_cast<uint8_t>((f.sc[j + 4] & 0x0F) | ((f.mn[j + 4] & 0x0F) << 4));
+        }
+        for (int e = 0; e < kQK; ++e) {
+            const int j = e / 32, l = e % 32;
+            const int q =
+                affine_q(x[e], f.d * static_cast<float>(f.sc[j]), f.dmin * static_cast<float>(f.mn[j]), kQMax);
+            b.qs[32 * (j / 2) + l] |= static_cast<uint8_t>((q & 0x0F) << (4 * (j % 2)));
+            if constexpr (kFive) b.qh[l] |= static_cast<uint8_t>((q >> 4) << j);
+        }
+    }
+}
+
+// Symmetric sub-blocks of 16 (Q3_K, Q6_K): the value of largest magnitude maps to -2^(bits-1);
+// sub-block scales are signed integers against d, the largest mapping to -scale_levels.
+struct SymmetricFit {
+    int sc[16];
+    float d;
+};
+SymmetricFit fit_symmetric16(const float* x, int q_offset, int scale_levels, int scale_max) {
+    float scale[16];
+    for (int j = 0; j < 16; ++j) scale[j] = signed_absmax(x + 16 * j, 16) / -static_cast<float>(q_offset);
+    SymmetricFit f{};
+    f.d = half_rounded(signed_absmax(scale, 16) / -static_cast<float>(scale_levels));
+    for (int j = 0; j < 16; ++j) {
+        f.sc[j] = f.d != 0.0f ? clamp_int(round_to_int(scale[j] / f.d), -scale_levels, scale_max) : 0;
+    }
+    return f;
+}
+int symmetric_q(float x, float step, int offset) {
+    return step != 0.0f ? clamp_int(round_to_int(x / step), -offset, offset - 1) + offset : offset;
+}
+
+void quant_q3_K(const float* x, BlockQ3_K* y, int64_t nb) {
+    for (int64_t i = 0; i < nb; ++i, x += kQK) {
+        const SymmetricFit f = fit_symmetric16(x, 4, 32, 31);
+        BlockQ3_K& b = y[i];
+        b = BlockQ3_K{};
+        b.d = fp32_to_fp16(f.d);
+        for (int j = 0; j < 16; ++j) {  // the packing that unpack_q3k_scales undoes
+            const int s = f.sc[j] + 32;
+            b.scales[j % 8] |= static_cast<uint8_t>((s & 0x0F) << (4 * (j / 8)));
+            b.scales[8 + j % 4] |= static_cast<uint8_t>((s >> 4) << (2 * (j / 4)));
+        }
+        for (int e = 0; e < kQK; ++e) {
+            const int h = e / 128, g = (e / 32) % 4, l = e % 32;
+            const int q = symmetric_q(x[e], f.d * static_cast<float>(f.sc[e / 16]), 4);
+            b.qs[32 * h + l] |= static_cast<uint8_t>((q & 3) << (2 * g));
+            b.hmask[l] |= static_cast<uint8_t>((q >> 2) << (4 * h + g));
+        }
+    }
+}
+
+void quant_q6_K(const float* x, BlockQ6_K* y, int64_t nb) {
+    for (int64_t i = 0; i < nb; ++i, x += kQK) {
+        const SymmetricFit f = fit_symmetric16(x, 32, 128, 127);
+        BlockQ6_K& b = y[i];
+        b = BlockQ6_K{};
+        b.d = fp32_to_fp16(f.d);
+        for (int j = 0; j < 16; ++j) b.scales[j] = static_cast<int8_t>(f.sc[j]);
+        for (int e = 0; e < kQK; ++e) {
+            const int h = e / 128, g = (e / 32) % 4, l = e % 32;
+            const int q = symmetric_q(x[e], f.d * static_cast<float>(f.sc[e / 16]), 32);
+            b.ql[64 * h + 32 * (g % 2) + l] |= static_cast<uint8_t>((q & 0x0F) << (g < 2 ? 0 : 4));
+            b.qh[32 * h + l] |= static_cast<uint8_t>((q >> 4) << (2 * g));
+        }
+    }
+}
+
+template <typename Block>
+Block* as(void* p) {
+    return static_cast<Block*>(p);
+}
+
+}  // namespace
+
+bool can_quantize(GgmlType type) {
+    switch (type) {
+        case GgmlType::F32:
+        case GgmlType::F16:
+        case GgmlType::BF16:
+        case GgmlType::Q4_0:
+        case GgmlType::Q4_1:
+        case GgmlType::Q5_0:
+        case GgmlType::Q5_1:
+        case GgmlType::Q8_0:
+        case GgmlType::Q8_1:
+        case GgmlType::Q2_K:
+        case GgmlType::Q3_K:
+        case GgmlType::Q4_K:
+        case GgmlType::Q5_K:
+        case GgmlType::Q6_K:
+        case GgmlType::Q8_K:
+            return true;
+        default:
+            return false;
+    }
+}
+
+void quantize_row(GgmlType type, const float* src, void* dst, int64_t n) {
+    const TypeTraits& t = traits(type);
+    if (!can_quantize(type) || n < 0 || n % t.block_elements != 0) {
+        throw std::invalid_argument(
+            "quantize_row: " + std::string(t.name) + " row of " + std::to_string(n) +
+            (can_quantize(type) ? " elements is not a whole number of blocks of " + std::to_string(t.block_elements)
+                                : " elements: type not supported"));
+    }
+    const int64_t nb = n / t.block_elements;
+    switch (type) {
+        case GgmlType::F32:
+            std::copy(src, src + n, as<float>(dst));
+            return;
+        case GgmlType::F16:
+            for (int64_t i = 0; i < n; ++i) as<uint16_t>(dst)[i] = fp32_to_fp16(src[i]);
+            return;
+        case GgmlType::BF16:
+            for (int64_t i = 0; i < n; ++i) as<uint16_t>(dst)[i] = fp32_to_bf16(src[i]);
+            return;
+        case GgmlType::Q4_0:
+            return quant_symmetric32<BlockQ4_0, 4>(src, as<BlockQ4_0>(dst), nb);
+        case GgmlType::Q4_1:
+            return quant_affine32<BlockQ4_1, 4>(src, as<BlockQ4_1>(dst), nb);
+        case GgmlType::Q5_0:
+            return quant_symmetric32<BlockQ5_0, 5>(src, as<BlockQ5_0>(dst), nb);
+        case GgmlType::Q5_1:
+            return quant_affine32<BlockQ5_1, 5>(src, as<BlockQ5_1>(dst), nb);
+        case GgmlType::Q8_0:
+            return quant_q8_blocks(src, as<BlockQ8_0>(dst), nb);
+        case GgmlType::Q8_1:
+            return quant_q8_blocks(src, as<BlockQ8_1>(dst), nb);
+        case GgmlType::Q2_K:
+            return quant_q2_K(src, as<BlockQ2_K>(dst), nb);
+        case GgmlType::Q3_K:
+            return quant_q3_K(src, as<BlockQ3_K>(dst), nb);
+        case GgmlType::Q4_K:
+            return quant_q4_5_K(src, as<BlockQ4_K>(dst), nb);
+        case GgmlType::Q5_K:
+            return quant_q4_5_K(src, as<BlockQ5_K>(dst), nb);
+        case GgmlType::Q6_K:
+            return quant_q6_K(src, as<BlockQ6_K>(dst), nb);
+        case GgmlType::Q8_K:
+            return quant_q8_K(src, as<BlockQ8_K>(dst), nb);
+        default:
+            return;  // unreachable: checked above
+    }
+}
+
+}  // namespace fitllm::quant

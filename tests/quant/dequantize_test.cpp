@@ -1,0 +1,246 @@
+// Reference dequantization on hand-made blocks whose values are worked out by hand from the
+// layouts in blocks.h (which follow ggml-common.h).
+#include "quant/dequantize.h"
+
+#include <gtest/gtest.h>
+
+#include <cmath>
+#include <cstring>
+#include <limits>
+#include <stdexcept>
+#include <string>
+#include <vector>
+
+#include "quant/blocks.h"
+
+namespace fitllm::quant {
+namespace {
+
+constexpr uint16_t kHalfOne = 0x3C00, kHalfHalf = 0x3800, kHalfQuarter = 0x3400, kHalfTwo = 0x4000;
+constexpr uint16_t kHalfMinusOne = 0xBC00;
+
+template <typename Block>
+std::vector<float> dequant(GgmlType type, const Block& b) {
+    std::vector<float> y(traits(type).block_elements);
+    dequantize_row(type, &b, y.data(), static_cast<int64_t>(y.size()));
+    return y;
+}
+
+TEST(Dequantize, HalfAndBfloat) {
+    const uint16_t halves[] = {kHalfOne, 0xC000, 0x7BFF, 0x0001, 0x03FF, 0x0400, 0x7C00, 0xFC00, 0x8000, 0x3555};
+    std::vector<float> y(std::size(halves));
+    dequantize_row(GgmlType::F16, halves, y.data(), static_cast<int64_t>(y.size()));
+    EXPECT_EQ(y[0], 1.0f);
+    EXPECT_EQ(y[1], -2.0f);
+    EXPECT_EQ(y[2], 65504.0f);
+    EXPECT_EQ(y[3], std::ldexp(1.0f, -24));     // smallest subnormal
+    EXPECT_EQ(y[4], std::ldexp(1023.0f, -24));  // largest subnormal
+    EXPECT_EQ(y[5], std::ldexp(1.0f, -14));     // smallest normal
+    EXPECT_EQ(y[6], std::numeric_limits<float>::infinity());
+    EXPECT_EQ(y[7], -std::numeric_limits<float>::infinity());
+    EXPECT_TRUE(y[8] == 0.0f && std::signbit(y[8]));
+    EXPECT_EQ(y[9], 0.333251953125f);  // 0x3555: 1/3 rounded to half
+    EXPECT_TRUE(std::isnan(fp16_to_fp32(0x7E00)));
+
+    const uint16_t bf[] = {0x3F80, 0xC040, 0x7F80, 0x0001};
+    std::vector<float> z(4);
+    dequantize_row(GgmlType::BF16, bf, z.data(), 4);
+    EXPECT_EQ(z[0], 1.0f);
+    EXPECT_EQ(z[1], -3.0f);
+    EXPECT_EQ(z[2], std::numeric_limits<float>::infinity());
+    EXPECT_EQ(z[3], std::ldexp(1.0f, -133));  // bf16 keeps f32's subnormals
+}
+
+TEST(Dequantize, Q4_0AndQ4_1) {
+    BlockQ4_0 b{};
+    b.d = kHalfHalf;
+    for (int l = 0; l < 16; ++l) b.qs[l] = static_cast<uint8_t>(l | ((15 - l) << 4));
+    const auto y = dequant(GgmlType::Q4_0, b);
+    EXPECT_EQ(y[0], -4.0f);  // (0 - 8) / 2
+    EXPECT_EQ(y[9], 0.5f);   // (9 - 8) / 2
+    EXPECT_EQ(y[15], 3.5f);
+    EXPECT_EQ(y[16], 3.5f);   // high nibble of qs[0] = 15
+    EXPECT_EQ(y[31], -4.0f);  // high nibble of qs[15] = 0
+
+    BlockQ4_1 c{};
+    c.d = kHalfQuarter;
+    c.m = kHalfMinusOne;
+    for (int l = 0; l < 16; ++l) c.qs[l] = static_cast<uint8_t>(l | ((15 - l) << 4));
+    const auto z = dequant(GgmlType::Q4_1, c);
+    EXPECT_EQ(z[0], -1.0f);
+    EXPECT_EQ(z[4], 0.0f);
+    EXPECT_EQ(z[15], 2.75f);
+    EXPECT_EQ(z[16], 2.75f);
+    EXPECT_EQ(z[31], -1.0f);
+}
+
+TEST(Dequantize, Q5_0AndQ5_1) {
+    BlockQ5_0 b{};
+    b.d = kHalfOne;
+    for (int l = 0; l < 16; ++l) b.qs[l] = static_cast<uint8_t>(l | (l << 4));
+    const uint32_t qh = 0x80010003u;  // elements 0, 1, 16, 31 get the fifth bit
+    std::memcpy(b.qh, &qh, 4);
+    const auto y = dequant(GgmlType::Q5_0, b);
+    EXPECT_EQ(y[0], 0.0f);     // 0 + 16 - 16
+    EXPECT_EQ(y[1], 1.0f);     // 1 + 16 - 16
+    EXPECT_EQ(y[2], -14.0f);   // 2 - 16
+    EXPECT_EQ(y[15], -1.0f);   // 15 - 16
+    EXPECT_EQ(y[16], 0.0f);    // high nibble of qs[0] = 0, fifth bit set
+    EXPECT_EQ(y[17], -15.0f);  // high nibble of qs[1] = 1
+    EXPECT_EQ(y[31], 15.0f);   // 15 + 16 - 16
+
+    BlockQ5_1 c{};
+    c.d = kHalfHalf;
+    c.m = kHalfOne;
+    std::memcpy(c.qs, b.qs, 16);
+    std::memcpy(c.qh, b.qh, 4);
+    const auto z = dequant(GgmlType::Q5_1, c);
+    EXPECT_EQ(z[0], 9.0f);    // 16 / 2 + 1
+    EXPECT_EQ(z[2], 2.0f);    // 2 / 2 + 1
+    EXPECT_EQ(z[31], 16.5f);  // 31 / 2 + 1
+}
+
+TEST(Dequantize, Q8_0Q8_1Q8_K) {
+    BlockQ8_0 b{};
+    b.d = kHalfTwo;
+    for (int l = 0; l < 32; ++l) b.qs[l] = static_cast<int8_t>(l - 16);
+    const auto y = dequant(GgmlType::Q8_0, b);
+    EXPECT_EQ(y[0], -32.0f);
+    EXPECT_EQ(y[16], 0.0f);
+    EXPECT_EQ(y[31], 30.0f);
+
+    BlockQ8_1 c{};
+    c.d = kHalfTwo;
+    std::memcpy(c.qs, b.qs, 32);
+    EXPECT_EQ(dequant(GgmlType::Q8_1, c), y);
+
+    BlockQ8_K k{};
+    k.d = 0.25f;
+    for (int e = 0; e < kQK; ++e) k.qs[e] = static_cast<int8_t>(e - 128);
+    const auto z = dequant(GgmlType::Q8_K, k);
+    EXPECT_EQ(z[0], -32.0f);
+    EXPECT_EQ(z[128], 0.0f);
+    EXPECT_EQ(z[255], 31.75f);
+}
+
+TEST(Dequantize, Q2_K) {
+    BlockQ2_K b{};
+    b.d = kHalfOne;
+    b.dmin = kHalfHalf;
+    for (int j = 0; j < 16; ++j) b.scales[j] = static_cast<uint8_t>(j | ((15 - j) << 4));  // scale j, min 15 - j
+    std::memset(b.qs, 0xE4, sizeof(b.qs));  // 0b11'10'01'00: q = g for element 128 h + 32 g + l
+    const auto y = dequant(GgmlType::Q2_K, b);
+    for (int e = 0; e < kQK; ++e) {
+        const int j = e / 16, q = (e / 32) % 4;
+        ASSERT_EQ(y[e], static_cast<float>(j * q) - 0.5f * static_cast<float>(15 - j)) << e;
+    }
+    EXPECT_EQ(y[0], -7.5f);    // scale 0, min 15, q 0
+    EXPECT_EQ(y[40], -4.5f);   // sub-block 2: scale 2, min 13, q 1
+    EXPECT_EQ(y[255], 45.0f);  // sub-block 15: scale 15, min 0, q 3
+}
+
+TEST(Dequantize, Q3_K) {
+    BlockQ3_K b{};
+    b.d = kHalfOne;
+    // Every 6-bit scale 33 (= +1): low nibbles 1, top bits 0b10 ...
+    std::memset(b.scales, 0x11, 8);
+    std::memset(b.scales + 8, 0xAA, 4);
+    // ... except scale 5 = 63 (+31) and scale 13 = 0 (-32): both live in byte 5 (low, high nibble)
+    // and byte 9 (bits 2..3 and 6..7).
+    b.scales[5] = 0x0F;
+    b.scales[9] = 0x2E;                           // 0b00'10'11'10: top bits of scales 13, 9, 5, 1
+    std::memset(b.qs, 0xE4, sizeof(b.qs));        // low bits = g
+    std::memset(b.hmask, 0x55, sizeof(b.hmask));  // high bit set for the even groups 4h + g
+    const auto y = dequant(GgmlType::Q3_K, b);
+    auto value = [](int e) {  // q - 4 with q = g | high << 2
+        const int k = e / 32, g = k % 4;
+        return g + (k % 2 == 0 ? 0 : -4);
+    };
+    for (int e = 0; e < kQK; ++e) {
+        const int j = e / 16;
+        const int scale = j == 5 ? 31 : j == 13 ? -32 : 1;
+        ASSERT_EQ(y[e], static_cast<float>(scale * value(e))) << e;
+    }
+    EXPECT_EQ(y[32], -3.0f);    // group 1: q = 1, no high bit
+    EXPECT_EQ(y[64], 2.0f);     // group 2: q = 2 + 4
+    EXPECT_EQ(y[80], 62.0f);    // sub-block 5: 31 * 2
+    EXPECT_EQ(y[208], -64.0f);  // sub-block 13, group 6 (h 1, g 2, high bit set): -32 * 2
+}
+
+// Scales and mins of Q4_K / Q5_K: {1, 2, 3, 4, 63, 5, 6, 7} and {0, 1, 2, 3, 4, 50, 6, 7}. The
+// 6-bit values 4..7 keep their low nibbles in bytes 8..11 and their top bits in bytes 0..7.
+constexpr uint8_t kPackedScalesMins[12] = {0xC1, 0x02, 0x03, 0x04, 0x00, 0xC1, 0x02, 0x03, 0x4F, 0x25, 0x66, 0x77};
+constexpr int kScales[8] = {1, 2, 3, 4, 63, 5, 6, 7}, kMins[8] = {0, 1, 2, 3, 4, 50, 6, 7};
+
+TEST(Dequantize, Q4_K) {
+    BlockQ4_K b{};
+    b.d = kHalfOne;
+    b.dmin = kHalfOne;
+    std::memcpy(b.scales, kPackedScalesMins, 12);
+    std::memset(b.qs, 0x21, sizeof(b.qs));  // q = 1 in even sub-blocks (low nibbles), 2 in odd ones
+    const auto y = dequant(GgmlType::Q4_K, b);
+    for (int e = 0; e < kQK; ++e) {
+        const int j = e / 32, q = j % 2 == 0 ? 1 : 2;
+        ASSERT_EQ(y[e], static_cast<float>(kScales[j] * q - kMins[j])) << e;
+    }
+    EXPECT_EQ(y[0], 1.0f);
+    EXPECT_EQ(y[32], 3.0f);     // 2 * 2 - 1
+    EXPECT_EQ(y[128], 59.0f);   // 63 * 1 - 4
+    EXPECT_EQ(y[160], -40.0f);  // 5 * 2 - 50
+    EXPECT_EQ(y[255], 7.0f);    // 7 * 2 - 7
+}
+
+TEST(Dequantize, Q5_K) {
+    BlockQ5_K b{};
+    b.d = kHalfOne;
+    b.dmin = kHalfHalf;
+    std::memcpy(b.scales, kPackedScalesMins, 12);
+    std::memset(b.qs, 0x21, sizeof(b.qs));
+    std::memset(b.qh, 0x10, sizeof(b.qh));  // fifth bit for sub-block 4 only
+    b.qh[3] = 0x90;                         // ... and element 7 * 32 + 3 of sub-block 7
+    const auto y = dequant(GgmlType::Q5_K, b);
+    for (int e = 0; e < kQK; ++e) {
+        const int j = e / 32;
+        const int q = (j % 2 == 0 ? 1 : 2) + (j == 4 || e == 227 ? 16 : 0);
+        ASSERT_EQ(y[e], static_cast<float>(kScales[j] * q) - 0.5f * static_cast<float>(kMins[j])) << e;
+    }
+    EXPECT_EQ(y[128], 1069.0f);  // 63 * 17 - 2
+    EXPECT_EQ(y[227], 122.5f);   // 7 * 18 - 3.5
+}
+
+TEST(Dequantize, Q6_K) {
+    BlockQ6_K b{};
+    b.d = kHalfHalf;
+    for (int j = 0; j < 16; ++j) b.scales[j] = static_cast<int8_t>(j - 8);
+    std::memset(b.ql, 0x31, sizeof(b.ql));  // low 4 bits: 1 for groups 0, 1 (low nibbles), 3 for 2, 3
+    std::memset(b.qh, 0xE4, sizeof(b.qh));  // high 2 bits = g
+    const auto y = dequant(GgmlType::Q6_K, b);
+    const int values[4] = {1 - 32, 17 - 32, 35 - 32, 51 - 32};
+    for (int e = 0; e < kQK; ++e) {
+        ASSERT_EQ(y[e], 0.5f * static_cast<float>((e / 16 - 8) * values[(e / 32) % 4])) << e;
+    }
+    EXPECT_EQ(y[0], 124.0f);   // 0.5 * -8 * -31
+    EXPECT_EQ(y[32], 45.0f);   // 0.5 * -6 * -15
+    EXPECT_EQ(y[64], -6.0f);   // 0.5 * -4 * 3
+    EXPECT_EQ(y[96], -19.0f);  // 0.5 * -2 * 19
+    EXPECT_EQ(y[255], 66.5f);  // 0.5 * 7 * 19
+}
+
+TEST(Dequantize, RejectsPartialBlocksAndUnknownTypes) {
+    std::vector<uint8_t> src(1024);
+    std::vector<float> dst(512);
+    EXPECT_THROW(dequantize_row(GgmlType::Q4_0, src.data(), dst.data(), 33), std::invalid_argument);
+    EXPECT_THROW(dequantize_row(GgmlType::Q4_K, src.data(), dst.data(), 128), std::invalid_argument);
+    EXPECT_THROW(dequantize_row(GgmlType::IQ2_XXS, src.data(), dst.data(), 256), std::invalid_argument);
+    EXPECT_FALSE(can_dequantize(GgmlType::IQ4_XS));
+    EXPECT_TRUE(can_dequantize(GgmlType::Q8_K));
+    try {
+        dequantize_row(GgmlType::Q6_K, src.data(), dst.data(), 300);
+    } catch (const std::invalid_argument& e) {
+        EXPECT_NE(std::string(e.what()).find("Q6_K"), std::string::npos) << e.what();
+        EXPECT_NE(std::string(e.what()).find("300"), std::string::npos) << e.what();
+    }
+}
+
+}  // namespace
+}  // namespace fitllm::quant

@@ -1,0 +1,69 @@
+// The rules of dot_kernels.h, checked on the object files: code compiled for AVX2 / AVX-512 must not
+// leak into the paths that run on any x86-64. Skipped where the objects or binutils are not found.
+#include <gtest/gtest.h>
+
+#include <filesystem>
+#include <sstream>
+#include <string>
+
+#include "test_support.h"
+
+namespace fitllm::quant {
+namespace {
+
+namespace fs = std::filesystem;
+
+fs::path object_file(const std::string& source) {
+    return fs::path(FITLLM_BINARY_DIR) / "src" / "CMakeFiles" / "libfitllm.dir" / "quant" / (source + ".o");
+}
+
+bool have_tool(const char* tool) {
+    return test::run_command(std::string("command -v ") + tool).status == 0;
+}
+
+#define REQUIRE_OBJECTS()                                                                      \
+    if (!have_tool("nm") || !have_tool("objdump") || !fs::exists(object_file("dot_avx2.cpp"))) \
+    GTEST_SKIP() << "needs nm, objdump and the CMake object files under " << FITLLM_BINARY_DIR
+
+// A weak symbol (an inline function or template instance) defined by a file built for AVX2 / AVX-512
+// could be the copy the linker keeps for every caller, including ones on CPUs without those.
+TEST(DotIsolation, IsaFilesDefineNoSharedInlineFunctions) {
+    REQUIRE_OBJECTS();
+    for (const char* source : {"dot_avx2.cpp", "dot_avx2_kquants.cpp", "dot_avx512.cpp", "dot_avx512_kquants.cpp"}) {
+        const auto r = test::run_command("nm -C --defined-only " + object_file(source).string());
+        ASSERT_EQ(r.status, 0) << source;
+        std::istringstream lines(r.output);
+        for (std::string line; std::getline(lines, line);) {
+            // "address type name": global text T (the table lookups) and local t/r/d/b are fine.
+            std::istringstream fields(line);
+            std::string address, type;
+            fields >> address >> type;
+            EXPECT_TRUE(type == "T" || type == "t" || type == "r" || type == "d" || type == "b")
+                << source << " defines a shared symbol: " << line;
+        }
+    }
+}
+
+// The files every CPU runs contain no VEX / EVEX instruction (all of whose mnemonics start with v).
+TEST(DotIsolation, PortableFilesUseNoAvx) {
+    REQUIRE_OBJECTS();
+    for (const char* source : {"dot.cpp", "dot_ref.cpp", "cpu_features.cpp", "dequantize.cpp", "quantize.cpp"}) {
+        const auto r = test::run_command("objdump -d --no-show-raw-insn " + object_file(source).string() +
+                                         " | grep -cE '^ +[0-9a-f]+:\\s+v[a-z0-9]+ '");
+        EXPECT_EQ(r.output, "0\n") << source << " has AVX instructions";
+    }
+}
+
+// The kVnni = false kernels are for AVX-512 CPUs without VNNI.
+TEST(DotIsolation, NonVnniKernelsUseNoVnni) {
+    REQUIRE_OBJECTS();
+    for (const char* source : {"dot_avx512.cpp", "dot_avx512_kquants.cpp"}) {
+        const auto r =
+            test::run_command("objdump -d -C --no-show-raw-insn " + object_file(source).string() +
+                              " | awk '/^[0-9a-f]+ <.*>:$/ { fn = $0 } /vpdp/ { print fn }' | grep -c false");
+        EXPECT_EQ(r.output, "0\n") << source;
+    }
+}
+
+}  // namespace
+}  // namespace fitllm::quant
