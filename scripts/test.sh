@@ -10,8 +10,33 @@ cd "$ROOT"
 JOBS="$(nproc)"
 "$ROOT/scripts/setup.sh"
 
+PASSED=0
+FAILED=0
+SKIPPED=0
+# Runs ctest in a build dir and adds its counts to the totals printed at the end.
+run_ctest() {
+  local log
+  log="$(mktemp)"
+  set +e
+  ctest --test-dir "$1" --output-on-failure -j "$JOBS" 2>&1 | tee "$log"
+  local rc=${PIPESTATUS[0]}
+  set -e
+  local summary total failed skipped
+  summary="$(grep -E 'tests passed, [0-9]+ tests failed out of [0-9]+' "$log" | tail -1)"
+  skipped="$(grep -cE '\*\*\*Skipped|Not Run' "$log" || true)"
+  rm -f "$log"
+  total="$(sed -E 's/.* out of ([0-9]+).*/\1/' <<<"$summary")"
+  failed="$(sed -E 's/.*, ([0-9]+) tests failed.*/\1/' <<<"$summary")"
+  PASSED=$((PASSED + ${total:-0} - ${failed:-0} - ${skipped:-0}))
+  FAILED=$((FAILED + ${failed:-0}))
+  SKIPPED=$((SKIPPED + ${skipped:-0}))
+  return "$rc"
+}
+summary() { echo "tests: $PASSED passed, $FAILED failed, $SKIPPED skipped"; }
+trap summary EXIT
+
 echo "== tests (Release) =="
-ctest --test-dir build --output-on-failure -j "$JOBS"
+run_ctest build
 [[ "${FITLLM_TEST_QUICK:-0}" == 1 ]] && exit 0
 
 echo "== tests (ASan + UBSan) =="
@@ -20,7 +45,7 @@ if [[ ! -f build-asan/build.ninja ]]; then
 fi
 cmake --build build-asan
 ASAN_OPTIONS=detect_leaks=1:abort_on_error=1 UBSAN_OPTIONS=print_stacktrace=1:halt_on_error=1 \
-  ctest --test-dir build-asan --output-on-failure -j "$JOBS"
+  run_ctest build-asan
 
 echo "== fuzzing the GGUF reader (${FITLLM_FUZZ_SECONDS:-60} s) =="
 "$ROOT/scripts/fuzz.sh" "${FITLLM_FUZZ_SECONDS:-60}"

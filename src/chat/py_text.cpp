@@ -1,4 +1,5 @@
 #include "chat/py_text.h"
+#include "util/utf8.h"
 
 #include <utf8proc.h>
 
@@ -137,23 +138,7 @@ std::u32string decode(std::string_view s) {
     return out;
 }
 
-void append_utf8(std::string& out, char32_t cp) {
-    if (cp < 0x80) {
-        out += static_cast<char>(cp);
-    } else if (cp < 0x800) {
-        out += static_cast<char>(0xC0 | (cp >> 6));
-        out += static_cast<char>(0x80 | (cp & 0x3F));
-    } else if (cp < 0x10000) {
-        out += static_cast<char>(0xE0 | (cp >> 12));
-        out += static_cast<char>(0x80 | ((cp >> 6) & 0x3F));
-        out += static_cast<char>(0x80 | (cp & 0x3F));
-    } else {
-        out += static_cast<char>(0xF0 | (cp >> 18));
-        out += static_cast<char>(0x80 | ((cp >> 12) & 0x3F));
-        out += static_cast<char>(0x80 | ((cp >> 6) & 0x3F));
-        out += static_cast<char>(0x80 | (cp & 0x3F));
-    }
-}
+void append_utf8(std::string& out, char32_t cp) { util::append_utf8_unchecked(out, cp); }
 
 std::string encode(std::u32string_view text) {
     std::string out;

@@ -9,6 +9,8 @@
 #include <cmath>
 #include <cstdint>
 #include <cstring>
+#include <stdexcept>
+#include <string>
 
 #include "quant/ggml_type.h"
 
@@ -316,6 +318,20 @@ inline int quant_of(const BlockQ6_K& b, int e) {  // x = d scales[e / 16] (q - 3
     const uint8_t byte = b.ql[64 * h + 32 * (g % 2) + l];
     const int low = g < 2 ? (byte & 0x0F) : (byte >> 4);
     return low | (((b.qh[32 * h + l] >> (2 * g)) & 3) << 4);
+}
+
+// Blocks in a row of n elements for a reference codec (quantize_row / dequantize_row);
+// throws std::invalid_argument naming the function, type and n otherwise.
+inline int64_t whole_blocks(const char* function, GgmlType type, int64_t n, bool supported) {
+    const TypeTraits& t = traits(type);
+    if (!supported || n < 0 || n % t.block_elements != 0) {
+        throw std::invalid_argument(std::string(function) + ": " + std::string(t.name) + " row of " +
+                                    std::to_string(n) +
+                                    (supported ? " elements is not a whole number of blocks of " +
+                                                     std::to_string(t.block_elements)
+                                               : " elements: type not supported"));
+    }
+    return n / t.block_elements;
 }
 
 }  // namespace fitllm::quant

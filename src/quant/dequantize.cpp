@@ -118,14 +118,7 @@ bool can_dequantize(GgmlType type) {
 }
 
 void dequantize_row(GgmlType type, const void* src, float* dst, int64_t n) {
-    const TypeTraits& t = traits(type);
-    if (!can_dequantize(type) || n < 0 || n % t.block_elements != 0) {
-        throw std::invalid_argument(
-            "dequantize_row: " + std::string(t.name) + " row of " + std::to_string(n) +
-            (can_dequantize(type) ? " elements is not a whole number of blocks of " + std::to_string(t.block_elements)
-                                  : " elements: type not supported"));
-    }
-    const int64_t nb = n / t.block_elements;
+    const int64_t nb = whole_blocks("dequantize_row", type, n, can_dequantize(type));
     switch (type) {
         case GgmlType::F32: {
             const auto* x = as<float>(src);

@@ -6,6 +6,7 @@
 #include <string>
 
 #include "quant/blocks.h"
+#include "quant/dequantize.h"
 
 namespace fitllm::quant {
 namespace {
@@ -248,38 +249,11 @@ Block* as(void* p) {
 
 }  // namespace
 
-bool can_quantize(GgmlType type) {
-    switch (type) {
-        case GgmlType::F32:
-        case GgmlType::F16:
-        case GgmlType::BF16:
-        case GgmlType::Q4_0:
-        case GgmlType::Q4_1:
-        case GgmlType::Q5_0:
-        case GgmlType::Q5_1:
-        case GgmlType::Q8_0:
-        case GgmlType::Q8_1:
-        case GgmlType::Q2_K:
-        case GgmlType::Q3_K:
-        case GgmlType::Q4_K:
-        case GgmlType::Q5_K:
-        case GgmlType::Q6_K:
-        case GgmlType::Q8_K:
-            return true;
-        default:
-            return false;
-    }
-}
+// The reference codecs exist in pairs: every type that dequantizes also quantizes.
+bool can_quantize(GgmlType type) { return can_dequantize(type); }
 
 void quantize_row(GgmlType type, const float* src, void* dst, int64_t n) {
-    const TypeTraits& t = traits(type);
-    if (!can_quantize(type) || n < 0 || n % t.block_elements != 0) {
-        throw std::invalid_argument(
-            "quantize_row: " + std::string(t.name) + " row of " + std::to_string(n) +
-            (can_quantize(type) ? " elements is not a whole number of blocks of " + std::to_string(t.block_elements)
-                                : " elements: type not supported"));
-    }
-    const int64_t nb = n / t.block_elements;
+    const int64_t nb = whole_blocks("quantize_row", type, n, can_quantize(type));
     switch (type) {
         case GgmlType::F32:
             std::copy(src, src + n, as<float>(dst));

@@ -1,4 +1,5 @@
 #include "tokenizer/unicode.h"
+#include "util/utf8.h"
 
 #include <array>
 
@@ -44,23 +45,7 @@ static_assert(kByteToCodePoint['\n'] == 0x10A, "newline maps to U+010A 'Ċ'");
 static_assert(kByteToCodePoint[0xAD] == 0x143, "soft hyphen is the last moved byte");
 
 // Writes cp in the 1..4 byte form its value needs, without rejecting surrogates.
-void append_raw_encoding(std::string& out, char32_t cp) {
-    if (cp < 0x80) {
-        out += static_cast<char>(cp);
-    } else if (cp < 0x800) {
-        out += static_cast<char>(0xC0 | (cp >> 6));
-        out += static_cast<char>(0x80 | (cp & 0x3F));
-    } else if (cp < 0x10000) {
-        out += static_cast<char>(0xE0 | (cp >> 12));
-        out += static_cast<char>(0x80 | ((cp >> 6) & 0x3F));
-        out += static_cast<char>(0x80 | (cp & 0x3F));
-    } else {
-        out += static_cast<char>(0xF0 | (cp >> 18));
-        out += static_cast<char>(0x80 | ((cp >> 12) & 0x3F));
-        out += static_cast<char>(0x80 | ((cp >> 6) & 0x3F));
-        out += static_cast<char>(0x80 | (cp & 0x3F));
-    }
-}
+void append_raw_encoding(std::string& out, char32_t cp) { util::append_utf8_unchecked(out, cp); }
 
 }  // namespace
 

@@ -1,0 +1,88 @@
+#include "ops/matmul.h"
+
+#include <algorithm>
+#include <stdexcept>
+#include <string>
+
+#include "quant/dot.h"
+#include "quant/quantize.h"
+
+namespace fitllm::ops {
+namespace {
+
+// Tile sizes for n_tok > 1. A tile of kRowTile weight rows is read from memory once and then
+// stays in L2 while kTokTile activation rows stream past it; within the tile each weight row is
+// reused for all kTokTile tokens while it is in L1. For a 4096-wide Q4_K layer: 16 rows = 36 KiB
+// of weights, 8 Q8_K activation rows = 35 KiB.
+constexpr int64_t kRowTile = 16;
+constexpr int64_t kTokTile = 8;
+
+// Rows per parallel_for task for matrix-vector: small enough to balance, large enough that a
+// task's weights stream through the prefetchers.
+constexpr int64_t kMatvecRowsPerTask = 8;
+
+uint64_t checked_row_bytes(quant::GgmlType type, int64_t n, const char* what) {
+    const auto bytes = quant::row_bytes(type, static_cast<uint64_t>(n));
+    if (!bytes) {
+        throw std::invalid_argument(std::string("matmul: ") + what + " of " + std::to_string(n) + " values is not a " +
+                                    "whole number of " + std::string(quant::traits(type).name) + " blocks");
+    }
+    return *bytes;
+}
+
+}  // namespace
+
+void matmul(const WeightView& w, const float* x, int n_tok, float* y, ThreadPool& pool, Scratch& scratch) {
+    if (n_tok <= 0 || w.rows <= 0) return;
+    const quant::DotKernel kernel = quant::select_dot(w.type, scratch.features());
+    if (kernel.fn == nullptr) {
+        throw std::invalid_argument("matmul: no dot kernel for weight type " + std::string(quant::traits(w.type).name));
+    }
+    checked_row_bytes(w.type, w.cols, "a weight row");
+    const int cols = static_cast<int>(w.cols);
+
+    // Activations in the kernel's format: F32 kernels read x as it is.
+    const std::byte* act = reinterpret_cast<const std::byte*>(x);
+    size_t act_stride = static_cast<size_t>(w.cols) * sizeof(float);
+    if (kernel.act_type != quant::GgmlType::F32) {
+        act_stride = checked_row_bytes(kernel.act_type, w.cols, "an activation row");
+        std::byte* quantized = scratch.bytes(act_stride * static_cast<size_t>(n_tok));
+        auto quantize_tokens = [&](int64_t begin, int64_t end, int) {
+            for (int64_t t = begin; t < end; ++t) {
+                quant::quantize_row(kernel.act_type, x + t * w.cols, quantized + t * act_stride, w.cols);
+            }
+        };
+        pool.parallel_for(n_tok, quantize_tokens);
+        act = quantized;
+    }
+
+    const size_t w_stride = w.stride();
+    const auto* w_data = static_cast<const std::byte*>(w.data);
+    const quant::DotFn dot = kernel.fn;
+
+    if (n_tok == 1) {
+        const int64_t n_tasks = (w.rows + kMatvecRowsPerTask - 1) / kMatvecRowsPerTask;
+        pool.parallel_for(n_tasks, [&](int64_t begin, int64_t end, int) {
+            const int64_t r_end = std::min(w.rows, end * kMatvecRowsPerTask);
+            for (int64_t r = begin * kMatvecRowsPerTask; r < r_end; ++r) dot(cols, y + r, w_data + r * w_stride, act);
+        });
+        return;
+    }
+
+    const int64_t n_row_tiles = (w.rows + kRowTile - 1) / kRowTile;
+    pool.parallel_for(n_row_tiles, [&](int64_t begin, int64_t end, int) {
+        for (int64_t tile = begin; tile < end; ++tile) {
+            const int64_t r0 = tile * kRowTile;
+            const int64_t r1 = std::min(w.rows, r0 + kRowTile);
+            for (int64_t t0 = 0; t0 < n_tok; t0 += kTokTile) {
+                const int64_t t1 = std::min<int64_t>(n_tok, t0 + kTokTile);
+                for (int64_t r = r0; r < r1; ++r) {
+                    const std::byte* w_row = w_data + r * w_stride;
+                    for (int64_t t = t0; t < t1; ++t) dot(cols, y + t * w.rows + r, w_row, act + t * act_stride);
+                }
+            }
+        }
+    });
+}
+
+}  // namespace fitllm::ops

@@ -1,0 +1,15 @@
+#pragma once
+// Normalizations over the last dimension of [n_tok, n] float rows.
+#include <cstdint>
+
+namespace fitllm::ops {
+
+// y = x / sqrt(mean(x^2) + eps) * weight, row by row. weight may be nullptr (no scale). The sum of
+// squares is accumulated in double, as ggml does, so wide rows lose no precision. y may alias x.
+void rms_norm(const float* x, const float* weight, float eps, int64_t n_tok, int64_t n, float* y);
+
+// y = (x - mean) / sqrt(var + eps) * weight + bias, row by row; weight and bias may be nullptr.
+// y may alias x.
+void layer_norm(const float* x, const float* weight, const float* bias, float eps, int64_t n_tok, int64_t n, float* y);
+
+}  // namespace fitllm::ops

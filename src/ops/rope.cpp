@@ -1,0 +1,43 @@
+#include "ops/rope.h"
+
+#include <cmath>
+#include <stdexcept>
+#include <string>
+
+namespace fitllm::ops {
+
+void rope(float* x, const int32_t* pos, int64_t n_tok, int n_head, int head_dim, const RopeParams& params) {
+    const int n_dims = params.n_dims;
+    if (n_dims <= 0 || n_dims % 2 != 0 || n_dims > head_dim) {
+        throw std::invalid_argument("rope: n_dims " + std::to_string(n_dims) + " must be even and in 1.." +
+                                    std::to_string(head_dim) + " (head_dim)");
+    }
+    const int half = n_dims / 2;
+    const float theta_ratio = std::pow(params.freq_base, -2.0f / static_cast<float>(n_dims));
+    // Pair i is (x[2i], x[2i+1]) in normal mode, (x[i], x[i + half]) in NeoX mode.
+    const int first_stride = params.mode == RopeMode::Normal ? 2 : 1;
+    const int second_offset = params.mode == RopeMode::Normal ? 1 : half;
+
+    for (int64_t t = 0; t < n_tok; ++t) {
+        float theta = static_cast<float>(pos[t]);
+        for (int i = 0; i < half; ++i) {
+            float angle = theta;
+            if (params.freq_factors != nullptr) angle /= params.freq_factors[i];
+            angle *= params.freq_scale;
+            const float c = std::cos(angle);
+            const float s = std::sin(angle);
+            for (int h = 0; h < n_head; ++h) {
+                float* head = x + (t * n_head + h) * head_dim;
+                float& a = head[i * first_stride];
+                float& b = head[i * first_stride + second_offset];
+                const float a0 = a;
+                const float b0 = b;
+                a = a0 * c - b0 * s;
+                b = a0 * s + b0 * c;
+            }
+            theta *= theta_ratio;
+        }
+    }
+}
+
+}  // namespace fitllm::ops

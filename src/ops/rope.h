@@ -1,0 +1,29 @@
+#pragma once
+// Rotary position embeddings, applied in place to Q or K laid out as [n_tok, n_head, head_dim].
+#include <cstdint>
+
+namespace fitllm::ops {
+
+enum class RopeMode {
+    Normal,  // rotates adjacent pairs (x[2i], x[2i+1]): Llama, Mistral
+    Neox,    // rotates (x[i], x[i + n_dims/2]): GPT-NeoX, Qwen2, Gemma, Phi
+};
+
+struct RopeParams {
+    RopeMode mode = RopeMode::Normal;
+    int n_dims = 0;  // rotated dimensions per head (<= head_dim; the rest pass through)
+    float freq_base = 10000.0f;
+    float freq_scale = 1.0f;  // linear position scaling: 1 / (context extension factor)
+    // Optional per-pair divisors of the frequency (n_dims / 2 values; Llama 3's rope_freqs), or
+    // nullptr.
+    const float* freq_factors = nullptr;
+};
+
+// For each token t, each head and each pair i < n_dims / 2 rotates by the angle
+//   pos[t] * freq_scale * freq_base^(-2i / n_dims) / freq_factors[i].
+// The angle is built as ggml builds it (a float running product of the per-pair ratio), so the
+// result matches llama.cpp's to the last bits rather than only to the formula.
+// Throws std::invalid_argument for an odd n_dims or n_dims > head_dim.
+void rope(float* x, const int32_t* pos, int64_t n_tok, int n_head, int head_dim, const RopeParams& params);
+
+}  // namespace fitllm::ops

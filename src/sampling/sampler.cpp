@@ -1,0 +1,105 @@
+#include "sampling/sampler.h"
+
+#include <algorithm>
+#include <string>
+#include <utility>
+
+namespace fitllm::sampling {
+namespace {
+
+uint64_t resolve_seed(uint64_t requested) {
+    if (requested != kRandomSeed) return requested;
+    std::random_device device;
+    return (static_cast<uint64_t>(device()) << 32) | device();
+}
+
+void seed_generator(std::mt19937& rng, uint64_t seed) {
+    // Both halves of the seed matter, so seeds that differ only in the high bits differ.
+    std::seed_seq sequence{static_cast<uint32_t>(seed), static_cast<uint32_t>(seed >> 32)};
+    rng.seed(sequence);
+}
+
+}  // namespace
+
+Sampler::Sampler(SamplingParams params, int32_t vocab_size)
+    : params_(std::move(params)), vocab_size_(vocab_size), seed_(resolve_seed(params_.seed)) {
+    if (vocab_size <= 0)
+        throw SamplingError("sampling: vocab_size = " + std::to_string(vocab_size) + " must be positive");
+    validate_sampling_params(params_);
+    seed_generator(rng_, seed_);
+    candidates_.items.reserve(static_cast<size_t>(vocab_size));
+    window_.assign(static_cast<size_t>(params_.penalty_last_n), 0);
+    window_counts_.assign(static_cast<size_t>(vocab_size), 0);
+    window_distinct_.reserve(window_.size());
+}
+
+TokenId Sampler::sample(std::span<const float> logits) {
+    if (logits.size() != static_cast<size_t>(vocab_size_))
+        throw SamplingError("sampling: got " + std::to_string(logits.size()) + " logits for a vocabulary of " +
+                            std::to_string(vocab_size_) + " tokens");
+    candidates_.assign(logits);
+    for (SamplerStep step : params_.chain) {
+        switch (step) {
+            case SamplerStep::penalties:
+                apply_penalties(candidates_, window_counts_, window_distinct_, params_.repeat_penalty,
+                                params_.frequency_penalty, params_.presence_penalty);
+                break;
+            case SamplerStep::top_k:
+                apply_top_k(candidates_, params_.top_k);
+                break;
+            case SamplerStep::typical_p:
+                apply_typical(candidates_, params_.typical_p);
+                break;
+            case SamplerStep::top_p:
+                apply_top_p(candidates_, params_.top_p);
+                break;
+            case SamplerStep::min_p:
+                apply_min_p(candidates_, params_.min_p);
+                break;
+            case SamplerStep::temperature:
+                apply_temperature(candidates_, params_.temperature);
+                break;
+        }
+    }
+    return draw_from(candidates_, next_uniform());
+}
+
+void Sampler::accept(TokenId token) {
+    if (token < 0 || token >= vocab_size_)
+        throw SamplingError("sampling: accepted token " + std::to_string(token) + " is outside the vocabulary [0, " +
+                            std::to_string(vocab_size_) + ")");
+    if (window_.empty()) return;
+    if (window_filled_ == window_.size()) {
+        const TokenId leaving = window_[window_next_];
+        if (--window_counts_[static_cast<size_t>(leaving)] == 0) {
+            // At most penalty_last_n entries: a linear search is cheaper than any index.
+            const auto it = std::find(window_distinct_.begin(), window_distinct_.end(), leaving);
+            *it = window_distinct_.back();
+            window_distinct_.pop_back();
+        }
+    } else {
+        ++window_filled_;
+    }
+    window_[window_next_] = token;
+    if (window_counts_[static_cast<size_t>(token)]++ == 0) window_distinct_.push_back(token);
+    window_next_ = (window_next_ + 1) % window_.size();
+}
+
+void Sampler::reset() {
+    for (size_t i = 0; i < window_filled_; ++i) window_counts_[static_cast<size_t>(window_[i])] = 0;
+    window_distinct_.clear();
+    window_next_ = 0;
+    window_filled_ = 0;
+    seed_generator(rng_, seed_);
+}
+
+double Sampler::next_uniform() {
+    // 53 random bits from two 32-bit draws; mt19937's output is fixed by the standard, so the
+    // same seed gives the same tokens with any standard library (uniform_real_distribution's
+    // algorithm is not specified).
+    const uint64_t high = rng_() >> 5;  // 27 bits
+    const uint64_t low = rng_() >> 6;   // 26 bits
+    return static_cast<double>((high << 26) | low) * 0x1.0p-53;
+}
+
+}  // namespace fitllm::sampling

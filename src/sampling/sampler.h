@@ -1,0 +1,63 @@
+#pragma once
+// Picks the next token from a model's logits: the configured chain of steps narrows the
+// candidates, then one is drawn from what survives.
+//
+//   Sampler sampler(params, vocab_size);
+//   while (generating) {
+//       const TokenId next = sampler.sample(logits);  // logits: one float per vocabulary entry
+//       sampler.accept(next);                          // feeds the penalty window
+//   }
+//
+// Each Sampler owns its random generator (std::mt19937), so runs with the same seed, params and
+// logits give the same tokens, and samplers of concurrent sequences do not disturb each other.
+// After the first sample() the decode loop allocates nothing. Not thread-safe: one per sequence.
+#include <cstdint>
+#include <random>
+#include <span>
+#include <vector>
+
+#include "sampling/candidates.h"
+#include "sampling/sampling_params.h"
+
+namespace fitllm::sampling {
+
+class Sampler {
+public:
+    // Throws SamplingError when a parameter is out of range or vocab_size is not positive.
+    Sampler(SamplingParams params, int32_t vocab_size);
+
+    // Throws SamplingError when logits.size() != vocab_size or a logit is NaN.
+    TokenId sample(std::span<const float> logits);
+
+    // Records a token generated or taken from the prompt, for the penalties.
+    // Throws SamplingError when the token is outside the vocabulary.
+    void accept(TokenId token);
+
+    // Forgets the penalty window and restarts the random sequence from the seed.
+    void reset();
+
+    const SamplingParams& params() const { return params_; }
+    // The seed in use: params().seed, or the one drawn when that asked for a random seed.
+    uint64_t seed() const { return seed_; }
+    int32_t vocab_size() const { return vocab_size_; }
+    // What survived the chain in the last sample(), before the draw (for logging and tests).
+    std::span<const Candidate> last_candidates() const { return candidates_.items; }
+
+private:
+    double next_uniform();
+
+    SamplingParams params_;
+    int32_t vocab_size_;
+    uint64_t seed_;
+    std::mt19937 rng_;
+    CandidateList candidates_;
+    // The penalty window as a ring of the last penalty_last_n accepted tokens, and how often each
+    // token occurs in it, kept up to date on accept() so that sample() never recounts.
+    std::vector<TokenId> window_;
+    size_t window_next_ = 0;
+    size_t window_filled_ = 0;
+    std::vector<int32_t> window_counts_;
+    std::vector<TokenId> window_distinct_;  // the tokens with a nonzero count, in no order
+};
+
+}  // namespace fitllm::sampling
