@@ -24,9 +24,10 @@ float best_logit(const CandidateList& list) {
 void CandidateList::assign(std::span<const float> logits) {
     items.resize(logits.size());
     for (size_t i = 0; i < logits.size(); ++i) {
-        if (std::isnan(logits[i]))
-            throw SamplingError("sampling: the logit of token " + std::to_string(i) +
-                                " is NaN; the model's output is broken");
+        // -inf is a legitimate "never"; NaN and +inf only come from a broken forward pass.
+        if (std::isnan(logits[i]) || logits[i] == std::numeric_limits<float>::infinity())
+            throw SamplingError("sampling: the logit of token " + std::to_string(i) + " is " +
+                                (std::isnan(logits[i]) ? "NaN" : "+inf") + "; the model's output is broken");
         items[i] = Candidate{static_cast<TokenId>(i), logits[i], 0.0f};
     }
     sorted_prefix = 0;
@@ -163,7 +164,8 @@ void apply_top_p(CandidateList& list, float p) {
     if (p >= 1.0f || list.size() <= 1) return;
     compute_softmax(list);
     // The prefix that reaches p is usually short (tens of tokens): sort only a little first.
-    const size_t first_sorted = std::min<size_t>(list.size(), 256);
+    // An earlier step (top_k) may have sorted more already; walk all of that before going deep.
+    const size_t first_sorted = std::max(std::min<size_t>(list.size(), 256), list.sorted_prefix);
     list.sort_prefix(first_sorted);
     float cumulative = 0.0f;
     for (size_t i = 0; i < first_sorted; ++i) {

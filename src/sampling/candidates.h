@@ -31,7 +31,8 @@ struct CandidateList {
     size_t sorted_prefix = 0;      // items[0, sorted_prefix) are the best ones, in ranks_before order
     bool in_id_order = false;      // items[i].id == i for every i, as assign() leaves them
 
-    // Refills from a full logit vector (ids 0..n-1). Throws SamplingError naming the first NaN.
+    // Refills from a full logit vector (ids 0..n-1). Throws SamplingError naming the first
+    // NaN or +inf logit (-inf is allowed: that token can never be drawn).
     void assign(std::span<const float> logits);
     // Keeps the first n items.
     void truncate(size_t n);

@@ -57,6 +57,8 @@ TEST(SamplingSteps, NanLogitIsAnErrorNamingTheToken) {
     } catch (const SamplingError& e) {
         EXPECT_NE(std::string(e.what()).find("token 2"), std::string::npos) << e.what();
     }
+    EXPECT_THROW(list.assign(std::vector<float>{std::numeric_limits<float>::infinity()}), SamplingError);
+    EXPECT_NO_THROW(list.assign(std::vector<float>{-std::numeric_limits<float>::infinity(), 0.0f}));
 }
 
 TEST(SamplingSteps, TopKKeepsTheBestSortedWithTiesByLowerId) {
@@ -112,6 +114,14 @@ TEST(SamplingSteps, TopPGrowsItsSortedPrefixWhenTheMassIsSpread) {
     // The running sum is a float, as in llama.cpp, so 50000 additions drift by a few dozen.
     EXPECT_NEAR(static_cast<double>(list.size()), 50000.0, 100.0);
     for (size_t i = 0; i < list.size(); ++i) ASSERT_EQ(list.items[i].id, static_cast<TokenId>(i));
+}
+
+TEST(SamplingSteps, TopPAfterALargeTopKWalksTheWholeSortedList) {
+    CandidateList list = list_of(std::vector<float>(5000, 0.0f));
+    apply_top_k(list, 1000);
+    apply_top_p(list, 0.5f);
+    EXPECT_NEAR(static_cast<double>(list.size()), 500.0, 2.0);
+    EXPECT_EQ(list.sorted_prefix, list.size());
 }
 
 TEST(SamplingSteps, DeepTopPKeepsTheSameSetAsAFullSort) {
