@@ -56,8 +56,8 @@ namespace jinja {
 class EvalError : public std::runtime_error {
 public:
     enum class Kind { runtime, unsupported, raised };
-    explicit EvalError(std::string message, Kind kind = Kind::runtime)
-        : std::runtime_error(std::move(message)), kind_(kind) {}
+    explicit EvalError(const std::string& message, Kind kind = Kind::runtime)
+        : std::runtime_error(message), kind_(kind) {}
     Kind kind() const { return kind_; }
 
 private:
