@@ -9,5 +9,7 @@ namespace fitllm::cli {
 int run_inspect(const std::vector<std::string>& args);
 int run_tokenize(const std::vector<std::string>& args);
 int run_template(const std::vector<std::string>& args);
+int run_bench(const std::vector<std::string>& args);
+int run_run(const std::vector<std::string>& args);
 
 }  // namespace fitllm::cli

@@ -20,6 +20,8 @@ constexpr Command kCommands[] = {
     {"inspect", "show what a GGUF file holds: model, hyper-parameters, tokenizer, tensors", fitllm::cli::run_inspect},
     {"tokenize", "split text into the model's tokens (ids and pieces), as llama.cpp does", fitllm::cli::run_tokenize},
     {"template", "render a conversation through the model's chat template", fitllm::cli::run_template},
+    {"bench", "measure prompt processing and generation speed (tokens/s), like llama-bench", fitllm::cli::run_bench},
+    {"run", "generate text after a prompt on the CPU, streaming it, with speed and peak memory", fitllm::cli::run_run},
 };
 
 void print_help() {

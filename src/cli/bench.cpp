@@ -1,0 +1,134 @@
+// fitllm bench -m MODEL [-p 512] [-n 128] [-t N] [-r 5] [-o md|json]
+// llama-bench style: prompt processing (pp) and token generation (tg) speed in tokens/s,
+// mean ± stdev over repetitions, on a fresh KV cache each time.
+#include <chrono>
+#include <cmath>
+#include <cstdio>
+#include <random>
+#include <string>
+#include <vector>
+
+#include <nlohmann/json.hpp>
+
+#include "cli/args.h"
+#include "cli/commands.h"
+#include "gguf/gguf_reader.h"
+#include "model/model.h"
+#include "ops/thread_pool.h"
+#include "quant/file_type.h"
+#include "runtime/session.h"
+#include "util/text.h"
+
+namespace fitllm::cli {
+
+namespace {
+
+struct Result {
+    std::string test;  // "pp512", "tg128"
+    int n_tokens;
+    double mean_tps;
+    double stdev_tps;
+    std::vector<double> samples_tps;
+};
+
+Result summarize(std::string test, int n_tokens, std::vector<double> seconds) {
+    Result r{std::move(test), n_tokens, 0.0, 0.0, {}};
+    for (double s : seconds) r.samples_tps.push_back(n_tokens / s);
+    for (double t : r.samples_tps) r.mean_tps += t;
+    r.mean_tps /= static_cast<double>(r.samples_tps.size());
+    double var = 0.0;
+    for (double t : r.samples_tps) var += (t - r.mean_tps) * (t - r.mean_tps);
+    r.stdev_tps = r.samples_tps.size() > 1 ? std::sqrt(var / static_cast<double>(r.samples_tps.size() - 1)) : 0.0;
+    return r;
+}
+
+double seconds_since(std::chrono::steady_clock::time_point t0) {
+    return std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
+}
+
+}  // namespace
+
+int run_bench(const std::vector<std::string>& args) {
+    std::string model_path;
+    int n_prompt = 512;
+    int n_gen = 128;
+    int n_threads = 0;
+    int repetitions = 5;
+    int n_batch = 512;
+    std::string output = "md";
+    ArgParser p("fitllm bench -m MODEL [-p 512] [-n 128] [-t N] [-r 5] [-o md|json]",
+                "Measure prompt processing (pp) and token generation (tg) speed, like llama-bench:\n"
+                "tokens/s, mean and standard deviation over repetitions. Token ids are random; each\n"
+                "repetition starts from an empty KV cache. -p 0 or -n 0 skips that test.");
+    p.option("-m, --model", "MODEL", "the GGUF model", &model_path);
+    p.option("-p, --n-prompt", "N", "prompt tokens for the pp test (default 512)", &n_prompt);
+    p.option("-n, --n-gen", "N", "tokens to generate for the tg test (default 128)", &n_gen);
+    p.option("-t, --threads", "N", "threads (default: physical cores)", &n_threads);
+    p.option("-b, --batch-size", "N", "prompt tokens per forward pass (default 512)", &n_batch);
+    p.option("-r, --repetitions", "N", "repetitions of each test (default 5)", &repetitions);
+    p.option("-o, --output", "md|json", "output format (default md)", &output);
+    if (!p.parse(args)) return 0;
+    if (model_path.empty()) throw UsageError("missing -m MODEL (see --help)");
+    if (n_prompt < 0 || n_gen < 0 || repetitions < 1 || n_batch < 1) throw UsageError("-p, -n must be >= 0; -r, -b >= 1");
+    if (output != "md" && output != "json") throw UsageError("-o: expected md or json, got '" + output + "'");
+
+    const auto file = gguf::GgufFile::open(model_path);
+    auto model = model::Model::load(file);
+    ops::ThreadPool pool(n_threads);
+    runtime::Session session(*model, {.n_ctx = std::max(1, n_prompt + n_gen + 1), .n_batch = n_batch}, pool);
+    std::mt19937 rng(42);
+    std::uniform_int_distribution<int32_t> token(0, model->n_vocab() - 1);
+
+    std::vector<Result> results;
+    if (n_prompt > 0) {
+        std::vector<int32_t> prompt(static_cast<size_t>(n_prompt));
+        std::vector<double> seconds;
+        for (int r = -1; r < repetitions; ++r) {  // r = -1: warm-up, not counted
+            for (auto& t : prompt) t = token(rng);
+            session.reset();
+            const auto t0 = std::chrono::steady_clock::now();
+            session.feed(prompt);
+            if (r >= 0) seconds.push_back(seconds_since(t0));
+        }
+        results.push_back(summarize("pp" + std::to_string(n_prompt), n_prompt, seconds));
+    }
+    if (n_gen > 0) {
+        std::vector<double> seconds;
+        for (int r = -1; r < repetitions; ++r) {
+            session.reset();
+            const auto t0 = std::chrono::steady_clock::now();
+            for (int i = 0; i < n_gen; ++i) {
+                const int32_t t = token(rng);
+                session.feed(std::span<const int32_t>(&t, 1));
+            }
+            if (r >= 0) seconds.push_back(seconds_since(t0));
+        }
+        results.push_back(summarize("tg" + std::to_string(n_gen), n_gen, seconds));
+    }
+
+    const std::string arch(file.get<std::string_view>("general.architecture"));
+    std::string ftype = "?";
+    if (const auto* v = file.find("general.file_type"); v && !v->is_array() && v->type() != gguf::ValueType::STRING) {
+        ftype = quant::file_type_name(static_cast<uint32_t>(v->to_int())).value_or("?");
+    }
+    uint64_t weight_bytes = 0;
+    for (const auto& t : file.tensors()) weight_bytes += t.n_bytes;
+    if (output == "json") {
+        nlohmann::ordered_json j = nlohmann::ordered_json::array();
+        for (const Result& r : results) {
+            j.push_back({{"model", model_path}, {"arch", arch}, {"file_type", ftype}, {"weight_bytes", weight_bytes},
+                         {"threads", pool.size()}, {"test", r.test}, {"n_tokens", r.n_tokens},
+                         {"avg_ts", r.mean_tps}, {"stddev_ts", r.stdev_tps}, {"samples_ts", r.samples_tps}});
+        }
+        std::printf("%s\n", j.dump(2).c_str());
+        return 0;
+    }
+    std::printf("| model | size | threads | test | t/s |\n|---|---:|---:|---:|---:|\n");
+    for (const Result& r : results) {
+        std::printf("| %s %s | %s | %d | %s | %.2f ± %.2f |\n", arch.c_str(), ftype.c_str(),
+                    util::human_bytes(weight_bytes).c_str(), pool.size(), r.test.c_str(), r.mean_tps, r.stdev_tps);
+    }
+    return 0;
+}
+
+}  // namespace fitllm::cli

@@ -1,0 +1,133 @@
+// fitllm run -m MODEL -p PROMPT [-n N] [-c CTX] [-b N] [-t N] [sampling options]
+#include <cstdio>
+#include <fstream>
+#include <stdexcept>
+#include <string>
+
+#include "cli/args.h"
+#include "cli/commands.h"
+#include "gguf/gguf_reader.h"
+#include "model/model.h"
+#include "ops/thread_pool.h"
+#include "runtime/session.h"
+#include "sampling/sampler.h"
+#include "tokenizer/detokenizer.h"
+#include "tokenizer/tokenizer.h"
+
+namespace fitllm::cli {
+namespace {
+
+float parse_float(const std::string& name, const std::string& text) {
+    size_t used = 0;
+    float v = 0.0f;
+    try {
+        v = std::stof(text, &used);
+    } catch (const std::exception&) {
+        used = 0;
+    }
+    if (used == 0 || used != text.size()) throw UsageError(name + ": '" + text + "' is not a number");
+    return v;
+}
+
+// The process's peak resident set (VmHWM) in KiB, or -1 where /proc does not tell.
+long peak_rss_kib() {
+    std::ifstream status("/proc/self/status");
+    std::string line;
+    while (std::getline(status, line)) {
+        if (line.rfind("VmHWM:", 0) == 0) return std::stol(line.substr(6));
+    }
+    return -1;
+}
+
+double per_second(int n, double seconds) {
+    return seconds > 0.0 ? n / seconds : 0.0;
+}
+
+}  // namespace
+
+int run_run(const std::vector<std::string>& args) {
+    std::string model_path;
+    std::string prompt;
+    int n_predict = 64;
+    int n_ctx = 2048;
+    int n_batch = 512;
+    int n_threads = 0;
+    sampling::SamplingParams sp;
+    ArgParser p(
+        "fitllm run -m MODEL -p PROMPT [-n N] [-c CTX] [-t N] [--temp T] [--top-k K] [--top-p P] "
+        "[--min-p P] [--seed S] [--repeat-penalty R]",
+        "Generate text after PROMPT on the CPU, streaming it as it comes, then print a summary\n"
+        "line (tokens and speed of prompt and generation, peak resident memory) to stderr.\n"
+        "Control tokens spelled in the prompt (\"<start_of_turn>\") are parsed as such.");
+    p.option("-m, --model", "MODEL", "the GGUF model to run", &model_path);
+    p.option("-p, --prompt", "PROMPT", "the text to continue", &prompt);
+    p.option("-n, --n-predict", "N", "tokens to generate at most (default 64)", &n_predict);
+    p.option("-c, --ctx-size", "N", "context size in tokens, prompt included (default 2048)", &n_ctx);
+    p.option("-b, --batch-size", "N", "prompt tokens per forward pass (default 512)", &n_batch);
+    p.option("-t, --threads", "N", "threads (default: the physical cores)", &n_threads);
+    p.option("--temp", "T", "temperature; 0 or less: greedy (default 0.8)",
+             [&](const std::string& v) { sp.temperature = parse_float("--temp", v); });
+    p.option("--top-k", "K", "keep the K most likely tokens; 0: off (default 40)",
+             [&](const std::string& v) { sp.top_k = static_cast<int32_t>(parse_integer("--top-k", v)); });
+    p.option("--top-p", "P", "nucleus sampling; 1: off (default 0.95)",
+             [&](const std::string& v) { sp.top_p = parse_float("--top-p", v); });
+    p.option("--min-p", "P", "drop tokens below P times the most likely; 0: off (default 0.05)",
+             [&](const std::string& v) { sp.min_p = parse_float("--min-p", v); });
+    p.option("--seed", "S", "random seed (default: random)", [&](const std::string& v) {
+        const long long s = parse_integer("--seed", v);
+        if (s < 0) throw UsageError("--seed: '" + v + "' must not be negative");
+        sp.seed = static_cast<uint64_t>(s);
+    });
+    p.option("--repeat-penalty", "R", "penalize repeats of the last 64 tokens; 1: off (default 1)",
+             [&](const std::string& v) { sp.repeat_penalty = parse_float("--repeat-penalty", v); });
+    if (!p.parse(args)) return 0;
+
+    if (model_path.empty()) throw UsageError("-m MODEL is required");
+    if (prompt.empty()) throw UsageError("-p PROMPT is required");
+    if (n_predict < 0) throw UsageError("-n: " + std::to_string(n_predict) + " must not be negative");
+    if (n_ctx <= 0) throw UsageError("-c: " + std::to_string(n_ctx) + " must be positive");
+    if (n_batch <= 0) throw UsageError("-b: " + std::to_string(n_batch) + " must be positive");
+    try {
+        sampling::validate_sampling_params(sp);
+    } catch (const sampling::SamplingError& e) {
+        throw UsageError(e.what());
+    }
+
+    const gguf::GgufFile file = gguf::GgufFile::open(model_path);
+    const tokenizer::Tokenizer tokenizer = tokenizer::Tokenizer::from_gguf(file);
+    const auto model = model::Model::load(file);
+    const std::vector<tokenizer::TokenId> ids = tokenizer.tokenize(prompt, true, true);
+    if (ids.empty()) throw UsageError("-p: the prompt has no tokens");
+    if (static_cast<int>(ids.size()) >= n_ctx) {
+        throw UsageError("the prompt has " + std::to_string(ids.size()) + " tokens; -c " + std::to_string(n_ctx) +
+                         " leaves no room to generate");
+    }
+
+    ops::ThreadPool pool(n_threads);
+    runtime::Session session(*model, {.n_ctx = n_ctx, .n_batch = n_batch}, pool);
+    sampling::Sampler sampler(sp, model->n_vocab());
+    tokenizer::Detokenizer detok(tokenizer, /*remove_special=*/false, /*unparse_special=*/false);
+    const tokenizer::Vocab& vocab = tokenizer.vocab();
+
+    std::fputs(prompt.c_str(), stdout);
+    std::fflush(stdout);
+    const runtime::GenerationStats stats = session.generate(
+        ids, n_predict, sampler, [&](int32_t id) { return vocab.is_eog(id); },
+        [&](int32_t id) {
+            if (!vocab.is_eog(id)) {
+                std::fputs(detok.feed(id).c_str(), stdout);
+                std::fflush(stdout);
+            }
+            return true;
+        });
+    std::fputs(detok.flush().c_str(), stdout);
+    std::fputs("\n", stdout);
+    std::fflush(stdout);
+    std::fprintf(stderr,
+                 "prompt: %d tokens, %.1f tok/s | generated: %d tokens, %.1f tok/s | threads %d | peak RSS %.1f MiB\n",
+                 stats.n_prompt, per_second(stats.n_prompt, stats.prompt_seconds), stats.n_generated,
+                 per_second(stats.n_generated, stats.generate_seconds), pool.size(), peak_rss_kib() / 1024.0);
+    return 0;
+}
+
+}  // namespace fitllm::cli

@@ -1,0 +1,133 @@
+// Gemma 3 (text): pre- and post-norms around attention and FFN, RMS-normed Q and K, GeGLU, the
+// embedding scaled by sqrt(n_embd), five sliding-window layers per global one.
+// Reference: the Gemma 3 technical report; llama.cpp's gemma3 graph for the exact order of ops.
+#include <cmath>
+#include <stdexcept>
+#include <string>
+#include <vector>
+
+#include "model/model.h"
+#include "model/weights.h"
+#include "ops/activation.h"
+#include "ops/attention.h"
+#include "ops/attention_f16.h"
+#include "ops/embedding.h"
+#include "ops/matmul.h"
+#include "ops/norm.h"
+#include "ops/rope.h"
+#include "ops/scratch.h"
+
+namespace fitllm::model {
+namespace {
+
+// Activations for a batch of tokens; vectors only grow.
+struct Activations {
+    std::vector<float> x, cur, q, k, v, attn, gate, up;
+    void reserve(const Hparams& hp, int n_tok) {
+        const auto grow = [n_tok](std::vector<float>& b, int64_t row) {
+            const size_t n = static_cast<size_t>(n_tok * row);
+            if (b.size() < n) b.resize(n);
+        };
+        grow(x, hp.n_embd);
+        grow(cur, hp.n_embd);
+        grow(q, int64_t{hp.n_head} * hp.head_dim);
+        grow(k, int64_t{hp.n_head_kv} * hp.head_dim);
+        grow(v, int64_t{hp.n_head_kv} * hp.head_dim_v);
+        grow(attn, int64_t{hp.n_head} * hp.head_dim_v);
+        grow(gate, hp.n_ff);
+        grow(up, hp.n_ff);
+    }
+};
+
+class Gemma3 final : public Model {
+public:
+    Gemma3(const gguf::GgufFile& file, Hparams hp) : hp_(std::move(hp)), w_(bind_gemma3_weights(file, hp_)) {}
+
+    const Hparams& hparams() const override { return hp_; }
+
+    void forward(std::span<const int32_t> tokens, std::span<const int32_t> positions, kv::KvCache& cache,
+                 float* logits_out, bool all_logits, ops::ThreadPool& pool) override {
+        if (tokens.size() != positions.size() || tokens.empty()) {
+            throw std::invalid_argument("gemma3 forward: " + std::to_string(tokens.size()) + " tokens but " +
+                                        std::to_string(positions.size()) + " positions");
+        }
+        const Hparams& hp = hp_;
+        const int n = static_cast<int>(tokens.size());
+        const int64_t E = hp.n_embd;
+        a_.reserve(hp, n);
+        float* x = a_.x.data();
+        float* cur = a_.cur.data();
+
+        ops::embedding_rows(w_.token_embd, tokens.data(), n, x);  // x: [n, n_embd]
+        ops::scale(x, n * E, std::sqrt(static_cast<float>(hp.n_embd)));
+
+        const int first = cache.append(positions.data(), n);
+        const int n_kv = cache.size();
+        for (int il = 0; il < hp.n_layer; ++il) {
+            const Gemma3Layer& L = w_.layers[static_cast<size_t>(il)];
+            const bool local = hp.is_swa[static_cast<size_t>(il)];
+
+            // Attention block.
+            ops::rms_norm(x, L.attn_norm, hp.norm_eps, n, E, cur);
+            ops::matmul(L.wq, cur, n, a_.q.data(), pool, scratch_);  // q: [n, n_head, head_dim]
+            ops::matmul(L.wk, cur, n, a_.k.data(), pool, scratch_);  // k: [n, n_head_kv, head_dim]
+            ops::matmul(L.wv, cur, n, a_.v.data(), pool, scratch_);  // v: [n, n_head_kv, head_dim_v]
+            ops::rms_norm(a_.q.data(), L.q_norm, hp.norm_eps, int64_t{n} * hp.n_head, hp.head_dim, a_.q.data());
+            ops::rms_norm(a_.k.data(), L.k_norm, hp.norm_eps, int64_t{n} * hp.n_head_kv, hp.head_dim, a_.k.data());
+            ops::RopeParams rope;
+            rope.mode = ops::RopeMode::Neox;
+            rope.n_dims = hp.head_dim;
+            rope.freq_base = local ? hp.rope_base_swa : hp.rope_base;
+            ops::rope(a_.q.data(), positions.data(), n, hp.n_head, hp.head_dim, rope);
+            ops::rope(a_.k.data(), positions.data(), n, hp.n_head_kv, hp.head_dim, rope);
+            cache.store(il, first, n, a_.k.data(), a_.v.data());
+            // Q is scaled before attention (not the scores), as llama.cpp does: its f16 rounding of
+            // Q then sees the same values.
+            ops::scale(a_.q.data(), int64_t{n} * hp.n_head * hp.head_dim, hp.attn_scale);
+
+            ops::AttentionParams ap;
+            ap.n_head = hp.n_head;
+            ap.n_head_kv = hp.n_head_kv;
+            ap.head_dim = hp.head_dim;
+            ap.scale = 1.0f;
+            ap.sliding_window = local ? hp.sliding_window : 0;
+            ops::attention_f16(a_.q.data(), positions.data(), n, cache.k(il), cache.v(il), cache.positions(), n_kv, ap,
+                               a_.attn.data(), pool, scratch_);         // attn: [n, n_head * head_dim_v]
+            ops::matmul(L.wo, a_.attn.data(), n, cur, pool, scratch_);  // cur: [n, n_embd]
+            ops::rms_norm(cur, L.post_attn_norm, hp.norm_eps, n, E, cur);
+            ops::add(x, cur, n * E, x);
+
+            // Feed-forward block: down(gelu(gate(h)) * up(h)).
+            ops::rms_norm(x, L.ffn_norm, hp.norm_eps, n, E, cur);
+            ops::matmul(L.ffn_gate, cur, n, a_.gate.data(), pool, scratch_);  // gate: [n, n_ff]
+            ops::matmul(L.ffn_up, cur, n, a_.up.data(), pool, scratch_);      // up: [n, n_ff]
+            ops::geglu(a_.gate.data(), a_.up.data(), int64_t{n} * hp.n_ff, a_.gate.data());
+            ops::matmul(L.ffn_down, a_.gate.data(), n, cur, pool, scratch_);  // cur: [n, n_embd]
+            ops::rms_norm(cur, L.post_ffn_norm, hp.norm_eps, n, E, cur);
+            ops::add(x, cur, n * E, x);
+        }
+
+        // Output: the last token's row, or all of them.
+        const int n_out = all_logits ? n : 1;
+        const float* rows = all_logits ? x : x + (n - 1) * E;
+        ops::rms_norm(rows, w_.output_norm, hp.norm_eps, n_out, E, cur);
+        ops::matmul(w_.output, cur, n_out, logits_out, pool, scratch_);  // logits: [n_out, n_vocab]
+        if (hp.final_logit_softcap > 0.0f) {
+            ops::softcap(logits_out, int64_t{n_out} * hp.n_vocab, hp.final_logit_softcap);
+        }
+    }
+
+private:
+    Hparams hp_;
+    Gemma3Weights w_;
+    Activations a_;
+    ops::Scratch scratch_;
+};
+
+}  // namespace
+
+std::unique_ptr<Model> make_gemma3(const gguf::GgufFile& file, Hparams hp) {
+    return std::make_unique<Gemma3>(file, std::move(hp));
+}
+
+}  // namespace fitllm::model

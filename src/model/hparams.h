@@ -1,0 +1,49 @@
+#pragma once
+// A model's hyper-parameters, read from GGUF metadata once and checked for consistency, so the
+// forward pass can trust them.
+#include <string>
+#include <vector>
+
+#include "fitllm/error.h"
+#include "gguf/gguf_reader.h"
+
+namespace fitllm::model {
+
+// A model fitllm cannot run: unknown architecture, missing or inconsistent metadata, missing or
+// misshapen tensors. The message names the file, the key or tensor, and what was expected.
+class ModelError : public Error {
+public:
+    using Error::Error;
+};
+
+struct Hparams {
+    std::string arch;  // general.architecture, e.g. "gemma3"
+    int n_layer = 0;
+    int n_embd = 0;
+    int n_head = 0;
+    int n_head_kv = 0;
+    int head_dim = 0;    // per head, for Q and K
+    int head_dim_v = 0;  // per head, for V
+    int n_ff = 0;
+    int n_vocab = 0;
+    int n_ctx_train = 0;
+    float norm_eps = 1e-6f;
+
+    // Attention: scores are scaled by attn_scale; layers with is_swa[il] see only the last
+    // sliding_window positions and rotate with rope_base_swa instead of rope_base.
+    float attn_scale = 0.0f;
+    int sliding_window = 0;
+    std::vector<bool> is_swa;  // one per layer
+    float rope_base = 10000.0f;
+    float rope_base_swa = 10000.0f;
+    float final_logit_softcap = 0.0f;  // > 0: logits = cap * tanh(logits / cap)
+};
+
+// The architectures fitllm has a forward pass for.
+inline constexpr const char* kSupportedArchitectures = "gemma3";
+
+// Reads and checks the hyper-parameters. Throws ModelError naming the key (and the file) for a
+// missing or inconsistent value and naming the architecture when fitllm does not support it.
+Hparams read_hparams(const gguf::GgufFile& file);
+
+}  // namespace fitllm::model

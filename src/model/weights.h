@@ -1,0 +1,58 @@
+#pragma once
+// Binding a model's tensors by name, with their shapes checked against the hyper-parameters.
+// The weights are views into the mapped GGUF file: nothing is copied.
+#include <cstdint>
+#include <string>
+#include <vector>
+
+#include "gguf/gguf_reader.h"
+#include "model/hparams.h"
+#include "ops/weight_view.h"
+
+namespace fitllm::model {
+
+// Looks tensors up in one file and checks what it finds; every error is a ModelError naming the
+// file, the tensor, and the expected and actual shape or type.
+class TensorBinder {
+public:
+    explicit TensorBinder(const gguf::GgufFile& file) : file_(file) {}
+    // A matrix of `rows` outputs by `cols` inputs (GGUF ne = [cols, rows]), any type matmul reads.
+    ops::WeightView matrix(const std::string& name, int64_t rows, int64_t cols) const;
+    // As matrix(), or a view with data == nullptr when the file has no such tensor.
+    ops::WeightView optional_matrix(const std::string& name, int64_t rows, int64_t cols) const;
+    // A float vector of n values (norm weights).
+    const float* vector(const std::string& name, int64_t n) const;
+
+private:
+    const gguf::TensorInfo& find(const std::string& name) const;
+    const gguf::GgufFile& file_;
+};
+
+// Gemma 3, one block. Shapes as [rows (outputs), cols (inputs)].
+struct Gemma3Layer {
+    const float* attn_norm = nullptr;       // [n_embd]
+    ops::WeightView wq;                     // [n_head * head_dim, n_embd]
+    ops::WeightView wk;                     // [n_head_kv * head_dim, n_embd]
+    ops::WeightView wv;                     // [n_head_kv * head_dim_v, n_embd]
+    const float* q_norm = nullptr;          // [head_dim]
+    const float* k_norm = nullptr;          // [head_dim]
+    ops::WeightView wo;                     // [n_embd, n_head * head_dim_v]
+    const float* post_attn_norm = nullptr;  // [n_embd]
+    const float* ffn_norm = nullptr;        // [n_embd]
+    ops::WeightView ffn_gate;               // [n_ff, n_embd]
+    ops::WeightView ffn_up;                 // [n_ff, n_embd]
+    ops::WeightView ffn_down;               // [n_embd, n_ff]
+    const float* post_ffn_norm = nullptr;   // [n_embd]
+};
+
+struct Gemma3Weights {
+    ops::WeightView token_embd;          // [n_vocab, n_embd]
+    std::vector<Gemma3Layer> layers;     // n_layer
+    const float* output_norm = nullptr;  // [n_embd]
+    ops::WeightView output;              // [n_vocab, n_embd]; token_embd when tied
+};
+
+// Throws ModelError naming the first missing or misshapen tensor.
+Gemma3Weights bind_gemma3_weights(const gguf::GgufFile& file, const Hparams& hp);
+
+}  // namespace fitllm::model

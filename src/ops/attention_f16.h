@@ -1,0 +1,24 @@
+#pragma once
+// Attention as llama.cpp's CPU flash attention computes it over its default f16 KV cache, for
+// outputs that match llama.cpp's to the rounding: the query is rounded to f16, keys are visited
+// one at a time in cache order with an online softmax, and the weighted sum of V is kept in f16
+// (rounded after every rescale and every multiply-add). Gemma 3's logits move by up to ~1 between
+// this and exact float attention, enough to change greedy picks, so goldens need it.
+//
+// Same layout and contract as ops::attention (attention.h); K and V must already hold values
+// representable in f16 (kv::KvCache rounds them when storing).
+#include <cstdint>
+
+#include "ops/attention.h"
+
+namespace fitllm::ops {
+
+void attention_f16(const float* q, const int32_t* q_pos, int64_t n_tok, const float* k, const float* v,
+                   const int32_t* kv_pos, int64_t n_kv, const AttentionParams& params, float* out, ThreadPool& pool,
+                   Scratch& scratch);
+
+// x rounded to the nearest f16 value (ties to even) and back to float; overflow gives infinity.
+// Branch-free so that loops over it vectorize.
+float round_to_f16(float x);
+
+}  // namespace fitllm::ops

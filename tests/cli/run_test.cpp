@@ -1,0 +1,50 @@
+// `fitllm run`: the executable end to end on the demo model, and its usage errors.
+#include <gtest/gtest.h>
+
+#include <string>
+
+#include "test_support.h"
+
+namespace fitllm {
+namespace {
+
+std::string fitllm_exe() {
+    return std::string(FITLLM_BINARY_DIR) + "/fitllm";
+}
+
+TEST(RunCommand, GreedyGenerationStreamsTextAndASummary) {
+    const auto model = test::demo_model();
+    if (!model) GTEST_SKIP() << "demo model absent (scripts/setup.sh downloads it)";
+    const test::CommandResult r = test::run_command(fitllm_exe() + " run -m '" + model->string() +
+                                                    "' -p 'The capital of France is' -n 8 --temp 0 -t 2 -c 64 2>&1");
+    ASSERT_EQ(r.status, 0) << r.output;
+    // llama.cpp's greedy continuation of this prompt (tests/model/goldens/gemma3-270m.json).
+    EXPECT_EQ(r.output.rfind("The capital of France is the capital of the country of France.", 0), 0u) << r.output;
+    EXPECT_NE(r.output.find("prompt: 6 tokens"), std::string::npos) << r.output;
+    EXPECT_NE(r.output.find("generated: 8 tokens"), std::string::npos) << r.output;
+    EXPECT_NE(r.output.find("peak RSS"), std::string::npos) << r.output;
+}
+
+TEST(RunCommand, UsageErrorsExitWithStatus2) {
+    const test::CommandResult no_model = test::run_command(fitllm_exe() + " run -p hi 2>&1");
+    EXPECT_EQ(no_model.status, 2) << no_model.output;
+    EXPECT_NE(no_model.output.find("-m MODEL is required"), std::string::npos) << no_model.output;
+    const test::CommandResult bad_temp = test::run_command(fitllm_exe() + " run -m x.gguf -p hi --temp warm 2>&1");
+    EXPECT_EQ(bad_temp.status, 2) << bad_temp.output;
+    EXPECT_NE(bad_temp.output.find("--temp"), std::string::npos) << bad_temp.output;
+    const test::CommandResult missing = test::run_command(fitllm_exe() + " run -m /nonexistent.gguf -p hi 2>&1");
+    EXPECT_EQ(missing.status, 1) << missing.output;
+    EXPECT_NE(missing.output.find("/nonexistent.gguf"), std::string::npos) << missing.output;
+}
+
+TEST(RunCommand, HelpListsTheOptions) {
+    const test::CommandResult r = test::run_command(fitllm_exe() + " run --help");
+    EXPECT_EQ(r.status, 0);
+    for (const char* option : {"--model", "--prompt", "--n-predict", "--ctx-size", "--threads", "--temp", "--top-k",
+                               "--top-p", "--min-p", "--seed", "--repeat-penalty"}) {
+        EXPECT_NE(r.output.find(option), std::string::npos) << option;
+    }
+}
+
+}  // namespace
+}  // namespace fitllm

@@ -1,0 +1,108 @@
+// The Gemma 3 270M demo model against llama.cpp (tools/gen_model_goldens.py): the top-10 logits
+// after each prompt and the 64-token greedy continuation.
+#include <gtest/gtest.h>
+
+#include <algorithm>
+#include <cmath>
+#include <fstream>
+#include <nlohmann/json.hpp>
+#include <span>
+#include <string>
+#include <vector>
+
+#include "gguf/gguf_reader.h"
+#include "model/model.h"
+#include "ops/thread_pool.h"
+#include "runtime/session.h"
+#include "test_support.h"
+
+namespace fitllm {
+namespace {
+
+// fitllm matches llama.cpp's arithmetic where it matters (Q8_0/Q8_K activation rounding, the f16
+// GELU table, f16 K/V, Q scaled then rounded to f16, f16 flash-attention accumulation with FMA),
+// but not the float summation order inside its SIMD dot kernels. Gemma 3's residual stream
+// reaches ~1e5, and those last-bit differences grow through the 18 layers to logit differences
+// of up to ~0.86 (measured on these prompts). For scale: llama.cpp itself moves these logits by up
+// to 1.2 between flash attention on and off.
+constexpr float kLogitTolerance = 1.0f;
+// Greedy continuations must agree token for token, except that a step may pick the other side
+// of a near-tie: where they part, the two candidates must be within this many logits of each
+// other in our logits, and the rest of that continuation is not compared.
+constexpr float kNearTie = 0.3f;
+// Measured: 3 of the 7 continuations are identical for all 64 tokens; the other four part at
+// near-ties (margins 0.008-0.11 in our logits; in llama.cpp's own logits the first case's tie is
+// 0.03 apart, and llama.cpp's batch evaluation of the same tokens picks the other token there
+// too). Which cases part moves with last-bit changes anywhere in the pass (variants of the
+// attention rounding gave 3 to 5 of 7).
+constexpr int kMinIdenticalContinuations = 3;
+
+int32_t argmax(std::span<const float> logits) {
+    return static_cast<int32_t>(std::max_element(logits.begin(), logits.end()) - logits.begin());
+}
+
+TEST(Gemma3Golden, MatchesLlamaCppTopLogitsAndGreedyContinuation) {
+    const auto model_path = test::demo_model();
+    if (!model_path) GTEST_SKIP() << "demo model absent (scripts/setup.sh downloads it)";
+    std::ifstream in(test::source_dir() / "tests/model/goldens/gemma3-270m.json");
+    ASSERT_TRUE(in) << "tests/model/goldens/gemma3-270m.json is missing";
+    const nlohmann::json goldens = nlohmann::json::parse(in);
+
+    const gguf::GgufFile file = gguf::GgufFile::open(model_path->string());
+    const auto model = model::Model::load(file);
+    ops::ThreadPool pool(2);
+
+    float max_diff = 0.0f;
+    int identical = 0;
+    for (const auto& c : goldens.at("cases")) {
+        const std::string prompt = c.at("prompt").get<std::string>();
+        SCOPED_TRACE("prompt: " + prompt.substr(0, 60));
+        const auto ids = c.at("prompt_ids").get<std::vector<int32_t>>();
+        const auto greedy = c.at("greedy_ids").get<std::vector<int32_t>>();
+        runtime::Session session(*model, {.n_ctx = static_cast<int>(ids.size() + greedy.size() + 8), .n_batch = 512},
+                                 pool);
+        std::span<const float> logits = session.feed(ids);
+
+        float case_diff = 0.0f;
+        for (const auto& pair : c.at("top_logits")) {
+            const int32_t id = pair.at(0).get<int32_t>();
+            const float expected = pair.at(1).get<float>();
+            const float got = logits[static_cast<size_t>(id)];
+            EXPECT_NEAR(got, expected, kLogitTolerance) << "token " << id;
+            case_diff = std::max(case_diff, std::fabs(got - expected));
+        }
+        max_diff = std::max(max_diff, case_diff);
+        EXPECT_EQ(argmax(logits), c.at("top_logits").at(0).at(0).get<int32_t>()) << "top-1 after the prompt";
+
+        std::vector<int32_t> ours;
+        size_t parted_at = greedy.size();
+        float part_margin = 0.0f;
+        for (size_t i = 0; i < greedy.size(); ++i) {
+            const int32_t next = argmax(logits);
+            ours.push_back(next);
+            if (next != greedy[i]) {
+                const float margin = logits[static_cast<size_t>(next)] - logits[static_cast<size_t>(greedy[i])];
+                EXPECT_LE(margin, kNearTie) << "generated token " << i << ": we pick " << next << ", llama.cpp "
+                                            << greedy[i] << ", " << margin << " logits apart (not a near-tie)";
+                parted_at = i;
+                part_margin = margin;
+                break;
+            }
+            if (i + 1 < greedy.size()) logits = session.feed(std::span<const int32_t>(&next, 1));
+        }
+        if (parted_at == greedy.size()) ++identical;
+        if (parted_at == greedy.size()) {
+            std::printf("  %4zu prompt tokens: top-10 max |diff| %.4f, greedy identical (64/64)\n", ids.size(),
+                        case_diff);
+        } else {
+            std::printf("  %4zu prompt tokens: top-10 max |diff| %.4f, greedy parts at token %zu (margin %.3f)\n",
+                        ids.size(), case_diff, parted_at, part_margin);
+        }
+    }
+    EXPECT_GE(identical, kMinIdenticalContinuations);
+    std::printf("  max |logit diff| over all cases: %.4f; %d of %zu continuations identical\n", max_diff, identical,
+                goldens.at("cases").size());
+}
+
+}  // namespace
+}  // namespace fitllm
