@@ -123,14 +123,18 @@ int heads_per_task(int64_t n_tok, int n_head_kv, int group, int n_threads) {
 
 }  // namespace
 
-void attention(const float* q, const int32_t* q_pos, int64_t n_tok, const float* k, const float* v,
-               const int32_t* kv_pos, int64_t n_kv, const AttentionParams& params, float* out, ThreadPool& pool,
-               Scratch& scratch) {
+void check_attention_params(const char* function, const AttentionParams& params) {
     if (params.n_head <= 0 || params.n_head_kv <= 0 || params.head_dim <= 0 || params.n_head % params.n_head_kv != 0) {
-        throw std::invalid_argument("attention: n_head " + std::to_string(params.n_head) +
+        throw std::invalid_argument(std::string(function) + ": n_head " + std::to_string(params.n_head) +
                                     " must be a positive multiple of n_head_kv " + std::to_string(params.n_head_kv) +
                                     " and head_dim " + std::to_string(params.head_dim) + " positive");
     }
+}
+
+void attention(const float* q, const int32_t* q_pos, int64_t n_tok, const float* k, const float* v,
+               const int32_t* kv_pos, int64_t n_kv, const AttentionParams& params, float* out, ThreadPool& pool,
+               Scratch& scratch) {
+    check_attention_params("attention", params);
     if (n_tok <= 0) return;
     const int group = params.n_head / params.n_head_kv;
     const int64_t d = params.head_dim;

@@ -21,6 +21,9 @@ struct AttentionParams {
     int sliding_window = 0;  // > 0: a query at p sees only keys at positions > p - sliding_window
 };
 
+// Throws std::invalid_argument, naming `function`, unless the head counts and size make sense.
+void check_attention_params(const char* function, const AttentionParams& params);
+
 // For each token t and query head h, with kv head g = h / (n_head / n_head_kv):
 //   out[t][h] = sum over visible j of softmax_j(scale * q[t][h] · k[j][g]) * v[j][g]
 // where key j is visible when kv_pos[j] <= q_pos[t] (causal) and inside the sliding window.

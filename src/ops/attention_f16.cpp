@@ -125,11 +125,7 @@ float round_to_f16(float x) {
 void attention_f16(const float* q, const int32_t* q_pos, int64_t n_tok, const float* k, const float* v,
                    const int32_t* kv_pos, int64_t n_kv, const AttentionParams& params, float* out, ThreadPool& pool,
                    Scratch& scratch) {
-    if (params.n_head <= 0 || params.n_head_kv <= 0 || params.head_dim <= 0 || params.n_head % params.n_head_kv != 0) {
-        throw std::invalid_argument("attention_f16: n_head " + std::to_string(params.n_head) +
-                                    " must be a positive multiple of n_head_kv " + std::to_string(params.n_head_kv) +
-                                    " and head_dim " + std::to_string(params.head_dim) + " positive");
-    }
+    check_attention_params("attention_f16", params);
     if (n_tok <= 0) return;
     const int group = params.n_head / params.n_head_kv;
     const int64_t d = params.head_dim;
