@@ -11,5 +11,6 @@ int run_tokenize(const std::vector<std::string>& args);
 int run_template(const std::vector<std::string>& args);
 int run_bench(const std::vector<std::string>& args);
 int run_run(const std::vector<std::string>& args);
+int run_chat(const std::vector<std::string>& args);
 
 }  // namespace fitllm::cli

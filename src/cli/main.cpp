@@ -22,6 +22,7 @@ constexpr Command kCommands[] = {
     {"template", "render a conversation through the model's chat template", fitllm::cli::run_template},
     {"bench", "measure prompt processing and generation speed (tokens/s), like llama-bench", fitllm::cli::run_bench},
     {"run", "generate text after a prompt on the CPU, streaming it, with speed and peak memory", fitllm::cli::run_run},
+    {"chat", "talk with a model through its chat template, interactively", fitllm::cli::run_chat},
 };
 
 void print_help() {

@@ -6,6 +6,7 @@
 
 #include "cli/args.h"
 #include "cli/commands.h"
+#include "cli/generation_options.h"
 #include "gguf/gguf_reader.h"
 #include "model/model.h"
 #include "ops/thread_pool.h"
@@ -16,18 +17,6 @@
 
 namespace fitllm::cli {
 namespace {
-
-float parse_float(const std::string& name, const std::string& text) {
-    size_t used = 0;
-    float v = 0.0f;
-    try {
-        v = std::stof(text, &used);
-    } catch (const std::exception&) {
-        used = 0;
-    }
-    if (used == 0 || used != text.size()) throw UsageError(name + ": '" + text + "' is not a number");
-    return v;
-}
 
 // The process's peak resident set (VmHWM) in KiB, or -1 where /proc does not tell.
 long peak_rss_kib() {
@@ -65,21 +54,7 @@ int run_run(const std::vector<std::string>& args) {
     p.option("-c, --ctx-size", "N", "context size in tokens, prompt included (default 2048)", &n_ctx);
     p.option("-b, --batch-size", "N", "prompt tokens per forward pass (default 512)", &n_batch);
     p.option("-t, --threads", "N", "threads (default: the physical cores)", &n_threads);
-    p.option("--temp", "T", "temperature; 0 or less: greedy (default 0.8)",
-             [&](const std::string& v) { sp.temperature = parse_float("--temp", v); });
-    p.option("--top-k", "K", "keep the K most likely tokens; 0: off (default 40)",
-             [&](const std::string& v) { sp.top_k = static_cast<int32_t>(parse_integer("--top-k", v)); });
-    p.option("--top-p", "P", "nucleus sampling; 1: off (default 0.95)",
-             [&](const std::string& v) { sp.top_p = parse_float("--top-p", v); });
-    p.option("--min-p", "P", "drop tokens below P times the most likely; 0: off (default 0.05)",
-             [&](const std::string& v) { sp.min_p = parse_float("--min-p", v); });
-    p.option("--seed", "S", "random seed (default: random)", [&](const std::string& v) {
-        const long long s = parse_integer("--seed", v);
-        if (s < 0) throw UsageError("--seed: '" + v + "' must not be negative");
-        sp.seed = static_cast<uint64_t>(s);
-    });
-    p.option("--repeat-penalty", "R", "penalize repeats of the last 64 tokens; 1: off (default 1)",
-             [&](const std::string& v) { sp.repeat_penalty = parse_float("--repeat-penalty", v); });
+    add_sampling_options(p, sp);
     if (!p.parse(args)) return 0;
 
     if (model_path.empty()) throw UsageError("-m MODEL is required");
@@ -87,11 +62,7 @@ int run_run(const std::vector<std::string>& args) {
     if (n_predict < 0) throw UsageError("-n: " + std::to_string(n_predict) + " must not be negative");
     if (n_ctx <= 0) throw UsageError("-c: " + std::to_string(n_ctx) + " must be positive");
     if (n_batch <= 0) throw UsageError("-b: " + std::to_string(n_batch) + " must be positive");
-    try {
-        sampling::validate_sampling_params(sp);
-    } catch (const sampling::SamplingError& e) {
-        throw UsageError(e.what());
-    }
+    validate_sampling_options(sp);
 
     const gguf::GgufFile file = gguf::GgufFile::open(model_path);
     const tokenizer::Tokenizer tokenizer = tokenizer::Tokenizer::from_gguf(file);

@@ -1,0 +1,73 @@
+// `fitllm chat`: a conversation piped through stdin on the demo model, /exit, and usage errors.
+#include <gtest/gtest.h>
+
+#include <string>
+
+#include "test_support.h"
+
+namespace fitllm {
+namespace {
+
+std::string fitllm_exe() {
+    return std::string(FITLLM_BINARY_DIR) + "/fitllm";
+}
+
+// How many prompt markers stdout holds: the one it starts with and each after a newline.
+int count_markers(const std::string& out) {
+    int n = out.rfind("> ", 0) == 0 ? 1 : 0;
+    for (size_t at = out.find("\n> "); at != std::string::npos; at = out.find("\n> ", at + 1)) ++n;
+    return n;
+}
+
+TEST(ChatCommand, TwoTurnsThenEndOfInput) {
+    const auto model = test::demo_model();
+    if (!model) GTEST_SKIP() << "demo model absent (scripts/setup.sh downloads it)";
+    const test::CommandResult r = test::run_command("printf 'Hi\\nWhat is 2+2?\\n' | " + fitllm_exe() + " chat -m '" +
+                                                    model->string() + "' --temp 0 -n 16 -t 2 2>/dev/null");
+    ASSERT_EQ(r.status, 0) << r.output;
+    // The first prompt, one after each of the two replies.
+    EXPECT_EQ(count_markers(r.output), 3) << r.output;
+    EXPECT_GT(r.output.size(), std::string("> \n> \n> \n").size()) << r.output;
+}
+
+TEST(ChatCommand, ExitCommandEndsTheConversation) {
+    const auto model = test::demo_model();
+    if (!model) GTEST_SKIP() << "demo model absent (scripts/setup.sh downloads it)";
+    const test::CommandResult r = test::run_command("printf 'Hi\\n/exit\\nStill here?\\n' | " + fitllm_exe() +
+                                                    " chat -m '" + model->string() + "' --temp 0 -n 8 -t 2 2>&1");
+    ASSERT_EQ(r.status, 0) << r.output;
+    EXPECT_NE(r.output.find("/exit or Ctrl-D to quit"), std::string::npos) << r.output;
+    EXPECT_NE(r.output.find("template:"), std::string::npos) << r.output;
+    EXPECT_EQ(count_markers(r.output), 2) << r.output;  // no turn after /exit
+}
+
+TEST(ChatCommand, AFullContextEndsTheConversationCleanly) {
+    const auto model = test::demo_model();
+    if (!model) GTEST_SKIP() << "demo model absent (scripts/setup.sh downloads it)";
+    const test::CommandResult r = test::run_command("printf 'Hi\\nAgain\\nAnd again\\n' | " + fitllm_exe() +
+                                                    " chat -m '" + model->string() + "' --temp 0 -n 64 -c 24 -t 2 2>&1");
+    ASSERT_EQ(r.status, 0) << r.output;
+    EXPECT_NE(r.output.find("context is full"), std::string::npos) << r.output;
+}
+
+TEST(ChatCommand, UsageErrorsExitWithStatus2) {
+    const test::CommandResult no_model = test::run_command(fitllm_exe() + " chat 2>&1 </dev/null");
+    EXPECT_EQ(no_model.status, 2) << no_model.output;
+    EXPECT_NE(no_model.output.find("-m MODEL is required"), std::string::npos) << no_model.output;
+    const test::CommandResult bad_top_p =
+        test::run_command(fitllm_exe() + " chat -m x.gguf --top-p lots 2>&1 </dev/null");
+    EXPECT_EQ(bad_top_p.status, 2) << bad_top_p.output;
+    EXPECT_NE(bad_top_p.output.find("--top-p"), std::string::npos) << bad_top_p.output;
+}
+
+TEST(ChatCommand, HelpListsTheOptions) {
+    const test::CommandResult r = test::run_command(fitllm_exe() + " chat --help");
+    EXPECT_EQ(r.status, 0);
+    for (const char* option : {"--model", "--ctx-size", "--threads", "--n-predict", "--system", "--temp", "--top-k",
+                               "--top-p", "--min-p", "--seed"}) {
+        EXPECT_NE(r.output.find(option), std::string::npos) << option;
+    }
+}
+
+}  // namespace
+}  // namespace fitllm
