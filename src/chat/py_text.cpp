@@ -1,5 +1,4 @@
 #include "chat/py_text.h"
-#include "util/utf8.h"
 
 #include <utf8proc.h>
 
@@ -8,6 +7,8 @@
 #include <charconv>
 #include <cmath>
 #include <cstdio>
+
+#include "util/utf8.h"
 
 namespace fitllm::chat::py {
 namespace {
@@ -138,7 +139,9 @@ std::u32string decode(std::string_view s) {
     return out;
 }
 
-void append_utf8(std::string& out, char32_t cp) { util::append_utf8_unchecked(out, cp); }
+void append_utf8(std::string& out, char32_t cp) {
+    util::append_utf8_unchecked(out, cp);
+}
 
 std::string encode(std::u32string_view text) {
     std::string out;

@@ -4,11 +4,10 @@
 #include <chrono>
 #include <cmath>
 #include <cstdio>
+#include <nlohmann/json.hpp>
 #include <random>
 #include <string>
 #include <vector>
-
-#include <nlohmann/json.hpp>
 
 #include "cli/args.h"
 #include "cli/commands.h"
@@ -69,7 +68,8 @@ int run_bench(const std::vector<std::string>& args) {
     p.option("-o, --output", "md|json", "output format (default md)", &output);
     if (!p.parse(args)) return 0;
     if (model_path.empty()) throw UsageError("missing -m MODEL (see --help)");
-    if (n_prompt < 0 || n_gen < 0 || repetitions < 1 || n_batch < 1) throw UsageError("-p, -n must be >= 0; -r, -b >= 1");
+    if (n_prompt < 0 || n_gen < 0 || repetitions < 1 || n_batch < 1)
+        throw UsageError("-p, -n must be >= 0; -r, -b >= 1");
     if (output != "md" && output != "json") throw UsageError("-o: expected md or json, got '" + output + "'");
 
     const auto file = gguf::GgufFile::open(model_path);
@@ -116,9 +116,16 @@ int run_bench(const std::vector<std::string>& args) {
     if (output == "json") {
         nlohmann::ordered_json j = nlohmann::ordered_json::array();
         for (const Result& r : results) {
-            j.push_back({{"model", model_path}, {"arch", arch}, {"file_type", ftype}, {"weight_bytes", weight_bytes},
-                         {"threads", pool.size()}, {"test", r.test}, {"n_tokens", r.n_tokens},
-                         {"avg_ts", r.mean_tps}, {"stddev_ts", r.stdev_tps}, {"samples_ts", r.samples_tps}});
+            j.push_back({{"model", model_path},
+                         {"arch", arch},
+                         {"file_type", ftype},
+                         {"weight_bytes", weight_bytes},
+                         {"threads", pool.size()},
+                         {"test", r.test},
+                         {"n_tokens", r.n_tokens},
+                         {"avg_ts", r.mean_tps},
+                         {"stddev_ts", r.stdev_tps},
+                         {"samples_ts", r.samples_tps}});
         }
         std::printf("%s\n", j.dump(2).c_str());
         return 0;

@@ -6,11 +6,10 @@
 #include <csignal>
 #include <cstdio>
 #include <iostream>
+#include <nlohmann/json.hpp>
 #include <span>
 #include <string>
 #include <vector>
-
-#include <nlohmann/json.hpp>
 
 #include "chat/chat_template.h"
 #include "cli/args.h"
@@ -65,8 +64,10 @@ size_t common_prefix(const std::vector<int32_t>& a, const std::vector<int32_t>& 
 
 void context_full(int n_ctx) {
     std::fflush(stdout);
-    std::fprintf(stderr, "\nfitllm chat: the context is full (%d tokens); the conversation ends here. "
-                         "Use -c to allow a longer one.\n", n_ctx);
+    std::fprintf(stderr,
+                 "\nfitllm chat: the context is full (%d tokens); the conversation ends here. "
+                 "Use -c to allow a longer one.\n",
+                 n_ctx);
 }
 
 }  // namespace

@@ -3,9 +3,8 @@
 // exact prompt text generation will see.
 #include <cstdio>
 #include <fstream>
-#include <sstream>
-
 #include <nlohmann/json.hpp>
+#include <sstream>
 
 #include "chat/chat_template.h"
 #include "cli/args.h"
@@ -35,7 +34,9 @@ int run_template(const std::vector<std::string>& args) {
     bool show_ids = false;
     nlohmann::ordered_json messages = nlohmann::ordered_json::array();
     auto add_message = [&messages](const char* role) {
-        return [&messages, role](const std::string& content) { messages.push_back({{"role", role}, {"content", content}}); };
+        return [&messages, role](const std::string& content) {
+            messages.push_back({{"role", role}, {"content", content}});
+        };
     };
     ArgParser p("fitllm template -m MODEL [--system TEXT] [--user TEXT] [--assistant TEXT]... | -f MESSAGES.json",
                 "Render a conversation through the model's chat template (tokenizer.chat_template, or a\n"

@@ -12,7 +12,8 @@
 
 namespace fitllm::cli {
 
-std::string render_tokens(const tokenizer::Tokenizer& tokenizer, std::span<const tokenizer::TokenId> ids, bool ids_only) {
+std::string render_tokens(const tokenizer::Tokenizer& tokenizer, std::span<const tokenizer::TokenId> ids,
+                          bool ids_only) {
     std::string out;
     if (ids_only) {
         out += '[';
@@ -63,7 +64,8 @@ int run_tokenize(const std::vector<std::string>& args) {
     p.flag("--stdin", &from_stdin, "tokenize standard input");
     p.flag("--ids", &ids_only, "print only the ids, as [1, 2, 3]");
     p.flag("--no-bos", &no_bos, "do not add the BOS/EOS tokens the model asks for (add_special = false)");
-    p.flag("--parse-special", &parse_special, "text that spells a control token (\"<start_of_turn>\") becomes that token");
+    p.flag("--parse-special", &parse_special,
+           "text that spells a control token (\"<start_of_turn>\") becomes that token");
     p.positional("TEXT", "the text to tokenize", &text, false);
     if (!p.parse(args)) return 0;
 

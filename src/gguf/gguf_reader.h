@@ -44,10 +44,10 @@ struct TensorInfo {
     uint32_t n_dims = 0;
     std::array<int64_t, kMaxDims> ne{1, 1, 1, 1};  // ne[0]: elements per row (innermost)
     quant::GgmlType type = quant::GgmlType::F32;
-    uint64_t offset = 0;       // from the start of the data section
+    uint64_t offset = 0;  // from the start of the data section
     uint64_t n_elements = 0;
     uint64_t n_bytes = 0;
-    uint64_t info_offset = 0;  // where this tensor's info starts in the file (for messages)
+    uint64_t info_offset = 0;         // where this tensor's info starts in the file (for messages)
     std::span<const std::byte> data;  // view into the file
 };
 
@@ -82,11 +82,13 @@ public:
     const Value& at(std::string_view key) const;
 
     // Typed getters: the type must match exactly; KeyError names the file, key and types.
-    template <class T> T get(std::string_view key) const {
+    template <class T>
+    T get(std::string_view key) const {
         const Value& v = at(key);
         return with_source([&] { return v.get<T>(); });
     }
-    template <class T> std::optional<T> get_optional(std::string_view key) const {
+    template <class T>
+    std::optional<T> get_optional(std::string_view key) const {
         const Value* v = find(key);
         if (!v) return std::nullopt;
         return with_source([&] { return v->get<T>(); });
@@ -106,7 +108,8 @@ public:
 
 private:
     GgufFile() = default;
-    template <class F> auto with_source(F&& f) const -> decltype(f()) {
+    template <class F>
+    auto with_source(F&& f) const -> decltype(f()) {
         try {
             return f();
         } catch (const KeyError& e) {

@@ -33,7 +33,8 @@ void GgufWriter::add_raw_scalar(std::string_view key, ValueType type, const void
         uint32_t a = 0;
         if (type != ValueType::UINT32) throw Error("GgufWriter: general.alignment must be uint32");
         std::memcpy(&a, value, sizeof a);
-        if (a == 0 || !std::has_single_bit(a)) throw Error("GgufWriter: alignment " + std::to_string(a) + " is not a power of two");
+        if (a == 0 || !std::has_single_bit(a))
+            throw Error("GgufWriter: alignment " + std::to_string(a) + " is not a power of two");
         if (!tensors_.empty()) throw Error("GgufWriter: set general.alignment before adding tensors");
         alignment_ = a;
     }
@@ -53,24 +54,35 @@ void GgufWriter::add_raw_array(std::string_view key, ValueType elem, uint64_t co
     put(data, bytes);
 }
 
-template <class Strings> void GgufWriter::add_strings(std::string_view key, const Strings& values) {
+template <class Strings>
+void GgufWriter::add_strings(std::string_view key, const Strings& values) {
     begin_key(key, ValueType::ARRAY);
     put_le<uint32_t>(static_cast<uint32_t>(ValueType::STRING));
     put_le<uint64_t>(values.size());
     for (const auto& s : values) put_string(s);
 }
 
-void GgufWriter::add_string_array(std::string_view key, std::span<const std::string> values) { add_strings(key, values); }
-void GgufWriter::add_string_array(std::string_view key, std::span<const std::string_view> values) { add_strings(key, values); }
+void GgufWriter::add_string_array(std::string_view key, std::span<const std::string> values) {
+    add_strings(key, values);
+}
+void GgufWriter::add_string_array(std::string_view key, std::span<const std::string_view> values) {
+    add_strings(key, values);
+}
 
 void GgufWriter::add_value(const Value& v) {
     switch (v.type()) {
-        case ValueType::STRING: add_string(v.key(), v.get<std::string_view>()); break;
-        case ValueType::ARRAY:
-            if (v.array_type() == ValueType::STRING) add_strings(v.key(), v.strings());
-            else add_raw_array(v.key(), v.array_type(), v.array_size(), v.raw_array_bytes().data(), v.raw_array_bytes().size());
+        case ValueType::STRING:
+            add_string(v.key(), v.get<std::string_view>());
             break;
-        default: add_raw_scalar(v.key(), v.type(), v.raw_scalar_bytes().data(), v.raw_scalar_bytes().size());
+        case ValueType::ARRAY:
+            if (v.array_type() == ValueType::STRING)
+                add_strings(v.key(), v.strings());
+            else
+                add_raw_array(v.key(), v.array_type(), v.array_size(), v.raw_array_bytes().data(),
+                              v.raw_array_bytes().size());
+            break;
+        default:
+            add_raw_scalar(v.key(), v.type(), v.raw_scalar_bytes().data(), v.raw_scalar_bytes().size());
     }
 }
 

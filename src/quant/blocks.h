@@ -325,11 +325,10 @@ inline int quant_of(const BlockQ6_K& b, int e) {  // x = d scales[e / 16] (q - 3
 inline int64_t whole_blocks(const char* function, GgmlType type, int64_t n, bool supported) {
     const TypeTraits& t = traits(type);
     if (!supported || n < 0 || n % t.block_elements != 0) {
-        throw std::invalid_argument(std::string(function) + ": " + std::string(t.name) + " row of " +
-                                    std::to_string(n) +
-                                    (supported ? " elements is not a whole number of blocks of " +
-                                                     std::to_string(t.block_elements)
-                                               : " elements: type not supported"));
+        throw std::invalid_argument(
+            std::string(function) + ": " + std::string(t.name) + " row of " + std::to_string(n) +
+            (supported ? " elements is not a whole number of blocks of " + std::to_string(t.block_elements)
+                       : " elements: type not supported"));
     }
     return n / t.block_elements;
 }

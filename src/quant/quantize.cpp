@@ -252,7 +252,9 @@ Block* as(void* p) {
 }  // namespace
 
 // The reference codecs exist in pairs: every type that dequantizes also quantizes.
-bool can_quantize(GgmlType type) { return can_dequantize(type); }
+bool can_quantize(GgmlType type) {
+    return can_dequantize(type);
+}
 
 void quantize_row(GgmlType type, const float* src, void* dst, int64_t n) {
     const int64_t nb = whole_blocks("quantize_row", type, n, can_quantize(type));
