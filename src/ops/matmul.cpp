@@ -5,6 +5,7 @@
 #include <string>
 
 #include "quant/dot.h"
+#include "quant/gemm.h"
 #include "quant/quantize.h"
 
 namespace fitllm::ops {
@@ -70,6 +71,19 @@ void matmul(const WeightView& w, const float* x, int n_tok, float* y, ThreadPool
     }
 
     const int64_t n_row_tiles = (w.rows + kRowTile - 1) / kRowTile;
+    const quant::GemmKernel gemm = quant::select_gemm(w.type, scratch.features());
+    if (gemm.fn != nullptr && gemm.act_type == kernel.act_type) {
+        pool.parallel_for(n_row_tiles, [&](int64_t begin, int64_t end, int) {
+            const int64_t r0 = begin * kRowTile;
+            const int64_t r1 = std::min(w.rows, end * kRowTile);
+            for (int64_t t0 = 0; t0 < n_tok; t0 += kTokTile) {
+                const int64_t t1 = std::min<int64_t>(n_tok, t0 + kTokTile);
+                gemm.fn(cols, static_cast<int>(r1 - r0), static_cast<int>(t1 - t0), w_data + r0 * w_stride, w_stride,
+                        act + t0 * act_stride, act_stride, y + t0 * w.rows + r0, static_cast<size_t>(w.rows));
+            }
+        });
+        return;
+    }
     pool.parallel_for(n_row_tiles, [&](int64_t begin, int64_t end, int) {
         for (int64_t tile = begin; tile < end; ++tile) {
             const int64_t r0 = tile * kRowTile;

@@ -1,0 +1,34 @@
+#pragma once
+// Tiles of a matrix product: several weight rows times several activation rows in one call, so
+// that each weight block is loaded and unpacked once for several tokens (prompt processing).
+// Same pairing of weight and activation formats as the dot kernels (quant/dot.h); a kernel's
+// results agree with select_dot's kernel of the same ISA to float rounding.
+//
+// For weight types without a tiled kernel select_gemm returns fn == nullptr and callers fall
+// back to one dot per (row, token).
+#include <cstddef>
+
+#include "quant/cpu_features.h"
+#include "quant/ggml_type.h"
+
+namespace fitllm::quant {
+
+// y[t * y_stride + r] = dot(n, row r of w, row t of act) for r < n_rows, t < n_tok.
+// n is a whole number of blocks of both row types; strides are in bytes (w, act) and floats (y).
+// n_rows and n_tok may be any positive count; kernels handle partial tiles themselves.
+using GemmFn = void (*)(int n, int n_rows, int n_tok, const void* w, size_t w_stride, const void* act,
+                        size_t act_stride, float* y, size_t y_stride);
+
+struct GemmKernel {
+    GemmFn fn = nullptr;  // nullptr: no tiled kernel for this type at this ISA
+    Isa isa = Isa::Scalar;
+    GgmlType act_type = GgmlType::F32;
+    // The tile the kernel is fastest at: callers hand it row and token counts that are multiples
+    // of these where they can.
+    int row_tile = 1;
+    int tok_tile = 1;
+};
+
+GemmKernel select_gemm(GgmlType weight_type, const CpuFeatures& features);
+
+}  // namespace fitllm::quant
