@@ -11,6 +11,7 @@
 
 #include "cli/args.h"
 #include "cli/commands.h"
+#include "cli/load_progress.h"
 #include "gguf/gguf_reader.h"
 #include "model/model.h"
 #include "ops/thread_pool.h"
@@ -72,8 +73,9 @@ int run_bench(const std::vector<std::string>& args) {
         throw UsageError("-p, -n must be >= 0; -r, -b >= 1");
     if (output != "md" && output != "json") throw UsageError("-o: expected md or json, got '" + output + "'");
 
-    const auto file = gguf::GgufFile::open(model_path);
+    auto file = gguf::GgufFile::open(model_path);
     auto model = model::Model::load(file);
+    prefault_with_progress(file);  // as llama-bench, time the model in memory, not the disk
     ops::ThreadPool pool(n_threads);
     runtime::Session session(*model, {.n_ctx = std::max(1, n_prompt + n_gen + 1), .n_batch = n_batch}, pool);
     std::mt19937 rng(42);

@@ -15,6 +15,7 @@
 #include "cli/args.h"
 #include "cli/commands.h"
 #include "cli/generation_options.h"
+#include "cli/load_progress.h"
 #include "gguf/gguf_reader.h"
 #include "kv/kv_cache.h"
 #include "model/model.h"
@@ -98,7 +99,7 @@ int run_chat(const std::vector<std::string>& args) {
     if (n_ctx <= 0) throw UsageError("-c: " + std::to_string(n_ctx) + " must be positive");
     validate_sampling_options(sp);
 
-    const gguf::GgufFile file = gguf::GgufFile::open(model_path);
+    gguf::GgufFile file = gguf::GgufFile::open(model_path);
     const tokenizer::Tokenizer tokenizer = tokenizer::Tokenizer::from_gguf(file);
     const tokenizer::Vocab& vocab = tokenizer.vocab();
     const chat::ResolvedTemplate resolved = chat::template_for_model(file);
@@ -107,6 +108,7 @@ int run_chat(const std::vector<std::string>& args) {
     if (vocab.valid(vocab.special().bos)) options.bos_token = vocab.text(vocab.special().bos);
     if (vocab.valid(vocab.special().eos)) options.eos_token = vocab.text(vocab.special().eos);
     const auto model = model::Model::load(file);
+    prefault_with_progress(file);
 
     ops::ThreadPool pool(n_threads);
     runtime::Session session(*model, {.n_ctx = n_ctx, .n_batch = 512}, pool);

@@ -7,6 +7,7 @@
 #include "cli/args.h"
 #include "cli/commands.h"
 #include "cli/generation_options.h"
+#include "cli/load_progress.h"
 #include "gguf/gguf_reader.h"
 #include "model/model.h"
 #include "ops/thread_pool.h"
@@ -64,9 +65,10 @@ int run_run(const std::vector<std::string>& args) {
     if (n_batch <= 0) throw UsageError("-b: " + std::to_string(n_batch) + " must be positive");
     validate_sampling_options(sp);
 
-    const gguf::GgufFile file = gguf::GgufFile::open(model_path);
+    gguf::GgufFile file = gguf::GgufFile::open(model_path);
     const tokenizer::Tokenizer tokenizer = tokenizer::Tokenizer::from_gguf(file);
     const auto model = model::Model::load(file);
+    prefault_with_progress(file);
     const std::vector<tokenizer::TokenId> ids = tokenizer.tokenize(prompt, true, true);
     if (ids.empty()) throw UsageError("-p: the prompt has no tokens");
     if (static_cast<int>(ids.size()) >= n_ctx) {

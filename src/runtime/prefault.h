@@ -1,0 +1,23 @@
+#pragma once
+// Reading a model's weights into memory before the first forward pass, with progress reports.
+//
+// A mapped GGUF file costs nothing to open: its pages are read on first touch, so without this
+// the first prompt would pay for reading the whole file, page fault by page fault, with no sign
+// of what is happening. prefault() asks the kernel to read ahead (madvise WILLNEED) one chunk in
+// front of the one it touches, and reports the bytes done after each chunk.
+#include <cstdint>
+#include <functional>
+
+#include "gguf/gguf_reader.h"
+
+namespace fitllm::runtime {
+
+// Called with the bytes read so far and the total, after every chunk and once at the end
+// (done == total).
+using ProgressFn = std::function<void(uint64_t done, uint64_t total)>;
+
+// Touches every page of the file's tensor data. A parsed (not mapped) file is already in memory:
+// progress is reported once, at the end. Returns the bytes of tensor data.
+uint64_t prefault(gguf::GgufFile& file, const ProgressFn& progress = {});
+
+}  // namespace fitllm::runtime
