@@ -1,10 +1,333 @@
-// Placeholder: no tiled kernels yet; matmul falls back to the dot kernels.
+// AVX-512 tiled kernels for the blocks of 32 (Q4_0, Q5_0, Q8_0 with Q8_0; Q4_1, Q5_1 with Q8_1).
+// Compiled with -mavx512f -mavx512bw -mavx512vl -mavx512vnni -mavx2 -mfma -mf16c; the kVnni = false
+// kernels use no VNNI instruction. See dot_kernels.h for the rules this file follows.
+//
+// Layout: one 32-bit lane per weight row. A tile of 16 weight rows is repacked, one chunk of
+// kChunk blocks at a time, into unsigned bytes where register g of block b holds elements
+// 4g..4g+3 of each of the 16 rows (a 16 x 8 transpose of 4-byte groups), plus the rows' scales as
+// floats. A token then costs, per block, 8 vpdpbusd of those registers with its own 4 bytes
+// broadcast (straight from the Q8 row), one conversion and two float operations for 16 rows. The
+// unpacking and transposing is paid once per tile and chunk and shared by every token of the call.
+//
+// The weights stay unsigned (q or q + 128 for Q8_0), so the integer dot of a block is
+// sum(q y) - offset * sum(y); the int accumulator starts at -offset * sum(y), computed once per
+// token and block. Without VNNI the products run on maddubs + madd, exact for q < 32; Q8_0 then has
+// no tiled kernel (q + 128 would saturate maddubs) and falls back to the dots.
+
+// GCC 12's AVX-512 headers trip its own uninitialized-variable warnings; see dot_avx512.cpp.
+#pragma GCC diagnostic push
+#pragma GCC diagnostic ignored "-Wuninitialized"
+#pragma GCC diagnostic ignored "-Wmaybe-uninitialized"
+#include <immintrin.h>
+#pragma GCC diagnostic pop
+
+#include <cstdint>
+#include <cstring>
+#include <type_traits>
+
+#include "quant/blocks.h"
 #include "quant/gemm_kernels.h"
 
 namespace fitllm::quant::detail {
+namespace {
 
-GemmKernel gemm_avx512(GgmlType /*weight_type*/, bool /*vnni*/) {
-    return {};
+constexpr int kLanes = 16;      // weight rows per tile: one 32-bit lane each
+constexpr int kChunk = 32;      // blocks per chunk of the row: the repacked tile is 20 KiB (L1)
+constexpr int kTokChunk = 256;  // tokens whose per-block sums are prepared at once (stack)
+constexpr int kMaxTok = 8;      // tokens per micro-kernel: 2 * kMaxTok accumulators
+
+struct alignas(64) Tile {
+    uint8_t q[kChunk][8][64];  // block, group g: bytes 4g..4g+3 of rows 0..15
+    float d[kChunk][kLanes];
+    float m[kChunk][kLanes];  // Q4_1 / Q5_1
+};
+
+// Per token and block of the chunk: the activation scale, and -offset * sum(q) (symmetric types)
+// or the activation's s = d * sum(q) (affine types).
+struct TokBlock {
+    float d;
+    int32_t off;
+    float s;
+};
+
+template <GgmlType kType>
+struct Kind;
+template <>
+struct Kind<GgmlType::Q4_0> {
+    using W = BlockQ4_0;
+    using A = BlockQ8_0;
+    static constexpr int kOffset = 8;
+    static constexpr bool kAffine = false;
+};
+template <>
+struct Kind<GgmlType::Q5_0> {
+    using W = BlockQ5_0;
+    using A = BlockQ8_0;
+    static constexpr int kOffset = 16;
+    static constexpr bool kAffine = false;
+};
+template <>
+struct Kind<GgmlType::Q8_0> {
+    using W = BlockQ8_0;
+    using A = BlockQ8_0;
+    static constexpr int kOffset = 128;
+    static constexpr bool kAffine = false;
+};
+template <>
+struct Kind<GgmlType::Q4_1> {
+    using W = BlockQ4_1;
+    using A = BlockQ8_1;
+    static constexpr int kOffset = 0;
+    static constexpr bool kAffine = true;
+};
+template <>
+struct Kind<GgmlType::Q5_1> {
+    using W = BlockQ5_1;
+    using A = BlockQ8_1;
+    static constexpr int kOffset = 0;
+    static constexpr bool kAffine = true;
+};
+
+float f16(uint16_t h) {
+    return _cvtsh_ss(h);
+}
+__m128i load128(const void* p) {
+    return _mm_loadu_si128(static_cast<const __m128i*>(p));
+}
+__m256i load256(const void* p) {
+    return _mm256_loadu_si256(static_cast<const __m256i*>(p));
+}
+int32_t load_i32(const void* p) {
+    int32_t v;
+    std::memcpy(&v, p, 4);
+    return v;
+}
+
+// The 32 quants of a weight block as unsigned bytes, in element order.
+template <typename Block>
+__m256i unpack(const Block& b) {
+    if constexpr (std::is_same_v<Block, BlockQ8_0>) {
+        return _mm256_xor_si256(load256(b.qs), _mm256_set1_epi8(static_cast<char>(0x80)));  // q + 128
+    } else {
+        const __m128i p = load128(b.qs);
+        __m256i q = _mm256_and_si256(_mm256_set_m128i(_mm_srli_epi16(p, 4), p), _mm256_set1_epi8(0x0F));
+        if constexpr (std::is_same_v<Block, BlockQ5_0> || std::is_same_v<Block, BlockQ5_1>) {
+            uint32_t h;
+            std::memcpy(&h, b.qh, 4);
+            q = _mm256_mask_add_epi8(q, static_cast<__mmask32>(h), q, _mm256_set1_epi8(16));
+        }
+        return q;
+    }
+}
+
+// r[j] = row j of an 8 x 8 matrix of 32-bit values -> r[g] = column g.
+void transpose8(__m256i r[8]) {
+    const __m256i t0 = _mm256_unpacklo_epi32(r[0], r[1]), t1 = _mm256_unpackhi_epi32(r[0], r[1]);
+    const __m256i t2 = _mm256_unpacklo_epi32(r[2], r[3]), t3 = _mm256_unpackhi_epi32(r[2], r[3]);
+    const __m256i t4 = _mm256_unpacklo_epi32(r[4], r[5]), t5 = _mm256_unpackhi_epi32(r[4], r[5]);
+    const __m256i t6 = _mm256_unpacklo_epi32(r[6], r[7]), t7 = _mm256_unpackhi_epi32(r[6], r[7]);
+    const __m256i u0 = _mm256_unpacklo_epi64(t0, t2), u1 = _mm256_unpackhi_epi64(t0, t2);
+    const __m256i u2 = _mm256_unpacklo_epi64(t1, t3), u3 = _mm256_unpackhi_epi64(t1, t3);
+    const __m256i u4 = _mm256_unpacklo_epi64(t4, t6), u5 = _mm256_unpackhi_epi64(t4, t6);
+    const __m256i u6 = _mm256_unpacklo_epi64(t5, t7), u7 = _mm256_unpackhi_epi64(t5, t7);
+    r[0] = _mm256_permute2x128_si256(u0, u4, 0x20);
+    r[1] = _mm256_permute2x128_si256(u1, u5, 0x20);
+    r[2] = _mm256_permute2x128_si256(u2, u6, 0x20);
+    r[3] = _mm256_permute2x128_si256(u3, u7, 0x20);
+    r[4] = _mm256_permute2x128_si256(u0, u4, 0x31);
+    r[5] = _mm256_permute2x128_si256(u1, u5, 0x31);
+    r[6] = _mm256_permute2x128_si256(u2, u6, 0x31);
+    r[7] = _mm256_permute2x128_si256(u3, u7, 0x31);
+}
+
+// Blocks b0 .. b0 + kb - 1 of rows 0 .. nr - 1 (nr <= 16) into the tile; missing rows are zero.
+template <typename K>
+void repack(Tile& tile, const uint8_t* w, size_t w_stride, int nr, int b0, int kb) {
+    using W = typename K::W;
+    const W* rows[kLanes];
+    for (int j = 0; j < kLanes; ++j) {
+        rows[j] = j < nr ? reinterpret_cast<const W*>(w + static_cast<size_t>(j) * w_stride) + b0 : nullptr;
+    }
+    for (int b = 0; b < kb; ++b) {
+        __m256i lo[8], hi[8];
+        for (int j = 0; j < 8; ++j) {
+            lo[j] = j < nr ? unpack(rows[j][b]) : _mm256_setzero_si256();
+            hi[j] = j + 8 < nr ? unpack(rows[j + 8][b]) : _mm256_setzero_si256();
+        }
+        transpose8(lo);
+        transpose8(hi);
+        for (int g = 0; g < 8; ++g) {
+            _mm512_store_si512(tile.q[b][g], _mm512_inserti64x4(_mm512_castsi256_si512(lo[g]), hi[g], 1));
+        }
+        for (int j = 0; j < kLanes; ++j) {
+            tile.d[b][j] = j < nr ? f16(rows[j][b].d) : 0.0f;
+            if constexpr (K::kAffine) tile.m[b][j] = j < nr ? f16(rows[j][b].m) : 0.0f;
+        }
+    }
+}
+
+// sum of the 32 signed bytes at p.
+int32_t sum_i8(const int8_t* p) {
+    const __m256i u = _mm256_xor_si256(load256(p), _mm256_set1_epi8(static_cast<char>(0x80)));  // q + 128
+    const __m256i s = _mm256_sad_epu8(u, _mm256_setzero_si256());
+    __m128i x = _mm_add_epi64(_mm256_castsi256_si128(s), _mm256_extracti128_si256(s, 1));
+    x = _mm_add_epi64(x, _mm_unpackhi_epi64(x, x));
+    return _mm_cvtsi128_si32(x) - 32 * 128;
+}
+
+template <typename K>
+void prepare(TokBlock* p, const uint8_t* act, size_t act_stride, int n_tok, int b0, int kb) {
+    using A = typename K::A;
+    for (int t = 0; t < n_tok; ++t) {
+        const A* y = reinterpret_cast<const A*>(act + static_cast<size_t>(t) * act_stride) + b0;
+        TokBlock* out = p + t * kChunk;
+        for (int b = 0; b < kb; ++b) {
+            out[b].d = f16(y[b].d);
+            if constexpr (K::kAffine)
+                out[b].s = f16(y[b].s);
+            else
+                out[b].off = -K::kOffset * sum_i8(y[b].qs);
+        }
+    }
+}
+
+template <bool kVnni>
+__m512i dot_u8s8(__m512i acc, __m512i u, __m512i s) {
+    if constexpr (kVnni)
+        return _mm512_dpbusd_epi32(acc, u, s);
+    else
+        return _mm512_add_epi32(acc, _mm512_madd_epi16(_mm512_maddubs_epi16(u, s), _mm512_set1_epi16(1)));
+}
+
+// kT tokens times the tile's 16 rows over kb blocks; y (token 0, row 0) gets or adds the sums of
+// rows < nr.
+template <typename K, bool kVnni, int kT>
+void micro(const Tile& tile, int kb, const TokBlock* prep, const uint8_t* act, size_t act_stride, float* y,
+           size_t y_stride, int nr, bool add) {
+    using A = typename K::A;
+    const A* a[kT];
+    for (int t = 0; t < kT; ++t) a[t] = reinterpret_cast<const A*>(act + static_cast<size_t>(t) * act_stride);
+    __m512 acc[kT];
+    for (int t = 0; t < kT; ++t) acc[t] = _mm512_setzero_ps();
+    for (int b = 0; b < kb; ++b) {
+        __m512i sum[kT];
+#pragma GCC unroll 8
+        for (int t = 0; t < kT; ++t) {
+            sum[t] = K::kAffine ? _mm512_setzero_si512() : _mm512_set1_epi32(prep[t * kChunk + b].off);
+        }
+#pragma GCC unroll 8
+        for (int g = 0; g < 8; ++g) {
+            const __m512i w = _mm512_load_si512(tile.q[b][g]);
+#pragma GCC unroll 8
+            for (int t = 0; t < kT; ++t) {
+                sum[t] = dot_u8s8<kVnni>(sum[t], w, _mm512_set1_epi32(load_i32(a[t][b].qs + 4 * g)));
+            }
+        }
+        const __m512 dw = _mm512_load_ps(tile.d[b]);
+#pragma GCC unroll 8
+        for (int t = 0; t < kT; ++t) {
+            const __m512 scale = _mm512_mul_ps(dw, _mm512_set1_ps(prep[t * kChunk + b].d));
+            acc[t] = _mm512_fmadd_ps(_mm512_cvtepi32_ps(sum[t]), scale, acc[t]);
+        }
+        if constexpr (K::kAffine) {
+            const __m512 mw = _mm512_load_ps(tile.m[b]);
+#pragma GCC unroll 8
+            for (int t = 0; t < kT; ++t) acc[t] = _mm512_fmadd_ps(mw, _mm512_set1_ps(prep[t * kChunk + b].s), acc[t]);
+        }
+    }
+    const auto mask = static_cast<__mmask16>(nr >= kLanes ? 0xFFFF : (1u << nr) - 1);
+    for (int t = 0; t < kT; ++t) {
+        float* out = y + static_cast<size_t>(t) * y_stride;
+        __m512 v = acc[t];
+        if (add) v = _mm512_add_ps(v, _mm512_maskz_loadu_ps(mask, out));
+        _mm512_mask_storeu_ps(out, mask, v);
+    }
+}
+
+template <typename K, bool kVnni>
+void micro_n(int nt, const Tile& tile, int kb, const TokBlock* prep, const uint8_t* act, size_t act_stride, float* y,
+             size_t y_stride, int nr, bool add) {
+    switch (nt) {
+        case 1:
+            return micro<K, kVnni, 1>(tile, kb, prep, act, act_stride, y, y_stride, nr, add);
+        case 2:
+            return micro<K, kVnni, 2>(tile, kb, prep, act, act_stride, y, y_stride, nr, add);
+        case 3:
+            return micro<K, kVnni, 3>(tile, kb, prep, act, act_stride, y, y_stride, nr, add);
+        case 4:
+            return micro<K, kVnni, 4>(tile, kb, prep, act, act_stride, y, y_stride, nr, add);
+        case 5:
+            return micro<K, kVnni, 5>(tile, kb, prep, act, act_stride, y, y_stride, nr, add);
+        case 6:
+            return micro<K, kVnni, 6>(tile, kb, prep, act, act_stride, y, y_stride, nr, add);
+        case 7:
+            return micro<K, kVnni, 7>(tile, kb, prep, act, act_stride, y, y_stride, nr, add);
+        default:
+            return micro<K, kVnni, 8>(tile, kb, prep, act, act_stride, y, y_stride, nr, add);
+    }
+}
+
+template <GgmlType kType, bool kVnni>
+void gemm(int n, int n_rows, int n_tok, const void* w, size_t w_stride, const void* act, size_t act_stride, float* y,
+          size_t y_stride) {
+    using K = Kind<kType>;
+    const auto* w_bytes = static_cast<const uint8_t*>(w);
+    const auto* a_bytes = static_cast<const uint8_t*>(act);
+    const int nb = n / 32;
+    Tile tile;
+    TokBlock prep[kTokChunk * kChunk];
+    for (int t0 = 0; t0 < n_tok; t0 += kTokChunk) {
+        const int tc = n_tok - t0 < kTokChunk ? n_tok - t0 : kTokChunk;
+        const uint8_t* a0 = a_bytes + static_cast<size_t>(t0) * act_stride;
+        for (int b0 = 0; b0 < nb; b0 += kChunk) {
+            const int kb = nb - b0 < kChunk ? nb - b0 : kChunk;
+            prepare<K>(prep, a0, act_stride, tc, b0, kb);
+            for (int r0 = 0; r0 < n_rows; r0 += kLanes) {
+                const int nr = n_rows - r0 < kLanes ? n_rows - r0 : kLanes;
+                repack<K>(tile, w_bytes + static_cast<size_t>(r0) * w_stride, w_stride, nr, b0, kb);
+                for (int t = 0; t < tc; t += kMaxTok) {
+                    const int nt = tc - t < kMaxTok ? tc - t : kMaxTok;
+                    micro_n<K, kVnni>(nt, tile, kb, prep + t * kChunk,
+                                      a0 + static_cast<size_t>(t) * act_stride + b0 * sizeof(typename K::A), act_stride,
+                                      y + static_cast<size_t>(t0 + t) * y_stride + r0, y_stride, nr, b0 > 0);
+                }
+            }
+        }
+    }
+}
+
+template <GgmlType kType, bool kVnni>
+GemmKernel kernel() {
+    GemmKernel k;
+    k.fn = gemm<kType, kVnni>;
+    k.row_tile = kLanes;
+    k.tok_tile = kMaxTok;
+    return k;
+}
+
+template <bool kVnni>
+GemmKernel table(GgmlType weight_type) {
+    switch (weight_type) {
+        case GgmlType::Q4_0:
+            return kernel<GgmlType::Q4_0, kVnni>();
+        case GgmlType::Q5_0:
+            return kernel<GgmlType::Q5_0, kVnni>();
+        case GgmlType::Q4_1:
+            return kernel<GgmlType::Q4_1, kVnni>();
+        case GgmlType::Q5_1:
+            return kernel<GgmlType::Q5_1, kVnni>();
+        case GgmlType::Q8_0:
+            if constexpr (kVnni) return kernel<GgmlType::Q8_0, kVnni>();
+            return {};
+        default:
+            return {};
+    }
+}
+
+}  // namespace
+
+GemmKernel gemm_avx512(GgmlType weight_type, bool vnni) {
+    return vnni ? table<true>(weight_type) : table<false>(weight_type);
 }
 
 }  // namespace fitllm::quant::detail
