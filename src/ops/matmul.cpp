@@ -1,6 +1,7 @@
 #include "ops/matmul.h"
 
 #include <algorithm>
+#include <cstdlib>
 #include <stdexcept>
 #include <string>
 
@@ -17,6 +18,16 @@ namespace {
 // of weights, 8 Q8_K activation rows = 35 KiB.
 constexpr int64_t kRowTile = 16;
 constexpr int64_t kTokTile = 8;
+
+// The tiled kernels (quant/gemm.h), n_tok > 1: a task is up to kGemmRowBlock weight rows times up
+// to kGemmTokChunk tokens. A kernel call unpacks each tile of rows (a chunk of the row at a time)
+// once and streams all its tokens past it: for the blocks of 32, 256 tokens' 1024-value chunks of
+// Q8_0 are 272 KiB, which stay in L2 for the next tile. Row blocks are as large as still gives each
+// thread kGemmTasksPerThread tasks to balance. FITLLM_NO_GEMM=1 in the environment turns the tiled
+// kernels off (the dots then run), for A/B measurements.
+constexpr int64_t kGemmRowBlock = 64;
+constexpr int64_t kGemmTokChunk = 256;
+constexpr int64_t kGemmTasksPerThread = 4;
 
 // Rows per parallel_for task for matrix-vector: small enough to balance, large enough that a
 // task's weights stream through the prefetchers.
@@ -70,20 +81,34 @@ void matmul(const WeightView& w, const float* x, int n_tok, float* y, ThreadPool
         return;
     }
 
-    const int64_t n_row_tiles = (w.rows + kRowTile - 1) / kRowTile;
-    const quant::GemmKernel gemm = quant::select_gemm(w.type, scratch.features());
+    static const bool gemm_off = std::getenv("FITLLM_NO_GEMM") != nullptr;
+    const quant::GemmKernel gemm = gemm_off ? quant::GemmKernel{} : quant::select_gemm(w.type, scratch.features());
     if (gemm.fn != nullptr && gemm.act_type == kernel.act_type) {
-        pool.parallel_for(n_row_tiles, [&](int64_t begin, int64_t end, int) {
-            const int64_t r0 = begin * kRowTile;
-            const int64_t r1 = std::min(w.rows, end * kRowTile);
-            for (int64_t t0 = 0; t0 < n_tok; t0 += kTokTile) {
-                const int64_t t1 = std::min<int64_t>(n_tok, t0 + kTokTile);
+        // Tasks of (row block, token chunk). A call repacks each tile of gemm.row_tile weight rows
+        // once and runs all the chunk's tokens over it, so rows per task should be many; but both
+        // threads need several tasks to balance.
+        const int64_t n_tok_chunks = (n_tok + kGemmTokChunk - 1) / kGemmTokChunk;
+        const int64_t tok_chunk = (n_tok + n_tok_chunks - 1) / n_tok_chunks;
+        const int64_t row_tile = std::max(1, gemm.row_tile);
+        int64_t row_block = kGemmRowBlock;
+        const int64_t min_tasks = kGemmTasksPerThread * pool.size();
+        while (row_block > row_tile && ((w.rows + row_block - 1) / row_block) * n_tok_chunks < min_tasks)
+            row_block /= 2;
+        row_block = std::max(row_tile, row_block / row_tile * row_tile);
+        const int64_t n_row_blocks = (w.rows + row_block - 1) / row_block;
+        pool.parallel_for(n_row_blocks * n_tok_chunks, [&](int64_t begin, int64_t end, int) {
+            for (int64_t task = begin; task < end; ++task) {
+                const int64_t r0 = (task % n_row_blocks) * row_block;
+                const int64_t r1 = std::min(w.rows, r0 + row_block);
+                const int64_t t0 = (task / n_row_blocks) * tok_chunk;
+                const int64_t t1 = std::min<int64_t>(n_tok, t0 + tok_chunk);
                 gemm.fn(cols, static_cast<int>(r1 - r0), static_cast<int>(t1 - t0), w_data + r0 * w_stride, w_stride,
                         act + t0 * act_stride, act_stride, y + t0 * w.rows + r0, static_cast<size_t>(w.rows));
             }
         });
         return;
     }
+    const int64_t n_row_tiles = (w.rows + kRowTile - 1) / kRowTile;
     pool.parallel_for(n_row_tiles, [&](int64_t begin, int64_t end, int) {
         for (int64_t tile = begin; tile < end; ++tile) {
             const int64_t r0 = tile * kRowTile;

@@ -1,10 +1,337 @@
-// Placeholder: no tiled kernels yet; matmul falls back to the dot kernels.
+// AVX2 tiled kernels for the blocks of 32 (Q4_0, Q5_0, Q8_0 with Q8_0; Q4_1, Q5_1 with Q8_1).
+// Compiled with -mavx2 -mfma -mf16c; see dot_kernels.h for the rules this file follows.
+//
+// The layout of gemm_avx512.cpp at half the width: one 32-bit lane per weight row, a tile of 8
+// rows repacked (a chunk of kChunk blocks at a time) so that register g of block b holds elements
+// 4g..4g+3 of each of the 8 rows as unsigned bytes. A token then costs, per block and 8 rows, 8
+// maddubs with its own 4 bytes broadcast, a few 16-bit adds and one or two madd, and one
+// conversion and two float operations.
+//
+// maddubs sums two u8 x s8 products into 16 bits; the weights stay small enough that the products
+// of several groups add up in 16 bits without saturating: 8 groups of 4-bit quants
+// (8 * 2 * 15 * 128 < 2^15), 4 groups of 5-bit ones. Q8_0 weights become q + 128 = lo + 16 hi with
+// two 4-bit planes. The offset (8, 16, 128) comes back as -offset * sum(y), the int accumulator's
+// start, computed once per token and block.
+#include <immintrin.h>
+
+#include <cstdint>
+#include <cstring>
+#include <type_traits>
+
+#include "quant/blocks.h"
 #include "quant/gemm_kernels.h"
 
 namespace fitllm::quant::detail {
+namespace {
 
-GemmKernel gemm_avx2(GgmlType /*weight_type*/) {
-    return {};
+constexpr int kLanes = 8;       // weight rows per tile: one 32-bit lane each
+constexpr int kChunk = 32;      // blocks per chunk of the row: the repacked tile is <= 18 KiB (L1)
+constexpr int kTokChunk = 256;  // tokens whose per-block sums are prepared at once (stack)
+constexpr int kMaxTok = 4;      // tokens per micro-kernel: 2 * kMaxTok accumulators of 16 registers
+
+struct alignas(32) Tile {
+    uint8_t q[kChunk][16][32];  // block, group g (+ 8 for the high plane of Q8_0): bytes 4g..4g+3 of rows 0..7
+    float d[kChunk][kLanes];
+    float m[kChunk][kLanes];  // Q4_1 / Q5_1
+};
+
+// Per token and block of the chunk: the activation scale, and -offset * sum(q) (symmetric types)
+// or the activation's s = d * sum(q) (affine types).
+struct TokBlock {
+    float d;
+    int32_t off;
+    float s;
+};
+
+template <GgmlType kType>
+struct Kind;
+template <>
+struct Kind<GgmlType::Q4_0> {
+    using W = BlockQ4_0;
+    using A = BlockQ8_0;
+    static constexpr int kOffset = 8;
+    static constexpr bool kAffine = false;
+    static constexpr int kPlanes = 1;
+    static constexpr int kGroupsIn16 = 8;  // groups whose maddubs sums add in 16 bits
+};
+template <>
+struct Kind<GgmlType::Q5_0> {
+    using W = BlockQ5_0;
+    using A = BlockQ8_0;
+    static constexpr int kOffset = 16;
+    static constexpr bool kAffine = false;
+    static constexpr int kPlanes = 1;
+    static constexpr int kGroupsIn16 = 4;
+};
+template <>
+struct Kind<GgmlType::Q8_0> {
+    using W = BlockQ8_0;
+    using A = BlockQ8_0;
+    static constexpr int kOffset = 128;
+    static constexpr bool kAffine = false;
+    static constexpr int kPlanes = 2;
+    static constexpr int kGroupsIn16 = 8;
+};
+template <>
+struct Kind<GgmlType::Q4_1> {
+    using W = BlockQ4_1;
+    using A = BlockQ8_1;
+    static constexpr int kOffset = 0;
+    static constexpr bool kAffine = true;
+    static constexpr int kPlanes = 1;
+    static constexpr int kGroupsIn16 = 8;
+};
+template <>
+struct Kind<GgmlType::Q5_1> {
+    using W = BlockQ5_1;
+    using A = BlockQ8_1;
+    static constexpr int kOffset = 0;
+    static constexpr bool kAffine = true;
+    static constexpr int kPlanes = 1;
+    static constexpr int kGroupsIn16 = 4;
+};
+
+float f16(uint16_t h) {
+    return _cvtsh_ss(h);
+}
+__m128i load128(const void* p) {
+    return _mm_loadu_si128(static_cast<const __m128i*>(p));
+}
+__m256i load256(const void* p) {
+    return _mm256_loadu_si256(static_cast<const __m256i*>(p));
+}
+int32_t load_i32(const void* p) {
+    int32_t v;
+    std::memcpy(&v, p, 4);
+    return v;
+}
+
+// Byte l is 0x10 where bit l of the 32 bits at qh is set (the 5th bit of Q5_0 / Q5_1).
+__m256i fifth_bits(const uint8_t* qh) {
+    const __m256i spread = _mm256_shuffle_epi8(  // byte l gets byte l / 8 of the bits
+        _mm256_set1_epi32(load_i32(qh)),
+        _mm256_set_epi64x(0x0303030303030303, 0x0202020202020202, 0x0101010101010101, 0));
+    const __m256i select = _mm256_set1_epi64x(static_cast<long long>(0x8040201008040201ull));
+    return _mm256_and_si256(_mm256_cmpeq_epi8(_mm256_and_si256(spread, select), select), _mm256_set1_epi8(0x10));
+}
+
+// The 32 quants of a weight block as unsigned bytes in element order; for Q8_0, plane 0 is the low
+// nibble of q + 128 and plane 1 the high one.
+template <typename Block>
+__m256i unpack(const Block& b, int plane) {
+    if constexpr (std::is_same_v<Block, BlockQ8_0>) {
+        const __m256i u = _mm256_xor_si256(load256(b.qs), _mm256_set1_epi8(static_cast<char>(0x80)));  // q + 128
+        return _mm256_and_si256(plane == 0 ? u : _mm256_srli_epi16(u, 4), _mm256_set1_epi8(0x0F));
+    } else {
+        const __m128i p = load128(b.qs);
+        const __m256i q = _mm256_and_si256(_mm256_set_m128i(_mm_srli_epi16(p, 4), p), _mm256_set1_epi8(0x0F));
+        if constexpr (std::is_same_v<Block, BlockQ5_0> || std::is_same_v<Block, BlockQ5_1>)
+            return _mm256_or_si256(q, fifth_bits(b.qh));
+        else
+            return q;
+    }
+}
+
+// r[j] = row j of an 8 x 8 matrix of 32-bit values -> r[g] = column g.
+void transpose8(__m256i r[8]) {
+    const __m256i t0 = _mm256_unpacklo_epi32(r[0], r[1]), t1 = _mm256_unpackhi_epi32(r[0], r[1]);
+    const __m256i t2 = _mm256_unpacklo_epi32(r[2], r[3]), t3 = _mm256_unpackhi_epi32(r[2], r[3]);
+    const __m256i t4 = _mm256_unpacklo_epi32(r[4], r[5]), t5 = _mm256_unpackhi_epi32(r[4], r[5]);
+    const __m256i t6 = _mm256_unpacklo_epi32(r[6], r[7]), t7 = _mm256_unpackhi_epi32(r[6], r[7]);
+    const __m256i u0 = _mm256_unpacklo_epi64(t0, t2), u1 = _mm256_unpackhi_epi64(t0, t2);
+    const __m256i u2 = _mm256_unpacklo_epi64(t1, t3), u3 = _mm256_unpackhi_epi64(t1, t3);
+    const __m256i u4 = _mm256_unpacklo_epi64(t4, t6), u5 = _mm256_unpackhi_epi64(t4, t6);
+    const __m256i u6 = _mm256_unpacklo_epi64(t5, t7), u7 = _mm256_unpackhi_epi64(t5, t7);
+    r[0] = _mm256_permute2x128_si256(u0, u4, 0x20);
+    r[1] = _mm256_permute2x128_si256(u1, u5, 0x20);
+    r[2] = _mm256_permute2x128_si256(u2, u6, 0x20);
+    r[3] = _mm256_permute2x128_si256(u3, u7, 0x20);
+    r[4] = _mm256_permute2x128_si256(u0, u4, 0x31);
+    r[5] = _mm256_permute2x128_si256(u1, u5, 0x31);
+    r[6] = _mm256_permute2x128_si256(u2, u6, 0x31);
+    r[7] = _mm256_permute2x128_si256(u3, u7, 0x31);
+}
+
+// Blocks b0 .. b0 + kb - 1 of rows 0 .. nr - 1 (nr <= 8) into the tile; missing rows are zero.
+template <typename K>
+void repack(Tile& tile, const uint8_t* w, size_t w_stride, int nr, int b0, int kb) {
+    using W = typename K::W;
+    const W* rows[kLanes];
+    for (int j = 0; j < kLanes; ++j) {
+        rows[j] = j < nr ? reinterpret_cast<const W*>(w + static_cast<size_t>(j) * w_stride) + b0 : nullptr;
+    }
+    for (int b = 0; b < kb; ++b) {
+        for (int plane = 0; plane < K::kPlanes; ++plane) {
+            __m256i r[8];
+            for (int j = 0; j < 8; ++j) r[j] = j < nr ? unpack(rows[j][b], plane) : _mm256_setzero_si256();
+            transpose8(r);
+            for (int g = 0; g < 8; ++g) _mm256_store_si256(reinterpret_cast<__m256i*>(tile.q[b][8 * plane + g]), r[g]);
+        }
+        for (int j = 0; j < kLanes; ++j) {
+            tile.d[b][j] = j < nr ? f16(rows[j][b].d) : 0.0f;
+            if constexpr (K::kAffine) tile.m[b][j] = j < nr ? f16(rows[j][b].m) : 0.0f;
+        }
+    }
+}
+
+// sum of the 32 signed bytes at p.
+int32_t sum_i8(const int8_t* p) {
+    const __m256i u = _mm256_xor_si256(load256(p), _mm256_set1_epi8(static_cast<char>(0x80)));  // q + 128
+    const __m256i s = _mm256_sad_epu8(u, _mm256_setzero_si256());
+    __m128i x = _mm_add_epi64(_mm256_castsi256_si128(s), _mm256_extracti128_si256(s, 1));
+    x = _mm_add_epi64(x, _mm_unpackhi_epi64(x, x));
+    return _mm_cvtsi128_si32(x) - 32 * 128;
+}
+
+template <typename K>
+void prepare(TokBlock* p, const uint8_t* act, size_t act_stride, int n_tok, int b0, int kb) {
+    using A = typename K::A;
+    for (int t = 0; t < n_tok; ++t) {
+        const A* y = reinterpret_cast<const A*>(act + static_cast<size_t>(t) * act_stride) + b0;
+        TokBlock* out = p + t * kChunk;
+        for (int b = 0; b < kb; ++b) {
+            out[b].d = f16(y[b].d);
+            if constexpr (K::kAffine)
+                out[b].s = f16(y[b].s);
+            else
+                out[b].off = -K::kOffset * sum_i8(y[b].qs);
+        }
+    }
+}
+
+// kT tokens times the tile's 8 rows over kb blocks; y (token 0, row 0) gets or adds the sums of
+// rows < nr.
+template <typename K, int kT>
+void micro(const Tile& tile, int kb, const TokBlock* prep, const uint8_t* act, size_t act_stride, float* y,
+           size_t y_stride, int nr, bool add) {
+    using A = typename K::A;
+    const A* a[kT];
+    for (int t = 0; t < kT; ++t) a[t] = reinterpret_cast<const A*>(act + static_cast<size_t>(t) * act_stride);
+    const __m256i ones = _mm256_set1_epi16(1), sixteens = _mm256_set1_epi16(16);
+    __m256 acc[kT];
+    for (int t = 0; t < kT; ++t) acc[t] = _mm256_setzero_ps();
+    for (int b = 0; b < kb; ++b) {
+        __m256i sum[kT];
+#pragma GCC unroll 8
+        for (int t = 0; t < kT; ++t) {
+            sum[t] = K::kAffine ? _mm256_setzero_si256() : _mm256_set1_epi32(prep[t * kChunk + b].off);
+        }
+#pragma GCC unroll 2
+        for (int plane = 0; plane < K::kPlanes; ++plane) {
+#pragma GCC unroll 2
+            for (int g0 = 0; g0 < 8; g0 += K::kGroupsIn16) {
+                __m256i pairs[kT];
+#pragma GCC unroll 8
+                for (int g = g0; g < g0 + K::kGroupsIn16; ++g) {
+                    const __m256i w = _mm256_load_si256(reinterpret_cast<const __m256i*>(tile.q[b][8 * plane + g]));
+#pragma GCC unroll 8
+                    for (int t = 0; t < kT; ++t) {
+                        const __m256i p = _mm256_maddubs_epi16(w, _mm256_set1_epi32(load_i32(a[t][b].qs + 4 * g)));
+                        pairs[t] = g == g0 ? p : _mm256_add_epi16(pairs[t], p);
+                    }
+                }
+#pragma GCC unroll 8
+                for (int t = 0; t < kT; ++t) {
+                    sum[t] = _mm256_add_epi32(sum[t], _mm256_madd_epi16(pairs[t], plane == 0 ? ones : sixteens));
+                }
+            }
+        }
+        const __m256 dw = _mm256_load_ps(tile.d[b]);
+#pragma GCC unroll 8
+        for (int t = 0; t < kT; ++t) {
+            const __m256 scale = _mm256_mul_ps(dw, _mm256_set1_ps(prep[t * kChunk + b].d));
+            acc[t] = _mm256_fmadd_ps(_mm256_cvtepi32_ps(sum[t]), scale, acc[t]);
+        }
+        if constexpr (K::kAffine) {
+            const __m256 mw = _mm256_load_ps(tile.m[b]);
+#pragma GCC unroll 8
+            for (int t = 0; t < kT; ++t) acc[t] = _mm256_fmadd_ps(mw, _mm256_set1_ps(prep[t * kChunk + b].s), acc[t]);
+        }
+    }
+    for (int t = 0; t < kT; ++t) {
+        float* out = y + static_cast<size_t>(t) * y_stride;
+        if (nr >= kLanes) {
+            __m256 v = acc[t];
+            if (add) v = _mm256_add_ps(v, _mm256_loadu_ps(out));
+            _mm256_storeu_ps(out, v);
+        } else {
+            alignas(32) float lanes[kLanes];
+            _mm256_store_ps(lanes, acc[t]);
+            for (int j = 0; j < nr; ++j) out[j] = add ? out[j] + lanes[j] : lanes[j];
+        }
+    }
+}
+
+template <typename K>
+void micro_n(int nt, const Tile& tile, int kb, const TokBlock* prep, const uint8_t* act, size_t act_stride, float* y,
+             size_t y_stride, int nr, bool add) {
+    switch (nt) {
+        case 1:
+            return micro<K, 1>(tile, kb, prep, act, act_stride, y, y_stride, nr, add);
+        case 2:
+            return micro<K, 2>(tile, kb, prep, act, act_stride, y, y_stride, nr, add);
+        case 3:
+            return micro<K, 3>(tile, kb, prep, act, act_stride, y, y_stride, nr, add);
+        default:
+            return micro<K, 4>(tile, kb, prep, act, act_stride, y, y_stride, nr, add);
+    }
+}
+
+template <GgmlType kType>
+void gemm(int n, int n_rows, int n_tok, const void* w, size_t w_stride, const void* act, size_t act_stride, float* y,
+          size_t y_stride) {
+    using K = Kind<kType>;
+    const auto* w_bytes = static_cast<const uint8_t*>(w);
+    const auto* a_bytes = static_cast<const uint8_t*>(act);
+    const int nb = n / 32;
+    Tile tile;
+    TokBlock prep[kTokChunk * kChunk];
+    for (int t0 = 0; t0 < n_tok; t0 += kTokChunk) {
+        const int tc = n_tok - t0 < kTokChunk ? n_tok - t0 : kTokChunk;
+        const uint8_t* a0 = a_bytes + static_cast<size_t>(t0) * act_stride;
+        for (int b0 = 0; b0 < nb; b0 += kChunk) {
+            const int kb = nb - b0 < kChunk ? nb - b0 : kChunk;
+            prepare<K>(prep, a0, act_stride, tc, b0, kb);
+            for (int r0 = 0; r0 < n_rows; r0 += kLanes) {
+                const int nr = n_rows - r0 < kLanes ? n_rows - r0 : kLanes;
+                repack<K>(tile, w_bytes + static_cast<size_t>(r0) * w_stride, w_stride, nr, b0, kb);
+                for (int t = 0; t < tc; t += kMaxTok) {
+                    const int nt = tc - t < kMaxTok ? tc - t : kMaxTok;
+                    micro_n<K>(nt, tile, kb, prep + t * kChunk,
+                               a0 + static_cast<size_t>(t) * act_stride + b0 * sizeof(typename K::A), act_stride,
+                               y + static_cast<size_t>(t0 + t) * y_stride + r0, y_stride, nr, b0 > 0);
+                }
+            }
+        }
+    }
+}
+
+template <GgmlType kType>
+GemmKernel kernel() {
+    GemmKernel k;
+    k.fn = gemm<kType>;
+    k.row_tile = kLanes;
+    k.tok_tile = kMaxTok;
+    return k;
+}
+
+}  // namespace
+
+GemmKernel gemm_avx2(GgmlType weight_type) {
+    switch (weight_type) {
+        case GgmlType::Q4_0:
+            return kernel<GgmlType::Q4_0>();
+        case GgmlType::Q5_0:
+            return kernel<GgmlType::Q5_0>();
+        case GgmlType::Q8_0:
+            return kernel<GgmlType::Q8_0>();
+        case GgmlType::Q4_1:
+            return kernel<GgmlType::Q4_1>();
+        case GgmlType::Q5_1:
+            return kernel<GgmlType::Q5_1>();
+        default:
+            return {};
+    }
 }
 
 }  // namespace fitllm::quant::detail
