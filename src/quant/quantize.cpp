@@ -7,6 +7,7 @@
 
 #include "quant/blocks.h"
 #include "quant/dequantize.h"
+#include "quant/quantize_kernels.h"
 
 namespace fitllm::quant {
 namespace {
@@ -256,8 +257,22 @@ bool can_quantize(GgmlType type) {
     return can_dequantize(type);
 }
 
-void quantize_row(GgmlType type, const float* src, void* dst, int64_t n) {
+void quantize_row_at(Isa isa, GgmlType type, const float* src, void* dst, int64_t n) {
     const int64_t nb = whole_blocks("quantize_row", type, n, can_quantize(type));
+    // The activation formats, quantized for every matmul of a prompt: AVX2 where the CPU has it,
+    // with results identical to the scalar code (quantize_test.cpp checks).
+    if (isa >= Isa::Avx2) {
+        switch (type) {
+            case GgmlType::Q8_0:
+                return detail::quant_q8_0_avx2(src, as<BlockQ8_0>(dst), nb);
+            case GgmlType::Q8_1:
+                return detail::quant_q8_1_avx2(src, as<BlockQ8_1>(dst), nb);
+            case GgmlType::Q8_K:
+                return detail::quant_q8_K_avx2(src, as<BlockQ8_K>(dst), nb);
+            default:
+                break;
+        }
+    }
     switch (type) {
         case GgmlType::F32:
             std::copy(src, src + n, as<float>(dst));
@@ -295,6 +310,11 @@ void quantize_row(GgmlType type, const float* src, void* dst, int64_t n) {
         default:
             return;  // unreachable: checked above
     }
+}
+
+void quantize_row(GgmlType type, const float* src, void* dst, int64_t n) {
+    static const Isa isa = host_cpu_features().best_isa();
+    quantize_row_at(isa, type, src, dst, n);
 }
 
 }  // namespace fitllm::quant

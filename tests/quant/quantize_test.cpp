@@ -15,6 +15,7 @@
 
 #include "quant/blocks.h"
 #include "quant/dequantize.h"
+#include "quant/quantize_kernels.h"
 #include "quant_test_data.h"
 
 namespace fitllm::quant {
@@ -130,6 +131,45 @@ TEST(QuantizeActivations, BsumsAndSumsAreExact) {
         float amax = 0;  // s = fp16(d * sum) with d = max|x| / 127 before rounding, as llama.cpp has it
         for (int l = 0; l < 32; ++l) amax = std::max(amax, std::fabs(x[32 * i + l]));
         ASSERT_EQ(q[i].s, fp32_to_fp16(amax / 127.0f * static_cast<float>(sum))) << i;
+    }
+}
+
+// The SIMD activation quantizers give the scalar code's bytes exactly: Gaussian data at several
+// scales, ties (values on the half steps of the grid), blocks of zeros, equal maxima of both signs,
+// tiny (subnormal half scales) and large (fp16 overflow of s) values.
+std::vector<std::vector<float>> activation_rows() {
+    std::vector<std::vector<float>> rows;
+    for (uint32_t seed = 0; seed < 6; ++seed) rows.push_back(test::gaussian(4096, 100 + seed, seed < 3 ? 1.0f : 37.0f));
+    std::vector<float> ties(4096);
+    for (size_t i = 0; i < ties.size(); ++i) ties[i] = static_cast<float>(static_cast<int>(i % 255) - 127) * 0.5f;
+    rows.push_back(ties);
+    std::vector<float> special = test::gaussian(4096, 7);
+    for (int i = 0; i < 32; ++i) special[i] = 0.0f;                                  // a zero block of 32
+    for (int i = 256; i < 512; ++i) special[i] = 0.0f;                               // a zero block of 256
+    special[600] = 3.0f, special[601] = -3.0f, special[602] = 3.0f;                  // equal maxima, both signs
+    special[800] = -5.0f, special[801] = 5.0f;                                       // the first is negative
+    for (int i = 1024; i < 1056; ++i) special[i] *= 1e-6f;                           // scales below fp16's normals
+    for (int i = 1056; i < 1088; ++i) special[i] = 3000.0f + static_cast<float>(i);  // d * sum(q) beyond 65504
+    for (int i = 1536; i < 1792; ++i) special[i] *= 1e-30f;                          // tiny but nonzero
+    rows.push_back(special);
+    return rows;
+}
+
+TEST(QuantizeActivations, SimdMatchesScalarBitForBit) {
+    const CpuFeatures cpu = detect_cpu_features();
+    if (cpu.best_isa() < Isa::Avx2) GTEST_SKIP() << "no AVX2 on this CPU (" << cpu.describe() << ")";
+    for (GgmlType type : {GgmlType::Q8_0, GgmlType::Q8_1, GgmlType::Q8_K}) {
+        int row_index = 0;
+        for (const auto& x : activation_rows()) {
+            for (int64_t n : {int64_t{256}, int64_t{4096}}) {
+                std::vector<uint8_t> scalar(test::bytes_of_row(type, static_cast<int>(n)), 0xAA);
+                std::vector<uint8_t> simd(scalar.size(), 0x55);
+                quantize_row_at(Isa::Scalar, type, x.data(), scalar.data(), n);
+                quantize_row_at(Isa::Avx2, type, x.data(), simd.data(), n);
+                ASSERT_EQ(simd, scalar) << traits(type).name << " row " << row_index << " n " << n;
+            }
+            ++row_index;
+        }
     }
 }
 
