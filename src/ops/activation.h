@@ -8,20 +8,32 @@ namespace fitllm::ops {
 // The sum is accumulated in double. An all -inf row becomes all zeros.
 void softmax(float* x, int64_t n);
 
-float silu(float x);  // x * sigmoid(x)
+float silu(float x);  // x * sigmoid(x) = x / (1 + exp(-x)), with std::exp
+
+// exp and silu as llama.cpp's AVX-512 kernels compute them (ggml_v_expf / ggml_v_silu in
+// ggml-cpu's vec.h, the variant a -march=native build uses on this kind of CPU): a range reduction
+// by ln 2 and a degree-5 polynomial, within ~2 ulp of std::exp. Scalar transcriptions; the array
+// functions below use the same formula 16 lanes at a time.
+float exp_ggml_simd(float x);
+float silu_ggml_simd(float x);  // x / (1 + exp_ggml_simd(0 - x))
 
 // GELU in the tanh approximation: 0.5 x (1 + tanh(sqrt(2/pi) (x + 0.044715 x^3))), in float.
 float gelu_tanh_exact(float x);
 // GELU as llama.cpp's CPU backend computes it, which the goldens against llama.cpp need: 0 at or
 // below -10, x at or above 10, and between them gelu_tanh_exact of x rounded to f16, the result
-// rounded to f16 again (ggml reads it from a 64 Ki-entry f16 table; we round instead of keeping
-// a table). Differs from the exact formula by up to ~1e-3 relative.
+// rounded to f16 again (ggml reads it from a 64 Ki-entry f16 table indexed by the f16 bits of x;
+// fitllm keeps the same table, built on first use). Differs from the exact formula by up to ~1e-3
+// relative.
 float gelu(float x);
 
-void silu(const float* x, int64_t n, float* y);  // y may alias x
+// silu of n values as ggml_vec_silu_f32 computes a row of n: silu_ggml_simd for each whole group of
+// 16, silu (std::exp) for the last n % 16. Bit-identical to llama.cpp on rows whose length is a
+// multiple of 16 (or when called once per row). y may alias x.
+void silu(const float* x, int64_t n, float* y);
 void gelu(const float* x, int64_t n, float* y);  // gelu(x) per element; y may alias x
 
-// Gated feed-forward: y = act(gate) * up, SwiGLU with silu and GeGLU with gelu. y may alias either.
+// Gated feed-forward: y = act(gate) * up, SwiGLU with the array silu above (ggml_vec_swiglu_f32,
+// same grouping by 16) and GeGLU with gelu. y may alias either.
 void swiglu(const float* gate, const float* up, int64_t n, float* y);
 void geglu(const float* gate, const float* up, int64_t n, float* y);
 

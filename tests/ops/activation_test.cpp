@@ -2,8 +2,12 @@
 
 #include <gtest/gtest.h>
 
+#include <bit>
 #include <cmath>
+#include <cstdint>
+#include <cstdio>
 #include <limits>
+#include <random>
 #include <vector>
 
 #include "quant/blocks.h"
@@ -68,6 +72,110 @@ TEST(Activation, SiluGeluAndGatedUnitsMatchFormulas) {
         EXPECT_FLOAT_EQ(sw[i], si[i] * up[i]);
         EXPECT_FLOAT_EQ(ge[i], gl[i] * up[i]);
     }
+}
+
+float via_half(float x) {
+    return quant::fp16_to_fp32(quant::fp32_to_fp16(x));
+}
+
+// What gelu computed before it had a table: the formula on x rounded to f16, rounded to f16.
+float gelu_by_formula(float x) {
+    if (x <= -10.0f) return 0.0f;
+    if (x >= 10.0f) return x;
+    return via_half(gelu_tanh_exact(via_half(x)));
+}
+
+bool same_bits_or_both_nan(float a, float b) {
+    return std::bit_cast<uint32_t>(a) == std::bit_cast<uint32_t>(b) || (std::isnan(a) && std::isnan(b));
+}
+
+void expect_gelu_matches_formula(const std::vector<float>& x) {
+    const auto n = static_cast<int64_t>(x.size());
+    std::vector<float> up(x.size()), array(x.size()), gated(x.size());
+    std::mt19937 rng(11);
+    std::normal_distribution<float> normal(0.0f, 2.0f);
+    for (float& u : up) u = normal(rng);
+    gelu(x.data(), n, array.data());
+    geglu(x.data(), up.data(), n, gated.data());
+    for (size_t i = 0; i < x.size(); ++i) {
+        const float want = gelu_by_formula(x[i]);
+        ASSERT_TRUE(same_bits_or_both_nan(gelu(x[i]), want))
+            << "x " << x[i] << " bits " << std::bit_cast<uint32_t>(x[i]);
+        ASSERT_TRUE(same_bits_or_both_nan(array[i], want)) << "x " << x[i] << " at " << i;
+        ASSERT_TRUE(same_bits_or_both_nan(gated[i], want * up[i])) << "x " << x[i] << " at " << i;
+    }
+}
+
+TEST(Activation, GeluTableMatchesTheFormulaOnEveryHalf) {
+    std::vector<float> x(1u << 16);
+    for (uint32_t h = 0; h < x.size(); ++h) x[h] = quant::fp16_to_fp32(static_cast<uint16_t>(h));
+    expect_gelu_matches_formula(x);
+}
+
+TEST(Activation, GeluTableMatchesTheFormulaOnRandomFloats) {
+    std::mt19937 rng(5);
+    std::uniform_int_distribution<uint32_t> any_bits;
+    std::normal_distribution<float> normal(0.0f, 3.0f);
+    std::vector<float> x;
+    for (int i = 0; i < 300000; ++i) {
+        uint32_t bits = any_bits(rng);
+        if (i % 3 == 0) bits = (bits & 0x807FFFFFu) | ((100u + bits % 40u) << 23);  // |x| in [2^-27, 2^12)
+        x.push_back(i % 3 == 2 ? normal(rng) : std::bit_cast<float>(bits));
+    }
+    for (const float v : {-10.0f, 10.0f, std::nextafter(-10.0f, 0.0f), std::nextafter(10.0f, 0.0f), 9.998f, -9.998f,
+                          65504.0f, 65520.0f, -1e30f, 1e-40f, -0.0f, std::numeric_limits<float>::infinity(),
+                          -std::numeric_limits<float>::infinity(), std::numeric_limits<float>::quiet_NaN()}) {
+        x.push_back(v);
+    }
+    x.resize(x.size() + 5, 0.5f);  // and a tail that is not a whole vector
+    expect_gelu_matches_formula(x);
+}
+
+// The array silu and swiglu give exactly the scalar transcription of ggml's AVX-512 formula on
+// whole groups of 16 and std::exp's silu on the rest; the formula stays within a few ulp of
+// std::exp.
+TEST(Activation, SiluMatchesGgmlSimdFormula) {
+    std::mt19937 rng(9);
+    std::uniform_int_distribution<uint32_t> any_bits;
+    std::normal_distribution<float> normal(0.0f, 4.0f);
+    std::vector<float> x;
+    for (int i = 0; i < 200000; ++i) {
+        uint32_t bits = any_bits(rng);
+        bits = (bits & 0x807FFFFFu) | ((90u + bits % 46u) << 23);  // |x| in [2^-37, 2^9)
+        x.push_back(i % 2 ? normal(rng) : std::bit_cast<float>(bits));
+    }
+    for (const float v :
+         {0.0f, -0.0f, 88.0f, 88.8f, -88.8f, 89.0f, -89.0f, 100.0f, -100.0f, 133.0f, -133.0f, 200.0f, -200.0f, 1e10f,
+          -1e10f, 1e-30f, std::numeric_limits<float>::infinity(), -std::numeric_limits<float>::infinity()}) {
+        x.push_back(v);
+    }
+    x.resize((x.size() + 15) / 16 * 16 + 7, -1.25f);  // a tail of 7 goes through std::exp
+    const auto n = static_cast<int64_t>(x.size());
+    const int64_t whole = n / 16 * 16;
+    std::vector<float> up(x.size()), si(x.size()), sw(x.size());
+    for (float& u : up) u = normal(rng);
+    silu(x.data(), n, si.data());
+    swiglu(x.data(), up.data(), n, sw.data());
+    double max_rel = 0.0;
+    float worst = 0.0f;
+    for (int64_t i = 0; i < n; ++i) {
+        const float want = i < whole ? silu_ggml_simd(x[i]) : silu(x[i]);
+        ASSERT_TRUE(same_bits_or_both_nan(si[i], want)) << "x " << x[i] << " at " << i;
+        ASSERT_TRUE(same_bits_or_both_nan(sw[i], want * up[i])) << "x " << x[i] << " at " << i;
+        const float exact = silu(x[i]);
+        if (std::isfinite(exact) && exact != 0.0f && std::fabs(exact) > 1e-30f) {
+            const double rel = std::fabs(static_cast<double>(want) - exact) / std::fabs(exact);
+            if (rel > max_rel) max_rel = rel, worst = x[i];
+        }
+    }
+    std::printf("max relative difference of the ggml SIMD silu to std::exp's: %.3g (%.2f ulp) at x = %g\n", max_rel,
+                max_rel / std::ldexp(1.0, -23), worst);
+    EXPECT_LT(max_rel, 8 * std::ldexp(1.0, -23));
+    EXPECT_EQ(exp_ggml_simd(0.0f), 1.0f);
+    EXPECT_EQ(exp_ggml_simd(-200.0f), 0.0f);
+    EXPECT_EQ(exp_ggml_simd(200.0f), std::numeric_limits<float>::infinity());
+    EXPECT_TRUE(std::isnan(exp_ggml_simd(std::numeric_limits<float>::quiet_NaN())));
+    for (float v = -87.0f; v < 88.0f; v += 0.173f) EXPECT_NEAR(exp_ggml_simd(v), std::exp(v), 4e-7f * std::exp(v)) << v;
 }
 
 TEST(Activation, SoftcapBoundsValuesSmoothly) {
