@@ -1,6 +1,14 @@
 #include "ops/attention_f16.h"
 
+#include <immintrin.h>
+
+// GCC 12 warns about the deliberately undefined pass-through operands inside its own AVX-512
+// intrinsics (_mm512_undefined_*) once they are inlined here.
+#pragma GCC diagnostic ignored "-Wmaybe-uninitialized"
+
+#include <algorithm>
 #include <cmath>
+#include <cstdlib>
 #include <limits>
 #include <stdexcept>
 #include <string>
@@ -116,6 +124,196 @@ AttendFn select_attend() {
     return __builtin_cpu_supports("avx2") && __builtin_cpu_supports("fma") ? attend_one_avx2 : attend_one_baseline;
 }
 
+// The AVX-512 kernel: up to kMaxQueries queries (the heads of one kv group for one or more
+// tokens) against each key in turn, so each K and V row is read once for all of them while it is
+// in L1. Each query's arithmetic is exactly attend_one_impl<true>'s: the dot keeps the 4 x 8
+// accumulators (as two 16-lane registers: lanes 0-7 of the first hold accumulator 0, lanes 8-15
+// accumulator 1, the second 2 and 3), the softmax bookkeeping is the same scalar code, and the
+// f16 rounding of q and of the V accumulator is the F16C conversion (round to nearest even,
+// overflow to infinity), the accumulator stored as f16. Needs head_dim % 32 == 0.
+constexpr int kMaxQueries = 8;
+
+// Per-thread working memory: q rounded to f16 (kept as float for the multiply-adds) and the f16
+// V accumulators, kMaxQueries of each.
+int64_t block_scratch_floats(int64_t d) {
+    return (kMaxQueries * d + kMaxQueries * d / 2 + 15) / 16 * 16;
+}
+
+// Sum of the accumulators in the order of dot_like_ggml.
+__attribute__((target("avx512f,avx512vl,fma,f16c"))) inline float reduce_like_ggml(__m512 acc01, __m512 acc23) {
+    const __m512 s = _mm512_add_ps(acc01, acc23);  // lanes 0-7: acc0 + acc2, lanes 8-15: acc1 + acc3
+    const __m256 s8 =
+        _mm256_add_ps(_mm512_castps512_ps256(s), _mm256_castpd_ps(_mm512_extractf64x4_pd(_mm512_castps_pd(s), 1)));
+    const __m128 s4 = _mm_add_ps(_mm256_castps256_ps128(s8), _mm256_extractf128_ps(s8, 1));
+    alignas(16) float lanes[4];
+    _mm_store_ps(lanes, s4);
+    return (lanes[0] + lanes[1]) + (lanes[2] + lanes[3]);
+}
+
+// Scores of n (1 to 4) queries against one key row.
+template <int n>
+__attribute__((target("avx512f,avx512vl,fma,f16c"))) inline void dots(const float* q16, const int* rows, int d,
+                                                                      const float* kj, float* scores) {
+    __m512 lo[n], hi[n];
+    const float* qr[n];
+    for (int r = 0; r < n; ++r) {
+        lo[r] = _mm512_setzero_ps();
+        hi[r] = _mm512_setzero_ps();
+        qr[r] = q16 + static_cast<int64_t>(rows[r]) * d;
+    }
+    for (int i = 0; i < d; i += 32) {
+        const __m512 k0 = _mm512_loadu_ps(kj + i);
+        const __m512 k1 = _mm512_loadu_ps(kj + i + 16);
+        for (int r = 0; r < n; ++r) {
+            lo[r] = _mm512_fmadd_ps(_mm512_loadu_ps(qr[r] + i), k0, lo[r]);
+            hi[r] = _mm512_fmadd_ps(_mm512_loadu_ps(qr[r] + i + 16), k1, hi[r]);
+        }
+    }
+    for (int r = 0; r < n; ++r) scores[r] = reduce_like_ggml(lo[r], hi[r]);
+}
+
+__attribute__((target("avx512f,avx512vl,fma,f16c"))) inline __m512 load_half16(const uint16_t* p) {
+    return _mm512_cvtph_ps(_mm256_loadu_si256(reinterpret_cast<const __m256i*>(p)));
+}
+
+__attribute__((target("avx512f,avx512vl,fma,f16c"))) inline void store_half16(uint16_t* p, __m512 x) {
+    _mm256_storeu_si256(reinterpret_cast<__m256i*>(p),
+                        _mm512_cvtps_ph(x, _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC));
+}
+
+// n_tokens consecutive tokens (q, out rows token_stride floats apart, positions pos) times
+// n_heads consecutive query heads of one kv group (rows d apart).
+__attribute__((target("avx512f,avx512vl,fma,f16c"))) void attend_block_avx512(
+    const float* q, const int32_t* pos, int n_tokens, int n_heads, int64_t token_stride, const float* k, const float* v,
+    const int32_t* kv_pos, int64_t n_kv, int64_t kv_row_stride, const AttentionParams& p, float* __restrict q16,
+    uint16_t* __restrict acc, float* out) {
+    const int d = p.head_dim;
+    const int n_queries = n_tokens * n_heads;
+    for (int t = 0; t < n_tokens; ++t) {
+        for (int h = 0; h < n_heads; ++h) {
+            const float* src = q + t * token_stride + h * d;
+            float* dst = q16 + static_cast<int64_t>(t * n_heads + h) * d;
+            for (int i = 0; i < d; i += 16) {
+                _mm512_storeu_ps(dst + i,
+                                 _mm512_cvtph_ps(_mm512_cvtps_ph(_mm512_loadu_ps(src + i),
+                                                                 _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC)));
+            }
+        }
+    }
+    std::fill(acc, acc + static_cast<int64_t>(n_queries) * d, uint16_t{0});
+    float running_max[kMaxQueries];
+    float sum[kMaxQueries];
+    for (int i = 0; i < n_queries; ++i) {
+        running_max[i] = -std::numeric_limits<float>::infinity();
+        sum[i] = 0.0f;
+    }
+    for (int64_t j = 0; j < n_kv; ++j) {
+        int rows[kMaxQueries];
+        int n_active = 0;
+        for (int t = 0; t < n_tokens; ++t) {
+            if (!visible(kv_pos[j], pos[t], p.sliding_window)) continue;
+            for (int h = 0; h < n_heads; ++h) rows[n_active++] = t * n_heads + h;
+        }
+        if (n_active == 0) continue;
+        const float* kj = k + j * kv_row_stride;
+        float scores[kMaxQueries];
+        int a = 0;
+        for (; a + 4 <= n_active; a += 4) dots<4>(q16, rows + a, d, kj, scores + a);
+        for (; a < n_active; ++a) dots<1>(q16, rows + a, d, kj, scores + a);
+
+        __m512 weights[kMaxQueries];
+        for (a = 0; a < n_active; ++a) {
+            const int r = rows[a];
+            float s = scores[a] * p.scale;
+            if (p.softcap > 0.0f) s = p.softcap * std::tanh(s / p.softcap);
+            float rescale = 1.0f;
+            float weight = 1.0f;
+            if (s > running_max[r]) {
+                rescale = std::exp(running_max[r] - s);
+                running_max[r] = s;
+                uint16_t* acc_r = acc + static_cast<int64_t>(r) * d;
+                const __m512 factor = _mm512_set1_ps(rescale);
+                for (int i = 0; i < d; i += 16) store_half16(acc_r + i, _mm512_mul_ps(load_half16(acc_r + i), factor));
+            } else {
+                weight = std::exp(s - running_max[r]);
+            }
+            sum[r] = __builtin_fmaf(sum[r], rescale, weight);
+            weights[a] = _mm512_set1_ps(weight);
+        }
+        const float* vj = v + j * kv_row_stride;
+        for (int i = 0; i < d; i += 16) {
+            const __m512 vi = _mm512_loadu_ps(vj + i);
+            for (a = 0; a < n_active; ++a) {
+                uint16_t* acc_i = acc + static_cast<int64_t>(rows[a]) * d + i;
+                store_half16(acc_i, _mm512_fmadd_ps(vi, weights[a], load_half16(acc_i)));
+            }
+        }
+    }
+    for (int t = 0; t < n_tokens; ++t) {
+        for (int h = 0; h < n_heads; ++h) {
+            const int r = t * n_heads + h;
+            const float inv = sum[r] == 0.0f ? 0.0f : 1.0f / sum[r];
+            const __m512 factor = _mm512_set1_ps(inv);
+            const uint16_t* acc_r = acc + static_cast<int64_t>(r) * d;
+            float* dst = out + t * token_stride + h * d;
+            for (int i = 0; i < d; i += 16) _mm512_storeu_ps(dst + i, _mm512_mul_ps(load_half16(acc_r + i), factor));
+        }
+    }
+}
+
+// FITLLM_ATTN_NO_AVX512=1 (any value) keeps the one-query AVX2 kernel, for comparisons.
+bool use_avx512(const AttentionParams& p) {
+    static const bool disabled = std::getenv("FITLLM_ATTN_NO_AVX512") != nullptr;
+    return !disabled && p.head_dim % 32 == 0 && __builtin_cpu_supports("avx512f") &&
+           __builtin_cpu_supports("avx512vl") && __builtin_cpu_supports("fma") && __builtin_cpu_supports("f16c");
+}
+
+// Heads per block: the largest divisor of the group up to kMaxQueries that still leaves every
+// thread two tasks (decode has one token), or 1.
+int heads_per_block(int64_t n_tok, int n_head_kv, int group, int n_threads) {
+    for (int m = std::min(group, kMaxQueries); m > 1; --m) {
+        if (group % m == 0 && n_tok * n_head_kv * (group / m) >= 2 * static_cast<int64_t>(n_threads)) return m;
+    }
+    return 1;
+}
+
+void attention_f16_blocked(const float* q, const int32_t* q_pos, int64_t n_tok, const float* k, const float* v,
+                           const int32_t* kv_pos, int64_t n_kv, const AttentionParams& p, float* out, ThreadPool& pool,
+                           Scratch& scratch) {
+    const int group = p.n_head / p.n_head_kv;
+    const int64_t d = p.head_dim;
+    const int64_t kv_row_stride = p.n_head_kv * d;
+    const int64_t token_stride = p.n_head * d;
+    const int heads = heads_per_block(n_tok, p.n_head_kv, group, pool.size());
+    // Tokens per block: fill kMaxQueries, but keep enough blocks for every thread.
+    int64_t tokens = std::max(1, kMaxQueries / heads);
+    while (tokens > 1 && (n_tok + tokens - 1) / tokens * (p.n_head / heads) < 4 * static_cast<int64_t>(pool.size())) {
+        --tokens;
+    }
+    const int64_t n_token_blocks = (n_tok + tokens - 1) / tokens;
+    const int64_t head_blocks = p.n_head / heads;
+    const int64_t per_thread = block_scratch_floats(d);
+    auto* thread_scratch =
+        reinterpret_cast<float*>(scratch.bytes(static_cast<size_t>(per_thread * pool.size()) * sizeof(float)));
+    // Under a causal mask a token's cost grows with its position. Tasks go out in the order first
+    // block, last block, second block, second to last, ..., so that any run of consecutive tasks
+    // (what the pool hands a thread at a time) carries about the same work.
+    pool.parallel_for(n_token_blocks * head_blocks, [&](int64_t begin, int64_t end, int thread_idx) {
+        float* q16 = thread_scratch + thread_idx * per_thread;
+        auto* acc = reinterpret_cast<uint16_t*>(q16 + kMaxQueries * d);
+        for (int64_t task = begin; task < end; ++task) {
+            const int64_t order = task / head_blocks;
+            const int64_t b = order % 2 == 0 ? order / 2 : n_token_blocks - 1 - order / 2;
+            const int64_t h0 = task % head_blocks * heads;
+            const int64_t t0 = b * tokens;
+            const int n_tokens = static_cast<int>(std::min(tokens, n_tok - t0));
+            const int64_t g = h0 / group;
+            attend_block_avx512(q + t0 * token_stride + h0 * d, q_pos + t0, n_tokens, heads, token_stride, k + g * d,
+                                v + g * d, kv_pos, n_kv, kv_row_stride, p, q16, acc, out + t0 * token_stride + h0 * d);
+        }
+    });
+}
+
 }  // namespace
 
 float round_to_f16(float x) {
@@ -127,6 +325,10 @@ void attention_f16(const float* q, const int32_t* q_pos, int64_t n_tok, const fl
                    Scratch& scratch) {
     check_attention_params("attention_f16", params);
     if (n_tok <= 0) return;
+    if (use_avx512(params)) {
+        attention_f16_blocked(q, q_pos, n_tok, k, v, kv_pos, n_kv, params, out, pool, scratch);
+        return;
+    }
     const int group = params.n_head / params.n_head_kv;
     const int64_t d = params.head_dim;
     const int64_t kv_row_stride = params.n_head_kv * d;

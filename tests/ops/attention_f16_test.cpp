@@ -3,6 +3,8 @@
 
 #include <gtest/gtest.h>
 
+#include <algorithm>
+#include <bit>
 #include <cmath>
 #include <cstdint>
 #include <cstring>
@@ -55,6 +57,110 @@ TEST(AttentionF16, AgreesWithFloatAttentionToHalfPrecision) {
               scratch);
     attention_f16(q.data(), q_pos.data(), n_tok, k.data(), v.data(), kv_pos.data(), n_kv, p, got.data(), pool, scratch);
     for (size_t i = 0; i < got.size(); ++i) EXPECT_NEAR(got[i], expected[i], 1e-2f) << i;
+}
+
+// llama.cpp's f16 flash attention written out plainly for one query at a time: q rounded to f16,
+// q·k with ggml's AVX2 f16-dot shape (4 x 8 fused accumulators, pairwise reduction), keys in order
+// with an online softmax, the V accumulator rounded to f16 after every rescale and multiply-add.
+void reference_attention_f16(const float* q, const int32_t* q_pos, int64_t n_tok, const float* k, const float* v,
+                             const int32_t* kv_pos, int64_t n_kv, const AttentionParams& p, float* out) {
+    const int d = p.head_dim;
+    const int group = p.n_head / p.n_head_kv;
+    std::vector<float> q16(d), acc(d);
+    for (int64_t t = 0; t < n_tok; ++t) {
+        for (int h = 0; h < p.n_head; ++h) {
+            const float* qr = q + (t * p.n_head + h) * d;
+            for (int i = 0; i < d; ++i) q16[i] = via_half(qr[i]);
+            std::fill(acc.begin(), acc.end(), 0.0f);
+            float running_max = -std::numeric_limits<float>::infinity();
+            float sum = 0.0f;
+            for (int64_t j = 0; j < n_kv; ++j) {
+                if (kv_pos[j] > q_pos[t]) continue;
+                if (p.sliding_window > 0 && kv_pos[j] <= q_pos[t] - p.sliding_window) continue;
+                const float* kj = k + (j * p.n_head_kv + h / group) * d;
+                const float* vj = v + (j * p.n_head_kv + h / group) * d;
+                float lanes[4][8] = {};
+                for (int i = 0; i < d; i += 32) {
+                    for (int r = 0; r < 4; ++r) {
+                        for (int l = 0; l < 8; ++l) {
+                            lanes[r][l] = std::fma(q16[i + 8 * r + l], kj[i + 8 * r + l], lanes[r][l]);
+                        }
+                    }
+                }
+                float s8[8];
+                for (int l = 0; l < 8; ++l) s8[l] = (lanes[0][l] + lanes[2][l]) + (lanes[1][l] + lanes[3][l]);
+                float s4[4];
+                for (int l = 0; l < 4; ++l) s4[l] = s8[l] + s8[l + 4];
+                float s = ((s4[0] + s4[1]) + (s4[2] + s4[3])) * p.scale;
+                if (p.softcap > 0.0f) s = p.softcap * std::tanh(s / p.softcap);
+                float rescale = 1.0f, weight = 1.0f;
+                if (s > running_max) {
+                    rescale = std::exp(running_max - s);
+                    running_max = s;
+                    for (int i = 0; i < d; ++i) acc[i] = via_half(acc[i] * rescale);
+                } else {
+                    weight = std::exp(s - running_max);
+                }
+                for (int i = 0; i < d; ++i) acc[i] = via_half(std::fma(vj[i], weight, acc[i]));
+                sum = std::fma(sum, rescale, weight);
+            }
+            const float inv = sum == 0.0f ? 0.0f : 1.0f / sum;
+            float* o = out + (t * p.n_head + h) * d;
+            for (int i = 0; i < d; ++i) o[i] = acc[i] * inv;
+        }
+    }
+}
+
+struct Case {
+    int n_tok, n_kv, n_head, n_head_kv, d, sliding_window, threads;
+    float softcap;
+    bool shuffled;  // kv cells out of position order, one of them unused
+};
+
+// Bit for bit the reference, whatever the blocking of queries and the split over threads.
+TEST(AttentionF16, BitIdenticalToTheReference) {
+    const Case cases[] = {
+        {7, 7, 4, 1, 256, 0, 2, 0.0f, false},    {33, 40, 4, 1, 256, 0, 2, 0.0f, false},
+        {1, 50, 4, 1, 256, 0, 2, 0.0f, false},   {19, 30, 8, 2, 64, 5, 3, 0.0f, false},
+        {12, 12, 16, 1, 32, 0, 2, 0.0f, false},  {9, 20, 6, 6, 128, 0, 1, 0.0f, true},
+        {10, 24, 12, 4, 64, 0, 2, 30.0f, true},  {5, 16, 2, 1, 96, 4, 2, 0.0f, false},
+        {64, 64, 4, 1, 256, 16, 2, 0.0f, false},
+    };
+    std::mt19937 rng(17);
+    std::normal_distribution<float> normal(0.0f, 1.0f);
+    for (const Case& c : cases) {
+        SCOPED_TRACE(testing::Message() << "n_tok " << c.n_tok << " n_kv " << c.n_kv << " heads " << c.n_head << "/"
+                                        << c.n_head_kv << " d " << c.d);
+        std::vector<float> q(c.n_tok * c.n_head * c.d), k(c.n_kv * c.n_head_kv * c.d), v(k.size());
+        for (float& x : q) x = 0.4f * normal(rng);
+        for (float& x : k) x = via_half(normal(rng));
+        for (float& x : v) x = via_half(normal(rng));
+        std::vector<int32_t> kv_pos(c.n_kv), q_pos(c.n_tok);
+        const int first = c.n_kv - c.n_tok;
+        for (int j = 0; j < c.n_kv; ++j) kv_pos[j] = j;
+        for (int t = 0; t < c.n_tok; ++t) q_pos[t] = first + t;
+        if (c.shuffled) {
+            std::shuffle(kv_pos.begin(), kv_pos.end(), rng);
+            kv_pos[c.n_kv / 2] = 1 << 30;  // an unused cell: never visible
+        }
+        const AttentionParams p{.n_head = c.n_head,
+                                .n_head_kv = c.n_head_kv,
+                                .head_dim = c.d,
+                                .scale = 1.0f / std::sqrt(static_cast<float>(c.d)),
+                                .softcap = c.softcap,
+                                .sliding_window = c.sliding_window};
+        ThreadPool pool(c.threads);
+        Scratch scratch;
+        std::vector<float> want(q.size()), got(q.size(), -1.0f);
+        reference_attention_f16(q.data(), q_pos.data(), c.n_tok, k.data(), v.data(), kv_pos.data(), c.n_kv, p,
+                                want.data());
+        attention_f16(q.data(), q_pos.data(), c.n_tok, k.data(), v.data(), kv_pos.data(), c.n_kv, p, got.data(), pool,
+                      scratch);
+        for (size_t i = 0; i < got.size(); ++i) {
+            ASSERT_EQ(std::bit_cast<uint32_t>(got[i]), std::bit_cast<uint32_t>(want[i]))
+                << "at " << i << ": " << got[i] << " vs " << want[i];
+        }
+    }
 }
 
 }  // namespace
