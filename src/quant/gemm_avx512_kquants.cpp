@@ -1,10 +1,352 @@
-// Placeholder: no tiled kernels yet; matmul falls back to the dot kernels.
+// AVX-512 (F, BW, VL; VNNI where kVnni) tiled kernels of the k-quants with Q8_K activations.
+// Compiled with -mavx512f -mavx512bw -mavx512vl -mavx512vnni -mfma -mf16c; the kVnni = false
+// kernels use no VNNI instruction. See dot_kernels.h for the rules this file follows.
+//
+// The arithmetic is that of dot_avx512_kquants.cpp: 64 elements per register, maddubs(unsigned
+// quants, y) gives 16-bit pair sums that are scaled by the 16-bit sub-block scales and summed to
+// 32 bits (vpdpwssd with VNNI, madd + add without); offsets and mins go through Q8_K's bsums.
+// What the tiling adds: a weight super-block is unpacked once (quants into four registers, the
+// scales permuted into four more, mins or offsets ready for the bsums) and then multiplied with the
+// same super-block of up to kTok tokens, whose float accumulators stay in registers.
+
+// GCC 12's AVX-512 headers trip its own uninitialized-variable warnings (the _mm512_undefined_*
+// helpers initialize a variable with itself); the warnings point into the header, so silence them there.
+#pragma GCC diagnostic push
+#pragma GCC diagnostic ignored "-Wuninitialized"
+#pragma GCC diagnostic ignored "-Wmaybe-uninitialized"
+#include <immintrin.h>
+#pragma GCC diagnostic pop
+
+#include <cstring>
+#include <type_traits>
+#include <utility>
+
+#include "quant/blocks.h"
 #include "quant/gemm_kernels.h"
 
 namespace fitllm::quant::detail {
+namespace {
 
-GemmKernel gemm_avx512_kquants(GgmlType /*weight_type*/, bool /*vnni*/) {
-    return {};
+// Tokens per pass over the weight rows: 8 float accumulators (plus 8 for the mins) next to the
+// eight registers of an unpacked super-block. Remainders run as passes of 4, 2 and 1.
+constexpr int kTok = 8;
+
+template <typename T>
+const T* as(const void* p) {
+    return static_cast<const T*>(p);
+}
+float f16(uint16_t h) {
+    return _cvtsh_ss(h);
+}
+__m128i load128(const void* p) {
+    return _mm_loadu_si128(static_cast<const __m128i*>(p));
+}
+__m256i load256(const void* p) {
+    return _mm256_loadu_si256(static_cast<const __m256i*>(p));
+}
+__m512i load512(const void* p) {
+    return _mm512_loadu_si512(p);
+}
+__m512i twice(const void* p) {
+    return _mm512_broadcast_i64x4(load256(p));
+}  // 32 bytes in both halves
+
+template <typename F, int... I>
+void unrolled(F&& f, std::integer_sequence<int, I...>) {
+    (f(std::integral_constant<int, I>{}), ...);
+}
+template <int N, typename F>
+void unroll(F&& f) {
+    unrolled(f, std::make_integer_sequence<int, N>{});
+}
+
+float hsum(__m256 v) {
+    __m128 s = _mm_add_ps(_mm256_castps256_ps128(v), _mm256_extractf128_ps(v, 1));
+    s = _mm_add_ps(s, _mm_movehl_ps(s, s));
+    s = _mm_add_ss(s, _mm_movehdup_ps(s));
+    return _mm_cvtss_f32(s);
+}
+
+// acc + sum over word pairs of p * scales.
+template <bool kVnni>
+__m512i scaled_sum(__m512i acc, __m512i p, __m512i scales) {
+    if constexpr (kVnni)
+        return _mm512_dpwssd_epi32(acc, p, scales);
+    else
+        return _mm512_add_epi32(acc, _mm512_madd_epi16(p, scales));
+}
+
+// Per-64-bit-lane constants for the low and the high 256 bits.
+__m512i halves64(long long lo, long long hi) {
+    return _mm512_set_epi64(hi, hi, hi, hi, lo, lo, lo, lo);
+}
+__m512i halves8(int lo, int hi) {
+    return _mm512_inserti64x4(_mm512_castsi256_si512(_mm256_set1_epi8(static_cast<char>(lo))),
+                              _mm256_set1_epi8(static_cast<char>(hi)), 1);
+}
+
+// Words kFirst .. kFirst + 3 of `words`, each repeated over one 128-bit lane: the scales of four
+// sub-blocks of 16 for the 16-bit pair sums of 64 elements.
+template <int kFirst>
+__m512i four_scales(__m512i words) {
+    constexpr auto rep = [](long long w) { return w * 0x0001000100010001LL; };
+    const __m512i idx = _mm512_set_epi64(rep(kFirst + 3), rep(kFirst + 3), rep(kFirst + 2), rep(kFirst + 2),
+                                         rep(kFirst + 1), rep(kFirst + 1), rep(kFirst), rep(kFirst));
+    return _mm512_permutexvar_epi16(idx, words);
+}
+
+// Words kLow (low 256 bits) and kHigh (high 256 bits): the scales of two sub-blocks of 32.
+template <int kLow, int kHigh>
+__m512i two_scales(__m512i words) {
+    constexpr auto rep = [](long long w) { return w * 0x0001000100010001LL; };
+    return _mm512_permutexvar_epi16(halves64(rep(kLow), rep(kHigh)), words);
+}
+
+// See unpack_q4k_scales / unpack_q3k_scales in blocks.h.
+__m128i q4k_scales_mins(const uint8_t* packed) {
+    uint32_t w[3];
+    std::memcpy(w, packed, 12);
+    return _mm_set_epi32(static_cast<int>(((w[2] >> 4) & 0x0F0F0F0Fu) | (((w[1] >> 6) & 0x03030303u) << 4)),
+                         static_cast<int>(w[1] & 0x3F3F3F3Fu),
+                         static_cast<int>((w[2] & 0x0F0F0F0Fu) | (((w[0] >> 6) & 0x03030303u) << 4)),
+                         static_cast<int>(w[0] & 0x3F3F3F3Fu));
+}
+__m128i q3k_scales(const uint8_t* packed) {
+    uint32_t w[3];
+    std::memcpy(w, packed, 12);
+    const __m128i s = _mm_set_epi32(static_cast<int>(((w[1] >> 4) & 0x0F0F0F0Fu) | (((w[2] >> 6) & 0x03030303u) << 4)),
+                                    static_cast<int>(((w[0] >> 4) & 0x0F0F0F0Fu) | (((w[2] >> 4) & 0x03030303u) << 4)),
+                                    static_cast<int>((w[1] & 0x0F0F0F0Fu) | (((w[2] >> 2) & 0x03030303u) << 4)),
+                                    static_cast<int>((w[0] & 0x0F0F0F0Fu) | ((w[2] & 0x03030303u) << 4)));
+    return _mm_sub_epi8(s, _mm_set1_epi8(32));
+}
+
+// ---- One weight super-block, unpacked ----
+// q[c] holds elements 64c .. 64c + 63 as unsigned bytes, sc[c] their sub-block scales as words
+// lined up with maddubs' pair sums. Types with mins (Q2_K, Q4_K, Q5_K) keep them as 16 words to
+// madd with the 16 bsums; types with an offset (Q3_K, Q6_K) fold it into the integer sum as
+// -offset * scale_j * bsum_j (corr: 16 words, zero in the high 256 bits).
+struct Unpacked {
+    __m512i q[4];
+    __m512i sc[4];
+    __m512i corr;  // mins (low 256 bits), or -offset * scales
+    float d, dmin;
+};
+
+template <typename B>
+struct Q45K {
+    using Block = B;
+    static constexpr bool kMins = true;
+    static constexpr bool kFive = std::is_same_v<Block, BlockQ5_K>;
+    static Unpacked unpack(const Block& b) {
+        Unpacked u;
+        const __m128i packed = q4k_scales_mins(b.scales);
+        // Each min twice: sub-block j of 32 covers bsums 2j and 2j + 1.
+        const __m128i mins = _mm_cvtepu8_epi16(_mm_srli_si128(packed, 8));
+        u.corr =
+            _mm512_castsi256_si512(_mm256_set_m128i(_mm_unpackhi_epi16(mins, mins), _mm_unpacklo_epi16(mins, mins)));
+        const __m512i scales = _mm512_castsi128_si512(_mm_cvtepu8_epi16(packed));  // words 0..7
+        const __m512i nibble = _mm512_set1_epi8(0x0F), nibble_shift = halves64(0, 4);
+        __m512i high_bits;
+        if constexpr (kFive) high_bits = twice(b.qh);
+        unroll<4>([&](auto c_) {
+            constexpr int c = decltype(c_)::value;
+            __m512i q = _mm512_and_si512(_mm512_srlv_epi64(twice(b.qs + 32 * c), nibble_shift), nibble);
+            if constexpr (kFive) {
+                const __mmask64 fifth = _mm512_test_epi8_mask(high_bits, halves8(1 << (2 * c), 1 << (2 * c + 1)));
+                q = _mm512_mask_add_epi8(q, fifth, q, _mm512_set1_epi8(16));
+            }
+            u.q[c] = q;
+            u.sc[c] = two_scales<2 * c, 2 * c + 1>(scales);
+        });
+        u.d = f16(b.d);
+        u.dmin = f16(b.dmin);
+        return u;
+    }
+};
+
+struct Q2K {
+    static constexpr bool kMins = true;
+    using Block = BlockQ2_K;
+    static Unpacked unpack(const BlockQ2_K& b) {
+        Unpacked u;
+        const __m128i packed = load128(b.scales);
+        const __m128i nibble = _mm_set1_epi8(0x0F);
+        const __m512i sc = _mm512_castsi256_si512(_mm256_cvtepu8_epi16(_mm_and_si128(packed, nibble)));
+        u.corr = _mm512_castsi256_si512(_mm256_cvtepu8_epi16(_mm_and_si128(_mm_srli_epi16(packed, 4), nibble)));
+        const __m512i two_bits = _mm512_set1_epi8(3);
+        unroll<2>([&](auto h_) {
+            constexpr int h = decltype(h_)::value;
+            const __m512i q = twice(b.qs + 32 * h);
+            u.q[2 * h] = _mm512_and_si512(_mm512_srlv_epi64(q, halves64(0, 2)), two_bits);      // groups 0, 1
+            u.q[2 * h + 1] = _mm512_and_si512(_mm512_srlv_epi64(q, halves64(4, 6)), two_bits);  // groups 2, 3
+            u.sc[2 * h] = four_scales<8 * h>(sc);
+            u.sc[2 * h + 1] = four_scales<8 * h + 4>(sc);
+        });
+        u.d = f16(b.d);
+        u.dmin = f16(b.dmin);
+        return u;
+    }
+};
+
+// The offset correction of Q3_K / Q6_K: -offset * scales as words in the low 256 bits.
+template <int kShift>
+__m512i offset_words(__m256i scales) {
+    return _mm512_zextsi256_si512(_mm256_sub_epi16(_mm256_setzero_si256(), _mm256_slli_epi16(scales, kShift)));
+}
+
+struct Q3K {
+    static constexpr bool kMins = false;
+    using Block = BlockQ3_K;
+    static Unpacked unpack(const BlockQ3_K& b) {
+        Unpacked u;
+        const __m256i scales = _mm256_cvtepi8_epi16(q3k_scales(b.scales));
+        u.corr = offset_words<2>(scales);  // q in 0..7 stands for q - 4
+        const __m512i sc = _mm512_castsi256_si512(scales);
+        const __m512i hmask = twice(b.hmask);
+        const __m512i two_bits = _mm512_set1_epi8(3), four = _mm512_set1_epi8(4);
+        unroll<2>([&](auto h_) {
+            constexpr int h = decltype(h_)::value;
+            const __m512i q = twice(b.qs + 32 * h);
+            __m512i q01 = _mm512_and_si512(_mm512_srlv_epi64(q, halves64(0, 2)), two_bits);
+            __m512i q23 = _mm512_and_si512(_mm512_srlv_epi64(q, halves64(4, 6)), two_bits);
+            // The third bit of group g is bit 4h + g of hmask.
+            q01 =
+                _mm512_mask_add_epi8(q01, _mm512_test_epi8_mask(hmask, halves8(1 << (4 * h), 2 << (4 * h))), q01, four);
+            q23 =
+                _mm512_mask_add_epi8(q23, _mm512_test_epi8_mask(hmask, halves8(4 << (4 * h), 8 << (4 * h))), q23, four);
+            u.q[2 * h] = q01;
+            u.q[2 * h + 1] = q23;
+            u.sc[2 * h] = four_scales<8 * h>(sc);
+            u.sc[2 * h + 1] = four_scales<8 * h + 4>(sc);
+        });
+        u.d = f16(b.d);
+        u.dmin = 0;
+        return u;
+    }
+};
+
+struct Q6K {
+    static constexpr bool kMins = false;
+    using Block = BlockQ6_K;
+    static Unpacked unpack(const BlockQ6_K& b) {
+        Unpacked u;
+        const __m256i scales = _mm256_cvtepi8_epi16(load128(b.scales));
+        u.corr = offset_words<5>(scales);  // q in 0..63 stands for q - 32
+        const __m512i sc = _mm512_castsi256_si512(scales);
+        const __m512i nibble = _mm512_set1_epi8(0x0F), top = _mm512_set1_epi8(0x30);
+        unroll<2>([&](auto h_) {
+            constexpr int h = decltype(h_)::value;
+            const __m512i ql = load512(b.ql + 64 * h);  // low nibbles: groups 0, 1; high nibbles: 2, 3
+            const __m512i qh = twice(b.qh + 32 * h);    // bits 2g, 2g + 1 of group g
+            u.q[2 * h] = _mm512_or_si512(_mm512_and_si512(ql, nibble),
+                                         _mm512_and_si512(_mm512_sllv_epi64(qh, halves64(4, 2)), top));
+            u.q[2 * h + 1] = _mm512_or_si512(_mm512_and_si512(_mm512_srli_epi16(ql, 4), nibble),
+                                             _mm512_and_si512(_mm512_srlv_epi64(qh, halves64(0, 2)), top));
+            u.sc[2 * h] = four_scales<8 * h>(sc);
+            u.sc[2 * h + 1] = four_scales<8 * h + 4>(sc);
+        });
+        u.d = f16(b.d);
+        u.dmin = 0;
+        return u;
+    }
+};
+
+// ---- The tile: every row of w times kT tokens ----
+
+template <typename K, bool kVnni, int kT>
+void rows_times_tokens(int n, int n_rows, const uint8_t* w, size_t w_stride, const uint8_t* act, size_t act_stride,
+                       float* y, size_t y_stride) {
+    using Block = typename K::Block;
+    const BlockQ8_K* a[kT];
+    for (int t = 0; t < kT; ++t) a[t] = as<BlockQ8_K>(act + static_cast<size_t>(t) * act_stride);
+    for (int r = 0; r < n_rows; ++r) {
+        const Block* x = as<Block>(w + static_cast<size_t>(r) * w_stride);
+        __m512 acc[kT];
+        __m256 acc_mins[kT];
+        unroll<kT>([&](auto t_) {
+            constexpr int t = decltype(t_)::value;
+            acc[t] = _mm512_setzero_ps();
+            acc_mins[t] = _mm256_setzero_ps();
+        });
+        for (int i = 0; i < n / kQK; ++i) {
+            const Unpacked u = K::unpack(x[i]);
+            unroll<kT>([&](auto t_) {
+                constexpr int t = decltype(t_)::value;
+                const BlockQ8_K& yb = a[t][i];
+                __m512i sumi = _mm512_setzero_si512();
+                unroll<4>([&](auto c_) {
+                    constexpr int c = decltype(c_)::value;
+                    sumi = scaled_sum<kVnni>(sumi, _mm512_maddubs_epi16(u.q[c], load512(yb.qs + 64 * c)), u.sc[c]);
+                });
+                if constexpr (K::kMins) {
+                    const __m256i min_sums = _mm256_madd_epi16(load256(yb.bsums), _mm512_castsi512_si256(u.corr));
+                    acc_mins[t] =
+                        _mm256_fmadd_ps(_mm256_set1_ps(yb.d * u.dmin), _mm256_cvtepi32_ps(min_sums), acc_mins[t]);
+                } else {
+                    sumi = scaled_sum<kVnni>(sumi, _mm512_zextsi256_si512(load256(yb.bsums)), u.corr);
+                }
+                acc[t] = _mm512_fmadd_ps(_mm512_set1_ps(yb.d * u.d), _mm512_cvtepi32_ps(sumi), acc[t]);
+            });
+        }
+        unroll<kT>([&](auto t_) {
+            constexpr int t = decltype(t_)::value;
+            float sum = _mm512_reduce_add_ps(acc[t]);
+            if constexpr (K::kMins) sum -= hsum(acc_mins[t]);
+            y[t * y_stride + static_cast<size_t>(r)] = sum;
+        });
+    }
+}
+
+template <typename K, bool kVnni>
+void gemm(int n, int n_rows, int n_tok, const void* w, size_t w_stride, const void* act, size_t act_stride, float* y,
+          size_t y_stride) {
+    const auto* wb = as<uint8_t>(w);
+    const auto* ab = as<uint8_t>(act);
+    int t = 0;
+    auto pass = [&](auto kind) {
+        constexpr int kT = decltype(kind)::value;
+        rows_times_tokens<K, kVnni, kT>(n, n_rows, wb, w_stride, ab + static_cast<size_t>(t) * act_stride, act_stride,
+                                        y + static_cast<size_t>(t) * y_stride, y_stride);
+        t += kT;
+    };
+    for (; n_tok - t >= kTok;) pass(std::integral_constant<int, kTok>{});
+    if (n_tok - t >= 4) pass(std::integral_constant<int, 4>{});
+    if (n_tok - t >= 2) pass(std::integral_constant<int, 2>{});
+    if (n_tok - t >= 1) pass(std::integral_constant<int, 1>{});
+}
+
+template <bool kVnni>
+GemmKernel table(GgmlType weight_type) {
+    GemmKernel k;
+    switch (weight_type) {
+        case GgmlType::Q2_K:
+            k.fn = gemm<Q2K, kVnni>;
+            break;
+        case GgmlType::Q3_K:
+            k.fn = gemm<Q3K, kVnni>;
+            break;
+        case GgmlType::Q4_K:
+            k.fn = gemm<Q45K<BlockQ4_K>, kVnni>;
+            break;
+        case GgmlType::Q5_K:
+            k.fn = gemm<Q45K<BlockQ5_K>, kVnni>;
+            break;
+        case GgmlType::Q6_K:
+            k.fn = gemm<Q6K, kVnni>;
+            break;
+        default:
+            return k;
+    }
+    k.row_tile = 1;
+    k.tok_tile = kTok;
+    return k;
+}
+
+}  // namespace
+
+GemmKernel gemm_avx512_kquants(GgmlType weight_type, bool vnni) {
+    return vnni ? table<true>(weight_type) : table<false>(weight_type);
 }
 
 }  // namespace fitllm::quant::detail
