@@ -23,6 +23,7 @@ constexpr Command kCommands[] = {
     {"bench", "measure prompt processing and generation speed (tokens/s), like llama-bench", fitllm::cli::run_bench},
     {"run", "generate text after a prompt on the CPU, streaming it, with speed and peak memory", fitllm::cli::run_run},
     {"chat", "talk with a model through its chat template, interactively", fitllm::cli::run_chat},
+    {"perplexity", "perplexity of a model over a text, computed as llama-perplexity does", fitllm::cli::run_perplexity},
 };
 
 void print_help() {

@@ -1,0 +1,78 @@
+// fitllm perplexity -m MODEL -f TEXT [-c 512] [-b 512] [--chunks N] [-t N]
+#include "runtime/perplexity.h"
+
+#include <cstdio>
+#include <fstream>
+#include <sstream>
+#include <string>
+
+#include "cli/args.h"
+#include "cli/commands.h"
+#include "cli/load_progress.h"
+#include "gguf/gguf_reader.h"
+#include "model/model.h"
+#include "ops/thread_pool.h"
+#include "tokenizer/tokenizer.h"
+
+namespace fitllm::cli {
+
+int run_perplexity(const std::vector<std::string>& args) {
+    std::string model_path;
+    std::string text_path;
+    int n_ctx = 512;
+    int n_batch = 512;
+    int n_chunks = -1;
+    int n_threads = 0;
+    ArgParser p("fitllm perplexity -m MODEL -f TEXT [-c 512] [-b 512] [--chunks N] [-t N]",
+                "Perplexity of the model over a text file, computed as llama.cpp's llama-perplexity does:\n"
+                "chunks of -c tokens, each from an empty cache and starting with BOS, the second half\n"
+                "of each chunk scored. Prints the running value per chunk ([1]12.34,[2]...) and\n"
+                "'Final estimate: PPL = X +/- E'. The text needs at least 2 * c tokens.");
+    p.option("-m, --model", "MODEL", "the GGUF model", &model_path);
+    p.option("-f, --file", "TEXT", "the text file to score", &text_path);
+    p.option("-c, --ctx-size", "N", "tokens per chunk (default 512)", &n_ctx);
+    p.option("-b, --batch-size", "N", "tokens per forward pass in the unscored half (default 512)", &n_batch);
+    p.option("--chunks", "N", "score at most N chunks (default: all)", &n_chunks);
+    p.option("-t, --threads", "N", "threads (default: the physical cores)", &n_threads);
+    if (!p.parse(args)) return 0;
+    if (model_path.empty()) throw UsageError("-m MODEL is required");
+    if (text_path.empty()) throw UsageError("-f TEXT is required");
+    if (n_ctx < 4) throw UsageError("-c: " + std::to_string(n_ctx) + " must be at least 4");
+    if (n_batch < 1) throw UsageError("-b: " + std::to_string(n_batch) + " must be positive");
+
+    std::ifstream in(text_path, std::ios::binary);
+    if (!in) throw UsageError("-f: cannot open '" + text_path + "'");
+    std::stringstream text;
+    text << in.rdbuf();
+
+    gguf::GgufFile file = gguf::GgufFile::open(model_path);
+    const tokenizer::Tokenizer tokenizer = tokenizer::Tokenizer::from_gguf(file);
+    const auto model = model::Model::load(file);
+    prefault_with_progress(file);
+    const std::vector<tokenizer::TokenId> tokens = tokenizer.tokenize(text.str(), /*add_special=*/true, false);
+    if (static_cast<int64_t>(tokens.size()) < 2 * int64_t{n_ctx}) {
+        throw UsageError(text_path + " has " + std::to_string(tokens.size()) + " tokens; -c " + std::to_string(n_ctx) +
+                         " needs at least " + std::to_string(2 * n_ctx) + " (a longer text or a smaller -c)");
+    }
+
+    runtime::PerplexityParams pp;
+    pp.n_ctx = n_ctx;
+    pp.n_batch = n_batch;
+    pp.n_chunks = n_chunks;
+    const tokenizer::Vocab& vocab = tokenizer.vocab();
+    if (vocab.add_bos() && vocab.valid(vocab.special().bos)) pp.bos = vocab.special().bos;
+
+    ops::ThreadPool pool(n_threads);
+    const int64_t n_avail = static_cast<int64_t>(tokens.size()) / n_ctx;
+    std::fprintf(stderr, "perplexity: %zu tokens, %lld chunks of %d, threads %d\n", tokens.size(),
+                 static_cast<long long>(n_chunks < 0 ? n_avail : std::min<int64_t>(n_chunks, n_avail)), n_ctx,
+                 pool.size());
+    const runtime::PerplexityResult r = runtime::perplexity(*model, tokens, pp, pool, [](int chunk, double ppl) {
+        std::printf("[%d]%.4f,", chunk, ppl);
+        std::fflush(stdout);
+    });
+    std::printf("\nFinal estimate: PPL = %.4f +/- %.5f\n", r.ppl, r.ppl_error);
+    return 0;
+}
+
+}  // namespace fitllm::cli

@@ -1,0 +1,44 @@
+#pragma once
+// Perplexity of a model over a token sequence, computed as llama.cpp's `llama-perplexity` does so
+// that the numbers compare:
+//   - the tokens are cut into chunks of n_ctx; each chunk is evaluated from an empty cache, with
+//     its first token replaced by BOS when the model adds one;
+//   - only the second half of each chunk is scored (every token there has at least n_ctx / 2
+//     tokens of context): positions first = n_ctx / 2 .. n_ctx - 2 predict the next token;
+//   - PPL = exp(mean negative log-likelihood) over all scored tokens, with its standard error.
+#include <cstdint>
+#include <functional>
+#include <span>
+
+#include "model/model.h"
+#include "ops/thread_pool.h"
+
+namespace fitllm::runtime {
+
+struct PerplexityParams {
+    int n_ctx = 512;
+    int n_batch = 512;     // tokens per forward pass in the unscored first half
+    int n_chunks = -1;     // < 0: every whole chunk
+    int32_t bos = -1;      // >= 0: the first token of each chunk is replaced by it
+    int score_batch = 64;  // tokens per forward pass in the scored half (logits: score_batch x n_vocab)
+};
+
+struct PerplexityResult {
+    int n_chunks = 0;
+    int64_t n_scored = 0;
+    double ppl = 0.0;
+    double ppl_error = 0.0;  // standard error, as llama.cpp prints it after "+/-"
+};
+
+// Called after each chunk with its number (1-based) and the running perplexity.
+using ChunkFn = std::function<void(int chunk, double running_ppl)>;
+
+// Throws std::invalid_argument when there are fewer than 2 * n_ctx tokens (llama.cpp's rule) or a
+// parameter is out of range.
+PerplexityResult perplexity(model::Model& model, std::span<const int32_t> tokens, const PerplexityParams& params,
+                            ops::ThreadPool& pool, const ChunkFn& on_chunk = {});
+
+// log softmax(logits)[target]: float exponentials summed in double, as llama.cpp does.
+double log_prob(std::span<const float> logits, int32_t target);
+
+}  // namespace fitllm::runtime
