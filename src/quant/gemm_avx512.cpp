@@ -11,8 +11,9 @@
 //
 // The weights stay unsigned (q or q + 128 for Q8_0), so the integer dot of a block is
 // sum(q y) - offset * sum(y); the int accumulator starts at -offset * sum(y), computed once per
-// token and block. Without VNNI the products run on maddubs + madd, exact for q < 32; Q8_0 then has
-// no tiled kernel (q + 128 would saturate maddubs) and falls back to the dots.
+// token and block. Without VNNI the products run on maddubs (two u8 x s8 products summed in 16
+// bits) as in gemm_avx2.cpp: several groups add up in 16 bits before one madd (8 groups of 4-bit
+// quants, 4 of 5-bit ones), and Q8_0's q + 128 is split into two 4-bit planes, lo + 16 hi.
 
 // GCC 12's AVX-512 headers trip its own uninitialized-variable warnings; see dot_avx512.cpp.
 #pragma GCC diagnostic push
@@ -32,12 +33,12 @@ namespace fitllm::quant::detail {
 namespace {
 
 constexpr int kLanes = 16;      // weight rows per tile: one 32-bit lane each
-constexpr int kChunk = 32;      // blocks per chunk of the row: the repacked tile is 20 KiB (L1)
+constexpr int kChunk = 32;      // blocks per chunk of the row: the repacked tile is 20 (36) KiB: L1
 constexpr int kTokChunk = 256;  // tokens whose per-block sums are prepared at once (stack)
 constexpr int kMaxTok = 6;      // tokens per micro-kernel (2 * kMaxTok accumulators); 4..6 beat 8 by ~20%
 
 struct alignas(64) Tile {
-    uint8_t q[kChunk][8][64];  // block, group g: bytes 4g..4g+3 of rows 0..15
+    uint8_t q[kChunk][16][64];  // block, group g (+ 8: Q8_0's high plane): bytes 4g..4g+3 of rows 0..15
     float d[kChunk][kLanes];
     float m[kChunk][kLanes];  // Q4_1 / Q5_1
 };
@@ -58,6 +59,8 @@ struct Kind<GgmlType::Q4_0> {
     using A = BlockQ8_0;
     static constexpr int kOffset = 8;
     static constexpr bool kAffine = false;
+    static constexpr int kPlanesWithoutVnni = 1;  // Q8_0: lo and hi nibble of q + 128
+    static constexpr int kGroupsIn16 = 8;         // groups whose maddubs sums add in 16 bits
 };
 template <>
 struct Kind<GgmlType::Q5_0> {
@@ -65,6 +68,8 @@ struct Kind<GgmlType::Q5_0> {
     using A = BlockQ8_0;
     static constexpr int kOffset = 16;
     static constexpr bool kAffine = false;
+    static constexpr int kPlanesWithoutVnni = 1;
+    static constexpr int kGroupsIn16 = 4;
 };
 template <>
 struct Kind<GgmlType::Q8_0> {
@@ -72,6 +77,8 @@ struct Kind<GgmlType::Q8_0> {
     using A = BlockQ8_0;
     static constexpr int kOffset = 128;
     static constexpr bool kAffine = false;
+    static constexpr int kPlanesWithoutVnni = 2;
+    static constexpr int kGroupsIn16 = 8;
 };
 template <>
 struct Kind<GgmlType::Q4_1> {
@@ -79,6 +86,8 @@ struct Kind<GgmlType::Q4_1> {
     using A = BlockQ8_1;
     static constexpr int kOffset = 0;
     static constexpr bool kAffine = true;
+    static constexpr int kPlanesWithoutVnni = 1;
+    static constexpr int kGroupsIn16 = 8;
 };
 template <>
 struct Kind<GgmlType::Q5_1> {
@@ -86,6 +95,8 @@ struct Kind<GgmlType::Q5_1> {
     using A = BlockQ8_1;
     static constexpr int kOffset = 0;
     static constexpr bool kAffine = true;
+    static constexpr int kPlanesWithoutVnni = 1;
+    static constexpr int kGroupsIn16 = 4;
 };
 
 float f16(uint16_t h) {
@@ -103,11 +114,14 @@ int32_t load_i32(const void* p) {
     return v;
 }
 
-// The 32 quants of a weight block as unsigned bytes, in element order.
+// The 32 quants of a weight block as unsigned bytes, in element order. Q8_0: q + 128, or one of
+// its nibbles (plane 0: low, 1: high) when `planes` is 2.
 template <typename Block>
-__m256i unpack(const Block& b) {
+__m256i unpack(const Block& b, int planes, int plane) {
     if constexpr (std::is_same_v<Block, BlockQ8_0>) {
-        return _mm256_xor_si256(load256(b.qs), _mm256_set1_epi8(static_cast<char>(0x80)));  // q + 128
+        const __m256i u = _mm256_xor_si256(load256(b.qs), _mm256_set1_epi8(static_cast<char>(0x80)));  // q + 128
+        if (planes == 1) return u;
+        return _mm256_and_si256(plane == 0 ? u : _mm256_srli_epi16(u, 4), _mm256_set1_epi8(0x0F));
     } else {
         const __m128i p = load128(b.qs);
         __m256i q = _mm256_and_si256(_mm256_set_m128i(_mm_srli_epi16(p, 4), p), _mm256_set1_epi8(0x0F));
@@ -141,7 +155,7 @@ void transpose8(__m256i r[8]) {
 }
 
 // Blocks b0 .. b0 + kb - 1 of rows 0 .. nr - 1 (nr <= 16) into the tile; missing rows are zero.
-template <typename K>
+template <typename K, int kPlanes>
 void repack(Tile& tile, const uint8_t* w, size_t w_stride, int nr, int b0, int kb) {
     using W = typename K::W;
     const W* rows[kLanes];
@@ -149,15 +163,18 @@ void repack(Tile& tile, const uint8_t* w, size_t w_stride, int nr, int b0, int k
         rows[j] = j < nr ? reinterpret_cast<const W*>(w + static_cast<size_t>(j) * w_stride) + b0 : nullptr;
     }
     for (int b = 0; b < kb; ++b) {
-        __m256i lo[8], hi[8];
-        for (int j = 0; j < 8; ++j) {
-            lo[j] = j < nr ? unpack(rows[j][b]) : _mm256_setzero_si256();
-            hi[j] = j + 8 < nr ? unpack(rows[j + 8][b]) : _mm256_setzero_si256();
-        }
-        transpose8(lo);
-        transpose8(hi);
-        for (int g = 0; g < 8; ++g) {
-            _mm512_store_si512(tile.q[b][g], _mm512_inserti64x4(_mm512_castsi256_si512(lo[g]), hi[g], 1));
+        for (int plane = 0; plane < kPlanes; ++plane) {
+            __m256i lo[8], hi[8];
+            for (int j = 0; j < 8; ++j) {
+                lo[j] = j < nr ? unpack(rows[j][b], kPlanes, plane) : _mm256_setzero_si256();
+                hi[j] = j + 8 < nr ? unpack(rows[j + 8][b], kPlanes, plane) : _mm256_setzero_si256();
+            }
+            transpose8(lo);
+            transpose8(hi);
+            for (int g = 0; g < 8; ++g) {
+                _mm512_store_si512(tile.q[b][8 * plane + g],
+                                   _mm512_inserti64x4(_mm512_castsi256_si512(lo[g]), hi[g], 1));
+            }
         }
         for (int j = 0; j < kLanes; ++j) {
             tile.d[b][j] = j < nr ? f16(rows[j][b].d) : 0.0f;
@@ -191,14 +208,6 @@ void prepare(TokBlock* p, const uint8_t* act, size_t act_stride, int n_tok, int 
     }
 }
 
-template <bool kVnni>
-__m512i dot_u8s8(__m512i acc, __m512i u, __m512i s) {
-    if constexpr (kVnni)
-        return _mm512_dpbusd_epi32(acc, u, s);
-    else
-        return _mm512_add_epi32(acc, _mm512_madd_epi16(_mm512_maddubs_epi16(u, s), _mm512_set1_epi16(1)));
-}
-
 // kT tokens times the tile's 16 rows over kb blocks; y (token 0, row 0) gets or adds the sums of
 // rows < nr.
 template <typename K, bool kVnni, int kT>
@@ -215,12 +224,34 @@ void micro(const Tile& tile, int kb, const TokBlock* prep, const uint8_t* act, s
         for (int t = 0; t < kT; ++t) {
             sum[t] = K::kAffine ? _mm512_setzero_si512() : _mm512_set1_epi32(prep[t * kChunk + b].off);
         }
+        if constexpr (kVnni) {
 #pragma GCC unroll 8
-        for (int g = 0; g < 8; ++g) {
-            const __m512i w = _mm512_load_si512(tile.q[b][g]);
+            for (int g = 0; g < 8; ++g) {
+                const __m512i w = _mm512_load_si512(tile.q[b][g]);
 #pragma GCC unroll 8
-            for (int t = 0; t < kT; ++t) {
-                sum[t] = dot_u8s8<kVnni>(sum[t], w, _mm512_set1_epi32(load_i32(a[t][b].qs + 4 * g)));
+                for (int t = 0; t < kT; ++t) {
+                    sum[t] = _mm512_dpbusd_epi32(sum[t], w, _mm512_set1_epi32(load_i32(a[t][b].qs + 4 * g)));
+                }
+            }
+        } else {
+#pragma GCC unroll 2
+            for (int plane = 0; plane < K::kPlanesWithoutVnni; ++plane) {
+#pragma GCC unroll 2
+                for (int g0 = 0; g0 < 8; g0 += K::kGroupsIn16) {
+                    __m512i pairs[kT];
+#pragma GCC unroll 8
+                    for (int g = g0; g < g0 + K::kGroupsIn16; ++g) {
+                        const __m512i w = _mm512_load_si512(tile.q[b][8 * plane + g]);
+#pragma GCC unroll 8
+                        for (int t = 0; t < kT; ++t) {
+                            const __m512i p = _mm512_maddubs_epi16(w, _mm512_set1_epi32(load_i32(a[t][b].qs + 4 * g)));
+                            pairs[t] = g == g0 ? p : _mm512_add_epi16(pairs[t], p);
+                        }
+                    }
+                    const __m512i weight = _mm512_set1_epi16(plane == 0 ? 1 : 16);
+#pragma GCC unroll 8
+                    for (int t = 0; t < kT; ++t) sum[t] = _mm512_add_epi32(sum[t], _mm512_madd_epi16(pairs[t], weight));
+                }
             }
         }
         const __m512 dw = _mm512_load_ps(tile.d[b]);
@@ -280,7 +311,8 @@ void gemm(int n, int n_rows, int n_tok, const void* w, size_t w_stride, const vo
             prepare<K>(prep, a0, act_stride, tc, b0, kb);
             for (int r0 = 0; r0 < n_rows; r0 += kLanes) {
                 const int nr = n_rows - r0 < kLanes ? n_rows - r0 : kLanes;
-                repack<K>(tile, w_bytes + static_cast<size_t>(r0) * w_stride, w_stride, nr, b0, kb);
+                repack<K, kVnni ? 1 : K::kPlanesWithoutVnni>(tile, w_bytes + static_cast<size_t>(r0) * w_stride,
+                                                             w_stride, nr, b0, kb);
                 for (int t = 0; t < tc; t += kMaxTok) {
                     const int nt = tc - t < kMaxTok ? tc - t : kMaxTok;
                     micro_n<K, kVnni>(nt, tile, kb, prep + t * kChunk,
@@ -313,8 +345,7 @@ GemmKernel table(GgmlType weight_type) {
         case GgmlType::Q5_1:
             return kernel<GgmlType::Q5_1, kVnni>();
         case GgmlType::Q8_0:
-            if constexpr (kVnni) return kernel<GgmlType::Q8_0, kVnni>();
-            return {};
+            return kernel<GgmlType::Q8_0, kVnni>();
         default:
             return {};
     }
