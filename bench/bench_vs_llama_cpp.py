@@ -3,6 +3,11 @@
 alternating in one run; prints tokens/s and the ratio.
 
   .venv/bin/python bench/bench_vs_llama_cpp.py [MODEL.gguf ...] [-p 512] [-n 128] [-t 2] [-r 3]
+  .venv/bin/python bench/bench_vs_llama_cpp.py [--suite] [-p 512] [-n 128] [-t 2] [-r 3]
+
+Without models (or with --suite) it runs the suite: the demo model (Gemma 3 270M Q4_K_M) and the
+1B-shaped random-weight Llama in Q4_K_M and Q8_0 from tools/gen_bench_models.py (models/bench/).
+A model that is missing, or that one side cannot run, gets a row saying why; the others still run.
 
 llama.cpp is PyPI's llama-cpp-python (scripts/setup.sh --oracle), driven through its C API:
 pp = one llama_decode of p random tokens in a fresh context (n_batch = n_ubatch = 512),
@@ -24,6 +29,8 @@ ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 def llama_cpp_bench(model_path: str, n_prompt: int, n_gen: int, threads: int, reps: int) -> dict:
     llama_cpp.llama_backend_init()
     model = llama_cpp.llama_model_load_from_file(model_path.encode(), llama_cpp.llama_model_default_params())
+    if not model:
+        raise RuntimeError("llama.cpp cannot load the model")
     n_vocab = llama_cpp.llama_vocab_n_tokens(llama_cpp.llama_model_get_vocab(model))
     rng = random.Random(42)
 
@@ -73,32 +80,59 @@ def llama_cpp_bench(model_path: str, n_prompt: int, n_gen: int, threads: int, re
 def fitllm_bench(model_path: str, n_prompt: int, n_gen: int, threads: int, reps: int) -> dict:
     cmd = [os.path.join(ROOT, "build/fitllm"), "bench", "-m", model_path, "-p", str(n_prompt), "-n", str(n_gen),
            "-t", str(threads), "-r", str(reps), "-o", "json"]
-    rows = json.loads(subprocess.run(cmd, check=True, capture_output=True, text=True).stdout)
+    proc = subprocess.run(cmd, capture_output=True, text=True)
+    if proc.returncode != 0:
+        lines = (proc.stderr or proc.stdout).strip().splitlines()
+        raise RuntimeError(lines[-1] if lines else f"fitllm bench exited with {proc.returncode}")
+    rows = json.loads(proc.stdout)
     return {row["test"]: row["samples_ts"] for row in rows}
+
+
+SUITE = ["models/gemma-3-270m-q4_k_m.gguf", "models/bench/llama-1b-q4_k_m.gguf", "models/bench/llama-1b-q8_0.gguf"]
+
+
+def fmt(samples: list[float]) -> str:
+    sd = statistics.stdev(samples) if len(samples) > 1 else 0
+    return f"{statistics.mean(samples):.1f} ± {sd:.1f}"
 
 
 def main() -> None:
     ap = argparse.ArgumentParser()
-    ap.add_argument("models", nargs="*", default=[os.path.join(ROOT, "models/gemma-3-270m-q4_k_m.gguf")])
+    ap.add_argument("models", nargs="*", help="GGUF files; none = the suite")
+    ap.add_argument("--suite", action="store_true",
+                    help="the demo model and models/bench/ (tools/gen_bench_models.py), after any MODELs given")
     ap.add_argument("-p", type=int, default=512)
     ap.add_argument("-n", type=int, default=128)
     ap.add_argument("-t", type=int, default=2)
     ap.add_argument("-r", type=int, default=3)
     ap.add_argument("--rounds", type=int, default=2, help="alternations of fitllm and llama.cpp")
     args = ap.parse_args()
-    print(f"| model | test | fitllm t/s | llama.cpp t/s | ratio |\n|---|---|---:|---:|---:|")
-    for model in args.models:
+    models = args.models + ([os.path.join(ROOT, m) for m in SUITE] if args.suite or not args.models else [])
+    tests = [t for t in (f"pp{args.p}" if args.p else "", f"tg{args.n}" if args.n else "") if t]
+    print(f"| model | test | fitllm t/s | llama.cpp t/s | ratio |\n|---|---|---:|---:|---:|", flush=True)
+    for model in models:
+        name = os.path.basename(model)
+        if not os.path.exists(model):
+            hint = "tools/gen_bench_models.py" if "/bench/" in model else "scripts/setup.sh"
+            print(f"| {name} | - | missing ({hint}) | | |", flush=True)
+            continue
         ours, theirs = {}, {}
+        errors = {}
         for _ in range(args.rounds):
-            for k, v in fitllm_bench(model, args.p, args.n, args.t, args.r).items():
-                ours.setdefault(k, []).extend(v)
-            for k, v in llama_cpp_bench(model, args.p, args.n, args.t, args.r).items():
-                theirs.setdefault(k, []).extend(v)
-        for test in ours:
-            a, b = statistics.mean(ours[test]), statistics.mean(theirs[test])
-            sa = statistics.stdev(ours[test]) if len(ours[test]) > 1 else 0
-            sb = statistics.stdev(theirs[test]) if len(theirs[test]) > 1 else 0
-            print(f"| {os.path.basename(model)} | {test} | {a:.1f} ± {sa:.1f} | {b:.1f} ± {sb:.1f} | {a / b:.2f}x |")
+            for side, run, acc in (("fitllm", fitllm_bench, ours), ("llama.cpp", llama_cpp_bench, theirs)):
+                if side in errors:
+                    continue
+                try:
+                    for k, v in run(model, args.p, args.n, args.t, args.r).items():
+                        acc.setdefault(k, []).extend(v)
+                except Exception as e:  # one side failing on one model must not end the run
+                    errors[side] = str(e).replace("|", "/")
+        for test in tests:
+            a = fmt(ours[test]) if test in ours else "fails: " + errors.get("fitllm", "no result")
+            b = fmt(theirs[test]) if test in theirs else "fails: " + errors.get("llama.cpp", "no result")
+            ratio = (f"{statistics.mean(ours[test]) / statistics.mean(theirs[test]):.2f}x"
+                     if test in ours and test in theirs else "-")
+            print(f"| {name} | {test} | {a} | {b} | {ratio} |", flush=True)
 
 
 if __name__ == "__main__":

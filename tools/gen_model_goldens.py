@@ -3,16 +3,26 @@
 forward-pass tests.
 
   .venv/bin/python tools/gen_model_goldens.py MODEL.gguf OUT.json [--n-predict 64]
+  .venv/bin/python tools/gen_model_goldens.py --generated [--n-predict 64]
 
 For each prompt: its ids (add_special and parse_special on), the top-10 (id, logit) at the last
-prompt position, and the 64 tokens greedy decoding appends. One of the prompts is longer than
-Gemma 3's 512-token sliding window. Needs `scripts/setup.sh --oracle`.
+prompt position, and the 64 tokens greedy decoding appends, with llama.cpp's margin between its
+best and second-best logit at each of those steps. One of the prompts is longer than Gemma 3's
+512-token sliding window. Needs `scripts/setup.sh --oracle`.
+
+--generated does the same for each small random-weight model in tests/model/data/ (written by
+tools/gen_test_models.py) with TINY_PROMPTS, into tests/model/goldens/<model name>.json, which
+tests/model/generated_golden_test.cpp checks.
 """
 import argparse
 import ctypes
+import glob
 import json
+import os
 
 import llama_cpp
+
+ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 
 PROMPTS = [
     "The capital of France is",
@@ -25,6 +35,20 @@ PROMPTS = [
     "Here is a list of facts about numbers.\n" + "".join(
         f"Fact {i}: the square of {i} is {i * i}, and {i} plus {i} is {2 * i}.\n" for i in range(1, 41))
     + "Fact 41:",
+]
+
+# For the tiny models of tests/model/data/: their vocabularies have a few hundred tokens, so most
+# text becomes single characters. From one token (llama's BOS alone; qwen2 adds no BOS, so "" is
+# skipped there) to more than 200.
+TINY_PROMPTS = [
+    "",
+    "The capital of France is",
+    "Once upon a time, in a small village by the sea,",
+    "def fibonacci(n):\n    return n if n < 2 else fibonacci(n - 1) + fibonacci(n - 2)\n",
+    "<|im_start|>user\nWrite a haiku about autumn leaves.<|im_end|>\n<|im_start|>assistant\n",
+    "Here is a list of facts about numbers.\n" + "".join(
+        f"Fact {i}: the square of {i} is {i * i}, and {i} plus {i} is {2 * i}.\n" for i in range(1, 9))
+    + "Fact 9:",
 ]
 
 
@@ -44,19 +68,22 @@ def decode(ctx, tokens: list[int]) -> None:
         raise RuntimeError(f"llama_decode returned {rc}")
 
 
-def main() -> None:
-    ap = argparse.ArgumentParser()
-    ap.add_argument("model")
-    ap.add_argument("out")
-    ap.add_argument("--n-predict", type=int, default=64)
-    args = ap.parse_args()
-    llama_cpp.llama_backend_init()
-    mparams = llama_cpp.llama_model_default_params()
-    model = llama_cpp.llama_model_load_from_file(args.model.encode(), mparams)
+def last_logits(ctx, n_vocab: int) -> list[float]:
+    lg = ctypes.cast(llama_cpp.llama_get_logits_ith(ctx, -1), ctypes.POINTER(ctypes.c_float))
+    return lg[:n_vocab]
+
+
+def goldens(model_path: str, prompts: list[str], n_predict: int) -> dict:
+    model = llama_cpp.llama_model_load_from_file(model_path.encode(), llama_cpp.llama_model_default_params())
+    if not model:
+        raise RuntimeError(f"llama.cpp cannot load {model_path}")
     vocab = llama_cpp.llama_model_get_vocab(model)
     n_vocab = llama_cpp.llama_vocab_n_tokens(vocab)
     cases = []
-    for prompt in PROMPTS:
+    for prompt in prompts:
+        ids = tokenize(vocab, prompt)
+        if not ids:
+            continue
         cparams = llama_cpp.llama_context_default_params()
         cparams.n_ctx = 2048
         cparams.n_batch = 2048
@@ -64,25 +91,54 @@ def main() -> None:
         cparams.n_threads = 2
         cparams.n_threads_batch = 2
         ctx = llama_cpp.llama_init_from_model(model, cparams)
-        ids = tokenize(vocab, prompt)
         decode(ctx, ids)
-        logits = ctypes.cast(llama_cpp.llama_get_logits_ith(ctx, -1), ctypes.POINTER(ctypes.c_float))
-        row = [logits[i] for i in range(n_vocab)]
+        row = last_logits(ctx, n_vocab)
         top = sorted(range(n_vocab), key=lambda i: -row[i])[:10]
-        greedy = []
-        nxt = top[0]
-        for _ in range(args.n_predict):
-            greedy.append(nxt)
-            decode(ctx, [nxt])
-            lg = ctypes.cast(llama_cpp.llama_get_logits_ith(ctx, -1), ctypes.POINTER(ctypes.c_float))
-            nxt = max(range(n_vocab), key=lambda i: lg[i])
-        cases.append({"prompt": prompt, "prompt_ids": ids, "greedy_ids": greedy,
-                      "top_logits": [[i, row[i]] for i in top]})
+        top_logits = [[i, row[i]] for i in top]
+        greedy, margins = [], []
+        for _ in range(n_predict):
+            first, second = sorted(range(n_vocab), key=lambda i: -row[i])[:2]
+            greedy.append(first)
+            margins.append(round(row[first] - row[second], 5))
+            decode(ctx, [first])
+            row = last_logits(ctx, n_vocab)
+        cases.append({"prompt": prompt, "prompt_ids": ids, "greedy_ids": greedy, "top_logits": top_logits,
+                      "greedy_margins": margins})
         llama_cpp.llama_free(ctx)
-        print(f"{len(ids):4d} prompt tokens -> {len(greedy)} greedy tokens")
-    with open(args.out, "w", encoding="utf-8") as f:
-        json.dump({"model": args.model.split("/")[-1], "llama_cpp_python": llama_cpp.__version__,
-                   "n_threads": 2, "cases": cases}, f, ensure_ascii=False, indent=1)
+        print(f"{len(ids):4d} prompt tokens -> {len(greedy)} greedy tokens ({len(set(greedy))} distinct), "
+              f"smallest margin {min(margins):.4f}")
+    llama_cpp.llama_model_free(model)
+    return {"model": os.path.basename(model_path), "llama_cpp_python": llama_cpp.__version__, "n_threads": 2,
+            "cases": cases}
+
+
+def write(out: str, data: dict) -> None:
+    with open(out, "w", encoding="utf-8") as f:
+        json.dump(data, f, ensure_ascii=False, indent=1)
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser()
+    ap.add_argument("model", nargs="?")
+    ap.add_argument("out", nargs="?")
+    ap.add_argument("--generated", action="store_true",
+                    help="every tests/model/data/*.gguf into tests/model/goldens/, with TINY_PROMPTS")
+    ap.add_argument("--n-predict", type=int, default=64)
+    args = ap.parse_args()
+    llama_cpp.llama_backend_init()
+    if args.generated:
+        models = sorted(glob.glob(os.path.join(ROOT, "tests/model/data/*.gguf")))
+        if not models:
+            raise SystemExit("no models in tests/model/data/ (run tools/gen_test_models.py)")
+        for path in models:
+            name = os.path.splitext(os.path.basename(path))[0]
+            print(name)
+            write(os.path.join(ROOT, "tests/model/goldens", name + ".json"),
+                  goldens(path, TINY_PROMPTS, args.n_predict))
+    else:
+        if not args.model or not args.out:
+            ap.error("MODEL.gguf OUT.json, or --generated")
+        write(args.out, goldens(args.model, PROMPTS, args.n_predict))
 
 
 if __name__ == "__main__":

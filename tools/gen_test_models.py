@@ -1,0 +1,251 @@
+#!/usr/bin/env python3
+"""Small random-weight GGUF models for fitllm's forward-pass tests (tests/model/data/).
+
+  .venv/bin/python tools/gen_test_models.py [--out tests/model/data]
+
+Writes, for each of two architectures,
+
+  tiny-llama-*.gguf   llama: SPM vocabulary, untied output.weight, GQA (4 heads, 2 KV heads)
+  tiny-qwen2-*.gguf   qwen2: byte-level BPE vocabulary (pre "qwen2"), Q/K/V biases, tied
+                      embeddings (no output.weight)
+
+first in F16 (1-D tensors F32) with gguf-py from a fixed seed, then quantized by llama.cpp's own
+quantizer (llama-cpp-python's llama_model_quantize, `scripts/setup.sh --oracle`) into Q8_0, Q6_K,
+Q5_K_M, Q4_K_M, Q4_0 and Q2_K: 14 files. Shapes: n_embd 256 (K-quant rows are multiples of 256),
+n_ff 256, 2 layers, head size 64, a vocabulary of a few hundred tokens. The embedding / output
+scales give logits with a standard deviation of about 4, so greedy decoding is seldom a coin toss
+between near-ties. Deterministic: the same numpy and llama.cpp give the same bytes.
+
+The goldens for these files come from tools/gen_model_goldens.py --generated.
+"""
+import argparse
+import ctypes
+import os
+import re
+from collections import Counter
+
+import gguf
+import numpy as np
+
+ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+
+N_EMBD = 256
+N_FF = 256
+N_LAYER = 2
+N_HEAD = 4
+N_HEAD_KV = 2
+HEAD_DIM = N_EMBD // N_HEAD
+N_CTX_TRAIN = 2048
+N_MERGES = 96
+LOGIT_STD = 4.0  # std of the final logits for a unit-RMS hidden state
+
+# (name, llama_ftype) of the quantized variants; the F16 file is the source of all of them.
+QUANTS = [("q8_0", 7), ("q6_k", 18), ("q5_k_m", 17), ("q4_k_m", 15), ("q4_0", 2), ("q2_k", 10)]
+
+# Text the vocabularies' merges are learned from (a naive BPE over whitespace-split words).
+CORPUS = """
+Once upon a time there was a little model that wanted to predict the next token. It read the
+text one piece at a time and tried to guess what would come after. The quick brown fox jumps
+over the lazy dog. In the beginning the model was random, and its guesses were random too, but
+the tests did not mind: they only asked that two programs agree on every number they printed.
+def fibonacci(n): return n if n < 2 else fibonacci(n - 1) + fibonacci(n - 2)
+The weather is nice today and the sea is calm; the children play on the sand by the water.
+1, 1, 2, 3, 5, 8, 13, 21, 34, 55, 89, 144, 233, 377, 610, 987.
+"""
+
+
+def learn_merges(words: list[str], n_merges: int) -> list[tuple[str, str]]:
+    """Classic BPE training on symbol sequences (deterministic: ties broken by the pair itself)."""
+    seqs = Counter(tuple(w) for w in words)
+    merges = []
+    for _ in range(n_merges):
+        pairs = Counter()
+        for seq, n in seqs.items():
+            for a, b in zip(seq, seq[1:]):
+                pairs[(a, b)] += n
+        if not pairs:
+            break
+        best = max(pairs.items(), key=lambda kv: (kv[1], kv[0]))[0]
+        merges.append(best)
+        new = Counter()
+        for seq, n in seqs.items():
+            out, i = [], 0
+            while i < len(seq):
+                if i + 1 < len(seq) and (seq[i], seq[i + 1]) == best:
+                    out.append(seq[i] + seq[i + 1])
+                    i += 2
+                else:
+                    out.append(seq[i])
+                    i += 1
+            new[tuple(out)] += n
+        seqs = new
+    return merges
+
+
+def spm_vocab() -> tuple[list[str], list[float], list[int]]:
+    """<unk>, <s>, </s>, the 256 byte tokens, then every printable ASCII character and the learned
+    pieces, with SPM scores (higher merges first)."""
+    tokens = ["<unk>", "<s>", "</s>"] + [f"<0x{b:02X}>" for b in range(256)]
+    scores = [0.0, 0.0, 0.0] + [0.0] * 256
+    types = [gguf.TokenType.UNKNOWN, gguf.TokenType.CONTROL, gguf.TokenType.CONTROL] + [gguf.TokenType.BYTE] * 256
+    pieces = ["\u2581"] + [chr(c) for c in range(33, 127)]
+    words = ["\u2581" + w for w in CORPUS.split()]
+    for a, b in learn_merges(words, N_MERGES):
+        if a + b not in pieces:
+            pieces.append(a + b)
+    for i, p in enumerate(pieces):
+        tokens.append(p)
+        scores.append(-float(i))
+        types.append(gguf.TokenType.NORMAL)
+    return tokens, scores, [int(t) for t in types]
+
+
+def bytes_to_unicode() -> dict[int, str]:
+    """GPT-2's byte -> printable character map (byte-level BPE)."""
+    bs = list(range(ord("!"), ord("~") + 1)) + list(range(ord("¡"), ord("¬") + 1)) + list(range(ord("®"), ord("ÿ") + 1))
+    cs = bs[:]
+    n = 0
+    for b in range(256):
+        if b not in bs:
+            bs.append(b)
+            cs.append(256 + n)
+            n += 1
+    return {b: chr(c) for b, c in zip(bs, cs)}
+
+
+def bpe_vocab() -> tuple[list[str], list[int], list[str]]:
+    """The 256 byte-level symbols in byte order, the learned merges' tokens, then Qwen2's special
+    tokens."""
+    b2u = bytes_to_unicode()
+    tokens = [b2u[b] for b in range(256)]
+    words = [("".join(b2u[c] for c in (" " + w).encode())) for w in re.findall(r"\S+", CORPUS)]
+    merges = learn_merges(words, N_MERGES)
+    for a, b in merges:
+        if a + b not in tokens:
+            tokens.append(a + b)
+    types = [int(gguf.TokenType.NORMAL)] * len(tokens)
+    for special in ["<|endoftext|>", "<|im_start|>", "<|im_end|>"]:
+        tokens.append(special)
+        types.append(int(gguf.TokenType.CONTROL))
+    return tokens, types, [f"{a} {b}" for a, b in merges]
+
+
+def write_f16(arch: str, path: str, seed: int) -> None:
+    rng = np.random.default_rng(seed)
+    w = gguf.GGUFWriter(path, arch)
+    w.add_name(f"tiny-{arch}")
+    w.add_file_type(gguf.LlamaFileType.MOSTLY_F16)
+    w.add_context_length(N_CTX_TRAIN)
+    w.add_embedding_length(N_EMBD)
+    w.add_feed_forward_length(N_FF)
+    w.add_block_count(N_LAYER)
+    w.add_head_count(N_HEAD)
+    w.add_head_count_kv(N_HEAD_KV)
+    w.add_rope_dimension_count(HEAD_DIM)
+    if arch == "llama":
+        w.add_rope_freq_base(10000.0)
+        w.add_layer_norm_rms_eps(1e-5)
+        tokens, scores, types = spm_vocab()
+        w.add_tokenizer_model("llama")
+        w.add_tokenizer_pre("default")
+        w.add_token_list(tokens)
+        w.add_token_scores(scores)
+        w.add_token_types(types)
+        w.add_unk_token_id(0)
+        w.add_bos_token_id(1)
+        w.add_eos_token_id(2)
+        w.add_add_bos_token(True)
+        w.add_add_eos_token(False)
+    else:
+        w.add_rope_freq_base(1000000.0)
+        w.add_layer_norm_rms_eps(1e-6)
+        tokens, types, merges = bpe_vocab()
+        w.add_tokenizer_model("gpt2")
+        w.add_tokenizer_pre("qwen2")
+        w.add_token_list(tokens)
+        w.add_token_types(types)
+        w.add_token_merges(merges)
+        eot = tokens.index("<|endoftext|>")
+        w.add_bos_token_id(eot)
+        w.add_eos_token_id(eot)
+        w.add_pad_token_id(eot)
+        w.add_add_bos_token(False)
+    n_vocab = len(tokens)
+    w.add_vocab_size(n_vocab)
+
+    def mat(rows: int, cols: int, std: float) -> np.ndarray:  # numpy shape (rows, cols) = ggml ne (cols, rows)
+        return (rng.standard_normal((rows, cols), dtype=np.float32) * std).astype(np.float16)
+
+    def norm(n: int) -> np.ndarray:
+        return (1.0 + 0.1 * rng.standard_normal(n, dtype=np.float32)).astype(np.float32)
+
+    tied = arch == "qwen2"
+    # Untied (llama): unit-scale embeddings; output.weight alone sets the logits' spread. Tied
+    # (qwen2): the embedding is also the output matrix. Its scale against the layers' outputs (of
+    # about unit size) decides between two degenerate random models: large, and every token
+    # predicts itself (e_t . e_t dominates its logit); small, and the residual stream forgets the
+    # token and greedy decoding falls into a fixed point. Half-scale embeddings with a zero-mean
+    # output_norm.weight (which cancels the self term in expectation) keep continuations varied.
+    emb_std = 0.5 if tied else 1.0
+    w.add_tensor("token_embd.weight", mat(n_vocab, N_EMBD, emb_std))
+    kv_dim = N_HEAD_KV * HEAD_DIM
+    for il in range(N_LAYER):
+        p = f"blk.{il}."
+        w.add_tensor(p + "attn_norm.weight", norm(N_EMBD))
+        w.add_tensor(p + "attn_q.weight", mat(N_EMBD, N_EMBD, 1.5 / np.sqrt(N_EMBD)))
+        w.add_tensor(p + "attn_k.weight", mat(kv_dim, N_EMBD, 1.5 / np.sqrt(N_EMBD)))
+        w.add_tensor(p + "attn_v.weight", mat(kv_dim, N_EMBD, 1.0 / np.sqrt(N_EMBD)))
+        if arch == "qwen2":
+            w.add_tensor(p + "attn_q.bias", (0.5 * rng.standard_normal(N_EMBD, dtype=np.float32)))
+            w.add_tensor(p + "attn_k.bias", (0.5 * rng.standard_normal(kv_dim, dtype=np.float32)))
+            w.add_tensor(p + "attn_v.bias", (0.1 * rng.standard_normal(kv_dim, dtype=np.float32)))
+        w.add_tensor(p + "attn_output.weight", mat(N_EMBD, N_EMBD, 1.0 / np.sqrt(N_EMBD)))
+        w.add_tensor(p + "ffn_norm.weight", norm(N_EMBD))
+        w.add_tensor(p + "ffn_gate.weight", mat(N_FF, N_EMBD, 1.0 / np.sqrt(N_EMBD)))
+        w.add_tensor(p + "ffn_up.weight", mat(N_FF, N_EMBD, 1.0 / np.sqrt(N_EMBD)))
+        w.add_tensor(p + "ffn_down.weight", mat(N_EMBD, N_FF, 1.0 / np.sqrt(N_FF)))
+    if tied:
+        w.add_tensor("output_norm.weight",
+                     (LOGIT_STD / (emb_std * np.sqrt(N_EMBD)) * rng.standard_normal(N_EMBD)).astype(np.float32))
+    else:
+        w.add_tensor("output_norm.weight", norm(N_EMBD))
+        w.add_tensor("output.weight", mat(n_vocab, N_EMBD, LOGIT_STD / np.sqrt(N_EMBD)))
+    w.write_header_to_file()
+    w.write_kv_data_to_file()
+    w.write_tensors_to_file()
+    w.close()
+
+
+def quantize(src: str, dst: str, ftype: int) -> None:
+    import llama_cpp  # only needed here; the F16 files need just gguf + numpy
+
+    params = llama_cpp.llama_model_quantize_default_params()
+    params.ftype = ftype
+    params.nthread = 2
+    rc = llama_cpp.llama_model_quantize(src.encode(), dst.encode(), ctypes.byref(params))
+    if rc != 0:
+        raise RuntimeError(f"llama_model_quantize({src} -> {dst}, ftype {ftype}) returned {rc}")
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    ap.add_argument("--out", default=os.path.join(ROOT, "tests/model/data"))
+    args = ap.parse_args()
+    os.makedirs(args.out, exist_ok=True)
+    total = 0
+    for seed, arch in enumerate(["llama", "qwen2"], start=1):
+        f16 = os.path.join(args.out, f"tiny-{arch}-f16.gguf")
+        write_f16(arch, f16, seed)
+        paths = [f16]
+        for name, ftype in QUANTS:
+            paths.append(os.path.join(args.out, f"tiny-{arch}-{name}.gguf"))
+            quantize(f16, paths[-1], ftype)
+        for p in paths:
+            size = os.path.getsize(p)
+            total += size
+            print(f"{os.path.relpath(p, ROOT)}: {size} bytes")
+    print(f"total: {total} bytes ({total / 1e6:.2f} MB)")
+
+
+if __name__ == "__main__":
+    main()
