@@ -1,0 +1,212 @@
+#pragma once
+// The KV cache (DESIGN.md, idea 4): a preallocated pool of cells that several sequences share,
+// grouped in fixed-size blocks that sequences own through block tables (PagedAttention), with
+// K/V stored in f32, f16, bf16 or a quantized type, optionally after a Hadamard rotation of each
+// head. The pool never grows: its size is fixed at construction from -c.
+//
+//   kv::CacheParams p{.n_cells = 4096, .n_seq_max = 4, .type_k = GgmlType::Q8_0, .type_v = GgmlType::Q8_0};
+//   kv::KvCache cache(layers, p);
+//   cache.place(seq_ids, positions, cells);           // room for a batch, or KvCacheError
+//   cache.store(layer, cells, k_rows, v_rows);         // every layer, in the forward pass
+//   ops::attention over cache.view(...)                // reads K/V straight from the blocks
+//   cache.seq_rm(1, 100, -1); cache.seq_cp(0, 2, -1, -1); cache.seq_add(0, 4, -1, -4);
+//
+// Vocabulary (as llama.cpp's): a *cell* holds one token's K and V for every layer of the pool,
+// its position, and the set of sequences that use it (a token of a shared prefix is one cell in
+// several sequences). A *block* is block_size consecutive cells. Each sequence has a *block
+// table*: the blocks it has cells in, in the order it got them. A block is shared when more than
+// one table holds it (reference count); a sequence that writes into a shared block first copies
+// it (copy on write). Positions inside a block need not be increasing (after shifts or
+// removals); attention decides visibility per cell.
+//
+// Thread safety: none; one forward pass at a time. store() may be called from one thread per
+// layer range; the views are read-only.
+#include <cstddef>
+#include <cstdint>
+#include <span>
+#include <string>
+#include <type_traits>
+#include <vector>
+
+#include "fitllm/error.h"
+#include "quant/ggml_type.h"
+
+namespace fitllm::kv {
+
+// Not enough free cells for a batch, or a sequence id out of range: says what was asked for and
+// what is free. Nothing in the cache changed.
+class KvCacheError : public Error {
+public:
+    using Error::Error;
+};
+
+using SeqId = int32_t;  // 0 .. n_seq_max - 1; -1 in seq_* operations means "every sequence"
+using Pos = int32_t;
+
+inline constexpr int kMaxSequences = 64;  // a cell's sequence set is a 64-bit mask
+
+// The K/V width of one layer of the pool.
+struct LayerShape {
+    int n_head_kv = 0;
+    int head_dim_k = 0;
+    int head_dim_v = 0;
+};
+
+struct CacheParams {
+    int n_cells = 0;       // tokens the pool holds, all sequences together
+    int n_seq_max = 1;     // sequences (<= kMaxSequences)
+    int block_size = 16;   // cells per block; n_cells is rounded up to whole blocks
+    int window = 0;        // > 0: a sliding-window pool; see KvCache::trim_window()
+    quant::GgmlType type_k = quant::GgmlType::F16;
+    quant::GgmlType type_v = quant::GgmlType::F16;
+    // Rotate each head by a normalized Walsh-Hadamard transform before quantizing (K and V), so
+    // outliers spread over the head. Only for quantized types (q8_0, q4_0, ...); ignored for
+    // f32 / f16 / bf16. Needs head sizes that are powers of two (others are stored unrotated).
+    bool rotate = true;
+};
+
+// The types -ctk / -ctv accept: f32, f16, bf16, q8_0, q4_0, q4_1, q5_0, q5_1, iq4_nl.
+bool is_kv_type(quant::GgmlType type);
+// Parses a -ctk / -ctv value; throws std::invalid_argument listing the accepted names.
+quant::GgmlType kv_type_from_name(const std::string& name);
+
+class KvCache {
+public:
+    // Allocates every byte up front. Throws std::invalid_argument for bad shapes or types
+    // (naming them): head sizes must be whole blocks of a quantized type (32 values).
+    KvCache(std::vector<LayerShape> layers, CacheParams params);
+
+    KvCache(KvCache&&) noexcept;
+    KvCache& operator=(KvCache&&) noexcept;
+    ~KvCache();
+
+    const CacheParams& params() const;
+    int n_layer() const;  // layers in this pool
+    int capacity() const;  // cells
+    int n_blocks() const;
+    size_t bytes() const;  // K, V and the per-cell bookkeeping
+    bool rotated() const;  // true when K/V heads are stored Hadamard-rotated
+
+    // Occupancy.
+    int used_cells() const;       // cells in use by at least one sequence
+    int allocated_cells() const;  // cells of blocks in some block table; waste = allocated - used
+    int free_cells() const;       // capacity - used_cells()
+    Pos seq_pos_min(SeqId seq) const;  // -1 when the sequence is empty
+    Pos seq_pos_max(SeqId seq) const;  // -1 when the sequence is empty
+    int seq_n_cells(SeqId seq) const;
+
+    // --- Placing a batch ----------------------------------------------------------------------
+    // Finds a cell for each token i (of sequence seq[i] at position pos[i]) and marks it used:
+    // first in the free cells of each sequence's last block (copying that block first when it
+    // is shared), then in new blocks, preferring runs of contiguous free blocks, then any free
+    // block; freed blocks are reused ring-fashion (the search starts after the last block
+    // handed out). cells_out[i] receives the cell index. All or nothing: when the batch does not
+    // fit, throws KvCacheError with the numbers and changes nothing.
+    void place(std::span<const SeqId> seq, std::span<const Pos> pos, std::span<int32_t> cells_out);
+
+    // Writes n = cells.size() rows of layer `layer`: k is [n, n_head_kv * head_dim_k] floats,
+    // v is [n, n_head_kv * head_dim_v]; rotated and quantized to the pool's types.
+    void store(int layer, std::span<const int32_t> cells, const float* k, const float* v);
+
+    // --- Sequence operations (llama.cpp's llama_memory_seq_*) ---------------------------------
+    // Ranges are [p0, p1); p0 < 0 means 0 and p1 < 0 means no upper bound; seq -1 = all.
+    void seq_rm(SeqId seq, Pos p0, Pos p1);             // forget the sequence's tokens in range
+    void seq_cp(SeqId src, SeqId dst, Pos p0, Pos p1);  // dst also uses src's cells in range (no copy)
+    void seq_keep(SeqId seq);                           // forget every other sequence
+    // Positions in range move by delta (tokens whose position becomes negative are removed).
+    // K needs re-rotating (RoPE) by delta: the cache records it, and the model applies it with
+    // apply_k_shift() before its next forward pass.
+    void seq_add(SeqId seq, Pos p0, Pos p1, Pos delta);
+    void seq_div(SeqId seq, Pos p0, Pos p1, int d);  // positions in range become pos / d (RoPE as seq_add)
+    void clear();                                     // every cell free, every table empty
+
+    // --- Shifts ---------------------------------------------------------------------------------
+    bool has_k_shift() const;
+    // For each cell with a pending shift: K of `layer` is read back to floats (un-rotated), passed
+    // to rerotate(k_rows [n, n_head_kv * head_dim_k], deltas [n], n) which applies RoPE by each
+    // row's delta in place, and stored again. Call for every layer, then clear_k_shift().
+    template <class Fn>
+    void apply_k_shift(int layer, Fn&& rerotate);
+    void clear_k_shift();
+
+    // Sliding-window pools: frees the cells of each sequence whose position is at or below
+    // seq_pos_max(seq) - window, i.e. those no later token can see. The model calls it after
+    // each batch.
+    void trim_window();
+
+    // --- Reading (attention) -------------------------------------------------------------------
+    // A token of sequence `seq` sees the cells of the blocks in seq_blocks(seq) whose sequence set
+    // contains seq (and whose position passes the causal / window test).
+    std::span<const int32_t> seq_blocks(SeqId seq) const;  // block indices, table order
+    bool cell_has_seq(int32_t cell, SeqId seq) const;
+    Pos cell_pos(int32_t cell) const;  // -1 for a free cell
+    uint64_t cell_seqs(int32_t cell) const;
+
+    struct LayerView {
+        quant::GgmlType type_k, type_v;
+        int n_head_kv, head_dim_k, head_dim_v;
+        bool rotated;                    // heads stored Hadamard-rotated: rotate q, un-rotate the output
+        const std::byte* k = nullptr;    // cell c's K row: k + c * k_row_bytes; head h at h * k_head_bytes
+        const std::byte* v = nullptr;
+        size_t k_row_bytes, k_head_bytes, v_row_bytes, v_head_bytes;
+    };
+    LayerView layer_view(int layer) const;
+
+    // For tests and checks: K or V of one cell and layer back in floats (un-rotated).
+    void read_k(int layer, int32_t cell, float* out) const;
+    void read_v(int layer, int32_t cell, float* out) const;
+
+private:
+    struct Impl;
+    Impl* impl_;  // owned; pimpl keeps the bookkeeping out of this header
+    void for_shifted_cells(int layer, void (*fn)(void*, float*, const int32_t*, int), void* ctx);
+};
+
+template <class Fn>
+void KvCache::apply_k_shift(int layer, Fn&& rerotate) {
+    using F = std::remove_reference_t<Fn>;
+    for_shifted_cells(
+        layer, [](void* ctx, float* k_rows, const int32_t* deltas, int n) { (*static_cast<F*>(ctx))(k_rows, deltas, n); },
+        const_cast<void*>(static_cast<const void*>(&rerotate)));
+}
+
+// The caches of one model: one pool for the layers with full attention and, when some layers
+// attend through a sliding window (Gemma 3's local layers), a second pool for those with room for
+// n_seq_max * window + n_batch cells, trimmed after every batch, so their memory and cost stop
+// growing past the window. Sequence operations and place() apply to every pool.
+class ModelCache {
+public:
+    // layer_window[il] == 0: full attention; > 0: that layer's window. Throws like KvCache.
+    ModelCache(const std::vector<LayerShape>& layers, const std::vector<int>& layer_window, CacheParams params,
+               int n_batch);
+
+    int n_pools() const;
+    KvCache& pool(int i);
+    const KvCache& pool(int i) const;
+    int pool_of(int layer) const;      // which pool holds the model layer
+    int index_in_pool(int layer) const;  // the layer's index inside its pool
+
+    // Places the batch in every pool (all or nothing across pools); cells(pool) then gives the
+    // cells of the batch's tokens in that pool, valid until the next place().
+    void place(std::span<const SeqId> seq, std::span<const Pos> pos);
+    std::span<const int32_t> cells(int pool) const;
+    // After the forward pass of a batch: trims the sliding-window pools.
+    void end_batch();
+
+    void seq_rm(SeqId seq, Pos p0, Pos p1);
+    void seq_cp(SeqId src, SeqId dst, Pos p0, Pos p1);
+    void seq_keep(SeqId seq);
+    void seq_add(SeqId seq, Pos p0, Pos p1, Pos delta);
+    void seq_div(SeqId seq, Pos p0, Pos p1, int d);
+    void clear();
+    Pos seq_pos_max(SeqId seq) const;  // from the full-attention pool (the one that keeps everything)
+    int capacity() const;              // of the full-attention pool: the context size
+    size_t bytes() const;              // every pool
+
+private:
+    std::vector<KvCache> pools_;
+    std::vector<int> pool_of_, index_in_pool_;
+    std::vector<std::vector<int32_t>> cells_;
+};
+
+}  // namespace fitllm::kv
