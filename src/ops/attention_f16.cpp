@@ -150,10 +150,12 @@ __attribute__((target("avx512f,avx512vl,fma,f16c"))) inline float reduce_like_gg
     return (lanes[0] + lanes[1]) + (lanes[2] + lanes[3]);
 }
 
-// Scores of n (1 to 4) queries against one key row.
-template <int n>
-__attribute__((target("avx512f,avx512vl,fma,f16c"))) inline void dots(const float* q16, const int* rows, int d,
+// Scores of n (1 to 4) queries against one key row; kD is head_dim, 0 where it is only known at
+// run time.
+template <int n, int kD>
+__attribute__((target("avx512f,avx512vl,fma,f16c"))) inline void dots(const float* q16, const int* rows, int head_dim,
                                                                       const float* kj, float* scores) {
+    const int d = kD > 0 ? kD : head_dim;
     __m512 lo[n], hi[n];
     const float* qr[n];
     for (int r = 0; r < n; ++r) {
@@ -161,6 +163,7 @@ __attribute__((target("avx512f,avx512vl,fma,f16c"))) inline void dots(const floa
         hi[r] = _mm512_setzero_ps();
         qr[r] = q16 + static_cast<int64_t>(rows[r]) * d;
     }
+#pragma GCC unroll 8
     for (int i = 0; i < d; i += 32) {
         const __m512 k0 = _mm512_loadu_ps(kj + i);
         const __m512 k1 = _mm512_loadu_ps(kj + i + 16);
@@ -182,12 +185,13 @@ __attribute__((target("avx512f,avx512vl,fma,f16c"))) inline void store_half16(ui
 }
 
 // n_tokens consecutive tokens (q, out rows token_stride floats apart, positions pos) times
-// n_heads consecutive query heads of one kv group (rows d apart).
+// n_heads consecutive query heads of one kv group (rows d apart). kD as for dots.
+template <int kD>
 __attribute__((target("avx512f,avx512vl,fma,f16c"))) void attend_block_avx512(
     const float* q, const int32_t* pos, int n_tokens, int n_heads, int64_t token_stride, const float* k, const float* v,
     const int32_t* kv_pos, int64_t n_kv, int64_t kv_row_stride, const AttentionParams& p, float* __restrict q16,
     uint16_t* __restrict acc, float* out) {
-    const int d = p.head_dim;
+    const int d = kD > 0 ? kD : p.head_dim;
     const int n_queries = n_tokens * n_heads;
     for (int t = 0; t < n_tokens; ++t) {
         for (int h = 0; h < n_heads; ++h) {
@@ -218,8 +222,8 @@ __attribute__((target("avx512f,avx512vl,fma,f16c"))) void attend_block_avx512(
         const float* kj = k + j * kv_row_stride;
         float scores[kMaxQueries];
         int a = 0;
-        for (; a + 4 <= n_active; a += 4) dots<4>(q16, rows + a, d, kj, scores + a);
-        for (; a < n_active; ++a) dots<1>(q16, rows + a, d, kj, scores + a);
+        for (; a + 4 <= n_active; a += 4) dots<4, kD>(q16, rows + a, d, kj, scores + a);
+        for (; a < n_active; ++a) dots<1, kD>(q16, rows + a, d, kj, scores + a);
 
         __m512 weights[kMaxQueries];
         for (a = 0; a < n_active; ++a) {
@@ -240,12 +244,14 @@ __attribute__((target("avx512f,avx512vl,fma,f16c"))) void attend_block_avx512(
             sum[r] = __builtin_fmaf(sum[r], rescale, weight);
             weights[a] = _mm512_set1_ps(weight);
         }
+        // Query by query, so that each accumulator row streams through once; the V row stays in L1.
         const float* vj = v + j * kv_row_stride;
-        for (int i = 0; i < d; i += 16) {
-            const __m512 vi = _mm512_loadu_ps(vj + i);
-            for (a = 0; a < n_active; ++a) {
-                uint16_t* acc_i = acc + static_cast<int64_t>(rows[a]) * d + i;
-                store_half16(acc_i, _mm512_fmadd_ps(vi, weights[a], load_half16(acc_i)));
+        for (a = 0; a < n_active; ++a) {
+            uint16_t* acc_r = acc + static_cast<int64_t>(rows[a]) * d;
+            const __m512 w = weights[a];
+#pragma GCC unroll 16
+            for (int i = 0; i < d; i += 16) {
+                store_half16(acc_r + i, _mm512_fmadd_ps(_mm512_loadu_ps(vj + i), w, load_half16(acc_r + i)));
             }
         }
     }
@@ -293,6 +299,11 @@ void attention_f16_blocked(const float* q, const int32_t* q_pos, int64_t n_tok, 
     const int64_t n_token_blocks = (n_tok + tokens - 1) / tokens;
     const int64_t head_blocks = p.n_head / heads;
     const int64_t per_thread = block_scratch_floats(d);
+    // Head sizes of common models get a kernel with the loops unrolled.
+    auto* const attend_block = d == 256   ? attend_block_avx512<256>
+                               : d == 128 ? attend_block_avx512<128>
+                               : d == 64  ? attend_block_avx512<64>
+                                          : attend_block_avx512<0>;
     auto* thread_scratch =
         reinterpret_cast<float*>(scratch.bytes(static_cast<size_t>(per_thread * pool.size()) * sizeof(float)));
     // Under a causal mask a token's cost grows with its position. Tasks go out in the order first
@@ -308,8 +319,8 @@ void attention_f16_blocked(const float* q, const int32_t* q_pos, int64_t n_tok, 
             const int64_t t0 = b * tokens;
             const int n_tokens = static_cast<int>(std::min(tokens, n_tok - t0));
             const int64_t g = h0 / group;
-            attend_block_avx512(q + t0 * token_stride + h0 * d, q_pos + t0, n_tokens, heads, token_stride, k + g * d,
-                                v + g * d, kv_pos, n_kv, kv_row_stride, p, q16, acc, out + t0 * token_stride + h0 * d);
+            attend_block(q + t0 * token_stride + h0 * d, q_pos + t0, n_tokens, heads, token_stride, k + g * d,
+                         v + g * d, kv_pos, n_kv, kv_row_stride, p, q16, acc, out + t0 * token_stride + h0 * d);
         }
     });
 }
