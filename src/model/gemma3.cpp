@@ -2,15 +2,11 @@
 // embedding scaled by sqrt(n_embd), five sliding-window layers per global one.
 // Reference: the Gemma 3 technical report; llama.cpp's gemma3 graph for the exact order of ops.
 #include <cmath>
-#include <stdexcept>
-#include <string>
-#include <vector>
 
+#include "model/decoder.h"
 #include "model/model.h"
 #include "model/weights.h"
 #include "ops/activation.h"
-#include "ops/attention.h"
-#include "ops/attention_f16.h"
 #include "ops/embedding.h"
 #include "ops/matmul.h"
 #include "ops/norm.h"
@@ -20,25 +16,6 @@
 namespace fitllm::model {
 namespace {
 
-// Activations for a batch of tokens; vectors only grow.
-struct Activations {
-    std::vector<float> x, cur, q, k, v, attn, gate, up;
-    void reserve(const Hparams& hp, int n_tok) {
-        const auto grow = [n_tok](std::vector<float>& b, int64_t row) {
-            const size_t n = static_cast<size_t>(n_tok * row);
-            if (b.size() < n) b.resize(n);
-        };
-        grow(x, hp.n_embd);
-        grow(cur, hp.n_embd);
-        grow(q, int64_t{hp.n_head} * hp.head_dim);
-        grow(k, int64_t{hp.n_head_kv} * hp.head_dim);
-        grow(v, int64_t{hp.n_head_kv} * hp.head_dim_v);
-        grow(attn, int64_t{hp.n_head} * hp.head_dim_v);
-        grow(gate, hp.n_ff);
-        grow(up, hp.n_ff);
-    }
-};
-
 class Gemma3 final : public Model {
 public:
     Gemma3(const gguf::GgufFile& file, Hparams hp) : hp_(std::move(hp)), w_(bind_gemma3_weights(file, hp_)) {}
@@ -47,11 +24,8 @@ public:
 
     void forward(std::span<const int32_t> tokens, std::span<const int32_t> positions, kv::KvCache& cache,
                  float* logits_out, bool all_logits, ops::ThreadPool& pool) override {
-        if (tokens.size() != positions.size() || tokens.empty()) {
-            throw std::invalid_argument("gemma3 forward: " + std::to_string(tokens.size()) + " tokens but " +
-                                        std::to_string(positions.size()) + " positions");
-        }
         const Hparams& hp = hp_;
+        check_batch(hp, tokens, positions);
         const int n = static_cast<int>(tokens.size());
         const int64_t E = hp.n_embd;
         a_.reserve(hp, n);
@@ -62,7 +36,6 @@ public:
         ops::scale(x, n * E, std::sqrt(static_cast<float>(hp.n_embd)));
 
         const int first = cache.append(positions.data(), n);
-        const int n_kv = cache.size();
         for (int il = 0; il < hp.n_layer; ++il) {
             const Gemma3Layer& L = w_.layers[static_cast<size_t>(il)];
             const bool local = hp.is_swa[static_cast<size_t>(il)];
@@ -84,15 +57,8 @@ public:
             // Q is scaled before attention (not the scores), as llama.cpp does: its f16 rounding of
             // Q then sees the same values.
             ops::scale(a_.q.data(), int64_t{n} * hp.n_head * hp.head_dim, hp.attn_scale);
-
-            ops::AttentionParams ap;
-            ap.n_head = hp.n_head;
-            ap.n_head_kv = hp.n_head_kv;
-            ap.head_dim = hp.head_dim;
-            ap.scale = 1.0f;
-            ap.sliding_window = local ? hp.sliding_window : 0;
-            ops::attention_f16(a_.q.data(), positions.data(), n, cache.k(il), cache.v(il), cache.positions(), n_kv, ap,
-                               a_.attn.data(), pool, scratch_);         // attn: [n, n_head * head_dim_v]
+            attend(hp, cache, il, a_.q.data(), positions.data(), n, /*scale=*/1.0f, local ? hp.sliding_window : 0,
+                   a_.attn.data(), pool, scratch_);                     // attn: [n, n_head * head_dim_v]
             ops::matmul(L.wo, a_.attn.data(), n, cur, pool, scratch_);  // cur: [n, n_embd]
             ops::rms_norm(cur, L.post_attn_norm, hp.norm_eps, n, E, cur);
             ops::add(x, cur, n * E, x);

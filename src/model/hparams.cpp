@@ -41,6 +41,51 @@ void read_gemma3(const gguf::GgufFile& file, Hparams& hp) {
                                      : 1.0f / std::sqrt(static_cast<float>(hp.head_dim));
 }
 
+// Llama (2, 3, 3.x, Mistral, TinyLlama, SmolLM2) and Qwen2 (llama.cpp's LLM_ARCH_LLAMA and
+// LLM_ARCH_QWEN2): every layer attends globally; the first n_rot dims of each head rotate.
+// Positions are scaled linearly by 1 / rope.scaling.factor (or the older rope.scale_linear):
+// llama.cpp applies that factor unless rope.scaling.type is "none", and so do we. Llama 3.1's
+// frequency factors come as a tensor (rope_freqs.weight), bound with the weights.
+void read_llama_like(const gguf::GgufFile& file, Hparams& hp) {
+    const std::string p = hp.arch + ".";
+    if (file.has(p + "expert_count") && file.get_int(p + "expert_count") > 0) {
+        throw ModelError(file.source() + ": '" + p +
+                         "expert_count' = " + std::to_string(file.get_int(p + "expert_count")) +
+                         ": mixture-of-experts models (Mixtral) are not supported");
+    }
+    hp.is_swa.assign(static_cast<size_t>(hp.n_layer), false);
+    hp.rope_base_swa = hp.rope_base;
+    if (hp.head_dim_v != hp.head_dim) {
+        throw ModelError(file.source() + ": '" + p + "attention.value_length' = " + std::to_string(hp.head_dim_v) +
+                         " differs from '" + p + "attention.key_length' = " + std::to_string(hp.head_dim) + "; " +
+                         hp.arch + " needs equal K and V head sizes");
+    }
+    hp.n_rot = optional_int(file, p + "rope.dimension_count", hp.head_dim);
+    if (hp.n_rot % 2 != 0 || hp.n_rot > hp.head_dim) {
+        throw ModelError(file.source() + ": '" + p + "rope.dimension_count' = " + std::to_string(hp.n_rot) +
+                         " must be even and at most the head size " + std::to_string(hp.head_dim));
+    }
+
+    const std::string type_key = p + "rope.scaling.type";
+    const std::string type = file.has(type_key) ? std::string(file.get<std::string_view>(type_key)) : "linear";
+    if (type != "linear" && type != "none") {
+        throw ModelError(file.source() + ": '" + type_key + "' = '" + type +
+                         "' is not supported (fitllm supports 'linear' and 'none')");
+    }
+    std::string factor_key = p + "rope.scaling.factor";
+    if (!file.has(factor_key)) factor_key = p + "rope.scale_linear";
+    const float factor = optional_float(file, factor_key, 0.0f);
+    if (factor < 0.0f || !std::isfinite(factor)) {
+        throw ModelError(file.source() + ": '" + factor_key + "' = " + std::to_string(factor) +
+                         " must be positive (or 0 for none)");
+    }
+    hp.rope_freq_scale = (type == "none" || factor == 0.0f) ? 1.0f : 1.0f / factor;
+
+    // attention.scale (Granite-style Llamas) replaces 1/sqrt(head_dim) when present.
+    const float scale = optional_float(file, p + "attention.scale", 0.0f);
+    hp.attn_scale = scale != 0.0f ? scale : 1.0f / std::sqrt(static_cast<float>(hp.head_dim));
+}
+
 }  // namespace
 
 Hparams read_hparams(const gguf::GgufFile& file) {
@@ -49,7 +94,7 @@ Hparams read_hparams(const gguf::GgufFile& file) {
         throw ModelError(file.source() + ": missing metadata key 'general.architecture'");
     }
     hp.arch = std::string(file.get<std::string_view>("general.architecture"));
-    if (hp.arch != "gemma3") {
+    if (hp.arch != "gemma3" && hp.arch != "llama" && hp.arch != "qwen2") {
         throw ModelError(file.source() + ": architecture '" + hp.arch +
                          "' is not supported (fitllm runs: " + kSupportedArchitectures + ")");
     }
@@ -66,6 +111,7 @@ Hparams read_hparams(const gguf::GgufFile& file) {
     if (!file.has(eps_key)) throw ModelError(file.source() + ": missing metadata key '" + eps_key + "'");
     hp.norm_eps = static_cast<float>(file.get_double(eps_key));
     hp.rope_base = optional_float(file, p + "rope.freq_base", 10000.0f);
+    hp.n_rot = hp.head_dim;
 
     if (hp.n_head % hp.n_head_kv != 0) {
         throw ModelError(file.source() + ": '" + p + "attention.head_count' = " + std::to_string(hp.n_head) +
@@ -83,7 +129,11 @@ Hparams read_hparams(const gguf::GgufFile& file) {
     if (!embd) throw ModelError(file.source() + ": missing tensor 'token_embd.weight'");
     hp.n_vocab = static_cast<int>(embd->ne[1]);
 
-    read_gemma3(file, hp);
+    if (hp.arch == "gemma3") {
+        read_gemma3(file, hp);
+    } else {
+        read_llama_like(file, hp);
+    }
     return hp;
 }
 

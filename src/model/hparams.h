@@ -17,7 +17,7 @@ public:
 };
 
 struct Hparams {
-    std::string arch;  // general.architecture, e.g. "gemma3"
+    std::string arch;  // general.architecture, e.g. "gemma3", "llama", "qwen2"
     int n_layer = 0;
     int n_embd = 0;
     int n_head = 0;
@@ -36,11 +36,15 @@ struct Hparams {
     std::vector<bool> is_swa;  // one per layer
     float rope_base = 10000.0f;
     float rope_base_swa = 10000.0f;
+    // Rotary embeddings: the first n_rot dims of each head rotate (llama, qwen2; gemma3 rotates
+    // all of head_dim), positions scaled by rope_freq_scale (1 / linear scaling factor).
+    int n_rot = 0;
+    float rope_freq_scale = 1.0f;
     float final_logit_softcap = 0.0f;  // > 0: logits = cap * tanh(logits / cap)
 };
 
 // The architectures fitllm has a forward pass for.
-inline constexpr const char* kSupportedArchitectures = "gemma3";
+inline constexpr const char* kSupportedArchitectures = "gemma3, llama, qwen2";
 
 // Reads and checks the hyper-parameters. Throws ModelError naming the key (and the file) for a
 // missing or inconsistent value and naming the architecture when fitllm does not support it.

@@ -40,5 +40,7 @@ public:
 
 // The forward pass of each architecture (one file each).
 std::unique_ptr<Model> make_gemma3(const gguf::GgufFile& file, Hparams hp);
+std::unique_ptr<Model> make_llama(const gguf::GgufFile& file, Hparams hp);
+std::unique_ptr<Model> make_qwen2(const gguf::GgufFile& file, Hparams hp);
 
 }  // namespace fitllm::model

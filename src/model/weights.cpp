@@ -59,6 +59,15 @@ const float* TensorBinder::vector(const std::string& name, int64_t n) const {
     return reinterpret_cast<const float*>(t.data.data());
 }
 
+const float* TensorBinder::optional_vector(const std::string& name, int64_t n) const {
+    if (!file_.find_tensor(name)) return nullptr;
+    return vector(name, n);
+}
+
+void TensorBinder::refuse(const std::string& name, const std::string& why) const {
+    if (file_.find_tensor(name)) throw ModelError(file_.source() + ": tensor '" + name + "' is not supported: " + why);
+}
+
 Gemma3Weights bind_gemma3_weights(const gguf::GgufFile& file, const Hparams& hp) {
     const TensorBinder b(file);
     Gemma3Weights w;
@@ -86,6 +95,43 @@ Gemma3Weights bind_gemma3_weights(const gguf::GgufFile& file, const Hparams& hp)
         L.ffn_up = b.matrix(p + "ffn_up.weight", hp.n_ff, hp.n_embd);
         L.ffn_down = b.matrix(p + "ffn_down.weight", hp.n_embd, hp.n_ff);
         L.post_ffn_norm = b.vector(p + "post_ffw_norm.weight", hp.n_embd);
+        w.layers.push_back(L);
+    }
+    return w;
+}
+
+LlamaWeights bind_llama_weights(const gguf::GgufFile& file, const Hparams& hp, QkvBias qkv_bias) {
+    const TensorBinder b(file);
+    LlamaWeights w;
+    w.token_embd = b.matrix("token_embd.weight", hp.n_vocab, hp.n_embd);
+    w.output_norm = b.vector("output_norm.weight", hp.n_embd);
+    w.output = b.optional_matrix("output.weight", hp.n_vocab, hp.n_embd);
+    if (!w.output.data) w.output = w.token_embd;  // tied
+    if (hp.arch == "llama") w.rope_freqs = b.optional_vector("rope_freqs.weight", hp.n_rot / 2);
+    const int64_t q_dim = int64_t{hp.n_head} * hp.head_dim;
+    const int64_t kv_dim = int64_t{hp.n_head_kv} * hp.head_dim;
+    const auto bias = [&](const std::string& name, int64_t n) {
+        return qkv_bias == QkvBias::Required ? b.vector(name, n) : b.optional_vector(name, n);
+    };
+    for (int il = 0; il < hp.n_layer; ++il) {
+        const std::string p = "blk." + std::to_string(il) + ".";
+        LlamaLayer L;
+        L.attn_norm = b.vector(p + "attn_norm.weight", hp.n_embd);
+        L.wq = b.matrix(p + "attn_q.weight", q_dim, hp.n_embd);
+        L.wk = b.matrix(p + "attn_k.weight", kv_dim, hp.n_embd);
+        L.wv = b.matrix(p + "attn_v.weight", kv_dim, hp.n_embd);
+        L.bq = bias(p + "attn_q.bias", q_dim);
+        L.bk = bias(p + "attn_k.bias", kv_dim);
+        L.bv = bias(p + "attn_v.bias", kv_dim);
+        L.wo = b.matrix(p + "attn_output.weight", hp.n_embd, q_dim);
+        L.bo = b.optional_vector(p + "attn_output.bias", hp.n_embd);
+        L.ffn_norm = b.vector(p + "ffn_norm.weight", hp.n_embd);
+        L.ffn_gate = b.matrix(p + "ffn_gate.weight", hp.n_ff, hp.n_embd);
+        L.ffn_up = b.matrix(p + "ffn_up.weight", hp.n_ff, hp.n_embd);
+        L.ffn_down = b.matrix(p + "ffn_down.weight", hp.n_embd, hp.n_ff);
+        for (const char* t : {"ffn_gate.bias", "ffn_up.bias", "ffn_down.bias"}) {
+            b.refuse(p + t, "feed-forward biases are not implemented for " + hp.arch);
+        }
         w.layers.push_back(L);
     }
     return w;

@@ -20,8 +20,13 @@ public:
     ops::WeightView matrix(const std::string& name, int64_t rows, int64_t cols) const;
     // As matrix(), or a view with data == nullptr when the file has no such tensor.
     ops::WeightView optional_matrix(const std::string& name, int64_t rows, int64_t cols) const;
-    // A float vector of n values (norm weights).
+    // A float vector of n values (norm weights, biases).
     const float* vector(const std::string& name, int64_t n) const;
+    // As vector(), or nullptr when the file has no such tensor.
+    const float* optional_vector(const std::string& name, int64_t n) const;
+    // Throws a ModelError naming the tensor if the file has it: for tensors a forward pass would
+    // otherwise silently leave out.
+    void refuse(const std::string& name, const std::string& why) const;
 
 private:
     const gguf::TensorInfo& find(const std::string& name) const;
@@ -54,5 +59,37 @@ struct Gemma3Weights {
 
 // Throws ModelError naming the first missing or misshapen tensor.
 Gemma3Weights bind_gemma3_weights(const gguf::GgufFile& file, const Hparams& hp);
+
+// Llama and Qwen2, one block: pre-norm attention and SwiGLU feed-forward. Biases are nullptr when
+// the file has none.
+struct LlamaLayer {
+    const float* attn_norm = nullptr;  // [n_embd]
+    ops::WeightView wq;                // [n_head * head_dim, n_embd]
+    ops::WeightView wk;                // [n_head_kv * head_dim, n_embd]
+    ops::WeightView wv;                // [n_head_kv * head_dim, n_embd]
+    const float* bq = nullptr;         // [n_head * head_dim]     (Qwen2: required)
+    const float* bk = nullptr;         // [n_head_kv * head_dim]  (Qwen2: required)
+    const float* bv = nullptr;         // [n_head_kv * head_dim]  (Qwen2: required)
+    ops::WeightView wo;                // [n_embd, n_head * head_dim]
+    const float* bo = nullptr;         // [n_embd]
+    const float* ffn_norm = nullptr;   // [n_embd]
+    ops::WeightView ffn_gate;          // [n_ff, n_embd]
+    ops::WeightView ffn_up;            // [n_ff, n_embd]
+    ops::WeightView ffn_down;          // [n_embd, n_ff]
+};
+
+struct LlamaWeights {
+    ops::WeightView token_embd;          // [n_vocab, n_embd]
+    std::vector<LlamaLayer> layers;      // n_layer
+    const float* output_norm = nullptr;  // [n_embd]
+    ops::WeightView output;              // [n_vocab, n_embd]; token_embd when tied
+    const float* rope_freqs = nullptr;   // [n_rot / 2] divisors of the RoPE frequencies (Llama 3.1), or nullptr
+};
+
+enum class QkvBias { Optional, Required };
+
+// Binds a "llama" or "qwen2" file (Qwen2 passes QkvBias::Required). Throws ModelError naming the
+// first missing or misshapen tensor, or a tensor the forward pass does not use (FFN biases).
+LlamaWeights bind_llama_weights(const gguf::GgufFile& file, const Hparams& hp, QkvBias qkv_bias);
 
 }  // namespace fitllm::model

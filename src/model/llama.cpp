@@ -1,0 +1,95 @@
+// Llama (2, 3, 3.x; also Mistral, TinyLlama, SmolLM2): pre-norm blocks of grouped-query attention
+// with rotary embeddings on adjacent pairs of dims, and a SwiGLU feed-forward.
+// Reference: the Llama papers; llama.cpp's llama graph for the exact order of ops.
+#include "model/decoder.h"
+#include "model/model.h"
+#include "model/weights.h"
+#include "ops/activation.h"
+#include "ops/embedding.h"
+#include "ops/matmul.h"
+#include "ops/norm.h"
+#include "ops/rope.h"
+#include "ops/scratch.h"
+
+namespace fitllm::model {
+namespace {
+
+class Llama final : public Model {
+public:
+    Llama(const gguf::GgufFile& file, Hparams hp)
+        : hp_(std::move(hp)), w_(bind_llama_weights(file, hp_, QkvBias::Optional)) {}
+
+    const Hparams& hparams() const override { return hp_; }
+
+    void forward(std::span<const int32_t> tokens, std::span<const int32_t> positions, kv::KvCache& cache,
+                 float* logits_out, bool all_logits, ops::ThreadPool& pool) override {
+        const Hparams& hp = hp_;
+        check_batch(hp, tokens, positions);
+        const int n = static_cast<int>(tokens.size());
+        const int64_t E = hp.n_embd;
+        const int64_t q_dim = int64_t{hp.n_head} * hp.head_dim;
+        const int64_t kv_dim = int64_t{hp.n_head_kv} * hp.head_dim;
+        a_.reserve(hp, n);
+        float* x = a_.x.data();
+        float* cur = a_.cur.data();
+
+        ops::embedding_rows(w_.token_embd, tokens.data(), n, x);  // x: [n, n_embd]
+
+        ops::RopeParams rope;
+        rope.mode = ops::RopeMode::Normal;  // adjacent pairs (x[2i], x[2i+1])
+        rope.n_dims = hp.n_rot;
+        rope.freq_base = hp.rope_base;
+        rope.freq_scale = hp.rope_freq_scale;
+        rope.freq_factors = w_.rope_freqs;  // Llama 3.1+: per-pair divisors, else nullptr
+
+        const int first = cache.append(positions.data(), n);
+        for (int il = 0; il < hp.n_layer; ++il) {
+            const LlamaLayer& L = w_.layers[static_cast<size_t>(il)];
+
+            // Attention block.
+            ops::rms_norm(x, L.attn_norm, hp.norm_eps, n, E, cur);
+            ops::matmul(L.wq, cur, n, a_.q.data(), pool, scratch_);  // q: [n, n_head, head_dim]
+            ops::matmul(L.wk, cur, n, a_.k.data(), pool, scratch_);  // k: [n, n_head_kv, head_dim]
+            ops::matmul(L.wv, cur, n, a_.v.data(), pool, scratch_);  // v: [n, n_head_kv, head_dim]
+            if (L.bq) ops::add_bias(a_.q.data(), L.bq, n, q_dim);
+            if (L.bk) ops::add_bias(a_.k.data(), L.bk, n, kv_dim);
+            if (L.bv) ops::add_bias(a_.v.data(), L.bv, n, kv_dim);
+            ops::rope(a_.q.data(), positions.data(), n, hp.n_head, hp.head_dim, rope);
+            ops::rope(a_.k.data(), positions.data(), n, hp.n_head_kv, hp.head_dim, rope);
+            cache.store(il, first, n, a_.k.data(), a_.v.data());
+            attend(hp, cache, il, a_.q.data(), positions.data(), n, hp.attn_scale, /*window=*/0, a_.attn.data(), pool,
+                   scratch_);                                           // attn: [n, n_head * head_dim]
+            ops::matmul(L.wo, a_.attn.data(), n, cur, pool, scratch_);  // cur: [n, n_embd]
+            if (L.bo) ops::add_bias(cur, L.bo, n, E);
+            ops::add(x, cur, n * E, x);
+
+            // Feed-forward block: down(silu(gate(h)) * up(h)).
+            ops::rms_norm(x, L.ffn_norm, hp.norm_eps, n, E, cur);
+            ops::matmul(L.ffn_gate, cur, n, a_.gate.data(), pool, scratch_);  // gate: [n, n_ff]
+            ops::matmul(L.ffn_up, cur, n, a_.up.data(), pool, scratch_);      // up: [n, n_ff]
+            ops::swiglu(a_.gate.data(), a_.up.data(), int64_t{n} * hp.n_ff, a_.gate.data());
+            ops::matmul(L.ffn_down, a_.gate.data(), n, cur, pool, scratch_);  // cur: [n, n_embd]
+            ops::add(x, cur, n * E, x);
+        }
+
+        // Output: the last token's row, or all of them.
+        const int n_out = all_logits ? n : 1;
+        const float* rows = all_logits ? x : x + (n - 1) * E;
+        ops::rms_norm(rows, w_.output_norm, hp.norm_eps, n_out, E, cur);
+        ops::matmul(w_.output, cur, n_out, logits_out, pool, scratch_);  // logits: [n_out, n_vocab]
+    }
+
+private:
+    Hparams hp_;
+    LlamaWeights w_;
+    Activations a_;
+    ops::Scratch scratch_;
+};
+
+}  // namespace
+
+std::unique_ptr<Model> make_llama(const gguf::GgufFile& file, Hparams hp) {
+    return std::make_unique<Llama>(file, std::move(hp));
+}
+
+}  // namespace fitllm::model
