@@ -60,13 +60,6 @@ void unroll(F&& f) {
     unrolled(f, std::make_integer_sequence<int, N>{});
 }
 
-float hsum(__m256 v) {
-    __m128 s = _mm_add_ps(_mm256_castps256_ps128(v), _mm256_extractf128_ps(v, 1));
-    s = _mm_add_ps(s, _mm_movehl_ps(s, s));
-    s = _mm_add_ss(s, _mm_movehdup_ps(s));
-    return _mm_cvtss_f32(s);
-}
-
 // acc + sum over word pairs of p * scales.
 template <bool kVnni>
 __m512i scaled_sum(__m512i acc, __m512i p, __m512i scales) {
@@ -293,15 +286,18 @@ void rows_times_tokens(int n, int n_rows, const uint8_t* w, size_t w_stride, con
     for (int r = 0; r < n_rows; ++r) {
         const Block* x = as<Block>(w + static_cast<size_t>(r) * w_stride);
         __m512 acc[kT];
-        __m256 acc_mins[kT];
-        unroll<kT>([&](auto t_) {
-            constexpr int t = decltype(t_)::value;
-            acc[t] = _mm512_setzero_ps();
-            acc_mins[t] = _mm256_setzero_ps();
-        });
+        unroll<kT>([&](auto t_) { acc[decltype(t_)::value] = _mm512_setzero_ps(); });
         for (int i = 0; i < n / kQK; ++i) {
             const Unpacked u = K::unpack(x[i]);
             // The scales lined up with the 16-bit sums: of each register (maddubs) or pair (VNNI).
+            // With mins, a token's sums go to float as one register: 8 lanes of scaled products
+            // (the 16 of sumi folded), then 8 of mins times bsums, scaled by d and -dmin.
+            __m512 factors;
+            if constexpr (K::kMins) {
+                factors = _mm512_mask_blend_ps(0xFF00, _mm512_set1_ps(u.d), _mm512_set1_ps(-u.dmin));
+            } else {
+                factors = _mm512_set1_ps(u.d);
+            }
             __m512i sc[4];
             if constexpr (kVnni) {
                 sc[0] = pair_scales<K::kSixteen, 0>(u.scales);
@@ -332,20 +328,20 @@ void rows_times_tokens(int n, int n_rows, const uint8_t* w, size_t w_stride, con
                     });
                 }
                 if constexpr (K::kMins) {
+                    const __m256i sums8 =
+                        _mm256_add_epi32(_mm512_castsi512_si256(sumi), _mm512_extracti64x4_epi64(sumi, 1));
                     const __m256i min_sums = _mm256_madd_epi16(load256(yb.bsums), _mm512_castsi512_si256(u.corr));
-                    acc_mins[t] =
-                        _mm256_fmadd_ps(_mm256_set1_ps(yb.d * u.dmin), _mm256_cvtepi32_ps(min_sums), acc_mins[t]);
+                    sumi = _mm512_inserti64x4(_mm512_castsi256_si512(sums8), min_sums, 1);
                 } else {
                     sumi = scaled_sum<kVnni>(sumi, _mm512_zextsi256_si512(load256(yb.bsums)), u.corr);
                 }
-                acc[t] = _mm512_fmadd_ps(_mm512_set1_ps(yb.d * u.d), _mm512_cvtepi32_ps(sumi), acc[t]);
+                acc[t] =
+                    _mm512_fmadd_ps(_mm512_mul_ps(factors, _mm512_set1_ps(yb.d)), _mm512_cvtepi32_ps(sumi), acc[t]);
             });
         }
         unroll<kT>([&](auto t_) {
             constexpr int t = decltype(t_)::value;
-            float sum = _mm512_reduce_add_ps(acc[t]);
-            if constexpr (K::kMins) sum -= hsum(acc_mins[t]);
-            y[t * y_stride + static_cast<size_t>(r)] = sum;
+            y[t * y_stride + static_cast<size_t>(r)] = _mm512_reduce_add_ps(acc[t]);
         });
     }
 }
