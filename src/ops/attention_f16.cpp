@@ -172,7 +172,20 @@ __attribute__((target("avx512f,avx512vl,fma,f16c"))) inline void dots(const floa
             hi[r] = _mm512_fmadd_ps(_mm512_loadu_ps(qr[r] + i + 16), k1, hi[r]);
         }
     }
-    for (int r = 0; r < n; ++r) scores[r] = reduce_like_ggml(lo[r], hi[r]);
+    if constexpr (n == 4) {
+        // The four reductions at once: hadd(a, b) = [a0 + a1, a2 + a3, b0 + b1, b2 + b3], so two
+        // levels of it give each query's (s4[0] + s4[1]) + (s4[2] + s4[3]).
+        __m128 s4[4];
+        for (int r = 0; r < 4; ++r) {
+            const __m512 s = _mm512_add_ps(lo[r], hi[r]);
+            const __m256 s8 = _mm256_add_ps(_mm512_castps512_ps256(s),
+                                            _mm256_castpd_ps(_mm512_extractf64x4_pd(_mm512_castps_pd(s), 1)));
+            s4[r] = _mm_add_ps(_mm256_castps256_ps128(s8), _mm256_extractf128_ps(s8, 1));
+        }
+        _mm_storeu_ps(scores, _mm_hadd_ps(_mm_hadd_ps(s4[0], s4[1]), _mm_hadd_ps(s4[2], s4[3])));
+    } else {
+        for (int r = 0; r < n; ++r) scores[r] = reduce_like_ggml(lo[r], hi[r]);
+    }
 }
 
 __attribute__((target("avx512f,avx512vl,fma,f16c"))) inline __m512 load_half16(const uint16_t* p) {
@@ -275,10 +288,10 @@ bool use_avx512(const AttentionParams& p) {
 }
 
 // Heads per block: the largest divisor of the group up to kMaxQueries that still leaves every
-// thread two tasks (decode has one token), or 1.
+// thread a task (decode has one token, and its tasks all cost the same), or 1.
 int heads_per_block(int64_t n_tok, int n_head_kv, int group, int n_threads) {
     for (int m = std::min(group, kMaxQueries); m > 1; --m) {
-        if (group % m == 0 && n_tok * n_head_kv * (group / m) >= 2 * static_cast<int64_t>(n_threads)) return m;
+        if (group % m == 0 && n_tok * n_head_kv * (group / m) >= n_threads) return m;
     }
     return 1;
 }
