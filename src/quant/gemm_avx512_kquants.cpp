@@ -60,6 +60,13 @@ void unroll(F&& f) {
     unrolled(f, std::make_integer_sequence<int, N>{});
 }
 
+float hsum(__m256 v) {
+    __m128 s = _mm_add_ps(_mm256_castps256_ps128(v), _mm256_extractf128_ps(v, 1));
+    s = _mm_add_ps(s, _mm_movehl_ps(s, s));
+    s = _mm_add_ss(s, _mm_movehdup_ps(s));
+    return _mm_cvtss_f32(s);
+}
+
 // acc + sum over word pairs of p * scales.
 template <bool kVnni>
 __m512i scaled_sum(__m512i acc, __m512i p, __m512i scales) {
@@ -95,39 +102,6 @@ __m512i two_scales(__m512i words) {
     return _mm512_permutexvar_epi16(halves64(rep(kLow), rep(kHigh)), words);
 }
 
-// The scales of the 64 elements of register c: sub-blocks 2c, 2c + 1 (of 32) or 4c .. 4c + 3 (of 16).
-template <bool kSixteen, int c>
-__m512i chunk_scales(__m512i words) {
-    if constexpr (kSixteen)
-        return four_scales<4 * c>(words);
-    else
-        return two_scales<2 * c, 2 * c + 1>(words);
-}
-
-// With VNNI, dpbusd sums four products of each register c to 32 bits; packs_epi32 of registers
-// 2p and 2p + 1 puts those sums (|sum| <= 4 * 63 * 128, so they fit) as words 0..3 and 4..7 of
-// each 128-bit lane L, and dpwssd scales them. Word w of lane L belongs to sub-block
-//   of 32: 4p + 2 (w / 4) + L / 2          of 16: 8p + 4 (w / 4) + L.
-struct Words32 {
-    short v[32];
-};
-template <bool kSixteen, int p>
-constexpr Words32 pair_index() {
-    Words32 r{};
-    for (int lane = 0; lane < 4; ++lane) {
-        for (int w = 0; w < 8; ++w) {
-            r.v[8 * lane + w] =
-                static_cast<short>(kSixteen ? 8 * p + 4 * (w / 4) + lane : 4 * p + 2 * (w / 4) + lane / 2);
-        }
-    }
-    return r;
-}
-template <bool kSixteen, int p>
-__m512i pair_scales(__m512i words) {
-    static constexpr Words32 kIndex = pair_index<kSixteen, p>();
-    return _mm512_permutexvar_epi16(_mm512_loadu_si512(kIndex.v), words);
-}
-
 // See unpack_q4k_scales / unpack_q3k_scales in blocks.h.
 __m128i q4k_scales_mins(const uint8_t* packed) {
     uint32_t w[3];
@@ -154,8 +128,8 @@ __m128i q3k_scales(const uint8_t* packed) {
 // -offset * scale_j * bsum_j (corr: 16 words, zero in the high 256 bits).
 struct Unpacked {
     __m512i q[4];
-    __m512i scales;  // the sub-block scales as words: 8 (kSixteen false) or 16
-    __m512i corr;    // mins (low 256 bits), or -offset * scales
+    __m512i sc[4];
+    __m512i corr;  // mins (low 256 bits), or -offset * scales
     float d, dmin;
 };
 
@@ -163,7 +137,6 @@ template <typename B>
 struct Q45K {
     using Block = B;
     static constexpr bool kMins = true;
-    static constexpr bool kSixteen = false;  // 8 sub-blocks of 32
     static constexpr bool kFive = std::is_same_v<Block, BlockQ5_K>;
     static Unpacked unpack(const Block& b) {
         Unpacked u;
@@ -172,7 +145,7 @@ struct Q45K {
         const __m128i mins = _mm_cvtepu8_epi16(_mm_srli_si128(packed, 8));
         u.corr =
             _mm512_castsi256_si512(_mm256_set_m128i(_mm_unpackhi_epi16(mins, mins), _mm_unpacklo_epi16(mins, mins)));
-        u.scales = _mm512_castsi128_si512(_mm_cvtepu8_epi16(packed));  // words 0..7
+        const __m512i scales = _mm512_castsi128_si512(_mm_cvtepu8_epi16(packed));  // words 0..7
         const __m512i nibble = _mm512_set1_epi8(0x0F), nibble_shift = halves64(0, 4);
         __m512i high_bits;
         if constexpr (kFive) high_bits = twice(b.qh);
@@ -184,6 +157,7 @@ struct Q45K {
                 q = _mm512_mask_add_epi8(q, fifth, q, _mm512_set1_epi8(16));
             }
             u.q[c] = q;
+            u.sc[c] = two_scales<2 * c, 2 * c + 1>(scales);
         });
         u.d = f16(b.d);
         u.dmin = f16(b.dmin);
@@ -193,13 +167,12 @@ struct Q45K {
 
 struct Q2K {
     static constexpr bool kMins = true;
-    static constexpr bool kSixteen = true;  // 16 sub-blocks of 16
     using Block = BlockQ2_K;
     static Unpacked unpack(const BlockQ2_K& b) {
         Unpacked u;
         const __m128i packed = load128(b.scales);
         const __m128i nibble = _mm_set1_epi8(0x0F);
-        u.scales = _mm512_castsi256_si512(_mm256_cvtepu8_epi16(_mm_and_si128(packed, nibble)));
+        const __m512i sc = _mm512_castsi256_si512(_mm256_cvtepu8_epi16(_mm_and_si128(packed, nibble)));
         u.corr = _mm512_castsi256_si512(_mm256_cvtepu8_epi16(_mm_and_si128(_mm_srli_epi16(packed, 4), nibble)));
         const __m512i two_bits = _mm512_set1_epi8(3);
         unroll<2>([&](auto h_) {
@@ -207,6 +180,8 @@ struct Q2K {
             const __m512i q = twice(b.qs + 32 * h);
             u.q[2 * h] = _mm512_and_si512(_mm512_srlv_epi64(q, halves64(0, 2)), two_bits);      // groups 0, 1
             u.q[2 * h + 1] = _mm512_and_si512(_mm512_srlv_epi64(q, halves64(4, 6)), two_bits);  // groups 2, 3
+            u.sc[2 * h] = four_scales<8 * h>(sc);
+            u.sc[2 * h + 1] = four_scales<8 * h + 4>(sc);
         });
         u.d = f16(b.d);
         u.dmin = f16(b.dmin);
@@ -222,13 +197,12 @@ __m512i offset_words(__m256i scales) {
 
 struct Q3K {
     static constexpr bool kMins = false;
-    static constexpr bool kSixteen = true;
     using Block = BlockQ3_K;
     static Unpacked unpack(const BlockQ3_K& b) {
         Unpacked u;
         const __m256i scales = _mm256_cvtepi8_epi16(q3k_scales(b.scales));
         u.corr = offset_words<2>(scales);  // q in 0..7 stands for q - 4
-        u.scales = _mm512_castsi256_si512(scales);
+        const __m512i sc = _mm512_castsi256_si512(scales);
         const __m512i hmask = twice(b.hmask);
         const __m512i two_bits = _mm512_set1_epi8(3), four = _mm512_set1_epi8(4);
         unroll<2>([&](auto h_) {
@@ -243,6 +217,8 @@ struct Q3K {
                 _mm512_mask_add_epi8(q23, _mm512_test_epi8_mask(hmask, halves8(4 << (4 * h), 8 << (4 * h))), q23, four);
             u.q[2 * h] = q01;
             u.q[2 * h + 1] = q23;
+            u.sc[2 * h] = four_scales<8 * h>(sc);
+            u.sc[2 * h + 1] = four_scales<8 * h + 4>(sc);
         });
         u.d = f16(b.d);
         u.dmin = 0;
@@ -252,13 +228,12 @@ struct Q3K {
 
 struct Q6K {
     static constexpr bool kMins = false;
-    static constexpr bool kSixteen = true;
     using Block = BlockQ6_K;
     static Unpacked unpack(const BlockQ6_K& b) {
         Unpacked u;
         const __m256i scales = _mm256_cvtepi8_epi16(load128(b.scales));
         u.corr = offset_words<5>(scales);  // q in 0..63 stands for q - 32
-        u.scales = _mm512_castsi256_si512(scales);
+        const __m512i sc = _mm512_castsi256_si512(scales);
         const __m512i nibble = _mm512_set1_epi8(0x0F), top = _mm512_set1_epi8(0x30);
         unroll<2>([&](auto h_) {
             constexpr int h = decltype(h_)::value;
@@ -268,6 +243,8 @@ struct Q6K {
                                          _mm512_and_si512(_mm512_sllv_epi64(qh, halves64(4, 2)), top));
             u.q[2 * h + 1] = _mm512_or_si512(_mm512_and_si512(_mm512_srli_epi16(ql, 4), nibble),
                                              _mm512_and_si512(_mm512_srlv_epi64(qh, halves64(0, 2)), top));
+            u.sc[2 * h] = four_scales<8 * h>(sc);
+            u.sc[2 * h + 1] = four_scales<8 * h + 4>(sc);
         });
         u.d = f16(b.d);
         u.dmin = 0;
@@ -286,62 +263,37 @@ void rows_times_tokens(int n, int n_rows, const uint8_t* w, size_t w_stride, con
     for (int r = 0; r < n_rows; ++r) {
         const Block* x = as<Block>(w + static_cast<size_t>(r) * w_stride);
         __m512 acc[kT];
-        unroll<kT>([&](auto t_) { acc[decltype(t_)::value] = _mm512_setzero_ps(); });
+        __m256 acc_mins[kT];
+        unroll<kT>([&](auto t_) {
+            constexpr int t = decltype(t_)::value;
+            acc[t] = _mm512_setzero_ps();
+            acc_mins[t] = _mm256_setzero_ps();
+        });
         for (int i = 0; i < n / kQK; ++i) {
             const Unpacked u = K::unpack(x[i]);
-            // The scales lined up with the 16-bit sums: of each register (maddubs) or pair (VNNI).
-            // With mins, a token's sums go to float as one register: 8 lanes of scaled products
-            // (the 16 of sumi folded), then 8 of mins times bsums, scaled by d and -dmin.
-            __m512 factors;
-            if constexpr (K::kMins) {
-                factors = _mm512_mask_blend_ps(0xFF00, _mm512_set1_ps(u.d), _mm512_set1_ps(-u.dmin));
-            } else {
-                factors = _mm512_set1_ps(u.d);
-            }
-            __m512i sc[4];
-            if constexpr (kVnni) {
-                sc[0] = pair_scales<K::kSixteen, 0>(u.scales);
-                sc[1] = pair_scales<K::kSixteen, 1>(u.scales);
-            } else {
-                unroll<4>([&](auto c_) {
-                    constexpr int c = decltype(c_)::value;
-                    sc[c] = chunk_scales<K::kSixteen, c>(u.scales);
-                });
-            }
             unroll<kT>([&](auto t_) {
                 constexpr int t = decltype(t_)::value;
                 const BlockQ8_K& yb = a[t][i];
                 __m512i sumi = _mm512_setzero_si512();
-                if constexpr (kVnni) {
-                    unroll<2>([&](auto p_) {
-                        constexpr int p = decltype(p_)::value;
-                        const __m512i s0 =
-                            _mm512_dpbusd_epi32(_mm512_setzero_si512(), u.q[2 * p], load512(yb.qs + 128 * p));
-                        const __m512i s1 =
-                            _mm512_dpbusd_epi32(_mm512_setzero_si512(), u.q[2 * p + 1], load512(yb.qs + 128 * p + 64));
-                        sumi = _mm512_dpwssd_epi32(sumi, _mm512_packs_epi32(s0, s1), sc[p]);
-                    });
-                } else {
-                    unroll<4>([&](auto c_) {
-                        constexpr int c = decltype(c_)::value;
-                        sumi = scaled_sum<false>(sumi, _mm512_maddubs_epi16(u.q[c], load512(yb.qs + 64 * c)), sc[c]);
-                    });
-                }
+                unroll<4>([&](auto c_) {
+                    constexpr int c = decltype(c_)::value;
+                    sumi = scaled_sum<kVnni>(sumi, _mm512_maddubs_epi16(u.q[c], load512(yb.qs + 64 * c)), u.sc[c]);
+                });
                 if constexpr (K::kMins) {
-                    const __m256i sums8 =
-                        _mm256_add_epi32(_mm512_castsi512_si256(sumi), _mm512_extracti64x4_epi64(sumi, 1));
                     const __m256i min_sums = _mm256_madd_epi16(load256(yb.bsums), _mm512_castsi512_si256(u.corr));
-                    sumi = _mm512_inserti64x4(_mm512_castsi256_si512(sums8), min_sums, 1);
+                    acc_mins[t] =
+                        _mm256_fmadd_ps(_mm256_set1_ps(yb.d * u.dmin), _mm256_cvtepi32_ps(min_sums), acc_mins[t]);
                 } else {
                     sumi = scaled_sum<kVnni>(sumi, _mm512_zextsi256_si512(load256(yb.bsums)), u.corr);
                 }
-                acc[t] =
-                    _mm512_fmadd_ps(_mm512_mul_ps(factors, _mm512_set1_ps(yb.d)), _mm512_cvtepi32_ps(sumi), acc[t]);
+                acc[t] = _mm512_fmadd_ps(_mm512_set1_ps(yb.d * u.d), _mm512_cvtepi32_ps(sumi), acc[t]);
             });
         }
         unroll<kT>([&](auto t_) {
             constexpr int t = decltype(t_)::value;
-            y[t * y_stride + static_cast<size_t>(r)] = _mm512_reduce_add_ps(acc[t]);
+            float sum = _mm512_reduce_add_ps(acc[t]);
+            if constexpr (K::kMins) sum -= hsum(acc_mins[t]);
+            y[t * y_stride + static_cast<size_t>(r)] = sum;
         });
     }
 }
