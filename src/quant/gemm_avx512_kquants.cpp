@@ -253,24 +253,34 @@ struct Q6K {
 };
 
 // ---- The tile: every row of w times kT tokens ----
+// The float steps are those of the dot kernel, lane for lane, so the results are bit for bit the
+// same. The mins of two tokens share registers (their sums fill the two halves of one).
+
+// hsum of the low / high 256 bits of v as dot_avx512_kquants.cpp sums a __m256.
+float hsum_low(__m512 v) {
+    return hsum(_mm512_castps512_ps256(v));
+}
+float hsum_high(__m512 v) {
+    return hsum(_mm256_castpd_ps(_mm512_extractf64x4_pd(_mm512_castps_pd(v), 1)));
+}
 
 template <typename K, bool kVnni, int kT>
 void rows_times_tokens(int n, int n_rows, const uint8_t* w, size_t w_stride, const uint8_t* act, size_t act_stride,
                        float* y, size_t y_stride) {
+    static_assert(kT == 1 || kT % 2 == 0);
+    constexpr int kPairs = (kT + 1) / 2;
     using Block = typename K::Block;
     const BlockQ8_K* a[kT];
     for (int t = 0; t < kT; ++t) a[t] = as<BlockQ8_K>(act + static_cast<size_t>(t) * act_stride);
     for (int r = 0; r < n_rows; ++r) {
         const Block* x = as<Block>(w + static_cast<size_t>(r) * w_stride);
         __m512 acc[kT];
-        __m256 acc_mins[kT];
-        unroll<kT>([&](auto t_) {
-            constexpr int t = decltype(t_)::value;
-            acc[t] = _mm512_setzero_ps();
-            acc_mins[t] = _mm256_setzero_ps();
-        });
+        __m512 acc_mins[kPairs];  // tokens 2p (low 256 bits) and 2p + 1 (high)
+        unroll<kT>([&](auto t_) { acc[decltype(t_)::value] = _mm512_setzero_ps(); });
+        unroll<kPairs>([&](auto p_) { acc_mins[decltype(p_)::value] = _mm512_setzero_ps(); });
         for (int i = 0; i < n / kQK; ++i) {
             const Unpacked u = K::unpack(x[i]);
+            const __m512 d = _mm512_set1_ps(u.d);
             unroll<kT>([&](auto t_) {
                 constexpr int t = decltype(t_)::value;
                 const BlockQ8_K& yb = a[t][i];
@@ -279,20 +289,29 @@ void rows_times_tokens(int n, int n_rows, const uint8_t* w, size_t w_stride, con
                     constexpr int c = decltype(c_)::value;
                     sumi = scaled_sum<kVnni>(sumi, _mm512_maddubs_epi16(u.q[c], load512(yb.qs + 64 * c)), u.sc[c]);
                 });
-                if constexpr (K::kMins) {
-                    const __m256i min_sums = _mm256_madd_epi16(load256(yb.bsums), _mm512_castsi512_si256(u.corr));
-                    acc_mins[t] =
-                        _mm256_fmadd_ps(_mm256_set1_ps(yb.d * u.dmin), _mm256_cvtepi32_ps(min_sums), acc_mins[t]);
-                } else {
+                if constexpr (!K::kMins)
                     sumi = scaled_sum<kVnni>(sumi, _mm512_zextsi256_si512(load256(yb.bsums)), u.corr);
-                }
-                acc[t] = _mm512_fmadd_ps(_mm512_set1_ps(yb.d * u.d), _mm512_cvtepi32_ps(sumi), acc[t]);
+                acc[t] = _mm512_fmadd_ps(_mm512_mul_ps(_mm512_set1_ps(yb.d), d), _mm512_cvtepi32_ps(sumi), acc[t]);
             });
+            if constexpr (K::kMins) {
+                const __m512 dmin = _mm512_set1_ps(u.dmin);
+                const __m512i mins = _mm512_shuffle_i64x2(u.corr, u.corr, 0x44);  // in both halves
+                unroll<kPairs>([&](auto p_) {
+                    constexpr int p = decltype(p_)::value;
+                    const BlockQ8_K& y0 = a[2 * p][i];
+                    const BlockQ8_K& y1 = a[kT == 1 ? 0 : 2 * p + 1][i];
+                    const __m512i bsums =
+                        _mm512_inserti64x4(_mm512_castsi256_si512(load256(y0.bsums)), load256(y1.bsums), 1);
+                    const __m512 yd = _mm512_mask_mov_ps(_mm512_set1_ps(y0.d), 0xFF00, _mm512_set1_ps(y1.d));
+                    acc_mins[p] = _mm512_fmadd_ps(_mm512_mul_ps(yd, dmin),
+                                                  _mm512_cvtepi32_ps(_mm512_madd_epi16(bsums, mins)), acc_mins[p]);
+                });
+            }
         }
         unroll<kT>([&](auto t_) {
             constexpr int t = decltype(t_)::value;
             float sum = _mm512_reduce_add_ps(acc[t]);
-            if constexpr (K::kMins) sum -= hsum(acc_mins[t]);
+            if constexpr (K::kMins) sum -= t % 2 == 0 ? hsum_low(acc_mins[t / 2]) : hsum_high(acc_mins[t / 2]);
             y[t * y_stride + static_cast<size_t>(r)] = sum;
         });
     }
