@@ -3,6 +3,7 @@
 
 #include <string>
 
+#include "model/tiny_llama.h"
 #include "test_support.h"
 
 namespace fitllm {
@@ -23,6 +24,18 @@ TEST(RunCommand, GreedyGenerationStreamsTextAndASummary) {
     EXPECT_NE(r.output.find("prompt: 6 tokens"), std::string::npos) << r.output;
     EXPECT_NE(r.output.find("generated: 8 tokens"), std::string::npos) << r.output;
     EXPECT_NE(r.output.find("peak RSS"), std::string::npos) << r.output;
+}
+
+// A written tiny random Llama (with an SPM vocabulary) runs end to end: load, prompt, decode.
+TEST(RunCommand, RunsATinyLlamaFile) {
+    const test::TempDir dir;
+    const std::filesystem::path path = dir / "tiny-llama.gguf";
+    test::write_file(path, test::tiny_llama_bytes({.rope_freqs = true, .with_vocab = true}));
+    const test::CommandResult r =
+        test::run_command(fitllm_exe() + " run -m '" + path.string() + "' -p 'a b c' -n 4 --temp 0 -t 1 -c 32 2>&1");
+    ASSERT_EQ(r.status, 0) << r.output;
+    EXPECT_NE(r.output.find("prompt: 4 tokens"), std::string::npos) << r.output;  // <s> ▁a ▁b ▁c
+    EXPECT_NE(r.output.find("generated: "), std::string::npos) << r.output;
 }
 
 TEST(RunCommand, UsageErrorsExitWithStatus2) {

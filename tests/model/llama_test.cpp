@@ -1,0 +1,176 @@
+// Llama: hyper-parameters, weight binding and the forward pass on a tiny random model, checked
+// against a naive reference forward pass (tiny_llama.h).
+#include <gtest/gtest.h>
+
+#include <algorithm>
+#include <cmath>
+#include <numeric>
+#include <string>
+#include <vector>
+
+#include "gguf/gguf_reader.h"
+#include "model/hparams.h"
+#include "model/model.h"
+#include "model/tiny_llama.h"
+#include "ops/thread_pool.h"
+
+namespace fitllm {
+namespace {
+
+std::string load_error(const test::TinyLlamaOptions& options) {
+    const std::vector<std::byte> bytes = test::tiny_llama_bytes(options);
+    const gguf::GgufFile file = gguf::GgufFile::parse(bytes, "tiny.gguf");
+    try {
+        model::Model::load(file);
+    } catch (const model::ModelError& e) {
+        return e.what();
+    }
+    return "";
+}
+
+std::vector<int32_t> iota_positions(size_t n) {
+    std::vector<int32_t> positions(n);
+    std::iota(positions.begin(), positions.end(), 0);
+    return positions;
+}
+
+// Runs the whole prompt in one batch and returns all its logits.
+std::vector<float> batch_logits(model::Model& model, const std::vector<int32_t>& tokens, ops::ThreadPool& pool) {
+    const std::vector<int32_t> positions = iota_positions(tokens.size());
+    kv::KvCache cache = model.make_cache(32);
+    std::vector<float> all(tokens.size() * static_cast<size_t>(model.n_vocab()));
+    model.forward(tokens, positions, cache, all.data(), /*all_logits=*/true, pool);
+    return all;
+}
+
+// fitllm against the reference: the runtime rounds K, V and Q to f16 in attention, so the logits
+// agree to a small fraction of their scale, not to float precision (measured: at most 1.4e-3 of
+// the largest logit; a wrong rotation pairing or a missing bias moves them by 10x more).
+void expect_matches_reference(const test::TinyLlamaOptions& options) {
+    const std::vector<std::byte> bytes = test::tiny_llama_bytes(options);
+    const gguf::GgufFile file = gguf::GgufFile::parse(bytes, "tiny.gguf");
+    const auto model = model::Model::load(file);
+    ops::ThreadPool pool(2);
+    const std::vector<int32_t> tokens = {1, 7, 3, 39, 0, 12, 5, 5, 20, 31, 2};
+    const std::vector<float> got = batch_logits(*model, tokens, pool);
+    const std::vector<float> want = test::reference_logits(file, options, tokens);
+    ASSERT_EQ(got.size(), want.size());
+    float scale = 0.0f, max_diff = 0.0f;
+    for (size_t i = 0; i < want.size(); ++i) {
+        scale = std::max(scale, std::fabs(want[i]));
+        max_diff = std::max(max_diff, std::fabs(got[i] - want[i]));
+    }
+    ASSERT_GT(scale, 0.5f);
+    EXPECT_LE(max_diff, 5e-3f * scale) << "scale " << scale;
+}
+
+TEST(LlamaHparams, ReadsKeysAndDefaults) {
+    const std::vector<std::byte> bytes = test::tiny_llama_bytes({.rope_scale = 4.0f});
+    const gguf::GgufFile file = gguf::GgufFile::parse(bytes, "tiny.gguf");
+    const model::Hparams hp = model::read_hparams(file);
+    EXPECT_EQ(hp.arch, "llama");
+    EXPECT_EQ(hp.n_layer, 2);
+    EXPECT_EQ(hp.n_embd, 32);
+    EXPECT_EQ(hp.n_head, 4);
+    EXPECT_EQ(hp.n_head_kv, 2);
+    EXPECT_EQ(hp.head_dim, 8);  // n_embd / n_head when key_length is absent
+    EXPECT_EQ(hp.head_dim_v, 8);
+    EXPECT_EQ(hp.n_ff, 48);
+    EXPECT_EQ(hp.n_vocab, 40);
+    EXPECT_EQ(hp.n_ctx_train, 128);
+    EXPECT_EQ(hp.n_rot, 8);
+    EXPECT_FLOAT_EQ(hp.norm_eps, 1e-5f);
+    EXPECT_FLOAT_EQ(hp.rope_base, 1e4f);
+    EXPECT_FLOAT_EQ(hp.rope_freq_scale, 0.25f);
+    EXPECT_FLOAT_EQ(hp.attn_scale, 1.0f / std::sqrt(8.0f));
+    EXPECT_EQ(hp.sliding_window, 0);
+    EXPECT_EQ(hp.is_swa, (std::vector<bool>{false, false}));
+}
+
+TEST(LlamaHparams, ScalingTypeNoneIgnoresTheFactor) {
+    const std::vector<std::byte> bytes = test::tiny_llama_bytes({.rope_scale = 4.0f, .scaling_type = "none"});
+    const gguf::GgufFile file = gguf::GgufFile::parse(bytes, "tiny.gguf");
+    EXPECT_FLOAT_EQ(model::read_hparams(file).rope_freq_scale, 1.0f);
+}
+
+TEST(LlamaHparams, UnsupportedRopeScalingIsNamed) {
+    const std::string error = load_error({.scaling_type = "yarn"});
+    EXPECT_NE(error.find("llama.rope.scaling.type"), std::string::npos) << error;
+    EXPECT_NE(error.find("'yarn'"), std::string::npos) << error;
+}
+
+TEST(LlamaHparams, BadRopeDimensionCountIsNamed) {
+    const std::string error = load_error({.n_rot = 7});
+    EXPECT_NE(error.find("tiny.gguf"), std::string::npos) << error;
+    EXPECT_NE(error.find("llama.rope.dimension_count"), std::string::npos) << error;
+}
+
+TEST(LlamaHparams, MixtureOfExpertsIsRefused) {
+    const std::string error = load_error({.expert_count = 8});
+    EXPECT_NE(error.find("llama.expert_count"), std::string::npos) << error;
+}
+
+TEST(LlamaWeights, MissingTensorIsNamed) {
+    const std::string error = load_error({.skip = "blk.1.ffn_up.weight"});
+    EXPECT_NE(error.find("tiny.gguf"), std::string::npos) << error;
+    EXPECT_NE(error.find("missing tensor 'blk.1.ffn_up.weight'"), std::string::npos) << error;
+}
+
+TEST(LlamaWeights, MisshapenBiasNamesItAndBothShapes) {
+    const std::string error = load_error({.qkv_bias = true, .k_bias_size = 12});
+    EXPECT_NE(error.find("blk.0.attn_k.bias"), std::string::npos) << error;
+    EXPECT_NE(error.find("[12]"), std::string::npos) << error;
+    EXPECT_NE(error.find("[16]"), std::string::npos) << error;
+}
+
+TEST(LlamaWeights, FeedForwardBiasIsRefusedByName) {
+    const std::string error = load_error({.extra = "blk.0.ffn_up.bias"});
+    EXPECT_NE(error.find("blk.0.ffn_up.bias"), std::string::npos) << error;
+}
+
+TEST(LlamaWeights, MisshapenRopeFreqsIsNamed) {
+    const std::string error = load_error({.rope_freqs = true, .rope_freqs_size = 3});  // n_rot / 2 = 4
+    EXPECT_NE(error.find("rope_freqs.weight"), std::string::npos) << error;
+    EXPECT_NE(error.find("[3]"), std::string::npos) << error;
+    EXPECT_NE(error.find("[4]"), std::string::npos) << error;
+}
+
+TEST(LlamaForward, MatchesTheReference) {
+    expect_matches_reference({});
+}
+TEST(LlamaForward, MatchesTheReferenceTied) {
+    expect_matches_reference({.tied = true});
+}
+TEST(LlamaForward, MatchesTheReferenceWithRopeFreqsAndLinearScaling) {
+    expect_matches_reference({.rope_freqs = true, .rope_scale = 2.0f});
+}
+TEST(LlamaForward, MatchesTheReferenceWithBiasesAndPartialRope) {
+    expect_matches_reference({.qkv_bias = true, .n_rot = 4});
+}
+
+// One batch over the prompt, token by token through the cache, and last-token-only output agree.
+TEST(LlamaForward, BatchMatchesTokenByTokenThroughTheCache) {
+    const std::vector<std::byte> bytes = test::tiny_llama_bytes({.rope_freqs = true});
+    const gguf::GgufFile file = gguf::GgufFile::parse(bytes, "tiny.gguf");
+    const auto model = model::Model::load(file);
+    ops::ThreadPool pool(2);
+    const std::vector<int32_t> tokens = {1, 7, 3, 39, 0, 12, 5, 5, 20};
+    const std::vector<int32_t> positions = iota_positions(tokens.size());
+    const size_t n_vocab = static_cast<size_t>(model->n_vocab());
+    const std::vector<float> all = batch_logits(*model, tokens, pool);
+
+    kv::KvCache step_cache = model->make_cache(16);
+    std::vector<float> one(n_vocab);
+    for (size_t t = 0; t < tokens.size(); ++t) {
+        model->forward(std::span(&tokens[t], 1), std::span(&positions[t], 1), step_cache, one.data(), false, pool);
+        for (size_t i = 0; i < n_vocab; ++i) {
+            ASSERT_NEAR(one[i], all[t * n_vocab + i], 1e-4f) << "token " << t << ", logit " << i;
+        }
+    }
+    kv::KvCache last_cache = model->make_cache(16);
+    model->forward(tokens, positions, last_cache, one.data(), /*all_logits=*/false, pool);
+    for (size_t i = 0; i < n_vocab; ++i) EXPECT_EQ(one[i], all[(tokens.size() - 1) * n_vocab + i]);
+}
+
+}  // namespace
+}  // namespace fitllm

@@ -1,0 +1,243 @@
+#pragma once
+// A tiny random Llama or Qwen2 model in memory (F32 weights), and a naive reference forward pass
+// over it in plain double-precision loops, written from the papers' formulas rather than from
+// fitllm's ops: 2 layers, n_embd 32, 4 query heads sharing 2 KV heads of 8 dims, n_ff 48,
+// vocabulary 40.
+#include <cmath>
+#include <cstddef>
+#include <cstdint>
+#include <cstring>
+#include <random>
+#include <span>
+#include <string>
+#include <vector>
+
+#include "gguf/gguf_reader.h"
+#include "gguf/gguf_writer.h"
+
+namespace fitllm::test {
+
+struct TinyLlamaOptions {
+    std::string arch = "llama";   // "llama" or "qwen2"
+    bool tied = false;            // no output.weight: the output reuses token_embd
+    bool rope_freqs = false;      // llama: write rope_freqs.weight (Llama 3.1 frequency factors)
+    int64_t rope_freqs_size = 0;  // > 0: the number of values written for rope_freqs.weight
+    bool qkv_bias = false;        // write blk.*.attn_{q,k,v}.bias (qwen2 needs them)
+    float rope_scale = 0.0f;      // > 0: rope.scaling.type "linear" with this factor
+    std::string scaling_type;     // non-empty: written as rope.scaling.type instead
+    int n_rot = 0;                // > 0: written as rope.dimension_count
+    int64_t k_bias_size = 16;     // the shape written for blk.*.attn_k.bias
+    std::string skip;             // a tensor to leave out
+    std::string extra;            // an extra F32 tensor of 4 values to write (e.g. blk.0.ffn_up.bias)
+    bool with_vocab = false;      // write an SPM vocabulary of 40 tokens (for the CLI)
+    uint32_t expert_count = 0;    // > 0: written as <arch>.expert_count
+};
+
+inline constexpr int64_t kTinyEmbd = 32, kTinyHeads = 4, kTinyHeadsKv = 2, kTinyHeadDim = 8, kTinyFf = 48,
+                         kTinyVocab = 40, kTinyLayers = 2;
+inline constexpr float kTinyRopeBase = 10000.0f;
+inline constexpr float kTinyEps = 1e-5f;
+
+inline std::vector<std::byte> tiny_llama_bytes(const TinyLlamaOptions& o = {}) {
+    gguf::GgufWriter w;
+    w.add_string("general.architecture", o.arch);
+    const std::string p = o.arch + ".";
+    w.add<uint32_t>(p + "block_count", kTinyLayers);
+    w.add<uint32_t>(p + "embedding_length", kTinyEmbd);
+    w.add<uint32_t>(p + "feed_forward_length", kTinyFf);
+    w.add<uint32_t>(p + "context_length", 128);
+    w.add<uint32_t>(p + "attention.head_count", kTinyHeads);
+    w.add<uint32_t>(p + "attention.head_count_kv", kTinyHeadsKv);
+    w.add<float>(p + "attention.layer_norm_rms_epsilon", kTinyEps);
+    w.add<float>(p + "rope.freq_base", kTinyRopeBase);
+    if (o.n_rot > 0) w.add<uint32_t>(p + "rope.dimension_count", static_cast<uint32_t>(o.n_rot));
+    if (o.rope_scale > 0.0f || !o.scaling_type.empty()) {
+        w.add_string(p + "rope.scaling.type", o.scaling_type.empty() ? "linear" : o.scaling_type);
+    }
+    if (o.rope_scale > 0.0f) w.add<float>(p + "rope.scaling.factor", o.rope_scale);
+    if (o.expert_count > 0) w.add<uint32_t>(p + "expert_count", o.expert_count);
+    if (o.with_vocab) {
+        std::vector<std::string> tokens = {"<unk>", "<s>", "</s>"};
+        std::vector<float> scores = {0, 0, 0};
+        std::vector<int32_t> types = {2, 3, 3};
+        for (int i = 3; i < kTinyVocab; ++i) {
+            const char c = static_cast<char>('a' + (i - 3) % 26);
+            tokens.push_back(i - 3 < 26 ? std::string("\xE2\x96\x81") + c : std::string(1, c));
+            scores.push_back(-static_cast<float>(i));
+            types.push_back(1);
+        }
+        w.add_string("tokenizer.ggml.model", "llama");
+        w.add_string_array("tokenizer.ggml.tokens", std::span<const std::string>(tokens));
+        w.add_array<float>("tokenizer.ggml.scores", scores);
+        w.add_array<int32_t>("tokenizer.ggml.token_type", types);
+        w.add<uint32_t>("tokenizer.ggml.bos_token_id", 1);
+        w.add<uint32_t>("tokenizer.ggml.eos_token_id", 2);
+    }
+
+    std::mt19937 rng(7);
+    std::normal_distribution<float> normal(0.0f, 0.3f);
+    const auto tensor = [&](const std::string& name, std::vector<int64_t> dims, float base) {
+        if (name == o.skip) return;
+        int64_t n = 1;
+        for (const int64_t d : dims) n *= d;
+        std::vector<float> values(static_cast<size_t>(n));
+        for (float& v : values) v = base + normal(rng);
+        std::vector<std::byte> bytes(values.size() * sizeof(float));
+        std::memcpy(bytes.data(), values.data(), bytes.size());
+        w.add_tensor(name, quant::GgmlType::F32, dims, std::move(bytes));
+    };
+    const int64_t q_dim = kTinyHeads * kTinyHeadDim, kv_dim = kTinyHeadsKv * kTinyHeadDim;
+    tensor("token_embd.weight", {kTinyEmbd, kTinyVocab}, 0.0f);
+    tensor("output_norm.weight", {kTinyEmbd}, 1.0f);
+    if (!o.tied) tensor("output.weight", {kTinyEmbd, kTinyVocab}, 0.0f);
+    if (o.rope_freqs) {
+        // Divisors 1, 2, 4, 8 (Llama 3.1 leaves high frequencies alone and slows the low ones).
+        const int64_t n_rot = o.n_rot > 0 ? o.n_rot : kTinyHeadDim;
+        std::vector<float> factors(static_cast<size_t>(o.rope_freqs_size > 0 ? o.rope_freqs_size : n_rot / 2));
+        for (size_t i = 0; i < factors.size(); ++i) factors[i] = static_cast<float>(1 << i);
+        std::vector<std::byte> bytes(factors.size() * sizeof(float));
+        std::memcpy(bytes.data(), factors.data(), bytes.size());
+        if (o.skip != "rope_freqs.weight") {
+            w.add_tensor("rope_freqs.weight", quant::GgmlType::F32, std::vector<int64_t>{int64_t(factors.size())},
+                         std::move(bytes));
+        }
+    }
+    for (int il = 0; il < kTinyLayers; ++il) {
+        const std::string b = "blk." + std::to_string(il) + ".";
+        tensor(b + "attn_norm.weight", {kTinyEmbd}, 1.0f);
+        tensor(b + "attn_q.weight", {kTinyEmbd, q_dim}, 0.0f);
+        tensor(b + "attn_k.weight", {kTinyEmbd, kv_dim}, 0.0f);
+        tensor(b + "attn_v.weight", {kTinyEmbd, kv_dim}, 0.0f);
+        if (o.qkv_bias) {
+            tensor(b + "attn_q.bias", {q_dim}, 0.0f);
+            tensor(b + "attn_k.bias", {o.k_bias_size}, 0.0f);
+            tensor(b + "attn_v.bias", {kv_dim}, 0.0f);
+        }
+        tensor(b + "attn_output.weight", {q_dim, kTinyEmbd}, 0.0f);
+        tensor(b + "ffn_norm.weight", {kTinyEmbd}, 1.0f);
+        tensor(b + "ffn_gate.weight", {kTinyEmbd, kTinyFf}, 0.0f);
+        tensor(b + "ffn_up.weight", {kTinyEmbd, kTinyFf}, 0.0f);
+        tensor(b + "ffn_down.weight", {kTinyFf, kTinyEmbd}, 0.0f);
+    }
+    if (!o.extra.empty()) tensor(o.extra, {4}, 0.0f);
+    return w.to_bytes();
+}
+
+// The reference: every token of `tokens` (at positions 0, 1, ...) through the model in double
+// precision, straight from the formulas. Returns n_tok * n_vocab logits, token-major.
+//   h = x * w / sqrt(mean(x^2) + eps)                                  (RMSNorm)
+//   q, k, v = Wq h + bq, Wk h + bk, Wv h + bv
+//   RoPE: pair i of a head turns by pos * scale * base^(-2i / n_rot) / factor[i]; Llama pairs
+//         dims (2i, 2i+1), Qwen2 (NeoX) pairs (i, i + n_rot/2)
+//   attn = softmax(q·k / sqrt(head_dim)) v over positions <= pos, query head h reading KV head
+//          h / (n_head / n_head_kv)
+//   x += Wo attn;  x += Wdown (silu(Wgate h) * Wup h) with h = RMSNorm(x)
+//   logits = Wout RMSNorm(x), Wout = token_embd when there is no output.weight
+inline std::vector<float> reference_logits(const gguf::GgufFile& file, const TinyLlamaOptions& o,
+                                           std::span<const int32_t> tokens) {
+    const auto weight = [&](const std::string& name) -> const float* {
+        const gguf::TensorInfo* t = file.find_tensor(name);
+        return t ? reinterpret_cast<const float*>(t->data.data()) : nullptr;
+    };
+    using Vec = std::vector<double>;
+    const auto matvec = [](const float* w, const Vec& x, int64_t rows) {  // w: [rows, x.size()]
+        Vec y(static_cast<size_t>(rows), 0.0);
+        for (int64_t r = 0; r < rows; ++r) {
+            for (size_t c = 0; c < x.size(); ++c)
+                y[static_cast<size_t>(r)] += w[r * int64_t(x.size()) + int64_t(c)] * x[c];
+        }
+        return y;
+    };
+    const auto rmsnorm = [](const Vec& x, const float* w) {
+        double ss = 0.0;
+        for (const double v : x) ss += v * v;
+        const double s = 1.0 / std::sqrt(ss / double(x.size()) + double(kTinyEps));
+        Vec y(x.size());
+        for (size_t i = 0; i < x.size(); ++i) y[i] = x[i] * s * w[i];
+        return y;
+    };
+    const auto add_bias = [](Vec& x, const float* b) {
+        if (b) {
+            for (size_t i = 0; i < x.size(); ++i) x[i] += b[i];
+        }
+    };
+    const bool neox = o.arch == "qwen2";
+    const int n_rot = o.n_rot > 0 ? o.n_rot : int(kTinyHeadDim);
+    const double scale = o.rope_scale > 0.0f && o.scaling_type != "none" ? 1.0 / o.rope_scale : 1.0;
+    const float* factors = weight("rope_freqs.weight");
+    const auto rope = [&](Vec& x, int n_head, int pos) {
+        for (int h = 0; h < n_head; ++h) {
+            double* head = x.data() + h * kTinyHeadDim;
+            for (int i = 0; i < n_rot / 2; ++i) {
+                double theta = pos * scale * std::pow(double(kTinyRopeBase), -2.0 * i / n_rot);
+                if (factors) theta /= factors[i];
+                const int a = neox ? i : 2 * i;
+                const int b = neox ? i + n_rot / 2 : 2 * i + 1;
+                const double x0 = head[a], x1 = head[b];
+                head[a] = x0 * std::cos(theta) - x1 * std::sin(theta);
+                head[b] = x0 * std::sin(theta) + x1 * std::cos(theta);
+            }
+        }
+    };
+
+    const int64_t q_dim = kTinyHeads * kTinyHeadDim, kv_dim = kTinyHeadsKv * kTinyHeadDim;
+    const float* embd = weight("token_embd.weight");
+    const float* out_w = weight("output.weight") ? weight("output.weight") : embd;
+    std::vector<std::vector<Vec>> keys(kTinyLayers), values(kTinyLayers);
+    std::vector<float> logits;
+    for (size_t t = 0; t < tokens.size(); ++t) {
+        const int pos = static_cast<int>(t);
+        Vec x(embd + tokens[t] * kTinyEmbd, embd + (tokens[t] + 1) * kTinyEmbd);
+        for (int il = 0; il < kTinyLayers; ++il) {
+            const std::string b = "blk." + std::to_string(il) + ".";
+            Vec h = rmsnorm(x, weight(b + "attn_norm.weight"));
+            Vec q = matvec(weight(b + "attn_q.weight"), h, q_dim);
+            Vec k = matvec(weight(b + "attn_k.weight"), h, kv_dim);
+            Vec v = matvec(weight(b + "attn_v.weight"), h, kv_dim);
+            add_bias(q, weight(b + "attn_q.bias"));
+            add_bias(k, weight(b + "attn_k.bias"));
+            add_bias(v, weight(b + "attn_v.bias"));
+            rope(q, kTinyHeads, pos);
+            rope(k, kTinyHeadsKv, pos);
+            keys[il].push_back(k);
+            values[il].push_back(v);
+
+            Vec attn(static_cast<size_t>(q_dim), 0.0);
+            for (int hd = 0; hd < kTinyHeads; ++hd) {
+                const int g = hd / (kTinyHeads / kTinyHeadsKv);
+                std::vector<double> score(t + 1);
+                double max_score = -1e300;
+                for (size_t s = 0; s <= t; ++s) {
+                    double dot = 0.0;
+                    for (int d = 0; d < kTinyHeadDim; ++d) {
+                        dot += q[hd * kTinyHeadDim + d] * keys[il][s][g * kTinyHeadDim + d];
+                    }
+                    score[s] = dot / std::sqrt(double(kTinyHeadDim));
+                    max_score = std::max(max_score, score[s]);
+                }
+                double sum = 0.0;
+                for (double& sc : score) sum += (sc = std::exp(sc - max_score));
+                for (size_t s = 0; s <= t; ++s) {
+                    for (int d = 0; d < kTinyHeadDim; ++d) {
+                        attn[hd * kTinyHeadDim + d] += score[s] / sum * values[il][s][g * kTinyHeadDim + d];
+                    }
+                }
+            }
+            const Vec o_proj = matvec(weight(b + "attn_output.weight"), attn, kTinyEmbd);
+            for (int i = 0; i < kTinyEmbd; ++i) x[i] += o_proj[i];
+
+            h = rmsnorm(x, weight(b + "ffn_norm.weight"));
+            const Vec gate = matvec(weight(b + "ffn_gate.weight"), h, kTinyFf);
+            const Vec up = matvec(weight(b + "ffn_up.weight"), h, kTinyFf);
+            Vec act(static_cast<size_t>(kTinyFf));
+            for (int i = 0; i < kTinyFf; ++i) act[i] = gate[i] / (1.0 + std::exp(-gate[i])) * up[i];
+            const Vec down = matvec(weight(b + "ffn_down.weight"), act, kTinyEmbd);
+            for (int i = 0; i < kTinyEmbd; ++i) x[i] += down[i];
+        }
+        const Vec row = matvec(out_w, rmsnorm(x, weight("output_norm.weight")), kTinyVocab);
+        logits.insert(logits.end(), row.begin(), row.end());
+    }
+    return logits;
+}
+
+}  // namespace fitllm::test
