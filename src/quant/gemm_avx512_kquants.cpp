@@ -264,6 +264,24 @@ float hsum_high(__m512 v) {
     return hsum(_mm256_castpd_ps(_mm512_extractf64x4_pd(_mm512_castps_pd(v), 1)));
 }
 
+// The same sums four tokens at a time. _mm512_reduce_add_ps (GCC's) adds the high 256 bits to the
+// low ones, then sums those 8 lanes as hsum does: lanes i + 4 to lanes i, then lanes 2, 3 to 0, 1,
+// then lane 1 to lane 0. Float addition commutes exactly, so doing each step for several tokens
+// in one register changes nothing in the results.
+//
+// fold_pair: the first step for tokens t (low 256 bits of the result) and u (high).
+__m512 fold_pair(__m512 t, __m512 u) {
+    return _mm512_add_ps(_mm512_shuffle_f32x4(t, u, 0xEE), _mm512_shuffle_f32x4(t, u, 0x44));
+}
+// hsum of the four 256-bit halves of pair[0], pair[1], in lanes 0, 4, 8, 12.
+__m512 hsum_quad(const __m512* pair) {
+    const __m512 low = _mm512_shuffle_f32x4(pair[0], pair[1], 0x88);   // 128-bit lanes 0, 2 of each
+    const __m512 high = _mm512_shuffle_f32x4(pair[0], pair[1], 0xDD);  // lanes 1, 3
+    const __m512 s = _mm512_add_ps(low, high);
+    const __m512 s2 = _mm512_add_ps(s, _mm512_permute_ps(s, 0x4E));  // + lanes 2, 3 of each 128
+    return _mm512_add_ps(s2, _mm512_permute_ps(s2, 0xB1));           // + lane 1
+}
+
 template <typename K, bool kVnni, int kT>
 void rows_times_tokens(int n, int n_rows, const uint8_t* w, size_t w_stride, const uint8_t* act, size_t act_stride,
                        float* y, size_t y_stride) {
@@ -308,12 +326,27 @@ void rows_times_tokens(int n, int n_rows, const uint8_t* w, size_t w_stride, con
                 });
             }
         }
-        unroll<kT>([&](auto t_) {
-            constexpr int t = decltype(t_)::value;
-            float sum = _mm512_reduce_add_ps(acc[t]);
-            if constexpr (K::kMins) sum -= t % 2 == 0 ? hsum_low(acc_mins[t / 2]) : hsum_high(acc_mins[t / 2]);
-            y[t * y_stride + static_cast<size_t>(r)] = sum;
-        });
+        if constexpr (kT % 4 == 0) {
+            unroll<kT / 4>([&](auto g_) {
+                constexpr int g = decltype(g_)::value;
+                const __m512 folded[2] = {fold_pair(acc[4 * g], acc[4 * g + 1]),
+                                          fold_pair(acc[4 * g + 2], acc[4 * g + 3])};
+                __m512 sums = hsum_quad(folded);
+                if constexpr (K::kMins) sums = _mm512_sub_ps(sums, hsum_quad(&acc_mins[2 * g]));
+                float* out = y + static_cast<size_t>(r);
+                _mm_store_ss(out + (4 * g) * y_stride, _mm512_castps512_ps128(sums));
+                _mm_store_ss(out + (4 * g + 1) * y_stride, _mm512_extractf32x4_ps(sums, 1));
+                _mm_store_ss(out + (4 * g + 2) * y_stride, _mm512_extractf32x4_ps(sums, 2));
+                _mm_store_ss(out + (4 * g + 3) * y_stride, _mm512_extractf32x4_ps(sums, 3));
+            });
+        } else {
+            unroll<kT>([&](auto t_) {
+                constexpr int t = decltype(t_)::value;
+                float sum = _mm512_reduce_add_ps(acc[t]);
+                if constexpr (K::kMins) sum -= t % 2 == 0 ? hsum_low(acc_mins[t / 2]) : hsum_high(acc_mins[t / 2]);
+                y[t * y_stride + static_cast<size_t>(r)] = sum;
+            });
+        }
     }
 }
 
