@@ -1,8 +1,8 @@
 // ops::attention_f16 (llama.cpp's f16 flash-attention arithmetic) in Gemma 3 270M's shape: 4 query
 // heads sharing 1 kv head of 256. A prompt of n tokens against itself (causal, kv = n) and one
 // decode token against n cached keys, on 1 and 2 threads of ops::ThreadPool. Reports query tokens
-// per second. FITLLM_ATTN_NO_AVX512=1 runs the one-query-at-a-time AVX2 kernel instead, for a
-// before/after comparison within the same build.
+// per second, for each kernel (ops::AttentionF16Kernel: Best is what the model runs, OneQuery the
+// kernel attention_f16 had before the blocked ones).
 //
 //   build/bench/attention_bench [--benchmark_filter=Prompt] [--benchmark_min_time=0.5]
 #include <benchmark/benchmark.h>
@@ -33,7 +33,7 @@ std::vector<float> gaussian(size_t n, unsigned seed, bool half) {
 }
 
 // n_tok new tokens at the end of n_kv cached ones.
-void run(benchmark::State& state, int64_t n_tok, int64_t n_kv, int n_threads) {
+void run(benchmark::State& state, int64_t n_tok, int64_t n_kv, int n_threads, fitllm::ops::AttentionF16Kernel kernel) {
     const std::vector<float> q = gaussian(n_tok * kHeads * kHeadDim, 1, false);
     const std::vector<float> k = gaussian(n_kv * kHeadsKv * kHeadDim, 2, true);
     const std::vector<float> v = gaussian(n_kv * kHeadsKv * kHeadDim, 3, true);
@@ -50,22 +50,34 @@ void run(benchmark::State& state, int64_t n_tok, int64_t n_kv, int n_threads) {
     Scratch scratch;
     for (auto _ : state) {
         fitllm::ops::attention_f16(q.data(), q_pos.data(), n_tok, k.data(), v.data(), kv_pos.data(), n_kv, p,
-                                   out.data(), pool, scratch);
+                                   out.data(), pool, scratch, kernel);
         benchmark::DoNotOptimize(out.data());
     }
     state.counters["tok/s"] =
         benchmark::Counter(static_cast<double>(n_tok), benchmark::Counter::kIsIterationInvariantRate);
 }
 
-void BM_AttentionF16Prompt(benchmark::State& state) {
-    run(state, state.range(0), state.range(0), static_cast<int>(state.range(1)));
-}
-BENCHMARK(BM_AttentionF16Prompt)->ArgsProduct({{128, 512}, {1, 2}})->UseRealTime()->Unit(benchmark::kMillisecond);
+using fitllm::ops::AttentionF16Kernel;
 
-void BM_AttentionF16Decode(benchmark::State& state) {
-    run(state, 1, state.range(0), static_cast<int>(state.range(1)));
+void BM_AttentionF16Prompt(benchmark::State& state, AttentionF16Kernel kernel) {
+    run(state, state.range(0), state.range(0), static_cast<int>(state.range(1)), kernel);
 }
-BENCHMARK(BM_AttentionF16Decode)->ArgsProduct({{512, 4096}, {1, 2}})->UseRealTime()->Unit(benchmark::kMicrosecond);
+void BM_AttentionF16Decode(benchmark::State& state, AttentionF16Kernel kernel) {
+    run(state, 1, state.range(0), static_cast<int>(state.range(1)), kernel);
+}
+
+#define FITLLM_ATTENTION_BENCH(kernel)                                           \
+    BENCHMARK_CAPTURE(BM_AttentionF16Prompt, kernel, AttentionF16Kernel::kernel) \
+        ->ArgsProduct({{128, 512}, {1, 2}})                                      \
+        ->UseRealTime()                                                          \
+        ->Unit(benchmark::kMillisecond);                                         \
+    BENCHMARK_CAPTURE(BM_AttentionF16Decode, kernel, AttentionF16Kernel::kernel) \
+        ->ArgsProduct({{512, 4096}, {1, 2}})                                     \
+        ->UseRealTime()                                                          \
+        ->Unit(benchmark::kMicrosecond)
+FITLLM_ATTENTION_BENCH(Best);
+FITLLM_ATTENTION_BENCH(Avx2);
+FITLLM_ATTENTION_BENCH(OneQuery);
 
 }  // namespace
 

@@ -2,6 +2,10 @@
 
 #include <immintrin.h>
 
+// GCC 12 warns about the deliberately undefined pass-through operands inside its own AVX-512
+// intrinsics (_mm512_undefined_*) once they are inlined here.
+#pragma GCC diagnostic ignored "-Wmaybe-uninitialized"
+
 #include <cmath>
 #include <limits>
 #include <memory>

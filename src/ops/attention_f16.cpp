@@ -8,7 +8,6 @@
 
 #include <algorithm>
 #include <cmath>
-#include <cstdlib>
 #include <limits>
 #include <stdexcept>
 #include <string>
@@ -124,14 +123,19 @@ AttendFn select_attend() {
     return __builtin_cpu_supports("avx2") && __builtin_cpu_supports("fma") ? attend_one_avx2 : attend_one_baseline;
 }
 
-// The AVX-512 kernel: up to kMaxQueries queries (the heads of one kv group for one or more
+// The blocked kernels: up to kMaxQueries queries (the heads of one kv group for one or more
 // tokens) against each key in turn, so each K and V row is read once for all of them while it is
 // in L1. Each query's arithmetic is exactly attend_one_impl<true>'s: the dot keeps the 4 x 8
-// accumulators (as two 16-lane registers: lanes 0-7 of the first hold accumulator 0, lanes 8-15
-// accumulator 1, the second 2 and 3), the softmax bookkeeping is the same scalar code, and the
-// f16 rounding of q and of the V accumulator is the F16C conversion (round to nearest even,
-// overflow to infinity), the accumulator stored as f16. Needs head_dim % 32 == 0.
+// accumulators of dot_like_ggml (in AVX-512 as two 16-lane registers: lanes 0-7 of the first hold
+// accumulator 0, lanes 8-15 accumulator 1, the second 2 and 3), the softmax bookkeeping is the
+// same scalar code, and the f16 rounding of q and of the V accumulator is the F16C conversion
+// (round to nearest even, overflow to infinity), the accumulator stored as f16. The body is
+// attention_f16_block.inc, compiled once for AVX-512 and once for AVX2. Needs head_dim % 32 == 0.
 constexpr int kMaxQueries = 8;
+
+using BlockFn = void (*)(const float* q, const int32_t* pos, int n_tokens, int n_heads, int64_t token_stride,
+                         const float* k, const float* v, const int32_t* kv_pos, int64_t n_kv, int64_t kv_row_stride,
+                         const AttentionParams& p, float* q16, uint16_t* acc, float* out);
 
 // Per-thread working memory: q rounded to f16 (kept as float for the multiply-adds) and the f16
 // V accumulators, kMaxQueries of each.
@@ -139,22 +143,48 @@ int64_t block_scratch_floats(int64_t d) {
     return (kMaxQueries * d + kMaxQueries * d / 2 + 15) / 16 * 16;
 }
 
-// Sum of the accumulators in the order of dot_like_ggml.
-__attribute__((target("avx512f,avx512vl,fma,f16c"))) inline float reduce_like_ggml(__m512 acc01, __m512 acc23) {
+#pragma GCC push_options
+#pragma GCC target("avx512f,avx512vl,fma,f16c")
+namespace avx512 {
+
+using Vec = __m512;
+constexpr int kLanes = 16;
+inline Vec load(const float* p) {
+    return _mm512_loadu_ps(p);
+}
+inline void store(float* p, Vec x) {
+    _mm512_storeu_ps(p, x);
+}
+inline Vec broadcast(float x) {
+    return _mm512_set1_ps(x);
+}
+inline Vec fma(Vec a, Vec b, Vec c) {
+    return _mm512_fmadd_ps(a, b, c);
+}
+inline Vec mul(Vec a, Vec b) {
+    return _mm512_mul_ps(a, b);
+}
+inline Vec load_half(const uint16_t* p) {
+    return _mm512_cvtph_ps(_mm256_loadu_si256(reinterpret_cast<const __m256i*>(p)));
+}
+inline void store_half(uint16_t* p, Vec x) {
+    _mm256_storeu_si256(reinterpret_cast<__m256i*>(p),
+                        _mm512_cvtps_ph(x, _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC));
+}
+
+// dot_like_ggml's s4 (the sums of lanes l and l + 4 of (acc0 + acc2) + (acc1 + acc3)).
+inline __m128 partial_sums(__m512 acc01, __m512 acc23) {
     const __m512 s = _mm512_add_ps(acc01, acc23);  // lanes 0-7: acc0 + acc2, lanes 8-15: acc1 + acc3
     const __m256 s8 =
         _mm256_add_ps(_mm512_castps512_ps256(s), _mm256_castpd_ps(_mm512_extractf64x4_pd(_mm512_castps_pd(s), 1)));
-    const __m128 s4 = _mm_add_ps(_mm256_castps256_ps128(s8), _mm256_extractf128_ps(s8, 1));
-    alignas(16) float lanes[4];
-    _mm_store_ps(lanes, s4);
-    return (lanes[0] + lanes[1]) + (lanes[2] + lanes[3]);
+    return _mm_add_ps(_mm256_castps256_ps128(s8), _mm256_extractf128_ps(s8, 1));
 }
 
-// Scores of n (1 to 4) queries against one key row; kD is head_dim, 0 where it is only known at
+// Scores of n (1 or 4) queries against one key row; kD is head_dim, 0 where it is only known at
 // run time.
+constexpr int kDotQueries = 4;
 template <int n, int kD>
-__attribute__((target("avx512f,avx512vl,fma,f16c"))) inline void dots(const float* q16, const int* rows, int head_dim,
-                                                                      const float* kj, float* scores) {
+inline void dots(const float* q16, const int* rows, int head_dim, const float* kj, float* scores) {
     const int d = kD > 0 ? kD : head_dim;
     __m512 lo[n], hi[n];
     const float* qr[n];
@@ -173,118 +203,91 @@ __attribute__((target("avx512f,avx512vl,fma,f16c"))) inline void dots(const floa
         }
     }
     if constexpr (n == 4) {
-        // The four reductions at once: hadd(a, b) = [a0 + a1, a2 + a3, b0 + b1, b2 + b3], so two
-        // levels of it give each query's (s4[0] + s4[1]) + (s4[2] + s4[3]).
-        __m128 s4[4];
-        for (int r = 0; r < 4; ++r) {
-            const __m512 s = _mm512_add_ps(lo[r], hi[r]);
-            const __m256 s8 = _mm256_add_ps(_mm512_castps512_ps256(s),
-                                            _mm256_castpd_ps(_mm512_extractf64x4_pd(_mm512_castps_pd(s), 1)));
-            s4[r] = _mm_add_ps(_mm256_castps256_ps128(s8), _mm256_extractf128_ps(s8, 1));
-        }
-        _mm_storeu_ps(scores, _mm_hadd_ps(_mm_hadd_ps(s4[0], s4[1]), _mm_hadd_ps(s4[2], s4[3])));
+        // hadd(a, b) = [a0 + a1, a2 + a3, b0 + b1, b2 + b3]: two levels of it give the four
+        // queries' (s4[0] + s4[1]) + (s4[2] + s4[3]) at once.
+        const __m128 s01 = _mm_hadd_ps(partial_sums(lo[0], hi[0]), partial_sums(lo[1], hi[1]));
+        const __m128 s23 = _mm_hadd_ps(partial_sums(lo[2], hi[2]), partial_sums(lo[3], hi[3]));
+        _mm_storeu_ps(scores, _mm_hadd_ps(s01, s23));
     } else {
-        for (int r = 0; r < n; ++r) scores[r] = reduce_like_ggml(lo[r], hi[r]);
-    }
-}
-
-__attribute__((target("avx512f,avx512vl,fma,f16c"))) inline __m512 load_half16(const uint16_t* p) {
-    return _mm512_cvtph_ps(_mm256_loadu_si256(reinterpret_cast<const __m256i*>(p)));
-}
-
-__attribute__((target("avx512f,avx512vl,fma,f16c"))) inline void store_half16(uint16_t* p, __m512 x) {
-    _mm256_storeu_si256(reinterpret_cast<__m256i*>(p),
-                        _mm512_cvtps_ph(x, _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC));
-}
-
-// n_tokens consecutive tokens (q, out rows token_stride floats apart, positions pos) times
-// n_heads consecutive query heads of one kv group (rows d apart). kD as for dots.
-template <int kD>
-__attribute__((target("avx512f,avx512vl,fma,f16c"))) void attend_block_avx512(
-    const float* q, const int32_t* pos, int n_tokens, int n_heads, int64_t token_stride, const float* k, const float* v,
-    const int32_t* kv_pos, int64_t n_kv, int64_t kv_row_stride, const AttentionParams& p, float* __restrict q16,
-    uint16_t* __restrict acc, float* out) {
-    const int d = kD > 0 ? kD : p.head_dim;
-    const int n_queries = n_tokens * n_heads;
-    for (int t = 0; t < n_tokens; ++t) {
-        for (int h = 0; h < n_heads; ++h) {
-            const float* src = q + t * token_stride + h * d;
-            float* dst = q16 + static_cast<int64_t>(t * n_heads + h) * d;
-            for (int i = 0; i < d; i += 16) {
-                _mm512_storeu_ps(dst + i,
-                                 _mm512_cvtph_ps(_mm512_cvtps_ph(_mm512_loadu_ps(src + i),
-                                                                 _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC)));
-            }
-        }
-    }
-    std::fill(acc, acc + static_cast<int64_t>(n_queries) * d, uint16_t{0});
-    float running_max[kMaxQueries];
-    float sum[kMaxQueries];
-    for (int i = 0; i < n_queries; ++i) {
-        running_max[i] = -std::numeric_limits<float>::infinity();
-        sum[i] = 0.0f;
-    }
-    for (int64_t j = 0; j < n_kv; ++j) {
-        int rows[kMaxQueries];
-        int n_active = 0;
-        for (int t = 0; t < n_tokens; ++t) {
-            if (!visible(kv_pos[j], pos[t], p.sliding_window)) continue;
-            for (int h = 0; h < n_heads; ++h) rows[n_active++] = t * n_heads + h;
-        }
-        if (n_active == 0) continue;
-        const float* kj = k + j * kv_row_stride;
-        float scores[kMaxQueries];
-        int a = 0;
-        for (; a + 4 <= n_active; a += 4) dots<4, kD>(q16, rows + a, d, kj, scores + a);
-        for (; a < n_active; ++a) dots<1, kD>(q16, rows + a, d, kj, scores + a);
-
-        __m512 weights[kMaxQueries];
-        for (a = 0; a < n_active; ++a) {
-            const int r = rows[a];
-            float s = scores[a] * p.scale;
-            if (p.softcap > 0.0f) s = p.softcap * std::tanh(s / p.softcap);
-            float rescale = 1.0f;
-            float weight = 1.0f;
-            if (s > running_max[r]) {
-                rescale = std::exp(running_max[r] - s);
-                running_max[r] = s;
-                uint16_t* acc_r = acc + static_cast<int64_t>(r) * d;
-                const __m512 factor = _mm512_set1_ps(rescale);
-                for (int i = 0; i < d; i += 16) store_half16(acc_r + i, _mm512_mul_ps(load_half16(acc_r + i), factor));
-            } else {
-                weight = std::exp(s - running_max[r]);
-            }
-            sum[r] = __builtin_fmaf(sum[r], rescale, weight);
-            weights[a] = _mm512_set1_ps(weight);
-        }
-        // Query by query, so that each accumulator row streams through once; the V row stays in L1.
-        const float* vj = v + j * kv_row_stride;
-        for (a = 0; a < n_active; ++a) {
-            uint16_t* acc_r = acc + static_cast<int64_t>(rows[a]) * d;
-            const __m512 w = weights[a];
-#pragma GCC unroll 16
-            for (int i = 0; i < d; i += 16) {
-                store_half16(acc_r + i, _mm512_fmadd_ps(_mm512_loadu_ps(vj + i), w, load_half16(acc_r + i)));
-            }
-        }
-    }
-    for (int t = 0; t < n_tokens; ++t) {
-        for (int h = 0; h < n_heads; ++h) {
-            const int r = t * n_heads + h;
-            const float inv = sum[r] == 0.0f ? 0.0f : 1.0f / sum[r];
-            const __m512 factor = _mm512_set1_ps(inv);
-            const uint16_t* acc_r = acc + static_cast<int64_t>(r) * d;
-            float* dst = out + t * token_stride + h * d;
-            for (int i = 0; i < d; i += 16) _mm512_storeu_ps(dst + i, _mm512_mul_ps(load_half16(acc_r + i), factor));
+        for (int r = 0; r < n; ++r) {
+            alignas(16) float s4[4];
+            _mm_store_ps(s4, partial_sums(lo[r], hi[r]));
+            scores[r] = (s4[0] + s4[1]) + (s4[2] + s4[3]);
         }
     }
 }
 
-// FITLLM_ATTN_NO_AVX512=1 (any value) keeps the one-query AVX2 kernel, for comparisons.
-bool use_avx512(const AttentionParams& p) {
-    static const bool disabled = std::getenv("FITLLM_ATTN_NO_AVX512") != nullptr;
-    return !disabled && p.head_dim % 32 == 0 && __builtin_cpu_supports("avx512f") &&
-           __builtin_cpu_supports("avx512vl") && __builtin_cpu_supports("fma") && __builtin_cpu_supports("f16c");
+#include "ops/attention_f16_block.inc"
+
+}  // namespace avx512
+#pragma GCC pop_options
+
+#pragma GCC push_options
+#pragma GCC target("avx2,fma,f16c")
+namespace avx2 {
+
+using Vec = __m256;
+constexpr int kLanes = 8;
+inline Vec load(const float* p) {
+    return _mm256_loadu_ps(p);
+}
+inline void store(float* p, Vec x) {
+    _mm256_storeu_ps(p, x);
+}
+inline Vec broadcast(float x) {
+    return _mm256_set1_ps(x);
+}
+inline Vec fma(Vec a, Vec b, Vec c) {
+    return _mm256_fmadd_ps(a, b, c);
+}
+inline Vec mul(Vec a, Vec b) {
+    return _mm256_mul_ps(a, b);
+}
+inline Vec load_half(const uint16_t* p) {
+    return _mm256_cvtph_ps(_mm_loadu_si128(reinterpret_cast<const __m128i*>(p)));
+}
+inline void store_half(uint16_t* p, Vec x) {
+    _mm_storeu_si128(reinterpret_cast<__m128i*>(p), _mm256_cvtps_ph(x, _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC));
+}
+
+// Scores of n (1 or 2: 4 accumulators each, 16 registers in all) queries against one key row.
+constexpr int kDotQueries = 2;
+template <int n, int kD>
+inline void dots(const float* q16, const int* rows, int head_dim, const float* kj, float* scores) {
+    const int d = kD > 0 ? kD : head_dim;
+    __m256 acc[n][4];
+    const float* qr[n];
+    for (int r = 0; r < n; ++r) {
+        for (int c = 0; c < 4; ++c) acc[r][c] = _mm256_setzero_ps();
+        qr[r] = q16 + static_cast<int64_t>(rows[r]) * d;
+    }
+#pragma GCC unroll 8
+    for (int i = 0; i < d; i += 32) {
+        for (int c = 0; c < 4; ++c) {
+            const __m256 kc = _mm256_loadu_ps(kj + i + 8 * c);
+            for (int r = 0; r < n; ++r) acc[r][c] = _mm256_fmadd_ps(_mm256_loadu_ps(qr[r] + i + 8 * c), kc, acc[r][c]);
+        }
+    }
+    for (int r = 0; r < n; ++r) {
+        const __m256 s8 = _mm256_add_ps(_mm256_add_ps(acc[r][0], acc[r][2]), _mm256_add_ps(acc[r][1], acc[r][3]));
+        alignas(16) float s4[4];
+        _mm_store_ps(s4, _mm_add_ps(_mm256_castps256_ps128(s8), _mm256_extractf128_ps(s8, 1)));
+        scores[r] = (s4[0] + s4[1]) + (s4[2] + s4[3]);
+    }
+}
+
+#include "ops/attention_f16_block.inc"
+
+}  // namespace avx2
+#pragma GCC pop_options
+
+// The blocked kernel for this CPU and head size, or null (then the one-query kernels run).
+BlockFn select_block_kernel(const AttentionParams& p, AttentionF16Kernel kernel) {
+    if (p.head_dim % 32 != 0 || kernel == AttentionF16Kernel::OneQuery) return nullptr;
+    const bool avx2 = __builtin_cpu_supports("avx2") && __builtin_cpu_supports("fma") && __builtin_cpu_supports("f16c");
+    const bool avx512 = avx2 && __builtin_cpu_supports("avx512f") && __builtin_cpu_supports("avx512vl");
+    if (kernel == AttentionF16Kernel::Best && avx512) return avx512::block_kernel(p.head_dim);
+    return avx2 ? avx2::block_kernel(p.head_dim) : nullptr;
 }
 
 // Heads per block: the largest divisor of the group up to kMaxQueries that still leaves every
@@ -298,7 +301,7 @@ int heads_per_block(int64_t n_tok, int n_head_kv, int group, int n_threads) {
 
 void attention_f16_blocked(const float* q, const int32_t* q_pos, int64_t n_tok, const float* k, const float* v,
                            const int32_t* kv_pos, int64_t n_kv, const AttentionParams& p, float* out, ThreadPool& pool,
-                           Scratch& scratch) {
+                           Scratch& scratch, BlockFn attend_block) {
     const int group = p.n_head / p.n_head_kv;
     const int64_t d = p.head_dim;
     const int64_t kv_row_stride = p.n_head_kv * d;
@@ -312,11 +315,6 @@ void attention_f16_blocked(const float* q, const int32_t* q_pos, int64_t n_tok, 
     const int64_t n_token_blocks = (n_tok + tokens - 1) / tokens;
     const int64_t head_blocks = p.n_head / heads;
     const int64_t per_thread = block_scratch_floats(d);
-    // Head sizes of common models get a kernel with the loops unrolled.
-    auto* const attend_block = d == 256   ? attend_block_avx512<256>
-                               : d == 128 ? attend_block_avx512<128>
-                               : d == 64  ? attend_block_avx512<64>
-                                          : attend_block_avx512<0>;
     auto* thread_scratch =
         reinterpret_cast<float*>(scratch.bytes(static_cast<size_t>(per_thread * pool.size()) * sizeof(float)));
     // Under a causal mask a token's cost grows with its position. Tasks go out in the order first
@@ -347,10 +345,16 @@ float round_to_f16(float x) {
 void attention_f16(const float* q, const int32_t* q_pos, int64_t n_tok, const float* k, const float* v,
                    const int32_t* kv_pos, int64_t n_kv, const AttentionParams& params, float* out, ThreadPool& pool,
                    Scratch& scratch) {
+    attention_f16(q, q_pos, n_tok, k, v, kv_pos, n_kv, params, out, pool, scratch, AttentionF16Kernel::Best);
+}
+
+void attention_f16(const float* q, const int32_t* q_pos, int64_t n_tok, const float* k, const float* v,
+                   const int32_t* kv_pos, int64_t n_kv, const AttentionParams& params, float* out, ThreadPool& pool,
+                   Scratch& scratch, AttentionF16Kernel kernel) {
     check_attention_params("attention_f16", params);
     if (n_tok <= 0) return;
-    if (use_avx512(params)) {
-        attention_f16_blocked(q, q_pos, n_tok, k, v, kv_pos, n_kv, params, out, pool, scratch);
+    if (const BlockFn block = select_block_kernel(params, kernel)) {
+        attention_f16_blocked(q, q_pos, n_tok, k, v, kv_pos, n_kv, params, out, pool, scratch, block);
         return;
     }
     const int group = params.n_head / params.n_head_kv;

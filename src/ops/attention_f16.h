@@ -17,6 +17,15 @@ void attention_f16(const float* q, const int32_t* q_pos, int64_t n_tok, const fl
                    const int32_t* kv_pos, int64_t n_kv, const AttentionParams& params, float* out, ThreadPool& pool,
                    Scratch& scratch);
 
+// The same with a choice of kernel, for tests and benchmarks (all give identical results): Best
+// is what the overload above runs (AVX-512 where the CPU has it), Avx2 the AVX2 + F16C version of
+// the same blocked kernel, OneQuery the one-query-at-a-time loop (also the fallback for head sizes
+// that are not multiples of 32 and for CPUs without the instructions a choice needs).
+enum class AttentionF16Kernel { Best, Avx2, OneQuery };
+void attention_f16(const float* q, const int32_t* q_pos, int64_t n_tok, const float* k, const float* v,
+                   const int32_t* kv_pos, int64_t n_kv, const AttentionParams& params, float* out, ThreadPool& pool,
+                   Scratch& scratch, AttentionF16Kernel kernel);
+
 // x rounded to the nearest f16 value (ties to even) and back to float; overflow gives infinity.
 // Branch-free so that loops over it vectorize.
 float round_to_f16(float x);

@@ -117,7 +117,7 @@ struct Case {
     bool shuffled;  // kv cells out of position order, one of them unused
 };
 
-// Bit for bit the reference, whatever the blocking of queries and the split over threads.
+// Bit for bit the reference, whatever the kernel, the blocking of queries and the split over threads.
 TEST(AttentionF16, BitIdenticalToTheReference) {
     const Case cases[] = {
         {7, 7, 4, 1, 256, 0, 2, 0.0f, false},    {33, 40, 4, 1, 256, 0, 2, 0.0f, false},
@@ -151,14 +151,19 @@ TEST(AttentionF16, BitIdenticalToTheReference) {
                                 .sliding_window = c.sliding_window};
         ThreadPool pool(c.threads);
         Scratch scratch;
-        std::vector<float> want(q.size()), got(q.size(), -1.0f);
+        std::vector<float> want(q.size());
         reference_attention_f16(q.data(), q_pos.data(), c.n_tok, k.data(), v.data(), kv_pos.data(), c.n_kv, p,
                                 want.data());
-        attention_f16(q.data(), q_pos.data(), c.n_tok, k.data(), v.data(), kv_pos.data(), c.n_kv, p, got.data(), pool,
-                      scratch);
-        for (size_t i = 0; i < got.size(); ++i) {
-            ASSERT_EQ(std::bit_cast<uint32_t>(got[i]), std::bit_cast<uint32_t>(want[i]))
-                << "at " << i << ": " << got[i] << " vs " << want[i];
+        for (const AttentionF16Kernel kernel :
+             {AttentionF16Kernel::Best, AttentionF16Kernel::Avx2, AttentionF16Kernel::OneQuery}) {
+            SCOPED_TRACE(testing::Message() << "kernel " << static_cast<int>(kernel));
+            std::vector<float> got(q.size(), -1.0f);
+            attention_f16(q.data(), q_pos.data(), c.n_tok, k.data(), v.data(), kv_pos.data(), c.n_kv, p, got.data(),
+                          pool, scratch, kernel);
+            for (size_t i = 0; i < got.size(); ++i) {
+                ASSERT_EQ(std::bit_cast<uint32_t>(got[i]), std::bit_cast<uint32_t>(want[i]))
+                    << "at " << i << ": " << got[i] << " vs " << want[i];
+            }
         }
     }
 }
