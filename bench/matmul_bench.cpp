@@ -1,13 +1,18 @@
-// ops::matmul on a 4096 x 4096 weight matrix: matrix-vector (decode, n_tok = 1) and a 64-token
-// batch (prompt processing), on 1 and 2 threads of ops::ThreadPool. Reports GB/s of weight bytes
-// streamed and tokens/s. The matrix is reused between iterations, so for the 4-bit types it may
-// sit in L3; bench/dot_bench.cpp has the from-DRAM setting for the kernels themselves.
+// ops::matmul on a 4096 x 4096 weight matrix: matrix-vector (decode, n_tok = 1) and 64- and
+// 512-token batches (prompt processing: the tiled kernels of quant/gemm.h where a type has them),
+// on 1 and 2 threads of ops::ThreadPool; and prompts of 512 tokens through the shapes of
+// Gemma 3 270M's layers (MatmulGemma270m: 640 -> 1024 / 256 / 2048 and 2048 -> 640). Reports GB/s
+// of weight bytes streamed, tokens/s and, for the batches, GMAC/s. The matrix is reused between
+// iterations, so for the 4-bit types it may sit in L3; bench/dot_bench.cpp has the from-DRAM
+// setting for the kernels themselves. FITLLM_NO_GEMM=1 runs the batches on the dots instead.
 //
 //   build/bench/matmul_bench [--benchmark_filter=Q4_K] [--benchmark_min_time=0.5]
 #include <benchmark/benchmark.h>
 
 #include <map>
 #include <random>
+#include <string>
+#include <tuple>
 #include <vector>
 
 #include "ops/matmul.h"
@@ -21,7 +26,8 @@ using fitllm::ops::WeightView;
 using fitllm::quant::GgmlType;
 
 constexpr int64_t kRows = 4096, kCols = 4096;
-constexpr GgmlType kTypes[] = {GgmlType::Q4_0, GgmlType::Q4_K, GgmlType::Q6_K, GgmlType::Q8_0, GgmlType::F16};
+constexpr GgmlType kTypes[] = {GgmlType::Q4_0, GgmlType::Q4_1, GgmlType::Q5_0, GgmlType::Q5_1, GgmlType::Q8_0,
+                               GgmlType::Q4_K, GgmlType::Q5_K, GgmlType::Q6_K, GgmlType::F16};
 
 std::vector<float> gaussian(size_t n, unsigned seed) {
     std::mt19937 rng(seed);
@@ -32,27 +38,27 @@ std::vector<float> gaussian(size_t n, unsigned seed) {
 }
 
 // Built on first use: quantizing 16 M values takes a moment per type.
-const std::vector<std::byte>& weights(GgmlType type) {
-    static std::map<GgmlType, std::vector<std::byte>> cache;
-    std::vector<std::byte>& bytes = cache[type];
+const std::vector<std::byte>& weights(GgmlType type, int64_t rows = kRows, int64_t cols = kCols) {
+    static std::map<std::tuple<GgmlType, int64_t, int64_t>, std::vector<std::byte>> cache;
+    std::vector<std::byte>& bytes = cache[{type, rows, cols}];
     if (bytes.empty()) {
-        const size_t row_bytes = *fitllm::quant::row_bytes(type, kCols);
-        bytes.resize(row_bytes * kRows);
-        const std::vector<float> row = gaussian(kCols, 1);
-        for (int64_t r = 0; r < kRows; ++r) {
-            fitllm::quant::quantize_row(type, row.data(), bytes.data() + r * row_bytes, kCols);
+        const size_t row_bytes = *fitllm::quant::row_bytes(type, cols);
+        bytes.resize(row_bytes * rows);
+        const std::vector<float> row = gaussian(cols, 1);
+        for (int64_t r = 0; r < rows; ++r) {
+            fitllm::quant::quantize_row(type, row.data(), bytes.data() + r * row_bytes, cols);
         }
     }
     return bytes;
 }
 
-void BM_Matmul(benchmark::State& state, GgmlType type) {
+void BM_Matmul(benchmark::State& state, GgmlType type, int64_t rows, int64_t cols) {
     const int n_tok = static_cast<int>(state.range(0));
     const int n_threads = static_cast<int>(state.range(1));
-    const std::vector<std::byte>& w = weights(type);
-    const WeightView view{type, kRows, kCols, w.data(), 0};
-    const std::vector<float> x = gaussian(static_cast<size_t>(n_tok * kCols), 2);
-    std::vector<float> y(static_cast<size_t>(n_tok * kRows));
+    const std::vector<std::byte>& w = weights(type, rows, cols);
+    const WeightView view{type, rows, cols, w.data(), 0};
+    const std::vector<float> x = gaussian(static_cast<size_t>(n_tok * cols), 2);
+    std::vector<float> y(static_cast<size_t>(n_tok * rows));
     ThreadPool pool(n_threads);
     Scratch scratch;
     for (auto _ : state) {
@@ -64,16 +70,35 @@ void BM_Matmul(benchmark::State& state, GgmlType type) {
         benchmark::Counter(static_cast<double>(w.size()) * state.iterations() / 1e9, benchmark::Counter::kIsRate);
     state.counters["tok/s"] =
         benchmark::Counter(static_cast<double>(n_tok) * state.iterations(), benchmark::Counter::kIsRate);
+    if (n_tok > 1) {
+        state.counters["GMAC/s"] = benchmark::Counter(
+            static_cast<double>(rows * cols) * n_tok * state.iterations() / 1e9, benchmark::Counter::kIsRate);
+    }
 }
 
 const bool registered = [] {
     for (GgmlType type : kTypes) {
         const std::string name = "Matmul/" + std::string(fitllm::quant::traits(type).name);
-        benchmark::RegisterBenchmark(name.c_str(), BM_Matmul, type)
+        const bool quantized = fitllm::quant::traits(type).is_quantized;
+        benchmark::RegisterBenchmark(name.c_str(), BM_Matmul, type, kRows, kCols)
             ->ArgNames({"n_tok", "threads"})
-            ->ArgsProduct({{1, 64}, {1, 2}})
+            ->ArgsProduct({quantized ? std::vector<int64_t>{1, 64, 512} : std::vector<int64_t>{1, 64}, {1, 2}})
             ->UseRealTime()
             ->Unit(benchmark::kMillisecond);
+    }
+    // Gemma 3 270M: attention q / k+v / o, FFN gate+up / down; the Q4_K_M file holds them as
+    // Q5_0, Q8_0 and the k-quants.
+    constexpr int64_t kShapes[][2] = {{1024, 640}, {256, 640}, {640, 1024}, {2048, 640}, {640, 2048}};
+    for (GgmlType type : {GgmlType::Q5_0, GgmlType::Q8_0, GgmlType::Q4_K, GgmlType::Q6_K}) {
+        for (const auto& shape : kShapes) {
+            const std::string name = "MatmulGemma270m/" + std::string(fitllm::quant::traits(type).name) + "/" +
+                                     std::to_string(shape[0]) + "x" + std::to_string(shape[1]);
+            benchmark::RegisterBenchmark(name.c_str(), BM_Matmul, type, shape[0], shape[1])
+                ->ArgNames({"n_tok", "threads"})
+                ->Args({512, 2})
+                ->UseRealTime()
+                ->Unit(benchmark::kMillisecond);
+        }
     }
     return true;
 }();
