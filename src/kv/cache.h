@@ -8,7 +8,7 @@
 //   kv::KvCache cache(layers, p);
 //   cache.place(seq_ids, positions, cells);           // room for a batch, or KvCacheError
 //   cache.store(layer, cells, k_rows, v_rows);         // every layer, in the forward pass
-//   ops::attention over cache.view(...)                // reads K/V straight from the blocks
+//   ops::attention over cache.layer_view(layer)        // reads K/V straight from the blocks
 //   cache.seq_rm(1, 100, -1); cache.seq_cp(0, 2, -1, -1); cache.seq_add(0, 4, -1, -4);
 //
 // Vocabulary (as llama.cpp's): a *cell* holds one token's K and V for every layer of the pool,
@@ -23,6 +23,7 @@
 // layer range; the views are read-only.
 #include <cstddef>
 #include <cstdint>
+#include <memory>
 #include <span>
 #include <string>
 #include <type_traits>
@@ -32,6 +33,11 @@
 #include "quant/ggml_type.h"
 
 namespace fitllm::kv {
+// Until the models move here and src/kv/kv_cache.h (the old single-sequence kv::KvCache) is
+// deleted, both headers name a kv::KvCache and a kv::KvCacheError: this inline namespace gives the
+// new ones their own linker symbols. Code says kv::KvCache as usual (include one header or the
+// other). Remove it with the old cache.
+inline namespace paged {
 
 // Not enough free cells for a batch, or a sequence id out of range: says what was asked for and
 // what is free. Nothing in the cache changed.
@@ -53,10 +59,10 @@ struct LayerShape {
 };
 
 struct CacheParams {
-    int n_cells = 0;       // tokens the pool holds, all sequences together
-    int n_seq_max = 1;     // sequences (<= kMaxSequences)
-    int block_size = 16;   // cells per block; n_cells is rounded up to whole blocks
-    int window = 0;        // > 0: a sliding-window pool; see KvCache::trim_window()
+    int n_cells = 0;      // tokens the pool holds, all sequences together
+    int n_seq_max = 1;    // sequences (<= kMaxSequences)
+    int block_size = 16;  // cells per block; n_cells is rounded up to whole blocks
+    int window = 0;       // > 0: a sliding-window pool; see KvCache::trim_window()
     quant::GgmlType type_k = quant::GgmlType::F16;
     quant::GgmlType type_v = quant::GgmlType::F16;
     // Rotate each head by a normalized Walsh-Hadamard transform before quantizing (K and V), so
@@ -72,8 +78,10 @@ quant::GgmlType kv_type_from_name(const std::string& name);
 
 class KvCache {
 public:
-    // Allocates every byte up front. Throws std::invalid_argument for bad shapes or types
-    // (naming them): head sizes must be whole blocks of a quantized type (32 values).
+    // Allocates every byte up front (zeroed, so untouched pages cost no memory until used).
+    // Throws std::invalid_argument for bad shapes or types (naming them): no layers, n_cells or a
+    // width < 1, n_seq_max outside 1..64, a type is_kv_type() rejects, head sizes that are not
+    // whole blocks of a quantized type (32 values).
     KvCache(std::vector<LayerShape> layers, CacheParams params);
 
     KvCache(KvCache&&) noexcept;
@@ -81,16 +89,18 @@ public:
     ~KvCache();
 
     const CacheParams& params() const;
-    int n_layer() const;  // layers in this pool
+    int n_layer() const;   // layers in this pool
     int capacity() const;  // cells
     int n_blocks() const;
     size_t bytes() const;  // K, V and the per-cell bookkeeping
-    bool rotated() const;  // true when K/V heads are stored Hadamard-rotated
+    // True when K and V heads are stored Hadamard-rotated (both or neither): params.rotate, K or V
+    // quantized, and every head size of the pool a power of two.
+    bool rotated() const;
 
     // Occupancy.
-    int used_cells() const;       // cells in use by at least one sequence
-    int allocated_cells() const;  // cells of blocks in some block table; waste = allocated - used
-    int free_cells() const;       // capacity - used_cells()
+    int used_cells() const;            // cells in use by at least one sequence
+    int allocated_cells() const;       // cells of blocks in some block table; waste = allocated - used
+    int free_cells() const;            // capacity - used_cells()
     Pos seq_pos_min(SeqId seq) const;  // -1 when the sequence is empty
     Pos seq_pos_max(SeqId seq) const;  // -1 when the sequence is empty
     int seq_n_cells(SeqId seq) const;
@@ -102,29 +112,41 @@ public:
     // block; freed blocks are reused ring-fashion (the search starts after the last block
     // handed out). cells_out[i] receives the cell index. All or nothing: when the batch does not
     // fit, throws KvCacheError with the numbers and changes nothing.
+    // A sequence whose last block is shared and has free cells gets a copy of the cells it uses
+    // there in a new block (same offsets; the others keep the original) and fills that block.
+    // Allocates nothing.
     void place(std::span<const SeqId> seq, std::span<const Pos> pos, std::span<int32_t> cells_out);
+    // Throws what place() would throw for a batch of these sequences; changes nothing.
+    void check_room(std::span<const SeqId> seq) const;
 
     // Writes n = cells.size() rows of layer `layer`: k is [n, n_head_kv * head_dim_k] floats,
-    // v is [n, n_head_kv * head_dim_v]; rotated and quantized to the pool's types.
+    // v is [n, n_head_kv * head_dim_v]; rotated and quantized to the pool's types. F16 rounds to
+    // nearest even, as the old float cache and llama.cpp's f16 cache do. Allocates nothing; calls
+    // for different layers may run on different threads.
     void store(int layer, std::span<const int32_t> cells, const float* k, const float* v);
 
     // --- Sequence operations (llama.cpp's llama_memory_seq_*) ---------------------------------
-    // Ranges are [p0, p1); p0 < 0 means 0 and p1 < 0 means no upper bound; seq -1 = all.
+    // Ranges are [p0, p1); p0 < 0 means 0 and p1 < 0 means no upper bound. seq -1 = every
+    // sequence in seq_rm only (as llama.cpp); elsewhere, and any id >= n_seq_max, throws
+    // KvCacheError. Blocks left with no cell of a sequence leave its table; blocks left with no
+    // used cell return to the free list.
     void seq_rm(SeqId seq, Pos p0, Pos p1);             // forget the sequence's tokens in range
     void seq_cp(SeqId src, SeqId dst, Pos p0, Pos p1);  // dst also uses src's cells in range (no copy)
     void seq_keep(SeqId seq);                           // forget every other sequence
     // Positions in range move by delta (tokens whose position becomes negative are removed).
     // K needs re-rotating (RoPE) by delta: the cache records it, and the model applies it with
-    // apply_k_shift() before its next forward pass.
+    // apply_k_shift() before its next forward pass. As in llama.cpp a cell has one position, so a
+    // cell that seq shares with other sequences moves for them too (and is removed for all).
     void seq_add(SeqId seq, Pos p0, Pos p1, Pos delta);
     void seq_div(SeqId seq, Pos p0, Pos p1, int d);  // positions in range become pos / d (RoPE as seq_add)
-    void clear();                                     // every cell free, every table empty
+    void clear();                                    // every cell free, every table empty
 
     // --- Shifts ---------------------------------------------------------------------------------
     bool has_k_shift() const;
     // For each cell with a pending shift: K of `layer` is read back to floats (un-rotated), passed
     // to rerotate(k_rows [n, n_head_kv * head_dim_k], deltas [n], n) which applies RoPE by each
-    // row's delta in place, and stored again. Call for every layer, then clear_k_shift().
+    // row's delta in place, and stored again (rerotate gets at most 32 rows per call). Call for
+    // every layer, then clear_k_shift(). One layer at a time (shared scratch); allocates nothing.
     template <class Fn>
     void apply_k_shift(int layer, Fn&& rerotate);
     void clear_k_shift();
@@ -141,12 +163,15 @@ public:
     bool cell_has_seq(int32_t cell, SeqId seq) const;
     Pos cell_pos(int32_t cell) const;  // -1 for a free cell
     uint64_t cell_seqs(int32_t cell) const;
+    // The same for every cell at once ([capacity()]; free cells: -1 and 0), for attention tiles.
+    std::span<const Pos> cell_positions() const;
+    std::span<const uint64_t> cell_seq_masks() const;
 
     struct LayerView {
         quant::GgmlType type_k, type_v;
         int n_head_kv, head_dim_k, head_dim_v;
-        bool rotated;                    // heads stored Hadamard-rotated: rotate q, un-rotate the output
-        const std::byte* k = nullptr;    // cell c's K row: k + c * k_row_bytes; head h at h * k_head_bytes
+        bool rotated;                  // heads stored Hadamard-rotated: rotate q, un-rotate the output
+        const std::byte* k = nullptr;  // cell c's K row: k + c * k_row_bytes; head h at h * k_head_bytes
         const std::byte* v = nullptr;
         size_t k_row_bytes, k_head_bytes, v_row_bytes, v_head_bytes;
     };
@@ -158,7 +183,7 @@ public:
 
 private:
     struct Impl;
-    Impl* impl_;  // owned; pimpl keeps the bookkeeping out of this header
+    std::unique_ptr<Impl> impl_;  // the bookkeeping and the storage (cache.cpp)
     void for_shifted_cells(int layer, void (*fn)(void*, float*, const int32_t*, int), void* ctx);
 };
 
@@ -166,24 +191,32 @@ template <class Fn>
 void KvCache::apply_k_shift(int layer, Fn&& rerotate) {
     using F = std::remove_reference_t<Fn>;
     for_shifted_cells(
-        layer, [](void* ctx, float* k_rows, const int32_t* deltas, int n) { (*static_cast<F*>(ctx))(k_rows, deltas, n); },
+        layer,
+        [](void* ctx, float* k_rows, const int32_t* deltas, int n) { (*static_cast<F*>(ctx))(k_rows, deltas, n); },
         const_cast<void*>(static_cast<const void*>(&rerotate)));
 }
 
 // The caches of one model: one pool for the layers with full attention and, when some layers
-// attend through a sliding window (Gemma 3's local layers), a second pool for those with room for
-// n_seq_max * window + n_batch cells, trimmed after every batch, so their memory and cost stop
-// growing past the window. Sequence operations and place() apply to every pool.
+// attend through a sliding window (Gemma 3's local layers), a pool per window size for those,
+// trimmed after every batch, so their memory and cost stop growing past the window. A window pool
+// has room for n_seq_max * window + n_batch cells plus the partly used blocks at each end of every
+// sequence's window: n_seq_max * (ceil(window / block_size) + 2) + ceil(n_batch / block_size)
+// blocks (window_pool_cells()). When that is not smaller than the full pool, the windowed layers
+// go into the full pool (their attention still masks by window). Pool 0 is the full-attention
+// pool when there is one. Sequence operations and place() apply to every pool.
 class ModelCache {
 public:
-    // layer_window[il] == 0: full attention; > 0: that layer's window. Throws like KvCache.
+    // layer_window[il] == 0: full attention; > 0: that layer's window. params.window is ignored.
+    // Throws like KvCache, and std::invalid_argument when the lists differ in length or n_batch < 1.
     ModelCache(const std::vector<LayerShape>& layers, const std::vector<int>& layer_window, CacheParams params,
                int n_batch);
+    // The cells of a window pool (see above), before rounding to blocks.
+    static int window_pool_cells(const CacheParams& params, int window, int n_batch);
 
     int n_pools() const;
     KvCache& pool(int i);
     const KvCache& pool(int i) const;
-    int pool_of(int layer) const;      // which pool holds the model layer
+    int pool_of(int layer) const;        // which pool holds the model layer
     int index_in_pool(int layer) const;  // the layer's index inside its pool
 
     // Places the batch in every pool (all or nothing across pools); cells(pool) then gives the
@@ -199,14 +232,19 @@ public:
     void seq_add(SeqId seq, Pos p0, Pos p1, Pos delta);
     void seq_div(SeqId seq, Pos p0, Pos p1, int d);
     void clear();
-    Pos seq_pos_max(SeqId seq) const;  // from the full-attention pool (the one that keeps everything)
+    Pos seq_pos_min(SeqId seq) const;  // from the full-attention pool (the one that keeps everything;
+    Pos seq_pos_max(SeqId seq) const;  // pool 0 when every layer is windowed)
     int capacity() const;              // of the full-attention pool: the context size
     size_t bytes() const;              // every pool
+    bool has_k_shift() const;          // any pool
+    void clear_k_shift();              // every pool
 
 private:
     std::vector<KvCache> pools_;
     std::vector<int> pool_of_, index_in_pool_;
     std::vector<std::vector<int32_t>> cells_;
+    int capacity_ = 0;
 };
 
+}  // namespace paged
 }  // namespace fitllm::kv

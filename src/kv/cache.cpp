@@ -1,0 +1,1022 @@
+#include "kv/cache.h"
+
+#include <algorithm>
+#include <array>
+#include <bit>
+#include <cctype>
+#include <climits>
+#include <cstdlib>
+#include <cstring>
+#include <limits>
+#include <new>
+#include <stdexcept>
+#include <string>
+#include <tuple>
+#include <utility>
+
+#include "kv/hadamard.h"
+#include "quant/dequantize.h"
+#include "quant/quantize.h"
+
+namespace fitllm::kv {
+inline namespace paged {
+
+using quant::GgmlType;
+
+namespace {
+
+constexpr Pos kFreePos = -1;
+constexpr int kShiftChunk = 32;  // rows handed to apply_k_shift's rerotate per call
+
+constexpr GgmlType kKvTypes[] = {GgmlType::F32,  GgmlType::F16,  GgmlType::BF16, GgmlType::Q8_0,  GgmlType::Q4_0,
+                                 GgmlType::Q4_1, GgmlType::Q5_0, GgmlType::Q5_1, GgmlType::IQ4_NL};
+
+uint64_t seq_bit(SeqId seq) {
+    return uint64_t{1} << seq;
+}
+
+// "q8_0", as -ctk spells it.
+std::string kv_type_name(GgmlType type) {
+    std::string name(quant::type_name(static_cast<uint32_t>(type)));
+    for (char& c : name) c = static_cast<char>(std::tolower(static_cast<unsigned char>(c)));
+    return name;
+}
+
+std::string kv_type_names() {
+    std::string names;
+    for (GgmlType type : kKvTypes) names += (names.empty() ? "" : ", ") + kv_type_name(type);
+    return names;
+}
+
+bool is_quantized(GgmlType type) {
+    return quant::traits(type).is_quantized;
+}
+
+int64_t round_up(int64_t n, int64_t multiple) {
+    return (n + multiple - 1) / multiple * multiple;
+}
+
+// Zeroed memory from calloc: a large block comes straight from the kernel, so its pages cost
+// nothing until a cell is written, and a never-written cell reads as zeros in every type.
+struct FreeBytes {
+    void operator()(std::byte* p) const { std::free(p); }
+};
+using Bytes = std::unique_ptr<std::byte, FreeBytes>;
+
+Bytes zeroed_bytes(size_t n) {
+    void* p = std::calloc(std::max<size_t>(n, 1), 1);
+    if (p == nullptr) throw std::bad_alloc();
+    return Bytes(static_cast<std::byte*>(p));
+}
+
+// [p0, p1) with llama.cpp's conventions: p0 < 0 is 0, p1 < 0 is no upper bound.
+struct PosRange {
+    Pos p0, p1;
+    PosRange(Pos first, Pos end) : p0(first < 0 ? 0 : first), p1(end < 0 ? std::numeric_limits<Pos>::max() : end) {}
+    bool empty() const { return p0 >= p1; }
+    bool contains(Pos p) const { return p >= p0 && p < p1; }
+};
+
+// One head per row of `type`: rotated first when asked (into scratch, the source stays as it is).
+void write_heads(GgmlType type, const float* row, int n_head, int head_dim, size_t head_bytes, bool rotate,
+                 float* scratch, std::byte* dst) {
+    for (int h = 0; h < n_head; ++h) {
+        const float* head = row + static_cast<int64_t>(h) * head_dim;
+        if (rotate) {
+            std::copy(head, head + head_dim, scratch);
+            hadamard_transform(scratch, head_dim);
+            head = scratch;
+        }
+        quant::quantize_row(type, head, dst + static_cast<size_t>(h) * head_bytes, head_dim);
+    }
+}
+
+void read_heads(GgmlType type, const std::byte* src, int n_head, int head_dim, size_t head_bytes, bool rotated,
+                float* row) {
+    for (int h = 0; h < n_head; ++h) {
+        float* head = row + static_cast<int64_t>(h) * head_dim;
+        quant::dequantize_row(type, src + static_cast<size_t>(h) * head_bytes, head, head_dim);
+        if (rotated) hadamard_transform(head, head_dim);  // its own inverse
+    }
+}
+
+}  // namespace
+
+bool is_kv_type(GgmlType type) {
+    return std::find(std::begin(kKvTypes), std::end(kKvTypes), type) != std::end(kKvTypes);
+}
+
+GgmlType kv_type_from_name(const std::string& name) {
+    const auto type = quant::type_from_name(name);
+    if (!type || !is_kv_type(*type)) {
+        throw std::invalid_argument("unknown KV cache type '" + name + "' (accepted: " + kv_type_names() + ")");
+    }
+    return *type;
+}
+
+// ---- Storage and bookkeeping ---------------------------------------------------------------------
+
+struct LayerStorage {
+    LayerShape shape;
+    size_t k_head_bytes = 0, v_head_bytes = 0, k_row_bytes = 0, v_row_bytes = 0;
+    Bytes k, v;                  // [capacity][n_head_kv][head], cell c at c * row_bytes
+    std::vector<float> scratch;  // one head, for rotating in store(); per layer, so layers may store in parallel
+};
+
+struct KvCache::Impl {
+    CacheParams params;
+    int block_size = 0;
+    int capacity = 0;
+    int n_blocks = 0;
+    bool rotated = false;
+    std::vector<LayerStorage> layers;
+
+    // Cells: position (-1 when free), the sequences using it, the RoPE shift K still needs.
+    std::vector<Pos> pos;
+    std::vector<uint64_t> seqs;
+    std::vector<Pos> shift;
+    bool has_shift = false;
+    int n_used = 0;
+    std::vector<int> seq_cells;  // [n_seq_max]: cells holding each sequence
+
+    // Blocks: the tables holding each block (one bit per sequence; the reference count is the
+    // number of bits), the used cells in it, and the tables themselves. A block no table holds is
+    // free, and then all its cells are. Invariant: a block is in a sequence's table exactly when
+    // one of its cells holds the sequence (between the steps of one operation).
+    std::vector<uint64_t> holders;
+    std::vector<int32_t> used_in_block;
+    std::vector<std::vector<int32_t>> tables;  // capacity n_blocks each: never reallocates
+    int n_free_blocks = 0;
+    int ring_next = 0;  // where the search for a free block starts: after the last one handed out
+
+    // apply_k_shift's rows, read back to floats, kShiftChunk at a time.
+    std::vector<float> shift_rows;
+    std::array<int32_t, kShiftChunk> shift_cells{}, shift_deltas{};
+
+    Impl(std::vector<LayerShape> shapes, const CacheParams& p);
+
+    // --- Checks ---
+    static void validate(const std::vector<LayerShape>& shapes, const CacheParams& p);
+    void check_seq(SeqId seq, const char* what, bool allow_all = false) const;
+    void check_layer(int layer, const char* what) const;
+    void check_cell(int32_t cell, const char* what) const;
+
+    // --- Cells ---
+    int block_of(int32_t cell) const { return cell / block_size; }
+    int32_t first_cell(int block) const { return block * block_size; }
+    bool cell_free(int32_t cell) const { return seqs[static_cast<size_t>(cell)] == 0; }
+    bool cell_has(int32_t cell, SeqId seq) const { return (seqs[static_cast<size_t>(cell)] & seq_bit(seq)) != 0; }
+    void occupy_cell(int32_t cell, SeqId seq, Pos p);
+    void add_seq_to_cell(int32_t cell, SeqId seq);
+    void remove_seq_from_cell(int32_t cell, SeqId seq);
+    void free_cell(int32_t cell);
+    void keep_only(int32_t cell, SeqId seq);
+    void release_cell(int32_t cell);
+    void copy_cell_data(int32_t from, int32_t to);
+
+    // --- Blocks and tables ---
+    int ref_count(int block) const { return std::popcount(holders[static_cast<size_t>(block)]); }
+    bool block_free(int block) const { return holders[static_cast<size_t>(block)] == 0; }
+    bool block_has_seq(int block, SeqId seq) const;
+    int seq_cells_in_block(int block, SeqId seq) const;
+    void hold_block(SeqId seq, int block);
+    void release_blocks_without(SeqId seq);
+    void release_blocks_without(uint64_t seq_mask);
+    int find_free_run(int n) const;
+    int next_free_block() const;
+    void acquire_blocks(SeqId seq, int n);
+
+    // --- Placing ---
+    struct SeqPlan {
+        int n_tokens = 0;
+        bool copy_last = false;  // the last block is shared: copy it first
+        int room = 0;            // free cells this sequence may fill in its last block (after the copy)
+        int new_blocks = 0;
+        size_t table_index = 0;  // where the fill starts, then the fill's cursor
+        int offset = 0;
+    };
+    using BatchPlan = std::array<SeqPlan, kMaxSequences>;
+    int plan_batch(std::span<const SeqId> seq, BatchPlan& plan) const;
+    void plan_sequence(SeqId seq, SeqPlan& plan) const;
+    [[noreturn]] void throw_full(size_t n_tokens, int blocks_needed) const;
+    void copy_last_block(SeqId seq);
+    void prepare_sequence(SeqId seq, SeqPlan& plan);
+    int32_t fill_next_cell(SeqId seq, Pos p, SeqPlan& plan);
+
+    // --- Sequences ---
+    template <class Fn>
+    void for_seq_cells(SeqId seq, Fn&& fn);  // fn(cell) for each cell holding seq, table order
+    Pos seq_pos_bound(SeqId seq, bool max) const;
+    void shift_cell(int32_t cell, Pos new_pos);
+    void clear();
+
+    size_t bytes() const;
+};
+
+KvCache::Impl::Impl(std::vector<LayerShape> shapes, const CacheParams& p) : params(p) {
+    validate(shapes, p);
+    block_size = p.block_size;
+    capacity = static_cast<int>(round_up(p.n_cells, block_size));
+    n_blocks = capacity / block_size;
+
+    const bool quantized = is_quantized(p.type_k) || is_quantized(p.type_v);
+    const bool power_of_two_heads = std::all_of(shapes.begin(), shapes.end(), [](const LayerShape& s) {
+        return is_power_of_two(s.head_dim_k) && is_power_of_two(s.head_dim_v);
+    });
+    rotated = p.rotate && quantized && power_of_two_heads;
+
+    size_t max_k_row = 0;
+    for (const LayerShape& shape : shapes) {
+        LayerStorage& layer = layers.emplace_back();
+        layer.shape = shape;
+        layer.k_head_bytes = *quant::row_bytes(p.type_k, static_cast<uint64_t>(shape.head_dim_k));
+        layer.v_head_bytes = *quant::row_bytes(p.type_v, static_cast<uint64_t>(shape.head_dim_v));
+        layer.k_row_bytes = layer.k_head_bytes * static_cast<size_t>(shape.n_head_kv);
+        layer.v_row_bytes = layer.v_head_bytes * static_cast<size_t>(shape.n_head_kv);
+        layer.k = zeroed_bytes(layer.k_row_bytes * static_cast<size_t>(capacity));
+        layer.v = zeroed_bytes(layer.v_row_bytes * static_cast<size_t>(capacity));
+        layer.scratch.assign(static_cast<size_t>(std::max(shape.head_dim_k, shape.head_dim_v)), 0.0f);
+        max_k_row = std::max(max_k_row, static_cast<size_t>(shape.n_head_kv) * static_cast<size_t>(shape.head_dim_k));
+    }
+    shift_rows.assign(max_k_row * kShiftChunk, 0.0f);
+
+    pos.assign(static_cast<size_t>(capacity), kFreePos);
+    seqs.assign(static_cast<size_t>(capacity), 0);
+    shift.assign(static_cast<size_t>(capacity), 0);
+    seq_cells.assign(static_cast<size_t>(p.n_seq_max), 0);
+    holders.assign(static_cast<size_t>(n_blocks), 0);
+    used_in_block.assign(static_cast<size_t>(n_blocks), 0);
+    tables.resize(static_cast<size_t>(p.n_seq_max));
+    for (auto& table : tables) table.reserve(static_cast<size_t>(n_blocks));
+    n_free_blocks = n_blocks;
+}
+
+void KvCache::Impl::validate(const std::vector<LayerShape>& shapes, const CacheParams& p) {
+    auto fail = [](const std::string& what) { throw std::invalid_argument("KvCache: " + what); };
+    if (shapes.empty()) fail("no layers");
+    if (p.n_cells < 1) fail("n_cells " + std::to_string(p.n_cells) + " (the context size) must be at least 1");
+    if (p.n_seq_max < 1 || p.n_seq_max > kMaxSequences) {
+        fail("n_seq_max " + std::to_string(p.n_seq_max) + " outside 1.." + std::to_string(kMaxSequences));
+    }
+    if (p.block_size < 1) fail("block_size " + std::to_string(p.block_size) + " must be at least 1");
+    if (p.n_cells > INT_MAX - p.block_size) fail("n_cells " + std::to_string(p.n_cells) + " too large");
+    if (p.window < 0) fail("window " + std::to_string(p.window) + " must not be negative");
+    for (auto [type, which] : {std::pair{p.type_k, "type_k"}, std::pair{p.type_v, "type_v"}}) {
+        if (!is_kv_type(type)) {
+            fail(std::string(which) + " " + kv_type_name(type) +
+                 " is not a KV cache type (accepted: " + kv_type_names() + ")");
+        }
+        if (!quant::can_quantize(type) || !quant::can_dequantize(type)) {
+            fail(std::string(which) + " " + kv_type_name(type) + " is not supported by quant:: yet");
+        }
+    }
+    for (size_t il = 0; il < shapes.size(); ++il) {
+        const LayerShape& s = shapes[il];
+        const std::string layer = "layer " + std::to_string(il) + ": ";
+        if (s.n_head_kv < 1 || s.head_dim_k < 1 || s.head_dim_v < 1) {
+            fail(layer + "n_head_kv " + std::to_string(s.n_head_kv) + ", head_dim_k " + std::to_string(s.head_dim_k) +
+                 ", head_dim_v " + std::to_string(s.head_dim_v) + " must all be at least 1");
+        }
+        for (auto [dim, type, which] :
+             {std::tuple{s.head_dim_k, p.type_k, "K"}, std::tuple{s.head_dim_v, p.type_v, "V"}}) {
+            const uint32_t block = quant::traits(type).block_elements;
+            if (dim % static_cast<int>(block) != 0) {
+                fail(layer + "head size " + std::to_string(dim) + " (" + which + ") is not a whole number of " +
+                     kv_type_name(type) + " blocks (" + std::to_string(block) + " values)");
+            }
+        }
+    }
+}
+
+void KvCache::Impl::check_seq(SeqId seq, const char* what, bool allow_all) const {
+    if (allow_all && seq == -1) return;
+    if (seq < 0 || seq >= params.n_seq_max) {
+        throw KvCacheError(std::string("KV cache ") + what + ": sequence " + std::to_string(seq) +
+                           " out of range (0.." + std::to_string(params.n_seq_max - 1) +
+                           (allow_all ? ", or -1 for all" : "") + ")");
+    }
+}
+
+void KvCache::Impl::check_layer(int layer, const char* what) const {
+    if (layer < 0 || layer >= static_cast<int>(layers.size())) {
+        throw std::out_of_range(std::string("KvCache::") + what + ": layer " + std::to_string(layer) + " of " +
+                                std::to_string(layers.size()));
+    }
+}
+
+void KvCache::Impl::check_cell(int32_t cell, const char* what) const {
+    if (cell < 0 || cell >= capacity) {
+        throw std::out_of_range(std::string("KvCache::") + what + ": cell " + std::to_string(cell) + " of " +
+                                std::to_string(capacity));
+    }
+}
+
+// ---- Cells ----------------------------------------------------------------------------------------
+
+void KvCache::Impl::occupy_cell(int32_t cell, SeqId seq, Pos p) {
+    const auto c = static_cast<size_t>(cell);
+    seqs[c] = seq_bit(seq);
+    pos[c] = p;
+    shift[c] = 0;
+    ++used_in_block[static_cast<size_t>(block_of(cell))];
+    ++n_used;
+    ++seq_cells[static_cast<size_t>(seq)];
+}
+
+void KvCache::Impl::add_seq_to_cell(int32_t cell, SeqId seq) {
+    if (cell_has(cell, seq)) return;
+    seqs[static_cast<size_t>(cell)] |= seq_bit(seq);
+    ++seq_cells[static_cast<size_t>(seq)];
+}
+
+// The cell is free once its last sequence leaves.
+void KvCache::Impl::remove_seq_from_cell(int32_t cell, SeqId seq) {
+    if (!cell_has(cell, seq)) return;
+    seqs[static_cast<size_t>(cell)] &= ~seq_bit(seq);
+    --seq_cells[static_cast<size_t>(seq)];
+    if (cell_free(cell)) release_cell(cell);
+}
+
+// Every sequence leaves the cell.
+void KvCache::Impl::free_cell(int32_t cell) {
+    for (uint64_t m = seqs[static_cast<size_t>(cell)]; m != 0; m &= m - 1) {
+        --seq_cells[static_cast<size_t>(std::countr_zero(m))];
+    }
+    seqs[static_cast<size_t>(cell)] = 0;
+    release_cell(cell);
+}
+
+// Every sequence but seq (which the cell holds) leaves the cell.
+void KvCache::Impl::keep_only(int32_t cell, SeqId seq) {
+    for (uint64_t m = seqs[static_cast<size_t>(cell)] & ~seq_bit(seq); m != 0; m &= m - 1) {
+        --seq_cells[static_cast<size_t>(std::countr_zero(m))];
+    }
+    seqs[static_cast<size_t>(cell)] = seq_bit(seq);
+}
+
+// The bookkeeping of a cell whose sequence set just became empty.
+void KvCache::Impl::release_cell(int32_t cell) {
+    pos[static_cast<size_t>(cell)] = kFreePos;
+    shift[static_cast<size_t>(cell)] = 0;
+    --used_in_block[static_cast<size_t>(block_of(cell))];
+    --n_used;
+}
+
+void KvCache::Impl::copy_cell_data(int32_t from, int32_t to) {
+    for (LayerStorage& layer : layers) {
+        std::memcpy(layer.k.get() + static_cast<size_t>(to) * layer.k_row_bytes,
+                    layer.k.get() + static_cast<size_t>(from) * layer.k_row_bytes, layer.k_row_bytes);
+        std::memcpy(layer.v.get() + static_cast<size_t>(to) * layer.v_row_bytes,
+                    layer.v.get() + static_cast<size_t>(from) * layer.v_row_bytes, layer.v_row_bytes);
+    }
+}
+
+// ---- Blocks and tables ----------------------------------------------------------------------------
+
+bool KvCache::Impl::block_has_seq(int block, SeqId seq) const {
+    for (int32_t c = first_cell(block); c < first_cell(block) + block_size; ++c) {
+        if (cell_has(c, seq)) return true;
+    }
+    return false;
+}
+
+int KvCache::Impl::seq_cells_in_block(int block, SeqId seq) const {
+    int n = 0;
+    for (int32_t c = first_cell(block); c < first_cell(block) + block_size; ++c) n += cell_has(c, seq) ? 1 : 0;
+    return n;
+}
+
+// Appends the block to the sequence's table (a free block stops being free).
+void KvCache::Impl::hold_block(SeqId seq, int block) {
+    uint64_t& h = holders[static_cast<size_t>(block)];
+    if ((h & seq_bit(seq)) != 0) return;
+    if (h == 0) --n_free_blocks;
+    h |= seq_bit(seq);
+    tables[static_cast<size_t>(seq)].push_back(block);
+}
+
+// Drops from the sequence's table the blocks where it has no cell left; a block no table holds
+// any more returns to the free list.
+void KvCache::Impl::release_blocks_without(SeqId seq) {
+    auto& table = tables[static_cast<size_t>(seq)];
+    auto kept = std::remove_if(table.begin(), table.end(), [&](int32_t block) {
+        if (block_has_seq(block, seq)) return false;
+        uint64_t& h = holders[static_cast<size_t>(block)];
+        h &= ~seq_bit(seq);
+        if (h == 0) ++n_free_blocks;
+        return true;
+    });
+    table.erase(kept, table.end());
+}
+
+void KvCache::Impl::release_blocks_without(uint64_t seq_mask) {
+    for (uint64_t m = seq_mask; m != 0; m &= m - 1) release_blocks_without(static_cast<SeqId>(std::countr_zero(m)));
+}
+
+// The first run of n free consecutive blocks in ring order from ring_next (a run does not wrap
+// past the last block); -1 when there is none.
+int KvCache::Impl::find_free_run(int n) const {
+    int run_start = 0, run_length = 0;
+    for (int i = 0; i < n_blocks; ++i) {
+        const int block = (ring_next + i) % n_blocks;
+        if (block == 0) run_length = 0;  // wrapped: a run restarts at block 0
+        if (!block_free(block)) {
+            run_length = 0;
+            continue;
+        }
+        if (run_length == 0) run_start = block;
+        if (++run_length == n) return run_start;
+    }
+    return -1;
+}
+
+// The first free block in ring order from ring_next; callers know there is one.
+int KvCache::Impl::next_free_block() const {
+    for (int i = 0; i < n_blocks; ++i) {
+        const int block = (ring_next + i) % n_blocks;
+        if (block_free(block)) return block;
+    }
+    return -1;
+}
+
+// Appends n free blocks to the sequence's table: a contiguous run when there is one, else the
+// free blocks in ring order.
+void KvCache::Impl::acquire_blocks(SeqId seq, int n) {
+    if (n == 0) return;
+    if (const int run = find_free_run(n); run >= 0) {
+        for (int b = run; b < run + n; ++b) hold_block(seq, b);
+        ring_next = (run + n) % n_blocks;
+        return;
+    }
+    for (int i = 0; i < n; ++i) {
+        const int block = next_free_block();
+        hold_block(seq, block);
+        ring_next = (block + 1) % n_blocks;
+    }
+}
+
+// ---- Placing --------------------------------------------------------------------------------------
+
+// What the sequence's tokens of this batch need: the room in its last block (whose cells it may
+// fill only if no other table holds it; else it copies it first) and new blocks for the rest.
+void KvCache::Impl::plan_sequence(SeqId seq, SeqPlan& plan) const {
+    const auto& table = tables[static_cast<size_t>(seq)];
+    plan.copy_last = false;
+    plan.room = 0;
+    if (!table.empty()) {
+        const int last = table.back();
+        const int free_in_last = block_size - used_in_block[static_cast<size_t>(last)];
+        if (free_in_last > 0 && ref_count(last) > 1) {
+            plan.copy_last = true;
+            plan.room = block_size - seq_cells_in_block(last, seq);
+        } else {
+            plan.room = free_in_last;
+        }
+    }
+    const int rest = std::max(0, plan.n_tokens - plan.room);
+    plan.new_blocks = (rest + block_size - 1) / block_size + (plan.copy_last ? 1 : 0);
+    plan.table_index = plan.room > 0 ? table.size() - 1 : table.size();
+    plan.offset = 0;
+}
+
+// Counts each sequence's tokens and plans it; returns the free blocks the batch needs.
+int KvCache::Impl::plan_batch(std::span<const SeqId> seq, BatchPlan& plan) const {
+    for (SeqId s : seq) {
+        check_seq(s, "place");
+        ++plan[static_cast<size_t>(s)].n_tokens;
+    }
+    int blocks = 0;
+    for (SeqId s = 0; s < params.n_seq_max; ++s) {
+        SeqPlan& p = plan[static_cast<size_t>(s)];
+        if (p.n_tokens == 0) continue;
+        plan_sequence(s, p);
+        blocks += p.new_blocks;
+    }
+    return blocks;
+}
+
+void KvCache::Impl::throw_full(size_t n_tokens, int blocks_needed) const {
+    throw KvCacheError("KV cache full: " + std::to_string(n_tokens) + " tokens asked, " +
+                       std::to_string(capacity - n_used) + " cells free (" +
+                       std::to_string(n_free_blocks * block_size) + " in free blocks, " +
+                       std::to_string(blocks_needed * block_size) + " needed) of " + std::to_string(capacity) +
+                       " (raise the context size, -c)");
+}
+
+// Copy on write: the sequence's last block is shared, so the sequence gets a new block with a
+// copy of its cells there (same offsets) and leaves the original to the other tables.
+void KvCache::Impl::copy_last_block(SeqId seq) {
+    auto& table = tables[static_cast<size_t>(seq)];
+    const int old_block = table.back();
+    const int new_block = next_free_block();
+    ring_next = (new_block + 1) % n_blocks;
+    --n_free_blocks;
+    holders[static_cast<size_t>(new_block)] |= seq_bit(seq);
+    holders[static_cast<size_t>(old_block)] &= ~seq_bit(seq);
+    if (block_free(old_block)) ++n_free_blocks;  // not when called as prepare_sequence() does
+    table.back() = new_block;
+    for (int j = 0; j < block_size; ++j) {
+        const int32_t from = first_cell(old_block) + j;
+        if (!cell_has(from, seq)) continue;
+        const int32_t to = first_cell(new_block) + j;
+        copy_cell_data(from, to);
+        occupy_cell(to, seq, pos[static_cast<size_t>(from)]);
+        shift[static_cast<size_t>(to)] = shift[static_cast<size_t>(from)];
+        remove_seq_from_cell(from, seq);
+    }
+}
+
+// Copies the last block when the plan says so and it is still shared (another sequence of the
+// batch may have copied it away already: then its room is the planned one without a copy), and
+// takes the new blocks.
+void KvCache::Impl::prepare_sequence(SeqId seq, SeqPlan& plan) {
+    if (plan.copy_last && ref_count(tables[static_cast<size_t>(seq)].back()) > 1) copy_last_block(seq);
+    acquire_blocks(seq, plan.new_blocks - (plan.copy_last ? 1 : 0));
+}
+
+// The next free cell of the sequence's fill (its last block's free cells, then its new blocks).
+int32_t KvCache::Impl::fill_next_cell(SeqId seq, Pos p, SeqPlan& plan) {
+    const auto& table = tables[static_cast<size_t>(seq)];
+    for (; plan.table_index < table.size(); ++plan.table_index, plan.offset = 0) {
+        const int block = table[plan.table_index];
+        for (; plan.offset < block_size; ++plan.offset) {
+            const int32_t cell = first_cell(block) + plan.offset;
+            if (!cell_free(cell)) continue;
+            occupy_cell(cell, seq, p);
+            return cell;
+        }
+    }
+    throw std::logic_error("KvCache::place: planned room is missing");  // unreachable
+}
+
+// ---- Sequences ------------------------------------------------------------------------------------
+
+template <class Fn>
+void KvCache::Impl::for_seq_cells(SeqId seq, Fn&& fn) {
+    for (int32_t block : tables[static_cast<size_t>(seq)]) {
+        for (int32_t c = first_cell(block); c < first_cell(block) + block_size; ++c) {
+            if (cell_has(c, seq)) fn(c);
+        }
+    }
+}
+
+Pos KvCache::Impl::seq_pos_bound(SeqId seq, bool max) const {
+    Pos bound = -1;
+    for (int32_t block : tables[static_cast<size_t>(seq)]) {
+        for (int32_t c = first_cell(block); c < first_cell(block) + block_size; ++c) {
+            if (!cell_has(c, seq)) continue;
+            const Pos p = pos[static_cast<size_t>(c)];
+            if (bound < 0 || (max ? p > bound : p < bound)) bound = p;
+        }
+    }
+    return bound;
+}
+
+// Moves the cell to new_pos and records the RoPE delta K still needs; a negative position
+// removes the cell (from every sequence).
+void KvCache::Impl::shift_cell(int32_t cell, Pos new_pos) {
+    const auto c = static_cast<size_t>(cell);
+    if (new_pos == pos[c]) return;
+    shift[c] += new_pos - pos[c];
+    pos[c] = new_pos;
+    has_shift = true;
+    if (new_pos < 0) free_cell(cell);
+}
+
+void KvCache::Impl::clear() {
+    std::fill(pos.begin(), pos.end(), kFreePos);
+    std::fill(seqs.begin(), seqs.end(), 0);
+    std::fill(shift.begin(), shift.end(), 0);
+    std::fill(seq_cells.begin(), seq_cells.end(), 0);
+    std::fill(holders.begin(), holders.end(), 0);
+    std::fill(used_in_block.begin(), used_in_block.end(), 0);
+    for (auto& table : tables) table.clear();
+    has_shift = false;
+    n_used = 0;
+    n_free_blocks = n_blocks;
+    ring_next = 0;
+}
+
+size_t KvCache::Impl::bytes() const {
+    size_t n = 0;
+    for (const LayerStorage& layer : layers)
+        n += (layer.k_row_bytes + layer.v_row_bytes) * static_cast<size_t>(capacity);
+    n += static_cast<size_t>(capacity) * (sizeof(Pos) * 2 + sizeof(uint64_t));
+    n += static_cast<size_t>(n_blocks) * (sizeof(uint64_t) + sizeof(int32_t));
+    n += tables.size() * static_cast<size_t>(n_blocks) * sizeof(int32_t);
+    return n;
+}
+
+// ---- KvCache --------------------------------------------------------------------------------------
+
+KvCache::KvCache(std::vector<LayerShape> layers, CacheParams params)
+    : impl_(std::make_unique<Impl>(std::move(layers), params)) {}
+
+KvCache::KvCache(KvCache&&) noexcept = default;
+KvCache& KvCache::operator=(KvCache&&) noexcept = default;
+KvCache::~KvCache() = default;
+
+const CacheParams& KvCache::params() const {
+    return impl_->params;
+}
+int KvCache::n_layer() const {
+    return static_cast<int>(impl_->layers.size());
+}
+int KvCache::capacity() const {
+    return impl_->capacity;
+}
+int KvCache::n_blocks() const {
+    return impl_->n_blocks;
+}
+size_t KvCache::bytes() const {
+    return impl_->bytes();
+}
+bool KvCache::rotated() const {
+    return impl_->rotated;
+}
+
+int KvCache::used_cells() const {
+    return impl_->n_used;
+}
+int KvCache::allocated_cells() const {
+    return (impl_->n_blocks - impl_->n_free_blocks) * impl_->block_size;
+}
+int KvCache::free_cells() const {
+    return impl_->capacity - impl_->n_used;
+}
+Pos KvCache::seq_pos_min(SeqId seq) const {
+    impl_->check_seq(seq, "seq_pos_min");
+    return impl_->seq_pos_bound(seq, false);
+}
+Pos KvCache::seq_pos_max(SeqId seq) const {
+    impl_->check_seq(seq, "seq_pos_max");
+    return impl_->seq_pos_bound(seq, true);
+}
+int KvCache::seq_n_cells(SeqId seq) const {
+    impl_->check_seq(seq, "seq_n_cells");
+    return impl_->seq_cells[static_cast<size_t>(seq)];
+}
+
+void KvCache::check_room(std::span<const SeqId> seq) const {
+    Impl::BatchPlan plan{};
+    const int blocks = impl_->plan_batch(seq, plan);
+    if (blocks > impl_->n_free_blocks) impl_->throw_full(seq.size(), blocks);
+}
+
+void KvCache::place(std::span<const SeqId> seq, std::span<const Pos> pos, std::span<int32_t> cells_out) {
+    if (pos.size() != seq.size() || cells_out.size() != seq.size()) {
+        throw std::invalid_argument("KvCache::place: " + std::to_string(seq.size()) + " sequence ids, " +
+                                    std::to_string(pos.size()) + " positions, " + std::to_string(cells_out.size()) +
+                                    " cells");
+    }
+    Impl& m = *impl_;
+    Impl::BatchPlan plan{};
+    const int blocks = m.plan_batch(seq, plan);
+    if (blocks > m.n_free_blocks) m.throw_full(seq.size(), blocks);
+    for (SeqId s = 0; s < m.params.n_seq_max; ++s) {
+        if (plan[static_cast<size_t>(s)].n_tokens > 0) m.prepare_sequence(s, plan[static_cast<size_t>(s)]);
+    }
+    for (size_t i = 0; i < seq.size(); ++i)
+        cells_out[i] = m.fill_next_cell(seq[i], pos[i], plan[static_cast<size_t>(seq[i])]);
+}
+
+void KvCache::store(int layer, std::span<const int32_t> cells, const float* k, const float* v) {
+    Impl& m = *impl_;
+    m.check_layer(layer, "store");
+    LayerStorage& L = m.layers[static_cast<size_t>(layer)];
+    const LayerShape& s = L.shape;
+    const int64_t k_row = int64_t{s.n_head_kv} * s.head_dim_k;
+    const int64_t v_row = int64_t{s.n_head_kv} * s.head_dim_v;
+    for (size_t i = 0; i < cells.size(); ++i) {
+        const int32_t cell = cells[i];
+        m.check_cell(cell, "store");
+        const auto row = static_cast<int64_t>(i);
+        write_heads(m.params.type_k, k + row * k_row, s.n_head_kv, s.head_dim_k, L.k_head_bytes, m.rotated,
+                    L.scratch.data(), L.k.get() + static_cast<size_t>(cell) * L.k_row_bytes);
+        write_heads(m.params.type_v, v + row * v_row, s.n_head_kv, s.head_dim_v, L.v_head_bytes, m.rotated,
+                    L.scratch.data(), L.v.get() + static_cast<size_t>(cell) * L.v_row_bytes);
+    }
+}
+
+void KvCache::seq_rm(SeqId seq, Pos p0, Pos p1) {
+    Impl& m = *impl_;
+    m.check_seq(seq, "seq_rm", true);
+    const PosRange range(p0, p1);
+    if (range.empty()) return;
+    if (seq == -1) {
+        uint64_t touched = 0;
+        for (int32_t c = 0; c < m.capacity; ++c) {
+            if (m.cell_free(c) || !range.contains(m.pos[static_cast<size_t>(c)])) continue;
+            touched |= m.seqs[static_cast<size_t>(c)];
+            m.free_cell(c);
+        }
+        m.release_blocks_without(touched);
+        return;
+    }
+    m.for_seq_cells(seq, [&](int32_t c) {
+        if (range.contains(m.pos[static_cast<size_t>(c)])) m.remove_seq_from_cell(c, seq);
+    });
+    m.release_blocks_without(seq);
+}
+
+void KvCache::seq_cp(SeqId src, SeqId dst, Pos p0, Pos p1) {
+    Impl& m = *impl_;
+    m.check_seq(src, "seq_cp");
+    m.check_seq(dst, "seq_cp");
+    const PosRange range(p0, p1);
+    if (src == dst || range.empty()) return;
+    for (int32_t block : m.tables[static_cast<size_t>(src)]) {
+        bool shared = false;
+        for (int32_t c = m.first_cell(block); c < m.first_cell(block) + m.block_size; ++c) {
+            if (!m.cell_has(c, src) || !range.contains(m.pos[static_cast<size_t>(c)])) continue;
+            m.add_seq_to_cell(c, dst);
+            shared = true;
+        }
+        if (shared) m.hold_block(dst, block);
+    }
+}
+
+void KvCache::seq_keep(SeqId seq) {
+    Impl& m = *impl_;
+    m.check_seq(seq, "seq_keep");
+    for (int32_t c = 0; c < m.capacity; ++c) {
+        if (m.cell_free(c)) continue;
+        if (!m.cell_has(c, seq)) {
+            m.free_cell(c);
+            continue;
+        }
+        m.keep_only(c, seq);
+    }
+    const uint64_t all = m.params.n_seq_max == kMaxSequences ? ~uint64_t{0} : seq_bit(m.params.n_seq_max) - 1;
+    m.release_blocks_without(all & ~seq_bit(seq));
+}
+
+void KvCache::seq_add(SeqId seq, Pos p0, Pos p1, Pos delta) {
+    Impl& m = *impl_;
+    m.check_seq(seq, "seq_add");
+    const PosRange range(p0, p1);
+    if (delta == 0 || range.empty()) return;
+    uint64_t touched = 0;  // sequences that lost cells moved below position 0
+    m.for_seq_cells(seq, [&](int32_t c) {
+        const Pos p = m.pos[static_cast<size_t>(c)];
+        if (!range.contains(p)) return;
+        if (p + delta < 0) touched |= m.seqs[static_cast<size_t>(c)];
+        m.shift_cell(c, p + delta);
+    });
+    m.release_blocks_without(touched);
+}
+
+void KvCache::seq_div(SeqId seq, Pos p0, Pos p1, int d) {
+    Impl& m = *impl_;
+    m.check_seq(seq, "seq_div");
+    if (d < 1) throw std::invalid_argument("KvCache::seq_div: divisor " + std::to_string(d) + " must be at least 1");
+    const PosRange range(p0, p1);
+    if (d == 1 || range.empty()) return;
+    m.for_seq_cells(seq, [&](int32_t c) {
+        const Pos p = m.pos[static_cast<size_t>(c)];
+        if (range.contains(p)) m.shift_cell(c, p / d);
+    });
+}
+
+void KvCache::clear() {
+    impl_->clear();
+}
+
+bool KvCache::has_k_shift() const {
+    return impl_->has_shift;
+}
+
+void KvCache::clear_k_shift() {
+    std::fill(impl_->shift.begin(), impl_->shift.end(), 0);
+    impl_->has_shift = false;
+}
+
+// Reads K of the shifted cells back to floats kShiftChunk at a time, lets fn re-rotate them and
+// stores them again.
+void KvCache::for_shifted_cells(int layer, void (*fn)(void*, float*, const int32_t*, int), void* ctx) {
+    Impl& m = *impl_;
+    m.check_layer(layer, "apply_k_shift");
+    if (!m.has_shift) return;
+    LayerStorage& L = m.layers[static_cast<size_t>(layer)];
+    const LayerShape& s = L.shape;
+    const int64_t row = int64_t{s.n_head_kv} * s.head_dim_k;
+    int n = 0;
+    auto flush = [&] {
+        fn(ctx, m.shift_rows.data(), m.shift_deltas.data(), n);
+        for (int i = 0; i < n; ++i) {
+            write_heads(m.params.type_k, m.shift_rows.data() + i * row, s.n_head_kv, s.head_dim_k, L.k_head_bytes,
+                        m.rotated, L.scratch.data(),
+                        L.k.get() + static_cast<size_t>(m.shift_cells[static_cast<size_t>(i)]) * L.k_row_bytes);
+        }
+        n = 0;
+    };
+    for (int32_t c = 0; c < m.capacity; ++c) {
+        const Pos delta = m.shift[static_cast<size_t>(c)];
+        if (m.cell_free(c) || delta == 0) continue;
+        read_heads(m.params.type_k, L.k.get() + static_cast<size_t>(c) * L.k_row_bytes, s.n_head_kv, s.head_dim_k,
+                   L.k_head_bytes, m.rotated, m.shift_rows.data() + n * row);
+        m.shift_cells[static_cast<size_t>(n)] = c;
+        m.shift_deltas[static_cast<size_t>(n)] = delta;
+        if (++n == kShiftChunk) flush();
+    }
+    if (n > 0) flush();
+}
+
+void KvCache::trim_window() {
+    Impl& m = *impl_;
+    if (m.params.window <= 0) return;
+    for (SeqId seq = 0; seq < m.params.n_seq_max; ++seq) {
+        if (m.seq_cells[static_cast<size_t>(seq)] == 0) continue;
+        const Pos last_visible_gone = m.seq_pos_bound(seq, true) - m.params.window;
+        m.for_seq_cells(seq, [&](int32_t c) {
+            if (m.pos[static_cast<size_t>(c)] <= last_visible_gone) m.remove_seq_from_cell(c, seq);
+        });
+        m.release_blocks_without(seq);
+    }
+}
+
+std::span<const int32_t> KvCache::seq_blocks(SeqId seq) const {
+    impl_->check_seq(seq, "seq_blocks");
+    return impl_->tables[static_cast<size_t>(seq)];
+}
+bool KvCache::cell_has_seq(int32_t cell, SeqId seq) const {
+    return impl_->cell_has(cell, seq);
+}
+Pos KvCache::cell_pos(int32_t cell) const {
+    return impl_->pos[static_cast<size_t>(cell)];
+}
+uint64_t KvCache::cell_seqs(int32_t cell) const {
+    return impl_->seqs[static_cast<size_t>(cell)];
+}
+std::span<const Pos> KvCache::cell_positions() const {
+    return impl_->pos;
+}
+std::span<const uint64_t> KvCache::cell_seq_masks() const {
+    return impl_->seqs;
+}
+
+KvCache::LayerView KvCache::layer_view(int layer) const {
+    const Impl& m = *impl_;
+    m.check_layer(layer, "layer_view");
+    const LayerStorage& L = m.layers[static_cast<size_t>(layer)];
+    return LayerView{.type_k = m.params.type_k,
+                     .type_v = m.params.type_v,
+                     .n_head_kv = L.shape.n_head_kv,
+                     .head_dim_k = L.shape.head_dim_k,
+                     .head_dim_v = L.shape.head_dim_v,
+                     .rotated = m.rotated,
+                     .k = L.k.get(),
+                     .v = L.v.get(),
+                     .k_row_bytes = L.k_row_bytes,
+                     .k_head_bytes = L.k_head_bytes,
+                     .v_row_bytes = L.v_row_bytes,
+                     .v_head_bytes = L.v_head_bytes};
+}
+
+void KvCache::read_k(int layer, int32_t cell, float* out) const {
+    const Impl& m = *impl_;
+    m.check_layer(layer, "read_k");
+    m.check_cell(cell, "read_k");
+    const LayerStorage& L = m.layers[static_cast<size_t>(layer)];
+    read_heads(m.params.type_k, L.k.get() + static_cast<size_t>(cell) * L.k_row_bytes, L.shape.n_head_kv,
+               L.shape.head_dim_k, L.k_head_bytes, m.rotated, out);
+}
+
+void KvCache::read_v(int layer, int32_t cell, float* out) const {
+    const Impl& m = *impl_;
+    m.check_layer(layer, "read_v");
+    m.check_cell(cell, "read_v");
+    const LayerStorage& L = m.layers[static_cast<size_t>(layer)];
+    read_heads(m.params.type_v, L.v.get() + static_cast<size_t>(cell) * L.v_row_bytes, L.shape.n_head_kv,
+               L.shape.head_dim_v, L.v_head_bytes, m.rotated, out);
+}
+
+// ---- ModelCache -----------------------------------------------------------------------------------
+
+int ModelCache::window_pool_cells(const CacheParams& params, int window, int n_batch) {
+    const int64_t bs = std::max(params.block_size, 1);
+    const int64_t blocks = int64_t{params.n_seq_max} * ((window + bs - 1) / bs + 2) + (n_batch + bs - 1) / bs;
+    return static_cast<int>(std::min<int64_t>(blocks * bs, INT_MAX - bs));
+}
+
+ModelCache::ModelCache(const std::vector<LayerShape>& layers, const std::vector<int>& layer_window, CacheParams params,
+                       int n_batch) {
+    if (layers.size() != layer_window.size()) {
+        throw std::invalid_argument("ModelCache: " + std::to_string(layers.size()) + " layer shapes but " +
+                                    std::to_string(layer_window.size()) + " layer windows");
+    }
+    if (n_batch < 1)
+        throw std::invalid_argument("ModelCache: n_batch " + std::to_string(n_batch) + " must be at least 1");
+    if (params.block_size < 1) {
+        throw std::invalid_argument("KvCache: block_size " + std::to_string(params.block_size) + " must be at least 1");
+    }
+    params.window = 0;
+    capacity_ = static_cast<int>(round_up(std::max(params.n_cells, 1), params.block_size));
+
+    // The pool of each layer, keyed by its window (0: full attention). A window pool that would be
+    // no smaller than the full one is the full one.
+    std::vector<int> windows(layer_window.size());
+    for (size_t il = 0; il < layer_window.size(); ++il) {
+        const int w = layer_window[il];
+        if (w < 0) {
+            throw std::invalid_argument("ModelCache: layer " + std::to_string(il) + " has window " + std::to_string(w));
+        }
+        windows[il] = w > 0 && window_pool_cells(params, w, n_batch) < capacity_ ? w : 0;
+    }
+    std::vector<int> pool_windows = windows;
+    std::sort(pool_windows.begin(), pool_windows.end());  // 0 (full) first
+    pool_windows.erase(std::unique(pool_windows.begin(), pool_windows.end()), pool_windows.end());
+
+    pool_of_.assign(layers.size(), 0);
+    index_in_pool_.assign(layers.size(), 0);
+    for (size_t p = 0; p < pool_windows.size(); ++p) {
+        std::vector<LayerShape> pool_layers;
+        for (size_t il = 0; il < layers.size(); ++il) {
+            if (windows[il] != pool_windows[p]) continue;
+            pool_of_[il] = static_cast<int>(p);
+            index_in_pool_[il] = static_cast<int>(pool_layers.size());
+            pool_layers.push_back(layers[il]);
+        }
+        CacheParams pool_params = params;
+        pool_params.window = pool_windows[p];
+        if (pool_windows[p] > 0) pool_params.n_cells = window_pool_cells(params, pool_windows[p], n_batch);
+        pools_.emplace_back(std::move(pool_layers), pool_params);
+    }
+    if (pools_.empty()) pools_.emplace_back(std::vector<LayerShape>{}, params);  // throws: no layers
+    cells_.resize(pools_.size());
+    for (auto& cells : cells_) cells.reserve(static_cast<size_t>(n_batch));
+}
+
+int ModelCache::n_pools() const {
+    return static_cast<int>(pools_.size());
+}
+KvCache& ModelCache::pool(int i) {
+    return pools_.at(static_cast<size_t>(i));
+}
+const KvCache& ModelCache::pool(int i) const {
+    return pools_.at(static_cast<size_t>(i));
+}
+int ModelCache::pool_of(int layer) const {
+    return pool_of_.at(static_cast<size_t>(layer));
+}
+int ModelCache::index_in_pool(int layer) const {
+    return index_in_pool_.at(static_cast<size_t>(layer));
+}
+
+void ModelCache::place(std::span<const SeqId> seq, std::span<const Pos> pos) {
+    for (const KvCache& p : pools_) p.check_room(seq);
+    for (size_t i = 0; i < pools_.size(); ++i) {
+        cells_[i].resize(seq.size());
+        pools_[i].place(seq, pos, cells_[i]);
+    }
+}
+
+std::span<const int32_t> ModelCache::cells(int pool) const {
+    return cells_.at(static_cast<size_t>(pool));
+}
+
+void ModelCache::end_batch() {
+    for (KvCache& p : pools_) p.trim_window();
+}
+
+void ModelCache::seq_rm(SeqId seq, Pos p0, Pos p1) {
+    for (KvCache& p : pools_) p.seq_rm(seq, p0, p1);
+}
+void ModelCache::seq_cp(SeqId src, SeqId dst, Pos p0, Pos p1) {
+    for (KvCache& p : pools_) p.seq_cp(src, dst, p0, p1);
+}
+void ModelCache::seq_keep(SeqId seq) {
+    for (KvCache& p : pools_) p.seq_keep(seq);
+}
+void ModelCache::seq_add(SeqId seq, Pos p0, Pos p1, Pos delta) {
+    for (KvCache& p : pools_) p.seq_add(seq, p0, p1, delta);
+}
+void ModelCache::seq_div(SeqId seq, Pos p0, Pos p1, int d) {
+    for (KvCache& p : pools_) p.seq_div(seq, p0, p1, d);
+}
+void ModelCache::clear() {
+    for (KvCache& p : pools_) p.clear();
+}
+Pos ModelCache::seq_pos_min(SeqId seq) const {
+    return pools_.front().seq_pos_min(seq);
+}
+Pos ModelCache::seq_pos_max(SeqId seq) const {
+    return pools_.front().seq_pos_max(seq);
+}
+int ModelCache::capacity() const {
+    return capacity_;
+}
+size_t ModelCache::bytes() const {
+    size_t n = 0;
+    for (const KvCache& p : pools_) n += p.bytes();
+    return n;
+}
+bool ModelCache::has_k_shift() const {
+    return std::any_of(pools_.begin(), pools_.end(), [](const KvCache& p) { return p.has_k_shift(); });
+}
+void ModelCache::clear_k_shift() {
+    for (KvCache& p : pools_) p.clear_k_shift();
+}
+
+}  // namespace paged
+}  // namespace fitllm::kv
