@@ -7,6 +7,8 @@
 #pragma GCC diagnostic ignored "-Wmaybe-uninitialized"
 
 #include <algorithm>
+#include <array>
+#include <bit>
 #include <cmath>
 #include <limits>
 #include <stdexcept>
@@ -143,6 +145,38 @@ int64_t block_scratch_floats(int64_t d) {
     return (kMaxQueries * d + kMaxQueries * d / 2 + 15) / 16 * 16;
 }
 
+// std::exp of floats, vectorized: glibc's expf (the algorithm of its FMA variant, which is what
+// std::exp and llama.cpp's expf call on a CPU with FMA): in double, x / ln2 * 32 rounded to an
+// integer k by adding 1.5 * 2^52, r the fused remainder, 2^(k/32) from a 32-entry table of
+// 2^(i/32) with the exponent of k / 32 added to its bits, and a cubic in r. Arguments of magnitude
+// 88 or more (and NaN) take std::exp itself. exp_like_libm_works() checks the result against
+// std::exp once, and the kernels use std::exp throughout where it differs (another libm).
+namespace libm_expf {
+constexpr double kInvLn2N = 0x1.71547652b82fep+5;  // 32 / ln 2
+constexpr double kShift = 0x1.8p+52;
+constexpr double kC0 = 0x1.c6af84b912394p-20;
+constexpr double kC1 = 0x1.ebfce50fac4f3p-13;
+constexpr double kC2 = 0x1.62e42ff0c52d6p-6;
+
+// 2^(i/32) as double bits less i << 47, so adding k << 47 gives 2^(k/32).
+const int64_t* table() {
+    static const auto t = [] {
+        std::array<int64_t, 32> bits{};
+        for (int i = 0; i < 32; ++i) {
+            bits[static_cast<size_t>(i)] =
+                std::bit_cast<int64_t>(std::exp2(i / 32.0)) - (static_cast<int64_t>(i) << 47);
+        }
+        return bits;
+    }();
+    return t.data();
+}
+
+// Lanes whose argument is outside the range the vector code reproduces get std::exp.
+inline bool needs_libm(float x) {
+    return (std::bit_cast<uint32_t>(x) & 0x7FFFFFFFu) >= 0x42B00000u;  // |x| >= 88, infinities, NaN
+}
+}  // namespace libm_expf
+
 #pragma GCC push_options
 #pragma GCC target("avx512f,avx512vl,fma,f16c")
 namespace avx512 {
@@ -217,6 +251,57 @@ inline void dots(const float* q16, const int* rows, int head_dim, const float* k
     }
 }
 
+// std::exp of n <= 8 floats (libm_expf).
+inline void exp_libm_vec(const float* x, int n, float* y) {
+    using namespace libm_expf;
+    const __mmask8 lanes = static_cast<__mmask8>((1u << n) - 1u);
+    const __m256 xs = _mm256_maskz_loadu_ps(lanes, x);
+    const __m512d xd = _mm512_cvtps_pd(xs);
+    const __m512d z = _mm512_fmadd_pd(_mm512_set1_pd(kInvLn2N), xd, _mm512_set1_pd(kShift));
+    const __m512i ki = _mm512_castpd_si512(z);
+    const __m512d kd = _mm512_sub_pd(z, _mm512_set1_pd(kShift));
+    const __m512d r = _mm512_fmsub_pd(_mm512_set1_pd(kInvLn2N), xd, kd);
+    const __m512i t = _mm512_add_epi64(_mm512_i64gather_epi64(_mm512_and_si512(ki, _mm512_set1_epi64(31)), table(), 8),
+                                       _mm512_slli_epi64(ki, 47));
+    const __m512d cubic =
+        _mm512_fmadd_pd(_mm512_fmadd_pd(r, _mm512_set1_pd(kC0), _mm512_set1_pd(kC1)), _mm512_mul_pd(r, r),
+                        _mm512_fmadd_pd(r, _mm512_set1_pd(kC2), _mm512_set1_pd(1.0)));
+    _mm256_mask_storeu_ps(y, lanes, _mm512_cvtpd_ps(_mm512_mul_pd(cubic, _mm512_castsi512_pd(t))));
+    const __m256i magnitude = _mm256_and_si256(_mm256_castps_si256(xs), _mm256_set1_epi32(0x7FFFFFFF));
+    __mmask8 fix = _mm256_mask_cmpge_epu32_mask(lanes, magnitude, _mm256_set1_epi32(0x42B00000));
+    while (fix != 0) {  // |x| >= 88, infinities and NaN (needs_libm): rare
+        const int i = __builtin_ctz(fix);
+        y[i] = std::exp(x[i]);
+        fix = static_cast<__mmask8>(fix & (fix - 1));
+    }
+}
+
+// Whether exp_libm_vec is this libm's expf: checked once on arguments across its range.
+inline bool exp_libm_vec_matches() {
+    static const bool matches = [] {
+        for (uint32_t i = 0; i < 8192; i += 8) {
+            float x[8], got[8];
+            for (uint32_t l = 0; l < 8; ++l) {
+                const uint32_t n = i + l;
+                // Evenly over [-88, 0], and bit patterns of every exponent below 88 in magnitude.
+                x[l] = n % 2 ? -88.0f * static_cast<float>(n) / 8192.0f
+                             : std::bit_cast<float>(0x80000000u | ((n * 2654435761u) % 0x42B00000u));
+            }
+            exp_libm_vec(x, 8, got);
+            for (int l = 0; l < 8; ++l) {
+                if (std::bit_cast<uint32_t>(got[l]) != std::bit_cast<uint32_t>(std::exp(x[l]))) return false;
+            }
+        }
+        return true;
+    }();
+    return matches;
+}
+
+inline void exp_like_libm(const float* x, int n, float* y) {
+    if (exp_libm_vec_matches()) return exp_libm_vec(x, n, y);
+    for (int i = 0; i < n; ++i) y[i] = std::exp(x[i]);
+}
+
 #include "ops/attention_f16_block.inc"
 
 }  // namespace avx512
@@ -274,6 +359,55 @@ inline void dots(const float* q16, const int* rows, int head_dim, const float* k
         _mm_store_ps(s4, _mm_add_ps(_mm256_castps256_ps128(s8), _mm256_extractf128_ps(s8, 1)));
         scores[r] = (s4[0] + s4[1]) + (s4[2] + s4[3]);
     }
+}
+
+// std::exp of n <= 8 floats (libm_expf), four at a time.
+inline void exp_libm_vec(const float* x, int n, float* y) {
+    using namespace libm_expf;
+    alignas(16) float in[8] = {};
+    for (int i = 0; i < n; ++i) in[i] = x[i];
+    alignas(16) float out[8];
+    for (int h = 0; h < n; h += 4) {
+        const __m256d xd = _mm256_cvtps_pd(_mm_load_ps(in + h));
+        const __m256d z = _mm256_fmadd_pd(_mm256_set1_pd(kInvLn2N), xd, _mm256_set1_pd(kShift));
+        const __m256i ki = _mm256_castpd_si256(z);
+        const __m256d kd = _mm256_sub_pd(z, _mm256_set1_pd(kShift));
+        const __m256d r = _mm256_fmsub_pd(_mm256_set1_pd(kInvLn2N), xd, kd);
+        const __m256i t = _mm256_add_epi64(_mm256_i64gather_epi64(reinterpret_cast<const long long*>(table()),
+                                                                  _mm256_and_si256(ki, _mm256_set1_epi64x(31)), 8),
+                                           _mm256_slli_epi64(ki, 47));
+        const __m256d cubic =
+            _mm256_fmadd_pd(_mm256_fmadd_pd(r, _mm256_set1_pd(kC0), _mm256_set1_pd(kC1)), _mm256_mul_pd(r, r),
+                            _mm256_fmadd_pd(r, _mm256_set1_pd(kC2), _mm256_set1_pd(1.0)));
+        _mm_store_ps(out + h, _mm256_cvtpd_ps(_mm256_mul_pd(cubic, _mm256_castsi256_pd(t))));
+    }
+    for (int i = 0; i < n; ++i) y[i] = needs_libm(x[i]) ? std::exp(x[i]) : out[i];
+}
+
+// Whether exp_libm_vec is this libm's expf: checked once on arguments across its range.
+inline bool exp_libm_vec_matches() {
+    static const bool matches = [] {
+        for (uint32_t i = 0; i < 8192; i += 8) {
+            float x[8], got[8];
+            for (uint32_t l = 0; l < 8; ++l) {
+                const uint32_t n = i + l;
+                // Evenly over [-88, 0], and bit patterns of every exponent below 88 in magnitude.
+                x[l] = n % 2 ? -88.0f * static_cast<float>(n) / 8192.0f
+                             : std::bit_cast<float>(0x80000000u | ((n * 2654435761u) % 0x42B00000u));
+            }
+            exp_libm_vec(x, 8, got);
+            for (int l = 0; l < 8; ++l) {
+                if (std::bit_cast<uint32_t>(got[l]) != std::bit_cast<uint32_t>(std::exp(x[l]))) return false;
+            }
+        }
+        return true;
+    }();
+    return matches;
+}
+
+inline void exp_like_libm(const float* x, int n, float* y) {
+    if (exp_libm_vec_matches()) return exp_libm_vec(x, n, y);
+    for (int i = 0; i < n; ++i) y[i] = std::exp(x[i]);
 }
 
 #include "ops/attention_f16_block.inc"
@@ -340,6 +474,14 @@ void attention_f16_blocked(const float* q, const int32_t* q_pos, int64_t n_tok, 
 
 float round_to_f16(float x) {
     return round_to_f16_inline(x);
+}
+
+void attention_f16_exp(const float* x, int n, float* y, AttentionF16Kernel kernel) {
+    const AttentionParams p{.n_head = 1, .n_head_kv = 1, .head_dim = 32};
+    const BlockFn block = select_block_kernel(p, kernel);
+    if (block != nullptr && block == avx512::block_kernel(32)) return avx512::exp_like_libm(x, n, y);
+    if (block != nullptr) return avx2::exp_like_libm(x, n, y);
+    for (int i = 0; i < n; ++i) y[i] = std::exp(x[i]);
 }
 
 void attention_f16(const float* q, const int32_t* q_pos, int64_t n_tok, const float* k, const float* v,

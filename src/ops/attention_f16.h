@@ -26,6 +26,10 @@ void attention_f16(const float* q, const int32_t* q_pos, int64_t n_tok, const fl
                    const int32_t* kv_pos, int64_t n_kv, const AttentionParams& params, float* out, ThreadPool& pool,
                    Scratch& scratch, AttentionF16Kernel kernel);
 
+// For tests: std::exp of n <= 8 floats as the kernel's softmax takes them (the blocked kernels
+// vectorize glibc's expf algorithm and fall back to std::exp where a self-check finds another libm).
+void attention_f16_exp(const float* x, int n, float* y, AttentionF16Kernel kernel);
+
 // x rounded to the nearest f16 value (ties to even) and back to float; overflow gives infinity.
 // Branch-free so that loops over it vectorize.
 float round_to_f16(float x);

@@ -59,6 +59,38 @@ TEST(AttentionF16, AgreesWithFloatAttentionToHalfPrecision) {
     for (size_t i = 0; i < got.size(); ++i) EXPECT_NEAR(got[i], expected[i], 1e-2f) << i;
 }
 
+// The kernels' vectorized exp is std::exp, bit for bit, over the arguments the softmax gives
+// (<= 0, -inf, NaN) and beyond.
+TEST(AttentionF16, KernelExpIsStdExp) {
+    std::mt19937 rng(23);
+    std::uniform_int_distribution<uint32_t> any_bits;
+    std::uniform_real_distribution<float> moderate(-110.0f, 0.0f);
+    std::vector<float> x;
+    for (int i = 0; i < 600000; ++i) {
+        const uint32_t bits = any_bits(rng);
+        x.push_back(i % 3 == 0 ? moderate(rng) : std::bit_cast<float>(i % 3 == 1 ? bits | 0x80000000u : bits));
+    }
+    for (const float v : {0.0f, -0.0f, -88.0f, -87.99f, -103.5f, -104.0f, -150.0f, 88.5f, 89.0f, 1e-30f, -1e-30f,
+                          -std::numeric_limits<float>::infinity(), std::numeric_limits<float>::infinity(),
+                          std::numeric_limits<float>::quiet_NaN(), -std::numeric_limits<float>::denorm_min()}) {
+        x.push_back(v);
+    }
+    for (const AttentionF16Kernel kernel : {AttentionF16Kernel::Best, AttentionF16Kernel::Avx2}) {
+        for (size_t i = 0; i < x.size(); i += 8) {
+            const int n = static_cast<int>(std::min<size_t>(8, x.size() - i)) - static_cast<int>(i / 8 % 3);
+            if (n <= 0) continue;
+            float y[8];
+            attention_f16_exp(x.data() + i, n, y, kernel);
+            for (int l = 0; l < n; ++l) {
+                const float want = std::exp(x[i + l]);
+                ASSERT_TRUE(std::bit_cast<uint32_t>(y[l]) == std::bit_cast<uint32_t>(want) ||
+                            (std::isnan(y[l]) && std::isnan(want)))
+                    << "exp(" << x[i + l] << ") = " << y[l] << ", std::exp " << want;
+            }
+        }
+    }
+}
+
 // llama.cpp's f16 flash attention written out plainly for one query at a time: q rounded to f16,
 // q·k with ggml's AVX2 f16-dot shape (4 x 8 fused accumulators, pairwise reduction), keys in order
 // with an online softmax, the V accumulator rounded to f16 after every rescale and multiply-add.
