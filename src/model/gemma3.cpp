@@ -51,6 +51,7 @@ public:
             rope.mode = ops::RopeMode::Neox;
             rope.n_dims = hp.head_dim;
             rope.freq_base = local ? hp.rope_base_swa : hp.rope_base;
+            rope.freq_scale = local ? 1.0f : hp.rope_freq_scale;
             ops::rope(a_.q.data(), positions.data(), n, hp.n_head, hp.head_dim, rope);
             ops::rope(a_.k.data(), positions.data(), n, hp.n_head_kv, hp.head_dim, rope);
             cache.store(il, first, n, a_.k.data(), a_.v.data());

@@ -24,8 +24,29 @@ float optional_float(const gguf::GgufFile& file, const std::string& key, float f
     return file.has(key) ? static_cast<float>(file.get_double(key)) : fallback;
 }
 
+// Linear RoPE scaling: positions scaled by 1 / rope.scaling.factor (or the older
+// rope.scale_linear). llama.cpp applies that factor unless rope.scaling.type is "none", and so do
+// we; other types (yarn, longrope) are refused by name.
+float read_rope_freq_scale(const gguf::GgufFile& file, const std::string& p) {
+    const std::string type_key = p + "rope.scaling.type";
+    const std::string type = file.has(type_key) ? std::string(file.get<std::string_view>(type_key)) : "linear";
+    if (type != "linear" && type != "none") {
+        throw ModelError(file.source() + ": '" + type_key + "' = '" + type +
+                         "' is not supported (fitllm supports 'linear' and 'none')");
+    }
+    std::string factor_key = p + "rope.scaling.factor";
+    if (!file.has(factor_key)) factor_key = p + "rope.scale_linear";
+    const float factor = optional_float(file, factor_key, 0.0f);
+    if (factor < 0.0f || !std::isfinite(factor)) {
+        throw ModelError(file.source() + ": '" + factor_key + "' = " + std::to_string(factor) +
+                         " must be positive (or 0 for none)");
+    }
+    return (type == "none" || factor == 0.0f) ? 1.0f : 1.0f / factor;
+}
+
 // Gemma 3 (llama.cpp's LLM_ARCH_GEMMA3): five sliding-window layers, then one global layer;
-// local layers rotate with base 10000; Q is scaled by 1/sqrt(head_dim) (27B: by
+// local layers rotate with base 10000 and no position scaling (global layers of the 4B and larger
+// models scale linearly, by 1/8); Q is scaled by 1/sqrt(head_dim) (27B: by
 // 1/sqrt(n_embd / n_head), which its 62 layers identify).
 void read_gemma3(const gguf::GgufFile& file, Hparams& hp) {
     const std::string p = hp.arch + ".";
@@ -36,6 +57,7 @@ void read_gemma3(const gguf::GgufFile& file, Hparams& hp) {
         for (int il = 0; il < hp.n_layer; ++il) hp.is_swa[static_cast<size_t>(il)] = il % kPattern < kPattern - 1;
     }
     hp.rope_base_swa = 10000.0f;
+    hp.rope_freq_scale = read_rope_freq_scale(file, p);
     hp.final_logit_softcap = optional_float(file, p + "final_logit_softcapping", 0.0f);
     hp.attn_scale = hp.n_layer == 62 ? 1.0f / std::sqrt(static_cast<float>(hp.n_embd / hp.n_head))
                                      : 1.0f / std::sqrt(static_cast<float>(hp.head_dim));
@@ -43,9 +65,7 @@ void read_gemma3(const gguf::GgufFile& file, Hparams& hp) {
 
 // Llama (2, 3, 3.x, Mistral, TinyLlama, SmolLM2) and Qwen2 (llama.cpp's LLM_ARCH_LLAMA and
 // LLM_ARCH_QWEN2): every layer attends globally; the first n_rot dims of each head rotate.
-// Positions are scaled linearly by 1 / rope.scaling.factor (or the older rope.scale_linear):
-// llama.cpp applies that factor unless rope.scaling.type is "none", and so do we. Llama 3.1's
-// frequency factors come as a tensor (rope_freqs.weight), bound with the weights.
+// Llama 3.1's frequency factors come as a tensor (rope_freqs.weight), bound with the weights.
 void read_llama_like(const gguf::GgufFile& file, Hparams& hp) {
     const std::string p = hp.arch + ".";
     if (file.has(p + "expert_count") && file.get_int(p + "expert_count") > 0) {
@@ -66,20 +86,7 @@ void read_llama_like(const gguf::GgufFile& file, Hparams& hp) {
                          " must be even and at most the head size " + std::to_string(hp.head_dim));
     }
 
-    const std::string type_key = p + "rope.scaling.type";
-    const std::string type = file.has(type_key) ? std::string(file.get<std::string_view>(type_key)) : "linear";
-    if (type != "linear" && type != "none") {
-        throw ModelError(file.source() + ": '" + type_key + "' = '" + type +
-                         "' is not supported (fitllm supports 'linear' and 'none')");
-    }
-    std::string factor_key = p + "rope.scaling.factor";
-    if (!file.has(factor_key)) factor_key = p + "rope.scale_linear";
-    const float factor = optional_float(file, factor_key, 0.0f);
-    if (factor < 0.0f || !std::isfinite(factor)) {
-        throw ModelError(file.source() + ": '" + factor_key + "' = " + std::to_string(factor) +
-                         " must be positive (or 0 for none)");
-    }
-    hp.rope_freq_scale = (type == "none" || factor == 0.0f) ? 1.0f : 1.0f / factor;
+    hp.rope_freq_scale = read_rope_freq_scale(file, p);
 
     // attention.scale (Granite-style Llamas) replaces 1/sqrt(head_dim) when present.
     const float scale = optional_float(file, p + "attention.scale", 0.0f);

@@ -37,7 +37,8 @@ struct Hparams {
     float rope_base = 10000.0f;
     float rope_base_swa = 10000.0f;
     // Rotary embeddings: the first n_rot dims of each head rotate (llama, qwen2; gemma3 rotates
-    // all of head_dim), positions scaled by rope_freq_scale (1 / linear scaling factor).
+    // all of head_dim), positions scaled by rope_freq_scale (1 / linear scaling factor; gemma3's
+    // sliding-window layers are not scaled).
     int n_rot = 0;
     float rope_freq_scale = 1.0f;
     float final_logit_softcap = 0.0f;  // > 0: logits = cap * tanh(logits / cap)

@@ -9,6 +9,7 @@
 #include <vector>
 
 #include "gguf/gguf_reader.h"
+#include "gguf/gguf_writer.h"
 #include "model/hparams.h"
 #include "model/tiny_gemma3.h"
 #include "ops/thread_pool.h"
@@ -44,6 +45,24 @@ TEST(Hparams, ReadsGemma3WithItsLayerPattern) {
     EXPECT_FLOAT_EQ(hp.rope_base_swa, 1e4f);
     EXPECT_FLOAT_EQ(hp.attn_scale, 0.25f);
     EXPECT_EQ(hp.final_logit_softcap, 0.0f);
+}
+
+// Gemma 3 4B and larger scale positions linearly (factor 8) in their global layers; the
+// sliding-window layers are not scaled (hparams.h), which gemma3.cpp applies per layer.
+TEST(Hparams, ReadsGemma3LinearRopeScaling) {
+    const std::vector<std::byte> tiny = test::tiny_gemma3_bytes();
+    const gguf::GgufFile source = gguf::GgufFile::parse(tiny, "tiny.gguf");
+    gguf::GgufWriter w;
+    for (const gguf::Value& v : source.metadata()) w.add_value(v);
+    w.add_string("gemma3.rope.scaling.type", "linear");
+    w.add<float>("gemma3.rope.scaling.factor", 8.0f);
+    for (const gguf::TensorInfo& t : source.tensors()) {
+        w.add_tensor(t.name, t.type, std::span<const int64_t>(t.ne.data(), t.n_dims), t.data);
+    }
+    const std::vector<std::byte> bytes = w.to_bytes();
+    const gguf::GgufFile file = gguf::GgufFile::parse(bytes, "scaled.gguf");
+    EXPECT_FLOAT_EQ(model::read_hparams(file).rope_freq_scale, 0.125f);
+    EXPECT_FLOAT_EQ(model::read_hparams(source).rope_freq_scale, 1.0f);
 }
 
 TEST(Hparams, MissingKeyIsNamed) {
