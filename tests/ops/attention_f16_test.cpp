@@ -156,7 +156,8 @@ TEST(AttentionF16, BitIdenticalToTheReference) {
         {1, 50, 4, 1, 256, 0, 2, 0.0f, false},   {19, 30, 8, 2, 64, 5, 3, 0.0f, false},
         {12, 12, 16, 1, 32, 0, 2, 0.0f, false},  {9, 20, 6, 6, 128, 0, 1, 0.0f, true},
         {10, 24, 12, 4, 64, 0, 2, 30.0f, true},  {5, 16, 2, 1, 96, 4, 2, 0.0f, false},
-        {64, 64, 4, 1, 256, 16, 2, 0.0f, false},
+        {64, 64, 4, 1, 256, 16, 2, 0.0f, false}, {11, 15, 14, 2, 64, 0, 2, 0.0f, false},
+        {6, 40, 32, 8, 128, 0, 2, 0.0f, false},
     };
     std::mt19937 rng(17);
     std::normal_distribution<float> normal(0.0f, 1.0f);
