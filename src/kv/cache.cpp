@@ -181,7 +181,7 @@ struct KvCache::Impl {
     int seq_cells_in_block(int block, SeqId seq) const;
     void hold_block(SeqId seq, int block);
     void release_blocks_without(SeqId seq);
-    void release_blocks_without(uint64_t seq_mask);
+    void release_blocks_without_each(uint64_t seq_mask);
     int find_free_run(int n) const;
     int next_free_block() const;
     void acquire_blocks(SeqId seq, int n);
@@ -409,7 +409,8 @@ void KvCache::Impl::release_blocks_without(SeqId seq) {
     table.erase(kept, table.end());
 }
 
-void KvCache::Impl::release_blocks_without(uint64_t seq_mask) {
+// release_blocks_without() for each sequence of the mask.
+void KvCache::Impl::release_blocks_without_each(uint64_t seq_mask) {
     for (uint64_t m = seq_mask; m != 0; m &= m - 1) release_blocks_without(static_cast<SeqId>(std::countr_zero(m)));
 }
 
@@ -710,7 +711,7 @@ void KvCache::seq_rm(SeqId seq, Pos p0, Pos p1) {
             touched |= m.seqs[static_cast<size_t>(c)];
             m.free_cell(c);
         }
-        m.release_blocks_without(touched);
+        m.release_blocks_without_each(touched);
         return;
     }
     m.for_seq_cells(seq, [&](int32_t c) {
@@ -748,7 +749,7 @@ void KvCache::seq_keep(SeqId seq) {
         m.keep_only(c, seq);
     }
     const uint64_t all = m.params.n_seq_max == kMaxSequences ? ~uint64_t{0} : seq_bit(m.params.n_seq_max) - 1;
-    m.release_blocks_without(all & ~seq_bit(seq));
+    m.release_blocks_without_each(all & ~seq_bit(seq));
 }
 
 void KvCache::seq_add(SeqId seq, Pos p0, Pos p1, Pos delta) {
@@ -763,7 +764,7 @@ void KvCache::seq_add(SeqId seq, Pos p0, Pos p1, Pos delta) {
         if (p + delta < 0) touched |= m.seqs[static_cast<size_t>(c)];
         m.shift_cell(c, p + delta);
     });
-    m.release_blocks_without(touched);
+    m.release_blocks_without_each(touched);
 }
 
 void KvCache::seq_div(SeqId seq, Pos p0, Pos p1, int d) {
@@ -827,9 +828,9 @@ void KvCache::trim_window() {
     if (m.params.window <= 0) return;
     for (SeqId seq = 0; seq < m.params.n_seq_max; ++seq) {
         if (m.seq_cells[static_cast<size_t>(seq)] == 0) continue;
-        const Pos last_visible_gone = m.seq_pos_bound(seq, true) - m.params.window;
+        const Pos newest_unseen = m.seq_pos_bound(seq, true) - m.params.window;
         m.for_seq_cells(seq, [&](int32_t c) {
-            if (m.pos[static_cast<size_t>(c)] <= last_visible_gone) m.remove_seq_from_cell(c, seq);
+            if (m.pos[static_cast<size_t>(c)] <= newest_unseen) m.remove_seq_from_cell(c, seq);
         });
         m.release_blocks_without(seq);
     }
