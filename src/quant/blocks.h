@@ -60,6 +60,15 @@ struct BlockQ8_1 {
     int8_t qs[32];
 };
 
+// IQ4_NL: x[i] = d * kValuesIQ4NL[q[i]], q a 4-bit index placed as the nibbles of Q4_0. The 16
+// values (ggml's kvalues_iq4nl) are denser near zero, fitted to the bell shape of weights and
+// K / V vectors; the dots look them up with one pshufb.
+inline constexpr int8_t kValuesIQ4NL[16] = {-127, -104, -83, -65, -49, -35, -22, -10, 1, 13, 25, 38, 53, 69, 89, 113};
+struct BlockIQ4_NL {
+    uint16_t d;
+    uint8_t qs[16];
+};
+
 // Q2_K: 16 sub-blocks of 16. x = d * (scales[j] & 15) * q - dmin * (scales[j] >> 4), q 2-bit.
 // Element e = 128 * h + 32 * g + l (h < 2, g < 4, l < 32) is bits 2g..2g+1 of qs[32 * h + l],
 // in sub-block j = 8 * h + 2 * g + l / 16.
@@ -123,6 +132,7 @@ static_assert(sizeof(BlockQ4_0) == 18 && sizeof(BlockQ4_1) == 20 && sizeof(Block
 static_assert(sizeof(BlockQ5_1) == 24 && sizeof(BlockQ8_0) == 34 && sizeof(BlockQ8_1) == 36);
 static_assert(sizeof(BlockQ2_K) == 84 && sizeof(BlockQ3_K) == 110 && sizeof(BlockQ4_K) == 144);
 static_assert(sizeof(BlockQ5_K) == 176 && sizeof(BlockQ6_K) == 210 && sizeof(BlockQ8_K) == 292);
+static_assert(sizeof(BlockIQ4_NL) == 18);
 
 // The block struct of each type, and a compile-time check against the type table of ggml_type.cpp
 // (which tests check against PyPI's gguf).
@@ -156,6 +166,11 @@ struct BlockOf<GgmlType::Q8_0> {
 template <>
 struct BlockOf<GgmlType::Q8_1> {
     using type = BlockQ8_1;
+    static constexpr int elements = 32;
+};
+template <>
+struct BlockOf<GgmlType::IQ4_NL> {
+    using type = BlockIQ4_NL;
     static constexpr int elements = 32;
 };
 template <>
@@ -294,6 +309,9 @@ inline int quant_of(const BlockQ5_0& b, int l) {
 inline int quant_of(const BlockQ5_1& b, int l) {
     return nibble_of(b.qs, l) | (bit_of(b.qh, l) << 4);
 }  // d q + m
+inline int quant_of(const BlockIQ4_NL& b, int l) {
+    return nibble_of(b.qs, l);
+}  // x = d kValuesIQ4NL[q]
 
 // k-quants: element e < 256 of a super-block, in sub-block e / 16 (Q2_K, Q3_K, Q6_K) or e / 32.
 inline int quant_of(const BlockQ2_K& b, int e) {

@@ -38,6 +38,14 @@ void dequant_q8(const Block* x, float* y, int64_t nb) {
     }
 }
 
+// IQ4_NL: x = d * kValuesIQ4NL[q].
+void dequant_iq4_nl(const BlockIQ4_NL* x, float* y, int64_t nb) {
+    for (int64_t i = 0; i < nb; ++i, y += 32) {
+        const float d = fp16_to_fp32(x[i].d);
+        for (int l = 0; l < 32; ++l) y[l] = d * static_cast<float>(kValuesIQ4NL[quant_of(x[i], l)]);
+    }
+}
+
 void dequant_q2_K(const BlockQ2_K* x, float* y, int64_t nb) {
     for (int64_t i = 0; i < nb; ++i, y += kQK) {
         const float d = fp16_to_fp32(x[i].d), dmin = fp16_to_fp32(x[i].dmin);
@@ -105,6 +113,7 @@ bool can_dequantize(GgmlType type) {
         case GgmlType::Q5_1:
         case GgmlType::Q8_0:
         case GgmlType::Q8_1:
+        case GgmlType::IQ4_NL:
         case GgmlType::Q2_K:
         case GgmlType::Q3_K:
         case GgmlType::Q4_K:
@@ -147,6 +156,8 @@ void dequantize_row(GgmlType type, const void* src, float* dst, int64_t n) {
             return dequant_q8(as<BlockQ8_0>(src), dst, nb);
         case GgmlType::Q8_1:
             return dequant_q8(as<BlockQ8_1>(src), dst, nb);
+        case GgmlType::IQ4_NL:
+            return dequant_iq4_nl(as<BlockIQ4_NL>(src), dst, nb);
         case GgmlType::Q2_K:
             return dequant_q2_K(as<BlockQ2_K>(src), dst, nb);
         case GgmlType::Q3_K:

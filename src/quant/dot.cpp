@@ -13,6 +13,7 @@ GgmlType dot_activation_type(GgmlType weight_type) {
         case GgmlType::Q4_0:
         case GgmlType::Q5_0:
         case GgmlType::Q8_0:
+        case GgmlType::IQ4_NL:
             return GgmlType::Q8_0;
         case GgmlType::Q4_1:
         case GgmlType::Q5_1:

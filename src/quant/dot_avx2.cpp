@@ -207,6 +207,18 @@ void dot_q8_0(int n, float* out, const void* w, const void* a) {
     *out = sum_blocks(x, y, n / 32, [&](int i) { return signed_block_dot(load32(x[i].qs), load32(y[i].qs)); });
 }
 
+// IQ4_NL with Q8_0: the nibbles are indices into a table of 16 int8 values, looked up with one
+// pshufb (the table in both 128-bit lanes); then a signed x signed block dot as for Q8_0
+// (|value| <= 127, so maddubs cannot saturate).
+void dot_iq4_nl(int n, float* out, const void* w, const void* a) {
+    const auto* x = as<BlockIQ4_NL>(w);
+    const auto* y = as<BlockQ8_0>(a);
+    const __m256i table = _mm256_broadcastsi128_si256(_mm_loadu_si128(reinterpret_cast<const __m128i*>(kValuesIQ4NL)));
+    *out = sum_blocks(x, y, n / 32, [&](int i) {
+        return signed_block_dot(_mm256_shuffle_epi8(table, unpack_nibbles(x[i].qs)), load32(y[i].qs));
+    });
+}
+
 }  // namespace
 
 DotFn dot_avx2(GgmlType weight_type) {
@@ -227,6 +239,8 @@ DotFn dot_avx2(GgmlType weight_type) {
             return dot_affine32<BlockQ5_1>;
         case GgmlType::Q8_0:
             return dot_q8_0;
+        case GgmlType::IQ4_NL:
+            return dot_iq4_nl;
         default:
             return nullptr;
     }

@@ -202,16 +202,32 @@ void dot_affine32(int n, float* out, const void* w, const void* a) {
     *out = dots + _mm_cvtss_f32(_mm_add_ss(mins, _mm_movehdup_ps(mins))) + tail;
 }
 
-// Q8_0 with Q8_0: x's sign moved onto y so the unsigned side is |x|. Exact while y avoids -128,
-// which Q8_0 activations do (|q| <= 127).
+// sum(x * y) per 4 bytes, both signed: x's sign moved onto y so the unsigned side is |x|. Exact
+// while neither holds -128, which Q8_0 activations and the weights paired with them avoid.
+template <bool kVnni>
+__m512i signed_pair_dot(__m512i xq, __m512i yq) {
+    const __m512i y_signed = _mm512_mask_sub_epi8(yq, _mm512_movepi8_mask(xq), _mm512_setzero_si512(), yq);
+    return dot_u8s8<kVnni>(_mm512_setzero_si512(), _mm512_abs_epi8(xq), y_signed);
+}
+
+// Q8_0 with Q8_0.
 template <bool kVnni>
 void dot_q8_0(int n, float* out, const void* w, const void* a) {
     const auto* x = as<BlockQ8_0>(w);
     const auto* y = as<BlockQ8_0>(a);
+    *out = sum_blocks(x, y, n / 32,
+                      [&](int i, int j) { return signed_pair_dot<kVnni>(act_x2(x[i], x[j]), act_x2(y[i], y[j])); });
+}
+
+// IQ4_NL with Q8_0: the nibble indices of two blocks looked up in the 16-value table (one pshufb, the
+// table in every 128-bit lane), then the signed x signed dot of Q8_0.
+template <bool kVnni>
+void dot_iq4_nl(int n, float* out, const void* w, const void* a) {
+    const auto* x = as<BlockIQ4_NL>(w);
+    const auto* y = as<BlockQ8_0>(a);
+    const __m512i values = _mm512_broadcast_i32x4(load128(kValuesIQ4NL));
     *out = sum_blocks(x, y, n / 32, [&](int i, int j) {
-        const __m512i xq = act_x2(x[i], x[j]), yq = act_x2(y[i], y[j]);
-        const __m512i y_signed = _mm512_mask_sub_epi8(yq, _mm512_movepi8_mask(xq), _mm512_setzero_si512(), yq);
-        return dot_u8s8<kVnni>(_mm512_setzero_si512(), _mm512_abs_epi8(xq), y_signed);
+        return signed_pair_dot<kVnni>(_mm512_shuffle_epi8(values, quants_x2(x[i], x[j])), act_x2(y[i], y[j]));
     });
 }
 
@@ -234,6 +250,8 @@ DotFn table(GgmlType weight_type) {
             return dot_affine32<BlockQ5_1, kVnni>;
         case GgmlType::Q8_0:
             return dot_q8_0<kVnni>;
+        case GgmlType::IQ4_NL:
+            return dot_iq4_nl<kVnni>;
         default:
             return nullptr;
     }

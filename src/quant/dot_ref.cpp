@@ -78,6 +78,19 @@ void dot_q8_0(int n, float* out, const void* w, const void* a) {
     *out = static_cast<float>(sum);
 }
 
+// IQ4_NL with Q8_0: d_w d_a sum kValuesIQ4NL[q] y.
+void dot_iq4_nl(int n, float* out, const void* w, const void* a) {
+    const auto* x = as<BlockIQ4_NL>(w);
+    const auto* y = as<BlockQ8_0>(a);
+    double sum = 0;
+    for (int i = 0; i < n / 32; ++i) {
+        int sumi = 0;
+        for (int l = 0; l < 32; ++l) sumi += kValuesIQ4NL[quant_of(x[i], l)] * y[i].qs[l];
+        sum += f16(x[i].d) * f16(y[i].d) * sumi;
+    }
+    *out = static_cast<float>(sum);
+}
+
 // ---- k-quants with Q8_K ----
 
 // Sum of q * y and of y over elements [begin, begin + len) of a super-block; y's bsums are
@@ -181,6 +194,8 @@ DotFn dot_ref(GgmlType weight_type) {
             return dot_affine32<BlockQ5_1>;
         case GgmlType::Q8_0:
             return dot_q8_0;
+        case GgmlType::IQ4_NL:
+            return dot_iq4_nl;
         case GgmlType::Q2_K:
             return dot_q2_K;
         case GgmlType::Q3_K:

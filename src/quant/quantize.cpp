@@ -1,6 +1,7 @@
 #include "quant/quantize.h"
 
 #include <algorithm>
+#include <array>
 #include <cmath>
 #include <stdexcept>
 #include <string>
@@ -245,6 +246,91 @@ void quant_q6_K(const float* x, BlockQ6_K* y, int64_t nb) {
     }
 }
 
+// ---- IQ4_NL: indices into the fixed table, as llama.cpp picks them ----
+
+// The index of the table value nearest to x, ties going up: x takes index j once 2x reaches the sum
+// s_j of values j - 1 and j (exact in float, as llama.cpp compares). The s_j are integers, so
+// 2x >= s_j exactly when floor(2x) >= s_j: the index is a table lookup at floor(2x), which costs
+// a fraction of a search's mispredicted branches.
+constexpr int kTwiceXMin = -256, kTwiceXMax = 255;  // beyond every s_j (-231 .. 202)
+constexpr auto kIQ4NLIndexAt = [] {
+    std::array<uint8_t, kTwiceXMax - kTwiceXMin + 1> table{};
+    for (int s = kTwiceXMin; s <= kTwiceXMax; ++s) {
+        int index = 0;
+        for (int j = 1; j < 16; ++j) index += s >= kValuesIQ4NL[j - 1] + kValuesIQ4NL[j] ? 1 : 0;
+        table[static_cast<size_t>(s - kTwiceXMin)] = static_cast<uint8_t>(index);
+    }
+    return table;
+}();
+int nearest_iq4_nl(float x) {
+    float x2 = x + x;
+    x2 = x2 >= static_cast<float>(kTwiceXMin) ? std::min(x2, static_cast<float>(kTwiceXMax))
+                                              : static_cast<float>(kTwiceXMin);  // NaN: index 0
+    int floor = static_cast<int>(x2);                                            // truncated toward 0
+    floor -= static_cast<float>(floor) > x2 ? 1 : 0;
+    return kIQ4NLIndexAt[static_cast<size_t>(floor - kTwiceXMin)];
+}
+
+// One block of 32 as llama.cpp's quantize_row_iq4_nl_impl has it without importance weights (each
+// x weighted by x^2), float operations in its order so that the bytes come out the same:
+//  - the indices are those of the scale mapping the largest |x| to the table's end, -127 (ntry < 0),
+//    or to +127 past its other end (ntry > 0); the scale is then the weighted least-squares fit
+//    d = sum(w q x) / sum(w q^2) of those table values q;
+//  - ntry > 0 also tries the 2 ntry + 1 scales mapping the largest |x| to -127 + t, |t| <= ntry,
+//    keeps the fit with the smallest weighted error (largest sum(w q x)^2 / sum(w q^2)) and
+//    recomputes the indices for it.
+// Blocks with max|x| < 1e-15 get d = 0.
+void quant_iq4_nl_block(const float* x, BlockIQ4_NL& y, int ntry) {
+    constexpr float kFirst = kValuesIQ4NL[0];
+    float weight[32];
+    uint8_t index[32] = {};
+    float amax = 0.0f, max = 0.0f;
+    for (int l = 0; l < 32; ++l) {
+        weight[l] = x[l] * x[l];
+        if (std::fabs(x[l]) > amax) {
+            amax = std::fabs(x[l]);
+            max = x[l];
+        }
+    }
+    float d = 0.0f;
+    if (amax >= 1e-15f) {
+        // sum(w q x) and sum(w q^2) for the indices of the inverse scale id, stored when `keep`.
+        auto fit = [&](float id, bool keep, float& sumqx, float& sumq2) {
+            sumqx = sumq2 = 0.0f;
+            for (int l = 0; l < 32; ++l) {
+                const int k = nearest_iq4_nl(id * x[l]);
+                if (keep) index[l] = static_cast<uint8_t>(k);
+                const float q = kValuesIQ4NL[k];
+                sumqx += weight[l] * q * x[l];
+                sumq2 += weight[l] * q * q;
+            }
+        };
+        float sumqx, sumq2;
+        fit(1.0f / (ntry > 0 ? -max / kFirst : max / kFirst), true, sumqx, sumq2);
+        d = sumq2 > 0.0f ? sumqx / sumq2 : 0.0f;
+        float best = d * sumqx;
+        for (int t = -ntry; t <= ntry; ++t) {
+            fit(static_cast<float>(t + kValuesIQ4NL[0]) / max, false, sumqx, sumq2);
+            if (sumq2 > 0.0f && sumqx * sumqx > best * sumq2) {
+                d = sumqx / sumq2;
+                best = d * sumqx;
+            }
+        }
+    }
+    if (ntry > 0) {
+        const float id = d != 0.0f ? 1.0f / d : 0.0f;
+        for (int l = 0; l < 32; ++l) index[l] = static_cast<uint8_t>(nearest_iq4_nl(id * x[l]));
+    }
+    y.d = fp32_to_fp16(d);
+    for (int l = 0; l < 16; ++l) y.qs[l] = static_cast<uint8_t>(index[l] | (index[l + 16] << 4));
+}
+
+// ntry -1: llama.cpp's quantize_row_iq4_nl_ref, what its CPU backend writes to an IQ4_NL KV cache.
+// ntry 7: its quantize_iq4_nl (the weight quantizer) without an importance matrix.
+void quant_iq4_nl(const float* x, BlockIQ4_NL* y, int64_t nb, int ntry) {
+    for (int64_t i = 0; i < nb; ++i) quant_iq4_nl_block(x + 32 * i, y[i], ntry);
+}
+
 template <typename Block>
 Block* as(void* p) {
     return static_cast<Block*>(p);
@@ -295,6 +381,8 @@ void quantize_row_at(Isa isa, GgmlType type, const float* src, void* dst, int64_
             return quant_q8_blocks(src, as<BlockQ8_0>(dst), nb);
         case GgmlType::Q8_1:
             return quant_q8_blocks(src, as<BlockQ8_1>(dst), nb);
+        case GgmlType::IQ4_NL:
+            return quant_iq4_nl(src, as<BlockIQ4_NL>(dst), nb, -1);
         case GgmlType::Q2_K:
             return quant_q2_K(src, as<BlockQ2_K>(dst), nb);
         case GgmlType::Q3_K:
@@ -315,6 +403,11 @@ void quantize_row_at(Isa isa, GgmlType type, const float* src, void* dst, int64_
 void quantize_row(GgmlType type, const float* src, void* dst, int64_t n) {
     static const Isa isa = host_cpu_features().best_isa();
     quantize_row_at(isa, type, src, dst, n);
+}
+
+void quantize_row_iq4_nl_searched(const float* src, void* dst, int64_t n) {
+    const int64_t nb = whole_blocks("quantize_row_iq4_nl_searched", GgmlType::IQ4_NL, n, true);
+    quant_iq4_nl(src, as<BlockIQ4_NL>(dst), nb, 7);
 }
 
 }  // namespace fitllm::quant

@@ -105,6 +105,7 @@ TEST(Dot, ActivationPairsFollowLlamaCpp) {
     EXPECT_EQ(dot_activation_type(GgmlType::Q4_0), GgmlType::Q8_0);
     EXPECT_EQ(dot_activation_type(GgmlType::Q5_0), GgmlType::Q8_0);
     EXPECT_EQ(dot_activation_type(GgmlType::Q8_0), GgmlType::Q8_0);
+    EXPECT_EQ(dot_activation_type(GgmlType::IQ4_NL), GgmlType::Q8_0);
     EXPECT_EQ(dot_activation_type(GgmlType::Q4_1), GgmlType::Q8_1);
     EXPECT_EQ(dot_activation_type(GgmlType::Q5_1), GgmlType::Q8_1);
     for (GgmlType k : {GgmlType::Q2_K, GgmlType::Q3_K, GgmlType::Q4_K, GgmlType::Q5_K, GgmlType::Q6_K}) {

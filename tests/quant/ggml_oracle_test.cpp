@@ -12,6 +12,7 @@
 #include <vector>
 
 #include "quant/dot.h"
+#include "quant/quantize.h"
 #include "quant_test_data.h"
 #include "test_support.h"
 
@@ -73,9 +74,9 @@ struct QuantName {
     const char* ggml;  // ggml's spelling in function names
 };
 constexpr QuantName kQuantTypes[] = {
-    {GgmlType::Q4_0, "q4_0"}, {GgmlType::Q4_1, "q4_1"}, {GgmlType::Q5_0, "q5_0"}, {GgmlType::Q5_1, "q5_1"},
-    {GgmlType::Q8_0, "q8_0"}, {GgmlType::Q2_K, "q2_K"}, {GgmlType::Q3_K, "q3_K"}, {GgmlType::Q4_K, "q4_K"},
-    {GgmlType::Q5_K, "q5_K"}, {GgmlType::Q6_K, "q6_K"},
+    {GgmlType::Q4_0, "q4_0"}, {GgmlType::Q4_1, "q4_1"}, {GgmlType::Q5_0, "q5_0"},     {GgmlType::Q5_1, "q5_1"},
+    {GgmlType::Q8_0, "q8_0"}, {GgmlType::Q2_K, "q2_K"}, {GgmlType::Q3_K, "q3_K"},     {GgmlType::Q4_K, "q4_K"},
+    {GgmlType::Q5_K, "q5_K"}, {GgmlType::Q6_K, "q6_K"}, {GgmlType::IQ4_NL, "iq4_nl"},
 };
 const char* ggml_name(GgmlType t) {
     switch (t) {
@@ -137,6 +138,53 @@ TEST(QuantizeVsGgml, ActivationsHaveTheSameBytes) {
         cpu_fn(x.data(), cpu.data(), n);
         EXPECT_EQ(ours, ref);
         EXPECT_EQ(ours, cpu);
+    }
+}
+
+// IQ4_NL rows as equal as llama.cpp defines them: blocks with d = 0 (max|x| < 1e-15) dequantize to
+// zeros whatever their indices, which some llama.cpp versions leave uninitialized in
+// quantize_row_iq4_nl_ref; all other blocks byte for byte. Returns the blocks that differ.
+int differing_iq4_nl_blocks(const std::vector<uint8_t>& a, const std::vector<uint8_t>& b) {
+    int differ = 0;
+    for (size_t i = 0; i < a.size(); i += sizeof(BlockIQ4_NL)) {
+        const bool zero_scale = a[i] == 0 && a[i + 1] == 0;
+        const size_t bytes = zero_scale ? 2 : sizeof(BlockIQ4_NL);
+        differ += std::memcmp(&a[i], &b[i], bytes) == 0 ? 0 : 1;
+    }
+    return differ;
+}
+
+// IQ4_NL, the KV cache format: quantize_row gives the bytes of llama.cpp's quantize_row_iq4_nl (what
+// its CPU backend writes to the cache) and of quantize_row_iq4_nl_ref; quantize_row_iq4_nl_searched
+// those of quantize_iq4_nl without an importance matrix. Gaussian rows at two scales, a zero block,
+// a block of equal values, blocks below the 1e-15 cutoff and tiny ones above it.
+TEST(QuantizeVsGgml, Iq4NlHasTheSameBytes) {
+    REQUIRE_GGML();
+    using RowsFn = size_t (*)(const float*, void*, int64_t, int64_t, const float*);
+    auto cpu_fn = ggml()->cpu_fn<QuantFn>("quantize_row_iq4_nl");
+    auto ref_fn = ggml()->base_fn<QuantFn>("quantize_row_iq4_nl_ref");
+    auto rows_fn = ggml()->base_fn<RowsFn>("quantize_iq4_nl");
+    ASSERT_TRUE(cpu_fn && ref_fn && rows_fn);
+    const int n = 8192;
+    for (uint32_t seed = 0; seed < 4; ++seed) {
+        auto x = test::gaussian(n, 40 + seed, seed % 2 == 0 ? 1.0f : 0.02f);
+        if (seed == 3) {
+            for (int i = 0; i < 32; ++i) x[i] = 0.0f;
+            for (int i = 32; i < 64; ++i) x[i] = -0.75f;
+            for (int i = 64; i < 96; ++i) x[i] *= 1e-17f;
+            for (int i = 96; i < 128; ++i) x[i] *= 1e-12f;
+        }
+        const size_t bytes = test::bytes_of_row(GgmlType::IQ4_NL, n);
+        std::vector<uint8_t> ours(bytes, 0xAA), cpu(bytes, 0x55), ref(bytes, 0x66), searched(bytes, 0x77),
+            theirs_searched(bytes, 0x88);
+        quantize_row(GgmlType::IQ4_NL, x.data(), ours.data(), n);
+        cpu_fn(x.data(), cpu.data(), n);
+        ref_fn(x.data(), ref.data(), n);
+        quantize_row_iq4_nl_searched(x.data(), searched.data(), n);
+        rows_fn(x.data(), theirs_searched.data(), 1, n, nullptr);
+        EXPECT_EQ(differing_iq4_nl_blocks(ours, cpu), 0) << "seed " << seed;
+        EXPECT_EQ(differing_iq4_nl_blocks(ours, ref), 0) << "seed " << seed;
+        EXPECT_EQ(differing_iq4_nl_blocks(searched, theirs_searched), 0) << "seed " << seed;
     }
 }
 
