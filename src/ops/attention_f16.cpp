@@ -130,9 +130,9 @@ AttendFn select_attend() {
 // in L1. Each query's arithmetic is exactly attend_one_impl<true>'s: the dot keeps the 4 x 8
 // accumulators of dot_like_ggml (in AVX-512 as two 16-lane registers: lanes 0-7 of the first hold
 // accumulator 0, lanes 8-15 accumulator 1, the second 2 and 3), the softmax bookkeeping is the
-// same scalar code, and the f16 rounding of q and of the V accumulator is the F16C conversion
-// (round to nearest even, overflow to infinity), the accumulator stored as f16. The body is
-// attention_f16_block.inc, compiled once for AVX-512 and once for AVX2. Needs head_dim % 32 == 0.
+// same (its exponentials taken for all queries of a key at once, bit for bit std::exp), and the f16 rounding of q and
+// of the V accumulator is the F16C conversion (round to nearest even, overflow to infinity), the accumulator stored as
+// f16. The body is attention_f16_block.inc, compiled once for AVX-512 and once for AVX2. Needs head_dim % 32 == 0.
 constexpr int kMaxQueries = 8;
 
 using BlockFn = void (*)(const float* q, const int32_t* pos, int n_tokens, int n_heads, int64_t token_stride,
@@ -149,7 +149,7 @@ int64_t block_scratch_floats(int64_t d) {
 // std::exp and llama.cpp's expf call on a CPU with FMA): in double, x / ln2 * 32 rounded to an
 // integer k by adding 1.5 * 2^52, r the fused remainder, 2^(k/32) from a 32-entry table of
 // 2^(i/32) with the exponent of k / 32 added to its bits, and a cubic in r. Arguments of magnitude
-// 88 or more (and NaN) take std::exp itself. exp_like_libm_works() checks the result against
+// 88 or more (and NaN) take std::exp itself. exp_libm_vec_matches() checks the result against
 // std::exp once, and the kernels use std::exp throughout where it differs (another libm).
 namespace libm_expf {
 constexpr double kInvLn2N = 0x1.71547652b82fep+5;  // 32 / ln 2
