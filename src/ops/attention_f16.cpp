@@ -130,9 +130,10 @@ AttendFn select_attend() {
 // in L1. Each query's arithmetic is exactly attend_one_impl<true>'s: the dot keeps the 4 x 8
 // accumulators of dot_like_ggml (in AVX-512 as two 16-lane registers: lanes 0-7 of the first hold
 // accumulator 0, lanes 8-15 accumulator 1, the second 2 and 3), the softmax bookkeeping is the
-// same (its exponentials taken for all queries of a key at once, bit for bit std::exp), and the f16 rounding of q and
-// of the V accumulator is the F16C conversion (round to nearest even, overflow to infinity), the accumulator stored as
-// f16. The body is attention_f16_block.inc, compiled once for AVX-512 and once for AVX2. Needs head_dim % 32 == 0.
+// same (its exponentials taken for all queries of a key at once, bit for bit std::exp), and the
+// f16 rounding of q and of the V accumulator is the F16C conversion (round to nearest even,
+// overflow to infinity), the accumulator stored as f16. The body is attention_f16_block.inc,
+// compiled once for AVX-512 and once for AVX2. Needs head_dim % 32 == 0.
 constexpr int kMaxQueries = 8;
 
 using BlockFn = void (*)(const float* q, const int32_t* pos, int n_tokens, int n_heads, int64_t token_stride,
