@@ -115,8 +115,9 @@ TEST(GemmKQuants, MatchesDotKernels) {
     const std::vector<Isa> levels = simd_levels();
     if (levels.empty()) GTEST_SKIP() << "no SIMD level on this CPU";
     const CpuFeatures cpu = host_cpu_features();
-    // Tile shapes around the kernels' token passes (8, 4, 2, 1) and none of them multiples.
-    const std::pair<int, int> shapes[] = {{1, 1}, {3, 7}, {7, 17}, {17, 3}, {2, 9}, {5, 8}, {1, 16}, {4, 5}};
+    // Tile shapes around the kernels' token passes (8, 4, 2, 1), and one as matmul hands them out (up
+    // to 64 rows and 256 tokens).
+    const std::pair<int, int> shapes[] = {{1, 1}, {3, 7}, {7, 17}, {17, 3}, {2, 9}, {5, 8}, {1, 16}, {4, 5}, {64, 37}};
     for (GgmlType type : kKQuants) {
         const DotKernel ref = select_dot(type, CpuFeatures{});
         ASSERT_EQ(ref.isa, Isa::Scalar);
