@@ -1,0 +1,302 @@
+#include "memory/plan.h"
+
+#include <algorithm>
+#include <cctype>
+#include <map>
+#include <stdexcept>
+#include <thread>
+
+#include "kv/cache.h"
+#include "ops/attention.h"
+#if __has_include("ops/attention_kv.h")
+#include "ops/attention_kv.h"
+#define FITLLM_HAS_ATTENTION_KV 1
+#endif
+#include "quant/dot.h"
+#include "util/text.h"
+
+namespace fitllm::memory {
+
+namespace {
+
+constexpr int kBlockSize = kv::CacheParams{}.block_size;  // the runtime's cache blocks
+constexpr int kMinFitContext = 256;
+
+// "blk.12.attn_q.weight" -> 12; -1 for tensors outside the layers.
+int layer_of(std::string_view name) {
+    if (!name.starts_with("blk.")) return -1;
+    int il = 0;
+    size_t i = 4;
+    if (i >= name.size() || name[i] < '0' || name[i] > '9') return -1;
+    for (; i < name.size() && name[i] >= '0' && name[i] <= '9'; ++i) il = il * 10 + (name[i] - '0');
+    return i < name.size() && name[i] == '.' ? il : -1;
+}
+
+uint64_t row_bytes_or_throw(quant::GgmlType type, int64_t n, const std::string& what) {
+    const auto bytes = quant::row_bytes(type, static_cast<uint64_t>(n));
+    if (!bytes) {
+        throw std::invalid_argument(what + ": " + std::to_string(n) + " values are not whole blocks of " +
+                                    std::string(quant::type_name(static_cast<uint32_t>(type))));
+    }
+    return *bytes;
+}
+
+// "q8_0", as -ctk / -ctv spell it.
+std::string type_str(quant::GgmlType t) {
+    std::string s(quant::type_name(static_cast<uint32_t>(t)));
+    for (char& c : s) c = static_cast<char>(std::tolower(static_cast<unsigned char>(c)));
+    return s;
+}
+
+// The ops::Scratch bytes of one attention call over the KV cache for n_tok tokens.
+uint64_t attention_scratch_bytes(int64_t n_tok, const ops::AttentionParams& ap, int n_threads) {
+#ifdef FITLLM_HAS_ATTENTION_KV
+    return ops::attention_kv_scratch_bytes(n_tok, ap, n_threads);
+#else
+    // Until ops/attention_kv lands: its per-thread tile buffers (16 queries x (3 head rows + 64
+    // scores), two K/V rows, the tile bookkeeping) and two ints per token.
+    const auto d = static_cast<uint64_t>(ap.head_dim);
+    const uint64_t per_thread = (3 * 16 * d + 16 * 64 + 2 * d + 256 + 15) / 16 * 16;
+    return per_thread * static_cast<uint64_t>(n_threads) * sizeof(float) + (2 * static_cast<uint64_t>(n_tok) + 2) * 4;
+#endif
+}
+
+uint64_t round_up(uint64_t n, uint64_t to) {
+    return (n + to - 1) / to * to;
+}
+
+}  // namespace
+
+ModelShape model_shape(const gguf::GgufFile& file) {
+    ModelShape s;
+    s.source = file.source();
+    s.hp = model::read_hparams(file);
+    s.file_bytes = file.size();
+    s.metadata_bytes = std::min<uint64_t>(file.data_offset(), file.size());
+    s.layer_bytes.assign(static_cast<size_t>(s.hp.n_layer), 0);
+    const bool has_output = file.find_tensor("output.weight") != nullptr;
+    for (const gguf::TensorInfo& t : file.tensors()) {
+        const int il = layer_of(t.name);
+        if (il >= 0 && il < s.hp.n_layer) {
+            s.layer_bytes[static_cast<size_t>(il)] += t.n_bytes;
+            if (t.n_dims >= 2) s.matmuls.push_back({t.type, t.ne[0], false});
+        } else {
+            s.global_bytes += t.n_bytes;
+            if (t.name == "output.weight" || (!has_output && t.name == "token_embd.weight")) {
+                s.matmuls.push_back({t.type, t.ne[0], true});
+            }
+        }
+    }
+    return s;
+}
+
+uint64_t kv_pool_bytes(int n_layer, int n_head_kv, int head_dim_k, int head_dim_v, int n_cells_rounded, int n_seq,
+                       int block_size, quant::GgmlType type_k, quant::GgmlType type_v) {
+    const uint64_t k_row = row_bytes_or_throw(type_k, head_dim_k, "K head") * static_cast<uint64_t>(n_head_kv);
+    const uint64_t v_row = row_bytes_or_throw(type_v, head_dim_v, "V head") * static_cast<uint64_t>(n_head_kv);
+    const auto cells = static_cast<uint64_t>(n_cells_rounded);
+    const uint64_t blocks = cells / static_cast<uint64_t>(block_size);
+    uint64_t n = (k_row + v_row) * cells * static_cast<uint64_t>(n_layer);
+    n += cells * (sizeof(kv::Pos) * 2 + sizeof(uint64_t));         // position, shift, sequence set
+    n += blocks * (sizeof(uint64_t) + sizeof(int32_t));            // holders, used cells
+    n += static_cast<uint64_t>(n_seq) * blocks * sizeof(int32_t);  // block tables
+    return n;
+}
+
+Plan make_plan(const ModelShape& shape, PlanParams params) {
+    const model::Hparams& hp = shape.hp;
+    if (params.n_ctx == 0) params.n_ctx = hp.n_ctx_train;
+    if (params.n_outputs == 0) params.n_outputs = params.n_seq;
+    if (params.n_threads <= 0) params.n_threads = static_cast<int>(std::max(1u, std::thread::hardware_concurrency()));
+    const auto positive = [](int v, const char* what) {
+        if (v < 1) throw std::invalid_argument(std::string(what) + " " + std::to_string(v) + " must be at least 1");
+    };
+    positive(params.n_ctx, "context size (-c)");
+    positive(params.n_seq, "sequences (-np)");
+    positive(params.n_batch, "batch size (-b)");
+    positive(params.n_outputs, "output rows");
+    if (params.n_seq > kv::kMaxSequences) {
+        throw std::invalid_argument("sequences (-np) " + std::to_string(params.n_seq) + " outside 1.." +
+                                    std::to_string(kv::kMaxSequences));
+    }
+    for (const quant::GgmlType t : {params.type_k, params.type_v}) {
+        if (!kv::is_kv_type(t)) throw std::invalid_argument("KV type " + type_str(t) + " is not one the cache stores");
+    }
+    params.n_streamed_layers = std::clamp(params.n_streamed_layers, 0, hp.n_layer);
+
+    Plan p;
+    p.shape = shape;
+    p.params = params;
+
+    // Weights: mapped; the first layers stay resident, the last n_streamed_layers stream through
+    // a buffer of two layers.
+    p.weights_resident = shape.global_bytes;
+    uint64_t largest_streamed = 0;
+    const int first_streamed = hp.n_layer - params.n_streamed_layers;
+    for (int il = 0; il < hp.n_layer; ++il) {
+        const uint64_t b = shape.layer_bytes[static_cast<size_t>(il)];
+        if (il < first_streamed) {
+            p.weights_resident += b;
+        } else {
+            p.weights_streamed += b;
+            largest_streamed = std::max(largest_streamed, b);
+        }
+    }
+    p.stream_buffer = 2 * largest_streamed;
+
+    // KV: kv::ModelCache's pools (see kv/cache.h): one for the full-attention layers, one per
+    // sliding window that is smaller than the full pool.
+    kv::CacheParams cp;
+    cp.n_cells = params.n_ctx;
+    cp.n_seq_max = params.n_seq;
+    cp.type_k = params.type_k;
+    cp.type_v = params.type_v;
+    const int capacity = static_cast<int>(round_up(static_cast<uint64_t>(params.n_ctx), kBlockSize));
+    std::map<int, int> layers_per_window;  // window (0: full) -> layers
+    for (int il = 0; il < hp.n_layer; ++il) {
+        const auto i = static_cast<size_t>(il);
+        int w = i < hp.is_swa.size() && hp.is_swa[i] ? hp.sliding_window : 0;
+        if (w > 0 && kv::ModelCache::window_pool_cells(cp, w, params.n_batch) >= capacity) w = 0;
+        ++layers_per_window[w];
+    }
+    for (const auto& [window, n_layer] : layers_per_window) {
+        KvPoolPlan pool;
+        pool.window = window;
+        pool.n_layer = n_layer;
+        pool.n_cells =
+            window > 0
+                ? static_cast<int>(round_up(
+                      static_cast<uint64_t>(kv::ModelCache::window_pool_cells(cp, window, params.n_batch)), kBlockSize))
+                : capacity;
+        pool.bytes = kv_pool_bytes(n_layer, hp.n_head_kv, hp.head_dim, hp.head_dim_v, pool.n_cells, params.n_seq,
+                                   kBlockSize, params.type_k, params.type_v);
+        p.kv += pool.bytes;
+        p.kv_pools.push_back(pool);
+    }
+
+    // Scratch: the forward pass's activations (model/decoder.h) for n_batch tokens, the batch's
+    // positions, and one ops::Scratch (its largest single request, 64 bytes of alignment).
+    const auto nb = static_cast<uint64_t>(params.n_batch);
+    const uint64_t floats_per_token = 2 * uint64_t(hp.n_embd) + uint64_t(hp.n_head) * hp.head_dim +
+                                      uint64_t(hp.n_head_kv) * hp.head_dim + uint64_t(hp.n_head_kv) * hp.head_dim_v +
+                                      uint64_t(hp.n_head) * hp.head_dim_v + 2 * uint64_t(hp.n_ff);
+    p.activations = nb * floats_per_token * sizeof(float) + nb * sizeof(int32_t) * 2;  // + seq ids, positions
+    for (const ModelShape::Matmul& m : shape.matmuls) {
+        const quant::GgmlType act = quant::dot_activation_type(m.type);
+        if (act == quant::GgmlType::F32) continue;  // multiplies the floats as they are
+        const auto rows = static_cast<uint64_t>(m.output ? std::min(params.n_outputs, params.n_batch) : params.n_batch);
+        const auto row = quant::row_bytes(act, static_cast<uint64_t>(m.cols));
+        if (row) p.matmul_scratch = std::max(p.matmul_scratch, *row * rows);
+    }
+    ops::AttentionParams ap;
+    ap.n_head = hp.n_head;
+    ap.n_head_kv = hp.n_head_kv;
+    ap.head_dim = hp.head_dim;
+    p.attention_scratch = attention_scratch_bytes(params.n_batch, ap, params.n_threads);
+    p.scratch = p.activations + std::max(p.matmul_scratch, p.attention_scratch) + 64;
+
+    p.logits = uint64_t(hp.n_vocab) * sizeof(float) * static_cast<uint64_t>(params.n_outputs);
+    p.overhead = kFixedOverhead + kMetadataFactor * shape.metadata_bytes;
+    return p;
+}
+
+Plan fit_plan(const ModelShape& shape, PlanParams params) {
+    const model::Hparams& hp = shape.hp;
+    Plan p = make_plan(shape, params);
+    p.fitted = true;
+    const uint64_t budget = p.params.budget;
+    if (p.fits()) return p;
+    std::vector<FitStep> steps;
+    const auto over = [&](const Plan& q) {
+        return q.total() > budget ? "over budget by " + util::human_bytes(q.total() - budget) : std::string("fits");
+    };
+
+    // 1. Quantize K and V: same context, less memory per token; q8_0 costs little quality.
+    for (const quant::GgmlType t : {quant::GgmlType::Q8_0, quant::GgmlType::Q4_0}) {
+        if (p.fits()) break;
+        PlanParams next = p.params;
+        const auto smaller = [&](quant::GgmlType cur) {
+            const auto a = quant::row_bytes(t, 32), b = quant::row_bytes(cur, 32);
+            return a && b && *a < *b;
+        };
+        if (!smaller(next.type_k) && !smaller(next.type_v)) continue;
+        if (hp.head_dim % 32 != 0 || hp.head_dim_v % 32 != 0) {
+            steps.push_back({"KV cache stays " + type_str(next.type_k) + "/" + type_str(next.type_v),
+                             "head size " + std::to_string(hp.head_dim) + " is not whole blocks of 32 values"});
+            break;
+        }
+        if (smaller(next.type_k)) next.type_k = t;
+        if (smaller(next.type_v)) next.type_v = t;
+        Plan q = make_plan(shape, next);
+        steps.push_back({"KV cache " + type_str(p.params.type_k) + "/" + type_str(p.params.type_v) + " -> " +
+                             type_str(next.type_k) + "/" + type_str(next.type_v),
+                         over(p) + " with the KV cache taking " + util::human_bytes(p.kv) + "; quantizing it saves " +
+                             util::human_bytes(p.kv - q.kv) + " and keeps the context of " +
+                             std::to_string(p.params.n_ctx) + " tokens (" + over(q) + ")"});
+        p = std::move(q);
+    }
+
+    // 2. Stream the last layers' weights: as few as needed.
+    const auto fewest_streamed = [&](PlanParams base) -> std::optional<Plan> {
+        for (int n = 0; n <= hp.n_layer; ++n) {
+            base.n_streamed_layers = n;
+            Plan q = make_plan(shape, base);
+            if (q.fits()) return q;
+        }
+        return std::nullopt;
+    };
+    if (!p.fits()) {
+        const Plan before = p;
+        if (auto q = fewest_streamed(p.params)) {
+            p = std::move(*q);
+        } else {
+            PlanParams all = p.params;
+            all.n_streamed_layers = hp.n_layer;
+            p = make_plan(shape, all);
+        }
+        steps.push_back({"stream the weights of " + std::to_string(p.params.n_streamed_layers) + " of " +
+                             std::to_string(hp.n_layer) + " layers",
+                         over(before) + " with every layer resident; streaming " +
+                             util::human_bytes(p.weights_streamed) + " of weights through a " +
+                             util::human_bytes(p.stream_buffer) + " buffer keeps the context (" + over(p) + ")"});
+    }
+
+    // 3. Shorten the context, as the last resort, streaming as few layers as each length needs.
+    if (!p.fits()) {
+        const Plan before = p;
+        PlanParams next = p.params;
+        next.n_streamed_layers = 0;
+        const int floor_ctx = std::min(next.n_ctx, std::max(kMinFitContext, next.n_batch));
+        bool found = false;
+        while (next.n_ctx > floor_ctx && !found) {
+            next.n_ctx = std::max(floor_ctx, next.n_ctx / 2);
+            if (auto q = fewest_streamed(next)) {
+                p = std::move(*q);
+                found = true;
+            }
+        }
+        if (found) {
+            steps.push_back({"context " + std::to_string(before.params.n_ctx) + " -> " +
+                                 std::to_string(p.params.n_ctx) + " tokens" +
+                                 (p.params.n_streamed_layers
+                                      ? ", streaming " + std::to_string(p.params.n_streamed_layers) + " layers"
+                                      : std::string()),
+                             over(before) + " even with the KV cache quantized and every layer streamed; " +
+                                 std::to_string(p.params.n_ctx) + " tokens is the longest context that fits"});
+        } else {
+            next.n_ctx = floor_ctx;
+            next.n_streamed_layers = hp.n_layer;
+            p = make_plan(shape, next);
+            steps.push_back({"nothing fits", "even " + std::to_string(floor_ctx) + " tokens of context with a " +
+                                                 type_str(next.type_k) + "/" + type_str(next.type_v) +
+                                                 " KV cache and every layer streamed needs " +
+                                                 util::human_bytes(p.total()) + "; the budget is " +
+                                                 util::human_bytes(budget)});
+        }
+    }
+    p.fit_steps = std::move(steps);
+    p.fitted = true;
+    return p;
+}
+
+}  // namespace fitllm::memory

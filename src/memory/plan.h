@@ -1,0 +1,120 @@
+#pragma once
+// The plan (DESIGN.md, idea 3): from a GGUF header alone, the bytes a run will take on each
+// device — weights (resident or streamed), KV cache, scratch, outputs, overhead — for a context,
+// batch, sequence count and KV type, and whether that fits the budget. fit_plan() changes the
+// settings until it does: it quantizes the KV cache first, then streams weights, and shortens
+// the context only as the last resort, saying what it chose and why.
+//
+//   auto file = gguf::GgufFile::open(path);
+//   memory::ModelShape shape = memory::model_shape(file);
+//   memory::Plan p = memory::make_plan(shape, {.n_ctx = 8192, .budget = memory::parse_size("1G")});
+//   if (!p.fits()) p = memory::fit_plan(shape, p.params);
+//
+// The KV numbers follow kv::ModelCache's pools byte for byte (KvCache::bytes()); the scratch
+// numbers follow model/decoder.h's Activations and ops' scratch sizes for a batch of n_batch.
+#include <cstdint>
+#include <string>
+#include <vector>
+
+#include "gguf/gguf_reader.h"
+#include "model/hparams.h"
+#include "quant/ggml_type.h"
+
+namespace fitllm::memory {
+
+// What the plan needs from a model file, read once.
+struct ModelShape {
+    std::string source;  // the file
+    model::Hparams hp;
+    uint64_t file_bytes = 0;
+    uint64_t metadata_bytes = 0;        // the header, metadata and tensor infos (before the data section)
+    uint64_t global_bytes = 0;          // tensors outside the layers: embeddings, output, final norm
+    std::vector<uint64_t> layer_bytes;  // blk.<i>.* tensors, per layer
+    // The matrices a forward pass multiplies activations with (layer weights and the output
+    // projection), as the types and widths that size ops::matmul's activation scratch.
+    struct Matmul {
+        quant::GgmlType type;
+        int64_t cols;
+        bool output;  // the output projection: n_outputs rows instead of n_batch
+    };
+    std::vector<Matmul> matmuls;
+};
+
+// Throws model::ModelError for what model::read_hparams refuses.
+ModelShape model_shape(const gguf::GgufFile& file);
+
+struct PlanParams {
+    int n_ctx = 2048;   // KV cells, all sequences together (-c); 0: the model's training context
+    int n_seq = 1;      // sequences sharing the cache (-np)
+    int n_batch = 512;  // tokens per forward pass (-b)
+    int n_outputs = 0;  // rows of logits per forward pass; 0: one per sequence
+    quant::GgmlType type_k = quant::GgmlType::F16;  // -ctk
+    quant::GgmlType type_v = quant::GgmlType::F16;  // -ctv
+    int n_threads = 0;                              // for the attention scratch; 0: the hardware's threads
+    uint64_t budget = 0;                            // host bytes
+    int n_streamed_layers = 0;                      // the last n layers stream instead of staying resident
+};
+
+// One pool of the KV cache (kv::ModelCache): the full-attention layers, or the layers of one
+// sliding window.
+struct KvPoolPlan {
+    int window = 0;  // 0: full attention
+    int n_layer = 0;
+    int n_cells = 0;  // rounded to blocks
+    uint64_t bytes = 0;
+};
+
+// What fit_plan() changed, and why.
+struct FitStep {
+    std::string change;  // "KV cache f16 -> q8_0"
+    std::string reason;  // "over budget by 312 MiB; saves 256 MiB"
+};
+
+struct Plan {
+    ModelShape shape;
+    PlanParams params;  // as planned: n_ctx resolved, and after fit_plan() the chosen settings
+
+    uint64_t weights_resident = 0;  // mapped and kept in memory
+    uint64_t weights_streamed = 0;  // read from the file layer by layer, not counted in the total
+    uint64_t stream_buffer = 0;     // two of the largest streamed layers: the one computing, the next
+    uint64_t kv = 0;
+    std::vector<KvPoolPlan> kv_pools;
+    uint64_t activations = 0;        // model/decoder.h Activations + batch positions, for n_batch tokens
+    uint64_t matmul_scratch = 0;     // the largest quantized activation block of one matmul
+    uint64_t attention_scratch = 0;  // ops::attention_kv_scratch_bytes
+    uint64_t scratch = 0;            // activations + max(matmul, attention) scratch
+    uint64_t logits = 0;             // n_vocab floats per output row
+    uint64_t overhead = 0;           // see kFixedOverhead
+
+    uint64_t weights() const { return weights_resident + stream_buffer; }
+    uint64_t total() const { return weights() + kv + scratch + logits + overhead; }
+    bool fits() const { return total() <= params.budget; }
+
+    std::vector<FitStep> fit_steps;  // empty unless fit_plan() changed something
+    bool fitted = false;             // fit_plan() ran
+};
+
+// What the plan adds besides weights, KV, scratch and outputs: kFixedOverhead for the executable,
+// the C++ runtime and the thread pool's stacks, plus kMetadataFactor times the GGUF metadata
+// bytes (mapped, and the tokenizer's vocabulary, merges and lookup tables built from it).
+// Measured with `fitllm run` / `fitllm tokenize` under /usr/bin/time: the tiny test model's whole
+// run peaks at 6.4 MiB; the demo model's tokenizer (262144 tokens, 6.2 MiB of metadata) adds
+// 38 MiB over `fitllm inspect`, about 6x its metadata.
+inline constexpr uint64_t kFixedOverhead = uint64_t{8} << 20;
+inline constexpr uint64_t kMetadataFactor = 8;
+
+// The plan for these settings. Throws std::invalid_argument for settings the runtime refuses
+// (non-positive sizes, a KV type that is not one, head sizes that are not whole blocks of it).
+Plan make_plan(const ModelShape& shape, PlanParams params);
+
+// make_plan(), then, while it does not fit: quantize K/V (f16 -> q8_0 -> q4_0), stream the
+// weights of the last layers (as few as needed), and only then halve the context (down to 256
+// cells or n_batch), streaming as few layers as that context needs. Each change is a FitStep. The
+// result may still not fit (fits() false; the last step says why).
+Plan fit_plan(const ModelShape& shape, PlanParams params);
+
+// The KV bytes of one kv::KvCache pool, as KvCache::bytes() counts them.
+uint64_t kv_pool_bytes(int n_layer, int n_head_kv, int head_dim_k, int head_dim_v, int n_cells_rounded, int n_seq,
+                       int block_size, quant::GgmlType type_k, quant::GgmlType type_v);
+
+}  // namespace fitllm::memory
