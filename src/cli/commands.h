@@ -13,5 +13,6 @@ int run_bench(const std::vector<std::string>& args);
 int run_run(const std::vector<std::string>& args);
 int run_chat(const std::vector<std::string>& args);
 int run_perplexity(const std::vector<std::string>& args);
+int run_plan(const std::vector<std::string>& args);
 
 }  // namespace fitllm::cli

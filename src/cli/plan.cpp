@@ -1,0 +1,198 @@
+// fitllm plan -m MODEL [-c N] [-np N] [-b N] [-ctk T] [-ctv T] [--mem SIZE] [--fit] [--json]
+// The memory plan of a run (memory/plan.h), from the GGUF header alone.
+#include "memory/plan.h"
+
+#include <cctype>
+#include <cstdio>
+#include <nlohmann/json.hpp>
+#include <string>
+#include <vector>
+
+#include "cli/args.h"
+#include "cli/commands.h"
+#include "gguf/gguf_reader.h"
+#include "kv/cache.h"
+#include "memory/budget.h"
+#include "util/text.h"
+
+namespace fitllm::cli {
+
+namespace {
+
+using json = nlohmann::ordered_json;
+
+// "q8_0", as -ctk / -ctv spell it.
+std::string type_str(quant::GgmlType t) {
+    std::string s(quant::type_name(static_cast<uint32_t>(t)));
+    for (char& c : s) c = static_cast<char>(std::tolower(static_cast<unsigned char>(c)));
+    return s;
+}
+
+quant::GgmlType kv_type_option(const std::string& option, const std::string& value) {
+    try {
+        return kv::kv_type_from_name(value);
+    } catch (const std::invalid_argument& e) {
+        throw UsageError(option + ": " + e.what());
+    }
+}
+
+std::string kv_detail(const memory::Plan& p) {
+    std::string s;
+    for (const memory::KvPoolPlan& pool : p.kv_pools) {
+        if (!s.empty()) s += "; ";
+        s += std::to_string(pool.n_layer) + " layers x " + std::to_string(pool.n_cells) + " cells";
+        if (pool.window > 0) s += " (window " + std::to_string(pool.window) + ")";
+    }
+    return s + ", " + type_str(p.params.type_k) + "/" + type_str(p.params.type_v);
+}
+
+json plan_json(const memory::Plan& p, const std::string& budget_source) {
+    const memory::PlanParams& q = p.params;
+    json pools = json::array();
+    for (const memory::KvPoolPlan& pool : p.kv_pools) {
+        pools.push_back(
+            {{"window", pool.window}, {"n_layer", pool.n_layer}, {"n_cells", pool.n_cells}, {"bytes", pool.bytes}});
+    }
+    json steps = json::array();
+    for (const memory::FitStep& s : p.fit_steps) steps.push_back({{"change", s.change}, {"reason", s.reason}});
+    json out = {
+        {"model", p.shape.source},
+        {"arch", p.shape.hp.arch},
+        {"n_layer", p.shape.hp.n_layer},
+        {"settings",
+         {{"n_ctx", q.n_ctx},
+          {"n_seq", q.n_seq},
+          {"n_batch", q.n_batch},
+          {"n_outputs", q.n_outputs},
+          {"type_k", type_str(q.type_k)},
+          {"type_v", type_str(q.type_v)},
+          {"n_threads", q.n_threads},
+          {"n_streamed_layers", q.n_streamed_layers}}},
+        {"devices", json::array({{{"name", "host"},
+                                  {"weights_resident", p.weights_resident},
+                                  {"weights_streamed", p.weights_streamed},
+                                  {"stream_buffer", p.stream_buffer},
+                                  {"kv", p.kv},
+                                  {"kv_pools", pools},
+                                  {"scratch", p.scratch},
+                                  {"activations", p.activations},
+                                  {"matmul_scratch", p.matmul_scratch},
+                                  {"attention_scratch", p.attention_scratch},
+                                  {"logits", p.logits},
+                                  {"overhead", p.overhead},
+                                  {"total", p.total()},
+                                  {"budget", q.budget},
+                                  {"budget_source", budget_source},
+                                  {"fits", p.fits()}}})},
+    };
+    if (p.fitted) out["fit"] = steps;
+    return out;
+}
+
+std::string plan_text(const memory::Plan& p, const std::string& budget_source) {
+    const memory::PlanParams& q = p.params;
+    std::string out;
+    char line[512];
+    const auto row = [&](const char* name, uint64_t bytes, const std::string& detail) {
+        std::snprintf(line, sizeof line, "  %-18s %12s%s%s\n", name, util::human_bytes(bytes).c_str(),
+                      detail.empty() ? "" : "  ", detail.c_str());
+        out += line;
+    };
+    out += "model     " + p.shape.source + " (" + p.shape.hp.arch + ", " + std::to_string(p.shape.hp.n_layer) +
+           " layers, " + util::human_bytes(p.shape.file_bytes) + ")\n";
+    std::snprintf(line, sizeof line, "settings  -c %d -np %d -b %d -ctk %s -ctv %s (%d threads)\n", q.n_ctx, q.n_seq,
+                  q.n_batch, type_str(q.type_k).c_str(), type_str(q.type_v).c_str(), q.n_threads);
+    out += line;
+    out += "\ndevice host\n";
+    const int n_resident = p.shape.hp.n_layer - q.n_streamed_layers;
+    row("weights resident", p.weights_resident,
+        "mapped: " + std::to_string(n_resident) + " of " + std::to_string(p.shape.hp.n_layer) +
+            " layers, embeddings and output");
+    if (q.n_streamed_layers > 0) {
+        row("weights streamed", p.weights_streamed,
+            std::to_string(q.n_streamed_layers) + " layers read from the file as needed (not in the total)");
+        row("stream buffer", p.stream_buffer, "two of the largest streamed layers");
+    }
+    row("KV cache", p.kv, kv_detail(p));
+    row("scratch", p.scratch,
+        "activations " + util::human_bytes(p.activations) + " for " + std::to_string(q.n_batch) +
+            " tokens, op scratch " + util::human_bytes(std::max(p.matmul_scratch, p.attention_scratch)));
+    row("outputs", p.logits,
+        "logits: " + std::to_string(q.n_outputs) + " x " + std::to_string(p.shape.hp.n_vocab) + " floats");
+    row("overhead", p.overhead,
+        "runtime " + util::human_bytes(memory::kFixedOverhead) + ", metadata and tokenizer " +
+            util::human_bytes(memory::kMetadataFactor * p.shape.metadata_bytes));
+    row("total", p.total(), "");
+    row("budget", q.budget, budget_source);
+    out += std::string("  fits               ") + (p.fits() ? "yes" : "no") + "\n";
+    if (p.fitted) {
+        if (p.fit_steps.empty()) out += "\n--fit: fits as asked; nothing changed\n";
+        for (const memory::FitStep& s : p.fit_steps) out += "\n--fit: " + s.change + "\n       why: " + s.reason + "\n";
+    }
+    return out;
+}
+
+}  // namespace
+
+int run_plan(const std::vector<std::string>& args) {
+    std::string model_path, mem;
+    memory::PlanParams params;
+    bool fit = false, as_json = false;
+    ArgParser p("fitllm plan -m MODEL [-c N] [-np N] [-b N] [-ctk T] [-ctv T] [--mem SIZE] [--fit] [--json]",
+                "Show where every byte of a run would go, from the GGUF header alone: weights (resident\n"
+                "or streamed), KV cache, scratch, outputs and overhead per device, the total, and whether\n"
+                "it fits the memory budget. --fit changes the settings until it does: it quantizes the KV\n"
+                "cache first, then streams weights, and shortens the context only as the last resort.\n"
+                "Exit status 3 when the plan does not fit.");
+    p.option("-m, --model", "FILE", "the GGUF model", &model_path);
+    p.option("-c, --ctx-size", "N", "KV cache cells, all sequences together (default 2048; 0: the model's)",
+             &params.n_ctx);
+    p.option("-np, --parallel", "N", "sequences sharing the cache (default 1)", &params.n_seq);
+    p.option("-b, --batch-size", "N", "tokens per forward pass (default 512)", &params.n_batch);
+    p.option("-t, --threads", "N", "threads (default: all)", &params.n_threads);
+    p.option("-ctk, --cache-type-k", "TYPE", "KV cache type of K: f32, f16, bf16, q8_0, q4_0, ... (default f16)",
+             [&](const std::string& v) { params.type_k = kv_type_option("-ctk", v); });
+    p.option("-ctv, --cache-type-v", "TYPE", "KV cache type of V, as -ctk (default f16)",
+             [&](const std::string& v) { params.type_v = kv_type_option("-ctv", v); });
+    p.option("--mem", "SIZE",
+             "host memory budget: 900M, 1.5G, 2GiB, bytes (default: the cgroup limit, else MemAvailable, "
+             "less 5% or 64 MiB)",
+             &mem);
+    p.flag("--fit", &fit, "change the settings until the plan fits the budget, and say why");
+    p.flag("--json", &as_json, "print the plan as JSON");
+    if (!p.parse(args)) return 0;
+    if (model_path.empty()) throw UsageError("-m MODEL is required");
+    if (params.n_ctx < 0) throw UsageError("-c: " + std::to_string(params.n_ctx) + " is negative");
+
+    std::string budget_source;
+    if (!mem.empty()) {
+        try {
+            params.budget = memory::parse_size(mem);
+        } catch (const memory::SizeError& e) {
+            throw UsageError(std::string("--mem: ") + e.what());
+        }
+        budget_source = "--mem " + mem;
+    } else {
+        const memory::HostBudget hb = memory::host_budget();
+        params.budget = hb.budget;
+        budget_source =
+            hb.source + " " + util::human_bytes(hb.available) + " less margin " + util::human_bytes(hb.margin);
+    }
+
+    const gguf::GgufFile file = gguf::GgufFile::open(model_path);
+    const memory::ModelShape shape = memory::model_shape(file);
+    memory::Plan plan;
+    try {
+        plan = fit ? memory::fit_plan(shape, params) : memory::make_plan(shape, params);
+    } catch (const std::invalid_argument& e) {
+        throw UsageError(e.what());
+    }
+    if (as_json) {
+        std::printf("%s\n", plan_json(plan, budget_source).dump(2).c_str());
+    } else {
+        std::fputs(plan_text(plan, budget_source).c_str(), stdout);
+    }
+    return plan.fits() ? 0 : 3;
+}
+
+}  // namespace fitllm::cli
