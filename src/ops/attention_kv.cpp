@@ -1,0 +1,480 @@
+#include "ops/attention_kv.h"
+
+// GCC 12 warns about the deliberately undefined pass-through operands inside its own AVX-512
+// intrinsics (_mm512_undefined_*) once they are inlined here.
+#pragma GCC diagnostic ignored "-Wmaybe-uninitialized"
+
+#include <algorithm>
+#include <bit>
+#include <cmath>
+#include <cstddef>
+#include <limits>
+#include <span>
+#include <stdexcept>
+#include <string>
+
+#include "kv/hadamard.h"
+#include "ops/attention_f16_kernel.h"
+#include "quant/blocks.h"
+#include "quant/dequantize.h"
+#include "quant/dot.h"
+#include "quant/quantize.h"
+
+namespace fitllm::ops {
+namespace {
+
+namespace fa = f16_attention;
+using quant::GgmlType;
+
+constexpr int kMaxQueries = fa::kMaxQueries;  // queries (tokens x heads of one kv group) per work item
+constexpr int kTile = 64;                     // visible cells scored per step of the online softmax
+constexpr float kMasked = -std::numeric_limits<float>::infinity();
+
+// Up to kTile visible cells of one sequence: which tokens of the work item see each (bit t).
+struct Tile {
+    int32_t cell[kTile];
+    int32_t pos[kTile];
+    uint32_t mask[kTile];
+    int n;
+};
+
+// Walks a sequence's block table and hands out its cells that some token of a work item sees, a
+// tile at a time. Tiles end after every kTile cells of the sequence, visible or not, so that which
+// cells share a tile (and so each query's rounding) depends on the sequence and the query only, not
+// on the other tokens of the item or batch: a sequence decoded in a batch gives the same bits as
+// decoded alone.
+class VisibleCells {
+public:
+    VisibleCells(const kv::KvCache& cache, kv::SeqId seq, const int32_t* token_pos, int n_tokens, int window)
+        : blocks_(cache.seq_blocks(seq)),
+          positions_(cache.cell_positions()),
+          seq_masks_(cache.cell_seq_masks()),
+          seq_bit_(uint64_t{1} << seq),
+          block_size_(cache.params().block_size),
+          token_pos_(token_pos),
+          n_tokens_(n_tokens),
+          window_(window) {
+        max_pos_ = *std::max_element(token_pos, token_pos + n_tokens);
+    }
+
+    // Fills `tile` with the next visible cells; false once there are none.
+    bool next(Tile& tile) {
+        tile.n = 0;
+        const auto capacity = static_cast<int32_t>(positions_.size());
+        while (block_ < blocks_.size()) {
+            const int32_t begin = blocks_[block_] * block_size_;
+            const int32_t end = std::min(begin + block_size_, capacity);
+            for (int32_t c = begin + offset_; c < end; ++c) {
+                if (!(seq_masks_[c] & seq_bit_)) continue;
+                const bool tile_ends = ++seen_ % kTile == 0;
+                const kv::Pos pos = positions_[c];
+                if (pos <= max_pos_) {
+                    uint32_t mask = 0;
+                    for (int t = 0; t < n_tokens_; ++t) {
+                        mask |= static_cast<uint32_t>(fa::visible(pos, token_pos_[t], window_)) << t;
+                    }
+                    if (mask != 0) {
+                        tile.cell[tile.n] = c;
+                        tile.pos[tile.n] = pos;
+                        tile.mask[tile.n] = mask;
+                        ++tile.n;
+                    }
+                }
+                if (tile_ends && tile.n > 0) {
+                    offset_ = c + 1 - begin;
+                    return true;
+                }
+            }
+            ++block_;
+            offset_ = 0;
+        }
+        return tile.n > 0;
+    }
+
+private:
+    std::span<const int32_t> blocks_;
+    std::span<const kv::Pos> positions_;
+    std::span<const uint64_t> seq_masks_;
+    uint64_t seq_bit_;
+    int32_t block_size_;
+    const int32_t* token_pos_;
+    int n_tokens_, window_;
+    kv::Pos max_pos_;
+    int64_t seen_ = 0;  // cells of the sequence walked so far
+    size_t block_ = 0;
+    int32_t offset_ = 0;  // next cell inside blocks_[block_]
+};
+
+// Everything a work item needs; built once per call.
+struct Plan {
+    const float* q;
+    const int32_t* q_pos;
+    const kv::SeqId* q_seq;
+    float* out;
+    const kv::KvCache* cache;
+    kv::KvCache::LayerView view;
+    AttentionParams p;
+    int64_t d, token_stride;
+    int group;                   // query heads per kv head
+    int heads;                   // query heads per work item (a divisor of group)
+    int64_t head_blocks;         // n_head / heads
+    int64_t n_blocks;            // token blocks
+    const int32_t* order;        // token indices grouped by sequence
+    const int32_t* block_begin;  // token block b is order[block_begin[b] .. block_begin[b + 1])
+    // The generic path.
+    quant::DotFn dot = nullptr;  // nullptr: K rows are dequantized and dotted in f32
+    GgmlType act_type = GgmlType::F32;
+    size_t act_row_bytes = 0;
+    int64_t per_thread_floats = 0;
+};
+
+// The layout of one thread's working memory, in floats.
+struct ThreadBuffers {
+    float* q;        // [kMaxQueries][d]: rotated queries (or f16 state: q16 then acc)
+    float* acc;      // [kMaxQueries][d]
+    std::byte* act;  // [kMaxQueries][act_row_bytes] (room for d floats each)
+    float* scores;   // [kMaxQueries][kTile]
+    float* k_row;    // [d]
+    float* v_row;    // [d]
+    Tile* tile;
+
+    static int64_t floats(int64_t d) {
+        const int64_t tile_floats = (static_cast<int64_t>(sizeof(Tile)) + 3) / 4;
+        const int64_t n = 3 * kMaxQueries * d + kMaxQueries * kTile + 2 * d + tile_floats;
+        return (n + 15) / 16 * 16;  // whole cache lines, so threads never share one
+    }
+    ThreadBuffers(float* base, int64_t d)
+        : q(base),
+          acc(q + kMaxQueries * d),
+          act(reinterpret_cast<std::byte*>(acc + kMaxQueries * d)),
+          scores(reinterpret_cast<float*>(act) + kMaxQueries * d),
+          k_row(scores + kMaxQueries * kTile),
+          v_row(k_row + d),
+          tile(reinterpret_cast<Tile*>(v_row + d)) {}
+};
+
+// The work item `task`: its sequence, tokens (t = 0 .. n_tokens - 1 are order[first + t]) and heads.
+struct Item {
+    kv::SeqId seq;
+    const int32_t* tokens;
+    int n_tokens;
+    int64_t h0;  // first query head
+    int64_t g;   // kv head
+    int32_t pos[kMaxQueries];
+};
+
+// Under a causal mask a token's cost grows with its position. Tasks go out in the order first
+// block, last block, second block, second to last, ..., so that any run of consecutive tasks
+// (what the pool hands a thread at a time) carries about the same work.
+Item item_of(const Plan& pl, int64_t task) {
+    const int64_t o = task / pl.head_blocks;
+    const int64_t b = o % 2 == 0 ? o / 2 : pl.n_blocks - 1 - o / 2;
+    Item it;
+    it.tokens = pl.order + pl.block_begin[b];
+    it.n_tokens = pl.block_begin[b + 1] - pl.block_begin[b];
+    it.seq = pl.q_seq[it.tokens[0]];
+    it.h0 = task % pl.head_blocks * pl.heads;
+    it.g = it.h0 / pl.group;
+    for (int t = 0; t < it.n_tokens; ++t) it.pos[t] = pl.q_pos[it.tokens[t]];
+    return it;
+}
+
+// Query r of an item is token r / heads, head h0 + r % heads.
+const float* q_row(const Plan& pl, const Item& it, int r) {
+    return pl.q + it.tokens[r / pl.heads] * pl.token_stride + (it.h0 + r % pl.heads) * pl.d;
+}
+float* out_row(const Plan& pl, const Item& it, int r) {
+    return pl.out + it.tokens[r / pl.heads] * pl.token_stride + (it.h0 + r % pl.heads) * pl.d;
+}
+
+// The item's query rows, rotated into buf when the layer is stored rotated.
+void prepare_queries(const Plan& pl, const Item& it, float* buf, const float** rows) {
+    const int n_queries = it.n_tokens * pl.heads;
+    for (int r = 0; r < n_queries; ++r) {
+        rows[r] = q_row(pl, it, r);
+        if (pl.view.rotated) {
+            float* dst = buf + r * pl.d;
+            std::copy(rows[r], rows[r] + pl.d, dst);
+            kv::hadamard_transform(dst, static_cast<int>(pl.d));
+            rows[r] = dst;
+        }
+    }
+}
+
+void finish_outputs(const Plan& pl, const Item& it) {
+    if (!pl.view.rotated) return;
+    const int n_queries = it.n_tokens * pl.heads;
+    for (int r = 0; r < n_queries; ++r) kv::hadamard_transform(out_row(pl, it, r), static_cast<int>(pl.d));
+}
+
+// Active query rows of a cell seen by the tokens of `mask`.
+[[gnu::always_inline]] inline int rows_of(uint32_t mask, int n_tokens, int heads, int* rows) {
+    int n = 0;
+    for (int t = 0; t < n_tokens; ++t) {
+        if (!(mask >> t & 1u)) continue;
+        for (int h = 0; h < heads; ++h) rows[n++] = t * heads + h;
+    }
+    return n;
+}
+
+const std::byte* k_head(const Plan& pl, int32_t cell, int64_t g) {
+    return pl.view.k + static_cast<size_t>(cell) * pl.view.k_row_bytes + static_cast<size_t>(g) * pl.view.k_head_bytes;
+}
+const std::byte* v_head(const Plan& pl, int32_t cell, int64_t g) {
+    return pl.view.v + static_cast<size_t>(cell) * pl.view.v_row_bytes + static_cast<size_t>(g) * pl.view.v_head_bytes;
+}
+
+void prefetch_rows(const Plan& pl, int32_t cell, int64_t g) {
+    const std::byte* k = k_head(pl, cell, g);
+    const std::byte* v = v_head(pl, cell, g);
+    for (size_t line = 0; line < pl.view.k_head_bytes; line += 64) __builtin_prefetch(k + line);
+    for (size_t line = 0; line < pl.view.v_head_bytes; line += 64) __builtin_prefetch(v + line);
+}
+
+// ---- K and V f16: llama.cpp's f16 arithmetic (attention_f16_kernel.h) ---------------------------
+
+template <int kD>
+FITLLM_F16_ATTENTION_AVX512 void item_f16_avx512(const Plan& pl, int64_t task, float* base) {
+    const Item it = item_of(pl, task);
+    const ThreadBuffers buf(base, pl.d);
+    const int n_queries = it.n_tokens * pl.heads;
+    const float* q_rows[kMaxQueries];
+    prepare_queries(pl, it, reinterpret_cast<float*>(buf.act), q_rows);
+    fa::BlockState st;
+    st.q16 = buf.q;
+    st.acc = reinterpret_cast<uint16_t*>(buf.q + kMaxQueries * pl.d);
+    fa::block_begin<kD>(st, q_rows, n_queries, static_cast<int>(pl.d));
+    VisibleCells cells(*pl.cache, it.seq, it.pos, it.n_tokens, pl.p.sliding_window);
+    Tile& tile = *buf.tile;
+    while (cells.next(tile)) {
+        // The K and V rows a few cells ahead, which the hardware cannot guess across blocks.
+        constexpr int kAhead = 4;
+        for (int j = 0; j < std::min(kAhead, tile.n); ++j) prefetch_rows(pl, tile.cell[j], it.g);
+        for (int j = 0; j < tile.n; ++j) {
+            if (j + kAhead < tile.n) prefetch_rows(pl, tile.cell[j + kAhead], it.g);
+            int rows[kMaxQueries];
+            const int n_active = rows_of(tile.mask[j], it.n_tokens, pl.heads, rows);
+            const auto* kj = reinterpret_cast<const uint16_t*>(k_head(pl, tile.cell[j], it.g));
+            const auto* vj = reinterpret_cast<const uint16_t*>(v_head(pl, tile.cell[j], it.g));
+            fa::block_key<kD>(st, rows, n_active, kj, vj, pl.p);
+        }
+    }
+    float* out_rows[kMaxQueries];
+    for (int r = 0; r < n_queries; ++r) out_rows[r] = out_row(pl, it, r);
+    fa::block_end<kD>(st, out_rows, n_queries, static_cast<int>(pl.d));
+    finish_outputs(pl, it);
+}
+
+// One query at a time (the AVX2 and baseline kernels of attention_f16): each K and V row is
+// converted to floats (exactly) once for the item's queries.
+template <bool kFma>
+[[gnu::always_inline]] inline void item_f16_one_impl(const Plan& pl, int64_t task, float* base) {
+    const Item it = item_of(pl, task);
+    const ThreadBuffers buf(base, pl.d);
+    const int d = static_cast<int>(pl.d);
+    const int n_queries = it.n_tokens * pl.heads;
+    const float* q_rows[kMaxQueries];
+    prepare_queries(pl, it, reinterpret_cast<float*>(buf.act), q_rows);
+    fa::OneState st[kMaxQueries];
+    for (int r = 0; r < n_queries; ++r) {
+        st[r].q16 = buf.q + r * pl.d;
+        st[r].acc = buf.acc + r * pl.d;
+        fa::begin_one(st[r], q_rows[r], d);
+    }
+    VisibleCells cells(*pl.cache, it.seq, it.pos, it.n_tokens, pl.p.sliding_window);
+    Tile& tile = *buf.tile;
+    while (cells.next(tile)) {
+        for (int j = 0; j < tile.n; ++j) {
+            const auto* kj = reinterpret_cast<const uint16_t*>(k_head(pl, tile.cell[j], it.g));
+            const auto* vj = reinterpret_cast<const uint16_t*>(v_head(pl, tile.cell[j], it.g));
+            for (int i = 0; i < d; ++i) buf.k_row[i] = fa::half_to_float(kj[i]);
+            for (int i = 0; i < d; ++i) buf.v_row[i] = fa::half_to_float(vj[i]);
+            int rows[kMaxQueries];
+            const int n_active = rows_of(tile.mask[j], it.n_tokens, pl.heads, rows);
+            for (int a = 0; a < n_active; ++a) fa::step_one<kFma>(st[rows[a]], buf.k_row, buf.v_row, d, pl.p);
+        }
+    }
+    for (int r = 0; r < n_queries; ++r) fa::end_one(st[r], out_row(pl, it, r), d);
+    finish_outputs(pl, it);
+}
+
+__attribute__((target("avx2,fma,f16c"))) void item_f16_one_avx2(const Plan& pl, int64_t task, float* base) {
+    item_f16_one_impl<true>(pl, task, base);
+}
+void item_f16_one_baseline(const Plan& pl, int64_t task, float* base) {
+    item_f16_one_impl<false>(pl, task, base);
+}
+
+// ---- Every other type: quantized q, integer or select_dot scores, f32 V sums -------------------
+
+// Q8_0 K against Q8_0 queries with 8-bit integer dots, K's block loaded once for all queries.
+// |k| * (q * sign(k)) keeps the products' signs with an unsigned first operand; a product pair
+// sums to at most 2 * 128 * 127, inside int16 for maddubs.
+inline constexpr int kQ8MaxBlocks = 16;  // head_dim up to 512
+
+#pragma GCC push_options
+#pragma GCC target("avx512f,avx512vl,avx512bw,avx512vnni,fma,f16c")
+namespace avx512_vnni {
+inline __m256i dot_u8_s8(__m256i u, __m256i s) {
+    return _mm256_dpbusd_epi32(_mm256_setzero_si256(), u, s);
+}
+#include "ops/attention_kv_q8.inc"
+constexpr bool kQ8Dot = true;
+#include "ops/attention_kv_generic.inc"
+}  // namespace avx512_vnni
+#pragma GCC pop_options
+
+#pragma GCC push_options
+#pragma GCC target("avx2,fma,f16c")
+namespace avx2 {
+inline __m256i dot_u8_s8(__m256i u, __m256i s) {
+    return _mm256_madd_epi16(_mm256_maddubs_epi16(u, s), _mm256_set1_epi16(1));
+}
+#include "ops/attention_kv_q8.inc"
+constexpr bool kQ8Dot = true;
+#include "ops/attention_kv_generic.inc"
+}  // namespace avx2
+#pragma GCC pop_options
+
+namespace baseline {
+constexpr bool kQ8Dot = false;
+inline void q8_0_scores(const quant::BlockQ8_0*, const quant::BlockQ8_0* const*, const float (*)[kQ8MaxBlocks],
+                        const int*, int, int, float*) {}
+inline float exp_shifted(float* x, int n, float m) {
+    float sum = 0.0f;
+    for (int j = 0; j < n; ++j) sum += x[j] = std::exp(x[j] - m);
+    return sum;
+}
+#include "ops/attention_kv_generic.inc"
+}  // namespace baseline
+
+using ItemFn = void (*)(const Plan&, int64_t, float*);
+
+ItemFn select_item(const Plan& pl, const quant::CpuFeatures& f) {
+    const bool avx2 = f.avx2 && f.fma && f.f16c;
+    const bool avx512 = avx2 && f.avx512f && f.avx512vl && f.avx512bw;
+    if (pl.view.type_k == GgmlType::F16 && pl.view.type_v == GgmlType::F16) {
+        if (avx512 && pl.d % 32 == 0 && fa::cpu_has_avx512_kernel()) {
+            return pl.d == 256   ? item_f16_avx512<256>
+                   : pl.d == 128 ? item_f16_avx512<128>
+                   : pl.d == 64  ? item_f16_avx512<64>
+                                 : item_f16_avx512<0>;
+        }
+        return avx2 ? item_f16_one_avx2 : item_f16_one_baseline;
+    }
+    if (avx512 && f.avx512_vnni) return avx512_vnni::item_generic;
+    return avx2 ? avx2::item_generic : baseline::item_generic;
+}
+
+// Query heads per item: the largest divisor of the group up to kMaxQueries that still leaves every
+// thread two items (decode has one token), or 1.
+int heads_per_item(int64_t n_tok, int n_head_kv, int group, int n_threads) {
+    for (int m = std::min(group, kMaxQueries); m > 1; --m) {
+        if (group % m == 0 && n_tok * n_head_kv * (group / m) >= 2 * static_cast<int64_t>(n_threads)) return m;
+    }
+    return 1;
+}
+
+std::string type_name_of(GgmlType t) {
+    return std::string(quant::type_name(static_cast<uint32_t>(t)));
+}
+
+void check_layer(const AttentionParams& p, const kv::KvCache::LayerView& view, int layer) {
+    if (view.n_head_kv != p.n_head_kv || view.head_dim_k != p.head_dim || view.head_dim_v != p.head_dim) {
+        throw std::invalid_argument(
+            "attention_kv: layer " + std::to_string(layer) + " of the cache holds " + std::to_string(view.n_head_kv) +
+            " kv heads of K " + std::to_string(view.head_dim_k) + " / V " + std::to_string(view.head_dim_v) +
+            ", the attention expects " + std::to_string(p.n_head_kv) + " of " + std::to_string(p.head_dim));
+    }
+    if (!quant::has_dot(view.type_k) && !quant::can_dequantize(view.type_k)) {
+        throw std::invalid_argument("attention_kv: no kernel for K type " + type_name_of(view.type_k));
+    }
+    if (!quant::can_dequantize(view.type_v)) {
+        throw std::invalid_argument("attention_kv: no kernel for V type " + type_name_of(view.type_v));
+    }
+}
+
+// Scratch layout: per-thread buffers, then the token order and the token blocks.
+size_t scratch_bytes_for(int64_t n_tok, int64_t head_dim, int n_threads) {
+    return static_cast<size_t>(ThreadBuffers::floats(head_dim) * n_threads) * sizeof(float) +
+           static_cast<size_t>(2 * n_tok + 2) * sizeof(int32_t);
+}
+
+}  // namespace
+
+size_t attention_kv_scratch_bytes(int64_t n_tok, const AttentionParams& params, int n_threads) {
+    return scratch_bytes_for(std::max<int64_t>(n_tok, 0), params.head_dim, std::max(n_threads, 1));
+}
+
+void attention_kv(const float* q, const int32_t* q_pos, const kv::SeqId* q_seq, int64_t n_tok, const kv::KvCache& cache,
+                  int layer, const AttentionParams& params, float* out, ThreadPool& pool, Scratch& scratch) {
+    check_attention_params("attention_kv", params);
+    const kv::KvCache::LayerView view = cache.layer_view(layer);
+    check_layer(params, view, layer);
+    if (n_tok <= 0) return;
+    const int n_seq = cache.params().n_seq_max;
+    for (int64_t t = 0; t < n_tok; ++t) {
+        if (q_seq[t] < 0 || q_seq[t] >= n_seq) {
+            throw std::invalid_argument("attention_kv: token " + std::to_string(t) + " has sequence " +
+                                        std::to_string(q_seq[t]) + ", the cache has " + std::to_string(n_seq));
+        }
+    }
+
+    Plan pl;
+    pl.q = q;
+    pl.q_pos = q_pos;
+    pl.q_seq = q_seq;
+    pl.out = out;
+    pl.cache = &cache;
+    pl.view = view;
+    pl.p = params;
+    pl.d = params.head_dim;
+    pl.token_stride = static_cast<int64_t>(params.n_head) * params.head_dim;
+    pl.group = params.n_head / params.n_head_kv;
+    pl.heads = heads_per_item(n_tok, params.n_head_kv, pl.group, pool.size());
+    pl.head_blocks = params.n_head / pl.heads;
+    pl.per_thread_floats = ThreadBuffers::floats(pl.d);
+    const quant::DotKernel kernel =
+        quant::has_dot(view.type_k) ? quant::select_dot(view.type_k, scratch.features()) : quant::DotKernel{};
+    pl.dot = kernel.fn;
+    pl.act_type = kernel.act_type;
+    pl.act_row_bytes = pl.dot != nullptr ? static_cast<size_t>(*quant::row_bytes(pl.act_type, pl.d)) : 0;
+    if (pl.act_row_bytes > static_cast<size_t>(pl.d) * sizeof(float)) {
+        throw std::invalid_argument("attention_kv: activation rows of " + type_name_of(pl.act_type) +
+                                    " larger than float rows");
+    }
+
+    // Tokens per item: fill kMaxQueries, but keep enough items for every thread.
+    int64_t tokens = std::max(1, kMaxQueries / pl.heads);
+    while (tokens > 1 && (n_tok + tokens - 1) / tokens * pl.head_blocks < 4 * static_cast<int64_t>(pool.size())) {
+        --tokens;
+    }
+
+    std::byte* region = scratch.bytes(scratch_bytes_for(n_tok, pl.d, pool.size()));
+    auto* thread_scratch = reinterpret_cast<float*>(region);
+    auto* order = reinterpret_cast<int32_t*>(thread_scratch + pl.per_thread_floats * pool.size());
+    int32_t* block_begin = order + n_tok;
+
+    // Tokens grouped by sequence (a counting sort, stable), then cut into blocks of `tokens` that
+    // stay inside one sequence.
+    int32_t count[kv::kMaxSequences + 1] = {};
+    for (int64_t t = 0; t < n_tok; ++t) ++count[q_seq[t] + 1];
+    for (int s = 0; s < kv::kMaxSequences; ++s) count[s + 1] += count[s];
+    int64_t n_blocks = 0;
+    for (int s = 0; s < kv::kMaxSequences; ++s) {
+        for (int32_t i = count[s]; i < count[s + 1]; i += static_cast<int32_t>(tokens)) block_begin[n_blocks++] = i;
+    }
+    block_begin[n_blocks] = static_cast<int32_t>(n_tok);
+    for (int64_t t = 0; t < n_tok; ++t) order[count[q_seq[t]]++] = static_cast<int32_t>(t);
+    pl.order = order;
+    pl.block_begin = block_begin;
+    pl.n_blocks = n_blocks;
+
+    const ItemFn item = select_item(pl, scratch.features());
+    pool.parallel_for(n_blocks * pl.head_blocks, [&](int64_t begin, int64_t end, int thread_idx) {
+        float* base = thread_scratch + thread_idx * pl.per_thread_floats;
+        for (int64_t task = begin; task < end; ++task) item(pl, task, base);
+    });
+}
+
+}  // namespace fitllm::ops

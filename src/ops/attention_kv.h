@@ -1,0 +1,41 @@
+#pragma once
+// Attention of new query tokens over the paged, possibly quantized KV cache (kv/cache.h), read in
+// place: flash-attention style, keys are visited in tiles of cells with an online softmax, so the
+// working memory is O(threads * (tile + head_dim)) whatever the context length; no [n_tok, n_kv]
+// buffer exists and nothing is dequantized beyond one row at a time.
+//
+// Arithmetic per K/V type (as llama.cpp's CPU flash attention):
+//  - K and V f16 (the default): exactly ops::attention_f16 (the same kernel,
+//    attention_f16_kernel.h) over the visible cells in visit order: q rounded to f16, one key at
+//    a time, V summed in f16.
+//  - otherwise: q (rotated by the cache's Hadamard transform when the layer is stored rotated) is
+//    quantized once per head to the K type's dot activation format (quant::dot_activation_type)
+//    and scored with quant::select_dot's kernel; per tile the softmax is rescaled once, and V is
+//    summed in f32 from rows dequantized one at a time; a rotated layer's output is rotated back.
+#include <cstddef>
+#include <cstdint>
+
+#include "kv/cache.h"
+#include "ops/attention.h"
+#include "ops/scratch.h"
+#include "ops/thread_pool.h"
+
+namespace fitllm::ops {
+
+// For each token t (sequence q_seq[t], position q_pos[t]) and query head h, with kv head
+// g = h / (n_head / n_head_kv):
+//   out[t][h] = sum over visible cells c of softmax_c(scale * q[t][h] · K[c][g]) * V[c][g]
+// where cell c is visible when it is in a block of cache.seq_blocks(q_seq[t]), holds that sequence
+// (cell_has_seq), and its position passes the causal and sliding-window test of ops::attention.
+// Cells are visited in block-table order, cells of a block in increasing index. A query that sees
+// no cell gets zeros. q, out: [n_tok, n_head, head_dim]; the layer's K/V heads must match
+// (n_head_kv, head_dim). Throws std::invalid_argument for inconsistent shapes or a K/V type
+// without kernels.
+void attention_kv(const float* q, const int32_t* q_pos, const kv::SeqId* q_seq, int64_t n_tok, const kv::KvCache& cache,
+                  int layer, const AttentionParams& params, float* out, ThreadPool& pool, Scratch& scratch);
+
+// The bytes of Scratch one call takes: per thread O(tile + head_dim), plus two ints per token;
+// independent of the number of cells. For memory plans.
+size_t attention_kv_scratch_bytes(int64_t n_tok, const AttentionParams& params, int n_threads);
+
+}  // namespace fitllm::ops
