@@ -1,4 +1,4 @@
-// fitllm bench -m MODEL [-p 512] [-n 128] [-t N] [-r 5] [-o md|json]
+// fitllm bench -m MODEL [-p 512] [-n 128] [-t N] [-r 5] [-o md|json] [-ctk TYPE] [-ctv TYPE] [--no-kv-rotation]
 // llama-bench style: prompt processing (pp) and token generation (tg) speed in tokens/s,
 // mean ± stdev over repetitions, on a fresh KV cache each time.
 #include <chrono>
@@ -11,6 +11,7 @@
 
 #include "cli/args.h"
 #include "cli/commands.h"
+#include "cli/generation_options.h"
 #include "cli/load_progress.h"
 #include "gguf/gguf_reader.h"
 #include "model/model.h"
@@ -56,10 +57,13 @@ int run_bench(const std::vector<std::string>& args) {
     int repetitions = 5;
     int n_batch = 512;
     std::string output = "md";
-    ArgParser p("fitllm bench -m MODEL [-p 512] [-n 128] [-t N] [-r 5] [-o md|json]",
-                "Measure prompt processing (pp) and token generation (tg) speed, like llama-bench:\n"
-                "tokens/s, mean and standard deviation over repetitions. Token ids are random; each\n"
-                "repetition starts from an empty KV cache. -p 0 or -n 0 skips that test.");
+    runtime::SessionParams kv_params;  // the KV options' target
+    ArgParser p(
+        "fitllm bench -m MODEL [-p 512] [-n 128] [-t N] [-r 5] [-o md|json] [-ctk TYPE] [-ctv TYPE] "
+        "[--no-kv-rotation]",
+        "Measure prompt processing (pp) and token generation (tg) speed, like llama-bench:\n"
+        "tokens/s, mean and standard deviation over repetitions. Token ids are random; each\n"
+        "repetition starts from an empty KV cache. -p 0 or -n 0 skips that test.");
     p.option("-m, --model", "MODEL", "the GGUF model", &model_path);
     p.option("-p, --n-prompt", "N", "prompt tokens for the pp test (default 512)", &n_prompt);
     p.option("-n, --n-gen", "N", "tokens to generate for the tg test (default 128)", &n_gen);
@@ -67,6 +71,7 @@ int run_bench(const std::vector<std::string>& args) {
     p.option("-b, --batch-size", "N", "prompt tokens per forward pass (default 512)", &n_batch);
     p.option("-r, --repetitions", "N", "repetitions of each test (default 5)", &repetitions);
     p.option("-o, --output", "md|json", "output format (default md)", &output);
+    add_kv_options(p, kv_params);
     if (!p.parse(args)) return 0;
     if (model_path.empty()) throw UsageError("missing -m MODEL (see --help)");
     if (n_prompt < 0 || n_gen < 0 || repetitions < 1 || n_batch < 1)
@@ -77,7 +82,10 @@ int run_bench(const std::vector<std::string>& args) {
     auto model = model::Model::load(file);
     prefault_with_progress(file);  // as llama-bench, time the model in memory, not the disk
     ops::ThreadPool pool(n_threads);
-    runtime::Session session(*model, {.n_ctx = std::max(1, n_prompt + n_gen + 1), .n_batch = n_batch}, pool);
+    runtime::SessionParams sp = kv_params;
+    sp.n_ctx = std::max(1, n_prompt + n_gen + 1);
+    sp.n_batch = n_batch;
+    runtime::Session session(*model, sp, pool);
     std::mt19937 rng(42);
     std::uniform_int_distribution<int32_t> token(0, model->n_vocab() - 1);
 
@@ -123,6 +131,7 @@ int run_bench(const std::vector<std::string>& args) {
                          {"file_type", ftype},
                          {"weight_bytes", weight_bytes},
                          {"threads", pool.size()},
+                         {"kv_cache", describe_kv(kv_params)},
                          {"test", r.test},
                          {"n_tokens", r.n_tokens},
                          {"avg_ts", r.mean_tps},
@@ -132,6 +141,7 @@ int run_bench(const std::vector<std::string>& args) {
         std::printf("%s\n", j.dump(2).c_str());
         return 0;
     }
+    std::printf("KV cache: %s\n\n", describe_kv(kv_params).c_str());
     std::printf("| model | size | threads | test | t/s |\n|---|---:|---:|---:|---:|\n");
     for (const Result& r : results) {
         std::printf("| %s %s | %s | %d | %s | %.2f ± %.2f |\n", arch.c_str(), ftype.c_str(),

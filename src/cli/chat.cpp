@@ -1,6 +1,8 @@
-// fitllm chat -m MODEL [-c CTX] [-t N] [sampling options] [--system TEXT] [-n N]
+// fitllm chat -m MODEL [-c CTX] [-t N] [sampling options] [KV options] [--system TEXT] [-n N]
 // An interactive conversation through the model's chat template. Each turn renders the whole
-// conversation and feeds only the tokens the KV cache does not already hold.
+// conversation and feeds only the tokens the KV cache does not already hold. With
+// --context-shift, a full context drops its oldest tokens (after --keep) and the conversation goes
+// on; the tokens fed stay the record of what the conversation holds.
 #include <algorithm>
 #include <atomic>
 #include <csignal>
@@ -17,7 +19,7 @@
 #include "cli/generation_options.h"
 #include "cli/load_progress.h"
 #include "gguf/gguf_reader.h"
-#include "kv/kv_cache.h"
+#include "kv/cache.h"
 #include "model/model.h"
 #include "ops/thread_pool.h"
 #include "runtime/session.h"
@@ -67,7 +69,7 @@ void context_full(int n_ctx) {
     std::fflush(stdout);
     std::fprintf(stderr,
                  "\nfitllm chat: the context is full (%d tokens); the conversation ends here. "
-                 "Use -c to allow a longer one.\n",
+                 "Use -c to allow a longer one, or --context-shift to drop the oldest tokens.\n",
                  n_ctx);
 }
 
@@ -77,12 +79,13 @@ int run_chat(const std::vector<std::string>& args) {
     std::string model_path;
     std::string system_prompt;
     int n_predict = 512;
-    int n_ctx = 4096;
     int n_threads = 0;
     sampling::SamplingParams sp;
+    runtime::SessionParams session_params{.n_ctx = 4096, .n_batch = 512};
+    int& n_ctx = session_params.n_ctx;
     ArgParser p(
         "fitllm chat -m MODEL [-c CTX] [-t N] [--temp T] [--top-k K] [--top-p P] [--min-p P] [--seed S] "
-        "[--system TEXT] [-n N]",
+        "[-ctk TYPE] [-ctv TYPE] [--no-kv-rotation] [--context-shift] [--keep N] [--system TEXT] [-n N]",
         "Talk with a model: each line read from stdin is a user message; the reply, rendered through\n"
         "the model's chat template, streams to stdout. /exit, Ctrl-D or Ctrl-C at the prompt ends\n"
         "the conversation; Ctrl-C during a reply stops that reply.");
@@ -92,12 +95,16 @@ int run_chat(const std::vector<std::string>& args) {
     p.option("-n, --n-predict", "N", "tokens per reply at most (default 512)", &n_predict);
     p.option("--system", "TEXT", "a system message opening the conversation", &system_prompt);
     add_sampling_options(p, sp);
+    add_kv_options(p, session_params);
+    add_context_shift_options(p, session_params);
     if (!p.parse(args)) return 0;
 
     if (model_path.empty()) throw UsageError("-m MODEL is required");
     if (n_predict <= 0) throw UsageError("-n: " + std::to_string(n_predict) + " must be positive");
     if (n_ctx <= 0) throw UsageError("-c: " + std::to_string(n_ctx) + " must be positive");
     validate_sampling_options(sp);
+    validate_context_shift_options(session_params);
+    const bool shift = session_params.context_shift;
 
     gguf::GgufFile file = gguf::GgufFile::open(model_path);
     const tokenizer::Tokenizer tokenizer = tokenizer::Tokenizer::from_gguf(file);
@@ -111,11 +118,13 @@ int run_chat(const std::vector<std::string>& args) {
     prefault_with_progress(file);
 
     ops::ThreadPool pool(n_threads);
-    runtime::Session session(*model, {.n_ctx = n_ctx, .n_batch = 512}, pool);
+    runtime::Session session(*model, session_params, pool);
     sampling::Sampler sampler(sp, model->n_vocab());
     tokenizer::Detokenizer detok(tokenizer, /*remove_special=*/false, /*unparse_special=*/false);
 
     std::fprintf(stderr, "template: %s\n", resolved.source_description.c_str());
+    std::fprintf(stderr, "context: %d tokens, KV cache %s%s\n", n_ctx, describe_kv(session_params).c_str(),
+                 shift ? ", context shift on" : "");
     std::fprintf(stderr, "/exit or Ctrl-D to quit; Ctrl-C stops a reply\n");
 
     nlohmann::ordered_json messages = nlohmann::ordered_json::array();
@@ -152,7 +161,7 @@ int run_chat(const std::vector<std::string>& args) {
             keep = 0;
         }
         const std::span<const int32_t> suffix(ids.data() + keep, ids.size() - keep);
-        if (session.n_past() + static_cast<int>(suffix.size()) >= n_ctx) {
+        if (!shift && session.n_past() + static_cast<int>(suffix.size()) >= n_ctx) {
             context_full(n_ctx);
             return 0;
         }
@@ -171,7 +180,7 @@ int run_chat(const std::vector<std::string>& args) {
             std::fputs(text.c_str(), stdout);
             std::fflush(stdout);
             if (i + 1 == n_predict) break;
-            if (session.n_past() + 1 >= n_ctx) {
+            if (!shift && session.n_past() + 1 >= n_ctx) {
                 full = true;
                 break;
             }

@@ -2,7 +2,11 @@
 
 #include <cstdint>
 #include <exception>
+#include <stdexcept>
+#include <string>
 
+#include "kv/cache.h"
+#include "quant/ggml_type.h"
 #include "sampling/sampler.h"
 
 namespace fitllm::cli {
@@ -43,6 +47,55 @@ void validate_sampling_options(const sampling::SamplingParams& sp) {
     } catch (const sampling::SamplingError& e) {
         throw UsageError(e.what());
     }
+}
+
+namespace {
+
+quant::GgmlType kv_type(const std::string& name, const std::string& value) {
+    try {
+        return kv::kv_type_from_name(value);
+    } catch (const std::invalid_argument& e) {
+        throw UsageError(name + ": " + e.what());
+    }
+}
+
+bool quantized(quant::GgmlType t) {
+    return t != quant::GgmlType::F32 && t != quant::GgmlType::F16 && t != quant::GgmlType::BF16;
+}
+
+}  // namespace
+
+void add_kv_options(ArgParser& p, runtime::SessionParams& sp) {
+    p.option("-ctk, --cache-type-k", "TYPE",
+             "KV cache type of K: f32, f16, bf16, q8_0, q4_0, q4_1, q5_0, q5_1, iq4_nl (default f16)",
+             [&sp](const std::string& v) { sp.type_k = kv_type("-ctk", v); });
+    p.option("-ctv, --cache-type-v", "TYPE", "KV cache type of V, as -ctk (default f16)",
+             [&sp](const std::string& v) { sp.type_v = kv_type("-ctv", v); });
+    p.option("--no-kv-rotation", "", "store quantized K/V heads without the Hadamard rotation",
+             [&sp](const std::string&) { sp.kv_rotation = false; });
+}
+
+void add_context_shift_options(ArgParser& p, runtime::SessionParams& sp) {
+    p.option("--context-shift", "",
+             "when the context is full, drop the oldest half of the tokens after --keep and go on "
+             "(default: stop)",
+             [&sp](const std::string&) { sp.context_shift = true; });
+    p.option("--keep", "N", "with --context-shift: the first N tokens always stay (default 0)", &sp.n_keep);
+}
+
+void validate_context_shift_options(const runtime::SessionParams& sp) {
+    if (sp.n_keep < 0) throw UsageError("--keep: " + std::to_string(sp.n_keep) + " must not be negative");
+    if (sp.context_shift && sp.n_keep >= sp.n_ctx - 1) {
+        throw UsageError("--keep " + std::to_string(sp.n_keep) + " leaves no room to shift in -c " +
+                         std::to_string(sp.n_ctx));
+    }
+}
+
+std::string describe_kv(const runtime::SessionParams& sp) {
+    const auto name = [](quant::GgmlType t) { return std::string(quant::type_name(static_cast<uint32_t>(t))); };
+    std::string s = "K " + name(sp.type_k) + ", V " + name(sp.type_v);
+    if (quantized(sp.type_k) || quantized(sp.type_v)) s += sp.kv_rotation ? ", rotated" : ", not rotated";
+    return s;
 }
 
 }  // namespace fitllm::cli

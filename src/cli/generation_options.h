@@ -1,8 +1,10 @@
 #pragma once
-// Options shared by the generating subcommands (run, chat): the sampling flags and their checks.
+// Options shared by the generating subcommands (run, chat, bench, perplexity): the sampling flags,
+// the KV cache's flags, and their checks.
 #include <string>
 
 #include "cli/args.h"
+#include "runtime/session.h"
 #include "sampling/sampling_params.h"
 
 namespace fitllm::cli {
@@ -15,5 +17,18 @@ void add_sampling_options(ArgParser& parser, sampling::SamplingParams& sp);
 
 // Throws UsageError when a sampling parameter is out of range.
 void validate_sampling_options(const sampling::SamplingParams& sp);
+
+// Declares -ctk / --cache-type-k TYPE, -ctv / --cache-type-v TYPE and --no-kv-rotation, writing
+// into sp.type_k, sp.type_v and sp.kv_rotation (an unknown type is a UsageError listing the names).
+void add_kv_options(ArgParser& parser, runtime::SessionParams& sp);
+
+// Declares --context-shift and --keep N, writing into sp.context_shift and sp.n_keep.
+void add_context_shift_options(ArgParser& parser, runtime::SessionParams& sp);
+
+// Throws UsageError when --keep is negative or leaves no room in -c with --context-shift.
+void validate_context_shift_options(const runtime::SessionParams& sp);
+
+// "K f16, V f16" or "K q4_0, V q4_0, rotated": for the summary lines.
+std::string describe_kv(const runtime::SessionParams& sp);
 
 }  // namespace fitllm::cli

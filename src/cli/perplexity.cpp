@@ -1,4 +1,4 @@
-// fitllm perplexity -m MODEL -f TEXT [-c 512] [-b 512] [--chunks N] [-t N]
+// fitllm perplexity -m MODEL -f TEXT [-c 512] [-b 512] [--chunks N] [-t N] [-np N] [KV options]
 #include "runtime/perplexity.h"
 
 #include <cstdio>
@@ -8,8 +8,10 @@
 
 #include "cli/args.h"
 #include "cli/commands.h"
+#include "cli/generation_options.h"
 #include "cli/load_progress.h"
 #include "gguf/gguf_reader.h"
+#include "kv/cache.h"
 #include "model/model.h"
 #include "ops/thread_pool.h"
 #include "tokenizer/tokenizer.h"
@@ -23,22 +25,31 @@ int run_perplexity(const std::vector<std::string>& args) {
     int n_batch = 512;
     int n_chunks = -1;
     int n_threads = 0;
-    ArgParser p("fitllm perplexity -m MODEL -f TEXT [-c 512] [-b 512] [--chunks N] [-t N]",
-                "Perplexity of the model over a text file, computed as llama.cpp's llama-perplexity does:\n"
-                "chunks of -c tokens, each from an empty cache and starting with BOS, the second half\n"
-                "of each chunk scored. Prints the running value per chunk ([1]12.34,[2]...) and\n"
-                "'Final estimate: PPL = X +/- E'. The text needs at least 2 * c tokens.");
+    int n_seq = 1;
+    runtime::SessionParams kv_params;  // the KV options' target
+    ArgParser p(
+        "fitllm perplexity -m MODEL -f TEXT [-c 512] [-b 512] [--chunks N] [-t N] [-np N] [-ctk TYPE] [-ctv TYPE] "
+        "[--no-kv-rotation]",
+        "Perplexity of the model over a text file, computed as llama.cpp's llama-perplexity does:\n"
+        "chunks of -c tokens, each from an empty cache and starting with BOS, the second half\n"
+        "of each chunk scored. Prints the running value per chunk ([1]12.34,[2]...) and\n"
+        "'Final estimate: PPL = X +/- E'. The text needs at least 2 * c tokens.");
     p.option("-m, --model", "MODEL", "the GGUF model", &model_path);
     p.option("-f, --file", "TEXT", "the text file to score", &text_path);
     p.option("-c, --ctx-size", "N", "tokens per chunk (default 512)", &n_ctx);
     p.option("-b, --batch-size", "N", "tokens per forward pass in the unscored half (default 512)", &n_batch);
     p.option("--chunks", "N", "score at most N chunks (default: all)", &n_chunks);
     p.option("-t, --threads", "N", "threads (default: the physical cores)", &n_threads);
+    p.option("-np, --parallel", "N", "evaluate N chunks at once, one sequence each (default 1; same result)", &n_seq);
+    add_kv_options(p, kv_params);
     if (!p.parse(args)) return 0;
     if (model_path.empty()) throw UsageError("-m MODEL is required");
     if (text_path.empty()) throw UsageError("-f TEXT is required");
     if (n_ctx < 4) throw UsageError("-c: " + std::to_string(n_ctx) + " must be at least 4");
     if (n_batch < 1) throw UsageError("-b: " + std::to_string(n_batch) + " must be positive");
+    if (n_seq < 1 || n_seq > kv::kMaxSequences) {
+        throw UsageError("-np: " + std::to_string(n_seq) + " must be in 1.." + std::to_string(kv::kMaxSequences));
+    }
 
     std::ifstream in(text_path, std::ios::binary);
     if (!in) throw UsageError("-f: cannot open '" + text_path + "'");
@@ -59,14 +70,18 @@ int run_perplexity(const std::vector<std::string>& args) {
     pp.n_ctx = n_ctx;
     pp.n_batch = n_batch;
     pp.n_chunks = n_chunks;
+    pp.n_seq = n_seq;
+    pp.type_k = kv_params.type_k;
+    pp.type_v = kv_params.type_v;
+    pp.kv_rotation = kv_params.kv_rotation;
     const tokenizer::Vocab& vocab = tokenizer.vocab();
     if (vocab.add_bos() && vocab.valid(vocab.special().bos)) pp.bos = vocab.special().bos;
 
     ops::ThreadPool pool(n_threads);
     const int64_t n_avail = static_cast<int64_t>(tokens.size()) / n_ctx;
-    std::fprintf(stderr, "perplexity: %zu tokens, %lld chunks of %d, threads %d\n", tokens.size(),
-                 static_cast<long long>(n_chunks < 0 ? n_avail : std::min<int64_t>(n_chunks, n_avail)), n_ctx,
-                 pool.size());
+    std::fprintf(stderr, "perplexity: %zu tokens, %lld chunks of %d, threads %d, KV cache %s, %d at once\n",
+                 tokens.size(), static_cast<long long>(n_chunks < 0 ? n_avail : std::min<int64_t>(n_chunks, n_avail)),
+                 n_ctx, pool.size(), describe_kv(kv_params).c_str(), n_seq);
     const runtime::PerplexityResult r = runtime::perplexity(*model, tokens, pp, pool, [](int chunk, double ppl) {
         std::printf("[%d]%.4f,", chunk, ppl);
         std::fflush(stdout);

@@ -1,4 +1,4 @@
-// fitllm run -m MODEL -p PROMPT [-n N] [-c CTX] [-b N] [-t N] [sampling options]
+// fitllm run -m MODEL -p PROMPT [-n N] [-c CTX] [-b N] [-t N] [sampling options] [KV options]
 #include <cstdio>
 #include <fstream>
 #include <stdexcept>
@@ -39,16 +39,20 @@ int run_run(const std::vector<std::string>& args) {
     std::string model_path;
     std::string prompt;
     int n_predict = 64;
-    int n_ctx = 2048;
-    int n_batch = 512;
     int n_threads = 0;
     sampling::SamplingParams sp;
+    runtime::SessionParams session_params{.n_ctx = 2048, .n_batch = 512};
+    int& n_ctx = session_params.n_ctx;
+    int& n_batch = session_params.n_batch;
     ArgParser p(
         "fitllm run -m MODEL -p PROMPT [-n N] [-c CTX] [-t N] [--temp T] [--top-k K] [--top-p P] "
-        "[--min-p P] [--seed S] [--repeat-penalty R]",
+        "[--min-p P] [--seed S] [--repeat-penalty R] [-ctk TYPE] [-ctv TYPE] [--no-kv-rotation] "
+        "[--context-shift] [--keep N]",
         "Generate text after PROMPT on the CPU, streaming it as it comes, then print a summary\n"
         "line (tokens and speed of prompt and generation, peak resident memory) to stderr.\n"
-        "Control tokens spelled in the prompt (\"<start_of_turn>\") are parsed as such.");
+        "Control tokens spelled in the prompt (\"<start_of_turn>\") are parsed as such.\n"
+        "When the context (-c) is full, generation stops with a message, or with --context-shift\n"
+        "drops the oldest half of the tokens after the first --keep N and goes on.");
     p.option("-m, --model", "MODEL", "the GGUF model to run", &model_path);
     p.option("-p, --prompt", "PROMPT", "the text to continue", &prompt);
     p.option("-n, --n-predict", "N", "tokens to generate at most (default 64)", &n_predict);
@@ -56,6 +60,8 @@ int run_run(const std::vector<std::string>& args) {
     p.option("-b, --batch-size", "N", "prompt tokens per forward pass (default 512)", &n_batch);
     p.option("-t, --threads", "N", "threads (default: the physical cores)", &n_threads);
     add_sampling_options(p, sp);
+    add_kv_options(p, session_params);
+    add_context_shift_options(p, session_params);
     if (!p.parse(args)) return 0;
 
     if (model_path.empty()) throw UsageError("-m MODEL is required");
@@ -64,6 +70,7 @@ int run_run(const std::vector<std::string>& args) {
     if (n_ctx <= 0) throw UsageError("-c: " + std::to_string(n_ctx) + " must be positive");
     if (n_batch <= 0) throw UsageError("-b: " + std::to_string(n_batch) + " must be positive");
     validate_sampling_options(sp);
+    validate_context_shift_options(session_params);
 
     gguf::GgufFile file = gguf::GgufFile::open(model_path);
     const tokenizer::Tokenizer tokenizer = tokenizer::Tokenizer::from_gguf(file);
@@ -71,13 +78,13 @@ int run_run(const std::vector<std::string>& args) {
     prefault_with_progress(file);
     const std::vector<tokenizer::TokenId> ids = tokenizer.tokenize(prompt, true, true);
     if (ids.empty()) throw UsageError("-p: the prompt has no tokens");
-    if (static_cast<int>(ids.size()) >= n_ctx) {
+    if (static_cast<int>(ids.size()) >= n_ctx && !session_params.context_shift) {
         throw UsageError("the prompt has " + std::to_string(ids.size()) + " tokens; -c " + std::to_string(n_ctx) +
                          " leaves no room to generate");
     }
 
     ops::ThreadPool pool(n_threads);
-    runtime::Session session(*model, {.n_ctx = n_ctx, .n_batch = n_batch}, pool);
+    runtime::Session session(*model, session_params, pool);
     sampling::Sampler sampler(sp, model->n_vocab());
     tokenizer::Detokenizer detok(tokenizer, /*remove_special=*/false, /*unparse_special=*/false);
     const tokenizer::Vocab& vocab = tokenizer.vocab();
@@ -96,6 +103,13 @@ int run_run(const std::vector<std::string>& args) {
     std::fputs(detok.flush().c_str(), stdout);
     std::fputs("\n", stdout);
     std::fflush(stdout);
+    if (stats.context_full) {
+        std::fprintf(stderr,
+                     "fitllm run: the context is full (%d tokens); generation stopped after %d tokens. Use -c for a "
+                     "longer one, or --context-shift to drop the oldest tokens.\n",
+                     n_ctx, stats.n_generated);
+    }
+    if (stats.n_shifts > 0) std::fprintf(stderr, "context shifts: %d\n", stats.n_shifts);
     std::fprintf(stderr,
                  "prompt: %d tokens, %.1f tok/s | generated: %d tokens, %.1f tok/s | threads %d | peak RSS %.1f MiB\n",
                  stats.n_prompt, per_second(stats.n_prompt, stats.prompt_seconds), stats.n_generated,

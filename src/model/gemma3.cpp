@@ -22,20 +22,17 @@ public:
 
     const Hparams& hparams() const override { return hp_; }
 
-    void forward(std::span<const int32_t> tokens, std::span<const int32_t> positions, kv::KvCache& cache,
-                 float* logits_out, bool all_logits, ops::ThreadPool& pool) override {
+    void forward(const Batch& batch, kv::ModelCache& cache, float* logits_out, ops::ThreadPool& pool) override {
         const Hparams& hp = hp_;
-        check_batch(hp, tokens, positions);
-        const int n = static_cast<int>(tokens.size());
+        const BatchRows rows = begin_batch(hp, batch, cache, a_, [this](int il) { return rope_params(il); });
+        const int n = rows.n;
         const int64_t E = hp.n_embd;
-        a_.reserve(hp, n);
         float* x = a_.x.data();
         float* cur = a_.cur.data();
 
-        ops::embedding_rows(w_.token_embd, tokens.data(), n, x);  // x: [n, n_embd]
+        ops::embedding_rows(w_.token_embd, batch.tokens.data(), n, x);  // x: [n, n_embd]
         ops::scale(x, n * E, std::sqrt(static_cast<float>(hp.n_embd)));
 
-        const int first = cache.append(positions.data(), n);
         for (int il = 0; il < hp.n_layer; ++il) {
             const Gemma3Layer& L = w_.layers[static_cast<size_t>(il)];
             const bool local = hp.is_swa[static_cast<size_t>(il)];
@@ -47,19 +44,15 @@ public:
             ops::matmul(L.wv, cur, n, a_.v.data(), pool, scratch_);  // v: [n, n_head_kv, head_dim_v]
             ops::rms_norm(a_.q.data(), L.q_norm, hp.norm_eps, int64_t{n} * hp.n_head, hp.head_dim, a_.q.data());
             ops::rms_norm(a_.k.data(), L.k_norm, hp.norm_eps, int64_t{n} * hp.n_head_kv, hp.head_dim, a_.k.data());
-            ops::RopeParams rope;
-            rope.mode = ops::RopeMode::Neox;
-            rope.n_dims = hp.head_dim;
-            rope.freq_base = local ? hp.rope_base_swa : hp.rope_base;
-            rope.freq_scale = local ? 1.0f : hp.rope_freq_scale;
-            ops::rope(a_.q.data(), positions.data(), n, hp.n_head, hp.head_dim, rope);
-            ops::rope(a_.k.data(), positions.data(), n, hp.n_head_kv, hp.head_dim, rope);
-            cache.store(il, first, n, a_.k.data(), a_.v.data());
+            const ops::RopeParams rope = rope_params(il);
+            ops::rope(a_.q.data(), rows.positions, n, hp.n_head, hp.head_dim, rope);
+            ops::rope(a_.k.data(), rows.positions, n, hp.n_head_kv, hp.head_dim, rope);
+            store_kv(cache, il, a_.k.data(), a_.v.data());
             // Q is scaled before attention (not the scores), as llama.cpp does: its f16 rounding of
             // Q then sees the same values.
             ops::scale(a_.q.data(), int64_t{n} * hp.n_head * hp.head_dim, hp.attn_scale);
-            attend(hp, cache, il, a_.q.data(), positions.data(), n, /*scale=*/1.0f, local ? hp.sliding_window : 0,
-                   a_.attn.data(), pool, scratch_);                     // attn: [n, n_head * head_dim_v]
+            attend(hp, cache, il, a_.q.data(), rows, /*scale=*/1.0f, local ? hp.sliding_window : 0, a_.attn.data(),
+                   pool, scratch_);                                     // attn: [n, n_head * head_dim_v]
             ops::matmul(L.wo, a_.attn.data(), n, cur, pool, scratch_);  // cur: [n, n_embd]
             ops::rms_norm(cur, L.post_attn_norm, hp.norm_eps, n, E, cur);
             ops::add(x, cur, n * E, x);
@@ -73,11 +66,11 @@ public:
             ops::rms_norm(cur, L.post_ffn_norm, hp.norm_eps, n, E, cur);
             ops::add(x, cur, n * E, x);
         }
+        cache.end_batch();
 
-        // Output: the last token's row, or all of them.
-        const int n_out = all_logits ? n : 1;
-        const float* rows = all_logits ? x : x + (n - 1) * E;
-        ops::rms_norm(rows, w_.output_norm, hp.norm_eps, n_out, E, cur);
+        // Output: the rows that want logits.
+        const int n_out = output_rows(hp, batch, x, w_.output_norm, cur);
+        if (n_out == 0) return;
         ops::matmul(w_.output, cur, n_out, logits_out, pool, scratch_);  // logits: [n_out, n_vocab]
         if (hp.final_logit_softcap > 0.0f) {
             ops::softcap(logits_out, int64_t{n_out} * hp.n_vocab, hp.final_logit_softcap);
@@ -85,6 +78,17 @@ public:
     }
 
 private:
+    // Local (sliding-window) layers rotate with their own base and no scaling.
+    ops::RopeParams rope_params(int il) const {
+        const bool local = hp_.is_swa[static_cast<size_t>(il)];
+        ops::RopeParams rope;
+        rope.mode = ops::RopeMode::Neox;
+        rope.n_dims = hp_.head_dim;
+        rope.freq_base = local ? hp_.rope_base_swa : hp_.rope_base;
+        rope.freq_scale = local ? 1.0f : hp_.rope_freq_scale;
+        return rope;
+    }
+
     Hparams hp_;
     Gemma3Weights w_;
     Activations a_;

@@ -21,28 +21,19 @@ public:
 
     const Hparams& hparams() const override { return hp_; }
 
-    void forward(std::span<const int32_t> tokens, std::span<const int32_t> positions, kv::KvCache& cache,
-                 float* logits_out, bool all_logits, ops::ThreadPool& pool) override {
+    void forward(const Batch& batch, kv::ModelCache& cache, float* logits_out, ops::ThreadPool& pool) override {
         const Hparams& hp = hp_;
-        check_batch(hp, tokens, positions);
-        const int n = static_cast<int>(tokens.size());
+        const ops::RopeParams rope = rope_params();
+        const BatchRows rows = begin_batch(hp, batch, cache, a_, [&rope](int) { return rope; });
+        const int n = rows.n;
         const int64_t E = hp.n_embd;
         const int64_t q_dim = int64_t{hp.n_head} * hp.head_dim;
         const int64_t kv_dim = int64_t{hp.n_head_kv} * hp.head_dim;
-        a_.reserve(hp, n);
         float* x = a_.x.data();
         float* cur = a_.cur.data();
 
-        ops::embedding_rows(w_.token_embd, tokens.data(), n, x);  // x: [n, n_embd]
+        ops::embedding_rows(w_.token_embd, batch.tokens.data(), n, x);  // x: [n, n_embd]
 
-        ops::RopeParams rope;
-        rope.mode = ops::RopeMode::Normal;  // adjacent pairs (x[2i], x[2i+1])
-        rope.n_dims = hp.n_rot;
-        rope.freq_base = hp.rope_base;
-        rope.freq_scale = hp.rope_freq_scale;
-        rope.freq_factors = w_.rope_freqs;  // Llama 3.1+: per-pair divisors, else nullptr
-
-        const int first = cache.append(positions.data(), n);
         for (int il = 0; il < hp.n_layer; ++il) {
             const LlamaLayer& L = w_.layers[static_cast<size_t>(il)];
 
@@ -54,10 +45,10 @@ public:
             if (L.bq) ops::add_bias(a_.q.data(), L.bq, n, q_dim);
             if (L.bk) ops::add_bias(a_.k.data(), L.bk, n, kv_dim);
             if (L.bv) ops::add_bias(a_.v.data(), L.bv, n, kv_dim);
-            ops::rope(a_.q.data(), positions.data(), n, hp.n_head, hp.head_dim, rope);
-            ops::rope(a_.k.data(), positions.data(), n, hp.n_head_kv, hp.head_dim, rope);
-            cache.store(il, first, n, a_.k.data(), a_.v.data());
-            attend(hp, cache, il, a_.q.data(), positions.data(), n, hp.attn_scale, /*window=*/0, a_.attn.data(), pool,
+            ops::rope(a_.q.data(), rows.positions, n, hp.n_head, hp.head_dim, rope);
+            ops::rope(a_.k.data(), rows.positions, n, hp.n_head_kv, hp.head_dim, rope);
+            store_kv(cache, il, a_.k.data(), a_.v.data());
+            attend(hp, cache, il, a_.q.data(), rows, hp.attn_scale, /*window=*/0, a_.attn.data(), pool,
                    scratch_);                                           // attn: [n, n_head * head_dim]
             ops::matmul(L.wo, a_.attn.data(), n, cur, pool, scratch_);  // cur: [n, n_embd]
             if (L.bo) ops::add_bias(cur, L.bo, n, E);
@@ -71,15 +62,25 @@ public:
             ops::matmul(L.ffn_down, a_.gate.data(), n, cur, pool, scratch_);  // cur: [n, n_embd]
             ops::add(x, cur, n * E, x);
         }
+        cache.end_batch();
 
-        // Output: the last token's row, or all of them.
-        const int n_out = all_logits ? n : 1;
-        const float* rows = all_logits ? x : x + (n - 1) * E;
-        ops::rms_norm(rows, w_.output_norm, hp.norm_eps, n_out, E, cur);
+        // Output: the rows that want logits.
+        const int n_out = output_rows(hp, batch, x, w_.output_norm, cur);
+        if (n_out == 0) return;
         ops::matmul(w_.output, cur, n_out, logits_out, pool, scratch_);  // logits: [n_out, n_vocab]
     }
 
 private:
+    ops::RopeParams rope_params() const {
+        ops::RopeParams rope;
+        rope.mode = ops::RopeMode::Normal;  // adjacent pairs (x[2i], x[2i+1])
+        rope.n_dims = hp_.n_rot;
+        rope.freq_base = hp_.rope_base;
+        rope.freq_scale = hp_.rope_freq_scale;
+        rope.freq_factors = w_.rope_freqs;  // Llama 3.1+: per-pair divisors, else nullptr
+        return rope;
+    }
+
     Hparams hp_;
     LlamaWeights w_;
     Activations a_;

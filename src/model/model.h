@@ -1,20 +1,34 @@
 #pragma once
-// A loaded model: hyper-parameters, weights bound to the mapped file, and a forward pass.
+// A loaded model: hyper-parameters, weights bound to the mapped file, and a forward pass over a
+// batch of tokens that may belong to several sequences, reading and writing a kv::ModelCache.
 //
 //   const auto file = gguf::GgufFile::open(path);
-//   auto model = model::Model::load(file);           // file must outlive model
-//   kv::KvCache cache = model->make_cache(2048);
-//   model->forward(ids, positions, cache, logits.data(), /*all_logits=*/false, pool);
+//   auto model = model::Model::load(file);  // file must outlive model
+//   kv::ModelCache cache = model->make_cache({.n_cells = 2048, .n_seq_max = 2}, /*n_batch=*/512);
+//   model->forward({.tokens = ids, .positions = pos, .seq_ids = seqs}, cache, logits.data(), pool);
 #include <cstdint>
 #include <memory>
 #include <span>
+#include <vector>
 
 #include "gguf/gguf_reader.h"
-#include "kv/kv_cache.h"
+#include "kv/cache.h"
 #include "model/hparams.h"
 #include "ops/thread_pool.h"
 
 namespace fitllm::model {
+
+// Tokens for one forward pass. Token i belongs to sequence seq_ids[i] at position positions[i];
+// a batch may mix sequences (their tokens only see their own sequence's cells).
+struct Batch {
+    std::span<const int32_t> tokens;
+    std::span<const int32_t> positions;  // one per token
+    std::span<const kv::SeqId> seq_ids;  // one per token; empty: every token is in sequence 0
+    // Which rows want logits: one flag per token (nonzero: yes); empty: only the last token.
+    // Ignored when all_logits.
+    std::span<const uint8_t> output;
+    bool all_logits = false;  // every token's logits
+};
 
 class Model {
 public:
@@ -27,15 +41,31 @@ public:
     virtual const Hparams& hparams() const = 0;
     int n_vocab() const { return hparams().n_vocab; }
 
-    // A cache with room for n_ctx tokens, shaped for this model.
-    kv::KvCache make_cache(int n_ctx) const;
+    // A cache shaped for this model: params.n_cells tokens (all sequences together) in the pool
+    // of the full-attention layers; the sliding-window layers (Gemma 3's local ones) in a pool
+    // of their own that holds only their window (kv::ModelCache), for batches of at most n_batch
+    // tokens. params.window is ignored. Throws std::invalid_argument for bad parameters.
+    kv::ModelCache make_cache(const kv::CacheParams& params, int n_batch) const;
+    // The per-layer shapes and windows make_cache() uses.
+    std::vector<kv::LayerShape> cache_layers() const;
+    std::vector<int> cache_windows() const;
 
-    // Runs tokens (at the given positions, one per token) through the model, appending their K/V
-    // to `cache`. logits_out receives n_vocab floats for the last token, or n_tok * n_vocab
-    // (token-major) when all_logits. Working memory is kept between calls and only grows, so
-    // repeated calls with at most as many tokens allocate nothing. Not thread-safe.
-    virtual void forward(std::span<const int32_t> tokens, std::span<const int32_t> positions, kv::KvCache& cache,
-                         float* logits_out, bool all_logits, ops::ThreadPool& pool) = 0;
+    // Runs a batch through the model. First applies the K shifts the cache has pending (from
+    // seq_add / seq_div: K re-rotated with each layer's RoPE), then places the batch's tokens in
+    // the cache (kv::KvCacheError when they do not fit: nothing changes), and after the pass
+    // trims the sliding-window pools (cache.end_batch()).
+    // logits_out receives n_vocab floats per row that wants logits, in batch order (token-major):
+    // the last token's only by default, every token's with all_logits, or the flagged ones.
+    // Working memory is kept between calls and only grows, so repeated calls with at most as many
+    // tokens allocate nothing. Not thread-safe. Throws std::invalid_argument for a malformed
+    // batch (sizes differ, no tokens, a sequence id outside the cache's range).
+    virtual void forward(const Batch& batch, kv::ModelCache& cache, float* logits_out, ops::ThreadPool& pool) = 0;
+
+    // One sequence (0): `tokens` at `positions`, the last token's logits or all of them.
+    void forward(std::span<const int32_t> tokens, std::span<const int32_t> positions, kv::ModelCache& cache,
+                 float* logits_out, bool all_logits, ops::ThreadPool& pool) {
+        forward(Batch{.tokens = tokens, .positions = positions, .all_logits = all_logits}, cache, logits_out, pool);
+    }
 };
 
 // The forward pass of each architecture (one file each).

@@ -6,7 +6,7 @@
 #include <string>
 #include <vector>
 
-#include "kv/kv_cache.h"
+#include "kv/cache.h"
 
 namespace fitllm::runtime {
 
@@ -20,9 +20,10 @@ double log_prob(std::span<const float> logits, int32_t target) {
 
 PerplexityResult perplexity(model::Model& model, std::span<const int32_t> tokens, const PerplexityParams& p,
                             ops::ThreadPool& pool, const ChunkFn& on_chunk) {
-    if (p.n_ctx < 4 || p.n_batch < 1 || p.score_batch < 1) {
+    if (p.n_ctx < 4 || p.n_batch < 1 || p.score_batch < 1 || p.n_seq < 1 || p.n_seq > kv::kMaxSequences) {
         throw std::invalid_argument("perplexity: n_ctx = " + std::to_string(p.n_ctx) +
-                                    " must be at least 4 and the batch sizes positive");
+                                    " must be at least 4, the batch sizes positive and n_seq = " +
+                                    std::to_string(p.n_seq) + " in 1.." + std::to_string(kv::kMaxSequences));
     }
     const int64_t n_tokens = static_cast<int64_t>(tokens.size());
     if (n_tokens < 2 * int64_t{p.n_ctx}) {
@@ -34,48 +35,86 @@ PerplexityResult perplexity(model::Model& model, std::span<const int32_t> tokens
     const int n_chunks = static_cast<int>(p.n_chunks < 0 ? n_whole : std::min<int64_t>(p.n_chunks, n_whole));
     const int n_vocab = model.n_vocab();
     const int first = p.n_ctx / 2;
+    const int n_seq = std::min(p.n_seq, std::max(n_chunks, 1));
+    // Tokens per sequence per forward pass: n_batch / score_batch rows in all, shared by the sequences.
+    const int ctx_batch = std::max(1, p.n_batch / n_seq);
+    const int score_batch = std::max(1, std::min(p.score_batch / n_seq, p.n_ctx - first));
 
-    kv::KvCache cache = model.make_cache(p.n_ctx);
-    std::vector<int32_t> chunk(static_cast<size_t>(p.n_ctx));
-    std::vector<int32_t> positions(static_cast<size_t>(p.n_ctx));
-    for (int i = 0; i < p.n_ctx; ++i) positions[static_cast<size_t>(i)] = i;
-    const int score_batch = std::min(p.score_batch, p.n_ctx - first);
-    std::vector<float> logits(static_cast<size_t>(score_batch) * static_cast<size_t>(n_vocab));
+    kv::CacheParams cp;
+    cp.n_cells = p.n_ctx * n_seq;
+    cp.n_seq_max = n_seq;
+    cp.type_k = p.type_k;
+    cp.type_v = p.type_v;
+    cp.rotate = p.kv_rotation;
+    kv::ModelCache cache = model.make_cache(cp, n_seq * std::max(ctx_batch, score_batch));
+    std::vector<int32_t> chunks(static_cast<size_t>(n_seq) * static_cast<size_t>(p.n_ctx));
+    const size_t max_rows = static_cast<size_t>(n_seq) * static_cast<size_t>(std::max(ctx_batch, score_batch));
+    std::vector<int32_t> batch_tokens(max_rows), batch_pos(max_rows);
+    std::vector<kv::SeqId> batch_seq(max_rows);
+    std::vector<float> logits(static_cast<size_t>(n_seq) * static_cast<size_t>(score_batch) *
+                              static_cast<size_t>(n_vocab));
+    std::vector<double> seq_nll(static_cast<size_t>(n_seq)), seq_nll2(static_cast<size_t>(n_seq));
+
+    // One forward pass over tokens [b, b + n) of every sequence's chunk.
+    const auto run = [&](int n_group, int b, int n, bool all_logits) {
+        size_t r = 0;
+        for (int s = 0; s < n_group; ++s) {
+            for (int t = 0; t < n; ++t, ++r) {
+                batch_tokens[r] =
+                    chunks[static_cast<size_t>(s) * static_cast<size_t>(p.n_ctx) + static_cast<size_t>(b + t)];
+                batch_pos[r] = b + t;
+                batch_seq[r] = s;
+            }
+        }
+        model::Batch batch;
+        batch.tokens = std::span<const int32_t>(batch_tokens.data(), r);
+        batch.positions = std::span<const int32_t>(batch_pos.data(), r);
+        batch.seq_ids = std::span<const kv::SeqId>(batch_seq.data(), r);
+        batch.all_logits = all_logits;
+        model.forward(batch, cache, logits.data(), pool);
+    };
 
     PerplexityResult r;
     double nll = 0.0;
     double nll2 = 0.0;
-    for (int c = 0; c < n_chunks; ++c) {
-        const auto start = static_cast<size_t>(c) * static_cast<size_t>(p.n_ctx);
-        std::copy_n(tokens.begin() + static_cast<std::ptrdiff_t>(start), p.n_ctx, chunk.begin());
-        if (p.bos >= 0) chunk[0] = p.bos;
+    for (int c0 = 0; c0 < n_chunks; c0 += n_seq) {
+        const int n_group = std::min(n_seq, n_chunks - c0);
+        for (int s = 0; s < n_group; ++s) {
+            const auto start = static_cast<size_t>(c0 + s) * static_cast<size_t>(p.n_ctx);
+            int32_t* chunk = chunks.data() + static_cast<size_t>(s) * static_cast<size_t>(p.n_ctx);
+            std::copy_n(tokens.begin() + static_cast<std::ptrdiff_t>(start), p.n_ctx, chunk);
+            if (p.bos >= 0) chunk[0] = p.bos;
+            seq_nll[static_cast<size_t>(s)] = 0.0;
+            seq_nll2[static_cast<size_t>(s)] = 0.0;
+        }
         cache.clear();
         // Context half: no logits needed.
-        for (int b = 0; b < first; b += p.n_batch) {
-            const int n = std::min(p.n_batch, first - b);
-            model.forward(std::span<const int32_t>(chunk.data() + b, static_cast<size_t>(n)),
-                          std::span<const int32_t>(positions.data() + b, static_cast<size_t>(n)), cache, logits.data(),
-                          /*all_logits=*/false, pool);
-        }
+        for (int b = 0; b < first; b += ctx_batch) run(n_group, b, std::min(ctx_batch, first - b), false);
         // Scored half: every position but the last predicts the token after it.
         for (int b = first; b < p.n_ctx; b += score_batch) {
             const int n = std::min(score_batch, p.n_ctx - b);
-            model.forward(std::span<const int32_t>(chunk.data() + b, static_cast<size_t>(n)),
-                          std::span<const int32_t>(positions.data() + b, static_cast<size_t>(n)), cache, logits.data(),
-                          /*all_logits=*/true, pool);
-            for (int t = 0; t < n && b + t + 1 < p.n_ctx; ++t) {
-                // Scored against the file's token, not the BOS substitute (only chunk[0] differs).
-                const int32_t target = tokens[start + static_cast<size_t>(b + t + 1)];
-                const double lp = log_prob(std::span<const float>(logits.data() + static_cast<size_t>(t) * n_vocab,
-                                                                  static_cast<size_t>(n_vocab)),
-                                           target);
-                nll -= lp;
-                nll2 += lp * lp;
-                ++r.n_scored;
+            run(n_group, b, n, true);
+            for (int s = 0; s < n_group; ++s) {
+                const auto start = static_cast<size_t>(c0 + s) * static_cast<size_t>(p.n_ctx);
+                for (int t = 0; t < n && b + t + 1 < p.n_ctx; ++t) {
+                    // Scored against the file's token, not the BOS substitute (only chunk[0] differs).
+                    const int32_t target = tokens[start + static_cast<size_t>(b + t + 1)];
+                    const size_t row = static_cast<size_t>(s) * static_cast<size_t>(n) + static_cast<size_t>(t);
+                    const double lp = log_prob(
+                        std::span<const float>(logits.data() + row * n_vocab, static_cast<size_t>(n_vocab)), target);
+                    seq_nll[static_cast<size_t>(s)] -= lp;
+                    seq_nll2[static_cast<size_t>(s)] += lp * lp;
+                }
             }
         }
-        ++r.n_chunks;
-        if (on_chunk) on_chunk(c + 1, std::exp(nll / static_cast<double>(r.n_scored)));
+        // Chunk by chunk, in order.
+        for (int s = 0; s < n_group; ++s) {
+            nll += seq_nll[static_cast<size_t>(s)];
+            nll2 += seq_nll2[static_cast<size_t>(s)];
+            r.n_scored += p.n_ctx - 1 - first;
+            ++r.n_chunks;
+            if (on_chunk) on_chunk(c0 + s + 1, std::exp(nll / static_cast<double>(r.n_scored)));
+        }
     }
     const double mean = nll / static_cast<double>(r.n_scored);
     r.ppl = std::exp(mean);

@@ -13,6 +13,11 @@ SessionParams checked(SessionParams p) {
         throw std::invalid_argument("session: n_ctx = " + std::to_string(p.n_ctx) +
                                     " and n_batch = " + std::to_string(p.n_batch) + " must both be positive");
     }
+    if (p.n_keep < 0 || (p.context_shift && p.n_keep >= p.n_ctx - 1)) {
+        throw std::invalid_argument(
+            "session: n_keep = " + std::to_string(p.n_keep) +
+            " must be at least 0 and, with a context shift, below n_ctx - 1 = " + std::to_string(p.n_ctx - 1));
+    }
     return p;
 }
 
@@ -22,38 +27,67 @@ double seconds_since(std::chrono::steady_clock::time_point start) {
 
 }  // namespace
 
+kv::CacheParams cache_params(const SessionParams& params, int n_seq) {
+    kv::CacheParams cp;
+    cp.n_cells = params.n_ctx;
+    cp.n_seq_max = n_seq;
+    cp.type_k = params.type_k;
+    cp.type_v = params.type_v;
+    cp.rotate = params.kv_rotation;
+    return cp;
+}
+
 Session::Session(model::Model& model, SessionParams params, ops::ThreadPool& pool)
     : model_(model),
       params_(checked(params)),
       pool_(pool),
-      cache_(model.make_cache(params_.n_ctx)),
+      cache_(model.make_cache(cache_params(params_), params_.n_batch)),
       logits_(static_cast<size_t>(model.n_vocab())),
       positions_(static_cast<size_t>(params_.n_batch)) {}
 
+int Session::shift_context() {
+    const int n_discard = (n_past_ - params_.n_keep) / 2;
+    if (n_discard <= 0) return 0;
+    cache_.seq_rm(0, params_.n_keep, params_.n_keep + n_discard);
+    cache_.seq_add(0, params_.n_keep + n_discard, n_past_, -n_discard);
+    n_past_ -= n_discard;
+    ++n_shifts_;
+    return n_discard;
+}
+
 std::span<const float> Session::feed(std::span<const int32_t> tokens) {
     if (tokens.empty()) throw std::invalid_argument("session: feed() needs at least one token");
-    if (tokens.size() > static_cast<size_t>(cache_.capacity() - cache_.size())) {
-        throw kv::KvCacheError("context full: " + std::to_string(tokens.size()) + " tokens after " +
-                               std::to_string(cache_.size()) +
-                               " do not fit in n_ctx = " + std::to_string(cache_.capacity()) + " (raise -c)");
+    const auto full = [&](size_t n) {
+        return kv::KvCacheError("context full: " + std::to_string(n) + " tokens after " + std::to_string(n_past_) +
+                                " do not fit in n_ctx = " + std::to_string(params_.n_ctx) +
+                                " (raise -c, or --context-shift to drop old tokens)");
+    };
+    if (!params_.context_shift && tokens.size() > static_cast<size_t>(params_.n_ctx - n_past_)) {
+        throw full(tokens.size());
     }
     for (size_t begin = 0; begin < tokens.size(); begin += static_cast<size_t>(params_.n_batch)) {
         const size_t n = std::min(tokens.size() - begin, static_cast<size_t>(params_.n_batch));
-        for (size_t t = 0; t < n; ++t) positions_[t] = cache_.size() + static_cast<int32_t>(t);
+        while (n > static_cast<size_t>(params_.n_ctx - n_past_)) {
+            if (shift_context() == 0) throw full(n);
+        }
+        for (size_t t = 0; t < n; ++t) positions_[t] = n_past_ + static_cast<int32_t>(t);
         model_.forward(tokens.subspan(begin, n), std::span<const int32_t>(positions_.data(), n), cache_, logits_.data(),
                        /*all_logits=*/false, pool_);
+        n_past_ += static_cast<int>(n);
     }
     return logits_;
 }
 
 void Session::reset() {
     cache_.clear();
+    n_past_ = 0;
 }
 
 GenerationStats Session::generate(std::span<const int32_t> prompt, int n_predict, sampling::Sampler& sampler,
                                   const std::function<bool(int32_t)>& is_eog,
                                   const std::function<bool(int32_t)>& on_token) {
     GenerationStats stats;
+    const int shifts_before = n_shifts_;
     auto start = std::chrono::steady_clock::now();
     std::span<const float> logits = feed(prompt);
     stats.n_prompt = static_cast<int>(prompt.size());
@@ -66,10 +100,15 @@ GenerationStats Session::generate(std::span<const int32_t> prompt, int n_predict
         sampler.accept(next);
         ++stats.n_generated;
         const bool go_on = on_token(next);
-        if (!go_on || is_eog(next) || i + 1 == n_predict || cache_.size() >= cache_.capacity()) break;
+        if (!go_on || is_eog(next) || i + 1 == n_predict) break;
+        if (!params_.context_shift && n_past_ >= params_.n_ctx) {
+            stats.context_full = true;
+            break;
+        }
         logits = feed(std::span<const int32_t>(&next, 1));
     }
     stats.generate_seconds = seconds_since(start);
+    stats.n_shifts = n_shifts_ - shifts_before;
     return stats;
 }
 

@@ -38,7 +38,38 @@ TEST(RunCommand, RunsATinyLlamaFile) {
     EXPECT_NE(r.output.find("generated: "), std::string::npos) << r.output;
 }
 
+// A full context stops generation with a message by default; --context-shift drops the oldest
+// tokens after --keep and goes on (tiny Llama, -c 16).
+TEST(RunCommand, ContextFullStopsOrShiftsWithContextShift) {
+    const test::TempDir dir;
+    const std::filesystem::path path = dir / "tiny-llama.gguf";
+    test::write_file(path, test::tiny_llama_bytes({.rope_freqs = true, .with_vocab = true}));
+    const std::string base = fitllm_exe() + " run -m '" + path.string() + "' -p 'a b c' -n 40 --temp 0 -t 1 -c 16";
+    const test::CommandResult stop = test::run_command(base + " 2>&1");
+    ASSERT_EQ(stop.status, 0) << stop.output;
+    EXPECT_NE(stop.output.find("the context is full (16 tokens)"), std::string::npos) << stop.output;
+    EXPECT_NE(stop.output.find("generated: 13 tokens"), std::string::npos) << stop.output;  // 4 prompt + 12 fed
+
+    const test::CommandResult shift = test::run_command(base + " --context-shift --keep 1 2>&1");
+    ASSERT_EQ(shift.status, 0) << shift.output;
+    // Past the 13 tokens that fit (the random model may sample its end-of-text token before 40).
+    const size_t at = shift.output.find("generated: ");
+    ASSERT_NE(at, std::string::npos) << shift.output;
+    EXPECT_GT(std::stoi(shift.output.substr(at + 11)), 13) << shift.output;
+    EXPECT_NE(shift.output.find("context shifts: "), std::string::npos) << shift.output;
+    EXPECT_EQ(shift.output.find("context is full"), std::string::npos) << shift.output;
+
+    const test::CommandResult f32 = test::run_command(base + " -ctk f32 -ctv bf16 -n 4 2>&1");
+    EXPECT_EQ(f32.status, 0) << f32.output;
+}
+
 TEST(RunCommand, UsageErrorsExitWithStatus2) {
+    const test::CommandResult bad_type = test::run_command(fitllm_exe() + " run -m x.gguf -p hi -ctk q3_k 2>&1");
+    EXPECT_EQ(bad_type.status, 2) << bad_type.output;
+    EXPECT_NE(bad_type.output.find("iq4_nl"), std::string::npos) << bad_type.output;  // lists the accepted types
+    const test::CommandResult bad_keep =
+        test::run_command(fitllm_exe() + " run -m x.gguf -p hi -c 8 --context-shift --keep 8 2>&1");
+    EXPECT_EQ(bad_keep.status, 2) << bad_keep.output;
     const test::CommandResult no_model = test::run_command(fitllm_exe() + " run -p hi 2>&1");
     EXPECT_EQ(no_model.status, 2) << no_model.output;
     EXPECT_NE(no_model.output.find("-m MODEL is required"), std::string::npos) << no_model.output;
@@ -54,7 +85,8 @@ TEST(RunCommand, HelpListsTheOptions) {
     const test::CommandResult r = test::run_command(fitllm_exe() + " run --help");
     EXPECT_EQ(r.status, 0);
     for (const char* option : {"--model", "--prompt", "--n-predict", "--ctx-size", "--threads", "--temp", "--top-k",
-                               "--top-p", "--min-p", "--seed", "--repeat-penalty"}) {
+                               "--top-p", "--min-p", "--seed", "--repeat-penalty", "--cache-type-k", "--cache-type-v",
+                               "--no-kv-rotation", "--context-shift", "--keep"}) {
         EXPECT_NE(r.output.find(option), std::string::npos) << option;
     }
 }

@@ -97,12 +97,12 @@ TEST(ModelForward, BatchMatchesTokenByTokenThroughTheCache) {
     std::iota(positions.begin(), positions.end(), 0);
     const size_t n_vocab = static_cast<size_t>(model->n_vocab());
 
-    kv::KvCache batch_cache = model->make_cache(16);
+    kv::ModelCache batch_cache = model->make_cache({.n_cells = 16}, 64);
     std::vector<float> all(tokens.size() * n_vocab);
     model->forward(tokens, positions, batch_cache, all.data(), /*all_logits=*/true, pool);
-    EXPECT_EQ(batch_cache.size(), static_cast<int>(tokens.size()));
+    EXPECT_EQ(batch_cache.seq_pos_max(0) + 1, static_cast<int>(tokens.size()));
 
-    kv::KvCache step_cache = model->make_cache(16);
+    kv::ModelCache step_cache = model->make_cache({.n_cells = 16}, 64);
     std::vector<float> one(n_vocab);
     for (size_t t = 0; t < tokens.size(); ++t) {
         model->forward(std::span(&tokens[t], 1), std::span(&positions[t], 1), step_cache, one.data(), false, pool);
@@ -112,7 +112,7 @@ TEST(ModelForward, BatchMatchesTokenByTokenThroughTheCache) {
         }
     }
     // Last-token-only output is the last row of all logits.
-    kv::KvCache last_cache = model->make_cache(16);
+    kv::ModelCache last_cache = model->make_cache({.n_cells = 16}, 64);
     model->forward(tokens, positions, last_cache, one.data(), /*all_logits=*/false, pool);
     for (size_t i = 0; i < n_vocab; ++i) EXPECT_EQ(one[i], all[(tokens.size() - 1) * n_vocab + i]);
 }
@@ -122,7 +122,7 @@ TEST(ModelForward, TokenOutsideVocabularyIsAnError) {
     const gguf::GgufFile file = gguf::GgufFile::parse(bytes, "tiny.gguf");
     const auto model = model::Model::load(file);
     ops::ThreadPool pool(1);
-    kv::KvCache cache = model->make_cache(4);
+    kv::ModelCache cache = model->make_cache({.n_cells = 4}, 64);
     std::vector<float> logits(static_cast<size_t>(model->n_vocab()));
     const int32_t token = 40, pos = 0;
     EXPECT_THROW(model->forward(std::span(&token, 1), std::span(&pos, 1), cache, logits.data(), false, pool),

@@ -37,7 +37,7 @@ std::string load_error(const test::TinyLlamaOptions& options) {
 std::vector<float> batch_logits(model::Model& model, const std::vector<int32_t>& tokens, ops::ThreadPool& pool) {
     std::vector<int32_t> positions(tokens.size());
     std::iota(positions.begin(), positions.end(), 0);
-    kv::KvCache cache = model.make_cache(32);
+    kv::ModelCache cache = model.make_cache({.n_cells = 32}, 64);
     std::vector<float> all(tokens.size() * static_cast<size_t>(model.n_vocab()));
     model.forward(tokens, positions, cache, all.data(), /*all_logits=*/true, pool);
     return all;
@@ -133,7 +133,7 @@ TEST(Qwen2Forward, BatchMatchesTokenByTokenThroughTheCache) {
     const size_t n_vocab = static_cast<size_t>(model->n_vocab());
     const std::vector<float> all = batch_logits(*model, tokens, pool);
 
-    kv::KvCache step_cache = model->make_cache(16);
+    kv::ModelCache step_cache = model->make_cache({.n_cells = 16}, 64);
     std::vector<float> one(n_vocab);
     for (size_t t = 0; t < tokens.size(); ++t) {
         model->forward(std::span(&tokens[t], 1), std::span(&positions[t], 1), step_cache, one.data(), false, pool);
@@ -141,7 +141,7 @@ TEST(Qwen2Forward, BatchMatchesTokenByTokenThroughTheCache) {
             ASSERT_NEAR(one[i], all[t * n_vocab + i], 1e-4f) << "token " << t << ", logit " << i;
         }
     }
-    kv::KvCache last_cache = model->make_cache(16);
+    kv::ModelCache last_cache = model->make_cache({.n_cells = 16}, 64);
     model->forward(tokens, positions, last_cache, one.data(), /*all_logits=*/false, pool);
     for (size_t i = 0; i < n_vocab; ++i) EXPECT_EQ(one[i], all[(tokens.size() - 1) * n_vocab + i]);
 }

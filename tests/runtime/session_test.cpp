@@ -3,8 +3,11 @@
 
 #include <gtest/gtest.h>
 
+#include <algorithm>
+#include <cmath>
 #include <memory>
 #include <span>
+#include <string>
 #include <vector>
 
 #include "gguf/gguf_reader.h"
@@ -90,12 +93,71 @@ TEST(Session, StopsWhenTheContextIsFullAndRefusesAPromptThatDoesNotFit) {
     const auto stats = s.generate(
         kPrompt, 10, sampler, [](int32_t) { return false; }, [](int32_t) { return true; });
     EXPECT_EQ(stats.n_generated, 3);  // 7 prompt + 2 fed fill the 9 cells; the third is sampled last
+    EXPECT_TRUE(stats.context_full);
     EXPECT_EQ(s.n_past(), 9);
 
     runtime::Session tiny(*t.model, {.n_ctx = 4, .n_batch = 4}, t.pool);
     EXPECT_THROW(tiny.feed(kPrompt), kv::KvCacheError);
     EXPECT_EQ(tiny.n_past(), 0);
     EXPECT_THROW(runtime::Session(*t.model, {.n_ctx = 0, .n_batch = 4}, t.pool), std::invalid_argument);
+}
+
+TEST(Session, ContextShiftDropsTheOldestTokensAfterKeepAndGoesOn) {
+    Tiny t;
+    runtime::SessionParams p{.n_ctx = 12, .n_batch = 4};
+    p.context_shift = true;
+    p.n_keep = 2;
+    runtime::Session s(*t.model, p, t.pool);
+    sampling::Sampler sampler = greedy_sampler(t.model->n_vocab());
+    const auto stats = s.generate(
+        kPrompt, 30, sampler, [](int32_t) { return false; }, [](int32_t) { return true; });
+    EXPECT_EQ(stats.n_generated, 30);  // far past n_ctx = 12
+    EXPECT_FALSE(stats.context_full);
+    EXPECT_GE(stats.n_shifts, 3);
+    EXPECT_LE(s.n_past(), 12);
+    EXPECT_EQ(s.cache().seq_pos_min(0), 0);
+    EXPECT_EQ(s.cache().seq_pos_max(0), s.n_past() - 1);
+}
+
+// After a shift the cache holds the kept tokens and the newest ones at consecutive positions, K
+// re-rotated: the logits are those of a fresh session fed exactly those tokens (up to the f16
+// rounding of K stored again after its rotation).
+TEST(Session, AfterAContextShiftTheLogitsAreThoseOfTheKeptTokens) {
+    Tiny t;
+    runtime::SessionParams p{.n_ctx = 16, .n_batch = 16};
+    p.context_shift = true;
+    p.n_keep = 2;
+    runtime::Session shifted(*t.model, p, t.pool);
+    std::vector<int32_t> tokens(17);
+    for (size_t i = 0; i < tokens.size(); ++i) tokens[i] = static_cast<int32_t>((i * 11 + 3) % 40);
+    shifted.feed(std::span<const int32_t>(tokens.data(), 16));  // full
+    EXPECT_EQ(shifted.n_past(), 16);
+    const std::span<const float> got = shifted.feed(std::span<const int32_t>(&tokens[16], 1));
+    EXPECT_EQ(shifted.n_past(), 10);  // (16 - 2) / 2 = 7 dropped, then one more
+
+    std::vector<int32_t> kept = {tokens[0], tokens[1]};
+    kept.insert(kept.end(), tokens.begin() + 9, tokens.end());  // 2 + 8 tokens
+    runtime::Session fresh(*t.model, {.n_ctx = 32, .n_batch = 16}, t.pool);
+    const std::span<const float> want = fresh.feed(kept);
+    ASSERT_EQ(got.size(), want.size());
+    float max_logit = 0.0f, max_diff = 0.0f;
+    for (size_t i = 0; i < want.size(); ++i) {
+        max_logit = std::max(max_logit, std::fabs(want[i]));
+        max_diff = std::max(max_diff, std::fabs(got[i] - want[i]));
+    }
+    EXPECT_LT(max_diff, 1e-2f * max_logit);
+
+    // Without the shift, the same feed is refused with a clear message.
+    runtime::Session stopping(*t.model, {.n_ctx = 16, .n_batch = 16}, t.pool);
+    stopping.feed(std::span<const int32_t>(tokens.data(), 16));
+    try {
+        stopping.feed(std::span<const int32_t>(&tokens[16], 1));
+        FAIL() << "expected KvCacheError";
+    } catch (const kv::KvCacheError& e) {
+        EXPECT_NE(std::string(e.what()).find("context full"), std::string::npos) << e.what();
+    }
+    EXPECT_THROW(runtime::Session(*t.model, {.n_ctx = 16, .n_batch = 4, .context_shift = true, .n_keep = 15}, t.pool),
+                 std::invalid_argument);
 }
 
 }  // namespace
