@@ -8,10 +8,7 @@
 
 #include "kv/cache.h"
 #include "ops/attention.h"
-#if __has_include("ops/attention_kv.h")
 #include "ops/attention_kv.h"
-#define FITLLM_HAS_ATTENTION_KV 1
-#endif
 #include "quant/dot.h"
 #include "util/text.h"
 
@@ -46,19 +43,6 @@ std::string type_str(quant::GgmlType t) {
     std::string s(quant::type_name(static_cast<uint32_t>(t)));
     for (char& c : s) c = static_cast<char>(std::tolower(static_cast<unsigned char>(c)));
     return s;
-}
-
-// The ops::Scratch bytes of one attention call over the KV cache for n_tok tokens.
-uint64_t attention_scratch_bytes(int64_t n_tok, const ops::AttentionParams& ap, int n_threads) {
-#ifdef FITLLM_HAS_ATTENTION_KV
-    return ops::attention_kv_scratch_bytes(n_tok, ap, n_threads);
-#else
-    // Until ops/attention_kv lands: its per-thread tile buffers (16 queries x (3 head rows + 64
-    // scores), two K/V rows, the tile bookkeeping) and two ints per token.
-    const auto d = static_cast<uint64_t>(ap.head_dim);
-    const uint64_t per_thread = (3 * 16 * d + 16 * 64 + 2 * d + 256 + 15) / 16 * 16;
-    return per_thread * static_cast<uint64_t>(n_threads) * sizeof(float) + (2 * static_cast<uint64_t>(n_tok) + 2) * 4;
-#endif
 }
 
 uint64_t round_up(uint64_t n, uint64_t to) {
@@ -192,7 +176,7 @@ Plan make_plan(const ModelShape& shape, PlanParams params) {
     ap.n_head = hp.n_head;
     ap.n_head_kv = hp.n_head_kv;
     ap.head_dim = hp.head_dim;
-    p.attention_scratch = attention_scratch_bytes(params.n_batch, ap, params.n_threads);
+    p.attention_scratch = ops::attention_kv_scratch_bytes(params.n_batch, ap, params.n_threads);
     p.scratch = p.activations + std::max(p.matmul_scratch, p.attention_scratch) + 64;
 
     p.logits = uint64_t(hp.n_vocab) * sizeof(float) * static_cast<uint64_t>(params.n_outputs);

@@ -105,6 +105,17 @@ TEST(HostBudget, CgroupV1WithoutLimitFallsBackToMeminfo) {
     EXPECT_EQ(b.budget, 0u);  // the margin takes all of so little
 }
 
+TEST(HostBudget, CgroupPathMissingUnderTheMountUsesTheRoot) {
+    // A container that sees only its own cgroup at the mount, while /proc/self/cgroup names the
+    // host's path: the walk up the tree ends at the mount's root, which is this container's.
+    test::TempDir dir;
+    SystemRoots roots{dir / "proc", dir / "sys"};
+    put(roots.proc / "meminfo", kMeminfo);
+    put(roots.proc / "self" / "cgroup", "0::/kubepods/pod1/abc\n");
+    put(roots.sys / "fs/cgroup/memory.max", "1073741824\n");
+    EXPECT_EQ(host_budget(roots).available, 1ull << 30);
+}
+
 TEST(HostBudget, NothingReadableIsAnError) {
     test::TempDir dir;
     EXPECT_THROW(host_budget({dir / "proc", dir / "sys"}), Error);
