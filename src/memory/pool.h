@@ -19,6 +19,15 @@ namespace fitllm::memory {
 
 class Charge;
 
+// The pools the runtime charges (Device::pool(name)); the plan's rows use the same names.
+namespace pool_names {
+inline constexpr const char* kWeights = "weights";  // weight copies and pinned/resident mapped weights
+inline constexpr const char* kKv = "kv";            // the KV cache
+inline constexpr const char* kScratch = "scratch";  // activations and op scratch of a forward pass
+inline constexpr const char* kLogits = "logits";    // outputs
+inline constexpr const char* kStaging = "staging";  // buffers of streamed layers
+}  // namespace pool_names
+
 class Pool {
 public:
     Pool(Device& device, std::string name) : device_(device), name_(std::move(name)) {}
