@@ -63,6 +63,22 @@ TEST(RunCommand, ContextFullStopsOrShiftsWithContextShift) {
     EXPECT_EQ(f32.status, 0) << f32.output;
 }
 
+// -np 3: three continuations decoded together, printed one after the other.
+TEST(RunCommand, ParallelSequences) {
+    const test::TempDir dir;
+    const std::filesystem::path path = dir / "tiny-llama.gguf";
+    test::write_file(path, test::tiny_llama_bytes({.rope_freqs = true, .with_vocab = true}));
+    const test::CommandResult r = test::run_command(fitllm_exe() + " run -m '" + path.string() +
+                                                    "' -p 'a b c' -n 6 --seed 5 -t 1 -c 64 -np 3 2>&1");
+    ASSERT_EQ(r.status, 0) << r.output;
+    for (const char* label : {"--- sequence 0 ---", "--- sequence 1 ---", "--- sequence 2 ---", "in 3 sequences"}) {
+        EXPECT_NE(r.output.find(label), std::string::npos) << label << "\n" << r.output;
+    }
+    const test::CommandResult both =
+        test::run_command(fitllm_exe() + " run -m '" + path.string() + "' -p 'a' -np 2 --context-shift 2>&1");
+    EXPECT_EQ(both.status, 2) << both.output;
+}
+
 TEST(RunCommand, UsageErrorsExitWithStatus2) {
     const test::CommandResult bad_type = test::run_command(fitllm_exe() + " run -m x.gguf -p hi -ctk q3_k 2>&1");
     EXPECT_EQ(bad_type.status, 2) << bad_type.output;
@@ -86,7 +102,7 @@ TEST(RunCommand, HelpListsTheOptions) {
     EXPECT_EQ(r.status, 0);
     for (const char* option : {"--model", "--prompt", "--n-predict", "--ctx-size", "--threads", "--temp", "--top-k",
                                "--top-p", "--min-p", "--seed", "--repeat-penalty", "--cache-type-k", "--cache-type-v",
-                               "--no-kv-rotation", "--context-shift", "--keep"}) {
+                               "--no-kv-rotation", "--context-shift", "--keep", "--parallel"}) {
         EXPECT_NE(r.output.find(option), std::string::npos) << option;
     }
 }
