@@ -27,6 +27,18 @@ double seconds_since(std::chrono::steady_clock::time_point start) {
 
 }  // namespace
 
+namespace {
+
+// With a context shift, the blocks at the two edges of the dropped range keep holes (cells are
+// only filled at the end of a sequence's last block): two blocks more keep n_ctx tokens in.
+kv::CacheParams session_cache_params(const SessionParams& params) {
+    kv::CacheParams cp = cache_params(params);
+    if (params.context_shift) cp.n_cells += 2 * cp.block_size;
+    return cp;
+}
+
+}  // namespace
+
 kv::CacheParams cache_params(const SessionParams& params, int n_seq) {
     kv::CacheParams cp;
     cp.n_cells = params.n_ctx;
@@ -41,7 +53,7 @@ Session::Session(model::Model& model, SessionParams params, ops::ThreadPool& poo
     : model_(model),
       params_(checked(params)),
       pool_(pool),
-      cache_(model.make_cache(cache_params(params_), params_.n_batch)),
+      cache_(model.make_cache(session_cache_params(params_), params_.n_batch)),
       logits_(static_cast<size_t>(model.n_vocab())),
       positions_(static_cast<size_t>(params_.n_batch)) {}
 
@@ -70,9 +82,17 @@ std::span<const float> Session::feed(std::span<const int32_t> tokens) {
         while (n > static_cast<size_t>(params_.n_ctx - n_past_)) {
             if (shift_context() == 0) throw full(n);
         }
-        for (size_t t = 0; t < n; ++t) positions_[t] = n_past_ + static_cast<int32_t>(t);
-        model_.forward(tokens.subspan(begin, n), std::span<const int32_t>(positions_.data(), n), cache_, logits_.data(),
-                       /*all_logits=*/false, pool_);
+        while (true) {
+            for (size_t t = 0; t < n; ++t) positions_[t] = n_past_ + static_cast<int32_t>(t);
+            try {
+                model_.forward(tokens.subspan(begin, n), std::span<const int32_t>(positions_.data(), n), cache_,
+                               logits_.data(), /*all_logits=*/false, pool_);
+                break;
+            } catch (const kv::KvCacheError&) {
+                // The cells are there but not in whole blocks (holes a shift left): shift again.
+                if (!params_.context_shift || shift_context() == 0) throw;
+            }
+        }
         n_past_ += static_cast<int>(n);
     }
     return logits_;

@@ -8,11 +8,13 @@
 #include <memory>
 #include <span>
 #include <string>
+#include <utility>
 #include <vector>
 
 #include "gguf/gguf_reader.h"
 #include "model/model.h"
 #include "model/tiny_gemma3.h"
+#include "model/tiny_llama.h"
 #include "sampling/sampler.h"
 
 namespace fitllm {
@@ -103,20 +105,31 @@ TEST(Session, StopsWhenTheContextIsFullAndRefusesAPromptThatDoesNotFit) {
 }
 
 TEST(Session, ContextShiftDropsTheOldestTokensAfterKeepAndGoesOn) {
-    Tiny t;
-    runtime::SessionParams p{.n_ctx = 12, .n_batch = 4};
-    p.context_shift = true;
-    p.n_keep = 2;
-    runtime::Session s(*t.model, p, t.pool);
-    sampling::Sampler sampler = greedy_sampler(t.model->n_vocab());
-    const auto stats = s.generate(
-        kPrompt, 30, sampler, [](int32_t) { return false; }, [](int32_t) { return true; });
-    EXPECT_EQ(stats.n_generated, 30);  // far past n_ctx = 12
-    EXPECT_FALSE(stats.context_full);
-    EXPECT_GE(stats.n_shifts, 3);
-    EXPECT_LE(s.n_past(), 12);
-    EXPECT_EQ(s.cache().seq_pos_min(0), 0);
-    EXPECT_EQ(s.cache().seq_pos_max(0), s.n_past() - 1);
+    // The tiny Llama: one full-attention pool, which keeps the first n_keep tokens (the tiny
+    // Gemma's two layers both have a window of 4: its pool keeps only the window).
+    const std::vector<std::byte> bytes = test::tiny_llama_bytes({});
+    const gguf::GgufFile file = gguf::GgufFile::parse(bytes, "tiny.gguf");
+    const auto model = model::Model::load(file);
+    ops::ThreadPool pool(2);
+    // Small contexts and contexts over several blocks of 16 cells, where a shift leaves holes in
+    // the blocks at the edges of the dropped range.
+    for (const auto [n_ctx, n_keep] : {std::pair{12, 2}, std::pair{40, 3}, std::pair{70, 0}}) {
+        SCOPED_TRACE(n_ctx);
+        runtime::SessionParams p{.n_ctx = n_ctx, .n_batch = 4};
+        p.context_shift = true;
+        p.n_keep = n_keep;
+        runtime::Session s(*model, p, pool);
+        ASSERT_EQ(s.cache().n_pools(), 1);
+        sampling::Sampler sampler = greedy_sampler(model->n_vocab());
+        const auto stats = s.generate(
+            kPrompt, 300, sampler, [](int32_t) { return false; }, [](int32_t) { return true; });
+        EXPECT_EQ(stats.n_generated, 300);  // far past n_ctx
+        EXPECT_FALSE(stats.context_full);
+        EXPECT_GE(stats.n_shifts, 300 / n_ctx);
+        EXPECT_LE(s.n_past(), n_ctx);
+        EXPECT_EQ(s.cache().seq_pos_min(0), 0);
+        EXPECT_EQ(s.cache().seq_pos_max(0), s.n_past() - 1);
+    }
 }
 
 // After a shift the cache holds the kept tokens and the newest ones at consecutive positions, K
