@@ -15,6 +15,7 @@
 #include "model/model.h"
 #include "model/tiny_gemma3.h"
 #include "ops/thread_pool.h"
+#include "quant/ggml_type.h"
 #include "runtime/session.h"
 #include "sampling/sampler.h"
 #include "test_support.h"
@@ -75,9 +76,9 @@ namespace {
 
 // Runs n_warm decode steps, then counts the allocations of the next n_steps.
 long allocations_per_decode(model::Model& model, std::span<const int32_t> prompt, int n_warm, int n_steps,
-                            sampling::SamplingParams sp) {
+                            sampling::SamplingParams sp, quant::GgmlType kv_type = quant::GgmlType::F16) {
     ops::ThreadPool pool(2);
-    runtime::Session session(model, {.n_ctx = 256, .n_batch = 64}, pool);
+    runtime::Session session(model, {.n_ctx = 256, .n_batch = 64, .type_k = kv_type, .type_v = kv_type}, pool);
     sampling::Sampler sampler(sp, model.n_vocab());
     std::span<const float> logits = session.feed(prompt);
     for (const int32_t id : prompt) sampler.accept(id);
@@ -138,6 +139,20 @@ TEST(DecodeAllocations, NoneAfterTheFirstStepOnTheDemoModel) {
     sp.temperature = 0.0f;
     const std::vector<int32_t> prompt = {2, 818, 5279, 529, 7001, 563};
     EXPECT_EQ(allocations_per_decode(*model, prompt, 1, 8, sp), 0);
+}
+
+// The quantized cache: q quantized for the K dot and rotated, in the same preallocated scratch.
+TEST(DecodeAllocations, NoneAfterTheFirstStepOnTheDemoModelWithAQuantizedCache) {
+    const auto path = test::demo_model();
+    if (!path) GTEST_SKIP() << "demo model not found (scripts/setup.sh assembles it)";
+    const gguf::GgufFile file = gguf::GgufFile::open(path->string());
+    const auto model = model::Model::load(file);
+    sampling::SamplingParams sp;
+    sp.temperature = 0.0f;
+    const std::vector<int32_t> prompt = {2, 818, 5279, 529, 7001, 563};
+    for (const quant::GgmlType type : {quant::GgmlType::Q8_0, quant::GgmlType::Q4_0}) {
+        EXPECT_EQ(allocations_per_decode(*model, prompt, 1, 8, sp, type), 0) << static_cast<int>(type);
+    }
 }
 
 }  // namespace
