@@ -1,6 +1,8 @@
 // fitllm bench -m MODEL [-p 512] [-n 128] [-t N] [-r 5] [-o md|json] [-ctk TYPE] [-ctv TYPE] [--no-kv-rotation]
+// [-np N]
 // llama-bench style: prompt processing (pp) and token generation (tg) speed in tokens/s,
 // mean ± stdev over repetitions, on a fresh KV cache each time.
+#include <algorithm>
 #include <chrono>
 #include <cmath>
 #include <cstdio>
@@ -14,6 +16,7 @@
 #include "cli/generation_options.h"
 #include "cli/load_progress.h"
 #include "gguf/gguf_reader.h"
+#include "kv/cache.h"
 #include "model/model.h"
 #include "ops/thread_pool.h"
 #include "quant/file_type.h"
@@ -57,10 +60,11 @@ int run_bench(const std::vector<std::string>& args) {
     int repetitions = 5;
     int n_batch = 512;
     std::string output = "md";
+    int n_parallel = 1;
     runtime::SessionParams kv_params;  // the KV options' target
     ArgParser p(
         "fitllm bench -m MODEL [-p 512] [-n 128] [-t N] [-r 5] [-o md|json] [-ctk TYPE] [-ctv TYPE] "
-        "[--no-kv-rotation]",
+        "[--no-kv-rotation] [-np N]",
         "Measure prompt processing (pp) and token generation (tg) speed, like llama-bench:\n"
         "tokens/s, mean and standard deviation over repetitions. Token ids are random; each\n"
         "repetition starts from an empty KV cache. -p 0 or -n 0 skips that test.");
@@ -71,8 +75,14 @@ int run_bench(const std::vector<std::string>& args) {
     p.option("-b, --batch-size", "N", "prompt tokens per forward pass (default 512)", &n_batch);
     p.option("-r, --repetitions", "N", "repetitions of each test (default 5)", &repetitions);
     p.option("-o, --output", "md|json", "output format (default md)", &output);
+    p.option("-np, --parallel", "N",
+             "also a tg test of N sequences decoded together (one token of each per pass; default 1: none)",
+             &n_parallel);
     add_kv_options(p, kv_params);
     if (!p.parse(args)) return 0;
+    if (n_parallel < 1 || n_parallel > kv::kMaxSequences) {
+        throw UsageError("-np: " + std::to_string(n_parallel) + " must be in 1.." + std::to_string(kv::kMaxSequences));
+    }
     if (model_path.empty()) throw UsageError("missing -m MODEL (see --help)");
     if (n_prompt < 0 || n_gen < 0 || repetitions < 1 || n_batch < 1)
         throw UsageError("-p, -n must be >= 0; -r, -b >= 1");
@@ -114,6 +124,31 @@ int run_bench(const std::vector<std::string>& args) {
             if (r >= 0) seconds.push_back(seconds_since(t0));
         }
         results.push_back(summarize("tg" + std::to_string(n_gen), n_gen, seconds));
+    }
+    if (n_gen > 0 && n_parallel > 1) {
+        // tgN x P: P sequences decoded together, one token of each per forward pass (tokens/s of
+        // all of them), in a cache of P sequences.
+        kv::CacheParams cp = runtime::cache_params(sp, n_parallel);
+        cp.n_cells = n_parallel * (n_gen + 16);
+        kv::ModelCache cache = model->make_cache(cp, n_parallel);
+        std::vector<int32_t> tokens(static_cast<size_t>(n_parallel)), pos(static_cast<size_t>(n_parallel));
+        std::vector<kv::SeqId> seq(static_cast<size_t>(n_parallel));
+        for (int s = 0; s < n_parallel; ++s) seq[static_cast<size_t>(s)] = s;
+        std::vector<float> logits(static_cast<size_t>(n_parallel) * static_cast<size_t>(model->n_vocab()));
+        std::vector<double> seconds;
+        for (int r = -1; r < repetitions; ++r) {
+            cache.clear();
+            const auto t0 = std::chrono::steady_clock::now();
+            for (int i = 0; i < n_gen; ++i) {
+                for (auto& t : tokens) t = token(rng);
+                std::fill(pos.begin(), pos.end(), i);
+                model->forward({.tokens = tokens, .positions = pos, .seq_ids = seq, .all_logits = true}, cache,
+                               logits.data(), pool);
+            }
+            if (r >= 0) seconds.push_back(seconds_since(t0));
+        }
+        results.push_back(
+            summarize("tg" + std::to_string(n_gen) + " x" + std::to_string(n_parallel), n_gen * n_parallel, seconds));
     }
 
     const std::string arch(file.get<std::string_view>("general.architecture"));
