@@ -31,6 +31,7 @@ struct TinyModel {
 
 std::vector<TinyModel> tiny_models() {
     return {{"gemma3", test::tiny_gemma3_bytes()},
+            {"gemma3 with a global layer", test::tiny_gemma3_bytes({.n_layer = 6})},
             {"llama", test::tiny_llama_bytes({.rope_freqs = true})},
             {"qwen2", test::tiny_llama_bytes({.arch = "qwen2", .qkv_bias = true})}};
 }
@@ -47,9 +48,11 @@ int32_t step_token(size_t s, int i) {
     return static_cast<int32_t>((7 * s + 5 * static_cast<size_t>(i) + 3) % 40);
 }
 
-kv::CacheParams params(int n_seq) {
+// 64 cells: the tiny Gemmas' window layers share the full pool (a window pool would not be
+// smaller); 256: they get a window pool of their own, trimmed after every batch.
+kv::CacheParams params(int n_seq, int n_cells = 64) {
     kv::CacheParams p;
-    p.n_cells = 64;
+    p.n_cells = n_cells;
     p.n_seq_max = n_seq;
     p.block_size = 4;  // small blocks: sequences span several, and share the last one after seq_cp
     return p;
@@ -57,8 +60,8 @@ kv::CacheParams params(int n_seq) {
 
 // Logits of sequence s alone: its prompt in one batch, then one token per step. Returns
 // [1 + kSteps][n_vocab].
-std::vector<float> alone(model::Model& model, size_t s, ops::ThreadPool& pool) {
-    kv::ModelCache cache = model.make_cache(params(1), 32);
+std::vector<float> alone(model::Model& model, size_t s, int n_cells, ops::ThreadPool& pool) {
+    kv::ModelCache cache = model.make_cache(params(1, n_cells), 32);
     const size_t n_vocab = static_cast<size_t>(model.n_vocab());
     std::vector<float> out((1 + kSteps) * n_vocab);
     const std::vector<int32_t>& prompt = kPrompts[s];
@@ -75,62 +78,67 @@ std::vector<float> alone(model::Model& model, size_t s, ops::ThreadPool& pool) {
 
 TEST(BatchedDecode, SequencesTogetherGiveTheLogitsOfEachAlone) {
     ops::ThreadPool pool(2);
-    for (const TinyModel& tm : tiny_models()) {
-        SCOPED_TRACE(tm.name);
-        const gguf::GgufFile file = gguf::GgufFile::parse(tm.bytes, "tiny.gguf");
-        const auto model = model::Model::load(file);
-        const size_t n_seq = kPrompts.size();
-        const size_t n_vocab = static_cast<size_t>(model->n_vocab());
+    for (const int n_cells : {64, 256}) {
+        for (const TinyModel& tm : tiny_models()) {
+            SCOPED_TRACE(tm.name + ", " + std::to_string(n_cells) + " cells");
+            const gguf::GgufFile file = gguf::GgufFile::parse(tm.bytes, "tiny.gguf");
+            const auto model = model::Model::load(file);
+            const size_t n_seq = kPrompts.size();
+            const size_t n_vocab = static_cast<size_t>(model->n_vocab());
 
-        std::vector<std::vector<float>> want;
-        for (size_t s = 0; s < n_seq; ++s) want.push_back(alone(*model, s, pool));
+            std::vector<std::vector<float>> want;
+            for (size_t s = 0; s < n_seq; ++s) want.push_back(alone(*model, s, n_cells, pool));
 
-        // Together: all prompts in one batch, their tokens interleaved, each sequence's last
-        // token flagged for logits; then one token of every sequence per step.
-        kv::ModelCache cache = model->make_cache(params(static_cast<int>(n_seq)), 32);
-        std::vector<int32_t> tokens, pos;
-        std::vector<kv::SeqId> seq;
-        std::vector<uint8_t> output;
-        for (size_t i = 0; i < 11; ++i) {
+            // Together: all prompts in one batch, their tokens interleaved, each sequence's last
+            // token flagged for logits; then one token of every sequence per step.
+            kv::ModelCache cache = model->make_cache(params(static_cast<int>(n_seq), n_cells), 32);
+            if (n_cells == 256 && tm.name != "gemma3")
+                EXPECT_EQ(cache.n_pools(), tm.name == "gemma3 with a global layer" ? 2 : 1);
+            std::vector<int32_t> tokens, pos;
+            std::vector<kv::SeqId> seq;
+            std::vector<uint8_t> output;
+            for (size_t i = 0; i < 11; ++i) {
+                for (size_t s = 0; s < n_seq; ++s) {
+                    if (i >= kPrompts[s].size()) continue;
+                    tokens.push_back(kPrompts[s][i]);
+                    pos.push_back(static_cast<int32_t>(i));
+                    seq.push_back(static_cast<kv::SeqId>(s));
+                    output.push_back(i + 1 == kPrompts[s].size() ? 1 : 0);
+                }
+            }
+            std::vector<float> logits(n_seq * n_vocab);
+            model->forward({.tokens = tokens, .positions = pos, .seq_ids = seq, .output = output}, cache, logits.data(),
+                           pool);
+            // Output rows come in batch order: the sequence whose prompt ends first comes first.
+            std::vector<size_t> row_of(n_seq);
+            for (size_t t = 0, r = 0; t < tokens.size(); ++t) {
+                if (output[t]) row_of[static_cast<size_t>(seq[t])] = r++;
+            }
             for (size_t s = 0; s < n_seq; ++s) {
-                if (i >= kPrompts[s].size()) continue;
-                tokens.push_back(kPrompts[s][i]);
-                pos.push_back(static_cast<int32_t>(i));
-                seq.push_back(static_cast<kv::SeqId>(s));
-                output.push_back(i + 1 == kPrompts[s].size() ? 1 : 0);
-            }
-        }
-        std::vector<float> logits(n_seq * n_vocab);
-        model->forward({.tokens = tokens, .positions = pos, .seq_ids = seq, .output = output}, cache, logits.data(),
-                       pool);
-        // Output rows come in batch order: the sequence whose prompt ends first comes first.
-        std::vector<size_t> row_of(n_seq);
-        for (size_t t = 0, r = 0; t < tokens.size(); ++t) {
-            if (output[t]) row_of[static_cast<size_t>(seq[t])] = r++;
-        }
-        for (size_t s = 0; s < n_seq; ++s) {
-            for (size_t i = 0; i < n_vocab; ++i) {
-                ASSERT_EQ(logits[row_of[s] * n_vocab + i], want[s][i]) << "prompt of sequence " << s << ", logit " << i;
-            }
-        }
-
-        for (int step = 0; step < kSteps; ++step) {
-            tokens.clear();
-            pos.clear();
-            seq.clear();
-            for (size_t k = 0; k < n_seq; ++k) {
-                const size_t s = (k + static_cast<size_t>(step)) % n_seq;  // a different order each step
-                tokens.push_back(step_token(s, step));
-                pos.push_back(static_cast<int32_t>(kPrompts[s].size()) + step);
-                seq.push_back(static_cast<kv::SeqId>(s));
-            }
-            model->forward({.tokens = tokens, .positions = pos, .seq_ids = seq, .all_logits = true}, cache,
-                           logits.data(), pool);
-            for (size_t k = 0; k < n_seq; ++k) {
-                const size_t s = static_cast<size_t>(seq[k]);
                 for (size_t i = 0; i < n_vocab; ++i) {
-                    ASSERT_EQ(logits[k * n_vocab + i], want[s][(1 + static_cast<size_t>(step)) * n_vocab + i])
-                        << "step " << step << ", sequence " << s << ", logit " << i;
+                    ASSERT_EQ(logits[row_of[s] * n_vocab + i], want[s][i])
+                        << "prompt of sequence " << s << ", logit " << i;
+                }
+            }
+
+            for (int step = 0; step < kSteps; ++step) {
+                tokens.clear();
+                pos.clear();
+                seq.clear();
+                for (size_t k = 0; k < n_seq; ++k) {
+                    const size_t s = (k + static_cast<size_t>(step)) % n_seq;  // a different order each step
+                    tokens.push_back(step_token(s, step));
+                    pos.push_back(static_cast<int32_t>(kPrompts[s].size()) + step);
+                    seq.push_back(static_cast<kv::SeqId>(s));
+                }
+                model->forward({.tokens = tokens, .positions = pos, .seq_ids = seq, .all_logits = true}, cache,
+                               logits.data(), pool);
+                for (size_t k = 0; k < n_seq; ++k) {
+                    const size_t s = static_cast<size_t>(seq[k]);
+                    for (size_t i = 0; i < n_vocab; ++i) {
+                        ASSERT_EQ(logits[k * n_vocab + i], want[s][(1 + static_cast<size_t>(step)) * n_vocab + i])
+                            << "step " << step << ", sequence " << s << ", logit " << i;
+                    }
                 }
             }
         }

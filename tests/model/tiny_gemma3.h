@@ -1,7 +1,8 @@
 #pragma once
 // A tiny random Gemma 3 model in memory (F32 weights), for tests that need a whole model but not
-// a real one: 2 layers (one sliding-window with window 4, one global), n_embd 32, 2 query heads
-// sharing 1 KV head of 16 dims, vocabulary 40.
+// a real one: 2 layers (both sliding-window with window 4: Gemma 3's pattern makes layers
+// il % 6 < 5 local; n_layer = 6 adds the global one), n_embd 32, 2 query heads sharing 1 KV head
+// of 16 dims, vocabulary 40.
 #include <cstddef>
 #include <cstdint>
 #include <cstring>
@@ -18,10 +19,12 @@ struct TinyGemma3Options {
     std::string arch = "gemma3";
     bool with_head_count = true;  // false: leave out gemma3.attention.head_count
     int64_t q_norm_size = 16;     // the shape written for blk.*.attn_q_norm.weight
+    int64_t n_layer = 2;          // 6: five local layers and a global one
 };
 
 inline std::vector<std::byte> tiny_gemma3_bytes(const TinyGemma3Options& o = {}) {
-    constexpr int64_t kEmbd = 32, kHeadDim = 16, kHeads = 2, kFf = 64, kVocab = 40, kLayers = 2;
+    constexpr int64_t kEmbd = 32, kHeadDim = 16, kHeads = 2, kFf = 64, kVocab = 40;
+    const int64_t kLayers = o.n_layer;
     gguf::GgufWriter w;
     w.add_string("general.architecture", o.arch);
     const std::string p = o.arch + ".";
