@@ -2,7 +2,7 @@
 """Perplexity from llama.cpp (PyPI llama-cpp-python), computed the way llama.cpp's
 `llama-perplexity` computes it, for fitllm's perplexity test.
 
-  .venv/bin/python tools/gen_perplexity_goldens.py MODEL.gguf TEXT OUT.json [-c 512] [--chunks 4]
+  .venv/bin/python tools/gen_perplexity_goldens.py MODEL.gguf TEXT OUT.json [-c 512] [--chunks 4] [-ctk T -ctv T]
 
 llama-perplexity's method: tokenize the whole text with BOS; cut it into chunks of n_ctx tokens;
 evaluate each chunk from an empty KV cache with its first token replaced by BOS; score positions
@@ -26,6 +26,8 @@ def main() -> None:
     ap.add_argument("out")
     ap.add_argument("-c", "--ctx", type=int, default=512)
     ap.add_argument("--chunks", type=int, default=4)
+    ap.add_argument("-ctk", "--cache-type-k", default="f16", help="f16, q8_0, q4_0, ... (llama.cpp's type_k)")
+    ap.add_argument("-ctv", "--cache-type-v", default="f16")
     args = ap.parse_args()
 
     llama_cpp.llama_backend_init()
@@ -49,6 +51,9 @@ def main() -> None:
     cparams.n_batch = n_ctx
     cparams.n_ubatch = n_ctx
     cparams.n_threads = cparams.n_threads_batch = 2
+    kv_types = {"f32": 0, "f16": 1, "q4_0": 2, "q4_1": 3, "q5_0": 6, "q5_1": 7, "q8_0": 8, "iq4_nl": 20, "bf16": 30}
+    cparams.type_k = kv_types[args.cache_type_k]
+    cparams.type_v = kv_types[args.cache_type_v]
     ctx = llama_cpp.llama_init_from_model(model, cparams)
     mem = llama_cpp.llama_get_memory(ctx)
 
@@ -86,7 +91,7 @@ def main() -> None:
     ppl = math.exp(mean)
     var = nll2 / count - mean * mean
     err = math.sqrt(var / (count - 1)) * ppl if var > 0 else 0.0
-    out = {"model": args.model.split("/")[-1], "text": args.text.split("/")[-1], "n_ctx": n_ctx,
+    out = {"model": args.model.split("/")[-1], "type_k": args.cache_type_k, "type_v": args.cache_type_v, "text": args.text.split("/")[-1], "n_ctx": n_ctx,
            "n_chunks": n_chunks, "n_tokens": len(tokens), "n_scored": count, "ppl": ppl, "ppl_error": err,
            "running_ppl": running, "generator": "tools/gen_perplexity_goldens.py (llama-cpp-python "
            + llama_cpp.__version__ + ")"}
