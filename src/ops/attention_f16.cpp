@@ -2,6 +2,8 @@
 
 #include <immintrin.h>
 
+#include "ops/attention_f16_kernel.h"
+
 // GCC 12 warns about the deliberately undefined pass-through operands inside its own AVX-512
 // intrinsics (_mm512_undefined_*) once they are inlined here.
 #pragma GCC diagnostic ignored "-Wmaybe-uninitialized"
@@ -17,91 +19,24 @@
 namespace fitllm::ops {
 namespace {
 
-// Written with bit masks rather than branches or selects so that loops over it vectorize.
-[[gnu::always_inline]] inline float round_to_f16_inline(float x) {
-    const uint32_t bits = __builtin_bit_cast(uint32_t, x);
-    const uint32_t abs_bits = bits & 0x7FFFFFFFu;
-    // Normal halves: keep 10 mantissa bits, rounding to nearest even.
-    const uint32_t normal = (bits + 0xFFFu + ((bits >> 13) & 1u)) & 0xFFFFE000u;
-    // Subnormal halves (below 2^-14) are multiples of 2^-24: adding 0.75, whose ulp is 2^-24,
-    // rounds to one.
-    const uint32_t subnormal = __builtin_bit_cast(uint32_t, (x + 0.75f) - 0.75f);
-    const uint32_t infinity = (bits & 0x80000000u) | 0x7F800000u;
-    const uint32_t is_subnormal = 0u - static_cast<uint32_t>(abs_bits < 0x38800000u);
-    const uint32_t is_overflow = 0u - static_cast<uint32_t>(abs_bits >= 0x477FF000u);  // 65520 and up
-    const uint32_t is_nan = 0u - static_cast<uint32_t>(abs_bits > 0x7F800000u);
-    uint32_t r = (subnormal & is_subnormal) | (normal & ~is_subnormal);
-    r = (infinity & is_overflow) | (r & ~is_overflow);
-    r = (bits & is_nan) | (r & ~is_nan);
-    return __builtin_bit_cast(float, r);
-}
+using f16_attention::kMaxQueries;
+using f16_attention::visible;
 
-[[gnu::always_inline]] inline bool visible(int32_t key_pos, int32_t query_pos, int sliding_window) {
-    if (key_pos > query_pos) return false;
-    return sliding_window <= 0 || static_cast<int64_t>(key_pos) > static_cast<int64_t>(query_pos) - sliding_window;
-}
-
-// a * b + c rounded once, as the FMA instructions ggml's kernels use compute it. With kFma the
-// instruction itself; otherwise in double, where the product of two floats is exact, so only
-// the sum rounds (and then the conversion, which agrees but in rare double-rounding cases).
-template <bool kFma>
-[[gnu::always_inline]] inline float fused_multiply_add(float a, float b, float c) {
-    if constexpr (kFma) return __builtin_fmaf(a, b, c);
-    return static_cast<float>(static_cast<double>(a) * static_cast<double>(b) + static_cast<double>(c));
-}
-
-// q·k in float with the summation shape of ggml's AVX2 f16 dot (4 accumulators of 8 lanes, then
-// pairwise reduction), so the scores agree to the last bit in the common case.
-template <bool kFma>
-[[gnu::always_inline]] inline float dot_like_ggml(const float* a, const float* b, int n) {
-    float acc[4][8] = {};
-    int i = 0;
-    for (; i + 32 <= n; i += 32) {
-        for (int r = 0; r < 4; ++r) {
-            for (int lane = 0; lane < 8; ++lane) {
-                acc[r][lane] = fused_multiply_add<kFma>(a[i + 8 * r + lane], b[i + 8 * r + lane], acc[r][lane]);
-            }
-        }
-    }
-    float s8[8];
-    for (int lane = 0; lane < 8; ++lane) s8[lane] = (acc[0][lane] + acc[2][lane]) + (acc[1][lane] + acc[3][lane]);
-    float s4[4];
-    for (int lane = 0; lane < 4; ++lane) s4[lane] = s8[lane] + s8[lane + 4];
-    float sum = (s4[0] + s4[1]) + (s4[2] + s4[3]);
-    for (; i < n; ++i) sum += a[i] * b[i];
-    return sum;
-}
-
-// One query head against every visible key: the online softmax of llama.cpp's f16 path.
+// One query head against every visible key: the online softmax of llama.cpp's f16 path
+// (f16_attention::step_one).
 template <bool kFma>
 [[gnu::always_inline]] inline void attend_one_impl(const float* q, int32_t q_pos, const float* k, const float* v,
                                                    const int32_t* kv_pos, int64_t n_kv, int64_t kv_row_stride,
                                                    const AttentionParams& p, float* __restrict q16,
                                                    float* __restrict acc, float* __restrict out) {
     const int d = p.head_dim;
-    for (int i = 0; i < d; ++i) q16[i] = round_to_f16_inline(q[i]);
-    for (int i = 0; i < d; ++i) acc[i] = 0.0f;
-    float running_max = -std::numeric_limits<float>::infinity();
-    float sum = 0.0f;
+    f16_attention::OneState st{q16, acc, 0.0f, 0.0f};
+    f16_attention::begin_one(st, q, d);
     for (int64_t j = 0; j < n_kv; ++j) {
         if (!visible(kv_pos[j], q_pos, p.sliding_window)) continue;
-        float s = dot_like_ggml<kFma>(q16, k + j * kv_row_stride, d) * p.scale;
-        if (p.softcap > 0.0f) s = p.softcap * std::tanh(s / p.softcap);
-        float rescale = 1.0f;
-        float weight = 1.0f;
-        if (s > running_max) {
-            rescale = std::exp(running_max - s);
-            running_max = s;
-            for (int i = 0; i < d; ++i) acc[i] = round_to_f16_inline(acc[i] * rescale);
-        } else {
-            weight = std::exp(s - running_max);
-        }
-        const float* __restrict vj = v + j * kv_row_stride;
-        for (int i = 0; i < d; ++i) acc[i] = round_to_f16_inline(fused_multiply_add<kFma>(vj[i], weight, acc[i]));
-        sum = fused_multiply_add<kFma>(sum, rescale, weight);
+        f16_attention::step_one<kFma>(st, k + j * kv_row_stride, v + j * kv_row_stride, d, p);
     }
-    const float inv = sum == 0.0f ? 0.0f : 1.0f / sum;
-    for (int i = 0; i < d; ++i) out[i] = acc[i] * inv;
+    f16_attention::end_one(st, out, d);
 }
 
 // Compiled twice: for AVX2 with FMA, where the loops above vectorize 8 wide and the multiply-adds
@@ -133,18 +68,11 @@ AttendFn select_attend() {
 // same (its exponentials taken for all queries of a key at once, bit for bit std::exp), and the
 // f16 rounding of q and of the V accumulator is the F16C conversion (round to nearest even,
 // overflow to infinity), the accumulator stored as f16. The body is attention_f16_block.inc,
-// compiled once for AVX-512 and once for AVX2. Needs head_dim % 32 == 0.
-constexpr int kMaxQueries = 8;
-
+// compiled once for AVX-512 and once for AVX2, and shared with attention_kv through
+// f16_attention::BlockKernel (attention_f16_kernel.h). Needs head_dim % 32 == 0.
 using BlockFn = void (*)(const float* q, const int32_t* pos, int n_tokens, int n_heads, int64_t token_stride,
                          const float* k, const float* v, const int32_t* kv_pos, int64_t n_kv, int64_t kv_row_stride,
                          const AttentionParams& p, float* q16, uint16_t* acc, float* out);
-
-// Per-thread working memory: q rounded to f16 (kept as float for the multiply-adds) and the f16
-// V accumulators, kMaxQueries of each.
-int64_t block_scratch_floats(int64_t d) {
-    return (kMaxQueries * d + kMaxQueries * d / 2 + 15) / 16 * 16;
-}
 
 // std::exp of floats, vectorized: glibc's expf (the algorithm of its FMA variant, which is what
 // std::exp and llama.cpp's expf call on a CPU with FMA): in double, x / ln2 * 32 rounded to an
@@ -206,6 +134,12 @@ inline void store_half(uint16_t* p, Vec x) {
     _mm256_storeu_si256(reinterpret_cast<__m256i*>(p),
                         _mm512_cvtps_ph(x, _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC));
 }
+inline Vec load_kv(const float* p) {
+    return load(p);
+}
+inline Vec load_kv(const uint16_t* p) {
+    return load_half(p);
+}
 
 // dot_like_ggml's s4 (the sums of lanes l and l + 4 of (acc0 + acc2) + (acc1 + acc3)).
 inline __m128 partial_sums(__m512 acc01, __m512 acc23) {
@@ -218,8 +152,8 @@ inline __m128 partial_sums(__m512 acc01, __m512 acc23) {
 // Scores of n (1 or 4) queries against one key row; kD is head_dim, 0 where it is only known at
 // run time.
 constexpr int kDotQueries = 4;
-template <int n, int kD>
-inline void dots(const float* q16, const int* rows, int head_dim, const float* kj, float* scores) {
+template <int n, int kD, class Elem>
+inline void dots(const float* q16, const int* rows, int head_dim, const Elem* kj, float* scores) {
     const int d = kD > 0 ? kD : head_dim;
     __m512 lo[n], hi[n];
     const float* qr[n];
@@ -230,8 +164,8 @@ inline void dots(const float* q16, const int* rows, int head_dim, const float* k
     }
 #pragma GCC unroll 8
     for (int i = 0; i < d; i += 32) {
-        const __m512 k0 = _mm512_loadu_ps(kj + i);
-        const __m512 k1 = _mm512_loadu_ps(kj + i + 16);
+        const __m512 k0 = load_kv(kj + i);
+        const __m512 k1 = load_kv(kj + i + 16);
         for (int r = 0; r < n; ++r) {
             lo[r] = _mm512_fmadd_ps(_mm512_loadu_ps(qr[r] + i), k0, lo[r]);
             hi[r] = _mm512_fmadd_ps(_mm512_loadu_ps(qr[r] + i + 16), k1, hi[r]);
@@ -335,11 +269,17 @@ inline Vec load_half(const uint16_t* p) {
 inline void store_half(uint16_t* p, Vec x) {
     _mm_storeu_si128(reinterpret_cast<__m128i*>(p), _mm256_cvtps_ph(x, _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC));
 }
+inline Vec load_kv(const float* p) {
+    return load(p);
+}
+inline Vec load_kv(const uint16_t* p) {
+    return load_half(p);
+}
 
 // Scores of n (1 or 2: 4 accumulators each, 16 registers in all) queries against one key row.
 constexpr int kDotQueries = 2;
-template <int n, int kD>
-inline void dots(const float* q16, const int* rows, int head_dim, const float* kj, float* scores) {
+template <int n, int kD, class Elem>
+inline void dots(const float* q16, const int* rows, int head_dim, const Elem* kj, float* scores) {
     const int d = kD > 0 ? kD : head_dim;
     __m256 acc[n][4];
     const float* qr[n];
@@ -350,7 +290,7 @@ inline void dots(const float* q16, const int* rows, int head_dim, const float* k
 #pragma GCC unroll 8
     for (int i = 0; i < d; i += 32) {
         for (int c = 0; c < 4; ++c) {
-            const __m256 kc = _mm256_loadu_ps(kj + i + 8 * c);
+            const __m256 kc = load_kv(kj + i + 8 * c);
             for (int r = 0; r < n; ++r) acc[r][c] = _mm256_fmadd_ps(_mm256_loadu_ps(qr[r] + i + 8 * c), kc, acc[r][c]);
         }
     }
@@ -449,7 +389,7 @@ void attention_f16_blocked(const float* q, const int32_t* q_pos, int64_t n_tok, 
     }
     const int64_t n_token_blocks = (n_tok + tokens - 1) / tokens;
     const int64_t head_blocks = p.n_head / heads;
-    const int64_t per_thread = block_scratch_floats(d);
+    const int64_t per_thread = f16_attention::block_state_floats(d);
     auto* thread_scratch =
         reinterpret_cast<float*>(scratch.bytes(static_cast<size_t>(per_thread * pool.size()) * sizeof(float)));
     // Under a causal mask a token's cost grows with its position. Tasks go out in the order first
@@ -473,8 +413,17 @@ void attention_f16_blocked(const float* q, const int32_t* q_pos, int64_t n_tok, 
 
 }  // namespace
 
+namespace f16_attention {
+const BlockKernel* block_kernel(int head_dim, const quant::CpuFeatures& f) {
+    if (head_dim % 32 != 0) return nullptr;
+    const bool avx2 = f.avx2 && f.fma && f.f16c;
+    if (avx2 && f.avx512f && f.avx512vl) return avx512::block_kernel_parts(head_dim);
+    return avx2 ? avx2::block_kernel_parts(head_dim) : nullptr;
+}
+}  // namespace f16_attention
+
 float round_to_f16(float x) {
-    return round_to_f16_inline(x);
+    return f16_attention::round_to_f16(x);
 }
 
 void attention_f16_exp(const float* x, int n, float* y, AttentionF16Kernel kernel) {

@@ -8,21 +8,15 @@
 // Two implementations that agree to the bit:
 //  - step_one<kFma>: one query against one key, scalar code that vectorizes 8 wide when inlined
 //    into an AVX2 function (kFma) or runs on the baseline (multiply-adds done in double).
-//  - Block*: the AVX-512 kernel, up to kMaxQueries queries (the heads of one kv group for one or
-//    more tokens) per key, so each K and V row is read once for all of them while it is in L1.
-//    Each query's arithmetic is exactly step_one<true>'s: the dot keeps the 4 x 8 accumulators
-//    (as two 16-lane registers: lanes 0-7 of the first hold accumulator 0, lanes 8-15 accumulator
-//    1, the second 2 and 3), the softmax bookkeeping is the same scalar code, and the f16 rounding
-//    of q and of the V accumulator is the F16C conversion (round to nearest even, overflow to
-//    infinity), the accumulator stored as f16. Needs head_dim % 32 == 0.
-#include <immintrin.h>
-
+//  - BlockKernel: attention_f16's blocked kernel (AVX-512 or AVX2, attention_f16_block.inc), up
+//    to kMaxQueries queries per key, each with step_one<true>'s arithmetic.
 #include <algorithm>
 #include <cmath>
 #include <cstdint>
 #include <limits>
 
 #include "ops/attention.h"
+#include "quant/cpu_features.h"
 
 namespace fitllm::ops::f16_attention {
 
@@ -137,151 +131,35 @@ template <bool kFma>
     for (int i = 0; i < d; ++i) out[i] = st.acc[i] * inv;
 }
 
-// ---- AVX-512 ----------------------------------------------------------------------------------
-#define FITLLM_F16_ATTENTION_AVX512 __attribute__((target("avx512f,avx512vl,fma,f16c")))
+// ---- The blocked kernel (attention_f16.cpp, attention_f16_block.inc) ---------------------------
 
-// Whether the CPU runs the Block* kernel (the caller still checks head_dim % 32 == 0).
-inline bool cpu_has_avx512_kernel() {
-    return __builtin_cpu_supports("avx512f") && __builtin_cpu_supports("avx512vl") && __builtin_cpu_supports("fma") &&
-           __builtin_cpu_supports("f16c");
-}
-
-// Sum of the accumulators in the order of dot_like_ggml.
-FITLLM_F16_ATTENTION_AVX512 inline float reduce_like_ggml(__m512 acc01, __m512 acc23) {
-    const __m512 s = _mm512_add_ps(acc01, acc23);  // lanes 0-7: acc0 + acc2, lanes 8-15: acc1 + acc3
-    const __m256 s8 =
-        _mm256_add_ps(_mm512_castps512_ps256(s), _mm256_castpd_ps(_mm512_extractf64x4_pd(_mm512_castps_pd(s), 1)));
-    const __m128 s4 = _mm_add_ps(_mm256_castps256_ps128(s8), _mm256_extractf128_ps(s8, 1));
-    alignas(16) float lanes[4];
-    _mm_store_ps(lanes, s4);
-    return (lanes[0] + lanes[1]) + (lanes[2] + lanes[3]);
-}
-
-FITLLM_F16_ATTENTION_AVX512 inline __m512 load_half16(const uint16_t* p) {
-    return _mm512_cvtph_ps(_mm256_loadu_si256(reinterpret_cast<const __m256i*>(p)));
-}
-
-FITLLM_F16_ATTENTION_AVX512 inline void store_half16(uint16_t* p, __m512 x) {
-    _mm256_storeu_si256(reinterpret_cast<__m256i*>(p),
-                        _mm512_cvtps_ph(x, _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC));
-}
-
-// 16 K or V values as floats, from float rows or from f16 rows.
-FITLLM_F16_ATTENTION_AVX512 inline __m512 load16(const float* p) {
-    return _mm512_loadu_ps(p);
-}
-FITLLM_F16_ATTENTION_AVX512 inline __m512 load16(const uint16_t* p) {
-    return load_half16(p);
-}
-
-// Scores of n (1 to 4) queries against one key row; kD is head_dim, 0 where it is only known at
-// run time.
-template <int n, int kD, class Elem>
-FITLLM_F16_ATTENTION_AVX512 inline void dots(const float* q16, const int* rows, int head_dim, const Elem* kj,
-                                             float* scores) {
-    const int d = kD > 0 ? kD : head_dim;
-    __m512 lo[n], hi[n];
-    const float* qr[n];
-    for (int r = 0; r < n; ++r) {
-        lo[r] = _mm512_setzero_ps();
-        hi[r] = _mm512_setzero_ps();
-        qr[r] = q16 + static_cast<int64_t>(rows[r]) * d;
-    }
-#pragma GCC unroll 8
-    for (int i = 0; i < d; i += 32) {
-        const __m512 k0 = load16(kj + i);
-        const __m512 k1 = load16(kj + i + 16);
-        for (int r = 0; r < n; ++r) {
-            lo[r] = _mm512_fmadd_ps(_mm512_loadu_ps(qr[r] + i), k0, lo[r]);
-            hi[r] = _mm512_fmadd_ps(_mm512_loadu_ps(qr[r] + i + 16), k1, hi[r]);
-        }
-    }
-    for (int r = 0; r < n; ++r) scores[r] = reduce_like_ggml(lo[r], hi[r]);
-}
-
-// Up to kMaxQueries queries; rows index them (0 .. n_queries - 1).
+// Up to kMaxQueries queries (the heads of one kv group for one or more tokens), rows r.
 struct BlockState {
-    float* q16;     // [n_queries][d]: q rounded to f16
-    uint16_t* acc;  // [n_queries][d]: the f16 weighted sums of V
+    float* q16;     // [kMaxQueries][head_dim]: q rounded to f16
+    uint16_t* acc;  // [kMaxQueries][head_dim]: the f16 weighted sums of V
     float running_max[kMaxQueries];
     float sum[kMaxQueries];
 };
 
-// Floats of working memory Block* needs for kMaxQueries queries of head size d (q16 and acc).
-inline int64_t block_state_floats(int64_t d) {
-    return (kMaxQueries * d + kMaxQueries * d / 2 + 15) / 16 * 16;
+// Floats of working memory for q16 and acc (q16 first, acc right after kMaxQueries * head_dim).
+inline int64_t block_state_floats(int64_t head_dim) {
+    return (kMaxQueries * head_dim + kMaxQueries * head_dim / 2 + 15) / 16 * 16;
 }
 
-// st.q16 and st.acc point at block_state_floats(d) floats; q_rows[r] is query r's head row.
-template <int kD>
-FITLLM_F16_ATTENTION_AVX512 inline void block_begin(BlockState& st, const float* const* q_rows, int n_queries,
-                                                    int head_dim) {
-    const int d = kD > 0 ? kD : head_dim;
-    for (int r = 0; r < n_queries; ++r) {
-        const float* src = q_rows[r];
-        float* dst = st.q16 + static_cast<int64_t>(r) * d;
-        for (int i = 0; i < d; i += 16) {
-            _mm512_storeu_ps(dst + i, _mm512_cvtph_ps(_mm512_cvtps_ph(_mm512_loadu_ps(src + i),
-                                                                      _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC)));
-        }
-        st.running_max[r] = -std::numeric_limits<float>::infinity();
-        st.sum[r] = 0.0f;
-    }
-    std::fill(st.acc, st.acc + static_cast<int64_t>(n_queries) * d, uint16_t{0});
-}
+// attention_f16's blocked kernel for keys given as f16 rows (the KV cache's), a tile at a time.
+struct BlockKernel {
+    // Query r's head row is q_rows[r], r < n_queries.
+    void (*begin)(BlockState& st, const float* const* q_rows, int n_queries, int head_dim);
+    // n keys: K and V head rows; key j is seen by the tokens of token_masks[j] (bit t), whose
+    // n_heads queries are rows t * n_heads + h.
+    void (*keys)(BlockState& st, int n, const uint16_t* const* k_rows, const uint16_t* const* v_rows,
+                 const uint32_t* token_masks, int n_tokens, int n_heads, const AttentionParams& p);
+    // out_rows[r] receives query r's result.
+    void (*end)(const BlockState& st, float* const* out_rows, int n_queries, int head_dim);
+};
 
-// One key, seen by the n_active queries rows[0 .. n_active - 1].
-template <int kD, class Elem>
-FITLLM_F16_ATTENTION_AVX512 inline void block_key(BlockState& st, const int* rows, int n_active, const Elem* kj,
-                                                  const Elem* vj, const AttentionParams& p) {
-    const int d = kD > 0 ? kD : p.head_dim;
-    float scores[kMaxQueries];
-    int a = 0;
-    for (; a + 4 <= n_active; a += 4) dots<4, kD>(st.q16, rows + a, d, kj, scores + a);
-    for (; a < n_active; ++a) dots<1, kD>(st.q16, rows + a, d, kj, scores + a);
-
-    __m512 weights[kMaxQueries];
-    for (a = 0; a < n_active; ++a) {
-        const int r = rows[a];
-        float s = scores[a] * p.scale;
-        if (p.softcap > 0.0f) s = p.softcap * std::tanh(s / p.softcap);
-        float rescale = 1.0f;
-        float weight = 1.0f;
-        if (s > st.running_max[r]) {
-            rescale = std::exp(st.running_max[r] - s);
-            st.running_max[r] = s;
-            uint16_t* acc_r = st.acc + static_cast<int64_t>(r) * d;
-            const __m512 factor = _mm512_set1_ps(rescale);
-            for (int i = 0; i < d; i += 16) store_half16(acc_r + i, _mm512_mul_ps(load_half16(acc_r + i), factor));
-        } else {
-            weight = std::exp(s - st.running_max[r]);
-        }
-        st.sum[r] = __builtin_fmaf(st.sum[r], rescale, weight);
-        weights[a] = _mm512_set1_ps(weight);
-    }
-    // Query by query, so that each accumulator row streams through once; the V row stays in L1.
-    for (a = 0; a < n_active; ++a) {
-        uint16_t* acc_r = st.acc + static_cast<int64_t>(rows[a]) * d;
-        const __m512 w = weights[a];
-#pragma GCC unroll 16
-        for (int i = 0; i < d; i += 16) {
-            store_half16(acc_r + i, _mm512_fmadd_ps(load16(vj + i), w, load_half16(acc_r + i)));
-        }
-    }
-}
-
-// out_rows[r] receives query r's result.
-template <int kD>
-FITLLM_F16_ATTENTION_AVX512 inline void block_end(const BlockState& st, float* const* out_rows, int n_queries,
-                                                  int head_dim) {
-    const int d = kD > 0 ? kD : head_dim;
-    for (int r = 0; r < n_queries; ++r) {
-        const float inv = st.sum[r] == 0.0f ? 0.0f : 1.0f / st.sum[r];
-        const __m512 factor = _mm512_set1_ps(inv);
-        const uint16_t* acc_r = st.acc + static_cast<int64_t>(r) * d;
-        float* dst = out_rows[r];
-        for (int i = 0; i < d; i += 16) _mm512_storeu_ps(dst + i, _mm512_mul_ps(load_half16(acc_r + i), factor));
-    }
-}
+// The AVX-512 or AVX2 + F16C kernel the features allow for this head size (a multiple of 32), or
+// nullptr: then step_one, one query at a time. All give the same bits.
+const BlockKernel* block_kernel(int head_dim, const quant::CpuFeatures& features);
 
 }  // namespace fitllm::ops::f16_attention

@@ -1,5 +1,7 @@
 #include "ops/attention_kv.h"
 
+#include <immintrin.h>
+
 // GCC 12 warns about the deliberately undefined pass-through operands inside its own AVX-512
 // intrinsics (_mm512_undefined_*) once they are inlined here.
 #pragma GCC diagnostic ignored "-Wmaybe-uninitialized"
@@ -126,6 +128,7 @@ struct Plan {
     GgmlType act_type = GgmlType::F32;
     size_t act_row_bytes = 0;
     int64_t per_thread_floats = 0;
+    const f16_attention::BlockKernel* f16_kernel = nullptr;  // K and V f16, head_dim % 32 == 0, AVX2+
 };
 
 // The layout of one thread's working memory, in floats.
@@ -224,44 +227,35 @@ const std::byte* v_head(const Plan& pl, int32_t cell, int64_t g) {
     return pl.view.v + static_cast<size_t>(cell) * pl.view.v_row_bytes + static_cast<size_t>(g) * pl.view.v_head_bytes;
 }
 
-void prefetch_rows(const Plan& pl, int32_t cell, int64_t g) {
-    const std::byte* k = k_head(pl, cell, g);
-    const std::byte* v = v_head(pl, cell, g);
-    for (size_t line = 0; line < pl.view.k_head_bytes; line += 64) __builtin_prefetch(k + line);
-    for (size_t line = 0; line < pl.view.v_head_bytes; line += 64) __builtin_prefetch(v + line);
-}
-
 // ---- K and V f16: llama.cpp's f16 arithmetic (attention_f16_kernel.h) ---------------------------
 
-template <int kD>
-FITLLM_F16_ATTENTION_AVX512 void item_f16_avx512(const Plan& pl, int64_t task, float* base) {
+// attention_f16's blocked kernel (AVX-512 or AVX2), fed a tile of f16 rows at a time.
+void item_f16_blocked(const Plan& pl, int64_t task, float* base) {
     const Item it = item_of(pl, task);
     const ThreadBuffers buf(base, pl.d);
+    const int d = static_cast<int>(pl.d);
     const int n_queries = it.n_tokens * pl.heads;
     const float* q_rows[kMaxQueries];
     prepare_queries(pl, it, reinterpret_cast<float*>(buf.act), q_rows);
+    const fa::BlockKernel& kernel = *pl.f16_kernel;
     fa::BlockState st;
     st.q16 = buf.q;
     st.acc = reinterpret_cast<uint16_t*>(buf.q + kMaxQueries * pl.d);
-    fa::block_begin<kD>(st, q_rows, n_queries, static_cast<int>(pl.d));
+    kernel.begin(st, q_rows, n_queries, d);
     VisibleCells cells(*pl.cache, it.seq, it.pos, it.n_tokens, pl.p.sliding_window);
     Tile& tile = *buf.tile;
+    const uint16_t* k_rows[kTile];
+    const uint16_t* v_rows[kTile];
     while (cells.next(tile)) {
-        // The K and V rows a few cells ahead, which the hardware cannot guess across blocks.
-        constexpr int kAhead = 4;
-        for (int j = 0; j < std::min(kAhead, tile.n); ++j) prefetch_rows(pl, tile.cell[j], it.g);
         for (int j = 0; j < tile.n; ++j) {
-            if (j + kAhead < tile.n) prefetch_rows(pl, tile.cell[j + kAhead], it.g);
-            int rows[kMaxQueries];
-            const int n_active = rows_of(tile.mask[j], it.n_tokens, pl.heads, rows);
-            const auto* kj = reinterpret_cast<const uint16_t*>(k_head(pl, tile.cell[j], it.g));
-            const auto* vj = reinterpret_cast<const uint16_t*>(v_head(pl, tile.cell[j], it.g));
-            fa::block_key<kD>(st, rows, n_active, kj, vj, pl.p);
+            k_rows[j] = reinterpret_cast<const uint16_t*>(k_head(pl, tile.cell[j], it.g));
+            v_rows[j] = reinterpret_cast<const uint16_t*>(v_head(pl, tile.cell[j], it.g));
         }
+        kernel.keys(st, tile.n, k_rows, v_rows, tile.mask, it.n_tokens, pl.heads, pl.p);
     }
     float* out_rows[kMaxQueries];
     for (int r = 0; r < n_queries; ++r) out_rows[r] = out_row(pl, it, r);
-    fa::block_end<kD>(st, out_rows, n_queries, static_cast<int>(pl.d));
+    kernel.end(st, out_rows, n_queries, d);
     finish_outputs(pl, it);
 }
 
@@ -354,12 +348,7 @@ ItemFn select_item(const Plan& pl, const quant::CpuFeatures& f) {
     const bool avx2 = f.avx2 && f.fma && f.f16c;
     const bool avx512 = avx2 && f.avx512f && f.avx512vl && f.avx512bw;
     if (pl.view.type_k == GgmlType::F16 && pl.view.type_v == GgmlType::F16) {
-        if (avx512 && pl.d % 32 == 0 && fa::cpu_has_avx512_kernel()) {
-            return pl.d == 256   ? item_f16_avx512<256>
-                   : pl.d == 128 ? item_f16_avx512<128>
-                   : pl.d == 64  ? item_f16_avx512<64>
-                                 : item_f16_avx512<0>;
-        }
+        if (pl.f16_kernel != nullptr) return item_f16_blocked;
         return avx2 ? item_f16_one_avx2 : item_f16_one_baseline;
     }
     if (avx512 && f.avx512_vnni) return avx512_vnni::item_generic;
@@ -470,6 +459,9 @@ void attention_kv(const float* q, const int32_t* q_pos, const kv::SeqId* q_seq, 
     pl.block_begin = block_begin;
     pl.n_blocks = n_blocks;
 
+    if (view.type_k == GgmlType::F16 && view.type_v == GgmlType::F16) {
+        pl.f16_kernel = f16_attention::block_kernel(params.head_dim, scratch.features());
+    }
     const ItemFn item = select_item(pl, scratch.features());
     pool.parallel_for(n_blocks * pl.head_blocks, [&](int64_t begin, int64_t end, int thread_idx) {
         float* base = thread_scratch + thread_idx * pl.per_thread_floats;
