@@ -24,6 +24,7 @@ import json
 import os
 import random
 import resource
+import signal
 import subprocess
 import sys
 import time
@@ -135,15 +136,19 @@ def child_main(spec: dict) -> None:
 
 
 def run_child(spec: dict, timeout: float | None) -> dict:
+    # its own process group, so that a timeout also ends the fitllm grandchild
+    proc = subprocess.Popen([sys.executable, os.path.abspath(__file__), "--child", json.dumps(spec)],
+                            stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, start_new_session=True)
     try:
-        proc = subprocess.run([sys.executable, os.path.abspath(__file__), "--child", json.dumps(spec)],
-                              capture_output=True, text=True, timeout=timeout)
+        stdout, stderr = proc.communicate(timeout=timeout)
     except subprocess.TimeoutExpired:
+        os.killpg(proc.pid, signal.SIGKILL)
+        proc.communicate()
         return {"error": f"over the {timeout:.0f} s limit"}
-    for line in proc.stdout.splitlines():
+    for line in stdout.splitlines():
         if line.startswith("RESULT "):
             return json.loads(line[len("RESULT "):])
-    lines = (proc.stderr or proc.stdout).strip().splitlines()
+    lines = (stderr or stdout).strip().splitlines()
     return {"error": lines[-1] if lines else f"child exited with {proc.returncode}"}
 
 
