@@ -63,7 +63,7 @@ struct BlockQ8_1 {
 // IQ4_NL: x[i] = d * kValuesIQ4NL[q[i]], q a 4-bit index placed as the nibbles of Q4_0. The 16
 // values (ggml's kvalues_iq4nl) are denser near zero, fitted to the bell shape of weights and
 // K / V vectors; the dots look them up with one pshufb.
-inline constexpr int8_t kValuesIQ4NL[16] = {-127, -104, -83, -65, -49, -35, -22, -10, 1, 13, 25, 38, 53, 69, 89, 113};
+constexpr int8_t kValuesIQ4NL[16] = {-127, -104, -83, -65, -49, -35, -22, -10, 1, 13, 25, 38, 53, 69, 89, 113};
 struct BlockIQ4_NL {
     uint16_t d;
     uint8_t qs[16];

@@ -43,8 +43,10 @@ struct Problem {
 Problem make_problem(GgmlType type, int n, int n_rows, int n_tok, bool from_floats, uint32_t seed) {
     Problem p{type, n, n_rows, n_tok, 0, 0, 0, {}, {}, {}};
     const size_t w_row = test::bytes_of_row(type, n), a_row = test::bytes_of_row(GgmlType::Q8_K, n);
-    p.w_stride = w_row + 7;  // odd strides: the kernels may not assume alignment
-    p.act_stride = a_row + 5;
+    // Padded strides: the kernels may not assume rows are contiguous. (Rows stay aligned to their
+    // blocks' fields, as ggml's are: a misaligned block is undefined behaviour in C++.)
+    p.w_stride = w_row + 8;
+    p.act_stride = a_row + 8;
     p.y_stride = static_cast<size_t>(n_rows) + 3;
     const std::vector<uint8_t> rows = test::weight_rows(type, n_rows, n, seed, from_floats);
     p.w.assign(p.w_stride * static_cast<size_t>(n_rows), 0xA5);
