@@ -24,7 +24,8 @@ constexpr Command kCommands[] = {
     {"run", "generate text after a prompt on the CPU, streaming it, with speed and peak memory", fitllm::cli::run_run},
     {"chat", "talk with a model through its chat template, interactively", fitllm::cli::run_chat},
     {"perplexity", "perplexity of a model over a text, computed as llama-perplexity does", fitllm::cli::run_perplexity},
-    {"plan", "show where every byte of a run goes and whether it fits the memory budget; --fit picks settings", fitllm::cli::run_plan},
+    {"plan", "show where every byte of a run goes and whether it fits the memory budget; --fit picks settings",
+     fitllm::cli::run_plan},
 };
 
 void print_help() {
