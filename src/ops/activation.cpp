@@ -11,6 +11,7 @@
 #include <memory>
 
 #include "quant/blocks.h"
+#include "quant/cpu_features.h"
 
 namespace fitllm::ops {
 namespace {
@@ -42,7 +43,9 @@ const float* gelu_table() {
 }
 
 bool has_avx2_f16c() {
-    return __builtin_cpu_supports("avx2") && __builtin_cpu_supports("fma") && __builtin_cpu_supports("f16c");
+    // cpuid through quant/ rather than __builtin_cpu_supports, whose "f16c" clang 14 lacks.
+    const quant::CpuFeatures f = quant::detect_cpu_features();
+    return f.avx2 && f.fma && f.f16c;
 }
 
 // gelu of 8 floats: F16C rounds them to the table index (round to nearest even, as

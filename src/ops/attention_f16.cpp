@@ -3,6 +3,7 @@
 #include <immintrin.h>
 
 #include "ops/attention_f16_kernel.h"
+#include "quant/cpu_features.h"
 
 // GCC 12 warns about the deliberately undefined pass-through operands inside its own AVX-512
 // intrinsics (_mm512_undefined_*) once they are inlined here.
@@ -359,8 +360,10 @@ inline void exp_like_libm(const float* x, int n, float* y) {
 // The blocked kernel for this CPU and head size, or null (then the one-query kernels run).
 BlockFn select_block_kernel(const AttentionParams& p, AttentionF16Kernel kernel) {
     if (p.head_dim % 32 != 0 || kernel == AttentionF16Kernel::OneQuery) return nullptr;
-    const bool avx2 = __builtin_cpu_supports("avx2") && __builtin_cpu_supports("fma") && __builtin_cpu_supports("f16c");
-    const bool avx512 = avx2 && __builtin_cpu_supports("avx512f") && __builtin_cpu_supports("avx512vl");
+    // cpuid through quant/ rather than __builtin_cpu_supports, whose "f16c" clang 14 lacks.
+    const quant::CpuFeatures f = quant::detect_cpu_features();
+    const bool avx2 = f.avx2 && f.fma && f.f16c;
+    const bool avx512 = avx2 && f.avx512f && f.avx512vl;
     if (kernel == AttentionF16Kernel::Best && avx512) return avx512::block_kernel(p.head_dim);
     return avx2 ? avx2::block_kernel(p.head_dim) : nullptr;
 }
