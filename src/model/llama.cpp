@@ -1,6 +1,9 @@
 // Llama (2, 3, 3.x; also Mistral, TinyLlama, SmolLM2): pre-norm blocks of grouped-query attention
 // with rotary embeddings on adjacent pairs of dims, and a SwiGLU feed-forward.
-// Reference: the Llama papers; llama.cpp's llama graph for the exact order of ops.
+// Qwen2 (and Qwen2.5) is the same pass with required biases on Q, K and V and rotary embeddings
+// on the two halves of each head (NeoX style); small models tie the output matrix to the embedding.
+// Reference: the Llama papers, the Qwen2 technical report; llama.cpp's llama and qwen2 graphs for
+// the exact order of ops.
 #include "model/decoder.h"
 #include "model/model.h"
 #include "model/weights.h"
@@ -14,10 +17,19 @@
 namespace fitllm::model {
 namespace {
 
+// What tells Qwen2 from Llama.
+struct Variant {
+    QkvBias qkv_bias;
+    ops::RopeMode rope_mode;
+    bool rope_freqs;  // Llama 3.1+'s per-pair frequency divisors, when the file has them
+};
+constexpr Variant kLlama{QkvBias::Optional, ops::RopeMode::Normal, true};  // adjacent pairs (x[2i], x[2i+1])
+constexpr Variant kQwen2{QkvBias::Required, ops::RopeMode::Neox, false};   // pairs (x[i], x[i + n_rot/2])
+
 class Llama final : public Model {
 public:
-    Llama(const gguf::GgufFile& file, Hparams hp)
-        : hp_(std::move(hp)), w_(bind_llama_weights(file, hp_, QkvBias::Optional)) {}
+    Llama(const gguf::GgufFile& file, Hparams hp, Variant variant)
+        : variant_(variant), hp_(std::move(hp)), w_(bind_llama_weights(file, hp_, variant.qkv_bias)) {}
 
     const Hparams& hparams() const override { return hp_; }
 
@@ -73,14 +85,15 @@ public:
 private:
     ops::RopeParams rope_params() const {
         ops::RopeParams rope;
-        rope.mode = ops::RopeMode::Normal;  // adjacent pairs (x[2i], x[2i+1])
+        rope.mode = variant_.rope_mode;
         rope.n_dims = hp_.n_rot;
         rope.freq_base = hp_.rope_base;
         rope.freq_scale = hp_.rope_freq_scale;
-        rope.freq_factors = w_.rope_freqs;  // Llama 3.1+: per-pair divisors, else nullptr
+        rope.freq_factors = variant_.rope_freqs ? w_.rope_freqs : nullptr;
         return rope;
     }
 
+    Variant variant_;
     Hparams hp_;
     LlamaWeights w_;
     Activations a_;
@@ -90,7 +103,11 @@ private:
 }  // namespace
 
 std::unique_ptr<Model> make_llama(const gguf::GgufFile& file, Hparams hp) {
-    return std::make_unique<Llama>(file, std::move(hp));
+    return std::make_unique<Llama>(file, std::move(hp), kLlama);
+}
+
+std::unique_ptr<Model> make_qwen2(const gguf::GgufFile& file, Hparams hp) {
+    return std::make_unique<Llama>(file, std::move(hp), kQwen2);
 }
 
 }  // namespace fitllm::model
