@@ -1,7 +1,8 @@
 #include "tokenizer/unicode.h"
-#include "util/utf8.h"
 
 #include <array>
+
+#include "util/utf8.h"
 
 namespace fitllm::tokenizer {
 namespace {
@@ -45,7 +46,9 @@ static_assert(kByteToCodePoint['\n'] == 0x10A, "newline maps to U+010A 'Ċ'");
 static_assert(kByteToCodePoint[0xAD] == 0x143, "soft hyphen is the last moved byte");
 
 // Writes cp in the 1..4 byte form its value needs, without rejecting surrogates.
-void append_raw_encoding(std::string& out, char32_t cp) { util::append_utf8_unchecked(out, cp); }
+void append_raw_encoding(std::string& out, char32_t cp) {
+    util::append_utf8_unchecked(out, cp);
+}
 
 }  // namespace
 

@@ -44,8 +44,9 @@ TEST(ChatCommand, ExitCommandEndsTheConversation) {
 TEST(ChatCommand, AFullContextEndsTheConversationCleanly) {
     const auto model = test::demo_model();
     if (!model) GTEST_SKIP() << "demo model absent (scripts/setup.sh downloads it)";
-    const test::CommandResult r = test::run_command("printf 'Hi\\nAgain\\nAnd again\\n' | " + fitllm_exe() +
-                                                    " chat -m '" + model->string() + "' --temp 0 -n 64 -c 24 -t 2 2>&1");
+    const test::CommandResult r =
+        test::run_command("printf 'Hi\\nAgain\\nAnd again\\n' | " + fitllm_exe() + " chat -m '" + model->string() +
+                          "' --temp 0 -n 64 -c 24 -t 2 2>&1");
     ASSERT_EQ(r.status, 0) << r.output;
     EXPECT_NE(r.output.find("context is full"), std::string::npos) << r.output;
 }
