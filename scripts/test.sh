@@ -8,7 +8,7 @@ set -euo pipefail
 ROOT="$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)"
 cd "$ROOT"
 JOBS="$(nproc)"
-"$ROOT/scripts/setup.sh"
+"$ROOT/scripts/setup.sh" --browser   # chromium for the server page test
 
 PASSED=0
 FAILED=0
