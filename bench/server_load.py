@@ -34,6 +34,7 @@ from __future__ import annotations
 import argparse
 import http.client
 import json
+import math
 import os
 import random
 import shlex
@@ -102,7 +103,7 @@ def percentiles(values, ps=(50, 90, 99)):
     if not values:
         return [None for _ in ps]
     ordered = sorted(values)
-    return [ordered[min(len(ordered) - 1, max(0, int(round(p / 100 * len(ordered) + 0.5)) - 1))] for p in ps]
+    return [ordered[min(len(ordered) - 1, max(0, math.ceil(p / 100 * len(ordered)) - 1))] for p in ps]
 
 
 def make_prompt(rng):
