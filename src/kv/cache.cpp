@@ -5,6 +5,7 @@
 #include <bit>
 #include <cctype>
 #include <climits>
+#include <cstdio>
 #include <cstdlib>
 #include <cstring>
 #include <limits>
@@ -15,6 +16,8 @@
 #include <utility>
 
 #include "kv/hadamard.h"
+#include "kv/spill_file.h"
+#include "memory/pool.h"
 #include "quant/dequantize.h"
 #include "quant/quantize.h"
 
@@ -119,9 +122,85 @@ GgmlType kv_type_from_name(const std::string& name) {
 struct LayerStorage {
     LayerShape shape;
     size_t k_head_bytes = 0, v_head_bytes = 0, k_row_bytes = 0, v_row_bytes = 0;
-    Bytes k, v;                  // [capacity][n_head_kv][head], cell c at c * row_bytes
+    // [capacity][n_head_kv][head], cell c at c * row_bytes: in k_memory / v_memory, or for a
+    // streamed layer in the spill file at k_offset / v_offset.
+    std::byte* k = nullptr;
+    std::byte* v = nullptr;
+    Bytes k_memory, v_memory;
+    bool streamed = false;
+    uint64_t k_offset = 0, v_offset = 0;
     std::vector<float> scratch;  // one head, for rotating in store(); per layer, so layers may store in parallel
 };
+
+// Where the bytes of a cache go, from its shapes and parameters alone (the constructor and
+// bytes_for() agree by using this).
+struct Layout {
+    int capacity = 0, n_blocks = 0;
+    std::vector<size_t> k_row_bytes, v_row_bytes;  // per layer
+    size_t bookkeeping = 0;                        // cells, blocks, tables
+    size_t kv_storage = 0;                         // K and V of every layer
+    // Spill (kv/cache.h, "Spill"): layers [0, n_pinned) in memory, the rest in the file, at most
+    // `window` of those in memory at once.
+    bool spill = false;
+    int n_pinned = 0, window = 0;
+    size_t largest_layer = 0;
+    uint64_t file_bytes = 0;
+
+    size_t layer_bytes(size_t il) const { return (k_row_bytes[il] + v_row_bytes[il]) * static_cast<size_t>(capacity); }
+    size_t memory_bytes() const {
+        if (!spill) return bookkeeping + kv_storage;
+        size_t pinned = 0;
+        for (size_t il = 0; il < static_cast<size_t>(n_pinned); ++il) pinned += layer_bytes(il);
+        return bookkeeping + pinned + static_cast<size_t>(window) * largest_layer;
+    }
+};
+
+std::string mib(uint64_t bytes) {
+    char buf[32];
+    std::snprintf(buf, sizeof buf, "%.1f MiB", static_cast<double>(bytes) / (1024.0 * 1024.0));
+    return buf;
+}
+
+uint64_t round_up_u64(uint64_t n, uint64_t multiple) {
+    return (n + multiple - 1) / multiple * multiple;
+}
+
+Layout make_layout(const std::vector<LayerShape>& shapes, const CacheParams& p) {
+    Layout l;
+    l.capacity = static_cast<int>(round_up(p.n_cells, p.block_size));
+    l.n_blocks = l.capacity / p.block_size;
+    const auto cells = static_cast<size_t>(l.capacity);
+    const auto blocks = static_cast<size_t>(l.n_blocks);
+    for (const LayerShape& shape : shapes) {
+        l.k_row_bytes.push_back(*quant::row_bytes(p.type_k, static_cast<uint64_t>(shape.head_dim_k)) *
+                                static_cast<size_t>(shape.n_head_kv));
+        l.v_row_bytes.push_back(*quant::row_bytes(p.type_v, static_cast<uint64_t>(shape.head_dim_v)) *
+                                static_cast<size_t>(shape.n_head_kv));
+        l.kv_storage += l.layer_bytes(l.k_row_bytes.size() - 1);
+        l.largest_layer = std::max(l.largest_layer, l.layer_bytes(l.k_row_bytes.size() - 1));
+    }
+    l.bookkeeping = cells * (sizeof(Pos) * 2 + sizeof(uint64_t)) + blocks * (sizeof(uint64_t) + sizeof(int32_t)) +
+                    static_cast<size_t>(p.n_seq_max) * blocks * sizeof(int32_t);
+
+    l.n_pinned = static_cast<int>(shapes.size());
+    if (p.spill_dir.empty() || p.resident_limit == 0 || p.resident_limit >= l.kv_storage) return l;
+    const uint64_t fit = p.resident_limit / l.largest_layer;  // whole layers the limit holds
+    if (fit == 0) {
+        throw std::invalid_argument("KvCache: the KV resident limit " + mib(p.resident_limit) +
+                                    " holds no whole layer of K/V (" + mib(l.largest_layer) + " at " +
+                                    std::to_string(l.capacity) +
+                                    " cells), and attention reads a whole layer at once: raise the limit, lower "
+                                    "the context or quantize K/V (-ctk / -ctv)");
+    }
+    l.spill = true;
+    l.window = fit >= 2 ? 2 : 1;
+    l.n_pinned = static_cast<int>(fit) - l.window;
+    const uint64_t page = SpillFile::page_size();
+    for (size_t il = static_cast<size_t>(l.n_pinned); il < shapes.size(); ++il) {
+        l.file_bytes += round_up_u64(l.k_row_bytes[il] * cells, page) + round_up_u64(l.v_row_bytes[il] * cells, page);
+    }
+    return l;
+}
 
 struct KvCache::Impl {
     CacheParams params;
@@ -130,6 +209,17 @@ struct KvCache::Impl {
     int n_blocks = 0;
     bool rotated = false;
     std::vector<LayerStorage> layers;
+
+    // Memory and spill (kv/cache.h, "Memory" and "Spill").
+    memory::Charge charge;
+    size_t memory_bytes = 0;  // what charge holds (also without a pool)
+    std::unique_ptr<SpillFile> spill;
+    int n_pinned = 0;       // layers [0, n_pinned) in memory; the others streamed
+    int window = 0;         // streamed layers in memory at once
+    int32_t high_cell = 0;  // 1 + the highest cell ever placed: the rows worth reading or writing back
+    // Per layer, for streamed ones: its pages may be in memory (written, read ahead), read-ahead
+    // asked for since its last release, and will_attend's wanted set (kept here, so it allocates nothing).
+    std::vector<uint8_t> in_memory, prefetched, wanted;
 
     // Cells: position (-1 when free), the sequences using it, the RoPE shift K still needs.
     std::vector<Pos> pos;
@@ -211,13 +301,30 @@ struct KvCache::Impl {
     void clear();
 
     size_t bytes() const;
+
+    // --- Spill ---
+    int next_streamed(int layer) const;  // the first streamed layer after `layer`, cyclic
+    void release_layer(int layer);
+    void prefetch_layer(int layer);
+    void will_attend(int layer);
 };
 
 KvCache::Impl::Impl(std::vector<LayerShape> shapes, const CacheParams& p) : params(p) {
     validate(shapes, p);
+    const Layout layout = make_layout(shapes, p);
     block_size = p.block_size;
-    capacity = static_cast<int>(round_up(p.n_cells, block_size));
-    n_blocks = capacity / block_size;
+    capacity = layout.capacity;
+    n_blocks = layout.n_blocks;
+    memory_bytes = layout.memory_bytes();
+    if (p.pool != nullptr) {
+        charge = memory::Charge(*p.pool, memory_bytes,
+                                "KV cache (" + std::to_string(capacity) + " cells x " + std::to_string(shapes.size()) +
+                                    " layers, K " + kv_type_name(p.type_k) + ", V " + kv_type_name(p.type_v) +
+                                    (layout.spill ? ", spilling to " + p.spill_dir : std::string()) + ")");
+    }
+    n_pinned = layout.n_pinned;
+    window = layout.window;
+    if (layout.spill) spill = std::make_unique<SpillFile>(p.spill_dir, layout.file_bytes);
 
     const bool quantized = is_quantized(p.type_k) || is_quantized(p.type_v);
     const bool power_of_two_heads = std::all_of(shapes.begin(), shapes.end(), [](const LayerShape& s) {
@@ -226,6 +333,8 @@ KvCache::Impl::Impl(std::vector<LayerShape> shapes, const CacheParams& p) : para
     rotated = p.rotate && quantized && power_of_two_heads;
 
     size_t max_k_row = 0;
+    uint64_t file_offset = 0;
+    layers.reserve(shapes.size());
     for (const LayerShape& shape : shapes) {
         LayerStorage& layer = layers.emplace_back();
         layer.shape = shape;
@@ -233,12 +342,29 @@ KvCache::Impl::Impl(std::vector<LayerShape> shapes, const CacheParams& p) : para
         layer.v_head_bytes = *quant::row_bytes(p.type_v, static_cast<uint64_t>(shape.head_dim_v));
         layer.k_row_bytes = layer.k_head_bytes * static_cast<size_t>(shape.n_head_kv);
         layer.v_row_bytes = layer.v_head_bytes * static_cast<size_t>(shape.n_head_kv);
-        layer.k = zeroed_bytes(layer.k_row_bytes * static_cast<size_t>(capacity));
-        layer.v = zeroed_bytes(layer.v_row_bytes * static_cast<size_t>(capacity));
+        const size_t k_bytes = layer.k_row_bytes * static_cast<size_t>(capacity);
+        const size_t v_bytes = layer.v_row_bytes * static_cast<size_t>(capacity);
+        layer.streamed = spill != nullptr && static_cast<int>(layers.size()) > n_pinned;
+        if (layer.streamed) {
+            // Page-aligned regions, so releasing one never touches another's pages.
+            layer.k_offset = file_offset;
+            layer.v_offset = file_offset + round_up_u64(k_bytes, SpillFile::page_size());
+            file_offset = layer.v_offset + round_up_u64(v_bytes, SpillFile::page_size());
+            layer.k = spill->data() + layer.k_offset;
+            layer.v = spill->data() + layer.v_offset;
+        } else {
+            layer.k_memory = zeroed_bytes(k_bytes);
+            layer.v_memory = zeroed_bytes(v_bytes);
+            layer.k = layer.k_memory.get();
+            layer.v = layer.v_memory.get();
+        }
         layer.scratch.assign(static_cast<size_t>(std::max(shape.head_dim_k, shape.head_dim_v)), 0.0f);
         max_k_row = std::max(max_k_row, static_cast<size_t>(shape.n_head_kv) * static_cast<size_t>(shape.head_dim_k));
     }
     shift_rows.assign(max_k_row * kShiftChunk, 0.0f);
+    in_memory.assign(layers.size(), 0);
+    prefetched.assign(layers.size(), 0);
+    wanted.assign(layers.size(), 0);
 
     pos.assign(static_cast<size_t>(capacity), kFreePos);
     seqs.assign(static_cast<size_t>(capacity), 0);
@@ -318,6 +444,7 @@ void KvCache::Impl::occupy_cell(int32_t cell, SeqId seq, Pos p) {
     seqs[c] = seq_bit(seq);
     pos[c] = p;
     shift[c] = 0;
+    high_cell = std::max(high_cell, cell + 1);
     ++used_in_block[static_cast<size_t>(block_of(cell))];
     ++n_used;
     ++seq_cells[static_cast<size_t>(seq)];
@@ -364,11 +491,12 @@ void KvCache::Impl::release_cell(int32_t cell) {
 
 void KvCache::Impl::copy_cell_data(int32_t from, int32_t to) {
     for (LayerStorage& layer : layers) {
-        std::memcpy(layer.k.get() + static_cast<size_t>(to) * layer.k_row_bytes,
-                    layer.k.get() + static_cast<size_t>(from) * layer.k_row_bytes, layer.k_row_bytes);
-        std::memcpy(layer.v.get() + static_cast<size_t>(to) * layer.v_row_bytes,
-                    layer.v.get() + static_cast<size_t>(from) * layer.v_row_bytes, layer.v_row_bytes);
+        std::memcpy(layer.k + static_cast<size_t>(to) * layer.k_row_bytes,
+                    layer.k + static_cast<size_t>(from) * layer.k_row_bytes, layer.k_row_bytes);
+        std::memcpy(layer.v + static_cast<size_t>(to) * layer.v_row_bytes,
+                    layer.v + static_cast<size_t>(from) * layer.v_row_bytes, layer.v_row_bytes);
     }
+    std::fill(in_memory.begin(), in_memory.end(), uint8_t{1});
 }
 
 // ---- Blocks and tables ----------------------------------------------------------------------------
@@ -599,13 +727,53 @@ void KvCache::Impl::clear() {
 }
 
 size_t KvCache::Impl::bytes() const {
-    size_t n = 0;
-    for (const LayerStorage& layer : layers)
-        n += (layer.k_row_bytes + layer.v_row_bytes) * static_cast<size_t>(capacity);
-    n += static_cast<size_t>(capacity) * (sizeof(Pos) * 2 + sizeof(uint64_t));
-    n += static_cast<size_t>(n_blocks) * (sizeof(uint64_t) + sizeof(int32_t));
-    n += tables.size() * static_cast<size_t>(n_blocks) * sizeof(int32_t);
-    return n;
+    return memory_bytes;
+}
+
+// ---- Spill ----------------------------------------------------------------------------------------
+
+int KvCache::Impl::next_streamed(int layer) const {
+    const int n = static_cast<int>(layers.size());
+    const int next = std::max(layer + 1, n_pinned);
+    return next < n ? next : n_pinned;
+}
+
+void KvCache::Impl::release_layer(int layer) {
+    const auto il = static_cast<size_t>(layer);
+    const LayerStorage& L = layers[il];
+    const auto rows = static_cast<uint64_t>(high_cell);
+    spill->release(L.k_offset, rows * L.k_row_bytes);
+    spill->release(L.v_offset, rows * L.v_row_bytes);
+    in_memory[il] = 0;
+    prefetched[il] = 0;
+}
+
+void KvCache::Impl::prefetch_layer(int layer) {
+    const auto il = static_cast<size_t>(layer);
+    const LayerStorage& L = layers[il];
+    const auto rows = static_cast<uint64_t>(high_cell);
+    spill->prefetch(L.k_offset, rows * L.k_row_bytes);
+    spill->prefetch(L.v_offset, rows * L.v_row_bytes);
+    in_memory[il] = 1;
+    prefetched[il] = 1;
+}
+
+void KvCache::Impl::will_attend(int layer) {
+    if (!spill) return;
+    // Wanted in memory: `layer` when streamed, then the streamed layers after it, `window` in all
+    // (there are always more streamed layers than that, so none comes round twice).
+    std::fill(wanted.begin(), wanted.end(), uint8_t{0});
+    int l = layers[static_cast<size_t>(layer)].streamed ? layer : next_streamed(layer);
+    for (int i = 0; i < window; ++i, l = next_streamed(l)) wanted[static_cast<size_t>(l)] = 1;
+    // Out first, then in: memory goes down before it goes up.
+    for (int i = n_pinned; i < static_cast<int>(layers.size()); ++i) {
+        const auto il = static_cast<size_t>(i);
+        if (!wanted[il] && in_memory[il]) release_layer(i);
+    }
+    for (int i = n_pinned; i < static_cast<int>(layers.size()); ++i) {
+        const auto il = static_cast<size_t>(i);
+        if (wanted[il] && !prefetched[il]) prefetch_layer(i);
+    }
 }
 
 // ---- KvCache --------------------------------------------------------------------------------------
@@ -631,6 +799,23 @@ int KvCache::n_blocks() const {
 }
 size_t KvCache::bytes() const {
     return impl_->bytes();
+}
+size_t KvCache::bytes_for(const std::vector<LayerShape>& layers, const CacheParams& params) {
+    Impl::validate(layers, params);
+    return make_layout(layers, params).memory_bytes();
+}
+bool KvCache::spilled() const {
+    return impl_->spill != nullptr;
+}
+uint64_t KvCache::spill_file_bytes() const {
+    return impl_->spill ? impl_->spill->size() : 0;
+}
+int KvCache::pinned_layers() const {
+    return impl_->n_pinned;
+}
+void KvCache::will_attend(int layer) const {
+    impl_->check_layer(layer, "will_attend");
+    impl_->will_attend(layer);
 }
 bool KvCache::rotated() const {
     return impl_->rotated;
@@ -693,10 +878,11 @@ void KvCache::store(int layer, std::span<const int32_t> cells, const float* k, c
         m.check_cell(cell, "store");
         const auto row = static_cast<int64_t>(i);
         write_heads(m.params.type_k, k + row * k_row, s.n_head_kv, s.head_dim_k, L.k_head_bytes, m.rotated,
-                    L.scratch.data(), L.k.get() + static_cast<size_t>(cell) * L.k_row_bytes);
+                    L.scratch.data(), L.k + static_cast<size_t>(cell) * L.k_row_bytes);
         write_heads(m.params.type_v, v + row * v_row, s.n_head_kv, s.head_dim_v, L.v_head_bytes, m.rotated,
-                    L.scratch.data(), L.v.get() + static_cast<size_t>(cell) * L.v_row_bytes);
+                    L.scratch.data(), L.v + static_cast<size_t>(cell) * L.v_row_bytes);
     }
+    if (!cells.empty()) m.in_memory[static_cast<size_t>(layer)] = 1;
 }
 
 void KvCache::seq_rm(SeqId seq, Pos p0, Pos p1) {
@@ -807,20 +993,22 @@ void KvCache::for_shifted_cells(int layer, void (*fn)(void*, float*, const int32
         for (int i = 0; i < n; ++i) {
             write_heads(m.params.type_k, m.shift_rows.data() + i * row, s.n_head_kv, s.head_dim_k, L.k_head_bytes,
                         m.rotated, L.scratch.data(),
-                        L.k.get() + static_cast<size_t>(m.shift_cells[static_cast<size_t>(i)]) * L.k_row_bytes);
+                        L.k + static_cast<size_t>(m.shift_cells[static_cast<size_t>(i)]) * L.k_row_bytes);
         }
         n = 0;
     };
     for (int32_t c = 0; c < m.capacity; ++c) {
         const Pos delta = m.shift[static_cast<size_t>(c)];
         if (m.cell_free(c) || delta == 0) continue;
-        read_heads(m.params.type_k, L.k.get() + static_cast<size_t>(c) * L.k_row_bytes, s.n_head_kv, s.head_dim_k,
+        read_heads(m.params.type_k, L.k + static_cast<size_t>(c) * L.k_row_bytes, s.n_head_kv, s.head_dim_k,
                    L.k_head_bytes, m.rotated, m.shift_rows.data() + n * row);
         m.shift_cells[static_cast<size_t>(n)] = c;
         m.shift_deltas[static_cast<size_t>(n)] = delta;
         if (++n == kShiftChunk) flush();
     }
     if (n > 0) flush();
+    // A shift may touch every row of the layer: a streamed one leaves memory right away.
+    if (L.streamed) m.release_layer(layer);
 }
 
 void KvCache::trim_window() {
@@ -866,8 +1054,8 @@ KvCache::LayerView KvCache::layer_view(int layer) const {
                      .head_dim_k = L.shape.head_dim_k,
                      .head_dim_v = L.shape.head_dim_v,
                      .rotated = m.rotated,
-                     .k = L.k.get(),
-                     .v = L.v.get(),
+                     .k = L.k,
+                     .v = L.v,
                      .k_row_bytes = L.k_row_bytes,
                      .k_head_bytes = L.k_head_bytes,
                      .v_row_bytes = L.v_row_bytes,
@@ -879,8 +1067,8 @@ void KvCache::read_k(int layer, int32_t cell, float* out) const {
     m.check_layer(layer, "read_k");
     m.check_cell(cell, "read_k");
     const LayerStorage& L = m.layers[static_cast<size_t>(layer)];
-    read_heads(m.params.type_k, L.k.get() + static_cast<size_t>(cell) * L.k_row_bytes, L.shape.n_head_kv,
-               L.shape.head_dim_k, L.k_head_bytes, m.rotated, out);
+    read_heads(m.params.type_k, L.k + static_cast<size_t>(cell) * L.k_row_bytes, L.shape.n_head_kv, L.shape.head_dim_k,
+               L.k_head_bytes, m.rotated, out);
 }
 
 void KvCache::read_v(int layer, int32_t cell, float* out) const {
@@ -888,8 +1076,8 @@ void KvCache::read_v(int layer, int32_t cell, float* out) const {
     m.check_layer(layer, "read_v");
     m.check_cell(cell, "read_v");
     const LayerStorage& L = m.layers[static_cast<size_t>(layer)];
-    read_heads(m.params.type_v, L.v.get() + static_cast<size_t>(cell) * L.v_row_bytes, L.shape.n_head_kv,
-               L.shape.head_dim_v, L.v_head_bytes, m.rotated, out);
+    read_heads(m.params.type_v, L.v + static_cast<size_t>(cell) * L.v_row_bytes, L.shape.n_head_kv, L.shape.head_dim_v,
+               L.v_head_bytes, m.rotated, out);
 }
 
 // ---- ModelCache -----------------------------------------------------------------------------------
@@ -930,19 +1118,35 @@ ModelCache::ModelCache(const std::vector<LayerShape>& layers, const std::vector<
 
     pool_of_.assign(layers.size(), 0);
     index_in_pool_.assign(layers.size(), 0);
+    std::vector<std::vector<LayerShape>> pool_layers(pool_windows.size());
+    std::vector<CacheParams> pool_params(pool_windows.size(), params);
+    uint64_t window_pool_bytes = 0;
     for (size_t p = 0; p < pool_windows.size(); ++p) {
-        std::vector<LayerShape> pool_layers;
         for (size_t il = 0; il < layers.size(); ++il) {
             if (windows[il] != pool_windows[p]) continue;
             pool_of_[il] = static_cast<int>(p);
-            index_in_pool_[il] = static_cast<int>(pool_layers.size());
-            pool_layers.push_back(layers[il]);
+            index_in_pool_[il] = static_cast<int>(pool_layers[p].size());
+            pool_layers[p].push_back(layers[il]);
         }
-        CacheParams pool_params = params;
-        pool_params.window = pool_windows[p];
-        if (pool_windows[p] > 0) pool_params.n_cells = window_pool_cells(params, pool_windows[p], n_batch);
-        pools_.emplace_back(std::move(pool_layers), pool_params);
+        pool_params[p].window = pool_windows[p];
+        if (pool_windows[p] > 0) {
+            // Window pools are small: they stay in memory, inside the resident limit.
+            pool_params[p].n_cells = window_pool_cells(params, pool_windows[p], n_batch);
+            pool_params[p].spill_dir.clear();
+            pool_params[p].resident_limit = 0;
+            window_pool_bytes += KvCache::bytes_for(pool_layers[p], pool_params[p]);
+        }
     }
+    if (!pool_windows.empty() && pool_windows.front() == 0 && !params.spill_dir.empty() && params.resident_limit > 0) {
+        if (params.resident_limit <= window_pool_bytes) {
+            throw std::invalid_argument("ModelCache: the KV resident limit " + mib(params.resident_limit) +
+                                        " leaves nothing for the full-attention layers after the sliding-window "
+                                        "pools' " +
+                                        mib(window_pool_bytes));
+        }
+        pool_params.front().resident_limit = params.resident_limit - window_pool_bytes;
+    }
+    for (size_t p = 0; p < pool_windows.size(); ++p) pools_.emplace_back(std::move(pool_layers[p]), pool_params[p]);
     if (pools_.empty()) pools_.emplace_back(std::vector<LayerShape>{}, params);  // throws: no layers
     cells_.resize(pools_.size());
     for (auto& cells : cells_) cells.reserve(static_cast<size_t>(n_batch));
@@ -1011,6 +1215,14 @@ size_t ModelCache::bytes() const {
     size_t n = 0;
     for (const KvCache& p : pools_) n += p.bytes();
     return n;
+}
+uint64_t ModelCache::spill_file_bytes() const {
+    uint64_t n = 0;
+    for (const KvCache& p : pools_) n += p.spill_file_bytes();
+    return n;
+}
+void ModelCache::will_attend(int layer) const {
+    pools_[static_cast<size_t>(pool_of(layer))].will_attend(index_in_pool(layer));
 }
 bool ModelCache::has_k_shift() const {
     return std::any_of(pools_.begin(), pools_.end(), [](const KvCache& p) { return p.has_k_shift(); });

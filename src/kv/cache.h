@@ -19,6 +19,36 @@
 // it (copy on write). Positions inside a block need not be increasing (after shifts or
 // removals); attention decides visibility per cell.
 //
+// Memory: with params.pool set, the cache charges that pool (memory/pool.h) for bytes() before it
+// allocates anything, so a cache over budget throws memory::BudgetError naming the pool and the
+// bytes, and gives the bytes back when it goes.
+//
+// Spill (DESIGN.md, idea 5): with params.spill_dir set and params.resident_limit below the K/V
+// storage (every layer's K and V rows for every cell), the layers that do not fit live in a file
+// in spill_dir (kv/spill_file.h: anonymous, blocks reserved up front, mapped shared) and stream
+// through memory one layer at a time, in the order the forward pass attends them:
+//   - S = the largest layer's K+V bytes, R = floor(resident_limit / S) layers fit in the limit.
+//   - The first R - 2 layers stay in memory ("pinned", ordinary zeroed memory). The others are
+//     "streamed": they live in the file, and at most 2 of them are in memory at once: the layer
+//     being attended and the next one, read ahead while this one computes. With R = 1, only the
+//     layer being attended (no read-ahead). R = 0 is refused: attention needs a whole layer.
+//   - will_attend(layer), called by the forward pass right before each layer's attention, takes
+//     the streamed layers other than `layer` and the next streamed one (wrapping round to the
+//     first streamed layer for the next batch) out of memory: their dirty pages are written to
+//     the file and dropped from the page cache (SpillFile::release), so the page cache charged to
+//     the process stays inside the limit; and it asks for the next streamed layer to be read
+//     ahead (MADV_WILLNEED). Only the cells in use so far (up to the highest cell ever placed)
+//     are read or written back, so a short context costs little I/O.
+//   - store() of the next layer (before its will_attend) writes into pages already on their way in.
+//   - A decode step reads every streamed layer's used K/V from disk once and writes back the few
+//     pages its new token dirtied: spill trades decode speed for memory; pin more by raising the
+//     limit.
+// bytes() (and the pool charge) is then the bookkeeping, the pinned layers and 2 (or 1) streamed
+// layers: at most the limit plus the bookkeeping. The results are bit-identical to an in-memory
+// cache: only where the bytes live changes. Without will_attend() calls (a cache used outside a
+// model) everything still reads and writes correctly; pages just leave memory only when the
+// kernel reclaims them.
+//
 // Thread safety: none; one forward pass at a time. store() may be called from one thread per
 // layer range; the views are read-only.
 #include <cstddef>
@@ -31,6 +61,10 @@
 
 #include "fitllm/error.h"
 #include "quant/ggml_type.h"
+
+namespace fitllm::memory {
+class Pool;
+}
 
 namespace fitllm::kv {
 // Until the models move here and src/kv/kv_cache.h (the old single-sequence kv::KvCache) is
@@ -69,6 +103,14 @@ struct CacheParams {
     // outliers spread over the head. Only for quantized types (q8_0, q4_0, ...); ignored for
     // f32 / f16 / bf16. Needs head sizes that are powers of two (others are stored unrotated).
     bool rotate = true;
+    // The pool charged for bytes() (memory/pool.h, pool_names::kKv); nullptr charges nothing.
+    memory::Pool* pool = nullptr;
+    // Spill (see above): a directory on disk for the K/V that does not fit, and the bytes of K/V
+    // storage that may stay in memory. The cache spills only when both are set and the limit is
+    // below the K/V storage; otherwise everything stays in memory. In a ModelCache the limit is
+    // for all its pools together: sliding-window pools stay in memory, the full pool spills.
+    std::string spill_dir;
+    uint64_t resident_limit = 0;  // 0: no limit
 };
 
 // The types -ctk / -ctv accept: f32, f16, bf16, q8_0, q4_0, q4_1, q5_0, q5_1, iq4_nl.
@@ -81,7 +123,9 @@ public:
     // Allocates every byte up front (zeroed, so untouched pages cost no memory until used).
     // Throws std::invalid_argument for bad shapes or types (naming them): no layers, n_cells or a
     // width < 1, n_seq_max outside 1..64, a type is_kv_type() rejects, head sizes that are not
-    // whole blocks of a quantized type (32 values).
+    // whole blocks of a quantized type (32 values), a spill resident limit below one layer's K/V.
+    // Throws memory::BudgetError when params.pool has no room for bytes() (nothing allocated), and
+    // SpillError (kv/spill_file.h) when the spill file cannot be made in params.spill_dir.
     KvCache(std::vector<LayerShape> layers, CacheParams params);
 
     KvCache(KvCache&&) noexcept;
@@ -92,7 +136,15 @@ public:
     int n_layer() const;   // layers in this pool
     int capacity() const;  // cells
     int n_blocks() const;
-    size_t bytes() const;  // K, V and the per-cell bookkeeping
+    // The bytes held in memory and charged to params.pool: the per-cell bookkeeping and K/V (all of
+    // it, or with spill the pinned layers and the streamed layers that may be in memory at once).
+    size_t bytes() const;
+    // What bytes() of a cache made with these arguments will be (throws as the constructor would).
+    static size_t bytes_for(const std::vector<LayerShape>& layers, const CacheParams& params);
+    // Spill: whether K/V spills to a file, its size (0 without), and the layers kept in memory.
+    bool spilled() const;
+    uint64_t spill_file_bytes() const;
+    int pinned_layers() const;  // n_layer() without spill
     // True when K and V heads are stored Hadamard-rotated (both or neither): params.rotate, K or V
     // quantized, and every head size of the pool a power of two.
     bool rotated() const;
@@ -177,6 +229,11 @@ public:
     };
     LayerView layer_view(int layer) const;
 
+    // Spill: call right before attending `layer` (after storing it is fine too); moves streamed
+    // layers in and out of memory as described above. Changes no content; a no-op without spill.
+    // Throws SpillError (kv/spill_file.h) when writing the spill file back fails.
+    void will_attend(int layer) const;
+
     // For tests and checks: K or V of one cell and layer back in floats (un-rotated).
     void read_k(int layer, int32_t cell, float* out) const;
     void read_v(int layer, int32_t cell, float* out) const;
@@ -207,7 +264,8 @@ void KvCache::apply_k_shift(int layer, Fn&& rerotate) {
 class ModelCache {
 public:
     // layer_window[il] == 0: full attention; > 0: that layer's window. params.window is ignored.
-    // Throws like KvCache, and std::invalid_argument when the lists differ in length or n_batch < 1.
+    // Throws like KvCache, and std::invalid_argument when the lists differ in length or n_batch < 1,
+    // or when params.resident_limit (with spill) does not exceed the window pools' bytes.
     ModelCache(const std::vector<LayerShape>& layers, const std::vector<int>& layer_window, CacheParams params,
                int n_batch);
     // The cells of a window pool (see above), before rounding to blocks.
@@ -232,12 +290,15 @@ public:
     void seq_add(SeqId seq, Pos p0, Pos p1, Pos delta);
     void seq_div(SeqId seq, Pos p0, Pos p1, int d);
     void clear();
-    Pos seq_pos_min(SeqId seq) const;  // from the full-attention pool (the one that keeps everything;
-    Pos seq_pos_max(SeqId seq) const;  // pool 0 when every layer is windowed)
-    int capacity() const;              // of the full-attention pool: the context size
-    size_t bytes() const;              // every pool
-    bool has_k_shift() const;          // any pool
-    void clear_k_shift();              // every pool
+    Pos seq_pos_min(SeqId seq) const;   // from the full-attention pool (the one that keeps everything;
+    Pos seq_pos_max(SeqId seq) const;   // pool 0 when every layer is windowed)
+    int capacity() const;               // of the full-attention pool: the context size
+    size_t bytes() const;               // every pool
+    uint64_t spill_file_bytes() const;  // every pool
+    // Before attending model layer il: KvCache::will_attend on its pool.
+    void will_attend(int layer) const;
+    bool has_k_shift() const;  // any pool
+    void clear_k_shift();      // every pool
 
 private:
     std::vector<KvCache> pools_;

@@ -105,6 +105,7 @@ inline void attend(const Hparams& hp, const kv::ModelCache& cache, int il, const
     ap.head_dim = hp.head_dim;
     ap.scale = scale;
     ap.sliding_window = window;
+    cache.will_attend(il);  // a spilled cache brings this layer in and reads the next one ahead
     ops::attention_kv(q, rows.positions, rows.seq_ids, rows.n, cache.pool(cache.pool_of(il)), cache.index_in_pool(il),
                       ap, out, pool, scratch);
 }
