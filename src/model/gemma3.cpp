@@ -18,52 +18,57 @@ namespace {
 
 class Gemma3 final : public Model {
 public:
-    Gemma3(const gguf::GgufFile& file, Hparams hp) : hp_(std::move(hp)), w_(bind_gemma3_weights(file, hp_)) {}
+    Gemma3(const gguf::GgufFile& file, Hparams hp, const LoadOptions& options)
+        : hp_(std::move(hp)), w_(bind_gemma3_weights(file, hp_)), mem_(file, hp_, options) {}
 
     const Hparams& hparams() const override { return hp_; }
+    int n_streamed_layers() const override { return mem_.n_streamed_layers(); }
+    std::vector<FileRange> streamed_ranges() const override { return mem_.streamed_ranges(); }
 
     void forward(const Batch& batch, kv::ModelCache& cache, float* logits_out, ops::ThreadPool& pool) override {
         const Hparams& hp = hp_;
-        const BatchRows rows = begin_batch(hp, batch, cache, a_, [this](int il) { return rope_params(il); });
+        Activations& a = mem_.a;
+        ops::Scratch& scratch = mem_.scratch;
+        const BatchRows rows = begin_batch(hp, batch, cache, a, [this](int il) { return rope_params(il); });
         const int n = rows.n;
         const int64_t E = hp.n_embd;
-        float* x = a_.x.data();
-        float* cur = a_.cur.data();
+        float* x = a.x.data();
+        float* cur = a.cur.data();
 
         ops::embedding_rows(w_.token_embd, batch.tokens.data(), n, x);  // x: [n, n_embd]
         ops::scale(x, n * E, std::sqrt(static_cast<float>(hp.n_embd)));
 
         for (int il = 0; il < hp.n_layer; ++il) {
-            const Gemma3Layer& L = w_.layers[static_cast<size_t>(il)];
+            const LayerRef<Gemma3Layer> L = mem_.layer(w_.layers, il);  // waits for a streamed layer
             const bool local = hp.is_swa[static_cast<size_t>(il)];
 
             // Attention block.
-            ops::rms_norm(x, L.attn_norm, hp.norm_eps, n, E, cur);
-            ops::matmul(L.wq, cur, n, a_.q.data(), pool, scratch_);  // q: [n, n_head, head_dim]
-            ops::matmul(L.wk, cur, n, a_.k.data(), pool, scratch_);  // k: [n, n_head_kv, head_dim]
-            ops::matmul(L.wv, cur, n, a_.v.data(), pool, scratch_);  // v: [n, n_head_kv, head_dim_v]
-            ops::rms_norm(a_.q.data(), L.q_norm, hp.norm_eps, int64_t{n} * hp.n_head, hp.head_dim, a_.q.data());
-            ops::rms_norm(a_.k.data(), L.k_norm, hp.norm_eps, int64_t{n} * hp.n_head_kv, hp.head_dim, a_.k.data());
+            ops::rms_norm(x, L->attn_norm, hp.norm_eps, n, E, cur);
+            ops::matmul(L->wq, cur, n, a.q.data(), pool, scratch);  // q: [n, n_head, head_dim]
+            ops::matmul(L->wk, cur, n, a.k.data(), pool, scratch);  // k: [n, n_head_kv, head_dim]
+            ops::matmul(L->wv, cur, n, a.v.data(), pool, scratch);  // v: [n, n_head_kv, head_dim_v]
+            ops::rms_norm(a.q.data(), L->q_norm, hp.norm_eps, int64_t{n} * hp.n_head, hp.head_dim, a.q.data());
+            ops::rms_norm(a.k.data(), L->k_norm, hp.norm_eps, int64_t{n} * hp.n_head_kv, hp.head_dim, a.k.data());
             const ops::RopeParams rope = rope_params(il);
-            ops::rope(a_.q.data(), rows.positions, n, hp.n_head, hp.head_dim, rope);
-            ops::rope(a_.k.data(), rows.positions, n, hp.n_head_kv, hp.head_dim, rope);
-            store_kv(cache, il, a_.k.data(), a_.v.data());
+            ops::rope(a.q.data(), rows.positions, n, hp.n_head, hp.head_dim, rope);
+            ops::rope(a.k.data(), rows.positions, n, hp.n_head_kv, hp.head_dim, rope);
+            store_kv(cache, il, a.k.data(), a.v.data());
             // Q is scaled before attention (not the scores), as llama.cpp does: its f16 rounding of
             // Q then sees the same values.
-            ops::scale(a_.q.data(), int64_t{n} * hp.n_head * hp.head_dim, hp.attn_scale);
-            attend(hp, cache, il, a_.q.data(), rows, /*scale=*/1.0f, local ? hp.sliding_window : 0, a_.attn.data(),
-                   pool, scratch_);                                     // attn: [n, n_head * head_dim_v]
-            ops::matmul(L.wo, a_.attn.data(), n, cur, pool, scratch_);  // cur: [n, n_embd]
-            ops::rms_norm(cur, L.post_attn_norm, hp.norm_eps, n, E, cur);
+            ops::scale(a.q.data(), int64_t{n} * hp.n_head * hp.head_dim, hp.attn_scale);
+            attend(hp, cache, il, a.q.data(), rows, /*scale=*/1.0f, local ? hp.sliding_window : 0, a.attn.data(), pool,
+                   scratch);                                           // attn: [n, n_head * head_dim_v]
+            ops::matmul(L->wo, a.attn.data(), n, cur, pool, scratch);  // cur: [n, n_embd]
+            ops::rms_norm(cur, L->post_attn_norm, hp.norm_eps, n, E, cur);
             ops::add(x, cur, n * E, x);
 
             // Feed-forward block: down(gelu(gate(h)) * up(h)).
-            ops::rms_norm(x, L.ffn_norm, hp.norm_eps, n, E, cur);
-            ops::matmul(L.ffn_gate, cur, n, a_.gate.data(), pool, scratch_);  // gate: [n, n_ff]
-            ops::matmul(L.ffn_up, cur, n, a_.up.data(), pool, scratch_);      // up: [n, n_ff]
-            ops::geglu(a_.gate.data(), a_.up.data(), int64_t{n} * hp.n_ff, a_.gate.data());
-            ops::matmul(L.ffn_down, a_.gate.data(), n, cur, pool, scratch_);  // cur: [n, n_embd]
-            ops::rms_norm(cur, L.post_ffn_norm, hp.norm_eps, n, E, cur);
+            ops::rms_norm(x, L->ffn_norm, hp.norm_eps, n, E, cur);
+            ops::matmul(L->ffn_gate, cur, n, a.gate.data(), pool, scratch);  // gate: [n, n_ff]
+            ops::matmul(L->ffn_up, cur, n, a.up.data(), pool, scratch);      // up: [n, n_ff]
+            ops::geglu(a.gate.data(), a.up.data(), int64_t{n} * hp.n_ff, a.gate.data());
+            ops::matmul(L->ffn_down, a.gate.data(), n, cur, pool, scratch);  // cur: [n, n_embd]
+            ops::rms_norm(cur, L->post_ffn_norm, hp.norm_eps, n, E, cur);
             ops::add(x, cur, n * E, x);
         }
         cache.end_batch();
@@ -71,7 +76,7 @@ public:
         // Output: the rows that want logits.
         const int n_out = output_rows(hp, batch, x, w_.output_norm, cur);
         if (n_out == 0) return;
-        ops::matmul(w_.output, cur, n_out, logits_out, pool, scratch_);  // logits: [n_out, n_vocab]
+        ops::matmul(w_.output, cur, n_out, logits_out, pool, scratch);  // logits: [n_out, n_vocab]
         if (hp.final_logit_softcap > 0.0f) {
             ops::softcap(logits_out, int64_t{n_out} * hp.n_vocab, hp.final_logit_softcap);
         }
@@ -91,14 +96,13 @@ private:
 
     Hparams hp_;
     Gemma3Weights w_;
-    Activations a_;
-    ops::Scratch scratch_;
+    DecoderMemory mem_;
 };
 
 }  // namespace
 
-std::unique_ptr<Model> make_gemma3(const gguf::GgufFile& file, Hparams hp) {
-    return std::make_unique<Gemma3>(file, std::move(hp));
+std::unique_ptr<Model> make_gemma3(const gguf::GgufFile& file, Hparams hp, const LoadOptions& options) {
+    return std::make_unique<Gemma3>(file, std::move(hp), options);
 }
 
 }  // namespace fitllm::model

@@ -28,50 +28,57 @@ constexpr Variant kQwen2{QkvBias::Required, ops::RopeMode::Neox, false};   // pa
 
 class Llama final : public Model {
 public:
-    Llama(const gguf::GgufFile& file, Hparams hp, Variant variant)
-        : variant_(variant), hp_(std::move(hp)), w_(bind_llama_weights(file, hp_, variant.qkv_bias)) {}
+    Llama(const gguf::GgufFile& file, Hparams hp, Variant variant, const LoadOptions& options)
+        : variant_(variant),
+          hp_(std::move(hp)),
+          w_(bind_llama_weights(file, hp_, variant.qkv_bias)),
+          mem_(file, hp_, options) {}
 
     const Hparams& hparams() const override { return hp_; }
+    int n_streamed_layers() const override { return mem_.n_streamed_layers(); }
+    std::vector<FileRange> streamed_ranges() const override { return mem_.streamed_ranges(); }
 
     void forward(const Batch& batch, kv::ModelCache& cache, float* logits_out, ops::ThreadPool& pool) override {
         const Hparams& hp = hp_;
+        Activations& a = mem_.a;
+        ops::Scratch& scratch = mem_.scratch;
         const ops::RopeParams rope = rope_params();
-        const BatchRows rows = begin_batch(hp, batch, cache, a_, [&rope](int) { return rope; });
+        const BatchRows rows = begin_batch(hp, batch, cache, a, [&rope](int) { return rope; });
         const int n = rows.n;
         const int64_t E = hp.n_embd;
         const int64_t q_dim = int64_t{hp.n_head} * hp.head_dim;
         const int64_t kv_dim = int64_t{hp.n_head_kv} * hp.head_dim;
-        float* x = a_.x.data();
-        float* cur = a_.cur.data();
+        float* x = a.x.data();
+        float* cur = a.cur.data();
 
         ops::embedding_rows(w_.token_embd, batch.tokens.data(), n, x);  // x: [n, n_embd]
 
         for (int il = 0; il < hp.n_layer; ++il) {
-            const LlamaLayer& L = w_.layers[static_cast<size_t>(il)];
+            const LayerRef<LlamaLayer> L = mem_.layer(w_.layers, il);  // waits for a streamed layer
 
             // Attention block.
-            ops::rms_norm(x, L.attn_norm, hp.norm_eps, n, E, cur);
-            ops::matmul(L.wq, cur, n, a_.q.data(), pool, scratch_);  // q: [n, n_head, head_dim]
-            ops::matmul(L.wk, cur, n, a_.k.data(), pool, scratch_);  // k: [n, n_head_kv, head_dim]
-            ops::matmul(L.wv, cur, n, a_.v.data(), pool, scratch_);  // v: [n, n_head_kv, head_dim]
-            if (L.bq) ops::add_bias(a_.q.data(), L.bq, n, q_dim);
-            if (L.bk) ops::add_bias(a_.k.data(), L.bk, n, kv_dim);
-            if (L.bv) ops::add_bias(a_.v.data(), L.bv, n, kv_dim);
-            ops::rope(a_.q.data(), rows.positions, n, hp.n_head, hp.head_dim, rope);
-            ops::rope(a_.k.data(), rows.positions, n, hp.n_head_kv, hp.head_dim, rope);
-            store_kv(cache, il, a_.k.data(), a_.v.data());
-            attend(hp, cache, il, a_.q.data(), rows, hp.attn_scale, /*window=*/0, a_.attn.data(), pool,
-                   scratch_);                                           // attn: [n, n_head * head_dim]
-            ops::matmul(L.wo, a_.attn.data(), n, cur, pool, scratch_);  // cur: [n, n_embd]
-            if (L.bo) ops::add_bias(cur, L.bo, n, E);
+            ops::rms_norm(x, L->attn_norm, hp.norm_eps, n, E, cur);
+            ops::matmul(L->wq, cur, n, a.q.data(), pool, scratch);  // q: [n, n_head, head_dim]
+            ops::matmul(L->wk, cur, n, a.k.data(), pool, scratch);  // k: [n, n_head_kv, head_dim]
+            ops::matmul(L->wv, cur, n, a.v.data(), pool, scratch);  // v: [n, n_head_kv, head_dim]
+            if (L->bq) ops::add_bias(a.q.data(), L->bq, n, q_dim);
+            if (L->bk) ops::add_bias(a.k.data(), L->bk, n, kv_dim);
+            if (L->bv) ops::add_bias(a.v.data(), L->bv, n, kv_dim);
+            ops::rope(a.q.data(), rows.positions, n, hp.n_head, hp.head_dim, rope);
+            ops::rope(a.k.data(), rows.positions, n, hp.n_head_kv, hp.head_dim, rope);
+            store_kv(cache, il, a.k.data(), a.v.data());
+            attend(hp, cache, il, a.q.data(), rows, hp.attn_scale, /*window=*/0, a.attn.data(), pool,
+                   scratch);                                           // attn: [n, n_head * head_dim]
+            ops::matmul(L->wo, a.attn.data(), n, cur, pool, scratch);  // cur: [n, n_embd]
+            if (L->bo) ops::add_bias(cur, L->bo, n, E);
             ops::add(x, cur, n * E, x);
 
             // Feed-forward block: down(silu(gate(h)) * up(h)).
-            ops::rms_norm(x, L.ffn_norm, hp.norm_eps, n, E, cur);
-            ops::matmul(L.ffn_gate, cur, n, a_.gate.data(), pool, scratch_);  // gate: [n, n_ff]
-            ops::matmul(L.ffn_up, cur, n, a_.up.data(), pool, scratch_);      // up: [n, n_ff]
-            ops::swiglu(a_.gate.data(), a_.up.data(), int64_t{n} * hp.n_ff, a_.gate.data());
-            ops::matmul(L.ffn_down, a_.gate.data(), n, cur, pool, scratch_);  // cur: [n, n_embd]
+            ops::rms_norm(x, L->ffn_norm, hp.norm_eps, n, E, cur);
+            ops::matmul(L->ffn_gate, cur, n, a.gate.data(), pool, scratch);  // gate: [n, n_ff]
+            ops::matmul(L->ffn_up, cur, n, a.up.data(), pool, scratch);      // up: [n, n_ff]
+            ops::swiglu(a.gate.data(), a.up.data(), int64_t{n} * hp.n_ff, a.gate.data());
+            ops::matmul(L->ffn_down, a.gate.data(), n, cur, pool, scratch);  // cur: [n, n_embd]
             ops::add(x, cur, n * E, x);
         }
         cache.end_batch();
@@ -79,7 +86,7 @@ public:
         // Output: the rows that want logits.
         const int n_out = output_rows(hp, batch, x, w_.output_norm, cur);
         if (n_out == 0) return;
-        ops::matmul(w_.output, cur, n_out, logits_out, pool, scratch_);  // logits: [n_out, n_vocab]
+        ops::matmul(w_.output, cur, n_out, logits_out, pool, scratch);  // logits: [n_out, n_vocab]
     }
 
 private:
@@ -96,18 +103,17 @@ private:
     Variant variant_;
     Hparams hp_;
     LlamaWeights w_;
-    Activations a_;
-    ops::Scratch scratch_;
+    DecoderMemory mem_;
 };
 
 }  // namespace
 
-std::unique_ptr<Model> make_llama(const gguf::GgufFile& file, Hparams hp) {
-    return std::make_unique<Llama>(file, std::move(hp), kLlama);
+std::unique_ptr<Model> make_llama(const gguf::GgufFile& file, Hparams hp, const LoadOptions& options) {
+    return std::make_unique<Llama>(file, std::move(hp), kLlama, options);
 }
 
-std::unique_ptr<Model> make_qwen2(const gguf::GgufFile& file, Hparams hp) {
-    return std::make_unique<Llama>(file, std::move(hp), kQwen2);
+std::unique_ptr<Model> make_qwen2(const gguf::GgufFile& file, Hparams hp, const LoadOptions& options) {
+    return std::make_unique<Llama>(file, std::move(hp), kQwen2, options);
 }
 
 }  // namespace fitllm::model

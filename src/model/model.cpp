@@ -1,12 +1,19 @@
 #include "model/model.h"
 
+#include <stdexcept>
+#include <string>
+
 namespace fitllm::model {
 
-std::unique_ptr<Model> Model::load(const gguf::GgufFile& file) {
+std::unique_ptr<Model> Model::load(const gguf::GgufFile& file, const LoadOptions& options) {
     Hparams hp = read_hparams(file);  // refuses architectures without a forward pass
-    if (hp.arch == "llama") return make_llama(file, std::move(hp));
-    if (hp.arch == "qwen2") return make_qwen2(file, std::move(hp));
-    return make_gemma3(file, std::move(hp));
+    if (options.n_streamed_layers < 0 || options.n_streamed_layers > hp.n_layer) {
+        throw std::invalid_argument(file.source() + ": cannot stream " + std::to_string(options.n_streamed_layers) +
+                                    " layers of " + std::to_string(hp.n_layer));
+    }
+    if (hp.arch == "llama") return make_llama(file, std::move(hp), options);
+    if (hp.arch == "qwen2") return make_qwen2(file, std::move(hp), options);
+    return make_gemma3(file, std::move(hp), options);
 }
 
 std::vector<kv::LayerShape> Model::cache_layers() const {

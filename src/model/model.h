@@ -6,6 +6,12 @@
 //   auto model = model::Model::load(file);  // file must outlive model
 //   kv::ModelCache cache = model->make_cache({.n_cells = 2048, .n_seq_max = 2}, /*n_batch=*/512);
 //   model->forward({.tokens = ids, .positions = pos, .seq_ids = seqs}, cache, logits.data(), pool);
+//
+// Under a memory budget, charge its working memory to a device and stream the last layers:
+//
+//   memory::Device host("host", budget_bytes);
+//   auto model = model::Model::load(file, {.device = &host, .n_streamed_layers = 6});
+//   runtime::prefault(file, *model);  // the resident part only; streamed layers stay on disk
 #include <cstdint>
 #include <memory>
 #include <span>
@@ -16,7 +22,33 @@
 #include "model/hparams.h"
 #include "ops/thread_pool.h"
 
+namespace fitllm::memory {
+class Device;
+}
+
 namespace fitllm::model {
+
+struct LoadOptions {
+    // The device whose pools the model charges its working memory to: "scratch" for activations
+    // and op scratch (as they grow, at the first forward pass of a bigger batch), "staging" for
+    // the stream buffers (at load). A charge that does not fit throws memory::BudgetError before
+    // anything is allocated. nullptr: a device of the model's own, without a limit. The device
+    // must outlive the model. Mapped weights are not charged here.
+    memory::Device* device = nullptr;
+    // The last n layers (0..n_layer) are read from the file at every forward pass into
+    // kStreamBuffers staging buffers (model/layer_stream.h) instead of staying mapped; the first
+    // n_layer - n stay resident. Same logits either way.
+    int n_streamed_layers = 0;
+    // Stream with O_DIRECT where the filesystem allows; false: buffered reads, whose page cache
+    // is dropped after each read (POSIX_FADV_DONTNEED).
+    bool stream_direct_io = true;
+};
+
+// Bytes [offset, offset + length) of a file.
+struct FileRange {
+    uint64_t offset = 0;
+    uint64_t length = 0;
+};
 
 // Tokens for one forward pass. Token i belongs to sequence seq_ids[i] at position positions[i];
 // a batch may mix sequences (their tokens only see their own sequence's cells).
@@ -35,11 +67,18 @@ public:
     virtual ~Model() = default;
 
     // Reads the hyper-parameters and binds the weights of a supported architecture. The model
-    // keeps views into `file`, which must outlive it. Throws ModelError naming the key or tensor.
-    static std::unique_ptr<Model> load(const gguf::GgufFile& file);
+    // keeps views into `file`, which must outlive it. Throws ModelError naming the key or tensor,
+    // std::invalid_argument for n_streamed_layers outside 0..n_layer, memory::BudgetError when the
+    // stream buffers do not fit the device, io::IoError when the file cannot be opened to stream.
+    static std::unique_ptr<Model> load(const gguf::GgufFile& file, const LoadOptions& options = {});
 
     virtual const Hparams& hparams() const = 0;
     int n_vocab() const { return hparams().n_vocab; }
+
+    // The number of streamed layers (the last ones), and their tensors' bytes in the file: never
+    // touched through the mapping (runtime::prefault skips them). Empty when none stream.
+    virtual int n_streamed_layers() const = 0;
+    virtual std::vector<FileRange> streamed_ranges() const = 0;
 
     // A cache shaped for this model: params.n_cells tokens (all sequences together) in the pool
     // of the full-attention layers; the sliding-window layers (Gemma 3's local ones) in a pool
@@ -69,8 +108,8 @@ public:
 };
 
 // The forward pass of each architecture (one file each).
-std::unique_ptr<Model> make_gemma3(const gguf::GgufFile& file, Hparams hp);
-std::unique_ptr<Model> make_llama(const gguf::GgufFile& file, Hparams hp);
-std::unique_ptr<Model> make_qwen2(const gguf::GgufFile& file, Hparams hp);
+std::unique_ptr<Model> make_gemma3(const gguf::GgufFile& file, Hparams hp, const LoadOptions& options);
+std::unique_ptr<Model> make_llama(const gguf::GgufFile& file, Hparams hp, const LoadOptions& options);
+std::unique_ptr<Model> make_qwen2(const gguf::GgufFile& file, Hparams hp, const LoadOptions& options);
 
 }  // namespace fitllm::model

@@ -2,6 +2,7 @@
 // Binding a model's tensors by name, with their shapes checked against the hyper-parameters.
 // The weights are views into the mapped GGUF file: nothing is copied.
 #include <cstdint>
+#include <initializer_list>
 #include <string>
 #include <vector>
 
@@ -50,6 +51,17 @@ struct Gemma3Layer {
     const float* post_ffn_norm = nullptr;   // [n_embd]
 };
 
+// Calls f on every pointer into the file that a layer holds (LayerRef moves them into a stream
+// buffer). A field added to a layer must be added here: the static_assert is the reminder.
+template <class F>
+void for_each_weight(Gemma3Layer& L, F&& f) {
+    static_assert(sizeof(Gemma3Layer) == 6 * sizeof(const float*) + 7 * sizeof(ops::WeightView),
+                  "a Gemma3Layer field is missing from for_each_weight");
+    for (const float** p : {&L.attn_norm, &L.q_norm, &L.k_norm, &L.post_attn_norm, &L.ffn_norm, &L.post_ffn_norm})
+        f(*p);
+    for (ops::WeightView* w : {&L.wq, &L.wk, &L.wv, &L.wo, &L.ffn_gate, &L.ffn_up, &L.ffn_down}) f(w->data);
+}
+
 struct Gemma3Weights {
     ops::WeightView token_embd;          // [n_vocab, n_embd]
     std::vector<Gemma3Layer> layers;     // n_layer
@@ -77,6 +89,14 @@ struct LlamaLayer {
     ops::WeightView ffn_up;            // [n_ff, n_embd]
     ops::WeightView ffn_down;          // [n_embd, n_ff]
 };
+
+template <class F>
+void for_each_weight(LlamaLayer& L, F&& f) {
+    static_assert(sizeof(LlamaLayer) == 6 * sizeof(const float*) + 7 * sizeof(ops::WeightView),
+                  "a LlamaLayer field is missing from for_each_weight");
+    for (const float** p : {&L.attn_norm, &L.bq, &L.bk, &L.bv, &L.bo, &L.ffn_norm}) f(*p);
+    for (ops::WeightView* w : {&L.wq, &L.wk, &L.wv, &L.wo, &L.ffn_gate, &L.ffn_up, &L.ffn_down}) f(w->data);
+}
 
 struct LlamaWeights {
     ops::WeightView token_embd;          // [n_vocab, n_embd]
