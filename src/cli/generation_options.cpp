@@ -6,6 +6,7 @@
 #include <string>
 
 #include "kv/cache.h"
+#include "memory/budget.h"
 #include "quant/ggml_type.h"
 #include "sampling/sampler.h"
 
@@ -73,6 +74,18 @@ void add_kv_options(ArgParser& p, runtime::SessionParams& sp) {
              [&sp](const std::string& v) { sp.type_v = kv_type("-ctv", v); });
     p.option("--no-kv-rotation", "", "store quantized K/V heads without the Hadamard rotation",
              [&sp](const std::string&) { sp.kv_rotation = false; });
+    p.option("--kv-spill-dir", "DIR",
+             "a directory on disk where the KV cache spills the layers that do not fit in --kv-resident: they "
+             "stream through memory around their attention (slower decoding, same results)",
+             &sp.kv_spill_dir);
+    p.option("--kv-resident", "SIZE", "with --kv-spill-dir: the K/V bytes that may stay in memory (900M, 1.5G)",
+             [&sp](const std::string& v) {
+                 try {
+                     sp.kv_resident_limit = memory::parse_size(v);
+                 } catch (const memory::SizeError& e) {
+                     throw UsageError(std::string("--kv-resident: ") + e.what());
+                 }
+             });
 }
 
 void add_context_shift_options(ArgParser& p, runtime::SessionParams& sp) {

@@ -19,7 +19,8 @@ void add_sampling_options(ArgParser& parser, sampling::SamplingParams& sp);
 void validate_sampling_options(const sampling::SamplingParams& sp);
 
 // Declares -ctk / --cache-type-k TYPE, -ctv / --cache-type-v TYPE and --no-kv-rotation, writing
-// into sp.type_k, sp.type_v and sp.kv_rotation (an unknown type is a UsageError listing the names).
+// into sp.type_k, sp.type_v and sp.kv_rotation (an unknown type is a UsageError listing the names),
+// and --kv-spill-dir DIR and --kv-resident SIZE, writing into sp.kv_spill_dir and sp.kv_resident_limit.
 void add_kv_options(ArgParser& parser, runtime::SessionParams& sp);
 
 // Declares --context-shift and --keep N, writing into sp.context_shift and sp.n_keep.

@@ -46,6 +46,8 @@ kv::CacheParams cache_params(const SessionParams& params, int n_seq) {
     cp.type_k = params.type_k;
     cp.type_v = params.type_v;
     cp.rotate = params.kv_rotation;
+    cp.spill_dir = params.kv_spill_dir;
+    cp.resident_limit = params.kv_resident_limit;
     return cp;
 }
 

@@ -27,6 +27,10 @@ struct SessionParams {
     int n_batch = 512;                              // prompt tokens per forward pass
     quant::GgmlType type_k = quant::GgmlType::F16;  // K/V storage (-ctk / -ctv)
     quant::GgmlType type_v = quant::GgmlType::F16;
+    // KV spill (kv/cache.h): kv::CacheParams::spill_dir (--kv-spill-dir) and resident_limit
+    // (--kv-resident; 0: no limit).
+    std::string kv_spill_dir;
+    uint64_t kv_resident_limit = 0;
     bool kv_rotation = true;     // Hadamard-rotate quantized K/V heads (--no-kv-rotation: false)
     bool context_shift = false;  // when full: drop old tokens and go on instead of stopping
     int n_keep = 0;              // with context_shift: the first n_keep tokens always stay
