@@ -14,5 +14,6 @@ int run_run(const std::vector<std::string>& args);
 int run_chat(const std::vector<std::string>& args);
 int run_perplexity(const std::vector<std::string>& args);
 int run_plan(const std::vector<std::string>& args);
+int run_serve(const std::vector<std::string>& args);
 
 }  // namespace fitllm::cli

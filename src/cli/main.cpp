@@ -26,6 +26,8 @@ constexpr Command kCommands[] = {
     {"perplexity", "perplexity of a model over a text, computed as llama-perplexity does", fitllm::cli::run_perplexity},
     {"plan", "show where every byte of a run goes and whether it fits the memory budget; --fit picks settings",
      fitllm::cli::run_plan},
+    {"serve", "serve models over HTTP (OpenAI-compatible API, continuous batching, models on demand)",
+     fitllm::cli::run_serve},
 };
 
 void print_help() {

@@ -1,0 +1,150 @@
+#include "server/metrics.h"
+
+#include <sstream>
+
+namespace fitllm::server {
+namespace {
+
+// A label value with \, " and newlines escaped, as the text format wants.
+std::string label(const std::string& v) {
+    std::string out;
+    for (const char c : v) {
+        if (c == '\\' || c == '"') out += '\\';
+        if (c == '\n') {
+            out += "\\n";
+            continue;
+        }
+        out += c;
+    }
+    return out;
+}
+
+void header(std::ostringstream& o, const char* name, const char* type, const char* help) {
+    o << "# HELP " << name << ' ' << help << "\n# TYPE " << name << ' ' << type << '\n';
+}
+
+}  // namespace
+
+void Metrics::count_request(const std::string& endpoint, int status) {
+    std::lock_guard lock(mutex_);
+    ++requests_[{endpoint, status}];
+}
+
+void Metrics::count_tokens(uint64_t n_prompt, uint64_t n_generated) {
+    std::lock_guard lock(mutex_);
+    prompt_tokens_ += n_prompt;
+    generated_tokens_ += n_generated;
+}
+
+void Metrics::count_rejection(const std::string& reason) {
+    std::lock_guard lock(mutex_);
+    ++rejections_[reason];
+}
+
+std::string Metrics::prometheus_text(ModelRegistry& registry) const {
+    std::ostringstream o;
+    {
+        std::lock_guard lock(mutex_);
+        header(o, "fitllm_requests_total", "counter", "HTTP requests answered, by endpoint and status");
+        for (const auto& [key, n] : requests_) {
+            o << "fitllm_requests_total{endpoint=\"" << label(key.first) << "\",status=\"" << key.second << "\"} " << n
+              << '\n';
+        }
+        header(o, "fitllm_rejected_requests_total", "counter", "requests refused: queue full, over budget, ...");
+        for (const auto& [reason, n] : rejections_) {
+            o << "fitllm_rejected_requests_total{reason=\"" << label(reason) << "\"} " << n << '\n';
+        }
+        header(o, "fitllm_prompt_tokens_total", "counter", "prompt tokens of finished completion requests");
+        o << "fitllm_prompt_tokens_total " << prompt_tokens_ << '\n';
+        header(o, "fitllm_generated_tokens_total", "counter", "tokens generated for finished completion requests");
+        o << "fitllm_generated_tokens_total " << generated_tokens_ << '\n';
+    }
+
+    const std::vector<ModelInfo> models = registry.models();
+    int n_loaded = 0;
+    for (const ModelInfo& m : models) n_loaded += m.loaded ? 1 : 0;
+    header(o, "fitllm_models_loaded", "gauge", "models loaded now");
+    o << "fitllm_models_loaded " << n_loaded << '\n';
+    header(o, "fitllm_models_available", "gauge", "models the server offers");
+    o << "fitllm_models_available " << models.size() << '\n';
+    header(o, "fitllm_model_loads_total", "counter", "models loaded since the start");
+    o << "fitllm_model_loads_total " << registry.n_loads() << '\n';
+    header(o, "fitllm_model_unloads_total", "counter", "models unloaded (idle timeout or eviction)");
+    o << "fitllm_model_unloads_total " << registry.n_unloads() << '\n';
+
+    struct Row {
+        std::string id;
+        SchedulerStats st;
+    };
+    std::vector<Row> rows;
+    for (const ModelInfo& m : models) {
+        if (m.model) rows.push_back({m.id, m.model->scheduler().stats()});
+    }
+    auto gauge = [&](const char* name, const char* type, const char* help, auto value) {
+        header(o, name, type, help);
+        for (const Row& r : rows) o << name << "{model=\"" << label(r.id) << "\"} " << value(r.st) << '\n';
+    };
+    gauge("fitllm_tokens_per_second", "gauge", "tokens generated per second over the last 5 s",
+          [](const SchedulerStats& s) { return s.tokens_per_second; });
+    gauge("fitllm_kv_cells_used", "gauge", "KV cache cells in use",
+          [](const SchedulerStats& s) { return s.kv_cells_used; });
+    gauge("fitllm_kv_cells_free", "gauge", "KV cache cells free",
+          [](const SchedulerStats& s) { return s.kv_cells_total - s.kv_cells_used; });
+    gauge("fitllm_slots_busy", "gauge", "sequences being decoded or fed",
+          [](const SchedulerStats& s) { return s.n_active; });
+    gauge("fitllm_queue_length", "gauge", "requests waiting for a slot (new and preempted)",
+          [](const SchedulerStats& s) { return s.n_queued; });
+    gauge("fitllm_preemptions_total", "counter", "sequences whose KV cells were taken back under pressure",
+          [](const SchedulerStats& s) { return s.n_preemptions; });
+    gauge("fitllm_forward_steps_total", "counter", "forward passes run",
+          [](const SchedulerStats& s) { return s.n_steps; });
+
+    memory::Device& dev = registry.device();
+    header(o, "fitllm_memory_capacity_bytes", "gauge", "the memory budget of each device");
+    o << "fitllm_memory_capacity_bytes{device=\"" << label(dev.name()) << "\"} " << dev.capacity() << '\n';
+    header(o, "fitllm_memory_used_bytes", "gauge", "bytes charged to each device and pool");
+    o << "fitllm_memory_used_bytes{device=\"" << label(dev.name()) << "\",pool=\"all\"} " << dev.live() << '\n';
+    for (const memory::PoolStats& p : dev.pools()) {
+        o << "fitllm_memory_used_bytes{device=\"" << label(dev.name()) << "\",pool=\"" << label(p.name) << "\"} "
+          << p.live << '\n';
+    }
+    header(o, "fitllm_memory_peak_bytes", "gauge", "the most bytes charged at once");
+    o << "fitllm_memory_peak_bytes{device=\"" << label(dev.name()) << "\",pool=\"all\"} " << dev.peak() << '\n';
+    for (const memory::PoolStats& p : dev.pools()) {
+        o << "fitllm_memory_peak_bytes{device=\"" << label(dev.name()) << "\",pool=\"" << label(p.name) << "\"} "
+          << p.peak << '\n';
+    }
+    return o.str();
+}
+
+nlohmann::json memory_report(ModelRegistry& registry) {
+    using nlohmann::json;
+    memory::Device& dev = registry.device();
+    json pools = json::array();
+    for (const memory::PoolStats& p : dev.pools())
+        pools.push_back({{"name", p.name}, {"used", p.live}, {"peak", p.peak}});
+    json devices = json::array();
+    devices.push_back({{"name", dev.name()},
+                       {"capacity", dev.capacity()},
+                       {"used", dev.live()},
+                       {"peak", dev.peak()},
+                       {"pools", pools}});
+    json models = json::array();
+    for (const ModelInfo& m : registry.models()) {
+        json entry = {{"id", m.id}, {"loaded", m.loaded}};
+        if (m.model) {
+            const memory::Plan& p = m.model->plan();
+            const SchedulerStats st = m.model->scheduler().stats();
+            entry["plan"] = {{"weights", p.weights()}, {"kv", p.kv},
+                             {"scratch", p.scratch},   {"logits", p.logits},
+                             {"overhead", p.overhead}, {"total", p.total()}};
+            entry["used"] = m.model->used_bytes();
+            entry["kv_cells_used"] = st.kv_cells_used;
+            entry["kv_cells_total"] = st.kv_cells_total;
+        }
+        models.push_back(std::move(entry));
+    }
+    return {{"devices", devices}, {"models", models}};
+}
+
+}  // namespace fitllm::server

@@ -1,0 +1,36 @@
+#pragma once
+// The body of POST /v1/chat/completions and /v1/completions, read and checked: every field of
+// the wrong type or out of range is an ApiError (400) naming the field.
+//
+//   CompletionRequest r = parse_completion_request(nlohmann::json::parse(body), /*chat=*/true);
+#include <nlohmann/json.hpp>
+#include <optional>
+#include <string>
+#include <vector>
+
+#include "server/scheduler.h"
+
+namespace fitllm::server {
+
+struct CompletionRequest {
+    bool chat = false;
+    std::string model;                   // "" when the request names none
+    nlohmann::ordered_json messages;     // chat: [{"role", "content": string}], parts joined
+    std::string prompt;                  // completions: the text
+    std::vector<int32_t> prompt_tokens;  // completions: a prompt given as token ids
+    bool prompt_is_tokens = false;
+    std::optional<int> max_tokens;  // unset: up to the end of the context
+    GenerationParams params;        // max_tokens left 0 until the prompt's length is known
+    bool stream = false;
+    bool include_usage = false;  // stream_options.include_usage
+};
+
+// Throws ApiError (400) for a body that is not an object, a missing messages / prompt, or any
+// field of the wrong type or out of range; the message names the field and what was expected.
+CompletionRequest parse_completion_request(const nlohmann::json& body, bool chat);
+
+// The "model" field of a body when it is a string; "" when absent. Throws ApiError when it is
+// there with another type.
+std::string model_field(const nlohmann::json& body);
+
+}  // namespace fitllm::server

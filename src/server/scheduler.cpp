@@ -1,0 +1,384 @@
+#include "server/scheduler.h"
+
+#include <algorithm>
+#include <chrono>
+#include <stdexcept>
+
+#include "sampling/sampler.h"
+#include "tokenizer/detokenizer.h"
+
+namespace fitllm::server {
+
+struct Scheduler::Sequence {
+    Sequence(std::shared_ptr<Job> job_, std::vector<int32_t> prompt, GenerationParams params,
+             const tokenizer::Tokenizer& tokenizer, int n_vocab)
+        : job(std::move(job_)),
+          tokens(std::move(prompt)),
+          n_prompt(static_cast<int>(tokens.size())),
+          max_tokens(params.max_tokens),
+          sampler(params.sampling, n_vocab),
+          detok(tokenizer, /*remove_special=*/false, /*unparse_special=*/false),
+          stop(std::move(params.stop)) {
+        for (const int32_t id : tokens) sampler.accept(id);
+    }
+
+    std::shared_ptr<Job> job;
+    std::vector<int32_t> tokens;  // prompt, then every sampled token; the cache holds the first n_fed
+    int n_prompt = 0;
+    int n_fed = 0;
+    int n_generated = 0;
+    int max_tokens = 0;
+    sampling::Sampler sampler;
+    tokenizer::Detokenizer detok;
+    std::vector<std::string> stop;
+    std::string held;    // text not sent yet: it may be the start of a stop string
+    uint64_t order = 0;  // admission order: lower is older and keeps its slot longer
+    kv::SeqId seq = -1;
+    bool finished = false;
+
+    int unfed() const { return static_cast<int>(tokens.size()) - n_fed; }
+};
+
+namespace {
+
+// Whether every pool has the blocks a batch of these sequences needs.
+bool has_room(const kv::ModelCache& cache, std::span<const kv::SeqId> seq) {
+    try {
+        for (int p = 0; p < cache.n_pools(); ++p) cache.pool(p).check_room(seq);
+    } catch (const kv::KvCacheError&) {
+        return false;
+    }
+    return true;
+}
+
+kv::ModelCache make_cache(const model::Model& model, const SchedulerOptions& o) {
+    if (o.n_slots < 1 || o.n_slots > kv::kMaxSequences) {
+        throw std::invalid_argument("scheduler: " + std::to_string(o.n_slots) + " slots (1.." +
+                                    std::to_string(kv::kMaxSequences) + ")");
+    }
+    if (o.n_ctx < 1 || o.n_batch < 1 || o.max_queue < 0) {
+        throw std::invalid_argument("scheduler: n_ctx " + std::to_string(o.n_ctx) + ", n_batch " +
+                                    std::to_string(o.n_batch) + " (both >= 1), max_queue " +
+                                    std::to_string(o.max_queue) + " (>= 0)");
+    }
+    kv::CacheParams cp{.n_cells = 0, .n_seq_max = o.n_slots, .type_k = o.type_k, .type_v = o.type_v};
+    cp.n_cells = o.n_ctx + o.n_slots * cp.block_size;
+    return model.make_cache(cp, std::max(o.n_batch, o.n_slots));
+}
+
+// The length of the longest suffix of text that is a proper prefix of some stop string.
+size_t stop_prefix_suffix(const std::string& text, const std::vector<std::string>& stop) {
+    size_t best = 0;
+    for (const std::string& s : stop) {
+        for (size_t n = std::min(s.size() - 1, text.size()); n > best; --n) {
+            if (text.compare(text.size() - n, n, s, 0, n) == 0) {
+                best = n;
+                break;
+            }
+        }
+    }
+    return best;
+}
+
+}  // namespace
+
+Scheduler::Scheduler(model::Model& model, const tokenizer::Tokenizer& tokenizer, SchedulerOptions options,
+                     Compute& compute)
+    : model_(model), tokenizer_(tokenizer), options_(options), compute_(compute), cache_(make_cache(model, options)) {
+    options_.n_batch = std::max(options_.n_batch, options_.n_slots);
+    kv_bytes_ = cache_.bytes();
+    for (int s = options_.n_slots - 1; s >= 0; --s) free_ids_.push_back(s);
+    logits_.resize(static_cast<size_t>(options_.n_slots) * static_cast<size_t>(model_.n_vocab()));
+    stats_.kv_cells_total = options_.n_ctx;
+    thread_ = std::thread([this] { loop(); });
+}
+
+Scheduler::~Scheduler() {
+    {
+        std::lock_guard lock(mutex_);
+        stopping_ = true;
+    }
+    cv_.notify_all();
+    thread_.join();
+    for (auto& s : active_) s->job->finish(FinishReason::cancelled);
+    for (auto& s : preempted_) s->job->finish(FinishReason::cancelled);
+    for (auto& s : queue_) s->job->finish(FinishReason::cancelled);
+}
+
+std::shared_ptr<Job> Scheduler::submit(std::vector<int32_t> prompt, GenerationParams params) {
+    const int n_prompt = static_cast<int>(prompt.size());
+    if (n_prompt == 0) throw std::invalid_argument("the prompt has no tokens");
+    if (params.max_tokens < 1) throw std::invalid_argument("max_tokens must be at least 1");
+    if (static_cast<int64_t>(n_prompt) + params.max_tokens > options_.n_ctx) {
+        throw std::invalid_argument(
+            "this model's context is " + std::to_string(options_.n_ctx) + " tokens; the request asks for " +
+            std::to_string(static_cast<int64_t>(n_prompt) + params.max_tokens) + " (" + std::to_string(n_prompt) +
+            " in the prompt, " + std::to_string(params.max_tokens) + " to generate)");
+    }
+    for (const std::string& s : params.stop) {
+        if (s.empty()) throw std::invalid_argument("stop: an empty stop string");
+    }
+    auto job = std::make_shared<Job>(n_prompt);
+    auto seq = std::make_unique<Sequence>(job, std::move(prompt), std::move(params), tokenizer_, model_.n_vocab());
+    {
+        std::lock_guard lock(mutex_);
+        if (stopping_) throw QueueFullError("the server is stopping");
+        if (static_cast<int>(queue_.size()) >= options_.max_queue + options_.n_slots) {
+            // Up to n_slots requests in the queue are about to take a free slot at the next step.
+            throw QueueFullError("the request queue is full (" + std::to_string(queue_.size()) + " waiting, at most " +
+                                 std::to_string(options_.max_queue) + " besides the slots); try again later");
+        }
+        seq->order = next_order_++;
+        queue_.push_back(std::move(seq));
+        stats_.n_queued = static_cast<int>(queue_.size() + preempted_.size());
+    }
+    cv_.notify_all();
+    return job;
+}
+
+SchedulerStats Scheduler::stats() const {
+    std::lock_guard lock(mutex_);
+    return stats_;
+}
+
+bool Scheduler::idle() const {
+    std::lock_guard lock(mutex_);
+    return queue_.empty() && stats_.n_active == 0 && stats_.n_queued == 0;
+}
+
+void Scheduler::loop() {
+    while (true) {
+        {
+            std::unique_lock lock(mutex_);
+            const bool work = cv_.wait_for(lock, std::chrono::seconds(1), [&] {
+                return stopping_ || !queue_.empty() || !active_.empty() || !preempted_.empty();
+            });
+            if (stopping_) return;
+            if (!work) {
+                lock.unlock();
+                publish_stats();  // the throughput window moves on while idle
+                continue;
+            }
+        }
+        admit();
+        if (!step()) {
+            // Nothing could run (everything waits for room that only a finishing request frees,
+            // which cannot happen): should not occur; avoid spinning.
+            std::this_thread::sleep_for(std::chrono::milliseconds(1));
+        }
+        publish_stats();
+    }
+}
+
+void Scheduler::finish(Sequence& s, FinishReason reason, std::string error) {
+    if (!s.held.empty() && reason != FinishReason::cancelled) s.job->append(s.held, s.n_generated);
+    s.held.clear();
+    s.finished = true;
+    s.job->finish(reason, std::move(error));
+}
+
+void Scheduler::admit() {
+    // New requests, oldest first, behind the preempted ones (which are older still).
+    {
+        std::lock_guard lock(mutex_);
+        while (!queue_.empty()) {
+            preempted_.push_back(std::move(queue_.front()));
+            queue_.pop_front();
+        }
+    }
+    std::stable_sort(preempted_.begin(), preempted_.end(),
+                     [](const auto& a, const auto& b) { return a->order < b->order; });
+    // Drop the cancelled ones while they wait.
+    for (auto it = preempted_.begin(); it != preempted_.end();) {
+        if ((*it)->job->cancelled()) {
+            finish(**it, FinishReason::cancelled);
+            it = preempted_.erase(it);
+        } else {
+            ++it;
+        }
+    }
+    // Admission: a free slot, and free cells for all of the request's tokens on top of what the
+    // running prompts still need and a block per sequence for partly used blocks.
+    const int block = cache_.pool(0).params().block_size;
+    while (!preempted_.empty() && !free_ids_.empty()) {
+        Sequence& s = *preempted_.front();
+        int reserved = 0;
+        for (const auto& a : active_) reserved += a->unfed() + block;
+        const int need = static_cast<int>(s.tokens.size()) + block;
+        if (!active_.empty() && need + reserved > cache_.pool(0).free_cells()) break;
+        s.seq = free_ids_.back();
+        free_ids_.pop_back();
+        s.n_fed = 0;
+        active_.push_back(std::move(preempted_.front()));
+        preempted_.pop_front();
+    }
+}
+
+void Scheduler::preempt(size_t i) {
+    std::unique_ptr<Sequence> s = std::move(active_[i]);
+    active_.erase(active_.begin() + static_cast<std::ptrdiff_t>(i));
+    cache_.seq_rm(s->seq, -1, -1);
+    free_ids_.push_back(s->seq);
+    s->seq = -1;
+    s->n_fed = 0;
+    s->job->note_preempted();
+    {
+        std::lock_guard lock(mutex_);
+        ++stats_.n_preemptions;
+    }
+    preempted_.push_front(std::move(s));
+}
+
+void Scheduler::accept_token(Sequence& s, int32_t id) {
+    s.sampler.accept(id);
+    s.tokens.push_back(id);
+    ++s.n_generated;
+    const tokenizer::Vocab& vocab = tokenizer_.vocab();
+    if (vocab.is_eog(id)) {
+        s.held += s.detok.flush();
+        finish(s, FinishReason::stop);
+        return;
+    }
+    s.held += s.detok.feed(id);
+    if (!s.stop.empty()) {
+        size_t first = std::string::npos;
+        for (const std::string& stop : s.stop) first = std::min(first, s.held.find(stop));
+        if (first != std::string::npos) {
+            s.held.resize(first);
+            finish(s, FinishReason::stop);
+            return;
+        }
+    }
+    if (s.n_generated >= s.max_tokens || static_cast<int>(s.tokens.size()) >= options_.n_ctx) {
+        s.held += s.detok.flush();
+        finish(s, FinishReason::length);
+        return;
+    }
+    const size_t keep = stop_prefix_suffix(s.held, s.stop);
+    if (s.held.size() > keep) {
+        s.job->append(std::string_view(s.held).substr(0, s.held.size() - keep), s.n_generated);
+        s.held.erase(0, s.held.size() - keep);
+    }
+}
+
+bool Scheduler::step() {
+    // Cancelled requests leave first: their cells are free for this step.
+    for (size_t i = 0; i < active_.size();) {
+        if (active_[i]->job->cancelled()) {
+            cache_.seq_rm(active_[i]->seq, -1, -1);
+            free_ids_.push_back(active_[i]->seq);
+            finish(*active_[i], FinishReason::cancelled);
+            active_.erase(active_.begin() + static_cast<std::ptrdiff_t>(i));
+        } else {
+            ++i;
+        }
+    }
+    if (active_.empty()) return !preempted_.empty() ? false : true;
+    std::sort(active_.begin(), active_.end(), [](const auto& a, const auto& b) { return a->order < b->order; });
+
+    // The batch: one token of each decoding sequence, then prompt chunks, oldest first, up to
+    // n_batch tokens. When the cache cannot hold it, the youngest sequence gives its cells back.
+    std::vector<int> take(active_.size());
+    while (true) {
+        batch_tokens_.clear();
+        batch_pos_.clear();
+        batch_seq_.clear();
+        batch_output_.clear();
+        int budget = options_.n_batch;
+        for (size_t i = 0; i < active_.size(); ++i) take[i] = active_[i]->unfed() == 1 ? 1 : 0;
+        for (const int t : take) budget -= t;
+        for (size_t i = 0; i < active_.size() && budget > 0; ++i) {
+            if (take[i] != 0) continue;
+            take[i] = std::min(active_[i]->unfed(), budget);
+            budget -= take[i];
+        }
+        for (size_t i = 0; i < active_.size(); ++i) {
+            Sequence& s = *active_[i];
+            for (int t = 0; t < take[i]; ++t) {
+                const int p = s.n_fed + t;
+                batch_tokens_.push_back(s.tokens[static_cast<size_t>(p)]);
+                batch_pos_.push_back(p);
+                batch_seq_.push_back(s.seq);
+                batch_output_.push_back(p + 1 == static_cast<int>(s.tokens.size()) ? 1 : 0);
+            }
+        }
+        if (has_room(cache_, batch_seq_)) break;
+        if (active_.size() == 1) {
+            // Alone and still no room: its tokens outgrew the cache (n_ctx bounds prompt + max_tokens,
+            // so only the window pools' rounding could do this).
+            Sequence& s = *active_[0];
+            cache_.seq_rm(s.seq, -1, -1);
+            free_ids_.push_back(s.seq);
+            finish(s, FinishReason::length);
+            active_.clear();
+            return true;
+        }
+        preempt(active_.size() - 1);
+        take.resize(active_.size());
+    }
+    if (batch_tokens_.empty()) return false;
+
+    const auto start = std::chrono::steady_clock::now();
+    {
+        std::lock_guard lock(compute_.mutex);
+        model_.forward(
+            {.tokens = batch_tokens_, .positions = batch_pos_, .seq_ids = batch_seq_, .output = batch_output_}, cache_,
+            logits_.data(), compute_.pool);
+    }
+    const double seconds = std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();
+
+    // Sample every sequence whose last token was fed; drop the finished ones.
+    const auto n_vocab = static_cast<size_t>(model_.n_vocab());
+    size_t row = 0;
+    uint64_t n_prompt_fed = 0, n_sampled = 0;
+    for (size_t i = 0; i < active_.size(); ++i) {
+        Sequence& s = *active_[i];
+        if (take[i] == 0) continue;
+        if (s.n_fed < s.n_prompt) n_prompt_fed += static_cast<uint64_t>(std::min(take[i], s.n_prompt - s.n_fed));
+        s.n_fed += take[i];
+        if (s.unfed() != 0) continue;
+        try {
+            const int32_t id = s.sampler.sample(std::span<const float>(logits_.data() + row * n_vocab, n_vocab));
+            ++row;
+            ++n_sampled;
+            accept_token(s, id);
+        } catch (const std::exception& e) {
+            finish(s, FinishReason::error, e.what());
+        }
+    }
+    for (size_t i = 0; i < active_.size();) {
+        if (active_[i]->finished) {
+            cache_.seq_rm(active_[i]->seq, -1, -1);
+            free_ids_.push_back(active_[i]->seq);
+            active_.erase(active_.begin() + static_cast<std::ptrdiff_t>(i));
+        } else {
+            ++i;
+        }
+    }
+    recent_.emplace_back(std::chrono::steady_clock::now(), static_cast<int>(n_sampled));
+    {
+        std::lock_guard lock(mutex_);
+        stats_.n_prompt_tokens += n_prompt_fed;
+        stats_.n_generated_tokens += n_sampled;
+        ++stats_.n_steps;
+        stats_.busy_seconds += seconds;
+    }
+    return true;
+}
+
+void Scheduler::publish_stats() {
+    // Throughput over the last kWindow seconds (0 when nothing ran in them).
+    constexpr double kWindow = 5.0;
+    const auto now = std::chrono::steady_clock::now();
+    while (!recent_.empty() && std::chrono::duration<double>(now - recent_.front().first).count() > kWindow)
+        recent_.pop_front();
+    int n_recent = 0;
+    for (const auto& r : recent_) n_recent += r.second;
+    std::lock_guard lock(mutex_);
+    stats_.tokens_per_second = n_recent / kWindow;
+    stats_.n_active = static_cast<int>(active_.size());
+    stats_.n_queued = static_cast<int>(queue_.size() + preempted_.size());
+    stats_.kv_cells_used = cache_.pool(0).used_cells();
+}
+
+}  // namespace fitllm::server

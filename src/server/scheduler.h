@@ -1,0 +1,135 @@
+#pragma once
+// Continuous batching for one model (no HTTP here): requests are sequences in one shared
+// kv::ModelCache; one thread runs forward passes that mix them. Every step decodes one token of
+// each sequence that is generating and feeds the next chunk of the prompts still coming in (up to
+// n_batch tokens per step in all), so a long prompt does not stall the others. A request joins the
+// running batch at the next step; a cancelled one leaves it (its cells freed) at the next step.
+//
+// KV pressure: a request is admitted only when the cache's free cells cover its tokens on top of
+// what the running prompts still need. When a step does not fit anyway (decoding sequences grow),
+// the youngest sequence is preempted: its cells are freed, its tokens (prompt and generated) kept,
+// and it waits first in line to be fed again (recomputed) when room returns, then goes on where
+// it stopped (its sampler state kept).
+//
+//   Scheduler sched(*model, tokenizer, {.n_slots = 4, .n_ctx = 4096}, compute);
+//   std::shared_ptr<Job> job = sched.submit(prompt_ids, {.max_tokens = 64, .sampling = sp});
+//   Job::Update u = job->wait_all();
+#include <atomic>
+#include <chrono>
+#include <condition_variable>
+#include <cstdint>
+#include <deque>
+#include <memory>
+#include <mutex>
+#include <string>
+#include <thread>
+#include <vector>
+
+#include "kv/cache.h"
+#include "model/model.h"
+#include "ops/thread_pool.h"
+#include "quant/ggml_type.h"
+#include "sampling/sampling_params.h"
+#include "server/job.h"
+#include "tokenizer/tokenizer.h"
+
+namespace fitllm::server {
+
+// The CPU threads, shared by the schedulers of every loaded model: one forward pass at a time.
+struct Compute {
+    explicit Compute(int n_threads) : pool(n_threads) {}
+    ops::ThreadPool pool;
+    std::mutex mutex;
+};
+
+struct SchedulerOptions {
+    int n_slots = 1;     // sequences decoded together (-np)
+    int n_ctx = 2048;    // KV cells for all sequences together (-c); also the most one request may hold
+    int n_batch = 256;   // tokens per forward pass: one per decoding sequence, the rest prompt chunks
+    int max_queue = 64;  // requests waiting for a slot; more get QueueFullError
+    quant::GgmlType type_k = quant::GgmlType::F16;
+    quant::GgmlType type_v = quant::GgmlType::F16;
+};
+
+struct GenerationParams {
+    int max_tokens = 0;  // > 0
+    sampling::SamplingParams sampling;
+    std::vector<std::string> stop;  // generation ends before the first of these (not sent)
+};
+
+// submit() when max_queue requests already wait.
+class QueueFullError : public Error {
+public:
+    using Error::Error;
+};
+
+struct SchedulerStats {
+    int n_active = 0;  // sequences holding a slot
+    int n_queued = 0;  // waiting for a slot (new and preempted)
+    int kv_cells_used = 0;
+    int kv_cells_total = 0;
+    uint64_t n_prompt_tokens = 0;     // prompt tokens fed (recomputed ones included)
+    uint64_t n_generated_tokens = 0;  // tokens sampled
+    uint64_t n_preemptions = 0;
+    uint64_t n_steps = 0;
+    double busy_seconds = 0.0;       // in forward passes
+    double tokens_per_second = 0.0;  // tokens sampled per second over the last few seconds
+};
+
+class Scheduler {
+public:
+    // The cache is made here (n_ctx cells plus one block per slot for partly filled blocks).
+    // model, tokenizer and compute must outlive the scheduler. Throws std::invalid_argument for
+    // bad options (and what kv::ModelCache throws).
+    Scheduler(model::Model& model, const tokenizer::Tokenizer& tokenizer, SchedulerOptions options, Compute& compute);
+    ~Scheduler();  // finishes every request as cancelled and stops the thread
+    Scheduler(const Scheduler&) = delete;
+    Scheduler& operator=(const Scheduler&) = delete;
+
+    // Queues a request. Throws std::invalid_argument for an empty prompt, a prompt plus
+    // max_tokens over n_ctx (the message has the numbers), sampling::SamplingError for bad
+    // sampling parameters, QueueFullError when the queue is full.
+    std::shared_ptr<Job> submit(std::vector<int32_t> prompt, GenerationParams params);
+
+    SchedulerStats stats() const;
+    bool idle() const;  // nothing running or waiting
+    const SchedulerOptions& options() const { return options_; }
+    size_t kv_bytes() const { return kv_bytes_; }
+
+private:
+    struct Sequence;
+    void loop();
+    void admit();
+    bool step();
+    void finish(Sequence& s, FinishReason reason, std::string error = {});
+    void preempt(size_t active_index);
+    void accept_token(Sequence& s, int32_t id);
+    void publish_stats();
+
+    model::Model& model_;
+    const tokenizer::Tokenizer& tokenizer_;
+    SchedulerOptions options_;
+    Compute& compute_;
+    kv::ModelCache cache_;
+    size_t kv_bytes_ = 0;
+
+    // Only the scheduler thread touches these.
+    std::vector<std::unique_ptr<Sequence>> active_;    // holding a sequence id
+    std::deque<std::unique_ptr<Sequence>> preempted_;  // oldest first
+    std::vector<kv::SeqId> free_ids_;
+    std::vector<float> logits_;
+    std::vector<int32_t> batch_tokens_, batch_pos_;
+    std::vector<kv::SeqId> batch_seq_;
+    std::vector<uint8_t> batch_output_;
+    std::deque<std::pair<std::chrono::steady_clock::time_point, int>> recent_;  // (step end, tokens sampled)
+
+    mutable std::mutex mutex_;  // guards the fields below
+    std::condition_variable cv_;
+    std::deque<std::unique_ptr<Sequence>> queue_;  // new requests
+    bool stopping_ = false;
+    uint64_t next_order_ = 0;
+    SchedulerStats stats_;
+    std::thread thread_;
+};
+
+}  // namespace fitllm::server

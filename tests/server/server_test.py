@@ -1,0 +1,421 @@
+#!/usr/bin/env python3
+"""HTTP tests of `fitllm serve` against a real server on loopback (ctest: ServerHttp).
+
+Run: .venv/bin/python tests/server/server_test.py BUILD_DIR/fitllm SOURCE_DIR
+Exits 77 (ctest: skipped) when the `openai` package is missing from the venv.
+Uses the tiny models in tests/model/data/ (fast, nonsense text) and the demo model when present.
+"""
+import http.client
+import json
+import os
+import re
+import shutil
+import socket
+import subprocess
+import sys
+import tempfile
+import threading
+import time
+import unittest
+
+try:
+    import openai
+except ImportError:
+    print("SKIP: the Python package 'openai' is not installed (pip install -r requirements.txt)")
+    sys.exit(77)
+
+FITLLM = os.path.abspath(sys.argv[1]) if len(sys.argv) > 1 else "build/fitllm"
+SOURCE = os.path.abspath(sys.argv[2]) if len(sys.argv) > 2 else "."
+DATA = os.path.join(SOURCE, "tests", "model", "data")
+TINY_LLAMA = os.path.join(DATA, "tiny-llama-q8_0.gguf")
+TINY_QWEN = os.path.join(DATA, "tiny-qwen2-q8_0.gguf")
+DEMO = os.path.join(SOURCE, "models", "gemma-3-270m-q4_k_m.gguf")
+
+
+class Server:
+    """fitllm serve on a free loopback port, stopped with SIGTERM."""
+
+    def __init__(self, *args, wait_ready=True):
+        self.proc = subprocess.Popen([FITLLM, "serve", "--port", "0", "-t", "2", *args], stderr=subprocess.PIPE,
+                                     stdout=subprocess.DEVNULL, text=True)
+        self.log = []
+        line = self.proc.stderr.readline()
+        self.log.append(line)
+        m = re.search(r"listening on http://[\d.]+:(\d+)", line)
+        if not m:
+            self.proc.kill()
+            raise RuntimeError("fitllm serve did not start: " + line + self.proc.stderr.read())
+        self.port = int(m.group(1))
+        threading.Thread(target=self._drain, daemon=True).start()
+        self.base = f"http://127.0.0.1:{self.port}"
+        if wait_ready:
+            deadline = time.time() + 30
+            while self.get("/health")[0] != 200:
+                if time.time() > deadline or self.proc.poll() is not None:
+                    raise RuntimeError("not ready: " + "".join(self.log))
+                time.sleep(0.05)
+
+    def _drain(self):
+        for line in self.proc.stderr:
+            self.log.append(line)
+
+    def request(self, method, path, body=None, headers=None, raw=None):
+        conn = http.client.HTTPConnection("127.0.0.1", self.port, timeout=60)
+        data = raw if raw is not None else (json.dumps(body) if body is not None else None)
+        conn.request(method, path, body=data, headers={"Content-Type": "application/json", **(headers or {})})
+        r = conn.getresponse()
+        text = r.read().decode()
+        conn.close()
+        try:
+            return r.status, json.loads(text)
+        except json.JSONDecodeError:
+            return r.status, text
+
+    def get(self, path, **kw):
+        return self.request("GET", path, **kw)
+
+    def post(self, path, body=None, **kw):
+        return self.request("POST", path, body, **kw)
+
+    def client(self, key="none"):
+        return openai.OpenAI(base_url=self.base + "/v1", api_key=key, max_retries=0, timeout=60)
+
+    def metric(self, name):
+        _, text = self.get("/metrics")
+        total = 0.0
+        found = False
+        for line in text.splitlines():
+            if line.startswith(name + "{") or line.startswith(name + " "):
+                total += float(line.rsplit(" ", 1)[1])
+                found = True
+        return total if found else None
+
+    def stop(self):
+        if self.proc.poll() is None:
+            self.proc.terminate()
+            try:
+                self.proc.wait(10)
+            except subprocess.TimeoutExpired:
+                self.proc.kill()
+                self.proc.wait()
+        self.proc.stderr.close()
+
+
+def assert_error(test, status_body, status, code=None):
+    s, body = status_body
+    test.assertEqual(s, status, body)
+    test.assertIsInstance(body, dict, body)
+    test.assertIn("error", body)
+    for k in ("message", "type", "code"):
+        test.assertIn(k, body["error"])
+    if code is not None:
+        test.assertEqual(body["error"]["code"], code, body)
+    return body["error"]["message"]
+
+
+class OneModel(unittest.TestCase):
+    """A tiny Llama with 2 slots: the API, streaming, bad input, cancellation, batching."""
+
+    @classmethod
+    def setUpClass(cls):
+        cls.srv = Server("-m", TINY_LLAMA, "-np", "2", "-c", "512", "--max-queue", "4")
+        cls.model = "tiny-llama-q8_0"
+
+    @classmethod
+    def tearDownClass(cls):
+        cls.srv.stop()
+
+    def test_health_and_models(self):
+        self.assertEqual(self.srv.get("/health"), (200, {"status": "ok"}))
+        models = self.srv.client().models.list()
+        self.assertEqual([m.id for m in models.data], [self.model])
+
+    def test_chat_whole_and_streamed_agree(self):
+        c = self.srv.client()
+        msgs = [{"role": "user", "content": "Hello there"}]
+        whole = c.chat.completions.create(model=self.model, messages=msgs, max_tokens=12, temperature=0)
+        self.assertEqual(whole.object, "chat.completion")
+        self.assertEqual(whole.choices[0].message.role, "assistant")
+        self.assertEqual(whole.usage.completion_tokens, 12)
+        self.assertEqual(whole.choices[0].finish_reason, "length")
+        self.assertGreater(whole.usage.prompt_tokens, 3)
+        text = ""
+        usage = None
+        finish = None
+        for chunk in c.chat.completions.create(model=self.model, messages=msgs, max_tokens=12, temperature=0,
+                                               stream=True, stream_options={"include_usage": True}):
+            if chunk.usage:
+                usage = chunk.usage
+            for ch in chunk.choices:
+                text += ch.delta.content or ""
+                finish = ch.finish_reason or finish
+        self.assertEqual(text, whole.choices[0].message.content)
+        self.assertEqual(finish, "length")
+        self.assertEqual(usage.completion_tokens, 12)
+
+    def test_sse_ends_with_done(self):
+        conn = http.client.HTTPConnection("127.0.0.1", self.srv.port, timeout=30)
+        conn.request("POST", "/v1/completions", json.dumps({"prompt": "a b c", "max_tokens": 4, "stream": True}))
+        r = conn.getresponse()
+        self.assertEqual(r.status, 200)
+        self.assertTrue(r.getheader("Content-Type").startswith("text/event-stream"))
+        events = [e for e in r.read().decode().split("\n\n") if e]
+        self.assertTrue(all(e.startswith("data: ") for e in events), events)
+        self.assertEqual(events[-1], "data: [DONE]")
+        self.assertEqual(json.loads(events[-2][6:])["choices"][0]["finish_reason"], "length")
+        conn.close()
+
+    def test_completions_and_sampling_fields(self):
+        c = self.srv.client()
+        r = c.completions.create(model=self.model, prompt="Once upon a time", max_tokens=10, temperature=0.9,
+                                 top_p=0.9, seed=7, presence_penalty=0.5, frequency_penalty=0.5,
+                                 extra_body={"top_k": 20, "min_p": 0.01, "repeat_penalty": 1.1})
+        again = c.completions.create(model=self.model, prompt="Once upon a time", max_tokens=10, temperature=0.9,
+                                     top_p=0.9, seed=7, presence_penalty=0.5, frequency_penalty=0.5,
+                                     extra_body={"top_k": 20, "min_p": 0.01, "repeat_penalty": 1.1})
+        self.assertEqual(r.object, "text_completion")
+        self.assertEqual(r.choices[0].text, again.choices[0].text)  # same seed, same text
+        self.assertEqual(r.usage.completion_tokens, 10)
+        # Token ids as the prompt.
+        _, tok = self.srv.post("/tokenize", {"content": "Once upon a time", "add_special": True})
+        by_ids = c.completions.create(model=self.model, prompt=tok["tokens"], max_tokens=10, temperature=0)
+        by_text = c.completions.create(model=self.model, prompt="Once upon a time", max_tokens=10, temperature=0)
+        self.assertEqual(by_ids.choices[0].text, by_text.choices[0].text)
+
+    def test_stop_strings(self):
+        c = self.srv.client()
+        full = c.completions.create(model=self.model, prompt="Once upon a time", max_tokens=24, temperature=0)
+        text = full.choices[0].text
+        # A stop string from a run of ASCII letters inside the text (tiny models emit odd bytes too).
+        m = re.search(r"[A-Za-z]{3,}", text[1:])
+        self.assertIsNotNone(m, text)
+        stop = m.group(0)[:3]
+        cut = c.completions.create(model=self.model, prompt="Once upon a time", max_tokens=24, temperature=0,
+                                   stop=[stop])
+        self.assertEqual(cut.choices[0].text, text[:text.index(stop)])
+        self.assertEqual(cut.choices[0].finish_reason, "stop")
+        streamed = "".join(ch.choices[0].text for ch in c.completions.create(
+            model=self.model, prompt="Once upon a time", max_tokens=24, temperature=0, stop=stop, stream=True)
+            if ch.choices)
+        self.assertEqual(streamed, cut.choices[0].text)
+
+    def test_tokenize_detokenize(self):
+        s, r = self.srv.post("/tokenize", {"content": "hello world"})
+        self.assertEqual(s, 200)
+        self.assertTrue(all(isinstance(t, int) for t in r["tokens"]))
+        s, d = self.srv.post("/detokenize", {"tokens": r["tokens"]})
+        self.assertEqual((s, d["content"].strip()), (200, "hello world"))
+        assert_error(self, self.srv.post("/detokenize", {"tokens": [10**9]}), 400, "invalid_value")
+        assert_error(self, self.srv.post("/tokenize", {"content": 5}), 400)
+
+    def test_bad_input(self):
+        chat = "/v1/chat/completions"
+        msgs = [{"role": "user", "content": "hi"}]
+        assert_error(self, self.srv.post(chat, raw="{not json"), 400, "invalid_json")
+        assert_error(self, self.srv.post(chat, raw="[1, 2]"), 400, "invalid_type")
+        assert_error(self, self.srv.post(chat, {"model": self.model}), 400, "missing_field")
+        assert_error(self, self.srv.post(chat, {"messages": "hi"}), 400, "invalid_type")
+        assert_error(self, self.srv.post(chat, {"messages": [{"role": 1, "content": "x"}]}), 400, "invalid_type")
+        assert_error(self, self.srv.post(chat, {"messages": msgs, "max_tokens": "ten"}), 400, "invalid_type")
+        assert_error(self, self.srv.post(chat, {"messages": msgs, "temperature": -1}), 400, "invalid_value")
+        assert_error(self, self.srv.post(chat, {"messages": msgs, "top_p": "high"}), 400, "invalid_type")
+        assert_error(self, self.srv.post(chat, {"messages": msgs, "stop": [1]}), 400, "invalid_type")
+        assert_error(self, self.srv.post(chat, {"messages": msgs, "stream": "yes"}), 400, "invalid_type")
+        assert_error(self, self.srv.post(chat, {"messages": msgs, "n": 3}), 400, "invalid_value")
+        msg = assert_error(self, self.srv.post(chat, {"messages": msgs, "model": "no-such-model"}), 404,
+                           "model_not_found")
+        self.assertIn("no-such-model", msg)
+        msg = assert_error(self, self.srv.post(chat, {"messages": msgs, "max_tokens": 10**6}), 400,
+                           "context_length_exceeded")
+        self.assertIn("512", msg)
+        long_prompt = "word " * 2000
+        msg = assert_error(self, self.srv.post("/v1/completions", {"prompt": long_prompt}), 400,
+                           "context_length_exceeded")
+        self.assertIn("512", msg)
+        assert_error(self, self.srv.post("/v1/completions", {"prompt": [1, "x"]}), 400)
+        assert_error(self, self.srv.get("/v1/nothing"), 404, "not_found")
+        # The openai client sees these as exceptions of the right class.
+        with self.assertRaises(openai.BadRequestError):
+            self.srv.client().chat.completions.create(model=self.model, messages=msgs, max_tokens=10**6)
+        with self.assertRaises(openai.NotFoundError):
+            self.srv.client().chat.completions.create(model="nope", messages=msgs)
+        # And the server still serves.
+        r = self.srv.client().chat.completions.create(model=self.model, messages=msgs, max_tokens=3)
+        self.assertEqual(r.usage.completion_tokens, 3)
+
+    def test_disconnect_frees_the_slot(self):
+        # Two long streams fill both slots; dropping them mid-stream must free the slots at once,
+        # or the next request would wait for 400 more tokens each.
+        socks = []
+        for _ in range(2):
+            s = socket.create_connection(("127.0.0.1", self.srv.port))
+            body = json.dumps({"prompt": "Once upon a time", "max_tokens": 450, "stream": True, "temperature": 0})
+            s.sendall((f"POST /v1/completions HTTP/1.1\r\nHost: x\r\nContent-Type: application/json\r\n"
+                       f"Content-Length: {len(body)}\r\n\r\n{body}").encode())
+            socks.append(s)
+        for s in socks:
+            got = b""
+            while got.count(b"data: ") < 3:
+                got += s.recv(4096)
+        self.assertEqual(self.srv.metric("fitllm_slots_busy"), 2)
+        for s in socks:
+            s.close()
+        deadline = time.time() + 5
+        while self.srv.metric("fitllm_slots_busy") != 0:
+            self.assertLess(time.time(), deadline, "slots still busy after the clients went away")
+            time.sleep(0.05)
+        r = self.srv.client().completions.create(model=self.model, prompt="hi", max_tokens=2)
+        self.assertEqual(r.usage.completion_tokens, 2)
+
+    def test_concurrent_greedy_equals_single(self):
+        c = self.srv.client()
+        prompts = ["Once upon a time", "The quick brown fox", "In a hole in the ground", "It was a dark night"]
+        alone = [c.completions.create(model=self.model, prompt=p, max_tokens=20, temperature=0).choices[0].text
+                 for p in prompts]
+        together = [None] * len(prompts)
+
+        def run(i):
+            together[i] = self.srv.client().completions.create(model=self.model, prompt=prompts[i], max_tokens=20,
+                                                               temperature=0).choices[0].text
+
+        threads = [threading.Thread(target=run, args=(i,)) for i in range(len(prompts))]
+        for t in threads:
+            t.start()
+        for t in threads:
+            t.join()
+        self.assertEqual(together, alone)
+
+    def test_metrics_and_memory(self):
+        self.srv.client().completions.create(model=self.model, prompt="hi", max_tokens=2)
+        _, text = self.srv.get("/metrics")
+        for name in ("fitllm_requests_total", "fitllm_generated_tokens_total", "fitllm_tokens_per_second",
+                     "fitllm_kv_cells_used", "fitllm_kv_cells_free", "fitllm_memory_used_bytes",
+                     "fitllm_queue_length", "fitllm_models_loaded"):
+            self.assertIn(name, text)
+        self.assertEqual(self.srv.metric("fitllm_models_loaded"), 1)
+        self.assertGreater(self.srv.metric("fitllm_generated_tokens_total"), 0)
+        s, mem = self.srv.get("/v1/memory")
+        self.assertEqual(s, 200)
+        dev = mem["devices"][0]
+        self.assertEqual(dev["name"], "host")
+        pools = {p["name"]: p for p in dev["pools"]}
+        for k in ("weights", "kv", "scratch", "logits"):
+            self.assertIn(k, pools)
+        self.assertEqual(dev["used"], sum(p["used"] for p in dev["pools"]))
+        self.assertLessEqual(dev["used"], dev["capacity"])
+        m = mem["models"][0]
+        self.assertEqual((m["id"], m["loaded"]), (self.model, True))
+        plan = m["plan"]
+        self.assertEqual(plan["total"], plan["weights"] + plan["kv"] + plan["scratch"] + plan["logits"] +
+                         plan["overhead"])
+        self.assertEqual(dev["used"], plan["total"])
+        self.assertLessEqual(m["used"], plan["total"])
+
+
+class ApiKey(unittest.TestCase):
+    def test_api_key(self):
+        srv = Server("-m", TINY_QWEN, "--api-key", "sekrit", "-c", "256")
+        try:
+            self.assertEqual(srv.get("/health")[0], 200)
+            assert_error(self, srv.get("/v1/models"), 401, "invalid_api_key")
+            assert_error(self, srv.get("/v1/models", headers={"Authorization": "Bearer wrong"}), 401)
+            with self.assertRaises(openai.AuthenticationError):
+                srv.client("wrong").models.list()
+            r = srv.client("sekrit").completions.create(model="tiny-qwen2-q8_0", prompt="hi", max_tokens=2)
+            self.assertEqual(r.usage.completion_tokens, 2)
+        finally:
+            srv.stop()
+
+
+class ModelsDir(unittest.TestCase):
+    """--models-dir: several models, JIT load, TTL unload, eviction and refusal under --mem."""
+
+    @classmethod
+    def setUpClass(cls):
+        cls.dir = tempfile.mkdtemp(prefix="fitllm-models-")
+        for src in (TINY_LLAMA, TINY_QWEN):
+            os.symlink(src, os.path.join(cls.dir, os.path.basename(src)))
+        if os.path.exists(DEMO):
+            os.symlink(DEMO, os.path.join(cls.dir, "gemma.gguf"))
+
+    @classmethod
+    def tearDownClass(cls):
+        shutil.rmtree(cls.dir)
+
+    def loaded(self, srv):
+        return {m["id"]: m["loaded"] for m in srv.get("/v1/models")[1]["data"]}
+
+    def test_jit_load_and_ttl_unload(self):
+        srv = Server("--models-dir", self.dir, "--ttl", "1", "-c", "256")
+        try:
+            self.assertEqual(self.loaded(srv)["tiny-llama-q8_0"], False)
+            c = srv.client()
+            a = c.completions.create(model="tiny-llama-q8_0", prompt="hi", max_tokens=3)
+            b = c.completions.create(model="tiny-qwen2-q8_0", prompt="hi", max_tokens=3)
+            self.assertEqual((a.model, b.model), ("tiny-llama-q8_0", "tiny-qwen2-q8_0"))
+            state = self.loaded(srv)
+            self.assertTrue(state["tiny-llama-q8_0"] and state["tiny-qwen2-q8_0"])
+            assert_error(self, srv.post("/v1/completions", {"prompt": "x"}), 400, "model_required")
+            deadline = time.time() + 6
+            while any(self.loaded(srv).values()):
+                self.assertLess(time.time(), deadline, "models still loaded after the TTL")
+                time.sleep(0.1)
+            self.assertEqual(srv.metric("fitllm_model_unloads_total"), 2)
+            _, mem = srv.get("/v1/memory")
+            self.assertEqual(mem["devices"][0]["used"], 0)
+        finally:
+            srv.stop()
+
+    def test_budget_refusal_and_eviction(self):
+        # Learn each tiny model's plan, then give a budget that holds the larger one but not both.
+        srv = Server("--models-dir", self.dir, "-c", "256")
+        try:
+            totals = {}
+            for m in ("tiny-llama-q8_0", "tiny-qwen2-q8_0"):
+                srv.client().completions.create(model=m, prompt="hi", max_tokens=1)
+            for m in srv.get("/v1/memory")[1]["models"]:
+                if m["loaded"]:
+                    totals[m["id"]] = m["plan"]["total"]
+        finally:
+            srv.stop()
+        budget = max(totals.values()) + min(totals.values()) // 2
+        srv = Server("--models-dir", self.dir, "-c", "256", "--mem", str(budget), "--ttl", "0")
+        try:
+            c = srv.client()
+            c.completions.create(model="tiny-llama-q8_0", prompt="hi", max_tokens=1)
+            c.completions.create(model="tiny-qwen2-q8_0", prompt="hi", max_tokens=1)  # evicts the idle llama
+            state = self.loaded(srv)
+            self.assertEqual((state["tiny-llama-q8_0"], state["tiny-qwen2-q8_0"]), (False, True))
+            _, mem = srv.get("/v1/memory")
+            self.assertLessEqual(mem["devices"][0]["peak"], budget)
+            if "gemma" in state:
+                msg = assert_error(self, srv.post("/v1/completions", {"model": "gemma", "prompt": "hi"}), 507,
+                                   "model_too_large")
+                self.assertIn("budget", msg)
+                self.assertIn("MiB", msg)
+            # Still serving.
+            c.completions.create(model="tiny-llama-q8_0", prompt="hi", max_tokens=1)
+        finally:
+            srv.stop()
+
+
+@unittest.skipUnless(os.path.exists(DEMO), "the demo model is not in models/ (scripts/setup.sh assembles it)")
+class DemoModel(unittest.TestCase):
+    def test_chat_as_the_cli(self):
+        # The reply through the chat template equals `fitllm chat`'s for the same message (greedy).
+        message = "What is the capital of France?"
+        cli = subprocess.run([FITLLM, "chat", "-m", DEMO, "--temp", "0", "-n", "24", "-c", "512", "-t", "2"],
+                             input=message + "\n", capture_output=True, text=True, timeout=60)
+        expected = cli.stdout.split("> ", 1)[1].rsplit("\n> ", 1)[0]
+        srv = Server("-m", DEMO, "-c", "512", "-np", "2")
+        try:
+            r = srv.client().chat.completions.create(model="gemma-3-270m-q4_k_m",
+                                                     messages=[{"role": "user", "content": message}], max_tokens=24,
+                                                     temperature=0)
+            self.assertEqual(r.choices[0].message.content, expected)
+        finally:
+            srv.stop()
+
+
+if __name__ == "__main__":
+    unittest.main(argv=[sys.argv[0], "-v"])
