@@ -353,10 +353,11 @@ void HttpServer::routes() {
                         c->job->cancel();
                         return false;
                     }
-                    const Job::Update u = c->job->wait(std::chrono::milliseconds(200));
+                    Job::Update u = c->job->wait(std::chrono::milliseconds(200));
                     std::string out;
-                    if (*first || !u.text.empty()) {
-                        out += sse(stream_chunk(*c, u.text, *first, nullptr));
+                    if (*first && u.pieces.empty()) u.pieces.emplace_back();  // the role comes first
+                    for (const std::string& piece : u.pieces) {
+                        out += sse(stream_chunk(*c, piece, *first, nullptr));
                         *first = false;
                     }
                     if (u.finished) {

@@ -20,7 +20,8 @@ const char* finish_reason_name(FinishReason reason) {
 
 Job::Update Job::take_locked() {
     Update u;
-    u.text.swap(pending_);
+    u.pieces.swap(pending_);
+    for (const std::string& p : u.pieces) u.text += p;
     u.finished = finished_;
     u.reason = reason_;
     u.error = error_;
@@ -55,7 +56,7 @@ bool Job::cancelled() const {
 void Job::append(std::string_view text, int n_generated) {
     {
         std::lock_guard lock(mutex_);
-        pending_ += text;
+        if (!text.empty()) pending_.emplace_back(text);
         n_generated_ = n_generated;
     }
     cv_.notify_all();

@@ -14,6 +14,7 @@
 #include <mutex>
 #include <string>
 #include <string_view>
+#include <vector>
 
 namespace fitllm::server {
 
@@ -30,7 +31,8 @@ const char* finish_reason_name(FinishReason reason);
 class Job {
 public:
     struct Update {
-        std::string text;  // new text since the previous wait()
+        std::string text;                 // new text since the previous wait()
+        std::vector<std::string> pieces;  // the same, as the scheduler appended it (a token's text each)
         bool finished = false;
         FinishReason reason = FinishReason::none;
         std::string error;  // with FinishReason::error
@@ -59,7 +61,7 @@ private:
 
     mutable std::mutex mutex_;
     std::condition_variable cv_;
-    std::string pending_;
+    std::vector<std::string> pending_;
     bool finished_ = false;
     bool cancelled_ = false;
     FinishReason reason_ = FinishReason::none;
