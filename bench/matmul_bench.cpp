@@ -1,7 +1,8 @@
 // ops::matmul on a 4096 x 4096 weight matrix: matrix-vector (decode, n_tok = 1) and 64- and
 // 512-token batches (prompt processing: the tiled kernels of quant/gemm.h where a type has them),
 // on 1 and 2 threads of ops::ThreadPool; and prompts of 512 tokens through the shapes of
-// Gemma 3 270M's layers (MatmulGemma270m: 640 -> 1024 / 256 / 2048 and 2048 -> 640). Reports GB/s
+// Gemma 3 270M's layers (MatmulGemma270m: 640 -> 1024 / 256 / 2048 and 2048 -> 640) and the 1B-shaped
+// Llama's (MatmulLlama1b: 2048 -> 2048 / 5632 and 5632 -> 2048). Reports GB/s
 // of weight bytes streamed, tokens/s and, for the batches, GMAC/s. The matrix is reused between
 // iterations, so for the 4-bit types it may sit in L3; bench/dot_bench.cpp has the from-DRAM
 // setting for the kernels themselves. FITLLM_NO_GEMM=1 runs the batches on the dots instead.
@@ -96,6 +97,21 @@ const bool registered = [] {
             benchmark::RegisterBenchmark(name.c_str(), BM_Matmul, type, shape[0], shape[1])
                 ->ArgNames({"n_tok", "threads"})
                 ->Args({512, 2})
+                ->UseRealTime()
+                ->Unit(benchmark::kMillisecond);
+        }
+    }
+    // The 1B-shaped Llama of bench/bench_vs_llama_cpp.py (2048 wide, FFN 5632): attention q / o,
+    // FFN gate / up, FFN down, for the Q4_K and Q6_K tensors of its Q4_K_M file. On a loaded
+    // machine the CPU time of the 1-thread runs is the steadiest figure for A/B comparisons.
+    constexpr int64_t kLlama1bShapes[][2] = {{2048, 2048}, {5632, 2048}, {2048, 5632}};
+    for (GgmlType type : {GgmlType::Q4_K, GgmlType::Q6_K}) {
+        for (const auto& shape : kLlama1bShapes) {
+            const std::string name = "MatmulLlama1b/" + std::string(fitllm::quant::traits(type).name) + "/" +
+                                     std::to_string(shape[0]) + "x" + std::to_string(shape[1]);
+            benchmark::RegisterBenchmark(name.c_str(), BM_Matmul, type, shape[0], shape[1])
+                ->ArgNames({"n_tok", "threads"})
+                ->ArgsProduct({{512}, {1, 2}})
                 ->UseRealTime()
                 ->Unit(benchmark::kMillisecond);
         }
