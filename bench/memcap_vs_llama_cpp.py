@@ -7,6 +7,8 @@ status, plus an uncapped row for each.
   .venv/bin/python bench/memcap_vs_llama_cpp.py                      # llama-1b-q8_0, 900M cap, 16 tokens
   .venv/bin/python bench/memcap_vs_llama_cpp.py MODEL.gguf --cap 900M -n 16 -p 16 -t 2 [--rounds 2]
   .venv/bin/python bench/memcap_vs_llama_cpp.py --no-uncapped --skip-llama-cpp --fitllm /tmp/x/fitllm
+  .venv/bin/python bench/memcap_vs_llama_cpp.py --stream-layers 7 --rounds 3  # fitllm streams 7 of 22 layers
+  .venv/bin/python bench/memcap_vs_llama_cpp.py --stream-layers 0 --fitllm-args="--mem 900M --fit"
 
 Default model: models/bench/llama-1b-q8_0.gguf (1.09 GiB, from tools/gen_bench_models.py), so the
 900 MiB cap is smaller than the weights. Needs root (cgroups, drop_caches) and a cgroup v1 memory
@@ -15,8 +17,16 @@ controller; exits 77 saying why when they are missing.
 llama.cpp: PyPI's llama-cpp-python (scripts/setup.sh --oracle) in a child Python, through the C
 API with default model params (mmap, as the llama.cpp tools): load, one llama_decode of p random
 tokens (pp, which also pages the weights in), then n single-token llama_decode calls (tg).
-fitllm: `fitllm bench -m MODEL -p P -n N -r 1 -t T -o json` (it prefaults the file and runs one
-uncounted warm-up of each test first). tok/s is what each reports for its n decode steps; the
+fitllm under the cap streams its last layers (DESIGN.md idea 5, model::LoadOptions): by default
+build/bench/layer_stream_bench -m MODEL --stream-layers K -p P -n N -t T, which prefaults the
+resident part and then, as the llama.cpp side, decodes one prompt of P random tokens and N single
+tokens. K (--stream-layers, default auto) is the fewest last layers whose streaming leaves the
+resident layers, the output matrix, kStreamBuffers (2) stream buffers of one layer and 64 MiB of
+headroom (runtime, KV, page tables) inside the cap; the token embedding is read a row per token
+and not counted. --stream-layers 0 runs `fitllm bench -m MODEL -p P -n N -r 1 -t T -o json`
+instead (it prefaults the whole file and runs one uncounted warm-up of each test first), with
+--fitllm-args appended (e.g. "--mem 900M --fit"). The uncapped fitllm row keeps every layer
+resident. tok/s is what each reports for its n decode steps; the
 Python child of llama.cpp adds ~40 MiB to its RSS and peak. "load" is the 1-minute load average
 when the run started: llama.cpp's OpenMP threads spin at barriers, so on a machine busier than its
 cores llama.cpp slows down many times more than fitllm (--omp-passive makes them sleep instead).
@@ -82,18 +92,58 @@ def last_line(text: str | None) -> str:
     return lines[-1][:160] if lines else ""
 
 
+STREAM_BUFFERS = 2  # model::kStreamBuffers (src/model/layer_stream.h)
+HEADROOM = 64 << 20  # the runtime, KV cache, activations, page tables: measured ~10 MiB, kept generous
+
+
+def layer_bytes(model_path: str) -> tuple[list[int], int]:
+    """Bytes of each layer's tensors (blk.N.*), and of the other tensors the model reads through
+    the mapping (all but a token embedding that the output does not share: read a row per token)."""
+    import gguf
+    tensors = gguf.GGUFReader(model_path).tensors
+    names = {t.name for t in tensors}
+    layers: dict[int, int] = {}
+    other = 0
+    for t in tensors:
+        if t.name.startswith("blk."):
+            il = int(t.name.split(".")[1])
+            layers[il] = layers.get(il, 0) + int(t.n_bytes)
+        elif t.name != "token_embd.weight" or "output.weight" not in names:
+            other += int(t.n_bytes)
+    return [layers[i] for i in sorted(layers)], other
+
+
+def auto_stream_layers(sizes: list[int], other: int, cap: int) -> int:
+    """The fewest last layers to stream so that the rest fits the cap (see the module doc)."""
+    for k in range(0, len(sizes) + 1):
+        resident = other + sum(sizes[:len(sizes) - k])
+        staging = STREAM_BUFFERS * max(sizes[len(sizes) - k:], default=0)
+        if resident + staging + HEADROOM <= cap:
+            return k
+    return len(sizes)
+
+
 def run_one(side: str, args, cap: int | None) -> dict:
+    stream_layers = args.stream_layers if cap is not None else 0
     if side == "llama.cpp":
         cmd = [sys.executable, os.path.abspath(__file__), "--llama-cpp-child", args.model,
                str(args.p), str(args.n), str(args.t)]
+    elif stream_layers > 0 or (cap is None and args.stream_layers > 0):
+        cmd = [args.stream_bench, "-m", args.model, "--stream-layers", str(stream_layers), "-p", str(args.p),
+               "-n", str(args.n), "-t", str(args.t)]
     else:
         cmd = [args.fitllm, "bench", "-m", args.model, "-p", str(args.p), "-n", str(args.n), "-r", "1",
-               "-t", str(args.t), "-o", "json"]
+               "-t", str(args.t), "-o", "json"] + args.fitllm_args.split()
     env = dict(os.environ, OMP_WAIT_POLICY="passive") if side == "llama.cpp" and args.omp_passive else None
     load = os.getloadavg()[0]
     r = memcap.run_capped(cmd, cap, drop_caches_first=not args.warm, timeout_s=args.timeout, capture=True,
                           cwd=ROOT, env=env)
-    row = {"runtime": side + (" (OMP passive)" if env else ""), "cap_bytes": cap, "loadavg_1m": load,
+    label = side + (" (OMP passive)" if env else "")
+    if side == "fitllm" and cmd[0] == args.stream_bench:
+        label += f" (stream {stream_layers}/{args.n_layer})" if stream_layers else " (resident)"
+    elif side == "fitllm" and args.fitllm_args:
+        label += f" ({args.fitllm_args})"
+    row = {"runtime": label, "cap_bytes": cap, "loadavg_1m": load,
            "status": r.status, "wall_s": r.wall_s, "peak_bytes": r.peak_bytes,
            "peak_rss_bytes": r.peak_rss_bytes, "oom_kills": r.oom_kills, "failcnt": r.failcnt,
            "memsw_limited": r.memsw_limited, "pp_ts": None, "tg_ts": None, "error": None}
@@ -116,10 +166,13 @@ def fmt_ts(x: float | None) -> str:
     return "-" if x is None else (f"{x:.2f}" if x < 10 else f"{x:.1f}")
 
 
-def print_row(row: dict) -> None:
+def print_row(row: dict, baseline: float | None) -> None:
+    """baseline: llama.cpp's mean decode speed under the same cap so far, for the ratio column."""
     cap = "none" if row["cap_bytes"] is None else f"{row['cap_bytes'] >> 20} MiB"
     status = row["status"] + (f": {row['error']}" if row["error"] and row["status"] != "exit 0" else "")
-    print(f"| {row['runtime']} | {cap} | {fmt_ts(row['pp_ts'])} | {fmt_ts(row['tg_ts'])} | {row['wall_s']:.1f} "
+    ratio = f"{row['tg_ts'] / baseline:.2f}x" if baseline and row["tg_ts"] is not None else "-"
+    print(f"| {row['runtime']} | {cap} | {fmt_ts(row['pp_ts'])} | {fmt_ts(row['tg_ts'])} | {ratio} "
+          f"| {row['wall_s']:.1f} "
           f"| {memcap.fmt_mib(row['peak_bytes']).split()[0]} | {memcap.fmt_mib(row['peak_rss_bytes']).split()[0]} "
           f"| {row['oom_kills']} | {status.replace('|', '/')} | {row['loadavg_1m']:.1f} |", flush=True)
 
@@ -138,6 +191,12 @@ def main() -> int:
     ap.add_argument("--rounds", type=int, default=1, help="alternations of llama.cpp and fitllm (default 1)")
     ap.add_argument("--timeout", type=float, default=900, help="seconds before a run is killed (default 900)")
     ap.add_argument("--fitllm", default=os.path.join(ROOT, "build/fitllm"), help="the fitllm executable")
+    ap.add_argument("--stream-bench", default=os.path.join(ROOT, "build/bench/layer_stream_bench"),
+                    help="the streaming benchmark executable (bench/layer_stream_bench.cpp)")
+    ap.add_argument("--stream-layers", default="auto",
+                    help="under the cap, fitllm streams the last K layers: a number, or auto (default; see above); "
+                         "0: plain `fitllm bench` with --fitllm-args")
+    ap.add_argument("--fitllm-args", default="", help="extra arguments for `fitllm bench` (with --stream-layers 0)")
     ap.add_argument("--no-uncapped", action="store_true", help="skip the uncapped rows")
     ap.add_argument("--skip-llama-cpp", action="store_true")
     ap.add_argument("--skip-fitllm", action="store_true")
@@ -153,16 +212,24 @@ def main() -> int:
         print(f"missing model {args.model} (tools/gen_bench_models.py writes models/bench/)", file=sys.stderr)
         return 2
     sides = [s for s, skip in (("llama.cpp", args.skip_llama_cpp), ("fitllm", args.skip_fitllm)) if not skip]
-    if "fitllm" in sides and not os.access(args.fitllm, os.X_OK):
-        print(f"missing {args.fitllm} (build it: cmake --build build)", file=sys.stderr)
+    cap = memcap.parse_size(args.cap)
+    try:
+        sizes, other = layer_bytes(args.model)
+    except ImportError:
+        print("the gguf package is missing (scripts/setup.sh)", file=sys.stderr)
         return 2
+    args.n_layer = len(sizes)
+    args.stream_layers = auto_stream_layers(sizes, other, cap) if args.stream_layers == "auto" else int(args.stream_layers)
+    for exe in ([args.fitllm] if args.stream_layers == 0 else [args.stream_bench]) if "fitllm" in sides else []:
+        if not os.access(exe, os.X_OK):
+            print(f"missing {exe} (build it: cmake --build build)", file=sys.stderr)
+            return 2
     if "llama.cpp" in sides:
         try:
             import llama_cpp  # noqa: F401
         except ImportError:
             print("llama-cpp-python is missing (scripts/setup.sh --oracle)", file=sys.stderr)
             return 2
-    cap = memcap.parse_size(args.cap)
     try:
         memcap.own_memory_cgroup()
     except memcap.CgroupUnavailable as e:
@@ -171,9 +238,10 @@ def main() -> int:
     size = os.path.getsize(args.model)
     print(f"model {os.path.relpath(args.model, ROOT)} ({size / (1 << 30):.2f} GiB), cap {cap >> 20} MiB, "
           f"pp {args.p} + tg {args.n} tokens, {args.t} threads, "
-          f"{'warm' if args.warm else 'page cache dropped before each run'}\n")
-    print("| runtime | cap | pp tok/s | tg tok/s (decode) | wall s | peak MiB (cgroup) | max RSS MiB "
-          "| OOM kills | status | load |\n|---|---|---:|---:|---:|---:|---:|---:|---|---:|", flush=True)
+          f"{'warm' if args.warm else 'page cache dropped before each run'}; fitllm under the cap: "
+          f"{f'streams the last {args.stream_layers} layers' if args.stream_layers else 'fitllm bench ' + args.fitllm_args}\n")
+    print("| runtime | cap | pp tok/s | tg tok/s (decode) | tg vs llama.cpp | wall s | peak MiB (cgroup) "
+          "| max RSS MiB | OOM kills | status | load |\n|---|---|---:|---:|---:|---:|---:|---:|---:|---|---:|", flush=True)
     rows = []
     try:
         caps = ([None] if not args.no_uncapped else []) + [cap] * args.rounds
@@ -185,7 +253,9 @@ def main() -> int:
                     print(f"skipped: {e}", file=sys.stderr)
                     return memcap.SKIP_STATUS
                 rows.append(row)
-                print_row(row)
+                theirs = [r["tg_ts"] for r in rows if r["runtime"].startswith("llama.cpp") and r["cap_bytes"] == c
+                          and r["tg_ts"] is not None]
+                print_row(row, sum(theirs) / len(theirs) if theirs and side == "fitllm" else None)
     except KeyboardInterrupt:
         print("interrupted; the running command was killed and its cgroup removed", file=sys.stderr)
         return 130
@@ -194,7 +264,7 @@ def main() -> int:
             with open(args.json, "w") as f:
                 json.dump(rows, f, indent=2)
     capped = {s: [r["tg_ts"] for r in rows if r["runtime"].split()[0] == s and r["cap_bytes"] == cap] for s in sides}
-    kills = sum(r["oom_kills"] for r in rows if r["runtime"] == "fitllm" and r["cap_bytes"] == cap)
+    kills = sum(r["oom_kills"] for r in rows if r["runtime"].startswith("fitllm") and r["cap_bytes"] == cap)
     if len(sides) == 2 and capped["fitllm"] and capped["llama.cpp"]:
         ours = [x for x in capped["fitllm"] if x is not None]
         theirs = [x for x in capped["llama.cpp"] if x is not None]

@@ -72,7 +72,19 @@ uint64_t prefault(gguf::GgufFile& file, const ProgressFn& progress, std::span<co
 }
 
 uint64_t prefault(gguf::GgufFile& file, const model::Model& model, const ProgressFn& progress) {
-    const std::vector<model::FileRange> skip = model.streamed_ranges();
+    std::vector<model::FileRange> skip = model.streamed_ranges();
+    // A model short of memory reads the token embedding a row per token: faulting in all of it
+    // would cost a layer's worth of page cache (64 MiB for a 32k-token vocabulary) for a few rows.
+    // Not when the output matrix is the same tensor (tied): that reads every row.
+    const gguf::TensorInfo* embd = file.find_tensor("token_embd.weight");
+    if (model.n_streamed_layers() > 0 && embd != nullptr && file.find_tensor("output.weight") != nullptr) {
+        skip.push_back({file.data_offset() + embd->offset, embd->n_bytes});
+        // And no read-around when a row faults in: the kernel would read megabytes of rows around
+        // it (read_ahead_kb), page cache charged to us that the next token rarely needs.
+        if (io::MappedFile* mapping = file.mapping(); mapping != nullptr && mapping->is_file_mapping()) {
+            mapping->advise(skip.back().offset, skip.back().length, io::Advice::random);
+        }
+    }
     return prefault(file, progress, skip);
 }
 
