@@ -6,7 +6,9 @@
 #include <chrono>
 #include <cmath>
 #include <cstdio>
+#include <memory>
 #include <nlohmann/json.hpp>
+#include <optional>
 #include <random>
 #include <string>
 #include <vector>
@@ -14,7 +16,7 @@
 #include "cli/args.h"
 #include "cli/commands.h"
 #include "cli/generation_options.h"
-#include "cli/load_progress.h"
+#include "cli/run_budget.h"
 #include "gguf/gguf_reader.h"
 #include "kv/cache.h"
 #include "model/model.h"
@@ -64,7 +66,7 @@ int run_bench(const std::vector<std::string>& args) {
     runtime::SessionParams kv_params;  // the KV options' target
     ArgParser p(
         "fitllm bench -m MODEL [-p 512] [-n 128] [-t N] [-r 5] [-o md|json] [-ctk TYPE] [-ctv TYPE] "
-        "[--no-kv-rotation] [-np N]",
+        "[--no-kv-rotation] [-np N] [--mem SIZE] [--fit] [--mlock] [--stream-layers N]",
         "Measure prompt processing (pp) and token generation (tg) speed, like llama-bench:\n"
         "tokens/s, mean and standard deviation over repetitions. Token ids are random; each\n"
         "repetition starts from an empty KV cache. -p 0 or -n 0 skips that test.");
@@ -79,6 +81,8 @@ int run_bench(const std::vector<std::string>& args) {
              "also a tg test of N sequences decoded together (one token of each per pass; default 1: none)",
              &n_parallel);
     add_kv_options(p, kv_params);
+    MemoryOptions memory_options;
+    add_memory_options(p, memory_options);
     if (!p.parse(args)) return 0;
     if (n_parallel < 1 || n_parallel > kv::kMaxSequences) {
         throw UsageError("-np: " + std::to_string(n_parallel) + " must be in 1.." + std::to_string(kv::kMaxSequences));
@@ -89,13 +93,25 @@ int run_bench(const std::vector<std::string>& args) {
     if (output != "md" && output != "json") throw UsageError("-o: expected md or json, got '" + output + "'");
 
     auto file = gguf::GgufFile::open(model_path);
-    auto model = model::Model::load(file);
-    prefault_with_progress(file);  // as llama-bench, time the model in memory, not the disk
-    ops::ThreadPool pool(n_threads);
     runtime::SessionParams sp = kv_params;
     sp.n_ctx = std::max(1, n_prompt + n_gen + 1);
     sp.n_batch = n_batch;
-    runtime::Session session(*model, sp, pool);
+    // Planned for the session of the pp and tg tests; the -np test's cache comes after it.
+    std::optional<RunBudget> budget =
+        RunBudget::prepare("bench", file,
+                           {.n_ctx = sp.n_ctx,
+                            .n_batch = n_batch,
+                            .type_k = sp.type_k,
+                            .type_v = sp.type_v,
+                            .n_threads = n_threads > 0 ? n_threads : ops::physical_core_count()},
+                           memory_options, ContextMayShrink::no);
+    if (!budget) return kExitDoesNotFit;
+    sp.type_k = kv_params.type_k = budget->plan().params.type_k;
+    sp.type_v = kv_params.type_v = budget->plan().params.type_v;
+    sp.device = &budget->device();
+    auto model = budget->load_model(file);  // as llama-bench, time the model in memory, not the disk
+    ops::ThreadPool pool(n_threads);
+    auto session = std::make_unique<runtime::Session>(*model, sp, pool);
     std::mt19937 rng(42);
     std::uniform_int_distribution<int32_t> token(0, model->n_vocab() - 1);
 
@@ -105,9 +121,9 @@ int run_bench(const std::vector<std::string>& args) {
         std::vector<double> seconds;
         for (int r = -1; r < repetitions; ++r) {  // r = -1: warm-up, not counted
             for (auto& t : prompt) t = token(rng);
-            session.reset();
+            session->reset();
             const auto t0 = std::chrono::steady_clock::now();
-            session.feed(prompt);
+            session->feed(prompt);
             if (r >= 0) seconds.push_back(seconds_since(t0));
         }
         results.push_back(summarize("pp" + std::to_string(n_prompt), n_prompt, seconds));
@@ -115,26 +131,30 @@ int run_bench(const std::vector<std::string>& args) {
     if (n_gen > 0) {
         std::vector<double> seconds;
         for (int r = -1; r < repetitions; ++r) {
-            session.reset();
+            session->reset();
             const auto t0 = std::chrono::steady_clock::now();
             for (int i = 0; i < n_gen; ++i) {
                 const int32_t t = token(rng);
-                session.feed(std::span<const int32_t>(&t, 1));
+                session->feed(std::span<const int32_t>(&t, 1));
             }
             if (r >= 0) seconds.push_back(seconds_since(t0));
         }
         results.push_back(summarize("tg" + std::to_string(n_gen), n_gen, seconds));
     }
+    session.reset();  // its cache and logits go back to the budget before the -np test's
     if (n_gen > 0 && n_parallel > 1) {
         // tgN x P: P sequences decoded together, one token of each per forward pass (tokens/s of
         // all of them), in a cache of P sequences.
         kv::CacheParams cp = runtime::cache_params(sp, n_parallel);
         cp.n_cells = n_parallel * (n_gen + 16);
-        kv::ModelCache cache = model->make_cache(cp, n_parallel);
+        runtime::ChargedCache charged = runtime::make_charged_cache(*model, cp, n_parallel, sp.device);
+        kv::ModelCache& cache = charged.cache;
         std::vector<int32_t> tokens(static_cast<size_t>(n_parallel)), pos(static_cast<size_t>(n_parallel));
         std::vector<kv::SeqId> seq(static_cast<size_t>(n_parallel));
         for (int s = 0; s < n_parallel; ++s) seq[static_cast<size_t>(s)] = s;
-        std::vector<float> logits(static_cast<size_t>(n_parallel) * static_cast<size_t>(model->n_vocab()));
+        memory::PoolBuffer<float> logits(runtime::pool_of(sp.device, memory::pool_names::kLogits),
+                                         static_cast<size_t>(n_parallel) * static_cast<size_t>(model->n_vocab()),
+                                         "logits");
         std::vector<double> seconds;
         for (int r = -1; r < repetitions; ++r) {
             cache.clear();
@@ -156,6 +176,7 @@ int run_bench(const std::vector<std::string>& args) {
     if (const auto* v = file.find("general.file_type"); v && !v->is_array() && v->type() != gguf::ValueType::STRING) {
         ftype = quant::file_type_name(static_cast<uint32_t>(v->to_int())).value_or("?");
     }
+    std::fprintf(stderr, "peak RSS %.1f MiB | %s\n", peak_rss_kib() / 1024.0, budget->peak_summary().c_str());
     uint64_t weight_bytes = 0;
     for (const auto& t : file.tensors()) weight_bytes += t.n_bytes;
     if (output == "json") {

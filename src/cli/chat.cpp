@@ -9,6 +9,7 @@
 #include <cstdio>
 #include <iostream>
 #include <nlohmann/json.hpp>
+#include <optional>
 #include <span>
 #include <string>
 #include <vector>
@@ -17,7 +18,7 @@
 #include "cli/args.h"
 #include "cli/commands.h"
 #include "cli/generation_options.h"
-#include "cli/load_progress.h"
+#include "cli/run_budget.h"
 #include "gguf/gguf_reader.h"
 #include "kv/cache.h"
 #include "model/model.h"
@@ -85,7 +86,8 @@ int run_chat(const std::vector<std::string>& args) {
     int& n_ctx = session_params.n_ctx;
     ArgParser p(
         "fitllm chat -m MODEL [-c CTX] [-t N] [--temp T] [--top-k K] [--top-p P] [--min-p P] [--seed S] "
-        "[-ctk TYPE] [-ctv TYPE] [--no-kv-rotation] [--context-shift] [--keep N] [--system TEXT] [-n N]",
+        "[-ctk TYPE] [-ctv TYPE] [--no-kv-rotation] [--context-shift] [--keep N] [--system TEXT] [-n N] [--mem SIZE] "
+        "[--fit] [--mlock] [--stream-layers N]",
         "Talk with a model: each line read from stdin is a user message; the reply, rendered through\n"
         "the model's chat template, streams to stdout. /exit, Ctrl-D or Ctrl-C at the prompt ends\n"
         "the conversation; Ctrl-C during a reply stops that reply.");
@@ -97,6 +99,8 @@ int run_chat(const std::vector<std::string>& args) {
     add_sampling_options(p, sp);
     add_kv_options(p, session_params);
     add_context_shift_options(p, session_params);
+    MemoryOptions memory_options;
+    add_memory_options(p, memory_options);
     if (!p.parse(args)) return 0;
 
     if (model_path.empty()) throw UsageError("-m MODEL is required");
@@ -107,6 +111,20 @@ int run_chat(const std::vector<std::string>& args) {
     const bool shift = session_params.context_shift;
 
     gguf::GgufFile file = gguf::GgufFile::open(model_path);
+    const int extra_cells = shift ? 2 * kv::CacheParams{}.block_size : 0;  // as runtime::Session
+    std::optional<RunBudget> budget =
+        RunBudget::prepare("chat", file,
+                           {.n_ctx = n_ctx + extra_cells,
+                            .n_batch = session_params.n_batch,
+                            .type_k = session_params.type_k,
+                            .type_v = session_params.type_v,
+                            .n_threads = n_threads > 0 ? n_threads : ops::physical_core_count()},
+                           memory_options, ContextMayShrink::yes);
+    if (!budget) return kExitDoesNotFit;
+    n_ctx = budget->plan().params.n_ctx - extra_cells;
+    session_params.type_k = budget->plan().params.type_k;
+    session_params.type_v = budget->plan().params.type_v;
+    session_params.device = &budget->device();
     const tokenizer::Tokenizer tokenizer = tokenizer::Tokenizer::from_gguf(file);
     const tokenizer::Vocab& vocab = tokenizer.vocab();
     const chat::ResolvedTemplate resolved = chat::template_for_model(file);
@@ -114,8 +132,7 @@ int run_chat(const std::vector<std::string>& args) {
     options.add_generation_prompt = true;
     if (vocab.valid(vocab.special().bos)) options.bos_token = vocab.text(vocab.special().bos);
     if (vocab.valid(vocab.special().eos)) options.eos_token = vocab.text(vocab.special().eos);
-    const auto model = model::Model::load(file);
-    prefault_with_progress(file);
+    const auto model = budget->load_model(file);
 
     ops::ThreadPool pool(n_threads);
     runtime::Session session(*model, session_params, pool);

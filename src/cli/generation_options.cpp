@@ -104,6 +104,25 @@ void validate_context_shift_options(const runtime::SessionParams& sp) {
     }
 }
 
+void add_memory_options(ArgParser& p, MemoryOptions& mo) {
+    p.option("--mem", "SIZE",
+             "host memory budget: 900M, 1.5G, 2GiB, bytes (default: the cgroup limit, else MemAvailable, "
+             "less 5% or 64 MiB); a plan over it is refused before loading",
+             &mo.mem);
+    p.flag("--fit", &mo.fit,
+           "when the plan does not fit --mem: quantize the KV cache, stream weights, shorten the context (in "
+           "that order) until it does, and say why");
+    p.flag("--mlock", &mo.mlock, "lock the resident weights in RAM (within --mem and RLIMIT_MEMLOCK, or refused)");
+    p.option("--stream-layers", "N",
+             "stream the weights of the last N layers from the file instead of keeping them "
+             "resident (default: none, or what --fit picks)",
+             [&mo](const std::string& v) {
+                 const long long n = parse_integer("--stream-layers", v);
+                 if (n < 0 || n > 1'000'000) throw UsageError("--stream-layers: '" + v + "' must be 0 or more");
+                 mo.stream_layers = static_cast<int>(n);
+             });
+}
+
 std::string describe_kv(const runtime::SessionParams& sp) {
     const auto name = [](quant::GgmlType t) { return std::string(quant::type_name(static_cast<uint32_t>(t))); };
     std::string s = "K " + name(sp.type_k) + ", V " + name(sp.type_v);

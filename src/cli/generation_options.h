@@ -29,6 +29,17 @@ void add_context_shift_options(ArgParser& parser, runtime::SessionParams& sp);
 // Throws UsageError when --keep is negative or leaves no room in -c with --context-shift.
 void validate_context_shift_options(const runtime::SessionParams& sp);
 
+// The memory budget's options (cli/run_budget.h uses them).
+struct MemoryOptions {
+    std::string mem;         // --mem SIZE; empty: memory::host_budget()
+    bool fit = false;        // --fit: change the settings until the plan fits
+    bool mlock = false;      // --mlock: lock the resident weights in RAM
+    int stream_layers = -1;  // --stream-layers N: stream the last N layers' weights; -1: as planned (none)
+};
+
+// Declares --mem SIZE, --fit, --mlock and --stream-layers N, writing into mo.
+void add_memory_options(ArgParser& parser, MemoryOptions& mo);
+
 // "K f16, V f16" or "K q4_0, V q4_0, rotated": for the summary lines.
 std::string describe_kv(const runtime::SessionParams& sp);
 

@@ -1,15 +1,17 @@
 // fitllm perplexity -m MODEL -f TEXT [-c 512] [-b 512] [--chunks N] [-t N] [-np N] [KV options]
 #include "runtime/perplexity.h"
 
+#include <algorithm>
 #include <cstdio>
 #include <fstream>
+#include <optional>
 #include <sstream>
 #include <string>
 
 #include "cli/args.h"
 #include "cli/commands.h"
 #include "cli/generation_options.h"
-#include "cli/load_progress.h"
+#include "cli/run_budget.h"
 #include "gguf/gguf_reader.h"
 #include "kv/cache.h"
 #include "model/model.h"
@@ -29,7 +31,7 @@ int run_perplexity(const std::vector<std::string>& args) {
     runtime::SessionParams kv_params;  // the KV options' target
     ArgParser p(
         "fitllm perplexity -m MODEL -f TEXT [-c 512] [-b 512] [--chunks N] [-t N] [-np N] [-ctk TYPE] [-ctv TYPE] "
-        "[--no-kv-rotation]",
+        "[--no-kv-rotation] [--mem SIZE] [--fit] [--mlock] [--stream-layers N]",
         "Perplexity of the model over a text file, computed as llama.cpp's llama-perplexity does:\n"
         "chunks of -c tokens, each from an empty cache and starting with BOS, the second half\n"
         "of each chunk scored. Prints the running value per chunk ([1]12.34,[2]...) and\n"
@@ -42,6 +44,8 @@ int run_perplexity(const std::vector<std::string>& args) {
     p.option("-t, --threads", "N", "threads (default: the physical cores)", &n_threads);
     p.option("-np, --parallel", "N", "evaluate N chunks at once, one sequence each (default 1; same result)", &n_seq);
     add_kv_options(p, kv_params);
+    MemoryOptions memory_options;
+    add_memory_options(p, memory_options);
     if (!p.parse(args)) return 0;
     if (model_path.empty()) throw UsageError("-m MODEL is required");
     if (text_path.empty()) throw UsageError("-f TEXT is required");
@@ -57,20 +61,36 @@ int run_perplexity(const std::vector<std::string>& args) {
     text << in.rdbuf();
 
     gguf::GgufFile file = gguf::GgufFile::open(model_path);
+    runtime::PerplexityParams pp;
+    pp.n_ctx = n_ctx;
+    pp.n_batch = n_batch;
+    pp.n_chunks = n_chunks;
+    pp.n_seq = n_seq;
+    // The cache and logits runtime::perplexity() makes (at most n_seq chunks at once).
+    const int ctx_batch = std::max(1, n_batch / n_seq);
+    const int score_batch = std::max(1, std::min(pp.score_batch / n_seq, n_ctx - n_ctx / 2));
+    std::optional<RunBudget> budget =
+        RunBudget::prepare("perplexity", file,
+                           {.n_ctx = n_ctx * n_seq,
+                            .n_seq = n_seq,
+                            .n_batch = n_seq * std::max(ctx_batch, score_batch),
+                            .n_outputs = n_seq * score_batch,
+                            .type_k = kv_params.type_k,
+                            .type_v = kv_params.type_v,
+                            .n_threads = n_threads > 0 ? n_threads : ops::physical_core_count()},
+                           memory_options, ContextMayShrink::no);
+    if (!budget) return kExitDoesNotFit;
+    kv_params.type_k = budget->plan().params.type_k;
+    kv_params.type_v = budget->plan().params.type_v;
+    pp.device = &budget->device();
     const tokenizer::Tokenizer tokenizer = tokenizer::Tokenizer::from_gguf(file);
-    const auto model = model::Model::load(file);
-    prefault_with_progress(file);
+    const auto model = budget->load_model(file);
     const std::vector<tokenizer::TokenId> tokens = tokenizer.tokenize(text.str(), /*add_special=*/true, false);
     if (static_cast<int64_t>(tokens.size()) < 2 * int64_t{n_ctx}) {
         throw UsageError(text_path + " has " + std::to_string(tokens.size()) + " tokens; -c " + std::to_string(n_ctx) +
                          " needs at least " + std::to_string(2 * n_ctx) + " (a longer text or a smaller -c)");
     }
 
-    runtime::PerplexityParams pp;
-    pp.n_ctx = n_ctx;
-    pp.n_batch = n_batch;
-    pp.n_chunks = n_chunks;
-    pp.n_seq = n_seq;
     pp.type_k = kv_params.type_k;
     pp.type_v = kv_params.type_v;
     pp.kv_rotation = kv_params.kv_rotation;
@@ -87,6 +107,7 @@ int run_perplexity(const std::vector<std::string>& args) {
         std::fflush(stdout);
     });
     std::printf("\nFinal estimate: PPL = %.4f +/- %.5f\n", r.ppl, r.ppl_error);
+    std::fprintf(stderr, "peak RSS %.1f MiB | %s\n", peak_rss_kib() / 1024.0, budget->peak_summary().c_str());
     return 0;
 }
 

@@ -10,6 +10,7 @@
 
 #include "cli/args.h"
 #include "cli/commands.h"
+#include "cli/run_budget.h"
 #include "gguf/gguf_reader.h"
 #include "kv/cache.h"
 #include "memory/budget.h"
@@ -89,6 +90,8 @@ json plan_json(const memory::Plan& p, const std::string& budget_source) {
     return out;
 }
 
+}  // namespace
+
 std::string plan_text(const memory::Plan& p, const std::string& budget_source) {
     const memory::PlanParams& q = p.params;
     std::string out;
@@ -132,8 +135,6 @@ std::string plan_text(const memory::Plan& p, const std::string& budget_source) {
     return out;
 }
 
-}  // namespace
-
 int run_plan(const std::vector<std::string>& args) {
     std::string model_path, mem;
     memory::PlanParams params;
@@ -164,20 +165,9 @@ int run_plan(const std::vector<std::string>& args) {
     if (model_path.empty()) throw UsageError("-m MODEL is required");
     if (params.n_ctx < 0) throw UsageError("-c: " + std::to_string(params.n_ctx) + " is negative");
 
-    std::string budget_source;
-    if (!mem.empty()) {
-        try {
-            params.budget = memory::parse_size(mem);
-        } catch (const memory::SizeError& e) {
-            throw UsageError(std::string("--mem: ") + e.what());
-        }
-        budget_source = "--mem " + mem;
-    } else {
-        const memory::HostBudget hb = memory::host_budget();
-        params.budget = hb.budget;
-        budget_source =
-            hb.source + " " + util::human_bytes(hb.available) + " less margin " + util::human_bytes(hb.margin);
-    }
+    const ResolvedBudget budget = resolve_budget(mem);
+    params.budget = budget.bytes;
+    const std::string& budget_source = budget.source;
 
     const gguf::GgufFile file = gguf::GgufFile::open(model_path);
     const memory::ModelShape shape = memory::model_shape(file);

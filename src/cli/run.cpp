@@ -1,6 +1,7 @@
 // fitllm run -m MODEL -p PROMPT [-n N] [-c CTX] [-b N] [-t N] [sampling options] [KV options]
+#include <algorithm>
 #include <cstdio>
-#include <fstream>
+#include <optional>
 #include <stdexcept>
 #include <string>
 #include <vector>
@@ -8,7 +9,7 @@
 #include "cli/args.h"
 #include "cli/commands.h"
 #include "cli/generation_options.h"
-#include "cli/load_progress.h"
+#include "cli/run_budget.h"
 #include "gguf/gguf_reader.h"
 #include "kv/cache.h"
 #include "model/model.h"
@@ -22,16 +23,6 @@
 namespace fitllm::cli {
 namespace {
 
-// The process's peak resident set (VmHWM) in KiB, or -1 where /proc does not tell.
-long peak_rss_kib() {
-    std::ifstream status("/proc/self/status");
-    std::string line;
-    while (std::getline(status, line)) {
-        if (line.rfind("VmHWM:", 0) == 0) return std::stol(line.substr(6));
-    }
-    return -1;
-}
-
 double per_second(int n, double seconds) {
     return seconds > 0.0 ? n / seconds : 0.0;
 }
@@ -39,7 +30,8 @@ double per_second(int n, double seconds) {
 // -np N: the continuations decoded together, printed one after the other.
 int run_parallel(model::Model& model, const tokenizer::Tokenizer& tokenizer, const std::string& prompt,
                  const std::vector<tokenizer::TokenId>& ids, int n_predict, int n_parallel,
-                 const sampling::SamplingParams& sp, const runtime::SessionParams& params, ops::ThreadPool& pool) {
+                 const sampling::SamplingParams& sp, const runtime::SessionParams& params, ops::ThreadPool& pool,
+                 const RunBudget& budget) {
     std::vector<sampling::Sampler> samplers;
     for (int s = 0; s < n_parallel; ++s) {
         sampling::SamplingParams one = sp;
@@ -67,10 +59,10 @@ int run_parallel(model::Model& model, const tokenizer::Tokenizer& tokenizer, con
     }
     std::fprintf(stderr,
                  "prompt: %d tokens, %.1f tok/s | generated: %d tokens in %d sequences, %.1f tok/s | threads %d | "
-                 "peak RSS %.1f MiB\n",
+                 "peak RSS %.1f MiB | %s\n",
                  r.stats.n_prompt, per_second(r.stats.n_prompt, r.stats.prompt_seconds), r.stats.n_generated,
                  n_parallel, per_second(r.stats.n_generated, r.stats.generate_seconds), pool.size(),
-                 peak_rss_kib() / 1024.0);
+                 peak_rss_kib() / 1024.0, budget.peak_summary().c_str());
     return 0;
 }
 
@@ -89,14 +81,17 @@ int run_run(const std::vector<std::string>& args) {
     ArgParser p(
         "fitllm run -m MODEL -p PROMPT [-n N] [-c CTX] [-t N] [--temp T] [--top-k K] [--top-p P] "
         "[--min-p P] [--seed S] [--repeat-penalty R] [-ctk TYPE] [-ctv TYPE] [--no-kv-rotation] "
-        "[--context-shift] [--keep N] [-np N]",
+        "[--context-shift] [--keep N] [-np N] [--mem SIZE] [--fit] [--mlock] [--stream-layers N]",
         "Generate text after PROMPT on the CPU, streaming it as it comes, then print a summary\n"
         "line (tokens and speed of prompt and generation, peak resident memory) to stderr.\n"
         "Control tokens spelled in the prompt (\"<start_of_turn>\") are parsed as such.\n"
         "When the context (-c) is full, generation stops with a message, or with --context-shift\n"
         "drops the oldest half of the tokens after the first --keep N and goes on.\n"
         "With -np N, N continuations of the prompt are decoded together (the prompt's KV cache\n"
-        "shared, one token of each per forward pass) and printed one after the other at the end.");
+        "shared, one token of each per forward pass) and printed one after the other at the end.\n"
+        "Before loading, the run is planned (as `fitllm plan`) against --mem: a plan over it is\n"
+        "refused (exit status 3) unless --fit may change the settings; what the run allocates is\n"
+        "charged to the budget, and the summary shows the peak of each pool.");
     p.option("-m, --model", "MODEL", "the GGUF model to run", &model_path);
     p.option("-p, --prompt", "PROMPT", "the text to continue", &prompt);
     p.option("-n, --n-predict", "N", "tokens to generate at most (default 64)", &n_predict);
@@ -109,6 +104,8 @@ int run_run(const std::vector<std::string>& args) {
     p.option("-np, --parallel", "N",
              "decode N continuations together; -c is shared by all, their seeds are --seed + i (default 1)",
              &n_parallel);
+    MemoryOptions memory_options;
+    add_memory_options(p, memory_options);
     if (!p.parse(args)) return 0;
 
     if (model_path.empty()) throw UsageError("-m MODEL is required");
@@ -125,9 +122,29 @@ int run_run(const std::vector<std::string>& args) {
         throw UsageError("--context-shift works with one sequence only");
 
     gguf::GgufFile file = gguf::GgufFile::open(model_path);
+    // The cells the cache gets: a context shift needs two blocks more (runtime/session.cpp), and
+    // -np one block per sequence (runtime/parallel.cpp).
+    const int block = kv::CacheParams{}.block_size;
+    const int extra_cells = n_parallel > 1 ? n_parallel * block : session_params.context_shift ? 2 * block : 0;
+    std::optional<RunBudget> budget =
+        RunBudget::prepare("run", file,
+                           {.n_ctx = n_ctx + extra_cells,
+                            .n_seq = n_parallel,
+                            .n_batch = std::max(n_batch, n_parallel),
+                            .type_k = session_params.type_k,
+                            .type_v = session_params.type_v,
+                            .n_threads = n_threads > 0 ? n_threads : ops::physical_core_count()},
+                           memory_options, ContextMayShrink::yes);
+    if (!budget) return kExitDoesNotFit;
+    n_ctx = budget->plan().params.n_ctx - extra_cells;
+    if (n_ctx < 1)
+        throw UsageError("--fit: the context that fits leaves no cells for " + std::to_string(n_parallel) +
+                         " sequences; raise --mem or lower -np");
+    session_params.type_k = budget->plan().params.type_k;
+    session_params.type_v = budget->plan().params.type_v;
+    session_params.device = &budget->device();
     const tokenizer::Tokenizer tokenizer = tokenizer::Tokenizer::from_gguf(file);
-    const auto model = model::Model::load(file);
-    prefault_with_progress(file);
+    const auto model = budget->load_model(file);
     const std::vector<tokenizer::TokenId> ids = tokenizer.tokenize(prompt, true, true);
     if (ids.empty()) throw UsageError("-p: the prompt has no tokens");
     if (static_cast<int>(ids.size()) >= n_ctx && !session_params.context_shift) {
@@ -137,7 +154,7 @@ int run_run(const std::vector<std::string>& args) {
 
     ops::ThreadPool pool(n_threads);
     if (n_parallel > 1)
-        return run_parallel(*model, tokenizer, prompt, ids, n_predict, n_parallel, sp, session_params, pool);
+        return run_parallel(*model, tokenizer, prompt, ids, n_predict, n_parallel, sp, session_params, pool, *budget);
     runtime::Session session(*model, session_params, pool);
     sampling::Sampler sampler(sp, model->n_vocab());
     tokenizer::Detokenizer detok(tokenizer, /*remove_special=*/false, /*unparse_special=*/false);
@@ -165,9 +182,11 @@ int run_run(const std::vector<std::string>& args) {
     }
     if (stats.n_shifts > 0) std::fprintf(stderr, "context shifts: %d\n", stats.n_shifts);
     std::fprintf(stderr,
-                 "prompt: %d tokens, %.1f tok/s | generated: %d tokens, %.1f tok/s | threads %d | peak RSS %.1f MiB\n",
+                 "prompt: %d tokens, %.1f tok/s | generated: %d tokens, %.1f tok/s | threads %d | peak RSS %.1f MiB | "
+                 "%s\n",
                  stats.n_prompt, per_second(stats.n_prompt, stats.prompt_seconds), stats.n_generated,
-                 per_second(stats.n_generated, stats.generate_seconds), pool.size(), peak_rss_kib() / 1024.0);
+                 per_second(stats.n_generated, stats.generate_seconds), pool.size(), peak_rss_kib() / 1024.0,
+                 budget->peak_summary().c_str());
     return 0;
 }
 

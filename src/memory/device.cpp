@@ -48,6 +48,7 @@ std::string Device::breakdown() const {
 std::string Device::breakdown_locked() const {
     std::string s;
     for (const auto& p : pools_) {
+        if (p->peak_ == 0) continue;  // made, never charged
         if (!s.empty()) s += ", ";
         s += p->name_ + " " + util::human_bytes(p->live_);
         if (p->peak_ != p->live_) s += " (peak " + util::human_bytes(p->peak_) + ")";

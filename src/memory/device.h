@@ -61,7 +61,8 @@ public:
     // The pool of that name, made on first use; the reference stays valid as long as the device.
     Pool& pool(std::string_view name);
     std::vector<PoolStats> pools() const;  // in the order they were made
-    // "weights 800 MiB (peak 800 MiB), kv 64.0 MiB (peak 64.0 MiB), ..." for messages.
+    // "weights 800 MiB, kv 0 B (peak 64.0 MiB), ..." for messages: the pools ever charged, with
+    // their peak where it is above what they hold now; "nothing" when none was.
     std::string breakdown() const;
 
 private:

@@ -3,12 +3,13 @@
 #include <algorithm>
 #include <cctype>
 #include <map>
+#include <optional>
 #include <stdexcept>
-#include <thread>
 
 #include "kv/cache.h"
 #include "ops/attention.h"
 #include "ops/attention_kv.h"
+#include "ops/thread_pool.h"
 #include "quant/dot.h"
 #include "util/text.h"
 
@@ -18,16 +19,6 @@ namespace {
 
 constexpr int kBlockSize = kv::CacheParams{}.block_size;  // the runtime's cache blocks
 constexpr int kMinFitContext = 256;
-
-// "blk.12.attn_q.weight" -> 12; -1 for tensors outside the layers.
-int layer_of(std::string_view name) {
-    if (!name.starts_with("blk.")) return -1;
-    int il = 0;
-    size_t i = 4;
-    if (i >= name.size() || name[i] < '0' || name[i] > '9') return -1;
-    for (; i < name.size() && name[i] >= '0' && name[i] <= '9'; ++i) il = il * 10 + (name[i] - '0');
-    return i < name.size() && name[i] == '.' ? il : -1;
-}
 
 uint64_t row_bytes_or_throw(quant::GgmlType type, int64_t n, const std::string& what) {
     const auto bytes = quant::row_bytes(type, static_cast<uint64_t>(n));
@@ -51,6 +42,15 @@ uint64_t round_up(uint64_t n, uint64_t to) {
 
 }  // namespace
 
+int tensor_layer(std::string_view name) {
+    if (!name.starts_with("blk.")) return -1;
+    int il = 0;
+    size_t i = 4;
+    if (i >= name.size() || name[i] < '0' || name[i] > '9') return -1;
+    for (; i < name.size() && name[i] >= '0' && name[i] <= '9' && il < 1'000'000; ++i) il = il * 10 + (name[i] - '0');
+    return i < name.size() && name[i] == '.' ? il : -1;
+}
+
 ModelShape model_shape(const gguf::GgufFile& file) {
     ModelShape s;
     s.source = file.source();
@@ -60,7 +60,7 @@ ModelShape model_shape(const gguf::GgufFile& file) {
     s.layer_bytes.assign(static_cast<size_t>(s.hp.n_layer), 0);
     const bool has_output = file.find_tensor("output.weight") != nullptr;
     for (const gguf::TensorInfo& t : file.tensors()) {
-        const int il = layer_of(t.name);
+        const int il = tensor_layer(t.name);
         if (il >= 0 && il < s.hp.n_layer) {
             s.layer_bytes[static_cast<size_t>(il)] += t.n_bytes;
             if (t.n_dims >= 2) s.matmuls.push_back({t.type, t.ne[0], false});
@@ -87,11 +87,44 @@ uint64_t kv_pool_bytes(int n_layer, int n_head_kv, int head_dim_k, int head_dim_
     return n;
 }
 
+std::vector<KvPoolPlan> kv_plan(const model::Hparams& hp, int n_cells, int n_seq, int n_batch, quant::GgmlType type_k,
+                                quant::GgmlType type_v) {
+    // One pool for the full-attention layers, one per sliding window that is smaller than the
+    // full pool.
+    kv::CacheParams cp;
+    cp.n_cells = n_cells;
+    cp.n_seq_max = n_seq;
+    cp.type_k = type_k;
+    cp.type_v = type_v;
+    const int capacity = static_cast<int>(round_up(static_cast<uint64_t>(n_cells), kBlockSize));
+    std::map<int, int> layers_per_window;  // window (0: full) -> layers
+    for (int il = 0; il < hp.n_layer; ++il) {
+        const auto i = static_cast<size_t>(il);
+        int w = i < hp.is_swa.size() && hp.is_swa[i] ? hp.sliding_window : 0;
+        if (w > 0 && kv::ModelCache::window_pool_cells(cp, w, n_batch) >= capacity) w = 0;
+        ++layers_per_window[w];
+    }
+    std::vector<KvPoolPlan> pools;
+    for (const auto& [window, n_layer] : layers_per_window) {
+        KvPoolPlan pool;
+        pool.window = window;
+        pool.n_layer = n_layer;
+        pool.n_cells =
+            window > 0 ? static_cast<int>(round_up(
+                             static_cast<uint64_t>(kv::ModelCache::window_pool_cells(cp, window, n_batch)), kBlockSize))
+                       : capacity;
+        pool.bytes = kv_pool_bytes(n_layer, hp.n_head_kv, hp.head_dim, hp.head_dim_v, pool.n_cells, n_seq, kBlockSize,
+                                   type_k, type_v);
+        pools.push_back(pool);
+    }
+    return pools;
+}
+
 Plan make_plan(const ModelShape& shape, PlanParams params) {
     const model::Hparams& hp = shape.hp;
     if (params.n_ctx == 0) params.n_ctx = hp.n_ctx_train;
     if (params.n_outputs == 0) params.n_outputs = params.n_seq;
-    if (params.n_threads <= 0) params.n_threads = static_cast<int>(std::max(1u, std::thread::hardware_concurrency()));
+    if (params.n_threads <= 0) params.n_threads = ops::physical_core_count();  // as ops::ThreadPool
     const auto positive = [](int v, const char* what) {
         if (v < 1) throw std::invalid_argument(std::string(what) + " " + std::to_string(v) + " must be at least 1");
     };
@@ -128,35 +161,9 @@ Plan make_plan(const ModelShape& shape, PlanParams params) {
     }
     p.stream_buffer = 2 * largest_streamed;
 
-    // KV: kv::ModelCache's pools (see kv/cache.h): one for the full-attention layers, one per
-    // sliding window that is smaller than the full pool.
-    kv::CacheParams cp;
-    cp.n_cells = params.n_ctx;
-    cp.n_seq_max = params.n_seq;
-    cp.type_k = params.type_k;
-    cp.type_v = params.type_v;
-    const int capacity = static_cast<int>(round_up(static_cast<uint64_t>(params.n_ctx), kBlockSize));
-    std::map<int, int> layers_per_window;  // window (0: full) -> layers
-    for (int il = 0; il < hp.n_layer; ++il) {
-        const auto i = static_cast<size_t>(il);
-        int w = i < hp.is_swa.size() && hp.is_swa[i] ? hp.sliding_window : 0;
-        if (w > 0 && kv::ModelCache::window_pool_cells(cp, w, params.n_batch) >= capacity) w = 0;
-        ++layers_per_window[w];
-    }
-    for (const auto& [window, n_layer] : layers_per_window) {
-        KvPoolPlan pool;
-        pool.window = window;
-        pool.n_layer = n_layer;
-        pool.n_cells =
-            window > 0
-                ? static_cast<int>(round_up(
-                      static_cast<uint64_t>(kv::ModelCache::window_pool_cells(cp, window, params.n_batch)), kBlockSize))
-                : capacity;
-        pool.bytes = kv_pool_bytes(n_layer, hp.n_head_kv, hp.head_dim, hp.head_dim_v, pool.n_cells, params.n_seq,
-                                   kBlockSize, params.type_k, params.type_v);
-        p.kv += pool.bytes;
-        p.kv_pools.push_back(pool);
-    }
+    // KV: kv::ModelCache's pools (see kv/cache.h).
+    p.kv_pools = kv_plan(hp, params.n_ctx, params.n_seq, params.n_batch, params.type_k, params.type_v);
+    for (const KvPoolPlan& pool : p.kv_pools) p.kv += pool.bytes;
 
     // Scratch: the forward pass's activations (model/decoder.h) for n_batch tokens, the batch's
     // positions, and one ops::Scratch (its largest single request, 64 bytes of alignment).
@@ -220,9 +227,10 @@ Plan fit_plan(const ModelShape& shape, PlanParams params) {
         p = std::move(q);
     }
 
-    // 2. Stream the last layers' weights: as few as needed.
+    // 2. Stream the last layers' weights: as few as needed (at least as many as asked for).
+    const int min_streamed = p.params.n_streamed_layers;
     const auto fewest_streamed = [&](PlanParams base) -> std::optional<Plan> {
-        for (int n = 0; n <= hp.n_layer; ++n) {
+        for (int n = min_streamed; n <= hp.n_layer; ++n) {
             base.n_streamed_layers = n;
             Plan q = make_plan(shape, base);
             if (q.fits()) return q;
@@ -249,7 +257,7 @@ Plan fit_plan(const ModelShape& shape, PlanParams params) {
     if (!p.fits()) {
         const Plan before = p;
         PlanParams next = p.params;
-        next.n_streamed_layers = 0;
+        next.n_streamed_layers = min_streamed;
         const int floor_ctx = std::min(next.n_ctx, std::max(kMinFitContext, next.n_batch));
         bool found = false;
         while (next.n_ctx > floor_ctx && !found) {

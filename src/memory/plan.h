@@ -14,6 +14,7 @@
 // numbers follow model/decoder.h's Activations and ops' scratch sizes for a batch of n_batch.
 #include <cstdint>
 #include <string>
+#include <string_view>
 #include <vector>
 
 #include "gguf/gguf_reader.h"
@@ -40,6 +41,9 @@ struct ModelShape {
     std::vector<Matmul> matmuls;
 };
 
+// The layer of a tensor: "blk.12.attn_q.weight" -> 12; -1 for tensors outside the layers.
+int tensor_layer(std::string_view name);
+
 // Throws model::ModelError for what model::read_hparams refuses.
 ModelShape model_shape(const gguf::GgufFile& file);
 
@@ -50,7 +54,7 @@ struct PlanParams {
     int n_outputs = 0;  // rows of logits per forward pass; 0: one per sequence
     quant::GgmlType type_k = quant::GgmlType::F16;  // -ctk
     quant::GgmlType type_v = quant::GgmlType::F16;  // -ctv
-    int n_threads = 0;                              // for the attention scratch; 0: the hardware's threads
+    int n_threads = 0;                              // for the attention scratch; 0: the physical cores
     uint64_t budget = 0;                            // host bytes
     int n_streamed_layers = 0;                      // the last n layers stream instead of staying resident
 };
@@ -108,10 +112,15 @@ inline constexpr uint64_t kMetadataFactor = 8;
 Plan make_plan(const ModelShape& shape, PlanParams params);
 
 // make_plan(), then, while it does not fit: quantize K/V (f16 -> q8_0 -> q4_0), stream the
-// weights of the last layers (as few as needed), and only then halve the context (down to 256
-// cells or n_batch), streaming as few layers as that context needs. Each change is a FitStep. The
-// result may still not fit (fits() false; the last step says why).
+// weights of the last layers (as few as needed, at least params.n_streamed_layers), and only then halve the context
+// (down to 256 cells or n_batch), streaming as few layers as that context needs. Each change is a FitStep. The result
+// may still not fit (fits() false; the last step says why).
 Plan fit_plan(const ModelShape& shape, PlanParams params);
+
+// The pools of the kv::ModelCache that Model::make_cache() builds for n_cells cells, n_seq
+// sequences and batches of n_batch tokens, with their bytes (KvCache::bytes() of each).
+std::vector<KvPoolPlan> kv_plan(const model::Hparams& hp, int n_cells, int n_seq, int n_batch, quant::GgmlType type_k,
+                                quant::GgmlType type_v);
 
 // The KV bytes of one kv::KvCache pool, as KvCache::bytes() counts them.
 uint64_t kv_pool_bytes(int n_layer, int n_head_kv, int head_dim_k, int head_dim_v, int n_cells_rounded, int n_seq,

@@ -26,6 +26,10 @@ inline constexpr const char* kKv = "kv";            // the KV cache
 inline constexpr const char* kScratch = "scratch";  // activations and op scratch of a forward pass
 inline constexpr const char* kLogits = "logits";    // outputs
 inline constexpr const char* kStaging = "staging";  // buffers of streamed layers
+// What the plan expects outside the pools (the executable, the C++ runtime, thread stacks, the
+// GGUF metadata and the tokenizer built from it), charged once up front so the device's total
+// is the process's.
+inline constexpr const char* kOverhead = "overhead";
 }  // namespace pool_names
 
 class Pool {

@@ -28,7 +28,8 @@ struct ParallelResult {
 // sequences together (as llama.cpp's -c with -np): the shared prompt once plus every sequence's
 // tokens (the cache gets a block per sequence more, for the partly used blocks). A sequence stops after n_predict
 // tokens or an EOG token; all stop when the cache is full (stats.context_full). Context shift does not apply. Throws
-// kv::KvCacheError when the prompt does not fit and std::invalid_argument for no samplers or an empty prompt.
+// kv::KvCacheError when the prompt does not fit, std::invalid_argument for no samplers or an empty prompt, and
+// memory::BudgetError when params.device has no room for the cache or the logits.
 ParallelResult generate_parallel(model::Model& model, const SessionParams& params, std::span<const int32_t> prompt,
                                  int n_predict, std::span<sampling::Sampler> samplers,
                                  const std::function<bool(int32_t)>& is_eog, ops::ThreadPool& pool);

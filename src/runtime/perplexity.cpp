@@ -7,6 +7,7 @@
 #include <vector>
 
 #include "kv/cache.h"
+#include "runtime/session.h"
 
 namespace fitllm::runtime {
 
@@ -46,13 +47,15 @@ PerplexityResult perplexity(model::Model& model, std::span<const int32_t> tokens
     cp.type_k = p.type_k;
     cp.type_v = p.type_v;
     cp.rotate = p.kv_rotation;
-    kv::ModelCache cache = model.make_cache(cp, n_seq * std::max(ctx_batch, score_batch));
+    ChargedCache charged = make_charged_cache(model, cp, n_seq * std::max(ctx_batch, score_batch), p.device);
+    kv::ModelCache& cache = charged.cache;
     std::vector<int32_t> chunks(static_cast<size_t>(n_seq) * static_cast<size_t>(p.n_ctx));
     const size_t max_rows = static_cast<size_t>(n_seq) * static_cast<size_t>(std::max(ctx_batch, score_batch));
     std::vector<int32_t> batch_tokens(max_rows), batch_pos(max_rows);
     std::vector<kv::SeqId> batch_seq(max_rows);
-    std::vector<float> logits(static_cast<size_t>(n_seq) * static_cast<size_t>(score_batch) *
-                              static_cast<size_t>(n_vocab));
+    memory::PoolBuffer<float> logits(
+        pool_of(p.device, memory::pool_names::kLogits),
+        static_cast<size_t>(n_seq) * static_cast<size_t>(score_batch) * static_cast<size_t>(n_vocab), "logits");
     std::vector<double> seq_nll(static_cast<size_t>(n_seq)), seq_nll2(static_cast<size_t>(n_seq));
 
     // One forward pass over tokens [b, b + n) of every sequence's chunk.

@@ -10,6 +10,7 @@
 #include <functional>
 #include <span>
 
+#include "memory/device.h"
 #include "model/model.h"
 #include "ops/thread_pool.h"
 #include "quant/ggml_type.h"
@@ -26,6 +27,9 @@ struct PerplexityParams {
     quant::GgmlType type_k = quant::GgmlType::F16;  // the KV cache's types (-ctk / -ctv)
     quant::GgmlType type_v = quant::GgmlType::F16;
     bool kv_rotation = true;  // Hadamard rotation of quantized K/V (--no-kv-rotation: false)
+    // Charged with the KV cache ("kv") and the logits ("logits") before they are allocated
+    // (memory::BudgetError when they do not fit); nullptr: uncharged.
+    memory::Device* device = nullptr;
 };
 
 struct PerplexityResult {
@@ -39,7 +43,7 @@ struct PerplexityResult {
 using ChunkFn = std::function<void(int chunk, double running_ppl)>;
 
 // Throws std::invalid_argument when there are fewer than 2 * n_ctx tokens (llama.cpp's rule) or a
-// parameter is out of range.
+// parameter is out of range, and memory::BudgetError as PerplexityParams::device says.
 PerplexityResult perplexity(model::Model& model, std::span<const int32_t> tokens, const PerplexityParams& params,
                             ops::ThreadPool& pool, const ChunkFn& on_chunk = {});
 

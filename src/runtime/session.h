@@ -15,6 +15,7 @@
 #include <vector>
 
 #include "kv/cache.h"
+#include "memory/pool.h"
 #include "model/model.h"
 #include "ops/thread_pool.h"
 #include "quant/ggml_type.h"
@@ -34,10 +35,27 @@ struct SessionParams {
     bool kv_rotation = true;     // Hadamard-rotate quantized K/V heads (--no-kv-rotation: false)
     bool context_shift = false;  // when full: drop old tokens and go on instead of stopping
     int n_keep = 0;              // with context_shift: the first n_keep tokens always stay
+    // The budget's device: the KV cache is charged to its "kv" pool and the logits to "logits"
+    // before they are allocated (memory::BudgetError when they do not fit). nullptr: uncharged.
+    // Must outlive the session.
+    memory::Device* device = nullptr;
 };
 
 // The cache parameters a session (or another single-stream user) makes its cache with.
 kv::CacheParams cache_params(const SessionParams& params, int n_seq = 1);
+
+// A cache made by model.make_cache(params, n_batch), its bytes charged to device's "kv" pool
+// first: throws memory::BudgetError, allocating nothing, when they do not fit. device nullptr:
+// nothing charged.
+struct ChargedCache {
+    memory::Charge charge;
+    kv::ModelCache cache;
+};
+ChargedCache make_charged_cache(const model::Model& model, const kv::CacheParams& params, int n_batch,
+                                memory::Device* device);
+
+// device's pool of that name, or (device nullptr) the pool of a device without a limit.
+memory::Pool& pool_of(memory::Device* device, const char* name);
 
 struct GenerationStats {
     int n_prompt = 0;
@@ -51,14 +69,15 @@ struct GenerationStats {
 class Session {
 public:
     // Throws std::invalid_argument for a non-positive n_ctx or n_batch, a negative n_keep, or an
-    // n_keep that leaves no room with context_shift (and what kv::ModelCache throws). The model and
-    // the pool must outlive the session.
+    // n_keep that leaves no room with context_shift (and what kv::ModelCache throws), and
+    // memory::BudgetError when params.device has no room for the cache or the logits (nothing is
+    // left charged then). The model and the pool must outlive the session.
     Session(model::Model& model, SessionParams params, ops::ThreadPool& pool);
 
     // The tokens the context holds: the position the next token gets.
     int n_past() const { return n_past_; }
     int n_ctx() const { return params_.n_ctx; }
-    const kv::ModelCache& cache() const { return cache_; }
+    const kv::ModelCache& cache() const { return kv_.cache; }
 
     // Feeds tokens after those already seen, n_batch at a time, and returns the logits
     // (n_vocab floats) after the last one; valid until the next call. When the context is full:
@@ -82,11 +101,11 @@ private:
     model::Model& model_;
     SessionParams params_;
     ops::ThreadPool& pool_;
-    kv::ModelCache cache_;
+    ChargedCache kv_;
     int n_past_ = 0;
     int n_shifts_ = 0;
-    std::vector<float> logits_;       // [n_vocab]
-    std::vector<int32_t> positions_;  // [n_batch]
+    memory::PoolBuffer<float> logits_;  // [n_vocab]
+    std::vector<int32_t> positions_;    // [n_batch]
 };
 
 }  // namespace fitllm::runtime

@@ -1,0 +1,226 @@
+#include "cli/run_budget.h"
+
+#include <sys/resource.h>
+
+#include <algorithm>
+#include <cstdio>
+#include <fstream>
+#include <string>
+
+#include "cli/args.h"
+#include "cli/load_progress.h"
+#include "io/mapped_file.h"
+#include "memory/budget.h"
+#include "util/text.h"
+
+namespace fitllm::cli {
+namespace {
+
+std::string type_str(quant::GgmlType t) {
+    std::string s(quant::type_name(static_cast<uint32_t>(t)));
+    for (char& c : s) c = static_cast<char>(std::tolower(static_cast<unsigned char>(c)));
+    return s;
+}
+
+// "-c 4096 -ctk q8_0 -ctv q8_0, 2 of 18 layers streamed"
+std::string settings_text(const memory::Plan& p) {
+    const memory::PlanParams& q = p.params;
+    return "-c " + std::to_string(q.n_ctx) + " -ctk " + type_str(q.type_k) + " -ctv " + type_str(q.type_v) + ", " +
+           std::to_string(q.n_streamed_layers) + " of " + std::to_string(p.shape.hp.n_layer) + " layers streamed";
+}
+
+// The plan's rows charged to a device of the budget's capacity, in the order the run charges
+// them: the BudgetError of the first that does not fit, as the run would raise it.
+std::string first_refusal(const memory::Plan& p) {
+    memory::Device host("host", p.params.budget);
+    std::vector<memory::Charge> charges;
+    try {
+        namespace names = memory::pool_names;
+        charges.push_back(host.pool(names::kOverhead).charge(p.overhead, "the runtime, metadata and tokenizer"));
+        charges.push_back(host.pool(names::kWeights).charge(p.weights_resident, "the resident weights"));
+        charges.push_back(host.pool(names::kStaging).charge(p.stream_buffer, "the streamed layers' buffer"));
+        charges.push_back(host.pool(names::kScratch).charge(p.scratch, "activations and op scratch"));
+        charges.push_back(host.pool(names::kKv).charge(p.kv, "the KV cache"));
+        charges.push_back(host.pool(names::kLogits).charge(p.logits, "logits"));
+    } catch (const memory::BudgetError& e) {
+        return e.what();
+    }
+    return "the plan's total " + util::human_bytes(p.total()) + " is over the budget of " +
+           util::human_bytes(p.params.budget);
+}
+
+// [begin, end) file byte ranges of the resident weights (global tensors and the layers before
+// the streamed ones), merged where they touch the same page.
+std::vector<std::pair<uint64_t, uint64_t>> resident_ranges(const gguf::GgufFile& file, int n_layer, int n_streamed) {
+    const uint64_t page = io::MappedFile::page_size();
+    std::vector<std::pair<uint64_t, uint64_t>> ranges;
+    for (const gguf::TensorInfo& t : file.tensors()) {
+        const int il = memory::tensor_layer(t.name);
+        if (il >= n_layer - n_streamed || t.n_bytes == 0) continue;
+        const uint64_t begin = file.data_offset() + t.offset;
+        ranges.emplace_back(begin / page * page, std::min<uint64_t>(file.size(), begin + t.n_bytes));
+    }
+    std::sort(ranges.begin(), ranges.end());
+    std::vector<std::pair<uint64_t, uint64_t>> merged;
+    for (const auto& r : ranges) {
+        if (!merged.empty() && r.first <= (merged.back().second + page - 1) / page * page) {
+            merged.back().second = std::max(merged.back().second, r.second);
+        } else {
+            merged.push_back(r);
+        }
+    }
+    return merged;
+}
+
+// Bytes this process has locked (VmLck), or 0 when /proc does not tell.
+uint64_t process_locked_bytes() {
+    std::ifstream status("/proc/self/status");
+    std::string line;
+    while (std::getline(status, line)) {
+        if (line.rfind("VmLck:", 0) == 0) return std::stoull(line.substr(6)) * 1024;
+    }
+    return 0;
+}
+
+}  // namespace
+
+ResolvedBudget resolve_budget(const std::string& mem) {
+    if (!mem.empty()) {
+        try {
+            return {memory::parse_size(mem), "--mem " + mem};
+        } catch (const memory::SizeError& e) {
+            throw UsageError(std::string("--mem: ") + e.what());
+        }
+    }
+    const memory::HostBudget hb = memory::host_budget();
+    return {hb.budget,
+            hb.source + " " + util::human_bytes(hb.available) + " less margin " + util::human_bytes(hb.margin)};
+}
+
+long peak_rss_kib() {
+    std::ifstream status("/proc/self/status");
+    std::string line;
+    while (std::getline(status, line)) {
+        if (line.rfind("VmHWM:", 0) == 0) return std::stol(line.substr(6));
+    }
+    return -1;
+}
+
+std::optional<RunBudget> RunBudget::prepare(const char* command, const gguf::GgufFile& file, memory::PlanParams params,
+                                            const MemoryOptions& options, ContextMayShrink shrink) {
+    const ResolvedBudget budget = resolve_budget(options.mem);
+    params.budget = budget.bytes;
+    if (options.stream_layers >= 0) params.n_streamed_layers = options.stream_layers;
+    const memory::ModelShape shape = memory::model_shape(file);
+    RunBudget rb;
+    rb.options_ = options;
+    try {
+        rb.plan_ = options.fit ? memory::fit_plan(shape, params) : memory::make_plan(shape, params);
+    } catch (const std::invalid_argument& e) {
+        throw UsageError(e.what());
+    }
+    if (options.fit && rb.plan_.fits() && shrink == ContextMayShrink::no && rb.plan_.params.n_ctx != params.n_ctx) {
+        std::fprintf(stderr,
+                     "fitllm %s: --fit: the budget %s (%s) would need the context shortened from %d to %d tokens, "
+                     "which %s does not allow: lower -c / -p / -n, or raise --mem\n",
+                     command, util::human_bytes(params.budget).c_str(), budget.source.c_str(), params.n_ctx,
+                     rb.plan_.params.n_ctx, command);
+        return std::nullopt;
+    }
+    if (options.fit) {
+        for (const memory::FitStep& s : rb.plan_.fit_steps) {
+            std::fprintf(stderr, "fitllm %s --fit: %s\n    why: %s\n", command, s.change.c_str(), s.reason.c_str());
+        }
+        if (rb.plan_.fits()) {
+            std::fprintf(stderr, "fitllm %s --fit: %s%s: %s planned of the %s budget\n", command,
+                         rb.plan_.fit_steps.empty() ? "fits as asked, " : "", settings_text(rb.plan_).c_str(),
+                         util::human_bytes(rb.plan_.total()).c_str(), util::human_bytes(params.budget).c_str());
+        }
+    }
+    if (!rb.plan_.fits()) {
+        std::fprintf(stderr, "fitllm %s: the plan does not fit the memory budget: %s\n\n%s\n", command,
+                     first_refusal(rb.plan_).c_str(), plan_text(rb.plan_, budget.source).c_str());
+        std::fprintf(stderr, "fitllm %s: %s\n", command,
+                     options.fit ? "nothing fits even with --fit: raise --mem or use a smaller model"
+                                 : "use --fit to let fitllm choose settings that fit (quantized KV cache, streamed "
+                                   "layers, then a shorter context), or raise --mem");
+        return std::nullopt;
+    }
+    if (rb.plan_.params.n_streamed_layers > 0) {
+        throw UsageError("streaming weights (" + std::to_string(rb.plan_.params.n_streamed_layers) +
+                         " layers, from --stream-layers or --fit) is not in this build yet; raise --mem");
+    }
+    rb.device_ = std::make_unique<memory::Device>("host", params.budget);
+    rb.overhead_ = rb.device_->pool(memory::pool_names::kOverhead)
+                       .charge(rb.plan_.overhead, "the runtime, the GGUF metadata and the tokenizer (planned)");
+    return rb;
+}
+
+std::unique_ptr<model::Model> RunBudget::load_model(gguf::GgufFile& file) {
+    const memory::PlanParams& q = plan_.params;
+    const int n_layer = plan_.shape.hp.n_layer;
+    const std::string resident = std::to_string(n_layer - q.n_streamed_layers) + " of " + std::to_string(n_layer) +
+                                 " layers, embeddings and output";
+    weights_ = device_->pool(memory::pool_names::kWeights)
+                   .charge(plan_.weights_resident, "the resident weights (" + resident + ")");
+    memory::Charge lock_rounding;
+    io::MappedFile* mapping = file.mapping();
+    bool locked = false;
+    if (options_.mlock) {
+        if (mapping == nullptr || !mapping->is_file_mapping()) {
+            throw io::IoError("--mlock: " + file.source() + " is not a mapped file; nothing to lock");
+        }
+        const auto ranges = resident_ranges(file, n_layer, q.n_streamed_layers);
+        const uint64_t page = io::MappedFile::page_size();
+        uint64_t pages = 0;
+        for (const auto& [b, e] : ranges) pages += (e + page - 1) / page * page - b;
+        // The pages locked beyond the weights' own bytes (page rounding) are charged too: the
+        // lock stays within the budget.
+        if (pages > plan_.weights_resident) {
+            lock_rounding = device_->pool(memory::pool_names::kWeights)
+                                .charge(pages - plan_.weights_resident, "page rounding of the locked weights");
+        }
+        rlimit limit{};
+        if (getrlimit(RLIMIT_MEMLOCK, &limit) == 0 && limit.rlim_cur != RLIM_INFINITY) {
+            const uint64_t already = process_locked_bytes();
+            if (already + pages > limit.rlim_cur) {
+                throw io::IoError("--mlock: locking the resident weights (" + resident + ") needs " +
+                                  util::human_bytes(pages) + " (" + std::to_string(pages) + " bytes) + " +
+                                  std::to_string(already) +
+                                  " bytes already locked, over the RLIMIT_MEMLOCK soft limit of " +
+                                  util::human_bytes(limit.rlim_cur) + " (" + std::to_string(limit.rlim_cur) +
+                                  " bytes; see ulimit -l); nothing locked");
+            }
+        }
+        size_t done = 0;
+        try {
+            for (; done < ranges.size(); ++done) {
+                mapping->lock(ranges[done].first, ranges[done].second - ranges[done].first);
+            }
+        } catch (...) {
+            for (size_t i = 0; i < done; ++i) mapping->unlock(ranges[i].first, ranges[i].second - ranges[i].first);
+            throw;
+        }
+        locked = true;
+        std::fprintf(stderr, "mlock: %s of resident weights locked\n", util::human_bytes(pages).c_str());
+    }
+    weights_lock_rounding_ = std::move(lock_rounding);
+    auto model = model::Model::load(file);
+    if (!locked) prefault_with_progress(file);  // mlock has read them in already
+    scratch_ =
+        device_->pool(memory::pool_names::kScratch).charge(plan_.scratch, "activations and op scratch (planned)");
+    return model;
+}
+
+std::string RunBudget::peak_summary() const {
+    std::string s = "pools (peak):";
+    bool first = true;
+    for (const memory::PoolStats& p : device_->pools()) {
+        s += (first ? " " : ", ") + p.name + " " + util::human_bytes(p.peak);
+        first = false;
+    }
+    return s + "; all " + util::human_bytes(device_->peak()) + " of the " + util::human_bytes(device_->capacity()) +
+           " budget, plan " + util::human_bytes(plan_.total());
+}
+
+}  // namespace fitllm::cli

@@ -1,0 +1,90 @@
+#pragma once
+// The memory budget of a generating command (run, chat, bench, perplexity): the plan for the
+// command's settings, checked before anything is loaded (or changed by --fit until it fits), and
+// the host device that charges what the run then allocates (memory/device.h).
+//
+//   MemoryOptions mo;  add_memory_options(parser, mo);          // cli/generation_options.h
+//   ...parse...
+//   auto budget = RunBudget::prepare("run", file, planned, mo, ContextMayShrink::yes);
+//   if (!budget) return kExitDoesNotFit;                        // refused, the plan printed
+//   params.n_ctx = budget->plan().params.n_ctx - ...;           // the settings --fit chose
+//   const auto model = budget->load_model(file);                // weights charged, locked with --mlock
+//   params.device = &budget->device();                          // the session charges KV and logits
+//   ... std::fprintf(stderr, "... | %s\n", budget->peak_summary().c_str());
+//
+// Declare the RunBudget before the model and the sessions: they charge its device.
+#include <cstdint>
+#include <memory>
+#include <optional>
+#include <string>
+#include <utility>
+#include <vector>
+
+#include "cli/generation_options.h"
+#include "gguf/gguf_reader.h"
+#include "memory/device.h"
+#include "memory/plan.h"
+#include "memory/pool.h"
+#include "model/model.h"
+
+namespace fitllm::cli {
+
+// The exit status of a command whose plan does not fit its budget (as `fitllm plan`).
+inline constexpr int kExitDoesNotFit = 3;
+
+// The host budget: --mem SIZE, or memory::host_budget() when mem is empty; source says where it
+// came from ("--mem 1G", "MemAvailable (/proc/meminfo) 12.0 GiB less margin 614 MiB").
+// Throws UsageError for a size that is not one.
+struct ResolvedBudget {
+    uint64_t bytes = 0;
+    std::string source;
+};
+ResolvedBudget resolve_budget(const std::string& mem);
+
+// The plan as `fitllm plan` prints it (cli/plan.cpp).
+std::string plan_text(const memory::Plan& plan, const std::string& budget_source);
+
+// The process's peak resident set (VmHWM) in KiB, or -1 where /proc does not tell.
+long peak_rss_kib();
+
+enum class ContextMayShrink { no, yes };
+
+class RunBudget {
+public:
+    // Plans `params` (its budget and n_streamed_layers from the options) for the model in file.
+    // Without --fit, a plan over the budget is refused: the first pool that would not fit, the
+    // plan's table and a hint go to stderr, and the result is empty. With --fit, fit_plan()
+    // changes the settings (the context only when `shrink` allows) and what it chose and why go
+    // to stderr; a plan that still does not fit is refused the same way. Throws UsageError for
+    // settings the plan refuses.
+    static std::optional<RunBudget> prepare(const char* command, const gguf::GgufFile& file, memory::PlanParams params,
+                                            const MemoryOptions& options, ContextMayShrink shrink);
+
+    RunBudget(RunBudget&&) = default;
+    RunBudget& operator=(RunBudget&&) = default;
+
+    const memory::Plan& plan() const { return plan_; }
+    memory::Device& device() { return *device_; }
+
+    // Charges the resident weights to the "weights" pool, locks them with --mlock (all or
+    // nothing: over RLIMIT_MEMLOCK or the budget is refused with the numbers, nothing locked),
+    // loads the model and reads the resident weights in (with a progress line on a terminal).
+    // Throws memory::BudgetError, io::IoError or model::ModelError.
+    std::unique_ptr<model::Model> load_model(gguf::GgufFile& file);
+
+    // "pools (peak): weights 230 MiB, kv 27.0 MiB, ...; all 310 MiB of the 1.20 GiB budget, plan 311 MiB"
+    std::string peak_summary() const;
+
+private:
+    RunBudget() = default;
+
+    memory::Plan plan_;
+    MemoryOptions options_;
+    std::unique_ptr<memory::Device> device_;  // declared first: the charges below release into it
+    memory::Charge overhead_;
+    memory::Charge weights_;
+    memory::Charge weights_lock_rounding_;  // --mlock: whole pages beyond the weights' bytes
+    memory::Charge scratch_;                // the plan's scratch, until the model charges its own working memory
+};
+
+}  // namespace fitllm::cli
