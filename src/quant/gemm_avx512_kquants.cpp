@@ -10,7 +10,9 @@
 // same super-block of up to kTok tokens, whose float accumulators stay in registers. Work that does
 // not depend on the pass is hoisted out of it: the 6-bit scales and mins of Q4_K / Q5_K are decoded
 // once per call (Decoded), the tokens' bsums and scales laid out for the mins once per pass
-// (TokenPair). On Zen 5 each took about 5% off a 2048-wide Q4_K tile (bench/matmul_bench).
+// (TokenPair). On Zen 5 each took about 5% off a 2048-wide Q4_K tile (bench/matmul_bench). Rows
+// wider than L1 holds for a pass's tokens run in slabs of blocks (kSlabBytes): about 10% off a
+// 5632-wide tile.
 
 // GCC 12's AVX-512 headers trip its own uninitialized-variable warnings (the _mm512_undefined_*
 // helpers initialize a variable with itself); the warnings point into the header, so silence them there.
@@ -280,6 +282,9 @@ struct Q6K {
 };
 
 // ---- The tile: every row of w times kT tokens ----
+// The most bytes of activations (and token pairs) one slab of a pass reads: most of a 48 KiB L1.
+constexpr size_t kSlabBytes = 40 * 1024;
+
 // The bsums and scales of two tokens' Q8_K blocks side by side, as the mins of K::kMins types take
 // them (token 2p in the low 256 bits, 2p + 1 in the high ones): the same for every weight row, so
 // a pass lays them out once.
@@ -317,7 +322,7 @@ __m512 hsum_quad(const __m512* pair) {
     return _mm512_add_ps(s2, _mm512_permute_ps(s2, 0xB1));           // + lane 1
 }
 
-template <typename K, bool kVnni, int kT, bool kPairTable>
+template <typename K, bool kVnni, int kT>
 void rows_times_tokens(int n, int n_rows, const uint8_t* w, size_t w_stride, const Decoded* decoded, const uint8_t* act,
                        size_t act_stride, float* y, size_t y_stride) {
     static_assert(kT == 1 || kT % 2 == 0);
@@ -326,7 +331,7 @@ void rows_times_tokens(int n, int n_rows, const uint8_t* w, size_t w_stride, con
     const BlockQ8_K* a[kT];
     for (int t = 0; t < kT; ++t) a[t] = as<BlockQ8_K>(act + static_cast<size_t>(t) * act_stride);
     const TokenPair* pairs = nullptr;
-    if constexpr (K::kMins && kPairTable) {
+    if constexpr (K::kMins) {
         // Grows to the largest pass this thread has seen; allocates nothing after that.
         static thread_local std::vector<TokenPair> table;
         const size_t n_pairs = static_cast<size_t>(n / kQK) * kPairs;
@@ -342,77 +347,93 @@ void rows_times_tokens(int n, int n_rows, const uint8_t* w, size_t w_stride, con
         }
         pairs = table.data();
     }
-    for (int r = 0; r < n_rows; ++r) {
-        const Block* x = as<Block>(w + static_cast<size_t>(r) * w_stride);
-        __m512 acc[kT];
-        __m512 acc_mins[kPairs];  // tokens 2p (low 256 bits) and 2p + 1 (high)
-        unroll<kT>([&](auto t_) { acc[decltype(t_)::value] = _mm512_setzero_ps(); });
-        unroll<kPairs>([&](auto p_) { acc_mins[decltype(p_)::value] = _mm512_setzero_ps(); });
-        for (int i = 0; i < n / kQK; ++i) {
-            Unpacked u;
-            if constexpr (K::kDecoded)
-                u = K::unpack(x[i], decoded[static_cast<size_t>(r) * (n / kQK) + i]);
-            else
-                u = K::unpack(x[i]);
-            const __m512 d = _mm512_set1_ps(u.d);
-            unroll<kT>([&](auto t_) {
-                constexpr int t = decltype(t_)::value;
-                const BlockQ8_K& yb = a[t][i];
-                __m512i sumi = _mm512_setzero_si512();
-                unroll<4>([&](auto c_) {
-                    constexpr int c = decltype(c_)::value;
-                    sumi = scaled_sum<kVnni>(sumi, _mm512_maddubs_epi16(u.q[c], load512(yb.qs + 64 * c)), u.sc[c]);
+    // Slabs of blocks whose activations (and token pairs) fit in L1 together: all rows run over
+    // one slab before the next, the accumulators kept in `state` in between. The float steps per
+    // lane stay the same and in the same order.
+    const int n_blocks = n / kQK;
+    constexpr size_t kBlockBytes = kT * sizeof(BlockQ8_K) + (K::kMins ? kPairs * sizeof(TokenPair) : 0);
+    const int n_slabs = static_cast<int>((n_blocks * kBlockBytes + kSlabBytes - 1) / kSlabBytes);
+    const int slab = (n_blocks + n_slabs - 1) / n_slabs;
+    constexpr int kState = kT + kPairs;
+    __m512* state = nullptr;
+    if (n_slabs > 1) {
+        static thread_local std::vector<__m512> buffer;
+        if (buffer.size() < static_cast<size_t>(n_rows) * kState) buffer.resize(static_cast<size_t>(n_rows) * kState);
+        state = buffer.data();
+    }
+    for (int i0 = 0; i0 < n_blocks; i0 += slab) {
+        const int i1 = std::min(n_blocks, i0 + slab);
+        for (int r = 0; r < n_rows; ++r) {
+            const Block* x = as<Block>(w + static_cast<size_t>(r) * w_stride);
+            __m512 acc[kT];
+            __m512 acc_mins[kPairs];  // tokens 2p (low 256 bits) and 2p + 1 (high)
+            __m512* row_state = state + static_cast<size_t>(r) * kState;
+            if (i0 == 0) {
+                unroll<kT>([&](auto t_) { acc[decltype(t_)::value] = _mm512_setzero_ps(); });
+                unroll<kPairs>([&](auto p_) { acc_mins[decltype(p_)::value] = _mm512_setzero_ps(); });
+            } else {
+                unroll<kT>([&](auto t_) { acc[decltype(t_)::value] = row_state[decltype(t_)::value]; });
+                unroll<kPairs>([&](auto p_) { acc_mins[decltype(p_)::value] = row_state[kT + decltype(p_)::value]; });
+            }
+            for (int i = i0; i < i1; ++i) {
+                Unpacked u;
+                if constexpr (K::kDecoded)
+                    u = K::unpack(x[i], decoded[static_cast<size_t>(r) * (n / kQK) + i]);
+                else
+                    u = K::unpack(x[i]);
+                const __m512 d = _mm512_set1_ps(u.d);
+                unroll<kT>([&](auto t_) {
+                    constexpr int t = decltype(t_)::value;
+                    const BlockQ8_K& yb = a[t][i];
+                    __m512i sumi = _mm512_setzero_si512();
+                    unroll<4>([&](auto c_) {
+                        constexpr int c = decltype(c_)::value;
+                        sumi = scaled_sum<kVnni>(sumi, _mm512_maddubs_epi16(u.q[c], load512(yb.qs + 64 * c)), u.sc[c]);
+                    });
+                    if constexpr (!K::kMins)
+                        sumi = scaled_sum<kVnni>(sumi, _mm512_zextsi256_si512(load256(yb.bsums)), u.corr);
+                    acc[t] = _mm512_fmadd_ps(_mm512_mul_ps(_mm512_set1_ps(yb.d), d), _mm512_cvtepi32_ps(sumi), acc[t]);
                 });
-                if constexpr (!K::kMins)
-                    sumi = scaled_sum<kVnni>(sumi, _mm512_zextsi256_si512(load256(yb.bsums)), u.corr);
-                acc[t] = _mm512_fmadd_ps(_mm512_mul_ps(_mm512_set1_ps(yb.d), d), _mm512_cvtepi32_ps(sumi), acc[t]);
-            });
-            if constexpr (K::kMins) {
-                const __m512 dmin = _mm512_set1_ps(u.dmin);
-                unroll<kPairs>([&](auto p_) {
-                    constexpr int p = decltype(p_)::value;
-                    TokenPair pair;
-                    if constexpr (kPairTable) {
-                        pair = pairs[i * kPairs + p];
-                    } else {
-                        const BlockQ8_K& y0 = a[2 * p][i];
-                        const BlockQ8_K& y1 = a[kT == 1 ? 0 : 2 * p + 1][i];
-                        pair.bsums =
-                            _mm512_inserti64x4(_mm512_castsi256_si512(load256(y0.bsums)), load256(y1.bsums), 1);
-                        pair.d = _mm512_mask_mov_ps(_mm512_set1_ps(y0.d), 0xFF00, _mm512_set1_ps(y1.d));
-                    }
-                    acc_mins[p] =
-                        _mm512_fmadd_ps(_mm512_mul_ps(pair.d, dmin),
-                                        _mm512_cvtepi32_ps(_mm512_madd_epi16(pair.bsums, u.corr)), acc_mins[p]);
+                if constexpr (K::kMins) {
+                    const __m512 dmin = _mm512_set1_ps(u.dmin);
+                    unroll<kPairs>([&](auto p_) {
+                        constexpr int p = decltype(p_)::value;
+                        const TokenPair& pair = pairs[i * kPairs + p];
+                        acc_mins[p] =
+                            _mm512_fmadd_ps(_mm512_mul_ps(pair.d, dmin),
+                                            _mm512_cvtepi32_ps(_mm512_madd_epi16(pair.bsums, u.corr)), acc_mins[p]);
+                    });
+                }
+            }
+            if (i1 < n_blocks) {
+                unroll<kT>([&](auto t_) { row_state[decltype(t_)::value] = acc[decltype(t_)::value]; });
+                unroll<kPairs>([&](auto p_) { row_state[kT + decltype(p_)::value] = acc_mins[decltype(p_)::value]; });
+                continue;
+            }
+            if constexpr (kT % 4 == 0) {
+                unroll<kT / 4>([&](auto g_) {
+                    constexpr int g = decltype(g_)::value;
+                    const __m512 folded[2] = {fold_pair(acc[4 * g], acc[4 * g + 1]),
+                                              fold_pair(acc[4 * g + 2], acc[4 * g + 3])};
+                    __m512 sums = hsum_quad(folded);
+                    if constexpr (K::kMins) sums = _mm512_sub_ps(sums, hsum_quad(&acc_mins[2 * g]));
+                    float* out = y + static_cast<size_t>(r);
+                    _mm_store_ss(out + (4 * g) * y_stride, _mm512_castps512_ps128(sums));
+                    _mm_store_ss(out + (4 * g + 1) * y_stride, _mm512_extractf32x4_ps(sums, 1));
+                    _mm_store_ss(out + (4 * g + 2) * y_stride, _mm512_extractf32x4_ps(sums, 2));
+                    _mm_store_ss(out + (4 * g + 3) * y_stride, _mm512_extractf32x4_ps(sums, 3));
+                });
+            } else {
+                unroll<kT>([&](auto t_) {
+                    constexpr int t = decltype(t_)::value;
+                    float sum = _mm512_reduce_add_ps(acc[t]);
+                    if constexpr (K::kMins) sum -= t % 2 == 0 ? hsum_low(acc_mins[t / 2]) : hsum_high(acc_mins[t / 2]);
+                    y[t * y_stride + static_cast<size_t>(r)] = sum;
                 });
             }
         }
-        if constexpr (kT % 4 == 0) {
-            unroll<kT / 4>([&](auto g_) {
-                constexpr int g = decltype(g_)::value;
-                const __m512 folded[2] = {fold_pair(acc[4 * g], acc[4 * g + 1]),
-                                          fold_pair(acc[4 * g + 2], acc[4 * g + 3])};
-                __m512 sums = hsum_quad(folded);
-                if constexpr (K::kMins) sums = _mm512_sub_ps(sums, hsum_quad(&acc_mins[2 * g]));
-                float* out = y + static_cast<size_t>(r);
-                _mm_store_ss(out + (4 * g) * y_stride, _mm512_castps512_ps128(sums));
-                _mm_store_ss(out + (4 * g + 1) * y_stride, _mm512_extractf32x4_ps(sums, 1));
-                _mm_store_ss(out + (4 * g + 2) * y_stride, _mm512_extractf32x4_ps(sums, 2));
-                _mm_store_ss(out + (4 * g + 3) * y_stride, _mm512_extractf32x4_ps(sums, 3));
-            });
-        } else {
-            unroll<kT>([&](auto t_) {
-                constexpr int t = decltype(t_)::value;
-                float sum = _mm512_reduce_add_ps(acc[t]);
-                if constexpr (K::kMins) sum -= t % 2 == 0 ? hsum_low(acc_mins[t / 2]) : hsum_high(acc_mins[t / 2]);
-                y[t * y_stride + static_cast<size_t>(r)] = sum;
-            });
-        }
     }
 }
-
-// The most bytes of activations and token pairs a pass may have for the pair table.
-constexpr size_t kPairTableBytesMax = 40 * 1024;
 
 template <typename K, bool kVnni>
 void gemm(int n, int n_rows, int n_tok, const void* w, size_t w_stride, const void* act, size_t act_stride, float* y,
@@ -431,19 +452,12 @@ void gemm(int n, int n_rows, int n_tok, const void* w, size_t w_stride, const vo
         }
         decoded = buffer.data();
     }
-    // The pair table saves instructions, but where a pass's activations already fill L1 its extra
-    // bytes cost more than that (measured: 2048 columns gain, 5632 lose a third).
-    const bool pair_table =
-        static_cast<size_t>(n / kQK) * kTok * (sizeof(BlockQ8_K) + sizeof(TokenPair) / 2) <= kPairTableBytesMax;
     int t = 0;
     auto pass = [&](auto kind) {
         constexpr int kT = decltype(kind)::value;
         const uint8_t* a = ab + static_cast<size_t>(t) * act_stride;
         float* out = y + static_cast<size_t>(t) * y_stride;
-        if (pair_table)
-            rows_times_tokens<K, kVnni, kT, true>(n, n_rows, wb, w_stride, decoded, a, act_stride, out, y_stride);
-        else
-            rows_times_tokens<K, kVnni, kT, false>(n, n_rows, wb, w_stride, decoded, a, act_stride, out, y_stride);
+        rows_times_tokens<K, kVnni, kT>(n, n_rows, wb, w_stride, decoded, a, act_stride, out, y_stride);
         t += kT;
     };
     for (; n_tok - t >= kTok;) pass(std::integral_constant<int, kTok>{});

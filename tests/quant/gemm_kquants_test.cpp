@@ -130,7 +130,7 @@ TEST(GemmKQuants, MatchesDotKernels) {
             ASSERT_EQ(k.isa, isa);
             const DotKernel dot = select_dot(type, limit_to(cpu, isa));
             ASSERT_EQ(dot.isa, isa);
-            // 4608: wide enough that the AVX-512 kernels lay out no pair table (gemm_avx512_kquants.cpp).
+            // 4608: wide enough that the AVX-512 kernels run the row in two slabs (gemm_avx512_kquants.cpp).
             for (int n : {256, 512, 2816, 4608}) {
                 for (bool from_floats : {true, false}) {
                     for (const auto& [n_rows, n_tok] : shapes) {
