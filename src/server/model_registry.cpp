@@ -45,19 +45,23 @@ LoadedModel::LoadedModel(std::string id, const std::filesystem::path& path, cons
                            std::to_string(options.n_ctx) + " and -np " + std::to_string(options.n_slots) +
                            ", but the memory budget is " + mib(device.capacity()));
     }
+    auto busy = [&] {
+        return ApiError(503, "insufficient_memory", "budget_busy",
+                        "model '" + id_ + "' needs " + describe_plan(plan_) + "; the budget is " +
+                            mib(device.capacity()) + " and " + mib(device.live()) +
+                            " of it is held by models in use (" + device.breakdown() + ")");
+    };
+    if (plan_.total() > device.available()) throw busy();
+    // The plan's bytes for what has no pool of its own yet (weights mapped and read in, scratch,
+    // logits, tokenizer); the KV cache charges its pool itself when the scheduler makes it.
     try {
         const std::string what = "model '" + id_ + "'";
         charges_.push_back(device.pool(memory::pool_names::kWeights).charge(plan_.weights(), what + " weights"));
-        charges_.push_back(device.pool(memory::pool_names::kKv).charge(plan_.kv, what + " KV cache"));
         charges_.push_back(device.pool(memory::pool_names::kScratch).charge(plan_.scratch, what + " scratch"));
         charges_.push_back(device.pool(memory::pool_names::kLogits).charge(plan_.logits, what + " logits"));
         charges_.push_back(device.pool("overhead").charge(plan_.overhead, what + " tokenizer and runtime"));
-    } catch (const memory::BudgetError& e) {
-        charges_.clear();
-        throw ApiError(503, "insufficient_memory", "budget_busy",
-                       "model '" + id_ + "' needs " + describe_plan(plan_) + "; the budget is " +
-                           mib(device.capacity()) + " and " + mib(device.live()) +
-                           " of it is held by models that are busy (" + device.breakdown() + ")");
+    } catch (const memory::BudgetError&) {
+        throw busy();
     }
     tokenizer_ = std::make_unique<tokenizer::Tokenizer>(tokenizer::Tokenizer::from_gguf(*file_));
     template_ = std::make_unique<chat::ResolvedTemplate>(chat::template_for_model(*file_));
@@ -67,7 +71,13 @@ LoadedModel::LoadedModel(std::string id, const std::filesystem::path& path, cons
     if (vocab.valid(vocab.special().eos)) render_options_.eos_token = vocab.text(vocab.special().eos);
     model_ = model::Model::load(*file_);
     runtime::prefault(*file_);
-    scheduler_ = std::make_unique<Scheduler>(*model_, *tokenizer_, options, compute);
+    SchedulerOptions so = options;
+    so.kv_pool = &device.pool(memory::pool_names::kKv);
+    try {
+        scheduler_ = std::make_unique<Scheduler>(*model_, *tokenizer_, so, compute);
+    } catch (const memory::BudgetError&) {
+        throw busy();
+    }
     load_seconds_ = seconds_since(start);
 }
 
@@ -77,9 +87,10 @@ LoadedModel::~LoadedModel() {
 
 uint64_t LoadedModel::used_bytes() const {
     const SchedulerStats st = scheduler_->stats();
-    const uint64_t kv_used = st.kv_cells_total > 0 ? plan_.kv * static_cast<uint64_t>(st.kv_cells_used) /
-                                                         static_cast<uint64_t>(st.kv_cells_total)
-                                                   : 0;
+    const uint64_t kv = scheduler_->kv_bytes();
+    const uint64_t kv_used =
+        st.kv_cells_total > 0 ? kv * static_cast<uint64_t>(st.kv_cells_used) / static_cast<uint64_t>(st.kv_cells_total)
+                              : 0;
     return plan_.weights() + plan_.scratch + plan_.logits + plan_.overhead + kv_used;
 }
 

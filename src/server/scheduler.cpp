@@ -62,6 +62,7 @@ kv::ModelCache make_cache(const model::Model& model, const SchedulerOptions& o) 
                                     std::to_string(o.max_queue) + " (>= 0)");
     }
     kv::CacheParams cp{.n_cells = 0, .n_seq_max = o.n_slots, .type_k = o.type_k, .type_v = o.type_v};
+    cp.pool = o.kv_pool;
     cp.n_cells = o.n_ctx + o.n_slots * cp.block_size;
     return model.make_cache(cp, std::max(o.n_batch, o.n_slots));
 }
@@ -123,10 +124,11 @@ std::shared_ptr<Job> Scheduler::submit(std::vector<int32_t> prompt, GenerationPa
     {
         std::lock_guard lock(mutex_);
         if (stopping_) throw QueueFullError("the server is stopping");
-        if (static_cast<int>(queue_.size()) >= options_.max_queue + options_.n_slots) {
-            // Up to n_slots requests in the queue are about to take a free slot at the next step.
-            throw QueueFullError("the request queue is full (" + std::to_string(queue_.size()) + " waiting, at most " +
-                                 std::to_string(options_.max_queue) + " besides the slots); try again later");
+        const int n_waiting = static_cast<int>(queue_.size()) + n_waiting_;
+        if (n_waiting >= options_.max_queue) {
+            throw QueueFullError("the request queue is full (" + std::to_string(n_waiting) +
+                                 " requests wait for a slot, at most " + std::to_string(options_.max_queue) +
+                                 "); try again later");
         }
         seq->order = next_order_++;
         queue_.push_back(std::move(seq));
@@ -184,6 +186,7 @@ void Scheduler::admit() {
         while (!queue_.empty()) {
             preempted_.push_back(std::move(queue_.front()));
             queue_.pop_front();
+            ++n_waiting_;
         }
     }
     std::stable_sort(preempted_.begin(), preempted_.end(),
@@ -193,6 +196,8 @@ void Scheduler::admit() {
         if ((*it)->job->cancelled()) {
             finish(**it, FinishReason::cancelled);
             it = preempted_.erase(it);
+            std::lock_guard lock(mutex_);
+            --n_waiting_;
         } else {
             ++it;
         }
@@ -211,6 +216,8 @@ void Scheduler::admit() {
         s.n_fed = 0;
         active_.push_back(std::move(preempted_.front()));
         preempted_.pop_front();
+        std::lock_guard lock(mutex_);
+        --n_waiting_;
     }
 }
 
@@ -225,6 +232,7 @@ void Scheduler::preempt(size_t i) {
     {
         std::lock_guard lock(mutex_);
         ++stats_.n_preemptions;
+        ++n_waiting_;
     }
     preempted_.push_front(std::move(s));
 }
@@ -319,40 +327,41 @@ bool Scheduler::step() {
     if (batch_tokens_.empty()) return false;
 
     const auto start = std::chrono::steady_clock::now();
-    {
+    try {
         std::lock_guard lock(compute_.mutex);
         model_.forward(
             {.tokens = batch_tokens_, .positions = batch_pos_, .seq_ids = batch_seq_, .output = batch_output_}, cache_,
             logits_.data(), compute_.pool);
+    } catch (const std::exception& e) {
+        // The pass failed (working memory over budget, ...): the batch's requests get the error,
+        // the server goes on.
+        for (size_t i = 0; i < active_.size(); ++i) {
+            if (take[i] > 0) finish(*active_[i], FinishReason::error, e.what());
+        }
+        release_finished();
+        return true;
     }
     const double seconds = std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();
 
-    // Sample every sequence whose last token was fed; drop the finished ones.
+    // Sample every sequence whose last token was fed (counted first, so that a request's end is
+    // never seen before its tokens are counted); then pass the tokens on and drop the finished.
     const auto n_vocab = static_cast<size_t>(model_.n_vocab());
     size_t row = 0;
     uint64_t n_prompt_fed = 0, n_sampled = 0;
+    std::vector<std::pair<Sequence*, int32_t>> sampled;
     for (size_t i = 0; i < active_.size(); ++i) {
         Sequence& s = *active_[i];
         if (take[i] == 0) continue;
         if (s.n_fed < s.n_prompt) n_prompt_fed += static_cast<uint64_t>(std::min(take[i], s.n_prompt - s.n_fed));
         s.n_fed += take[i];
         if (s.unfed() != 0) continue;
+        const std::span<const float> logits(logits_.data() + row * n_vocab, n_vocab);
+        ++row;
         try {
-            const int32_t id = s.sampler.sample(std::span<const float>(logits_.data() + row * n_vocab, n_vocab));
-            ++row;
+            sampled.emplace_back(&s, s.sampler.sample(logits));
             ++n_sampled;
-            accept_token(s, id);
         } catch (const std::exception& e) {
             finish(s, FinishReason::error, e.what());
-        }
-    }
-    for (size_t i = 0; i < active_.size();) {
-        if (active_[i]->finished) {
-            cache_.seq_rm(active_[i]->seq, -1, -1);
-            free_ids_.push_back(active_[i]->seq);
-            active_.erase(active_.begin() + static_cast<std::ptrdiff_t>(i));
-        } else {
-            ++i;
         }
     }
     recent_.emplace_back(std::chrono::steady_clock::now(), static_cast<int>(n_sampled));
@@ -363,7 +372,21 @@ bool Scheduler::step() {
         ++stats_.n_steps;
         stats_.busy_seconds += seconds;
     }
+    for (const auto& [seq, id] : sampled) accept_token(*seq, id);
+    release_finished();
     return true;
+}
+
+void Scheduler::release_finished() {
+    for (size_t i = 0; i < active_.size();) {
+        if (active_[i]->finished) {
+            cache_.seq_rm(active_[i]->seq, -1, -1);
+            free_ids_.push_back(active_[i]->seq);
+            active_.erase(active_.begin() + static_cast<std::ptrdiff_t>(i));
+        } else {
+            ++i;
+        }
+    }
 }
 
 void Scheduler::publish_stats() {

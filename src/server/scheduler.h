@@ -26,6 +26,7 @@
 #include <vector>
 
 #include "kv/cache.h"
+#include "memory/pool.h"
 #include "model/model.h"
 #include "ops/thread_pool.h"
 #include "quant/ggml_type.h"
@@ -46,9 +47,10 @@ struct SchedulerOptions {
     int n_slots = 1;     // sequences decoded together (-np)
     int n_ctx = 2048;    // KV cells for all sequences together (-c); also the most one request may hold
     int n_batch = 256;   // tokens per forward pass: one per decoding sequence, the rest prompt chunks
-    int max_queue = 64;  // requests waiting for a slot; more get QueueFullError
+    int max_queue = 64;  // requests that may wait for a slot; more get QueueFullError
     quant::GgmlType type_k = quant::GgmlType::F16;
     quant::GgmlType type_v = quant::GgmlType::F16;
+    memory::Pool* kv_pool = nullptr;  // the KV cache charges it (kv::CacheParams::pool); nullptr: nothing
 };
 
 struct GenerationParams {
@@ -78,9 +80,10 @@ struct SchedulerStats {
 
 class Scheduler {
 public:
-    // The cache is made here (n_ctx cells plus one block per slot for partly filled blocks).
-    // model, tokenizer and compute must outlive the scheduler. Throws std::invalid_argument for
-    // bad options (and what kv::ModelCache throws).
+    // The cache is made here (n_ctx cells plus one block per slot for partly filled blocks),
+    // charged to options.kv_pool. model, tokenizer, compute and the pool must outlive the
+    // scheduler. Throws std::invalid_argument for bad options, memory::BudgetError when the cache
+    // does not fit the pool's device (and what kv::ModelCache throws).
     Scheduler(model::Model& model, const tokenizer::Tokenizer& tokenizer, SchedulerOptions options, Compute& compute);
     ~Scheduler();  // finishes every request as cancelled and stops the thread
     Scheduler(const Scheduler&) = delete;
@@ -103,6 +106,7 @@ private:
     bool step();
     void finish(Sequence& s, FinishReason reason, std::string error = {});
     void preempt(size_t active_index);
+    void release_finished();  // finished sequences leave their slots and cells
     void accept_token(Sequence& s, int32_t id);
     void publish_stats();
 
@@ -126,6 +130,7 @@ private:
     mutable std::mutex mutex_;  // guards the fields below
     std::condition_variable cv_;
     std::deque<std::unique_ptr<Sequence>> queue_;  // new requests
+    int n_waiting_ = 0;  // requests in preempted_ (the scheduler's waiting line), for the queue bound
     bool stopping_ = false;
     uint64_t next_order_ = 0;
     SchedulerStats stats_;
