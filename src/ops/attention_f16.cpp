@@ -234,7 +234,10 @@ inline bool exp_libm_vec_matches() {
 }
 
 inline void exp_like_libm(const float* x, int n, float* y) {
-    if (exp_libm_vec_matches()) return exp_libm_vec(x, n, y);
+    if (exp_libm_vec_matches()) {
+        for (int i = 0; i < n; i += 8) exp_libm_vec(x + i, std::min(8, n - i), y + i);  // 8 lanes at a time
+        return;
+    }
     for (int i = 0; i < n; ++i) y[i] = std::exp(x[i]);
 }
 
@@ -348,7 +351,10 @@ inline bool exp_libm_vec_matches() {
 }
 
 inline void exp_like_libm(const float* x, int n, float* y) {
-    if (exp_libm_vec_matches()) return exp_libm_vec(x, n, y);
+    if (exp_libm_vec_matches()) {
+        for (int i = 0; i < n; i += 8) exp_libm_vec(x + i, std::min(8, n - i), y + i);  // 8 lanes at a time
+        return;
+    }
     for (int i = 0; i < n; ++i) y[i] = std::exp(x[i]);
 }
 

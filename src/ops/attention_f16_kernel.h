@@ -20,7 +20,7 @@
 
 namespace fitllm::ops::f16_attention {
 
-inline constexpr int kMaxQueries = 8;
+inline constexpr int kMaxQueries = 32;
 
 // x rounded to the nearest f16 value (ties to even) and back. Bit masks rather than branches or
 // selects, so that loops over it vectorize.

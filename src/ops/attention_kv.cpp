@@ -10,6 +10,7 @@
 #include <bit>
 #include <cmath>
 #include <cstddef>
+#include <cstring>
 #include <limits>
 #include <span>
 #include <stdexcept>
@@ -29,6 +30,7 @@ namespace fa = f16_attention;
 using quant::GgmlType;
 
 constexpr int kMaxQueries = fa::kMaxQueries;  // queries (tokens x heads of one kv group) per work item
+constexpr int kTiledRows = 32;                // queries per work item of the tiled kernel
 constexpr int kTile = 64;                     // visible cells scored per step of the online softmax
 constexpr float kMasked = -std::numeric_limits<float>::infinity();
 
@@ -44,7 +46,9 @@ struct Tile {
 // tile at a time. Tiles end after every kTile cells of the sequence, visible or not, so that which
 // cells share a tile (and so each query's rounding) depends on the sequence and the query only, not
 // on the other tokens of the item or batch: a sequence decoded in a batch gives the same bits as
-// decoded alone.
+// decoded alone. A block none of whose cells the item's tokens can see (all after the last token's
+// position, or all before the first token's window) is passed over after one scan of its
+// positions, counted but not tested cell by cell.
 class VisibleCells {
 public:
     VisibleCells(const kv::KvCache& cache, kv::SeqId seq, const int32_t* token_pos, int n_tokens, int window)
@@ -57,6 +61,12 @@ public:
           n_tokens_(n_tokens),
           window_(window) {
         max_pos_ = *std::max_element(token_pos, token_pos + n_tokens);
+        min_pos_ = *std::min_element(token_pos, token_pos + n_tokens);
+        all_tokens_ = n_tokens >= 32 ? ~0u : (uint32_t{1} << n_tokens) - 1;
+        // Cells at or after `oldest` are in every token's window.
+        oldest_ = window > 0 ? static_cast<int64_t>(max_pos_) - window + 1 : std::numeric_limits<int64_t>::min();
+        // Cells before `first_seen` are in no token's window.
+        first_seen_ = window > 0 ? static_cast<int64_t>(min_pos_) - window + 1 : std::numeric_limits<int64_t>::min();
     }
 
     // Fills `tile` with the next visible cells; false once there are none.
@@ -66,14 +76,27 @@ public:
         while (block_ < blocks_.size()) {
             const int32_t begin = blocks_[block_] * block_size_;
             const int32_t end = std::min(begin + block_size_, capacity);
+            if (offset_ == 0) {
+                int32_t n_cells = 0;
+                if (!may_see(begin, end, n_cells)) {
+                    const int64_t before = seen_;
+                    seen_ += n_cells;
+                    ++block_;
+                    if (tile.n > 0 && seen_ / kTile != before / kTile) return true;
+                    continue;
+                }
+            }
             for (int32_t c = begin + offset_; c < end; ++c) {
                 if (!(seq_masks_[c] & seq_bit_)) continue;
                 const bool tile_ends = ++seen_ % kTile == 0;
                 const kv::Pos pos = positions_[c];
-                if (pos <= max_pos_) {
-                    uint32_t mask = 0;
-                    for (int t = 0; t < n_tokens_; ++t) {
-                        mask |= static_cast<uint32_t>(fa::visible(pos, token_pos_[t], window_)) << t;
+                if (pos <= max_pos_ && pos >= first_seen_) {
+                    uint32_t mask = all_tokens_;
+                    if (pos > min_pos_ || pos < oldest_) {  // some token does not see it
+                        mask = 0;
+                        for (int t = 0; t < n_tokens_; ++t) {
+                            mask |= static_cast<uint32_t>(fa::visible(pos, token_pos_[t], window_)) << t;
+                        }
                     }
                     if (mask != 0) {
                         tile.cell[tile.n] = c;
@@ -94,6 +117,20 @@ public:
     }
 
 private:
+    // Whether a token may see a cell of the sequence in [begin, end); n_cells: the sequence's cells.
+    bool may_see(int32_t begin, int32_t end, int32_t& n_cells) const {
+        kv::Pos lo = std::numeric_limits<kv::Pos>::max(), hi = std::numeric_limits<kv::Pos>::min();
+        int32_t n = 0;
+        for (int32_t c = begin; c < end; ++c) {
+            const bool in = (seq_masks_[c] & seq_bit_) != 0;
+            n += in;
+            lo = in ? std::min(lo, positions_[c]) : lo;
+            hi = in ? std::max(hi, positions_[c]) : hi;
+        }
+        n_cells = n;
+        return n > 0 && lo <= max_pos_ && hi >= first_seen_;
+    }
+
     std::span<const int32_t> blocks_;
     std::span<const kv::Pos> positions_;
     std::span<const uint64_t> seq_masks_;
@@ -101,7 +138,9 @@ private:
     int32_t block_size_;
     const int32_t* token_pos_;
     int n_tokens_, window_;
-    kv::Pos max_pos_;
+    kv::Pos max_pos_, min_pos_;
+    uint32_t all_tokens_;
+    int64_t oldest_, first_seen_;
     int64_t seen_ = 0;  // cells of the sequence walked so far
     size_t block_ = 0;
     int32_t offset_ = 0;  // next cell inside blocks_[block_]
@@ -156,6 +195,29 @@ struct ThreadBuffers {
           tile(reinterpret_cast<Tile*>(v_row + d)) {}
 };
 
+// The tiled kernel's working memory (attention_kv_tiled.inc), in floats.
+struct TiledBuffers {
+    float* qt;      // [d][kTiledRows]: the queries, transposed
+    float* acc;     // [kTiledRows][d]
+    float* k;       // [kTile][d]: a tile's K rows as floats
+    float* v;       // [kTile][d]
+    float* scores;  // [kTile][kTiledRows]
+    Tile* tile;
+
+    static int64_t floats(int64_t d) {
+        const int64_t tile_floats = (static_cast<int64_t>(sizeof(Tile)) + 3) / 4;
+        const int64_t n = 2 * kTiledRows * d + 2 * kTile * d + kTile * kTiledRows + tile_floats;
+        return (n + 15) / 16 * 16;  // whole cache lines, so threads never share one
+    }
+    TiledBuffers(float* base, int64_t d)
+        : qt(base),
+          acc(qt + kTiledRows * d),
+          k(acc + kTiledRows * d),
+          v(k + kTile * d),
+          scores(v + kTile * d),
+          tile(reinterpret_cast<Tile*>(scores + kTile * kTiledRows)) {}
+};
+
 // The work item `task`: its sequence, tokens (t = 0 .. n_tokens - 1 are order[first + t]) and heads.
 struct Item {
     kv::SeqId seq;
@@ -163,7 +225,7 @@ struct Item {
     int n_tokens;
     int64_t h0;  // first query head
     int64_t g;   // kv head
-    int32_t pos[kMaxQueries];
+    int32_t pos[kTiledRows];
 };
 
 // Under a causal mask a token's cost grows with its position. Tasks go out in the order first
@@ -227,7 +289,7 @@ const std::byte* v_head(const Plan& pl, int32_t cell, int64_t g) {
     return pl.view.v + static_cast<size_t>(cell) * pl.view.v_row_bytes + static_cast<size_t>(g) * pl.view.v_head_bytes;
 }
 
-// ---- K and V f16: llama.cpp's f16 arithmetic (attention_f16_kernel.h) ---------------------------
+// ---- K and V f16 without AVX2: llama.cpp's f16 arithmetic (attention_f16_kernel.h) ------------
 
 // attention_f16's blocked kernel (AVX-512 or AVX2), fed a tile of f16 rows at a time.
 void item_f16_blocked(const Plan& pl, int64_t task, float* base) {
@@ -299,41 +361,148 @@ void item_f16_one_baseline(const Plan& pl, int64_t task, float* base) {
     item_f16_one_impl<false>(pl, task, base);
 }
 
-// ---- Every other type: quantized q, integer or select_dot scores, f32 V sums -------------------
-
-// Q8_0 K against Q8_0 queries with 8-bit integer dots, K's block loaded once for all queries.
-// |k| * (q * sign(k)) keeps the products' signs with an unsigned first operand; a product pair
-// sums to at most 2 * 128 * 127, inside int16 for maddubs.
-inline constexpr int kQ8MaxBlocks = 16;  // head_dim up to 512
+// ---- The tiled kernel (every type, AVX2 and AVX-512): f32 scores and sums ---------------------
 
 #pragma GCC push_options
-#pragma GCC target("avx512f,avx512vl,avx512bw,avx512vnni,fma,f16c")
-namespace avx512_vnni {
-inline __m256i dot_u8_s8(__m256i u, __m256i s) {
-    return _mm256_dpbusd_epi32(_mm256_setzero_si256(), u, s);
+#pragma GCC target("avx512f,avx512vl,avx512bw,avx2,fma,f16c")
+namespace avx512 {
+using Vec = __m512;
+constexpr int kLanes = 16;
+inline Vec load(const float* p) {
+    return _mm512_loadu_ps(p);
 }
-#include "ops/attention_kv_q8.inc"
-constexpr bool kQ8Dot = true;
-#include "ops/attention_kv_generic.inc"
-}  // namespace avx512_vnni
+inline void store(float* p, Vec x) {
+    _mm512_storeu_ps(p, x);
+}
+inline Vec set1(float x) {
+    return _mm512_set1_ps(x);
+}
+inline Vec zero() {
+    return _mm512_setzero_ps();
+}
+inline Vec add(Vec a, Vec b) {
+    return _mm512_add_ps(a, b);
+}
+inline Vec sub(Vec a, Vec b) {
+    return _mm512_sub_ps(a, b);
+}
+inline Vec mul(Vec a, Vec b) {
+    return _mm512_mul_ps(a, b);
+}
+inline Vec fma(Vec a, Vec b, Vec c) {
+    return _mm512_fmadd_ps(a, b, c);
+}
+inline Vec max_vec(Vec a, Vec b) {
+    return _mm512_max_ps(a, b);
+}
+inline Vec mask_lanes(Vec x, uint32_t bits, Vec fill) {
+    return _mm512_mask_blend_ps(static_cast<__mmask16>(bits & 0xFFFFu), fill, x);
+}
+inline Vec finite_or_zero(Vec x) {
+    return _mm512_mask_blend_ps(_mm512_cmp_ps_mask(x, set1(kMasked), _CMP_EQ_OQ), x, zero());
+}
+// exp(x) for x <= 0 (-inf gives 0): x = n ln2 + r with |r| <= ln2 / 2, exp(r) by Cephes' expf
+// polynomial (about 1 ulp), times 2^n built in the exponent bits; below -87 the result is 0.
+inline Vec exp_nonpositive(Vec x) {
+    const __mmask16 normal = _mm512_cmp_ps_mask(x, set1(-87.0f), _CMP_GE_OQ);
+    x = _mm512_max_ps(x, set1(-87.0f));
+    const Vec n = _mm512_roundscale_ps(_mm512_mul_ps(x, set1(1.44269504088896341f)),
+                                       _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC);
+    Vec r = _mm512_fnmadd_ps(n, set1(0.693359375f), x);
+    r = _mm512_fnmadd_ps(n, set1(-2.12194440e-4f), r);
+    Vec p = set1(1.9875691500e-4f);
+    p = fma(p, r, set1(1.3981999507e-3f));
+    p = fma(p, r, set1(8.3334519073e-3f));
+    p = fma(p, r, set1(4.1665795894e-2f));
+    p = fma(p, r, set1(1.6666665459e-1f));
+    p = fma(p, r, set1(5.0000001201e-1f));
+    p = fma(_mm512_mul_ps(p, r), r, _mm512_add_ps(r, set1(1.0f)));
+    const __m512i e = _mm512_slli_epi32(_mm512_add_epi32(_mm512_cvtps_epi32(n), _mm512_set1_epi32(127)), 23);
+    return _mm512_maskz_mul_ps(normal, p, _mm512_castsi512_ps(e));
+}
+inline void int8_to_floats(__m128i q, float d, float m, float* dst) {
+    _mm512_storeu_ps(dst, fma(_mm512_cvtepi32_ps(_mm512_cvtepi8_epi32(q)), set1(d), set1(m)));
+}
+inline void f16_to_floats(const uint16_t* src, float* dst) {
+    _mm512_storeu_ps(dst, _mm512_cvtph_ps(_mm256_loadu_si256(reinterpret_cast<const __m256i*>(src))));
+}
+#include "ops/attention_kv_tiled.inc"
+}  // namespace avx512
 #pragma GCC pop_options
 
 #pragma GCC push_options
 #pragma GCC target("avx2,fma,f16c")
 namespace avx2 {
-inline __m256i dot_u8_s8(__m256i u, __m256i s) {
-    return _mm256_madd_epi16(_mm256_maddubs_epi16(u, s), _mm256_set1_epi16(1));
+using Vec = __m256;
+constexpr int kLanes = 8;
+inline Vec load(const float* p) {
+    return _mm256_loadu_ps(p);
 }
-#include "ops/attention_kv_q8.inc"
-constexpr bool kQ8Dot = true;
-#include "ops/attention_kv_generic.inc"
+inline void store(float* p, Vec x) {
+    _mm256_storeu_ps(p, x);
+}
+inline Vec set1(float x) {
+    return _mm256_set1_ps(x);
+}
+inline Vec zero() {
+    return _mm256_setzero_ps();
+}
+inline Vec add(Vec a, Vec b) {
+    return _mm256_add_ps(a, b);
+}
+inline Vec sub(Vec a, Vec b) {
+    return _mm256_sub_ps(a, b);
+}
+inline Vec mul(Vec a, Vec b) {
+    return _mm256_mul_ps(a, b);
+}
+inline Vec fma(Vec a, Vec b, Vec c) {
+    return _mm256_fmadd_ps(a, b, c);
+}
+inline Vec max_vec(Vec a, Vec b) {
+    return _mm256_max_ps(a, b);
+}
+inline Vec mask_lanes(Vec x, uint32_t bits, Vec fill) {
+    const __m256i bit = _mm256_setr_epi32(1, 2, 4, 8, 16, 32, 64, 128);
+    const __m256i clear = _mm256_cmpeq_epi32(_mm256_and_si256(_mm256_set1_epi32(static_cast<int>(bits & 0xFFu)), bit),
+                                             _mm256_setzero_si256());
+    return _mm256_blendv_ps(x, fill, _mm256_castsi256_ps(clear));
+}
+inline Vec finite_or_zero(Vec x) {
+    return _mm256_blendv_ps(x, zero(), _mm256_cmp_ps(x, set1(kMasked), _CMP_EQ_OQ));
+}
+// As avx512::exp_nonpositive, 8 lanes.
+inline Vec exp_nonpositive(Vec x) {
+    const Vec is_tiny = _mm256_cmp_ps(x, set1(-87.0f), _CMP_LT_OQ);
+    x = _mm256_max_ps(x, set1(-87.0f));
+    const Vec n =
+        _mm256_round_ps(_mm256_mul_ps(x, set1(1.44269504088896341f)), _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC);
+    Vec r = _mm256_fnmadd_ps(n, set1(0.693359375f), x);
+    r = _mm256_fnmadd_ps(n, set1(-2.12194440e-4f), r);
+    Vec p = set1(1.9875691500e-4f);
+    p = fma(p, r, set1(1.3981999507e-3f));
+    p = fma(p, r, set1(8.3334519073e-3f));
+    p = fma(p, r, set1(4.1665795894e-2f));
+    p = fma(p, r, set1(1.6666665459e-1f));
+    p = fma(p, r, set1(5.0000001201e-1f));
+    p = fma(_mm256_mul_ps(p, r), r, _mm256_add_ps(r, set1(1.0f)));
+    const __m256i e = _mm256_slli_epi32(_mm256_add_epi32(_mm256_cvtps_epi32(n), _mm256_set1_epi32(127)), 23);
+    return _mm256_andnot_ps(is_tiny, _mm256_mul_ps(p, _mm256_castsi256_ps(e)));
+}
+inline void int8_to_floats(__m128i q, float d, float m, float* dst) {
+    _mm256_storeu_ps(dst, fma(_mm256_cvtepi32_ps(_mm256_cvtepi8_epi32(q)), set1(d), set1(m)));
+    _mm256_storeu_ps(dst + 8, fma(_mm256_cvtepi32_ps(_mm256_cvtepi8_epi32(_mm_srli_si128(q, 8))), set1(d), set1(m)));
+}
+inline void f16_to_floats(const uint16_t* src, float* dst) {
+    _mm256_storeu_ps(dst, _mm256_cvtph_ps(_mm_loadu_si128(reinterpret_cast<const __m128i*>(src))));
+}
+#include "ops/attention_kv_tiled.inc"
 }  // namespace avx2
 #pragma GCC pop_options
 
+// ---- Without AVX2: quantized q, select_dot scores, f32 V sums ----------------------------------
+
 namespace baseline {
-constexpr bool kQ8Dot = false;
-inline void q8_0_scores(const quant::BlockQ8_0*, const quant::BlockQ8_0* const*, const float (*)[kQ8MaxBlocks],
-                        const int*, int, int, float*) {}
 inline float exp_shifted(float* x, int n, float m) {
     float sum = 0.0f;
     for (int j = 0; j < n; ++j) sum += x[j] = std::exp(x[j] - m);
@@ -344,6 +513,9 @@ inline float exp_shifted(float* x, int n, float m) {
 
 using ItemFn = void (*)(const Plan&, int64_t, float*);
 
+// K and V f16: llama.cpp's f16 flash-attention arithmetic (blocked kernel, else one query at a
+// time). Every other type: the tiled kernel of the widest instruction set the CPU and the head
+// size allow, else the baseline one.
 ItemFn select_item(const Plan& pl, const quant::CpuFeatures& f) {
     const bool avx2 = f.avx2 && f.fma && f.f16c;
     const bool avx512 = avx2 && f.avx512f && f.avx512vl && f.avx512bw;
@@ -351,14 +523,15 @@ ItemFn select_item(const Plan& pl, const quant::CpuFeatures& f) {
         if (pl.f16_kernel != nullptr) return item_f16_blocked;
         return avx2 ? item_f16_one_avx2 : item_f16_one_baseline;
     }
-    if (avx512 && f.avx512_vnni) return avx512_vnni::item_generic;
-    return avx2 ? avx2::item_generic : baseline::item_generic;
+    if (avx512 && pl.d % avx512::kLanes == 0) return avx512::item_tiled;
+    if (avx2 && pl.d % avx2::kLanes == 0) return avx2::item_tiled;
+    return baseline::item_generic;
 }
 
-// Query heads per item: the largest divisor of the group up to kMaxQueries that still leaves every
+// Query heads per item: the largest divisor of the group up to max_rows that still leaves every
 // thread two items (decode has one token), or 1.
-int heads_per_item(int64_t n_tok, int n_head_kv, int group, int n_threads) {
-    for (int m = std::min(group, kMaxQueries); m > 1; --m) {
+int heads_per_item(int64_t n_tok, int n_head_kv, int group, int n_threads, int max_rows) {
+    for (int m = std::min(group, max_rows); m > 1; --m) {
         if (group % m == 0 && n_tok * n_head_kv * (group / m) >= 2 * static_cast<int64_t>(n_threads)) return m;
     }
     return 1;
@@ -375,7 +548,7 @@ void check_layer(const AttentionParams& p, const kv::KvCache::LayerView& view, i
             " kv heads of K " + std::to_string(view.head_dim_k) + " / V " + std::to_string(view.head_dim_v) +
             ", the attention expects " + std::to_string(p.n_head_kv) + " of " + std::to_string(p.head_dim));
     }
-    if (!quant::has_dot(view.type_k) && !quant::can_dequantize(view.type_k)) {
+    if (!quant::can_dequantize(view.type_k)) {
         throw std::invalid_argument("attention_kv: no kernel for K type " + type_name_of(view.type_k));
     }
     if (!quant::can_dequantize(view.type_v)) {
@@ -383,9 +556,14 @@ void check_layer(const AttentionParams& p, const kv::KvCache::LayerView& view, i
     }
 }
 
+// Per-thread floats: room for whichever kernel runs.
+int64_t per_thread_floats(int64_t head_dim) {
+    return std::max(ThreadBuffers::floats(head_dim), TiledBuffers::floats(head_dim));
+}
+
 // Scratch layout: per-thread buffers, then the token order and the token blocks.
 size_t scratch_bytes_for(int64_t n_tok, int64_t head_dim, int n_threads) {
-    return static_cast<size_t>(ThreadBuffers::floats(head_dim) * n_threads) * sizeof(float) +
+    return static_cast<size_t>(per_thread_floats(head_dim) * n_threads) * sizeof(float) +
            static_cast<size_t>(2 * n_tok + 2) * sizeof(int32_t);
 }
 
@@ -420,9 +598,15 @@ void attention_kv(const float* q, const int32_t* q_pos, const kv::SeqId* q_seq, 
     pl.d = params.head_dim;
     pl.token_stride = static_cast<int64_t>(params.n_head) * params.head_dim;
     pl.group = params.n_head / params.n_head_kv;
-    pl.heads = heads_per_item(n_tok, params.n_head_kv, pl.group, pool.size());
+    if (view.type_k == GgmlType::F16 && view.type_v == GgmlType::F16) {
+        pl.f16_kernel = f16_attention::block_kernel(params.head_dim, scratch.features());
+    }
+    const ItemFn item = select_item(pl, scratch.features());
+    const bool tiled = item == avx512::item_tiled || item == avx2::item_tiled;
+    const int max_rows = tiled ? kTiledRows : kMaxQueries;
+    pl.heads = heads_per_item(n_tok, params.n_head_kv, pl.group, pool.size(), max_rows);
     pl.head_blocks = params.n_head / pl.heads;
-    pl.per_thread_floats = ThreadBuffers::floats(pl.d);
+    pl.per_thread_floats = per_thread_floats(pl.d);
     const quant::DotKernel kernel =
         quant::has_dot(view.type_k) ? quant::select_dot(view.type_k, scratch.features()) : quant::DotKernel{};
     pl.dot = kernel.fn;
@@ -433,8 +617,8 @@ void attention_kv(const float* q, const int32_t* q_pos, const kv::SeqId* q_seq, 
                                     " larger than float rows");
     }
 
-    // Tokens per item: fill kMaxQueries, but keep enough items for every thread.
-    int64_t tokens = std::max(1, kMaxQueries / pl.heads);
+    // Tokens per item: fill max_rows, but keep enough items for every thread.
+    int64_t tokens = std::max(1, max_rows / pl.heads);
     while (tokens > 1 && (n_tok + tokens - 1) / tokens * pl.head_blocks < 4 * static_cast<int64_t>(pool.size())) {
         --tokens;
     }
@@ -459,10 +643,6 @@ void attention_kv(const float* q, const int32_t* q_pos, const kv::SeqId* q_seq, 
     pl.block_begin = block_begin;
     pl.n_blocks = n_blocks;
 
-    if (view.type_k == GgmlType::F16 && view.type_v == GgmlType::F16) {
-        pl.f16_kernel = f16_attention::block_kernel(params.head_dim, scratch.features());
-    }
-    const ItemFn item = select_item(pl, scratch.features());
     pool.parallel_for(n_blocks * pl.head_blocks, [&](int64_t begin, int64_t end, int thread_idx) {
         float* base = thread_scratch + thread_idx * pl.per_thread_floats;
         for (int64_t task = begin; task < end; ++task) item(pl, task, base);

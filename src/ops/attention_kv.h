@@ -2,16 +2,23 @@
 // Attention of new query tokens over the paged, possibly quantized KV cache (kv/cache.h), read in
 // place: flash-attention style, keys are visited in tiles of cells with an online softmax, so the
 // working memory is O(threads * (tile + head_dim)) whatever the context length; no [n_tok, n_kv]
-// buffer exists and nothing is dequantized beyond one row at a time.
+// buffer exists and nothing is dequantized beyond one tile of rows at a time.
 //
-// Arithmetic per K/V type (as llama.cpp's CPU flash attention):
+// Arithmetic per K/V type:
 //  - K and V f16 (the default): exactly ops::attention_f16 (the same kernel,
-//    attention_f16_kernel.h) over the visible cells in visit order: q rounded to f16, one key at
-//    a time, V summed in f16.
-//  - otherwise: q (rotated by the cache's Hadamard transform when the layer is stored rotated) is
-//    quantized once per head to the K type's dot activation format (quant::dot_activation_type)
-//    and scored with quant::select_dot's kernel; per tile the softmax is rescaled once, and V is
-//    summed in f32 from rows dequantized one at a time; a rotated layer's output is rotated back.
+//    attention_f16_kernel.h; llama.cpp's CPU flash attention) over the visible cells in visit
+//    order: q rounded to f16, one key at a time, V summed in f16; up to 32 queries (the heads of a
+//    kv group for consecutive tokens of one sequence) share each pass over K/V.
+//  - otherwise, with AVX2 or AVX-512 (attention_kv_tiled.inc): per work item of up to 32 queries
+//    and tile of 64 visible cells, K and V rows are decoded to f32 once (SIMD for f32, f16, bf16,
+//    q8_0, q4_0, q4_1, q5_0, q5_1, iq4_nl; the reference dequantization for the rest), scores are
+//    f32 dots of q (rotated by the cache's Hadamard transform when the layer is stored rotated;
+//    rounded to f16 for f16 K) with them, the softmax is rescaled once per tile and V is summed in
+//    f32; a rotated layer's output is rotated back.
+//  - otherwise (no AVX2): q quantized to the K type's dot activation format and scored with
+//    quant::select_dot's kernel, V summed in f32 from rows dequantized one at a time.
+// Blocks none of whose cells a work item's tokens can see (after the last position, before the
+// first window) are passed over after one scan of their positions.
 #include <cstddef>
 #include <cstdint>
 
