@@ -367,7 +367,7 @@ void rows_times_tokens(int n, int n_rows, const uint8_t* w, size_t w_stride, con
             const Block* x = as<Block>(w + static_cast<size_t>(r) * w_stride);
             __m512 acc[kT];
             __m512 acc_mins[kPairs];  // tokens 2p (low 256 bits) and 2p + 1 (high)
-            __m512* row_state = state + static_cast<size_t>(r) * kState;
+            __m512* row_state = state != nullptr ? state + static_cast<size_t>(r) * kState : nullptr;
             if (i0 == 0) {
                 unroll<kT>([&](auto t_) { acc[decltype(t_)::value] = _mm512_setzero_ps(); });
                 unroll<kPairs>([&](auto p_) { acc_mins[decltype(p_)::value] = _mm512_setzero_ps(); });
