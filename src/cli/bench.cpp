@@ -147,8 +147,7 @@ int run_bench(const std::vector<std::string>& args) {
         // all of them), in a cache of P sequences.
         kv::CacheParams cp = runtime::cache_params(sp, n_parallel);
         cp.n_cells = n_parallel * (n_gen + 16);
-        runtime::ChargedCache charged = runtime::make_charged_cache(*model, cp, n_parallel, sp.device);
-        kv::ModelCache& cache = charged.cache;
+        kv::ModelCache cache = runtime::make_charged_cache(*model, cp, n_parallel, sp.device);
         std::vector<int32_t> tokens(static_cast<size_t>(n_parallel)), pos(static_cast<size_t>(n_parallel));
         std::vector<kv::SeqId> seq(static_cast<size_t>(n_parallel));
         for (int s = 0; s < n_parallel; ++s) seq[static_cast<size_t>(s)] = s;

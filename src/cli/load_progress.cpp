@@ -33,9 +33,9 @@ void LoadProgress::update(uint64_t done, uint64_t total) {
     std::fflush(out_);
 }
 
-void prefault_with_progress(gguf::GgufFile& file) {
+void prefault_with_progress(gguf::GgufFile& file, const model::Model& model) {
     LoadProgress progress(stderr, base_name(file.source()), isatty(fileno(stderr)) != 0);
-    runtime::prefault(file, [&](uint64_t done, uint64_t total) { progress.update(done, total); });
+    runtime::prefault(file, model, [&](uint64_t done, uint64_t total) { progress.update(done, total); });
 }
 
 }  // namespace fitllm::cli

@@ -9,6 +9,7 @@
 #include <string>
 
 #include "gguf/gguf_reader.h"
+#include "model/model.h"
 
 namespace fitllm::cli {
 
@@ -30,8 +31,8 @@ private:
     bool printed_ = false;
 };
 
-// Reads the weights of `file` into memory (runtime::prefault) with a LoadProgress on stderr when
-// it is a terminal.
-void prefault_with_progress(gguf::GgufFile& file);
+// Reads the weights `model` reads through the mapping of `file` into memory (runtime::prefault:
+// not its streamed layers) with a LoadProgress on stderr when it is a terminal.
+void prefault_with_progress(gguf::GgufFile& file, const model::Model& model);
 
 }  // namespace fitllm::cli

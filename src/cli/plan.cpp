@@ -139,12 +139,14 @@ int run_plan(const std::vector<std::string>& args) {
     std::string model_path, mem;
     memory::PlanParams params;
     bool fit = false, as_json = false;
-    ArgParser p("fitllm plan -m MODEL [-c N] [-np N] [-b N] [-ctk T] [-ctv T] [--mem SIZE] [--fit] [--json]",
-                "Show where every byte of a run would go, from the GGUF header alone: weights (resident\n"
-                "or streamed), KV cache, scratch, outputs and overhead per device, the total, and whether\n"
-                "it fits the memory budget. --fit changes the settings until it does: it quantizes the KV\n"
-                "cache first, then streams weights, and shortens the context only as the last resort.\n"
-                "Exit status 3 when the plan does not fit.");
+    ArgParser p(
+        "fitllm plan -m MODEL [-c N] [-np N] [-b N] [-ctk T] [-ctv T] [--mem SIZE] [--stream-layers N] [--fit] "
+        "[--json]",
+        "Show where every byte of a run would go, from the GGUF header alone: weights (resident\n"
+        "or streamed), KV cache, scratch, outputs and overhead per device, the total, and whether\n"
+        "it fits the memory budget. --fit changes the settings until it does: it quantizes the KV\n"
+        "cache first, then streams weights, and shortens the context only as the last resort.\n"
+        "Exit status 3 when the plan does not fit.");
     p.option("-m, --model", "FILE", "the GGUF model", &model_path);
     p.option("-c, --ctx-size", "N", "KV cache cells, all sequences together (default 2048; 0: the model's)",
              &params.n_ctx);
@@ -159,11 +161,16 @@ int run_plan(const std::vector<std::string>& args) {
              "host memory budget: 900M, 1.5G, 2GiB, bytes (default: the cgroup limit, else MemAvailable, "
              "less 5% or 64 MiB)",
              &mem);
+    p.option("--stream-layers", "N", "stream the weights of the last N layers (default 0; --fit may stream more)",
+             &params.n_streamed_layers);
     p.flag("--fit", &fit, "change the settings until the plan fits the budget, and say why");
     p.flag("--json", &as_json, "print the plan as JSON");
     if (!p.parse(args)) return 0;
     if (model_path.empty()) throw UsageError("-m MODEL is required");
     if (params.n_ctx < 0) throw UsageError("-c: " + std::to_string(params.n_ctx) + " is negative");
+    if (params.n_streamed_layers < 0) {
+        throw UsageError("--stream-layers: " + std::to_string(params.n_streamed_layers) + " is negative");
+    }
 
     const ResolvedBudget budget = resolve_budget(mem);
     params.budget = budget.bytes;

@@ -146,10 +146,6 @@ std::optional<RunBudget> RunBudget::prepare(const char* command, const gguf::Ggu
                                    "layers, then a shorter context), or raise --mem");
         return std::nullopt;
     }
-    if (rb.plan_.params.n_streamed_layers > 0) {
-        throw UsageError("streaming weights (" + std::to_string(rb.plan_.params.n_streamed_layers) +
-                         " layers, from --stream-layers or --fit) is not in this build yet; raise --mem");
-    }
     rb.device_ = std::make_unique<memory::Device>("host", params.budget);
     rb.overhead_ = rb.device_->pool(memory::pool_names::kOverhead)
                        .charge(rb.plan_.overhead, "the runtime, the GGUF metadata and the tokenizer (planned)");
@@ -205,10 +201,10 @@ std::unique_ptr<model::Model> RunBudget::load_model(gguf::GgufFile& file) {
         std::fprintf(stderr, "mlock: %s of resident weights locked\n", util::human_bytes(pages).c_str());
     }
     weights_lock_rounding_ = std::move(lock_rounding);
-    auto model = model::Model::load(file);
-    if (!locked) prefault_with_progress(file);  // mlock has read them in already
-    scratch_ =
-        device_->pool(memory::pool_names::kScratch).charge(plan_.scratch, "activations and op scratch (planned)");
+    // The model charges its working memory ("scratch", as it grows) and its stream buffers
+    // ("staging") itself.
+    auto model = model::Model::load(file, {.device = device_.get(), .n_streamed_layers = q.n_streamed_layers});
+    if (!locked) prefault_with_progress(file, *model);  // mlock has read them in already
     return model;
 }
 

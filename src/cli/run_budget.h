@@ -68,7 +68,8 @@ public:
 
     // Charges the resident weights to the "weights" pool, locks them with --mlock (all or
     // nothing: over RLIMIT_MEMLOCK or the budget is refused with the numbers, nothing locked),
-    // loads the model and reads the resident weights in (with a progress line on a terminal).
+    // loads the model on the device (it charges its scratch and stream buffers, and streams the
+    // planned layers) and reads the resident weights in (with a progress line on a terminal).
     // Throws memory::BudgetError, io::IoError or model::ModelError.
     std::unique_ptr<model::Model> load_model(gguf::GgufFile& file);
 
@@ -84,7 +85,6 @@ private:
     memory::Charge overhead_;
     memory::Charge weights_;
     memory::Charge weights_lock_rounding_;  // --mlock: whole pages beyond the weights' bytes
-    memory::Charge scratch_;                // the plan's scratch, until the model charges its own working memory
 };
 
 }  // namespace fitllm::cli

@@ -7,6 +7,8 @@
 #include <stdexcept>
 
 #include "kv/cache.h"
+#include "memory/pool.h"
+#include "model/layer_stream.h"
 #include "ops/attention.h"
 #include "ops/attention_kv.h"
 #include "ops/thread_pool.h"
@@ -58,6 +60,11 @@ ModelShape model_shape(const gguf::GgufFile& file) {
     s.file_bytes = file.size();
     s.metadata_bytes = std::min<uint64_t>(file.data_offset(), file.size());
     s.layer_bytes.assign(static_cast<size_t>(s.hp.n_layer), 0);
+    try {
+        for (int il = 0; il < s.hp.n_layer; ++il) s.layer_stream_bytes.push_back(model::stream_buffer_bytes(file, il));
+    } catch (const model::ModelError&) {
+        s.layer_stream_bytes.clear();  // a layer without tensors: it cannot stream anyway
+    }
     const bool has_output = file.find_tensor("output.weight") != nullptr;
     for (const gguf::TensorInfo& t : file.tensors()) {
         const int il = tensor_layer(t.name);
@@ -151,15 +158,19 @@ Plan make_plan(const ModelShape& shape, PlanParams params) {
     uint64_t largest_streamed = 0;
     const int first_streamed = hp.n_layer - params.n_streamed_layers;
     for (int il = 0; il < hp.n_layer; ++il) {
-        const uint64_t b = shape.layer_bytes[static_cast<size_t>(il)];
+        const auto i = static_cast<size_t>(il);
+        const uint64_t b = shape.layer_bytes[i];
         if (il < first_streamed) {
             p.weights_resident += b;
         } else {
             p.weights_streamed += b;
-            largest_streamed = std::max(largest_streamed, b);
+            largest_streamed =
+                std::max(largest_streamed, i < shape.layer_stream_bytes.size() ? shape.layer_stream_bytes[i] : b);
         }
     }
-    p.stream_buffer = 2 * largest_streamed;
+    // As model::LayerStream charges its "staging" pool (model::stream_staging_bytes).
+    p.stream_buffer =
+        largest_streamed == 0 ? 0 : model::kStreamBuffers * PoolBuffer<std::byte>::bytes_for(largest_streamed);
 
     // KV: kv::ModelCache's pools (see kv/cache.h).
     p.kv_pools = kv_plan(hp, params.n_ctx, params.n_seq, params.n_batch, params.type_k, params.type_v);

@@ -31,6 +31,9 @@ struct ModelShape {
     uint64_t metadata_bytes = 0;        // the header, metadata and tensor infos (before the data section)
     uint64_t global_bytes = 0;          // tensors outside the layers: embeddings, output, final norm
     std::vector<uint64_t> layer_bytes;  // blk.<i>.* tensors, per layer
+    // The staging buffer streaming layer i takes (model::stream_buffer_bytes: its file range,
+    // aligned for O_DIRECT); empty: layer_bytes stand in for it.
+    std::vector<uint64_t> layer_stream_bytes;
     // The matrices a forward pass multiplies activations with (layer weights and the output
     // projection), as the types and widths that size ops::matmul's activation scratch.
     struct Matmul {
@@ -80,7 +83,7 @@ struct Plan {
 
     uint64_t weights_resident = 0;  // mapped and kept in memory
     uint64_t weights_streamed = 0;  // read from the file layer by layer, not counted in the total
-    uint64_t stream_buffer = 0;     // two of the largest streamed layers: the one computing, the next
+    uint64_t stream_buffer = 0;     // model::kStreamBuffers buffers of the largest streamed layer
     uint64_t kv = 0;
     std::vector<KvPoolPlan> kv_pools;
     uint64_t activations = 0;        // model/decoder.h Activations + batch positions, for n_batch tokens

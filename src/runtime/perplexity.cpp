@@ -47,8 +47,7 @@ PerplexityResult perplexity(model::Model& model, std::span<const int32_t> tokens
     cp.type_k = p.type_k;
     cp.type_v = p.type_v;
     cp.rotate = p.kv_rotation;
-    ChargedCache charged = make_charged_cache(model, cp, n_seq * std::max(ctx_batch, score_batch), p.device);
-    kv::ModelCache& cache = charged.cache;
+    kv::ModelCache cache = make_charged_cache(model, cp, n_seq * std::max(ctx_batch, score_batch), p.device);
     std::vector<int32_t> chunks(static_cast<size_t>(n_seq) * static_cast<size_t>(p.n_ctx));
     const size_t max_rows = static_cast<size_t>(n_seq) * static_cast<size_t>(std::max(ctx_batch, score_batch));
     std::vector<int32_t> batch_tokens(max_rows), batch_pos(max_rows);

@@ -6,8 +6,6 @@
 #include <stdexcept>
 #include <string>
 
-#include "memory/plan.h"
-
 namespace fitllm::runtime {
 namespace {
 
@@ -59,34 +57,25 @@ memory::Pool& pool_of(memory::Device* device, const char* name) {
     return (device ? *device : unlimited).pool(name);
 }
 
-ChargedCache make_charged_cache(const model::Model& model, const kv::CacheParams& params, int n_batch,
-                                memory::Device* device) {
-    // The bytes the cache will allocate, as the plan counts them (a test checks they equal
-    // ModelCache::bytes()).
-    uint64_t bytes = 0;
-    for (const memory::KvPoolPlan& p :
-         memory::kv_plan(model.hparams(), params.n_cells, params.n_seq_max, n_batch, params.type_k, params.type_v)) {
-        bytes += p.bytes;
-    }
-    memory::Charge charge = pool_of(device, memory::pool_names::kKv)
-                                .charge(bytes, "the KV cache (" + std::to_string(params.n_cells) + " cells, " +
-                                                   std::to_string(params.n_seq_max) + " sequences)");
-    return {std::move(charge), model.make_cache(params, n_batch)};
+kv::ModelCache make_charged_cache(const model::Model& model, kv::CacheParams params, int n_batch,
+                                  memory::Device* device) {
+    if (device) params.pool = &device->pool(memory::pool_names::kKv);
+    return model.make_cache(params, n_batch);
 }
 
 Session::Session(model::Model& model, SessionParams params, ops::ThreadPool& pool)
     : model_(model),
       params_(checked(params)),
       pool_(pool),
-      kv_(make_charged_cache(model, session_cache_params(params_), params_.n_batch, params_.device)),
+      cache_(make_charged_cache(model, session_cache_params(params_), params_.n_batch, params_.device)),
       logits_(pool_of(params_.device, memory::pool_names::kLogits), static_cast<size_t>(model.n_vocab()), "logits"),
       positions_(static_cast<size_t>(params_.n_batch)) {}
 
 int Session::shift_context() {
     const int n_discard = (n_past_ - params_.n_keep) / 2;
     if (n_discard <= 0) return 0;
-    kv_.cache.seq_rm(0, params_.n_keep, params_.n_keep + n_discard);
-    kv_.cache.seq_add(0, params_.n_keep + n_discard, n_past_, -n_discard);
+    cache_.seq_rm(0, params_.n_keep, params_.n_keep + n_discard);
+    cache_.seq_add(0, params_.n_keep + n_discard, n_past_, -n_discard);
     n_past_ -= n_discard;
     ++n_shifts_;
     return n_discard;
@@ -110,7 +99,7 @@ std::span<const float> Session::feed(std::span<const int32_t> tokens) {
         while (true) {
             for (size_t t = 0; t < n; ++t) positions_[t] = n_past_ + static_cast<int32_t>(t);
             try {
-                model_.forward(tokens.subspan(begin, n), std::span<const int32_t>(positions_.data(), n), kv_.cache,
+                model_.forward(tokens.subspan(begin, n), std::span<const int32_t>(positions_.data(), n), cache_,
                                logits_.data(), /*all_logits=*/false, pool_);
                 break;
             } catch (const kv::KvCacheError&) {
@@ -124,7 +113,7 @@ std::span<const float> Session::feed(std::span<const int32_t> tokens) {
 }
 
 void Session::reset() {
-    kv_.cache.clear();
+    cache_.clear();
     n_past_ = 0;
 }
 

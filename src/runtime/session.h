@@ -44,15 +44,11 @@ struct SessionParams {
 // The cache parameters a session (or another single-stream user) makes its cache with.
 kv::CacheParams cache_params(const SessionParams& params, int n_seq = 1);
 
-// A cache made by model.make_cache(params, n_batch), its bytes charged to device's "kv" pool
-// first: throws memory::BudgetError, allocating nothing, when they do not fit. device nullptr:
-// nothing charged.
-struct ChargedCache {
-    memory::Charge charge;
-    kv::ModelCache cache;
-};
-ChargedCache make_charged_cache(const model::Model& model, const kv::CacheParams& params, int n_batch,
-                                memory::Device* device);
+// model.make_cache(params, n_batch) with its bytes charged to device's "kv" pool before it
+// allocates (kv::CacheParams::pool): throws memory::BudgetError, allocating nothing, when they do
+// not fit. device nullptr: nothing charged.
+kv::ModelCache make_charged_cache(const model::Model& model, kv::CacheParams params, int n_batch,
+                                  memory::Device* device);
 
 // device's pool of that name, or (device nullptr) the pool of a device without a limit.
 memory::Pool& pool_of(memory::Device* device, const char* name);
@@ -77,7 +73,7 @@ public:
     // The tokens the context holds: the position the next token gets.
     int n_past() const { return n_past_; }
     int n_ctx() const { return params_.n_ctx; }
-    const kv::ModelCache& cache() const { return kv_.cache; }
+    const kv::ModelCache& cache() const { return cache_; }
 
     // Feeds tokens after those already seen, n_batch at a time, and returns the logits
     // (n_vocab floats) after the last one; valid until the next call. When the context is full:
@@ -101,7 +97,7 @@ private:
     model::Model& model_;
     SessionParams params_;
     ops::ThreadPool& pool_;
-    ChargedCache kv_;
+    kv::ModelCache cache_;
     int n_past_ = 0;
     int n_shifts_ = 0;
     memory::PoolBuffer<float> logits_;  // [n_vocab]

@@ -106,6 +106,41 @@ TEST(MemoryOptions, BenchChatAndPerplexityTakeTheBudgetToo) {
     EXPECT_TRUE(has(ppl_ok.output, "pools (peak): overhead")) << ppl_ok.output;
 }
 
+// The plan is no smaller than what the run charges: a budget of exactly the plan's total runs,
+// a batch of the full -b included (the model's scratch grows to it).
+TEST(MemoryOptions, ABudgetOfExactlyThePlanRuns) {
+    std::string prompt = "a";
+    for (int i = 0; i < 80; ++i) prompt += " b c";
+    for (const char* kv : {"f16", "q4_0"}) {
+        const std::string settings = " -m " + tiny_llama() + " -c 300 -b 64 -t 1 -ctk " + kv + " -ctv " + kv;
+        const auto plan = test::run_command(fitllm_exe() + " plan --json" + settings);
+        ASSERT_EQ(plan.status, 0) << plan.output;
+        const size_t at = plan.output.find("\"total\": ");
+        ASSERT_NE(at, std::string::npos) << plan.output;
+        const std::string total = std::to_string(std::stoull(plan.output.substr(at + 9)));
+        const auto r = test::run_command(fitllm_exe() + " run" + settings + " -p '" + prompt +
+                                         "' -n 4 --temp 0 --mem " + total + " 2>&1");
+        ASSERT_EQ(r.status, 0) << r.output;
+        EXPECT_TRUE(has(r.output, "prompt: 162 tokens")) << r.output;
+        const auto less = test::run_command(fitllm_exe() + " run" + settings + " -p 'a b' -n 1 --mem " +
+                                            std::to_string(std::stoull(total) - 1) + " 2>&1");
+        EXPECT_EQ(less.status, 3) << less.output;
+    }
+}
+
+// --stream-layers streams the last layers from the file: the same text, the buffers in "staging".
+TEST(MemoryOptions, StreamedLayersGiveTheSameText) {
+    const std::string run = fitllm_exe() + " run -m " + tiny_llama() + " -p 'a b c' -n 6 --temp 0 -t 1 -c 64";
+    const auto resident = test::run_command(run + " 2>/dev/null");
+    const auto streamed = test::run_command(run + " --stream-layers 1 2>/dev/null");
+    ASSERT_EQ(resident.status, 0);
+    ASSERT_EQ(streamed.status, 0);
+    EXPECT_EQ(streamed.output, resident.output);
+    const auto summary = test::run_command(run + " --stream-layers 2 2>&1 >/dev/null");
+    ASSERT_EQ(summary.status, 0) << summary.output;
+    EXPECT_TRUE(has(summary.output, "staging")) << summary.output;
+}
+
 TEST(MemoryOptions, BadValuesAreUsageErrors) {
     const std::string base = fitllm_exe() + " run -m " + tiny_llama() + " -p 'a' -n 1";
     const auto size = test::run_command(base + " --mem lots 2>&1");

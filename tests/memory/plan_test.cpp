@@ -5,6 +5,7 @@
 #include <gtest/gtest.h>
 
 #include "kv/cache.h"
+#include "model/layer_stream.h"
 #include "test_support.h"
 
 namespace fitllm::memory {
@@ -87,7 +88,7 @@ TEST(Plan, StreamingTheLastLayers) {
     const Plan p = make_plan(shape, {.n_ctx = 256, .n_batch = 64, .n_streamed_layers = 1});
     EXPECT_EQ(p.weights_resident, shape.global_bytes + shape.layer_bytes[0]);
     EXPECT_EQ(p.weights_streamed, shape.layer_bytes[1]);
-    EXPECT_EQ(p.stream_buffer, 2 * shape.layer_bytes[1]);
+    EXPECT_EQ(p.stream_buffer, model::stream_staging_bytes(file, 1, 2));  // what LayerStream charges
 }
 
 TEST(Plan, RefusesWhatTheRuntimeRefuses) {
