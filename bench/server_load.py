@@ -7,6 +7,7 @@ per-request latency and time to first token (p50 / p90 / p99), the server's peak
 fitllm / llama-server ratios.
 
   .venv/bin/python bench/server_load.py                          # both servers, 1, 16 and 32 clients
+  .venv/bin/python bench/server_load.py --servers fitllm,llama-server,llama-server-passive
   .venv/bin/python bench/server_load.py --servers fitllm --clients 16,32 --requests 3
   .venv/bin/python bench/server_load.py -m MODEL.gguf -np 4 -c 4096 -t 2 --max-tokens 64 --json out.json
   .venv/bin/python bench/server_load.py --url fitllm=http://127.0.0.1:8080   # a server already running (no RSS)
@@ -26,8 +27,10 @@ Generated tokens per request: usage.completion_tokens when the server sends usag
 tokens (hung-up requests' chunks included) / the level's wall time. Latency and TTFT percentiles
 are over ok requests. Peak RSS: VmHWM of the server process (/proc/PID/status) after the level,
 so it is the peak since the server started. The 1-minute load average is printed with each row:
-the machine is shared, so compare the servers in the same run. Exit status 1 when any request
-failed or was lost.
+the machine is shared, so compare the servers in the same run. llama-server's OpenMP threads spin
+at barriers, which on a machine busier than its cores slows it down many times over;
+"llama-server-passive" is the same binary with OMP_WAIT_POLICY=passive (its threads sleep instead).
+Exit status 1 when any request failed or was lost.
 """
 from __future__ import annotations
 
@@ -52,6 +55,7 @@ ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 DEFAULT_MODEL = os.path.join(ROOT, "models", "bench", "llama-156m-q8_0.gguf")
 DEFAULT_FITLLM = os.path.join(ROOT, "build", "fitllm")
 DEFAULT_LLAMA_SERVER = os.path.join(ROOT, ".cache", "llama-server", "bin", "llama-server")
+LLAMA_SERVERS = ("llama-server", "llama-server-passive")  # the second: OMP_WAIT_POLICY=passive
 HANGUP_AFTER_CHUNKS = 4
 
 # Plain words for prompts; the model's weights are random, only the prompt lengths matter.
@@ -251,18 +255,22 @@ def start_server(name, args, log_dir):
     port = free_port()
     common = ["-m", args.model, "--host", "127.0.0.1", "--port", str(port), "-np", str(args.np),
               "-c", str(args.ctx), "-t", str(args.threads)]
+    env = dict(os.environ)
     if name == "fitllm":
         command = [args.fitllm, "serve", *common, *shlex.split(args.fitllm_args)]
     else:
         command = [args.llama_server, *common, *shlex.split(args.llama_server_args)]
+        if name == "llama-server-passive":
+            env["OMP_WAIT_POLICY"] = "passive"
     for path in (command[0], args.model):
         if not os.path.exists(path):
             sys.exit(f"server_load.py: {path} not found"
                      + (" (tools/build_llama_server.sh builds it)" if path == args.llama_server else ""))
     log_path = os.path.join(log_dir, f"{name}.log")
     log = open(log_path, "wb")
-    print(f"# {name}: {shlex.join(command)}  (log: {log_path})", flush=True)
-    process = subprocess.Popen(command, stdout=log, stderr=subprocess.STDOUT, start_new_session=True)
+    prefix = "OMP_WAIT_POLICY=passive " if name == "llama-server-passive" else ""
+    print(f"# {name}: {prefix}{shlex.join(command)}  (log: {log_path})", flush=True)
+    process = subprocess.Popen(command, stdout=log, stderr=subprocess.STDOUT, start_new_session=True, env=env)
     url = f"http://127.0.0.1:{port}"
     deadline = time.monotonic() + 300
     while not http_ok(url + "/health"):
@@ -306,16 +314,21 @@ def print_table(levels):
               f"({lv.token_source}) | {lv.wall_s:.1f} | {lv.tok_s:.1f} | {fmt(lv.latency)} | {fmt(lv.ttft)} "
               f"| {rss} | {lv.loadavg:.1f} |")
     by_key = {(lv.server, lv.clients): lv for lv in levels}
+
+    def ratio(a, b):
+        return "-" if a is None or not b else f"{a / b:.2f}x"
+
     ratios = []
     for lv in levels:
-        other = by_key.get(("llama-server", lv.clients))
-        if lv.server == "fitllm" and other:
-            def ratio(a, b):
-                return "-" if a is None or not b else f"{a / b:.2f}x"
-            ratios.append(f"| {lv.clients} | {ratio(lv.tok_s, other.tok_s)} | {ratio(lv.latency[0], other.latency[0])} "
-                          f"| {ratio(lv.ttft[0], other.ttft[0])} | {ratio(lv.peak_rss_mib, other.peak_rss_mib)} |")
+        for baseline in LLAMA_SERVERS:
+            other = by_key.get((baseline, lv.clients))
+            if lv.server == "fitllm" and other:
+                ratios.append(f"| {baseline} | {lv.clients} | {ratio(lv.tok_s, other.tok_s)} "
+                              f"| {ratio(lv.latency[0], other.latency[0])} | {ratio(lv.ttft[0], other.ttft[0])} "
+                              f"| {ratio(lv.peak_rss_mib, other.peak_rss_mib)} |")
     if ratios:
-        print("\nfitllm / llama-server:\n\n| clients | gen tok/s | latency p50 | TTFT p50 | peak RSS |\n|---|---|---|---|---|")
+        print("\nfitllm / llama-server:\n\n| baseline | clients | gen tok/s | latency p50 | TTFT p50 | peak RSS |\n"
+              "|---|---|---|---|---|---|")
         print("\n".join(ratios))
     for lv in levels:
         for e in lv.errors:
@@ -325,7 +338,8 @@ def print_table(levels):
 def main():
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("-m", "--model", default=DEFAULT_MODEL)
-    parser.add_argument("--servers", default="fitllm,llama-server", help="comma-separated: fitllm, llama-server")
+    parser.add_argument("--servers", default="fitllm,llama-server",
+                        help="comma-separated: fitllm, llama-server, llama-server-passive")
     parser.add_argument("--url", action="append", default=[], metavar="NAME=URL",
                         help="use a server already running at URL for NAME instead of starting one")
     parser.add_argument("--clients", default="1,16,32", help="comma-separated numbers of concurrent clients")
@@ -347,8 +361,8 @@ def main():
 
     servers = [s for s in args.servers.split(",") if s]
     for s in servers:
-        if s not in ("fitllm", "llama-server"):
-            sys.exit(f"server_load.py: --servers: unknown server '{s}' (fitllm, llama-server)")
+        if s not in ("fitllm", *LLAMA_SERVERS):
+            sys.exit(f"server_load.py: --servers: unknown server '{s}' (fitllm, {', '.join(LLAMA_SERVERS)})")
     urls = dict(u.split("=", 1) for u in args.url)
     client_counts = [int(c) for c in args.clients.split(",")]
     log_dir = tempfile.mkdtemp(prefix="server-load-")
