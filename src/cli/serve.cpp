@@ -129,6 +129,7 @@ int run_serve(const std::vector<std::string>& args) {
         sigwait(&signals, &sig);
         std::fprintf(stderr, "fitllm serve: %s, stopping\n", sig == SIGINT ? "interrupted" : "terminated");
     }
+    registry.shutdown();  // running requests end (cancelled), so the HTTP workers can finish
     http.stop();
     listener.join();
     return status;

@@ -59,7 +59,8 @@ LoadedModel::LoadedModel(std::string id, const std::filesystem::path& path, cons
         charges_.push_back(device.pool(memory::pool_names::kWeights).charge(plan_.weights(), what + " weights"));
         charges_.push_back(device.pool(memory::pool_names::kScratch).charge(plan_.scratch, what + " scratch"));
         charges_.push_back(device.pool(memory::pool_names::kLogits).charge(plan_.logits, what + " logits"));
-        charges_.push_back(device.pool("overhead").charge(plan_.overhead, what + " tokenizer and runtime"));
+        charges_.push_back(
+            device.pool(memory::pool_names::kOverhead).charge(plan_.overhead, what + " tokenizer and runtime"));
     } catch (const memory::BudgetError&) {
         throw busy();
     }
@@ -232,6 +233,13 @@ std::shared_ptr<LoadedModel> ModelRegistry::acquire(const std::string& requested
         } catch (const std::exception& e) {
             throw ApiError(500, "server_error", "model_load_failed", "model '" + id + "' failed to load: " + e.what());
         }
+    }
+}
+
+void ModelRegistry::shutdown() {
+    std::lock_guard lock(mutex_);
+    for (auto& [id, e] : entries_) {
+        if (e.loaded) e.loaded->scheduler().shutdown();
     }
 }
 

@@ -100,6 +100,9 @@ public:
     // Marks the model used now (for the idle timer), e.g. when a request ends.
     void touch(const std::string& id);
 
+    // Cancels every request of every loaded model (for a server that stops: streams end at once).
+    void shutdown();
+
     std::vector<ModelInfo> models() const;  // offered models, sorted by id (the directory rescanned)
     memory::Device& device() { return device_; }
     Compute& compute() { return compute_; }

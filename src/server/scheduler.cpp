@@ -95,8 +95,13 @@ Scheduler::Scheduler(model::Model& model, const tokenizer::Tokenizer& tokenizer,
 }
 
 Scheduler::~Scheduler() {
+    shutdown();
+}
+
+void Scheduler::shutdown() {
     {
         std::lock_guard lock(mutex_);
+        if (stopping_) return;
         stopping_ = true;
     }
     cv_.notify_all();
@@ -104,6 +109,9 @@ Scheduler::~Scheduler() {
     for (auto& s : active_) s->job->finish(FinishReason::cancelled);
     for (auto& s : preempted_) s->job->finish(FinishReason::cancelled);
     for (auto& s : queue_) s->job->finish(FinishReason::cancelled);
+    active_.clear();
+    preempted_.clear();
+    queue_.clear();
 }
 
 std::shared_ptr<Job> Scheduler::submit(std::vector<int32_t> prompt, GenerationParams params) {

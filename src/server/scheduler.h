@@ -85,7 +85,10 @@ public:
     // scheduler. Throws std::invalid_argument for bad options, memory::BudgetError when the cache
     // does not fit the pool's device (and what kv::ModelCache throws).
     Scheduler(model::Model& model, const tokenizer::Tokenizer& tokenizer, SchedulerOptions options, Compute& compute);
-    ~Scheduler();  // finishes every request as cancelled and stops the thread
+    ~Scheduler();  // shutdown()
+    // Stops the thread and finishes every request as cancelled; submit() then throws
+    // QueueFullError. Idempotent.
+    void shutdown();
     Scheduler(const Scheduler&) = delete;
     Scheduler& operator=(const Scheduler&) = delete;
 
