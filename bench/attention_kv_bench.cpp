@@ -1,6 +1,7 @@
 // ops::attention_kv over the paged KV cache in Llama 3.2 1B's attention shape (32 query heads
 // sharing 8 kv heads of 64): decode (1 token) and prefill (512 tokens, causal among themselves) at
-// the end of a 4k or 16k context, K/V in f16 and q8_0 (rotated). For comparison, attention_f16 over
+// the end of a 4k or 16k context, K/V in f16 (llama.cpp's f16 flash-attention arithmetic), q8_0
+// and q4_0 (rotated) and bf16 (the tiled f32 kernel). For comparison, attention_f16 over
 // the same f16 values as plain float arrays (the layout before the paged cache). Reports query
 // tokens per second.
 //
@@ -67,9 +68,12 @@ fitllm::kv::KvCache filled_cache(GgmlType type, int n_ctx) {
     return cache;
 }
 
-// range(0): 0 = f16, 1 = q8_0; range(1): context.
+// range(0): the K/V type, an index into kTypes; range(1): context.
+constexpr GgmlType kTypes[] = {GgmlType::F16, GgmlType::Q8_0, GgmlType::BF16, GgmlType::Q4_0};
+constexpr const char* kTypeNames[] = {"f16", "q8_0", "bf16", "q4_0"};
+
 void run_kv(benchmark::State& state, int n_tok) {
-    const GgmlType type = state.range(0) == 0 ? GgmlType::F16 : GgmlType::Q8_0;
+    const GgmlType type = kTypes[state.range(0)];
     const int n_ctx = static_cast<int>(state.range(1));
     const fitllm::kv::KvCache cache = filled_cache(type, n_ctx);
     const std::vector<float> q = gaussian(static_cast<size_t>(n_tok) * kHeads * kHeadDim, 1);
@@ -84,7 +88,7 @@ void run_kv(benchmark::State& state, int n_tok) {
                                   scratch);
         benchmark::DoNotOptimize(out.data());
     }
-    state.SetLabel(type == GgmlType::F16 ? "f16" : "q8_0");
+    state.SetLabel(kTypeNames[state.range(0)]);
     state.counters["tok/s"] =
         benchmark::Counter(static_cast<double>(n_tok), benchmark::Counter::kIsIterationInvariantRate);
     state.counters["KV_MiB"] = static_cast<double>(cache.bytes()) / (1 << 20);
@@ -120,12 +124,18 @@ void run_f16_arrays(benchmark::State& state, int n_tok) {
 void BM_AttentionKvDecode(benchmark::State& state) {
     run_kv(state, 1);
 }
-BENCHMARK(BM_AttentionKvDecode)->ArgsProduct({{0, 1}, {4096, 16384}})->UseRealTime()->Unit(benchmark::kMicrosecond);
+BENCHMARK(BM_AttentionKvDecode)
+    ->ArgsProduct({{0, 1, 2, 3}, {4096, 16384}})
+    ->UseRealTime()
+    ->Unit(benchmark::kMicrosecond);
 
 void BM_AttentionKvPrefill(benchmark::State& state) {
     run_kv(state, 512);
 }
-BENCHMARK(BM_AttentionKvPrefill)->ArgsProduct({{0, 1}, {4096, 16384}})->UseRealTime()->Unit(benchmark::kMillisecond);
+BENCHMARK(BM_AttentionKvPrefill)
+    ->ArgsProduct({{0, 1, 2, 3}, {4096, 16384}})
+    ->UseRealTime()
+    ->Unit(benchmark::kMillisecond);
 
 void BM_AttentionF16ArraysDecode(benchmark::State& state) {
     run_f16_arrays(state, 1);
