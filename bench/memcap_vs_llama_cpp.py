@@ -7,8 +7,8 @@ status, plus an uncapped row for each.
   .venv/bin/python bench/memcap_vs_llama_cpp.py                      # llama-1b-q8_0, 900M cap, 16 tokens
   .venv/bin/python bench/memcap_vs_llama_cpp.py MODEL.gguf --cap 900M -n 16 -p 16 -t 2 [--rounds 2]
   .venv/bin/python bench/memcap_vs_llama_cpp.py --no-uncapped --skip-llama-cpp --fitllm /tmp/x/fitllm
-  .venv/bin/python bench/memcap_vs_llama_cpp.py --stream-layers 7 --rounds 3  # fitllm streams 7 of 22 layers
-  .venv/bin/python bench/memcap_vs_llama_cpp.py --stream-layers 0 --fitllm-args="--mem 900M --fit"
+  .venv/bin/python bench/memcap_vs_llama_cpp.py --omp-passive --rounds 2     # fitllm bench --mem 900M --fit
+  .venv/bin/python bench/memcap_vs_llama_cpp.py --stream-layers 7             # the last 7 of 22 layers streamed
 
 Default model: models/bench/llama-1b-q8_0.gguf (1.09 GiB, from tools/gen_bench_models.py), so the
 900 MiB cap is smaller than the weights. Needs root (cgroups, drop_caches) and a cgroup v1 memory
@@ -17,16 +17,18 @@ controller; exits 77 saying why when they are missing.
 llama.cpp: PyPI's llama-cpp-python (scripts/setup.sh --oracle) in a child Python, through the C
 API with default model params (mmap, as the llama.cpp tools): load, one llama_decode of p random
 tokens (pp, which also pages the weights in), then n single-token llama_decode calls (tg).
-fitllm under the cap streams its last layers (DESIGN.md idea 5, model::LoadOptions): by default
-build/bench/layer_stream_bench -m MODEL --stream-layers K -p P -n N -t T, which prefaults the
+fitllm under the cap streams its last layers (DESIGN.md idea 5, model::LoadOptions). By default
+(--stream-layers fit) it runs `fitllm bench -m MODEL -p P -n N -r 1 -t T -o json --mem CAP --fit`:
+the plan picks how many layers to stream (it prefaults the resident part and runs one uncounted
+warm-up of each test first; the uncapped row is plain `fitllm bench`, everything resident).
+--stream-layers K (or auto) runs build/bench/layer_stream_bench -m MODEL --stream-layers K -p P
+-n N -t T instead, loading with LoadOptions directly, past the plan, to tune K: it prefaults the
 resident part and then, as the llama.cpp side, decodes one prompt of P random tokens and N single
-tokens. K (--stream-layers, default auto) is the fewest last layers whose streaming leaves the
-resident layers, the output matrix, kStreamBuffers (2) stream buffers of one layer and 64 MiB of
-headroom (runtime, KV, page tables) inside the cap; the token embedding is read a row per token
-and not counted. --stream-layers 0 runs `fitllm bench -m MODEL -p P -n N -r 1 -t T -o json`
-instead (it prefaults the whole file and runs one uncounted warm-up of each test first), with
---fitllm-args appended (e.g. "--mem 900M --fit"). The uncapped fitllm row keeps every layer
-resident. tok/s is what each reports for its n decode steps; the
+tokens. auto is the fewest last layers whose streaming leaves the resident layers, the output
+matrix, kStreamBuffers (2) stream buffers of one layer and 64 MiB of headroom (runtime, KV, page
+tables) inside the cap; the token embedding is read a row per token and not counted.
+--stream-layers none runs plain `fitllm bench` under the cap too (everything mapped, as llama.cpp).
+--fitllm-args adds arguments to `fitllm bench`. tok/s is what each reports for its n decode steps; the
 Python child of llama.cpp adds ~40 MiB to its RSS and peak. "load" is the 1-minute load average
 when the run started: llama.cpp's OpenMP threads spin at barriers, so on a machine busier than its
 cores llama.cpp slows down many times more than fitllm (--omp-passive makes them sleep instead).
@@ -124,25 +126,26 @@ def auto_stream_layers(sizes: list[int], other: int, cap: int) -> int:
 
 
 def run_one(side: str, args, cap: int | None) -> dict:
-    stream_layers = args.stream_layers if cap is not None else 0
     if side == "llama.cpp":
         cmd = [sys.executable, os.path.abspath(__file__), "--llama-cpp-child", args.model,
                str(args.p), str(args.n), str(args.t)]
-    elif stream_layers > 0 or (cap is None and args.stream_layers > 0):
-        cmd = [args.stream_bench, "-m", args.model, "--stream-layers", str(stream_layers), "-p", str(args.p),
+        label = "llama.cpp"
+    elif isinstance(args.stream_layers, int):
+        k = args.stream_layers if cap is not None else 0
+        cmd = [args.stream_bench, "-m", args.model, "--stream-layers", str(k), "-p", str(args.p),
                "-n", str(args.n), "-t", str(args.t)]
+        label = f"fitllm (stream {k}/{args.n_layer})" if k else "fitllm (resident)"
     else:
+        fit = args.stream_layers == "fit" and cap is not None
         cmd = [args.fitllm, "bench", "-m", args.model, "-p", str(args.p), "-n", str(args.n), "-r", "1",
-               "-t", str(args.t), "-o", "json"] + args.fitllm_args.split()
+               "-t", str(args.t), "-o", "json"] + (["--mem", str(cap), "--fit"] if fit else []) \
+            + args.fitllm_args.split()
+        label = "fitllm" + (" (--fit)" if fit else "") + (f" ({args.fitllm_args})" if args.fitllm_args else "")
     env = dict(os.environ, OMP_WAIT_POLICY="passive") if side == "llama.cpp" and args.omp_passive else None
     load = os.getloadavg()[0]
     r = memcap.run_capped(cmd, cap, drop_caches_first=not args.warm, timeout_s=args.timeout, capture=True,
                           cwd=ROOT, env=env)
-    label = side + (" (OMP passive)" if env else "")
-    if side == "fitllm" and cmd[0] == args.stream_bench:
-        label += f" (stream {stream_layers}/{args.n_layer})" if stream_layers else " (resident)"
-    elif side == "fitllm" and args.fitllm_args:
-        label += f" ({args.fitllm_args})"
+    label += " (OMP passive)" if env else ""
     row = {"runtime": label, "cap_bytes": cap, "loadavg_1m": load,
            "status": r.status, "wall_s": r.wall_s, "peak_bytes": r.peak_bytes,
            "peak_rss_bytes": r.peak_rss_bytes, "oom_kills": r.oom_kills, "failcnt": r.failcnt,
@@ -193,10 +196,10 @@ def main() -> int:
     ap.add_argument("--fitllm", default=os.path.join(ROOT, "build/fitllm"), help="the fitllm executable")
     ap.add_argument("--stream-bench", default=os.path.join(ROOT, "build/bench/layer_stream_bench"),
                     help="the streaming benchmark executable (bench/layer_stream_bench.cpp)")
-    ap.add_argument("--stream-layers", default="auto",
-                    help="under the cap, fitllm streams the last K layers: a number, or auto (default; see above); "
-                         "0: plain `fitllm bench` with --fitllm-args")
-    ap.add_argument("--fitllm-args", default="", help="extra arguments for `fitllm bench` (with --stream-layers 0)")
+    ap.add_argument("--stream-layers", default="fit",
+                    help="fitllm under the cap: fit (default: `fitllm bench --mem CAP --fit`), K or auto "
+                         "(layer_stream_bench streaming the last K layers), none (plain `fitllm bench`)")
+    ap.add_argument("--fitllm-args", default="", help="extra arguments for `fitllm bench`")
     ap.add_argument("--no-uncapped", action="store_true", help="skip the uncapped rows")
     ap.add_argument("--skip-llama-cpp", action="store_true")
     ap.add_argument("--skip-fitllm", action="store_true")
@@ -219,8 +222,12 @@ def main() -> int:
         print("the gguf package is missing (scripts/setup.sh)", file=sys.stderr)
         return 2
     args.n_layer = len(sizes)
-    args.stream_layers = auto_stream_layers(sizes, other, cap) if args.stream_layers == "auto" else int(args.stream_layers)
-    for exe in ([args.fitllm] if args.stream_layers == 0 else [args.stream_bench]) if "fitllm" in sides else []:
+    if args.stream_layers == "auto":
+        args.stream_layers = auto_stream_layers(sizes, other, cap)
+    elif args.stream_layers not in ("fit", "none"):
+        args.stream_layers = int(args.stream_layers)
+    for exe in ([args.stream_bench] if isinstance(args.stream_layers, int) else [args.fitllm]) \
+            if "fitllm" in sides else []:
         if not os.access(exe, os.X_OK):
             print(f"missing {exe} (build it: cmake --build build)", file=sys.stderr)
             return 2
@@ -239,7 +246,8 @@ def main() -> int:
     print(f"model {os.path.relpath(args.model, ROOT)} ({size / (1 << 30):.2f} GiB), cap {cap >> 20} MiB, "
           f"pp {args.p} + tg {args.n} tokens, {args.t} threads, "
           f"{'warm' if args.warm else 'page cache dropped before each run'}; fitllm under the cap: "
-          f"{f'streams the last {args.stream_layers} layers' if args.stream_layers else 'fitllm bench ' + args.fitllm_args}\n")
+          f"{args.stream_layers if isinstance(args.stream_layers, str) else 'the last %d' % args.stream_layers} "
+          f"streamed layers\n")
     print("| runtime | cap | pp tok/s | tg tok/s (decode) | tg vs llama.cpp | wall s | peak MiB (cgroup) "
           "| max RSS MiB | OOM kills | status | load |\n|---|---|---:|---:|---:|---:|---:|---:|---:|---|---:|", flush=True)
     rows = []
