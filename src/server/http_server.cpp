@@ -1,6 +1,7 @@
 #include "server/http_server.h"
 
 #include <httplib.h>
+#include <sys/socket.h>
 
 #include <algorithm>
 #include <atomic>
@@ -108,12 +109,26 @@ HttpServer::~HttpServer() {
 }
 
 bool HttpServer::bind(const std::string& host, int port) {
+    // cpp-httplib 0.11.4 (compiled into Debian's library) listens with a backlog of 5, and bursts
+    // of concurrent clients overflow it (connections reset). The socket-options hook sees the
+    // listening socket before its listen(); listening again afterwards raises the backlog (Linux
+    // allows listen() on a listening socket to change it).
+    int listen_fd = -1;
+    http_->set_socket_options([&listen_fd](socket_t sock) {
+        httplib::default_socket_options(sock);
+        listen_fd = sock;
+    });
+    bool ok = false;
     if (port == 0) {
         port_ = http_->bind_to_any_port(host);
-        return port_ > 0;
+        ok = port_ > 0;
+    } else {
+        port_ = port;
+        ok = http_->bind_to_port(host, port);
     }
-    port_ = port;
-    return http_->bind_to_port(host, port);
+    if (ok && listen_fd >= 0) ::listen(listen_fd, SOMAXCONN);
+    http_->set_socket_options(httplib::default_socket_options);
+    return ok;
 }
 
 bool HttpServer::listen_after_bind() {
