@@ -1088,8 +1088,18 @@ int ModelCache::window_pool_cells(const CacheParams& params, int window, int n_b
     return static_cast<int>(std::min<int64_t>(blocks * bs, INT_MAX - bs));
 }
 
-ModelCache::ModelCache(const std::vector<LayerShape>& layers, const std::vector<int>& layer_window, CacheParams params,
-                       int n_batch) {
+namespace {
+
+// The pools of a ModelCache (kv/cache.h): which layers each holds, with which parameters.
+struct PoolSetup {
+    int capacity = 0;
+    std::vector<int> pool_of, index_in_pool;
+    std::vector<std::vector<LayerShape>> layers;
+    std::vector<CacheParams> params;
+};
+
+PoolSetup plan_pools(const std::vector<LayerShape>& layers, const std::vector<int>& layer_window, CacheParams params,
+                     int n_batch) {
     if (layers.size() != layer_window.size()) {
         throw std::invalid_argument("ModelCache: " + std::to_string(layers.size()) + " layer shapes but " +
                                     std::to_string(layer_window.size()) + " layer windows");
@@ -1100,7 +1110,8 @@ ModelCache::ModelCache(const std::vector<LayerShape>& layers, const std::vector<
         throw std::invalid_argument("KvCache: block_size " + std::to_string(params.block_size) + " must be at least 1");
     }
     params.window = 0;
-    capacity_ = static_cast<int>(round_up(std::max(params.n_cells, 1), params.block_size));
+    PoolSetup setup;
+    setup.capacity = static_cast<int>(round_up(std::max(params.n_cells, 1), params.block_size));
 
     // The pool of each layer, keyed by its window (0: full attention). A window pool that would be
     // no smaller than the full one is the full one.
@@ -1110,31 +1121,32 @@ ModelCache::ModelCache(const std::vector<LayerShape>& layers, const std::vector<
         if (w < 0) {
             throw std::invalid_argument("ModelCache: layer " + std::to_string(il) + " has window " + std::to_string(w));
         }
-        windows[il] = w > 0 && window_pool_cells(params, w, n_batch) < capacity_ ? w : 0;
+        windows[il] = w > 0 && ModelCache::window_pool_cells(params, w, n_batch) < setup.capacity ? w : 0;
     }
     std::vector<int> pool_windows = windows;
     std::sort(pool_windows.begin(), pool_windows.end());  // 0 (full) first
     pool_windows.erase(std::unique(pool_windows.begin(), pool_windows.end()), pool_windows.end());
 
-    pool_of_.assign(layers.size(), 0);
-    index_in_pool_.assign(layers.size(), 0);
-    std::vector<std::vector<LayerShape>> pool_layers(pool_windows.size());
-    std::vector<CacheParams> pool_params(pool_windows.size(), params);
+    setup.pool_of.assign(layers.size(), 0);
+    setup.index_in_pool.assign(layers.size(), 0);
+    setup.layers.resize(pool_windows.size());
+    setup.params.assign(pool_windows.size(), params);
     uint64_t window_pool_bytes = 0;
     for (size_t p = 0; p < pool_windows.size(); ++p) {
         for (size_t il = 0; il < layers.size(); ++il) {
             if (windows[il] != pool_windows[p]) continue;
-            pool_of_[il] = static_cast<int>(p);
-            index_in_pool_[il] = static_cast<int>(pool_layers[p].size());
-            pool_layers[p].push_back(layers[il]);
+            setup.pool_of[il] = static_cast<int>(p);
+            setup.index_in_pool[il] = static_cast<int>(setup.layers[p].size());
+            setup.layers[p].push_back(layers[il]);
         }
-        pool_params[p].window = pool_windows[p];
+        CacheParams& pp = setup.params[p];
+        pp.window = pool_windows[p];
         if (pool_windows[p] > 0) {
             // Window pools are small: they stay in memory, inside the resident limit.
-            pool_params[p].n_cells = window_pool_cells(params, pool_windows[p], n_batch);
-            pool_params[p].spill_dir.clear();
-            pool_params[p].resident_limit = 0;
-            window_pool_bytes += KvCache::bytes_for(pool_layers[p], pool_params[p]);
+            pp.n_cells = ModelCache::window_pool_cells(params, pool_windows[p], n_batch);
+            pp.spill_dir.clear();
+            pp.resident_limit = 0;
+            window_pool_bytes += KvCache::bytes_for(setup.layers[p], pp);
         }
     }
     if (!pool_windows.empty() && pool_windows.front() == 0 && !params.spill_dir.empty() && params.resident_limit > 0) {
@@ -1144,12 +1156,34 @@ ModelCache::ModelCache(const std::vector<LayerShape>& layers, const std::vector<
                                         "pools' " +
                                         mib(window_pool_bytes));
         }
-        pool_params.front().resident_limit = params.resident_limit - window_pool_bytes;
+        setup.params.front().resident_limit = params.resident_limit - window_pool_bytes;
     }
-    for (size_t p = 0; p < pool_windows.size(); ++p) pools_.emplace_back(std::move(pool_layers[p]), pool_params[p]);
-    if (pools_.empty()) pools_.emplace_back(std::vector<LayerShape>{}, params);  // throws: no layers
+    if (setup.layers.empty()) {  // no layers: the error KvCache gives
+        setup.layers.emplace_back();
+        setup.params.push_back(params);
+    }
+    return setup;
+}
+
+}  // namespace
+
+ModelCache::ModelCache(const std::vector<LayerShape>& layers, const std::vector<int>& layer_window, CacheParams params,
+                       int n_batch) {
+    PoolSetup setup = plan_pools(layers, layer_window, std::move(params), n_batch);
+    capacity_ = setup.capacity;
+    pool_of_ = std::move(setup.pool_of);
+    index_in_pool_ = std::move(setup.index_in_pool);
+    for (size_t p = 0; p < setup.layers.size(); ++p) pools_.emplace_back(std::move(setup.layers[p]), setup.params[p]);
     cells_.resize(pools_.size());
     for (auto& cells : cells_) cells.reserve(static_cast<size_t>(n_batch));
+}
+
+size_t ModelCache::bytes_for(const std::vector<LayerShape>& layers, const std::vector<int>& layer_window,
+                             const CacheParams& params, int n_batch) {
+    const PoolSetup setup = plan_pools(layers, layer_window, params, n_batch);
+    size_t n = 0;
+    for (size_t p = 0; p < setup.layers.size(); ++p) n += KvCache::bytes_for(setup.layers[p], setup.params[p]);
+    return n;
 }
 
 int ModelCache::n_pools() const {

@@ -268,6 +268,10 @@ public:
     // or when params.resident_limit (with spill) does not exceed the window pools' bytes.
     ModelCache(const std::vector<LayerShape>& layers, const std::vector<int>& layer_window, CacheParams params,
                int n_batch);
+    // What bytes() of a ModelCache made with these arguments will be (throws as the constructor
+    // would): the plan's number for the KV cache, spill included.
+    static size_t bytes_for(const std::vector<LayerShape>& layers, const std::vector<int>& layer_window,
+                            const CacheParams& params, int n_batch);
     // The cells of a window pool (see above), before rounding to blocks.
     static int window_pool_cells(const CacheParams& params, int window, int n_batch);
 

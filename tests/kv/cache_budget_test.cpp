@@ -2,6 +2,7 @@
 // a cache over budget throws memory::BudgetError before allocating, and the bytes come back.
 #include <gtest/gtest.h>
 
+#include <filesystem>
 #include <string>
 #include <vector>
 
@@ -13,6 +14,7 @@
 namespace fitllm::kv {
 namespace {
 
+namespace fs = std::filesystem;
 using test::shapes;
 using test::small_params;
 
@@ -85,6 +87,23 @@ TEST(KvCacheBudget, ModelCacheChargesEveryPool) {
         EXPECT_GT(cache.pool(1).bytes(), 0u);
     }
     EXPECT_EQ(kv.live(), 0u);
+}
+
+TEST(KvCacheBudget, ModelCacheBytesForIsWhatItCharges) {
+    const std::vector<int> windows{8, 8, 0, 8, 8, 0};
+    const fs::path dir = fs::path(FITLLM_BINARY_DIR) / "test-kv-spill" / "bytes-for";
+    fs::create_directories(dir);
+    memory::Device host("host", uint64_t{1} << 30);
+    memory::Pool& kv = host.pool("kv");
+    CacheParams p = charged(kv, 4096);
+    for (const uint64_t limit : {uint64_t{0}, uint64_t{3} << 19}) {  // in memory; spilled (1 of 2 layers resident)
+        p.spill_dir = limit > 0 ? dir.string() : "";
+        p.resident_limit = limit;
+        const ModelCache cache(shapes(6), windows, p, 16);
+        EXPECT_EQ(cache.pool(0).spilled(), limit > 0);
+        EXPECT_EQ(ModelCache::bytes_for(shapes(6), windows, p, 16), cache.bytes());
+        EXPECT_EQ(kv.live(), cache.bytes());
+    }
 }
 
 TEST(KvCacheBudget, ModelCacheIsAllOrNothing) {
