@@ -103,7 +103,8 @@ int run_bench(const std::vector<std::string>& args) {
                             .n_batch = n_batch,
                             .type_k = sp.type_k,
                             .type_v = sp.type_v,
-                            .n_threads = n_threads > 0 ? n_threads : ops::physical_core_count()},
+                            .n_threads = n_threads > 0 ? n_threads : ops::physical_core_count(),
+                            .kv_resident_limit = sp.kv_spill_dir.empty() ? 0 : sp.kv_resident_limit},
                            memory_options, ContextMayShrink::no);
     if (!budget) return kExitDoesNotFit;
     sp.type_k = kv_params.type_k = budget->plan().params.type_k;

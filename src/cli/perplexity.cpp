@@ -77,7 +77,8 @@ int run_perplexity(const std::vector<std::string>& args) {
                             .n_outputs = n_seq * score_batch,
                             .type_k = kv_params.type_k,
                             .type_v = kv_params.type_v,
-                            .n_threads = n_threads > 0 ? n_threads : ops::physical_core_count()},
+                            .n_threads = n_threads > 0 ? n_threads : ops::physical_core_count(),
+                            .kv_resident_limit = kv_params.kv_spill_dir.empty() ? 0 : kv_params.kv_resident_limit},
                            memory_options, ContextMayShrink::no);
     if (!budget) return kExitDoesNotFit;
     kv_params.type_k = budget->plan().params.type_k;
@@ -94,6 +95,8 @@ int run_perplexity(const std::vector<std::string>& args) {
     pp.type_k = kv_params.type_k;
     pp.type_v = kv_params.type_v;
     pp.kv_rotation = kv_params.kv_rotation;
+    pp.kv_spill_dir = kv_params.kv_spill_dir;
+    pp.kv_resident_limit = kv_params.kv_resident_limit;
     const tokenizer::Vocab& vocab = tokenizer.vocab();
     if (vocab.add_bos() && vocab.valid(vocab.special().bos)) pp.bos = vocab.special().bos;
 

@@ -44,7 +44,9 @@ std::string kv_detail(const memory::Plan& p) {
         s += std::to_string(pool.n_layer) + " layers x " + std::to_string(pool.n_cells) + " cells";
         if (pool.window > 0) s += " (window " + std::to_string(pool.window) + ")";
     }
-    return s + ", " + type_str(p.params.type_k) + "/" + type_str(p.params.type_v);
+    s += ", " + type_str(p.params.type_k) + "/" + type_str(p.params.type_v);
+    if (p.kv_spilled > 0) s += "; " + util::human_bytes(p.kv_spilled) + " spilled to disk (not in the total)";
+    return s;
 }
 
 json plan_json(const memory::Plan& p, const std::string& budget_source) {
@@ -75,6 +77,7 @@ json plan_json(const memory::Plan& p, const std::string& budget_source) {
                                   {"stream_buffer", p.stream_buffer},
                                   {"kv", p.kv},
                                   {"kv_pools", pools},
+                                  {"kv_spilled", p.kv_spilled},
                                   {"scratch", p.scratch},
                                   {"activations", p.activations},
                                   {"matmul_scratch", p.matmul_scratch},
@@ -163,6 +166,15 @@ int run_plan(const std::vector<std::string>& args) {
              &mem);
     p.option("--stream-layers", "N", "stream the weights of the last N layers (default 0; --fit may stream more)",
              &params.n_streamed_layers);
+    p.option("--kv-resident", "SIZE",
+             "KV spill (run's --kv-spill-dir): the K/V bytes kept in memory, the rest in the spill file",
+             [&](const std::string& v) {
+                 try {
+                     params.kv_resident_limit = memory::parse_size(v);
+                 } catch (const memory::SizeError& e) {
+                     throw UsageError(std::string("--kv-resident: ") + e.what());
+                 }
+             });
     p.flag("--fit", &fit, "change the settings until the plan fits the budget, and say why");
     p.flag("--json", &as_json, "print the plan as JSON");
     if (!p.parse(args)) return 0;

@@ -95,7 +95,7 @@ uint64_t kv_pool_bytes(int n_layer, int n_head_kv, int head_dim_k, int head_dim_
 }
 
 std::vector<KvPoolPlan> kv_plan(const model::Hparams& hp, int n_cells, int n_seq, int n_batch, quant::GgmlType type_k,
-                                quant::GgmlType type_v) {
+                                quant::GgmlType type_v, uint64_t resident_limit) {
     // One pool for the full-attention layers, one per sliding window that is smaller than the
     // full pool.
     kv::CacheParams cp;
@@ -123,6 +123,28 @@ std::vector<KvPoolPlan> kv_plan(const model::Hparams& hp, int n_cells, int n_seq
         pool.bytes = kv_pool_bytes(n_layer, hp.n_head_kv, hp.head_dim, hp.head_dim_v, pool.n_cells, n_seq, kBlockSize,
                                    type_k, type_v);
         pools.push_back(pool);
+    }
+    // KV spill (kv/cache.h): the window pools stay in memory; the full-attention pool keeps what
+    // the rest of the limit holds, as kv::ModelCache splits it.
+    if (resident_limit > 0 && !pools.empty() && pools.front().window == 0) {
+        uint64_t window_bytes = 0;
+        for (size_t i = 1; i < pools.size(); ++i) window_bytes += pools[i].bytes;
+        if (resident_limit <= window_bytes) {
+            throw std::invalid_argument("the KV resident limit " + util::human_bytes(resident_limit) +
+                                        " leaves nothing for the full-attention layers after the sliding-window "
+                                        "pools' " +
+                                        util::human_bytes(window_bytes));
+        }
+        KvPoolPlan& full = pools.front();
+        kv::CacheParams fp = cp;
+        fp.n_cells = full.n_cells;
+        fp.spill_dir = "(plan)";  // only whether there is one matters to bytes_for
+        fp.resident_limit = resident_limit - window_bytes;
+        const std::vector<kv::LayerShape> layers(static_cast<size_t>(full.n_layer),
+                                                 {hp.n_head_kv, hp.head_dim, hp.head_dim_v});
+        const uint64_t resident = kv::KvCache::bytes_for(layers, fp);
+        full.spilled = full.bytes - std::min(full.bytes, resident);
+        full.bytes = std::min(full.bytes, resident);
     }
     return pools;
 }
@@ -173,8 +195,12 @@ Plan make_plan(const ModelShape& shape, PlanParams params) {
         largest_streamed == 0 ? 0 : model::kStreamBuffers * PoolBuffer<std::byte>::bytes_for(largest_streamed);
 
     // KV: kv::ModelCache's pools (see kv/cache.h).
-    p.kv_pools = kv_plan(hp, params.n_ctx, params.n_seq, params.n_batch, params.type_k, params.type_v);
-    for (const KvPoolPlan& pool : p.kv_pools) p.kv += pool.bytes;
+    p.kv_pools =
+        kv_plan(hp, params.n_ctx, params.n_seq, params.n_batch, params.type_k, params.type_v, params.kv_resident_limit);
+    for (const KvPoolPlan& pool : p.kv_pools) {
+        p.kv += pool.bytes;
+        p.kv_spilled += pool.spilled;
+    }
 
     // Scratch: the forward pass's activations (model/decoder.h) for n_batch tokens, the batch's
     // positions, and one ops::Scratch (its largest single request, 64 bytes of alignment).

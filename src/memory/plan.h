@@ -60,6 +60,7 @@ struct PlanParams {
     int n_threads = 0;                              // for the attention scratch; 0: the physical cores
     uint64_t budget = 0;                            // host bytes
     int n_streamed_layers = 0;                      // the last n layers stream instead of staying resident
+    uint64_t kv_resident_limit = 0;  // KV spill (--kv-spill-dir, --kv-resident): K/V bytes kept in memory; 0: all
 };
 
 // One pool of the KV cache (kv::ModelCache): the full-attention layers, or the layers of one
@@ -67,8 +68,9 @@ struct PlanParams {
 struct KvPoolPlan {
     int window = 0;  // 0: full attention
     int n_layer = 0;
-    int n_cells = 0;  // rounded to blocks
-    uint64_t bytes = 0;
+    int n_cells = 0;       // rounded to blocks
+    uint64_t bytes = 0;    // in memory (KvCache::bytes())
+    uint64_t spilled = 0;  // K/V that lives in the spill file instead (kv_resident_limit)
 };
 
 // What fit_plan() changed, and why.
@@ -84,7 +86,8 @@ struct Plan {
     uint64_t weights_resident = 0;  // mapped and kept in memory
     uint64_t weights_streamed = 0;  // read from the file layer by layer, not counted in the total
     uint64_t stream_buffer = 0;     // model::kStreamBuffers buffers of the largest streamed layer
-    uint64_t kv = 0;
+    uint64_t kv = 0;                // in memory
+    uint64_t kv_spilled = 0;        // in the spill file, not in the total
     std::vector<KvPoolPlan> kv_pools;
     uint64_t activations = 0;        // model/decoder.h Activations + batch positions, for n_batch tokens
     uint64_t matmul_scratch = 0;     // the largest quantized activation block of one matmul
@@ -121,9 +124,11 @@ Plan make_plan(const ModelShape& shape, PlanParams params);
 Plan fit_plan(const ModelShape& shape, PlanParams params);
 
 // The pools of the kv::ModelCache that Model::make_cache() builds for n_cells cells, n_seq
-// sequences and batches of n_batch tokens, with their bytes (KvCache::bytes() of each).
+// sequences and batches of n_batch tokens, with their bytes (KvCache::bytes() of each); with a
+// resident_limit (KV spill), what stays in memory and what goes to the spill file. Throws
+// std::invalid_argument for a limit the cache refuses.
 std::vector<KvPoolPlan> kv_plan(const model::Hparams& hp, int n_cells, int n_seq, int n_batch, quant::GgmlType type_k,
-                                quant::GgmlType type_v);
+                                quant::GgmlType type_v, uint64_t resident_limit = 0);
 
 // The KV bytes of one kv::KvCache pool, as KvCache::bytes() counts them.
 uint64_t kv_pool_bytes(int n_layer, int n_head_kv, int head_dim_k, int head_dim_v, int n_cells_rounded, int n_seq,

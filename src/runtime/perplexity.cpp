@@ -47,6 +47,8 @@ PerplexityResult perplexity(model::Model& model, std::span<const int32_t> tokens
     cp.type_k = p.type_k;
     cp.type_v = p.type_v;
     cp.rotate = p.kv_rotation;
+    cp.spill_dir = p.kv_spill_dir;
+    cp.resident_limit = p.kv_resident_limit;
     kv::ModelCache cache = make_charged_cache(model, cp, n_seq * std::max(ctx_batch, score_batch), p.device);
     std::vector<int32_t> chunks(static_cast<size_t>(n_seq) * static_cast<size_t>(p.n_ctx));
     const size_t max_rows = static_cast<size_t>(n_seq) * static_cast<size_t>(std::max(ctx_batch, score_batch));

@@ -9,6 +9,7 @@
 #include <cstdint>
 #include <functional>
 #include <span>
+#include <string>
 
 #include "memory/device.h"
 #include "model/model.h"
@@ -26,7 +27,9 @@ struct PerplexityParams {
     int n_seq = 1;         // chunks evaluated together, one sequence each (-np); same result
     quant::GgmlType type_k = quant::GgmlType::F16;  // the KV cache's types (-ctk / -ctv)
     quant::GgmlType type_v = quant::GgmlType::F16;
-    bool kv_rotation = true;  // Hadamard rotation of quantized K/V (--no-kv-rotation: false)
+    bool kv_rotation = true;         // Hadamard rotation of quantized K/V (--no-kv-rotation: false)
+    std::string kv_spill_dir;        // KV spill (kv::CacheParams::spill_dir; --kv-spill-dir)
+    uint64_t kv_resident_limit = 0;  // and its resident_limit (--kv-resident; 0: no limit)
     // Charged with the KV cache ("kv") and the logits ("logits") before they are allocated
     // (memory::BudgetError when they do not fit); nullptr: uncharged.
     memory::Device* device = nullptr;

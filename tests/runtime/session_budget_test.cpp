@@ -19,6 +19,7 @@
 #include "runtime/perplexity.h"
 #include "runtime/session.h"
 #include "sampling/sampler.h"
+#include "test_support.h"
 
 namespace fitllm {
 namespace {
@@ -69,6 +70,35 @@ TEST(SessionBudget, ChargesTheCacheAndTheLogitsAndGivesThemBack) {
             }
             EXPECT_EQ(host.live(), 0u);
         }
+    }
+}
+
+// With KV spill, the plan's KV row is what the cache keeps in memory and charges.
+TEST(SessionBudget, SpilledCacheChargesWhatThePlanSays) {
+    const test::TempDir dir;
+    for (auto bytes : {test::tiny_gemma3_bytes({.n_layer = 12}), test::tiny_llama_bytes({})}) {
+        Tiny t(std::move(bytes));
+        const memory::Plan unlimited = memory::make_plan(
+            memory::model_shape(t.file), {.n_ctx = 1024, .n_batch = 8, .n_threads = 2, .budget = uint64_t{1} << 30});
+        // Half the full-attention pool (Gemma 3: its 2 global layers; its window pools stay in).
+        ASSERT_EQ(unlimited.kv_pools.front().window, 0);
+        const uint64_t limit = unlimited.kv - unlimited.kv_pools.front().bytes / 2;
+        memory::Device host("host", uint64_t{1} << 30);
+        runtime::Session s(*t.model,
+                           {.n_ctx = 1024,
+                            .n_batch = 8,
+                            .kv_spill_dir = dir.path().string(),
+                            .kv_resident_limit = limit,
+                            .device = &host},
+                           t.pool);
+        const memory::Plan spilled = memory::make_plan(
+            memory::model_shape(t.file),
+            {.n_ctx = 1024, .n_batch = 8, .n_threads = 2, .budget = uint64_t{1} << 30, .kv_resident_limit = limit});
+        EXPECT_EQ(host.pool(memory::pool_names::kKv).live(), spilled.kv);
+        EXPECT_EQ(s.cache().bytes(), spilled.kv);
+        EXPECT_LT(spilled.kv, unlimited.kv);
+        EXPECT_GT(spilled.kv_spilled, 0u);
+        EXPECT_EQ(greedy(s, 4).size(), 4u);
     }
 }
 
