@@ -191,10 +191,11 @@ TEST_F(Fit, ThenStreamsLayersKeepingTheContext) {
 }
 
 TEST_F(Fit, StreamingTwoLayersOrFewerNeverHelps) {
-    // The tiny model's two layers: streaming one costs a buffer of two.
+    // The tiny model's two layers: streaming one costs buffers for two.
     const Plan resident = plan_with(GgmlType::Q4_0, 65536, 0);
     EXPECT_GT(plan_with(GgmlType::Q4_0, 65536, 1).total(), resident.total());
-    EXPECT_EQ(plan_with(GgmlType::Q4_0, 65536, 2).total(), resident.total());
+    // Both: the buffers (each a layer's file range, aligned for O_DIRECT) outweigh the layers.
+    EXPECT_GT(plan_with(GgmlType::Q4_0, 65536, 2).total(), resident.total());
 }
 
 TEST_F(Fit, ShortensTheContextLast) {
