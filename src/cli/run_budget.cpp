@@ -30,7 +30,8 @@ std::string settings_text(const memory::Plan& p) {
 }
 
 // The plan's rows charged to a device of the budget's capacity, in the order the run charges
-// them: the BudgetError of the first that does not fit, as the run would raise it.
+// them (load: overhead, weights, stream buffers; the session: KV, logits; the first forward
+// pass: scratch): the BudgetError of the first that does not fit, as the run would raise it.
 std::string first_refusal(const memory::Plan& p) {
     memory::Device host("host", p.params.budget);
     std::vector<memory::Charge> charges;
@@ -39,9 +40,9 @@ std::string first_refusal(const memory::Plan& p) {
         charges.push_back(host.pool(names::kOverhead).charge(p.overhead, "the runtime, metadata and tokenizer"));
         charges.push_back(host.pool(names::kWeights).charge(p.weights_resident, "the resident weights"));
         charges.push_back(host.pool(names::kStaging).charge(p.stream_buffer, "the streamed layers' buffer"));
-        charges.push_back(host.pool(names::kScratch).charge(p.scratch, "activations and op scratch"));
         charges.push_back(host.pool(names::kKv).charge(p.kv, "the KV cache"));
         charges.push_back(host.pool(names::kLogits).charge(p.logits, "logits"));
+        charges.push_back(host.pool(names::kScratch).charge(p.scratch, "activations and op scratch"));
     } catch (const memory::BudgetError& e) {
         return e.what();
     }
