@@ -355,10 +355,11 @@ void rows_times_tokens(int n, int n_rows, const uint8_t* w, size_t w_stride, con
     const int n_slabs = static_cast<int>((n_blocks * kBlockBytes + kSlabBytes - 1) / kSlabBytes);
     const int slab = (n_blocks + n_slabs - 1) / n_slabs;
     constexpr int kState = kT + kPairs;
-    __m512* state = nullptr;
+    float* state = nullptr;  // kState registers of 16 floats per row
     if (n_slabs > 1) {
-        static thread_local std::vector<__m512> buffer;
-        if (buffer.size() < static_cast<size_t>(n_rows) * kState) buffer.resize(static_cast<size_t>(n_rows) * kState);
+        static thread_local std::vector<float> buffer;
+        const size_t size = static_cast<size_t>(n_rows) * kState * 16;
+        if (buffer.size() < size) buffer.resize(size);
         state = buffer.data();
     }
     for (int i0 = 0; i0 < n_blocks; i0 += slab) {
@@ -367,13 +368,19 @@ void rows_times_tokens(int n, int n_rows, const uint8_t* w, size_t w_stride, con
             const Block* x = as<Block>(w + static_cast<size_t>(r) * w_stride);
             __m512 acc[kT];
             __m512 acc_mins[kPairs];  // tokens 2p (low 256 bits) and 2p + 1 (high)
-            __m512* row_state = state != nullptr ? state + static_cast<size_t>(r) * kState : nullptr;
+            float* row_state = state != nullptr ? state + static_cast<size_t>(r) * kState * 16 : nullptr;
             if (i0 == 0) {
                 unroll<kT>([&](auto t_) { acc[decltype(t_)::value] = _mm512_setzero_ps(); });
                 unroll<kPairs>([&](auto p_) { acc_mins[decltype(p_)::value] = _mm512_setzero_ps(); });
             } else {
-                unroll<kT>([&](auto t_) { acc[decltype(t_)::value] = row_state[decltype(t_)::value]; });
-                unroll<kPairs>([&](auto p_) { acc_mins[decltype(p_)::value] = row_state[kT + decltype(p_)::value]; });
+                unroll<kT>([&](auto t_) {
+                    constexpr int t = decltype(t_)::value;
+                    acc[t] = _mm512_loadu_ps(row_state + 16 * t);
+                });
+                unroll<kPairs>([&](auto p_) {
+                    constexpr int p = decltype(p_)::value;
+                    acc_mins[p] = _mm512_loadu_ps(row_state + 16 * (kT + p));
+                });
             }
             for (int i = i0; i < i1; ++i) {
                 Unpacked u;
@@ -406,8 +413,14 @@ void rows_times_tokens(int n, int n_rows, const uint8_t* w, size_t w_stride, con
                 }
             }
             if (i1 < n_blocks) {
-                unroll<kT>([&](auto t_) { row_state[decltype(t_)::value] = acc[decltype(t_)::value]; });
-                unroll<kPairs>([&](auto p_) { row_state[kT + decltype(p_)::value] = acc_mins[decltype(p_)::value]; });
+                unroll<kT>([&](auto t_) {
+                    constexpr int t = decltype(t_)::value;
+                    _mm512_storeu_ps(row_state + 16 * t, acc[t]);
+                });
+                unroll<kPairs>([&](auto p_) {
+                    constexpr int p = decltype(p_)::value;
+                    _mm512_storeu_ps(row_state + 16 * (kT + p), acc_mins[p]);
+                });
                 continue;
             }
             if constexpr (kT % 4 == 0) {
