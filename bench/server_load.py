@@ -7,7 +7,7 @@ per-request latency and time to first token (p50 / p90 / p99), the server's peak
 fitllm / llama-server ratios.
 
   .venv/bin/python bench/server_load.py                          # both servers, 1, 16 and 32 clients
-  .venv/bin/python bench/server_load.py --servers fitllm,llama-server,llama-server-passive
+  .venv/bin/python bench/server_load.py --servers fitllm,llama-server-passive --clients 16 --rounds 2   # A B, B A
   .venv/bin/python bench/server_load.py --servers fitllm --clients 16,32 --requests 3
   .venv/bin/python bench/server_load.py -m MODEL.gguf -np 4 -c 4096 -t 2 --max-tokens 64 --json out.json
   .venv/bin/python bench/server_load.py --url fitllm=http://127.0.0.1:8080   # a server already running (no RSS)
@@ -86,6 +86,7 @@ class Result:
 class Level:
     server: str
     clients: int
+    round: int = 1
     requests: int = 0
     ok: int = 0
     failed: int = 0
@@ -304,22 +305,35 @@ def fmt(values, digits=2):
 
 
 def print_table(levels):
-    header = ("| server | clients | ok | failed | lost | hung up | gen tokens | wall s | gen tok/s "
+    header = ("| server | round | clients | ok | failed | lost | hung up | gen tokens | wall s | gen tok/s "
               "| latency p50/p90/p99 s | TTFT p50/p90/p99 s | peak RSS MiB | load |")
     print("\n" + header)
     print("|" + "---|" * (header.count("|") - 1))
     for lv in levels:
         rss = "-" if lv.peak_rss_mib is None else f"{lv.peak_rss_mib:.0f}"
-        print(f"| {lv.server} | {lv.clients} | {lv.ok} | {lv.failed} | {lv.lost} | {lv.hung_up} | {lv.tokens} "
+        print(f"| {lv.server} | {lv.round} | {lv.clients} | {lv.ok} | {lv.failed} | {lv.lost} | {lv.hung_up} | {lv.tokens} "
               f"({lv.token_source}) | {lv.wall_s:.1f} | {lv.tok_s:.1f} | {fmt(lv.latency)} | {fmt(lv.ttft)} "
               f"| {rss} | {lv.loadavg:.1f} |")
-    by_key = {(lv.server, lv.clients): lv for lv in levels}
+    # Over all rounds: tok/s = all tokens / all wall time; latency, TTFT, RSS: the rounds' medians.
+    by_key = {}
+    for key in dict.fromkeys((lv.server, lv.clients) for lv in levels):
+        rows = [lv for lv in levels if (lv.server, lv.clients) == key]
+
+        def median(values):
+            values = sorted(v for v in values if v is not None)
+            return values[len(values) // 2] if values else None
+
+        by_key[key] = Level(server=key[0], clients=key[1], tokens=sum(lv.tokens for lv in rows),
+                            wall_s=sum(lv.wall_s for lv in rows),
+                            tok_s=sum(lv.tokens for lv in rows) / max(sum(lv.wall_s for lv in rows), 1e-9),
+                            latency=[median(lv.latency[0] for lv in rows)], ttft=[median(lv.ttft[0] for lv in rows)],
+                            peak_rss_mib=median(lv.peak_rss_mib for lv in rows))
 
     def ratio(a, b):
         return "-" if a is None or not b else f"{a / b:.2f}x"
 
     ratios = []
-    for lv in levels:
+    for lv in by_key.values():
         for baseline in LLAMA_SERVERS:
             other = by_key.get((baseline, lv.clients))
             if lv.server == "fitllm" and other:
@@ -355,6 +369,8 @@ def main():
     parser.add_argument("--llama-server", default=DEFAULT_LLAMA_SERVER)
     parser.add_argument("--fitllm-args", default="", help="extra arguments for fitllm serve")
     parser.add_argument("--llama-server-args", default="", help="extra arguments for llama-server")
+    parser.add_argument("--rounds", type=int, default=1,
+                        help="run the servers this many times, alternating their order; ratios over the totals")
     parser.add_argument("--seed", type=int, default=1)
     parser.add_argument("--json", help="write the rows here too")
     args = parser.parse_args()
@@ -370,7 +386,9 @@ def main():
           f"{args.requests} requests per client, 1 in {args.hangup_every} hangs up; "
           f"{os.cpu_count()} CPUs, load {' '.join(f'{x:.1f}' for x in os.getloadavg())}", flush=True)
     levels = []
-    for name in servers:
+    # Rounds alternate the order (A B, B A, ...) so that a load that drifts hits both alike.
+    order = [name for r in range(args.rounds) for name in (servers if r % 2 == 0 else servers[::-1])]
+    for name in order:
         process = log = None
         if name in urls:
             url, pid = urls[name].rstrip("/"), None
@@ -384,6 +402,7 @@ def main():
                 print(f"# {name}: the warm-up request did not succeed: {warm.failed or warm.lost}", flush=True)
             for i, clients in enumerate(client_counts):
                 level = run_level(name, url, model, pid, clients, args, args.seed + i)
+                level.round = 1 + sum(lv.server == name and lv.clients == clients for lv in levels)
                 levels.append(level)
                 print(f"# {name} x{clients}: {level.ok}/{level.requests} ok, {level.tok_s:.1f} gen tok/s, "
                       f"{level.wall_s:.1f} s, load {level.loadavg:.1f}", flush=True)
