@@ -91,8 +91,9 @@ TEST(KvCacheBudget, ModelCacheChargesEveryPool) {
 
 TEST(KvCacheBudget, ModelCacheBytesForIsWhatItCharges) {
     const std::vector<int> windows{8, 8, 0, 8, 8, 0};
-    const fs::path dir = fs::path(FITLLM_BINARY_DIR) / "test-kv-spill" / "bytes-for";
-    fs::create_directories(dir);
+    std::string why_not;
+    const fs::path dir = test::spill_test_dir("bytes-for", why_not);
+    if (!why_not.empty()) GTEST_SKIP() << why_not;
     memory::Device host("host", uint64_t{1} << 30);
     memory::Pool& kv = host.pool("kv");
     CacheParams p = charged(kv, 4096);

@@ -6,15 +6,33 @@
 #include <algorithm>
 #include <bit>
 #include <cstdint>
+#include <filesystem>
 #include <set>
+#include <string>
 #include <vector>
 
 #include "kv/cache.h"
+#include "kv/spill_file.h"
 
 namespace fitllm::kv::test {
 
 inline std::vector<LayerShape> shapes(int n_layer, int n_head_kv = 2, int head_dim_k = 32, int head_dim_v = 32) {
     return std::vector<LayerShape>(static_cast<size_t>(n_layer), LayerShape{n_head_kv, head_dim_k, head_dim_v});
+}
+
+// An empty directory for spill files in the build tree (the system temp dir may be tmpfs, which
+// spill refuses). Sets why_not when no spill file can be made there (a build tree on tmpfs, a
+// full disk), for GTEST_SKIP() << why_not.
+inline std::filesystem::path spill_test_dir(const std::string& name, std::string& why_not) {
+    const std::filesystem::path dir = std::filesystem::path(FITLLM_BINARY_DIR) / "test-kv-spill" / name;
+    std::filesystem::remove_all(dir);
+    std::filesystem::create_directories(dir);
+    try {
+        SpillFile probe(dir.string(), 1 << 20);
+    } catch (const SpillError& e) {
+        why_not = std::string("no KV spill file can be made in the build tree: ") + e.what();
+    }
+    return dir;
 }
 
 inline CacheParams small_params(int n_cells, int n_seq_max = 1, int block_size = 4) {

@@ -5,6 +5,7 @@
 #include <filesystem>
 #include <string>
 
+#include "kv/cache_test_support.h"
 #include "model/tiny_llama.h"
 #include "test_support.h"
 
@@ -21,9 +22,9 @@ TEST(KvSpillCli, RunGivesTheSameTextAndErrorsNameTheProblem) {
     const test::TempDir tmp;
     const fs::path model = tmp / "tiny-llama.gguf";
     test::write_file(model, test::tiny_llama_bytes({.rope_freqs = true, .with_vocab = true}));
-    // On disk (the build tree): the system temp dir may be tmpfs, which spill refuses.
-    const fs::path dir = fs::path(FITLLM_BINARY_DIR) / "test-kv-spill" / "cli";
-    fs::create_directories(dir);
+    std::string why_not;
+    const fs::path dir = kv::test::spill_test_dir("cli", why_not);
+    if (!why_not.empty()) GTEST_SKIP() << why_not;
     // -c 16 with --context-shift: 48 cells; a layer's K+V is 48 x 2 x 2 heads x 8 x 2 bytes = 3 KiB,
     // so 4K keeps one of the two layers in memory at a time.
     const std::string base =

@@ -12,6 +12,7 @@
 
 #include "gguf/gguf_reader.h"
 #include "kv/cache.h"
+#include "kv/cache_test_support.h"
 #include "model/model.h"
 #include "model/tiny_gemma3.h"
 #include "ops/thread_pool.h"
@@ -58,7 +59,8 @@ std::vector<float> run(model::Model& model, kv::ModelCache& cache, ops::ThreadPo
     return out;
 }
 
-void expect_spill_changes_nothing(model::Model& model, GgmlType type, int layers_resident, ops::ThreadPool& pool) {
+void expect_spill_changes_nothing(model::Model& model, GgmlType type, int layers_resident, const fs::path& dir,
+                                  ops::ThreadPool& pool) {
     kv::ModelCache in_memory = model.make_cache(params(type), kBatch);
     // The limit: the window pools (kept in memory) and `layers_resident` layers of the full pool.
     const kv::KvCache& full = in_memory.pool(0);
@@ -67,8 +69,6 @@ void expect_spill_changes_nothing(model::Model& model, GgmlType type, int layers
     uint64_t limit = layers_resident * layer;
     for (int p = 1; p < in_memory.n_pools(); ++p) limit += in_memory.pool(p).bytes();
 
-    const fs::path dir = fs::path(FITLLM_BINARY_DIR) / "test-kv-spill" / "model";
-    fs::create_directories(dir);
     kv::CacheParams spill = params(type);
     spill.spill_dir = dir.string();
     spill.resident_limit = limit;
@@ -88,6 +88,9 @@ void expect_spill_changes_nothing(model::Model& model, GgmlType type, int layers
 }
 
 TEST(KvSpillModel, TinyLlamaAndQwen2GiveTheInMemoryLogits) {
+    std::string why_not;
+    const fs::path dir = kv::test::spill_test_dir("model", why_not);
+    if (!why_not.empty()) GTEST_SKIP() << why_not;
     ops::ThreadPool pool(2);
     for (const std::string name : {"tiny-llama-f16.gguf", "tiny-qwen2-q8_0.gguf"}) {
         const auto file = gguf::GgufFile::open((test::source_dir() / "tests/model/data" / name).string());
@@ -95,12 +98,15 @@ TEST(KvSpillModel, TinyLlamaAndQwen2GiveTheInMemoryLogits) {
         ASSERT_EQ(model->hparams().n_layer, 2);
         for (const GgmlType type : {GgmlType::F16, GgmlType::Q8_0}) {
             SCOPED_TRACE(name + (type == GgmlType::F16 ? ", f16 KV" : ", q8_0 KV"));
-            expect_spill_changes_nothing(*model, type, 1, pool);
+            expect_spill_changes_nothing(*model, type, 1, dir, pool);
         }
     }
 }
 
 TEST(KvSpillModel, Gemma3WithAWindowPoolGivesTheInMemoryLogits) {
+    std::string why_not;
+    const fs::path dir = kv::test::spill_test_dir("model-gemma3", why_not);
+    if (!why_not.empty()) GTEST_SKIP() << why_not;
     ops::ThreadPool pool(2);
     const std::vector<std::byte> bytes = test::tiny_gemma3_bytes({.n_layer = 18});
     const gguf::GgufFile file = gguf::GgufFile::parse(bytes, "tiny-gemma3.gguf");
@@ -108,7 +114,7 @@ TEST(KvSpillModel, Gemma3WithAWindowPoolGivesTheInMemoryLogits) {
     const kv::ModelCache probe = model->make_cache(params(GgmlType::F16), kBatch);
     ASSERT_EQ(probe.n_pools(), 2);
     ASSERT_EQ(probe.pool(0).n_layer(), 3);
-    expect_spill_changes_nothing(*model, GgmlType::F16, 2, pool);
+    expect_spill_changes_nothing(*model, GgmlType::F16, 2, dir, pool);
 }
 
 }  // namespace

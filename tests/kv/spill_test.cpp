@@ -26,14 +26,6 @@ using quant::GgmlType;
 using test::place_run;
 using test::shapes;
 
-// A directory on disk (the build tree; /tmp may be tmpfs, which spill refuses), empty.
-fs::path spill_dir(const std::string& name) {
-    const fs::path dir = fs::path(FITLLM_BINARY_DIR) / "test-kv-spill" / name;
-    fs::remove_all(dir);
-    fs::create_directories(dir);
-    return dir;
-}
-
 size_t files_in(const fs::path& dir) {
     return static_cast<size_t>(std::distance(fs::directory_iterator(dir), fs::directory_iterator()));
 }
@@ -100,7 +92,9 @@ void expect_same_contents(const KvCache& a, const KvCache& b, int n_cells) {
 }
 
 TEST(KvSpill, StaysInMemoryWithoutADirectoryOrWhenItFits) {
-    const fs::path dir = spill_dir("fits");
+    std::string why_not;
+    const fs::path dir = test::spill_test_dir("fits", why_not);
+    if (!why_not.empty()) GTEST_SKIP() << why_not;
     const uint64_t all = 4 * layer_bytes(GgmlType::F16);
     EXPECT_FALSE(KvCache(shapes(4), params(GgmlType::F16, "", all / 2)).spilled());        // no directory
     EXPECT_FALSE(KvCache(shapes(4), params(GgmlType::F16, dir.string(), 0)).spilled());    // no limit
@@ -110,7 +104,9 @@ TEST(KvSpill, StaysInMemoryWithoutADirectoryOrWhenItFits) {
 }
 
 TEST(KvSpill, PinsWhatFitsAndChargesOnlyTheResidentPart) {
-    const fs::path dir = spill_dir("layout");
+    std::string why_not;
+    const fs::path dir = test::spill_test_dir("layout", why_not);
+    if (!why_not.empty()) GTEST_SKIP() << why_not;
     const uint64_t layer = layer_bytes(GgmlType::Q8_0);
     const uint64_t bookkeeping = KvCache::bytes_for(shapes(1), params(GgmlType::Q8_0)) - layer;
     memory::Device host("host", uint64_t{1} << 30);
@@ -141,7 +137,9 @@ TEST(KvSpill, PinsWhatFitsAndChargesOnlyTheResidentPart) {
 }
 
 TEST(KvSpill, ALimitBelowOneLayerIsRefused) {
-    const fs::path dir = spill_dir("small");
+    std::string why_not;
+    const fs::path dir = test::spill_test_dir("small", why_not);
+    if (!why_not.empty()) GTEST_SKIP() << why_not;
     try {
         KvCache cache(shapes(4), params(GgmlType::F16, dir.string(), layer_bytes(GgmlType::F16) - 1));
         FAIL() << "no error";
@@ -151,7 +149,10 @@ TEST(KvSpill, ALimitBelowOneLayerIsRefused) {
 }
 
 TEST(KvSpill, ABadDirectoryIsAClearError) {
-    const fs::path missing = spill_dir("bad") / "missing";
+    std::string why_not;
+    const fs::path bad = test::spill_test_dir("bad", why_not);
+    if (!why_not.empty()) GTEST_SKIP() << why_not;
+    const fs::path missing = bad / "missing";
     try {
         KvCache cache(shapes(4), params(GgmlType::F16, missing.string(), layer_bytes(GgmlType::F16)));
         FAIL() << "no error";
@@ -169,7 +170,7 @@ TEST(KvSpill, ABadDirectoryIsAClearError) {
     }
     // No room: more than the file system has.
     try {
-        SpillFile file(spill_dir("bad").string(), uint64_t{1} << 62);
+        SpillFile file(bad.string(), uint64_t{1} << 62);
         FAIL() << "no error";
     } catch (const SpillError& e) {
         EXPECT_NE(std::string(e.what()).find("free"), std::string::npos) << e.what();
@@ -177,7 +178,9 @@ TEST(KvSpill, ABadDirectoryIsAClearError) {
 }
 
 TEST(KvSpill, ReadsAndWritesWhatAnInMemoryCacheDoes) {
-    const fs::path dir = spill_dir("contents");
+    std::string why_not;
+    const fs::path dir = test::spill_test_dir("contents", why_not);
+    if (!why_not.empty()) GTEST_SKIP() << why_not;
     for (const GgmlType type : {GgmlType::F16, GgmlType::Q8_0, GgmlType::Q4_0}) {
         for (const uint64_t layers_in_limit : {1, 2, 3}) {
             SCOPED_TRACE(std::to_string(layers_in_limit) + " layers resident");
@@ -211,7 +214,9 @@ TEST(KvSpill, ReadsAndWritesWhatAnInMemoryCacheDoes) {
 }
 
 TEST(KvSpill, StreamedLayersLeaveMemoryOutsideTheWindow) {
-    const fs::path dir = spill_dir("residency");
+    std::string why_not;
+    const fs::path dir = test::spill_test_dir("residency", why_not);
+    if (!why_not.empty()) GTEST_SKIP() << why_not;
     const uint64_t layer = layer_bytes(GgmlType::F16);
     KvCache cache(shapes(5), params(GgmlType::F16, dir.string(), 3 * layer));  // 1 pinned, 2 streamed at once
     ASSERT_EQ(cache.pinned_layers(), 1);
