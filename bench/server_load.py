@@ -26,7 +26,8 @@ Generated tokens per request: usage.completion_tokens when the server sends usag
 (stream_options.include_usage), else the number of content chunks. Aggregate tok/s = all generated
 tokens (hung-up requests' chunks included) / the level's wall time. Latency and TTFT percentiles
 are over ok requests. Peak RSS: VmHWM of the server process (/proc/PID/status) after the level,
-so it is the peak since the server started. The 1-minute load average is printed with each row:
+so it is the peak since the server started. "In use / budget": the most fitllm's GET /v1/memory
+showed in use on its device during the level (sampled twice a second) and the budget. The 1-minute load average is printed with each row:
 the machine is shared, so compare the servers in the same run. llama-server's OpenMP threads spin
 at barriers, which on a machine busier than its cores slows it down many times over;
 "llama-server-passive" is the same binary with OMP_WAIT_POLICY=passive (its threads sleep instead).
@@ -98,6 +99,8 @@ class Level:
     latency: list = field(default_factory=list)  # p50, p90, p99
     ttft: list = field(default_factory=list)
     peak_rss_mib: float | None = None
+    budget_used_mib: float | None = None  # the most /v1/memory showed in use on a device (fitllm)
+    budget_mib: float | None = None       # that device's capacity: the budget
     loadavg: float = 0.0
     token_source: str = ""
     errors: list = field(default_factory=list)  # up to 5 distinct failure messages
@@ -218,13 +221,38 @@ def run_level(name, url, model, pid, clients, args, seed):
 
     loadavg = os.getloadavg()[0]
     threads = [threading.Thread(target=client, args=(c,), daemon=True) for c in range(clients)]
+    memory = {"used": None, "capacity": None}
+    running = threading.Event()
+    running.set()
+
+    def sample_memory():
+        """fitllm's GET /v1/memory twice a second: the most in use against the budget."""
+        while running.is_set():
+            try:
+                with urllib.request.urlopen(url + "/v1/memory", timeout=5) as r:
+                    for d in json.load(r).get("devices", []):
+                        if memory["used"] is None or d["used"] > memory["used"]:
+                            memory["used"], memory["capacity"] = d["used"], d.get("capacity")
+            except (OSError, ValueError, KeyError):
+                pass  # a sample lost under load; the next one counts
+            time.sleep(0.5)
+
+    sampler = threading.Thread(target=sample_memory, daemon=True) if name == "fitllm" else None
     start = time.perf_counter()
+    if sampler:
+        sampler.start()
     for t in threads:
         t.start()
     for t in threads:
         t.join()
     wall = time.perf_counter() - start
+    running.clear()
+    if sampler:
+        sampler.join()
     level = Level(server=name, clients=clients, requests=n_requests, wall_s=wall, loadavg=loadavg)
+    if memory["used"] is not None:
+        level.budget_used_mib = memory["used"] / 2**20
+        level.budget_mib = memory["capacity"] / 2**20 if memory["capacity"] else None
     for r in results:
         level.ok += r.ok
         level.failed += bool(r.failed)
@@ -306,14 +334,15 @@ def fmt(values, digits=2):
 
 def print_table(levels):
     header = ("| server | round | clients | ok | failed | lost | hung up | gen tokens | wall s | gen tok/s "
-              "| latency p50/p90/p99 s | TTFT p50/p90/p99 s | peak RSS MiB | load |")
+              "| latency p50/p90/p99 s | TTFT p50/p90/p99 s | peak RSS MiB | in use / budget MiB | load |")
     print("\n" + header)
     print("|" + "---|" * (header.count("|") - 1))
     for lv in levels:
         rss = "-" if lv.peak_rss_mib is None else f"{lv.peak_rss_mib:.0f}"
+        budget = "-" if lv.budget_used_mib is None else f"{lv.budget_used_mib:.0f} / {lv.budget_mib or 0:.0f}"
         print(f"| {lv.server} | {lv.round} | {lv.clients} | {lv.ok} | {lv.failed} | {lv.lost} | {lv.hung_up} | {lv.tokens} "
               f"({lv.token_source}) | {lv.wall_s:.1f} | {lv.tok_s:.1f} | {fmt(lv.latency)} | {fmt(lv.ttft)} "
-              f"| {rss} | {lv.loadavg:.1f} |")
+              f"| {rss} | {budget} | {lv.loadavg:.1f} |")
     # Over all rounds: tok/s = all tokens / all wall time; latency, TTFT, RSS: the rounds' medians.
     by_key = {}
     for key in dict.fromkeys((lv.server, lv.clients) for lv in levels):
