@@ -52,12 +52,11 @@ LoadedModel::LoadedModel(std::string id, const std::filesystem::path& path, cons
                             " of it is held by models in use (" + device.breakdown() + ")");
     };
     if (plan_.total() > device.available()) throw busy();
-    // The plan's bytes for what has no pool of its own yet (weights mapped and read in, scratch,
-    // logits, tokenizer); the KV cache charges its pool itself when the scheduler makes it.
+    // The plan's bytes for what has no pool of its own yet (weights mapped and read in, logits,
+    // tokenizer); the KV cache and the model's working memory charge their pools themselves.
     try {
         const std::string what = "model '" + id_ + "'";
         charges_.push_back(device.pool(memory::pool_names::kWeights).charge(plan_.weights(), what + " weights"));
-        charges_.push_back(device.pool(memory::pool_names::kScratch).charge(plan_.scratch, what + " scratch"));
         charges_.push_back(device.pool(memory::pool_names::kLogits).charge(plan_.logits, what + " logits"));
         charges_.push_back(
             device.pool(memory::pool_names::kOverhead).charge(plan_.overhead, what + " tokenizer and runtime"));
@@ -70,8 +69,10 @@ LoadedModel::LoadedModel(std::string id, const std::filesystem::path& path, cons
     render_options_.add_generation_prompt = true;
     if (vocab.valid(vocab.special().bos)) render_options_.bos_token = vocab.text(vocab.special().bos);
     if (vocab.valid(vocab.special().eos)) render_options_.eos_token = vocab.text(vocab.special().eos);
-    model_ = model::Model::load(*file_);
-    runtime::prefault(*file_);
+    // The model charges its working memory (scratch) itself, as it grows: the scheduler's first
+    // pass, a full batch, takes it to its largest.
+    model_ = model::Model::load(*file_, {.device = &device});
+    runtime::prefault(*file_, *model_);
     SchedulerOptions so = options;
     so.kv_pool = &device.pool(memory::pool_names::kKv);
     try {

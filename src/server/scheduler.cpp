@@ -91,7 +91,31 @@ Scheduler::Scheduler(model::Model& model, const tokenizer::Tokenizer& tokenizer,
     for (int s = options_.n_slots - 1; s >= 0; --s) free_ids_.push_back(s);
     logits_.resize(static_cast<size_t>(options_.n_slots) * static_cast<size_t>(model_.n_vocab()));
     stats_.kv_cells_total = options_.n_ctx;
+    warm_up();
     thread_ = std::thread([this] { loop(); });
+}
+
+void Scheduler::warm_up() {
+    // One pass of the largest batch a step makes: n_batch tokens over the slots, each slot's last
+    // token wanting logits. The model's working memory grows to its largest now, charged to the
+    // budget (memory::BudgetError here, at load, rather than in the middle of serving).
+    // (A step never holds more tokens than the cache: n_ctx bounds them.)
+    const int n_tokens = std::min(options_.n_batch, options_.n_ctx);
+    const int per_slot = n_tokens / options_.n_slots;
+    for (int s = 0; s < options_.n_slots; ++s) {
+        const int n = per_slot + (s < n_tokens % options_.n_slots ? 1 : 0);
+        if (n == 0) continue;
+        for (int t = 0; t < n; ++t) {
+            batch_tokens_.push_back(0);
+            batch_pos_.push_back(t);
+            batch_seq_.push_back(s);
+            batch_output_.push_back(t + 1 == n ? 1 : 0);
+        }
+    }
+    std::lock_guard lock(compute_.mutex);
+    model_.forward({.tokens = batch_tokens_, .positions = batch_pos_, .seq_ids = batch_seq_, .output = batch_output_},
+                   cache_, logits_.data(), compute_.pool);
+    cache_.clear();
 }
 
 Scheduler::~Scheduler() {

@@ -82,8 +82,10 @@ class Scheduler {
 public:
     // The cache is made here (n_ctx cells plus one block per slot for partly filled blocks),
     // charged to options.kv_pool. model, tokenizer, compute and the pool must outlive the
-    // scheduler. Throws std::invalid_argument for bad options, memory::BudgetError when the cache
-    // does not fit the pool's device (and what kv::ModelCache throws).
+    // scheduler. Runs one forward pass of a full batch first, so that a model loaded with a
+    // device charges its largest working memory now. Throws std::invalid_argument for bad
+    // options, memory::BudgetError when the cache or the working memory does not fit the device
+    // (and what kv::ModelCache throws).
     Scheduler(model::Model& model, const tokenizer::Tokenizer& tokenizer, SchedulerOptions options, Compute& compute);
     ~Scheduler();  // shutdown()
     // Stops the thread and finishes every request as cancelled; submit() then throws
@@ -104,6 +106,7 @@ public:
 
 private:
     struct Sequence;
+    void warm_up();
     void loop();
     void admit();
     bool step();
