@@ -128,11 +128,11 @@ std::optional<RunBudget> RunBudget::prepare(const char* command, const gguf::Ggu
                      rb.plan_.params.n_ctx, command);
         return std::nullopt;
     }
-    if (options.fit) {
+    if (options.fit && rb.plan_.fits()) {  // (a refusal prints them with the plan)
         for (const memory::FitStep& s : rb.plan_.fit_steps) {
             std::fprintf(stderr, "fitllm %s --fit: %s\n    why: %s\n", command, s.change.c_str(), s.reason.c_str());
         }
-        if (rb.plan_.fits()) {
+        {
             std::fprintf(stderr, "fitllm %s --fit: %s%s: %s planned of the %s budget\n", command,
                          rb.plan_.fit_steps.empty() ? "fits as asked, " : "", settings_text(rb.plan_).c_str(),
                          util::human_bytes(rb.plan_.total()).c_str(), util::human_bytes(params.budget).c_str());

@@ -274,20 +274,43 @@ Plan fit_plan(const ModelShape& shape, PlanParams params) {
         }
         return std::nullopt;
     };
+    // The smallest plan over every number of streamed layers (ties: fewer layers); streaming
+    // costs buffers, so with small layers it may never pay.
+    const auto smallest_streamed = [&](PlanParams base) {
+        base.n_streamed_layers = min_streamed;
+        Plan best = make_plan(shape, base);
+        for (int n = min_streamed + 1; n <= hp.n_layer; ++n) {
+            base.n_streamed_layers = n;
+            Plan q = make_plan(shape, base);
+            if (q.total() < best.total()) best = std::move(q);
+        }
+        return best;
+    };
     if (!p.fits()) {
         const Plan before = p;
-        if (auto q = fewest_streamed(p.params)) {
-            p = std::move(*q);
+        p = fewest_streamed(p.params).value_or(smallest_streamed(p.params));
+        if (p.params.n_streamed_layers > before.params.n_streamed_layers) {
+            steps.push_back(
+                {"stream the weights of " + std::to_string(p.params.n_streamed_layers) + " of " +
+                     std::to_string(hp.n_layer) + " layers",
+                 over(before) +
+                     (before.params.n_streamed_layers == 0
+                          ? std::string(" with every layer resident")
+                          : " with " + std::to_string(before.params.n_streamed_layers) + " layers streamed") +
+                     "; streaming " + util::human_bytes(p.weights_streamed) + " of weights through a " +
+                     util::human_bytes(p.stream_buffer) + " buffer keeps the context (" + over(p) + ")"});
         } else {
-            PlanParams all = p.params;
-            all.n_streamed_layers = hp.n_layer;
-            p = make_plan(shape, all);
+            steps.push_back({"no more layers streamed", "the stream buffers (" +
+                                                            util::human_bytes(make_plan(shape,
+                                                                                        [&] {
+                                                                                            PlanParams all = p.params;
+                                                                                            all.n_streamed_layers =
+                                                                                                hp.n_layer;
+                                                                                            return all;
+                                                                                        }())
+                                                                                  .stream_buffer) +
+                                                            " for every layer) would cost more than they save"});
         }
-        steps.push_back({"stream the weights of " + std::to_string(p.params.n_streamed_layers) + " of " +
-                             std::to_string(hp.n_layer) + " layers",
-                         over(before) + " with every layer resident; streaming " +
-                             util::human_bytes(p.weights_streamed) + " of weights through a " +
-                             util::human_bytes(p.stream_buffer) + " buffer keeps the context (" + over(p) + ")"});
     }
 
     // 3. Shorten the context, as the last resort, streaming as few layers as each length needs.
@@ -310,15 +333,15 @@ Plan fit_plan(const ModelShape& shape, PlanParams params) {
                                  (p.params.n_streamed_layers
                                       ? ", streaming " + std::to_string(p.params.n_streamed_layers) + " layers"
                                       : std::string()),
-                             over(before) + " even with the KV cache quantized and every layer streamed; " +
+                             over(before) + " even with the KV cache quantized and layers streamed; " +
                                  std::to_string(p.params.n_ctx) + " tokens is the longest context that fits"});
         } else {
             next.n_ctx = floor_ctx;
-            next.n_streamed_layers = hp.n_layer;
-            p = make_plan(shape, next);
+            p = smallest_streamed(next);
             steps.push_back({"nothing fits", "even " + std::to_string(floor_ctx) + " tokens of context with a " +
                                                  type_str(next.type_k) + "/" + type_str(next.type_v) +
-                                                 " KV cache and every layer streamed needs " +
+                                                 " KV cache and " + std::to_string(p.params.n_streamed_layers) +
+                                                 " of " + std::to_string(hp.n_layer) + " layers streamed needs " +
                                                  util::human_bytes(p.total()) + "; the budget is " +
                                                  util::human_bytes(budget)});
         }
