@@ -22,7 +22,6 @@
 #include "quant/quantize.h"
 
 namespace fitllm::kv {
-inline namespace paged {
 
 using quant::GgmlType;
 
@@ -1214,6 +1213,15 @@ std::span<const int32_t> ModelCache::cells(int pool) const {
     return cells_.at(static_cast<size_t>(pool));
 }
 
+bool ModelCache::has_room(std::span<const SeqId> seq) const {
+    try {
+        for (const KvCache& p : pools_) p.check_room(seq);
+    } catch (const KvCacheError&) {
+        return false;
+    }
+    return true;
+}
+
 void ModelCache::end_batch() {
     for (KvCache& p : pools_) p.trim_window();
 }
@@ -1265,5 +1273,4 @@ void ModelCache::clear_k_shift() {
     for (KvCache& p : pools_) p.clear_k_shift();
 }
 
-}  // namespace paged
 }  // namespace fitllm::kv

@@ -67,11 +67,6 @@ class Pool;
 }
 
 namespace fitllm::kv {
-// Until the models move here and src/kv/kv_cache.h (the old single-sequence kv::KvCache) is
-// deleted, both headers name a kv::KvCache and a kv::KvCacheError: this inline namespace gives the
-// new ones their own linker symbols. Code says kv::KvCache as usual (include one header or the
-// other). Remove it with the old cache.
-inline namespace paged {
 
 // Not enough free cells for a batch, or a sequence id out of range: says what was asked for and
 // what is free. Nothing in the cache changed.
@@ -285,6 +280,8 @@ public:
     // cells of the batch's tokens in that pool, valid until the next place().
     void place(std::span<const SeqId> seq, std::span<const Pos> pos);
     std::span<const int32_t> cells(int pool) const;
+    // Whether place() would find room for a batch of these sequences in every pool.
+    bool has_room(std::span<const SeqId> seq) const;
     // After the forward pass of a batch: trims the sliding-window pools.
     void end_batch();
 
@@ -311,5 +308,4 @@ private:
     int capacity_ = 0;
 };
 
-}  // namespace paged
 }  // namespace fitllm::kv

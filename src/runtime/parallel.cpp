@@ -14,16 +14,6 @@ double seconds_since(std::chrono::steady_clock::time_point start) {
     return std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();
 }
 
-// Whether every pool has the blocks a batch of these sequences needs.
-bool has_room(const kv::ModelCache& cache, std::span<const kv::SeqId> seq) {
-    try {
-        for (int p = 0; p < cache.n_pools(); ++p) cache.pool(p).check_room(seq);
-    } catch (const kv::KvCacheError&) {
-        return false;
-    }
-    return true;
-}
-
 }  // namespace
 
 ParallelResult generate_parallel(model::Model& model, const SessionParams& params, std::span<const int32_t> prompt,
@@ -96,7 +86,7 @@ ParallelResult generate_parallel(model::Model& model, const SessionParams& param
             seq.push_back(s);
         }
         if (tokens.empty()) break;
-        if (n_tokens + static_cast<int>(tokens.size()) > params.n_ctx || !has_room(cache, seq)) {
+        if (n_tokens + static_cast<int>(tokens.size()) > params.n_ctx || !cache.has_room(seq)) {
             r.stats.context_full = true;
             break;
         }

@@ -41,16 +41,6 @@ struct Scheduler::Sequence {
 
 namespace {
 
-// Whether every pool has the blocks a batch of these sequences needs.
-bool has_room(const kv::ModelCache& cache, std::span<const kv::SeqId> seq) {
-    try {
-        for (int p = 0; p < cache.n_pools(); ++p) cache.pool(p).check_room(seq);
-    } catch (const kv::KvCacheError&) {
-        return false;
-    }
-    return true;
-}
-
 kv::ModelCache make_cache(const model::Model& model, const SchedulerOptions& o) {
     if (o.n_slots < 1 || o.n_slots > kv::kMaxSequences) {
         throw std::invalid_argument("scheduler: " + std::to_string(o.n_slots) + " slots (1.." +
@@ -342,7 +332,7 @@ bool Scheduler::step() {
                 batch_output_.push_back(p + 1 == static_cast<int>(s.tokens.size()) ? 1 : 0);
             }
         }
-        if (has_room(cache_, batch_seq_)) break;
+        if (cache_.has_room(batch_seq_)) break;
         if (active_.size() == 1) {
             // Alone and still no room: its tokens outgrew the cache (n_ctx bounds prompt + max_tokens,
             // so only the window pools' rounding could do this).
