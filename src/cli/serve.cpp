@@ -1,9 +1,10 @@
-// fitllm serve [-m MODEL | --models-dir DIR] [--host H] [--port P] [-np N] [-c N] [--mem SIZE] [--ttl S]
+// fitllm serve [-m MODEL | --models-dir DIR] [--host H] [--port P] [-np N] [-c N] [--mem SIZE] [--fit] [--ttl S]
 //              [--api-key KEY]
 // The OpenAI-compatible HTTP server (src/server/): continuous batching over one KV cache per
 // model, models loaded on demand under one memory budget.
 #include <pthread.h>
 
+#include <chrono>
 #include <csignal>
 #include <cstdio>
 #include <string>
@@ -24,11 +25,12 @@ int run_serve(const std::vector<std::string>& args) {
     int port = 8080;
     int n_threads = 0;
     int ttl = 300;
+    bool fit = false;
     server::SchedulerOptions so{.n_slots = 4, .n_ctx = 4096, .n_batch = 256, .max_queue = 64};
     runtime::SessionParams kv;  // -ctk / -ctv
     ArgParser p(
         "fitllm serve [-m MODEL | --models-dir DIR] [--host H] [--port P] [-np N] [-c N] [-b N] [-t N] "
-        "[--mem SIZE] [--ttl SECONDS] [--api-key KEY] [--max-queue N] [-ctk TYPE] [-ctv TYPE]",
+        "[--mem SIZE] [--fit] [--ttl SECONDS] [--api-key KEY] [--max-queue N] [-ctk TYPE] [-ctv TYPE]",
         "Serve models over HTTP with an OpenAI-compatible API: POST /v1/chat/completions and\n"
         "/v1/completions (streamed as server-sent events with \"stream\": true), GET /v1/models,\n"
         "POST /tokenize and /detokenize, GET /health, /metrics (Prometheus), /v1/memory, and a chat\n"
@@ -48,6 +50,9 @@ int run_serve(const std::vector<std::string>& args) {
     p.option("-t, --threads", "N", "threads (default: the physical cores)", &n_threads);
     p.option("--mem", "SIZE", "memory budget for all models, e.g. 2G (default: what the system offers less a margin)",
              &mem);
+    p.flag("--fit", &fit,
+           "a model whose plan does not fit --mem gets a quantized KV cache, streamed layers or a shorter context "
+           "(in that order) instead of a refusal; what changed is printed");
     p.option("--ttl", "SECONDS", "unload a --models-dir model after this many idle seconds; 0: never (default 300)",
              &ttl);
     p.option("--api-key", "KEY", "require 'Authorization: Bearer KEY' on every endpoint but / and /health", &api_key);
@@ -96,7 +101,8 @@ int run_serve(const std::vector<std::string>& args) {
                                     .budget = budget,
                                     .ttl_seconds = static_cast<double>(ttl),
                                     .scheduler = so,
-                                    .n_threads = n_threads});
+                                    .n_threads = n_threads,
+                                    .fit = fit});
     server::HttpServer http(registry, {.api_key = api_key});
     if (!http.bind(host, port)) {
         throw Error("cannot listen on " + host + ":" + std::to_string(port) + " (in use, or not an address here)");
@@ -130,6 +136,9 @@ int run_serve(const std::vector<std::string>& args) {
         std::fprintf(stderr, "fitllm serve: %s, stopping\n", sig == SIGINT ? "interrupted" : "terminated");
     }
     registry.shutdown();  // running requests end (cancelled), so the HTTP workers can finish
+    // cpp-httplib's stop() does nothing before its listen loop runs, which a model that fails to
+    // load at once can beat: wait for it (bounded) so the process ends instead of serving on.
+    for (int i = 0; i < 5000 && !http.is_running(); ++i) std::this_thread::sleep_for(std::chrono::milliseconds(1));
     http.stop();
     listener.join();
     return status;

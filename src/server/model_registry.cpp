@@ -1,6 +1,7 @@
 #include "server/model_registry.h"
 
 #include <algorithm>
+#include <cstdio>
 #include <stdexcept>
 
 #include "memory/budget.h"
@@ -26,19 +27,35 @@ double seconds_since(std::chrono::steady_clock::time_point t) {
 }  // namespace
 
 LoadedModel::LoadedModel(std::string id, const std::filesystem::path& path, const SchedulerOptions& options,
-                         memory::Device& device, Compute& compute)
+                         memory::Device& device, Compute& compute, bool fit)
     : id_(std::move(id)), path_(path) {
     const auto start = std::chrono::steady_clock::now();
     file_ = std::make_unique<gguf::GgufFile>(gguf::GgufFile::open(path.string()));
     const memory::ModelShape shape = memory::model_shape(*file_);
     const int block = kv::CacheParams{}.block_size;
-    plan_ = memory::make_plan(shape, {.n_ctx = options.n_ctx + options.n_slots * block,
-                                      .n_seq = options.n_slots,
-                                      .n_batch = std::max(options.n_batch, options.n_slots),
-                                      .n_outputs = options.n_slots,
-                                      .type_k = options.type_k,
-                                      .type_v = options.type_v,
-                                      .budget = device.capacity()});
+    const int extra_cells = options.n_slots * block;  // a partly used block per sequence
+    const memory::PlanParams params{.n_ctx = options.n_ctx + extra_cells,
+                                    .n_seq = options.n_slots,
+                                    .n_batch = std::max(options.n_batch, options.n_slots),
+                                    .n_outputs = options.n_slots,
+                                    .type_k = options.type_k,
+                                    .type_v = options.type_v,
+                                    .budget = device.capacity()};
+    plan_ = memory::make_plan(shape, params);
+    SchedulerOptions so = options;
+    if (fit && !plan_.fits()) {
+        memory::Plan fitted = memory::fit_plan(shape, params);
+        if (fitted.fits() && fitted.params.n_ctx > extra_cells) {
+            plan_ = std::move(fitted);
+            so.n_ctx = plan_.params.n_ctx - extra_cells;
+            so.type_k = plan_.params.type_k;
+            so.type_v = plan_.params.type_v;
+            for (const memory::FitStep& step : plan_.fit_steps) {
+                std::fprintf(stderr, "fitllm serve: model '%s' --fit: %s (%s)\n", id_.c_str(), step.change.c_str(),
+                             step.reason.c_str());
+            }
+        }
+    }
     if (plan_.total() > device.capacity()) {
         throw ApiError(507, "insufficient_memory", "model_too_large",
                        "model '" + id_ + "' needs " + describe_plan(plan_) + " with -c " +
@@ -56,7 +73,9 @@ LoadedModel::LoadedModel(std::string id, const std::filesystem::path& path, cons
     // tokenizer); the KV cache and the model's working memory charge their pools themselves.
     try {
         const std::string what = "model '" + id_ + "'";
-        charges_.push_back(device.pool(memory::pool_names::kWeights).charge(plan_.weights(), what + " weights"));
+        // The stream buffers of streamed layers are charged by the model (staging).
+        charges_.push_back(
+            device.pool(memory::pool_names::kWeights).charge(plan_.weights_resident, what + " resident weights"));
         charges_.push_back(device.pool(memory::pool_names::kLogits).charge(plan_.logits, what + " logits"));
         charges_.push_back(
             device.pool(memory::pool_names::kOverhead).charge(plan_.overhead, what + " tokenizer and runtime"));
@@ -71,9 +90,8 @@ LoadedModel::LoadedModel(std::string id, const std::filesystem::path& path, cons
     if (vocab.valid(vocab.special().eos)) render_options_.eos_token = vocab.text(vocab.special().eos);
     // The model charges its working memory (scratch) itself, as it grows: the scheduler's first
     // pass, a full batch, takes it to its largest.
-    model_ = model::Model::load(*file_, {.device = &device});
+    model_ = model::Model::load(*file_, {.device = &device, .n_streamed_layers = plan_.params.n_streamed_layers});
     runtime::prefault(*file_, *model_);
-    SchedulerOptions so = options;
     so.kv_pool = &device.pool(memory::pool_names::kKv);
     try {
         scheduler_ = std::make_unique<Scheduler>(*model_, *tokenizer_, so, compute);
@@ -220,7 +238,7 @@ std::shared_ptr<LoadedModel> ModelRegistry::acquire(const std::string& requested
     }
     while (true) {
         try {
-            auto m = std::make_shared<LoadedModel>(id, path, options_.scheduler, device_, compute_);
+            auto m = std::make_shared<LoadedModel>(id, path, options_.scheduler, device_, compute_, options_.fit);
             std::lock_guard lock(mutex_);
             Entry& e = entries_[id];
             e.loaded = m;

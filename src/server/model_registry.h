@@ -35,9 +35,11 @@ namespace fitllm::server {
 class LoadedModel {
 public:
     // Opens, plans, charges and loads; throws ApiError (507 / 503) when the plan does not fit
-    // `device` as it stands (the registry evicts and retries), and what loading throws.
+    // `device` as it stands (the registry evicts and retries), and what loading throws. With fit,
+    // a plan over the device's capacity is changed by memory::fit_plan (KV type, streamed layers,
+    // context) before it is refused, and what it changed is printed on stderr.
     LoadedModel(std::string id, const std::filesystem::path& path, const SchedulerOptions& options,
-                memory::Device& device, Compute& compute);
+                memory::Device& device, Compute& compute, bool fit = false);
     ~LoadedModel();
 
     const std::string& id() const { return id_; }
@@ -73,6 +75,7 @@ struct RegistryOptions {
     double ttl_seconds = 300;          // idle time before a models-dir model is unloaded; <= 0: never
     SchedulerOptions scheduler;
     int n_threads = 0;
+    bool fit = false;  // --fit: LoadedModel's fit
 };
 
 struct ModelInfo {

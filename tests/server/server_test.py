@@ -358,6 +358,37 @@ class ApiKey(unittest.TestCase):
             srv.stop()
 
 
+class Fit(unittest.TestCase):
+    def test_fit_quantizes_the_kv_cache_where_the_plan_does_not_fit(self):
+        # The f16 plan of -c 8192, then a budget it does not fit but a q8_0 KV cache does.
+        srv = Server("-m", TINY_LLAMA, "-c", "8192", "-np", "1")
+        try:
+            plan = srv.get("/v1/memory")[1]["models"][0]["plan"]
+        finally:
+            srv.stop()
+        budget = plan["total"] - plan["kv"] // 4
+        # Without --fit the model is refused at start and the server ends with an error.
+        proc = subprocess.run([FITLLM, "serve", "--port", "0", "-t", "2", "-m", TINY_LLAMA, "-c", "8192", "-np", "1",
+                               "--mem", str(budget)], capture_output=True, text=True, timeout=30)
+        self.assertEqual(proc.returncode, 1, proc.stderr)
+        self.assertIn("but the memory budget is", proc.stderr)
+        srv = Server("-m", TINY_LLAMA, "-c", "8192", "-np", "1", "--mem", str(budget), "--fit")
+        try:
+            deadline = time.time() + 10  # stderr is read by a thread
+            while "ready" not in "".join(srv.log) and time.time() < deadline:
+                time.sleep(0.05)
+            self.assertIn("KV cache f16/f16 -> q8_0/q8_0", "".join(srv.log))
+            r = srv.client().completions.create(model="tiny-llama-q8_0", prompt="hi", max_tokens=4)
+            self.assertEqual(r.usage.completion_tokens, 4)
+            _, mem = srv.get("/v1/memory")
+            fitted = mem["models"][0]["plan"]
+            self.assertLess(fitted["kv"], plan["kv"])
+            self.assertLessEqual(fitted["total"], budget)
+            self.assertLessEqual(mem["devices"][0]["peak"], budget)
+        finally:
+            srv.stop()
+
+
 class ModelsDir(unittest.TestCase):
     """--models-dir: several models, JIT load, TTL unload, eviction and refusal under --mem."""
 
