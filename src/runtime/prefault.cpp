@@ -60,6 +60,8 @@ uint64_t prefault(gguf::GgufFile& file, const ProgressFn& progress, std::span<co
                 for (uint64_t off = at; off < at + n; off += page) {
                     sum += static_cast<unsigned>(*static_cast<const volatile std::byte*>(bytes + off));
                 }
+                // A range that starts inside a page ends inside one the loop's stride stepped over.
+                sum += static_cast<unsigned>(*static_cast<const volatile std::byte*>(bytes + at + n - 1));
                 [[maybe_unused]] volatile unsigned sink = sum;
                 at += n;
                 done += n;

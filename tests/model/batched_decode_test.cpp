@@ -92,8 +92,9 @@ TEST(BatchedDecode, SequencesTogetherGiveTheLogitsOfEachAlone) {
             // Together: all prompts in one batch, their tokens interleaved, each sequence's last
             // token flagged for logits; then one token of every sequence per step.
             kv::ModelCache cache = model->make_cache(params(static_cast<int>(n_seq), n_cells), 32);
-            if (n_cells == 256 && tm.name != "gemma3")
+            if (n_cells == 256 && tm.name != "gemma3") {
                 EXPECT_EQ(cache.n_pools(), tm.name == "gemma3 with a global layer" ? 2 : 1);
+            }
             std::vector<int32_t> tokens, pos;
             std::vector<kv::SeqId> seq;
             std::vector<uint8_t> output;
