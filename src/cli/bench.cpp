@@ -97,15 +97,10 @@ int run_bench(const std::vector<std::string>& args) {
     sp.n_ctx = std::max(1, n_prompt + n_gen + 1);
     sp.n_batch = n_batch;
     // Planned for the session of the pp and tg tests; the -np test's cache comes after it.
-    std::optional<RunBudget> budget =
-        RunBudget::prepare("bench", file,
-                           {.n_ctx = sp.n_ctx,
-                            .n_batch = n_batch,
-                            .type_k = sp.type_k,
-                            .type_v = sp.type_v,
-                            .n_threads = n_threads > 0 ? n_threads : ops::physical_core_count(),
-                            .kv_resident_limit = sp.kv_spill_dir.empty() ? 0 : sp.kv_resident_limit},
-                           memory_options, ContextMayShrink::no);
+    memory::PlanParams planned = session_plan_params(sp, n_threads);
+    planned.n_ctx = sp.n_ctx;
+    planned.n_batch = n_batch;
+    std::optional<RunBudget> budget = RunBudget::prepare("bench", file, planned, memory_options, ContextMayShrink::no);
     if (!budget) return kExitDoesNotFit;
     sp.type_k = kv_params.type_k = budget->plan().params.type_k;
     sp.type_v = kv_params.type_v = budget->plan().params.type_v;

@@ -112,15 +112,10 @@ int run_chat(const std::vector<std::string>& args) {
 
     gguf::GgufFile file = gguf::GgufFile::open(model_path);
     const int extra_cells = shift ? 2 * kv::CacheParams{}.block_size : 0;  // as runtime::Session
-    std::optional<RunBudget> budget = RunBudget::prepare(
-        "chat", file,
-        {.n_ctx = n_ctx + extra_cells,
-         .n_batch = session_params.n_batch,
-         .type_k = session_params.type_k,
-         .type_v = session_params.type_v,
-         .n_threads = n_threads > 0 ? n_threads : ops::physical_core_count(),
-         .kv_resident_limit = session_params.kv_spill_dir.empty() ? 0 : session_params.kv_resident_limit},
-        memory_options, ContextMayShrink::yes);
+    memory::PlanParams planned = session_plan_params(session_params, n_threads);
+    planned.n_ctx = n_ctx + extra_cells;
+    planned.n_batch = session_params.n_batch;
+    std::optional<RunBudget> budget = RunBudget::prepare("chat", file, planned, memory_options, ContextMayShrink::yes);
     if (!budget) return kExitDoesNotFit;
     n_ctx = budget->plan().params.n_ctx - extra_cells;
     session_params.type_k = budget->plan().params.type_k;

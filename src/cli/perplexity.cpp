@@ -69,17 +69,13 @@ int run_perplexity(const std::vector<std::string>& args) {
     // The cache and logits runtime::perplexity() makes (at most n_seq chunks at once).
     const int ctx_batch = std::max(1, n_batch / n_seq);
     const int score_batch = std::max(1, std::min(pp.score_batch / n_seq, n_ctx - n_ctx / 2));
+    memory::PlanParams planned = session_plan_params(kv_params, n_threads);
+    planned.n_ctx = n_ctx * n_seq;
+    planned.n_seq = n_seq;
+    planned.n_batch = n_seq * std::max(ctx_batch, score_batch);
+    planned.n_outputs = n_seq * score_batch;
     std::optional<RunBudget> budget =
-        RunBudget::prepare("perplexity", file,
-                           {.n_ctx = n_ctx * n_seq,
-                            .n_seq = n_seq,
-                            .n_batch = n_seq * std::max(ctx_batch, score_batch),
-                            .n_outputs = n_seq * score_batch,
-                            .type_k = kv_params.type_k,
-                            .type_v = kv_params.type_v,
-                            .n_threads = n_threads > 0 ? n_threads : ops::physical_core_count(),
-                            .kv_resident_limit = kv_params.kv_spill_dir.empty() ? 0 : kv_params.kv_resident_limit},
-                           memory_options, ContextMayShrink::no);
+        RunBudget::prepare("perplexity", file, planned, memory_options, ContextMayShrink::no);
     if (!budget) return kExitDoesNotFit;
     kv_params.type_k = budget->plan().params.type_k;
     kv_params.type_v = budget->plan().params.type_v;

@@ -126,16 +126,11 @@ int run_run(const std::vector<std::string>& args) {
     // -np one block per sequence (runtime/parallel.cpp).
     const int block = kv::CacheParams{}.block_size;
     const int extra_cells = n_parallel > 1 ? n_parallel * block : session_params.context_shift ? 2 * block : 0;
-    std::optional<RunBudget> budget = RunBudget::prepare(
-        "run", file,
-        {.n_ctx = n_ctx + extra_cells,
-         .n_seq = n_parallel,
-         .n_batch = std::max(n_batch, n_parallel),
-         .type_k = session_params.type_k,
-         .type_v = session_params.type_v,
-         .n_threads = n_threads > 0 ? n_threads : ops::physical_core_count(),
-         .kv_resident_limit = session_params.kv_spill_dir.empty() ? 0 : session_params.kv_resident_limit},
-        memory_options, ContextMayShrink::yes);
+    memory::PlanParams planned = session_plan_params(session_params, n_threads);
+    planned.n_ctx = n_ctx + extra_cells;
+    planned.n_seq = n_parallel;
+    planned.n_batch = std::max(n_batch, n_parallel);
+    std::optional<RunBudget> budget = RunBudget::prepare("run", file, planned, memory_options, ContextMayShrink::yes);
     if (!budget) return kExitDoesNotFit;
     n_ctx = budget->plan().params.n_ctx - extra_cells;
     if (n_ctx < 1)

@@ -11,6 +11,7 @@
 #include "cli/load_progress.h"
 #include "io/mapped_file.h"
 #include "memory/budget.h"
+#include "ops/thread_pool.h"
 #include "util/text.h"
 
 namespace fitllm::cli {
@@ -105,6 +106,15 @@ long peak_rss_kib() {
         if (line.rfind("VmHWM:", 0) == 0) return std::stol(line.substr(6));
     }
     return -1;
+}
+
+memory::PlanParams session_plan_params(const runtime::SessionParams& sp, int n_threads) {
+    memory::PlanParams p;
+    p.type_k = sp.type_k;
+    p.type_v = sp.type_v;
+    p.n_threads = n_threads > 0 ? n_threads : ops::physical_core_count();
+    p.kv_resident_limit = sp.kv_spill_dir.empty() ? 0 : sp.kv_resident_limit;
+    return p;
 }
 
 std::optional<RunBudget> RunBudget::prepare(const char* command, const gguf::GgufFile& file, memory::PlanParams params,

@@ -49,6 +49,11 @@ long peak_rss_kib();
 
 enum class ContextMayShrink { no, yes };
 
+// The plan parameters a run's session settings decide: KV types, the spill's resident limit (with
+// --kv-spill-dir) and the threads (n_threads <= 0: the physical cores). The caller adds the
+// context, sequences, batch and outputs.
+memory::PlanParams session_plan_params(const runtime::SessionParams& sp, int n_threads);
+
 class RunBudget {
 public:
     // Plans `params` (its budget and n_streamed_layers from the options) for the model in file.
