@@ -33,6 +33,11 @@ constexpr int64_t kGemmTasksPerThread = 4;
 // task's weights stream through the prefetchers.
 constexpr int64_t kMatvecRowsPerTask = 8;
 
+// Small batches (quant::select_small_batch): rows per task a multiple of kSmallBatchMinRows, and
+// at least kSmallBatchTasksPerThread tasks per thread where the matrix has the rows.
+constexpr int64_t kSmallBatchMinRows = 16;
+constexpr int64_t kSmallBatchTasksPerThread = 8;
+
 uint64_t checked_row_bytes(quant::GgmlType type, int64_t n, const char* what) {
     const auto bytes = quant::row_bytes(type, static_cast<uint64_t>(n));
     if (!bytes) {
@@ -77,6 +82,29 @@ void matmul(const WeightView& w, const float* x, int n_tok, float* y, ThreadPool
         pool.parallel_for(n_tasks, [&](int64_t begin, int64_t end, int) {
             const int64_t r_end = std::min(w.rows, end * kMatvecRowsPerTask);
             for (int64_t r = begin * kMatvecRowsPerTask; r < r_end; ++r) dot(cols, y + r, w_data + r * w_stride, act);
+        });
+        return;
+    }
+
+    // Small batches (a token of each of a few decoding sequences): each weight row loaded once for
+    // all the tokens, with the dot's own arithmetic, so a sequence's results do not depend on its
+    // batch. Tasks of rows large enough that a call's preparation of the activations is shared by
+    // many rows, yet several per thread to balance. FITLLM_NO_SMALL_BATCH=1 turns it off (A/B).
+    static const bool small_off = std::getenv("FITLLM_NO_SMALL_BATCH") != nullptr;
+    const quant::GemmKernel small = small_off || n_tok > quant::kSmallBatchMaxTok
+                                        ? quant::GemmKernel{}
+                                        : quant::select_small_batch(w.type, scratch.features());
+    if (small.fn != nullptr && small.act_type == kernel.act_type) {
+        const int64_t min_tasks = kSmallBatchTasksPerThread * pool.size();
+        const int64_t rows_per_task =
+            std::max(kSmallBatchMinRows, (w.rows + min_tasks - 1) / min_tasks + kSmallBatchMinRows - 1) /
+            kSmallBatchMinRows * kSmallBatchMinRows;
+        const int64_t n_tasks = (w.rows + rows_per_task - 1) / rows_per_task;
+        pool.parallel_for(n_tasks, [&](int64_t begin, int64_t end, int) {
+            const int64_t r0 = begin * rows_per_task;
+            const int64_t r1 = std::min(w.rows, end * rows_per_task);
+            small.fn(cols, static_cast<int>(r1 - r0), n_tok, w_data + r0 * w_stride, w_stride, act, act_stride, y + r0,
+                     static_cast<size_t>(w.rows));
         });
         return;
     }

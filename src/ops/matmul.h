@@ -1,7 +1,10 @@
 #pragma once
 // Matrix products of a (usually quantized) weight matrix with float activations: every linear
-// layer of a forward pass. Matrix-vector for decode (n_tok == 1), cache-blocked matrix-matrix for
-// prompt processing; both split the weight rows over the thread pool.
+// layer of a forward pass. Matrix-vector for decode (n_tok == 1); for a few tokens (a decode step of
+// several sequences) each weight row is read once for all of them with the dot's arithmetic, so each
+// token's results equal its n_tok == 1 results bit for bit where the type has such a kernel
+// (quant::select_small_batch); cache-blocked matrix-matrix for prompt processing. All split the
+// weight rows over the thread pool.
 #include "ops/scratch.h"
 #include "ops/thread_pool.h"
 #include "ops/weight_view.h"

@@ -1,5 +1,8 @@
 #include "quant/gemm.h"
 
+#include <memory>
+#include <new>
+
 #include "quant/dot.h"
 #include "quant/gemm_kernels.h"
 
@@ -28,4 +31,44 @@ GemmKernel select_gemm(GgmlType weight_type, const CpuFeatures& features) {
     return k;
 }
 
+GemmKernel select_small_batch(GgmlType weight_type, const CpuFeatures& features) {
+    // Only the kernel of the very level select_dot picks gives its results bit for bit.
+    const DotKernel dot = select_dot(weight_type, features);
+    GemmFn fn = nullptr;
+    switch (dot.isa) {
+        case Isa::Avx2:
+            fn = detail::small_batch_avx2(weight_type);
+            break;
+        case Isa::Avx512:
+        case Isa::Avx512Vnni:
+            fn = detail::small_batch_avx512(weight_type, dot.isa == Isa::Avx512Vnni);
+            break;
+        case Isa::Scalar:
+            break;
+    }
+    if (fn == nullptr) return {};
+    GemmKernel k;
+    k.fn = fn;
+    k.isa = dot.isa;
+    k.act_type = dot.act_type;
+    return k;
+}
+
+namespace detail {
+
+std::byte* small_batch_scratch(size_t bytes) {
+    struct Buffer {
+        std::unique_ptr<std::byte[], void (*)(std::byte*)> data{
+            nullptr, [](std::byte* p) { ::operator delete[](p, std::align_val_t{64}); }};
+        size_t size = 0;
+    };
+    thread_local Buffer buffer;
+    if (buffer.size < bytes) {
+        buffer.data.reset(static_cast<std::byte*>(::operator new[](bytes, std::align_val_t{64})));
+        buffer.size = bytes;
+    }
+    return buffer.data.get();
+}
+
+}  // namespace detail
 }  // namespace fitllm::quant

@@ -31,4 +31,13 @@ struct GemmKernel {
 
 GemmKernel select_gemm(GgmlType weight_type, const CpuFeatures& features);
 
+// Small batches (decoding a token of each of a few sequences): a GemmFn that loads and unpacks each
+// weight row once and dots it with up to kSmallBatchMaxTok activation rows (more take several
+// passes). Unlike the tiles above, every result equals what select_dot's kernel gives for that
+// (row, token) bit for bit: the same operations in the same order, so a sequence gets the same
+// logits decoded alone or in a batch. fn is nullptr where the type has no such kernel at the
+// level select_dot picks (callers then run the dots); row_tile and tok_tile are 1.
+inline constexpr int kSmallBatchMaxTok = 8;
+GemmKernel select_small_batch(GgmlType weight_type, const CpuFeatures& features);
+
 }  // namespace fitllm::quant

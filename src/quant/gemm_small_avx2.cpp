@@ -1,0 +1,229 @@
+// AVX2 small-batch kernels (select_small_batch): each weight row is loaded and unpacked once and
+// dotted with several activation rows, with exactly the operations of dot_avx2.cpp's kernel for the
+// type, per (row, token), in the same order, so every result equals that dot bit for bit. Compiled
+// with -mavx2 -mfma -mf16c; see dot_kernels.h for the rules this file follows.
+//
+// Sixteen registers hold the accumulators of 4 tokens for Q8_0 (2 each) and of 2 for the float
+// types (4 each); larger batches take several passes over a row, the later ones from L1.
+#include <immintrin.h>
+
+#include <cstdint>
+
+#include "quant/blocks.h"
+#include "quant/gemm_kernels.h"
+
+namespace fitllm::quant::detail {
+namespace {
+
+constexpr int kQ8Tok = 4;
+constexpr int kFloatTok = 2;
+
+float f16(uint16_t h) {
+    return _cvtsh_ss(h);
+}
+
+float hsum(__m256 v) {
+    __m128 s = _mm_add_ps(_mm256_castps256_ps128(v), _mm256_extractf128_ps(v, 1));
+    s = _mm_add_ps(s, _mm_movehl_ps(s, s));
+    s = _mm_add_ss(s, _mm_movehdup_ps(s));
+    return _mm_cvtss_f32(s);
+}
+
+// ---- F16 / BF16 weights, F32 activations (dot_avx2.cpp's dot_float) ----
+
+template <typename W, bool kBf16>
+__m256 load_weights8(const W* p) {
+    if constexpr (kBf16) {
+        const __m256i wide = _mm256_cvtepu16_epi32(_mm_loadu_si128(reinterpret_cast<const __m128i*>(p)));
+        return _mm256_castsi256_ps(_mm256_slli_epi32(wide, 16));
+    } else {
+        return _mm256_cvtph_ps(_mm_loadu_si128(reinterpret_cast<const __m128i*>(p)));
+    }
+}
+
+template <typename W, bool kBf16>
+float weight(W v) {
+    if constexpr (kBf16)
+        return _mm_cvtss_f32(_mm_castsi128_ps(_mm_cvtsi32_si128(static_cast<int>(v) << 16)));
+    else
+        return f16(v);
+}
+
+template <typename W, bool kBf16, int kT>
+void float_rows(int n, int n_rows, const uint8_t* w, size_t w_stride, const float* const* a, float* y,
+                size_t y_stride) {
+    for (int r = 0; r < n_rows; ++r) {
+        const auto* x = reinterpret_cast<const W*>(w + static_cast<size_t>(r) * w_stride);
+        __m256 acc0[kT], acc1[kT], acc2[kT], acc3[kT];
+        float head_sum[kT];
+        for (int t = 0; t < kT; ++t) {
+            acc0[t] = acc1[t] = acc2[t] = acc3[t] = _mm256_setzero_ps();
+            head_sum[t] = 0.0f;
+        }
+        constexpr uintptr_t kVectorBytes = 8 * sizeof(W);
+        const uintptr_t misaligned = reinterpret_cast<uintptr_t>(x) % kVectorBytes;
+        int head = misaligned == 0 ? 0 : static_cast<int>((kVectorBytes - misaligned) / sizeof(W));
+        if (head > n) head = n;
+        for (int k = 0; k < head; ++k) {
+            const float v = weight<W, kBf16>(x[k]);
+            for (int t = 0; t < kT; ++t) head_sum[t] += v * a[t][k];
+        }
+        int i = head;
+        for (; i + 32 <= n; i += 32) {
+            const __m256 v0 = load_weights8<W, kBf16>(x + i), v1 = load_weights8<W, kBf16>(x + i + 8);
+            const __m256 v2 = load_weights8<W, kBf16>(x + i + 16), v3 = load_weights8<W, kBf16>(x + i + 24);
+            for (int t = 0; t < kT; ++t) {
+                acc0[t] = _mm256_fmadd_ps(v0, _mm256_loadu_ps(a[t] + i), acc0[t]);
+                acc1[t] = _mm256_fmadd_ps(v1, _mm256_loadu_ps(a[t] + i + 8), acc1[t]);
+                acc2[t] = _mm256_fmadd_ps(v2, _mm256_loadu_ps(a[t] + i + 16), acc2[t]);
+                acc3[t] = _mm256_fmadd_ps(v3, _mm256_loadu_ps(a[t] + i + 24), acc3[t]);
+            }
+        }
+        for (; i + 8 <= n; i += 8) {
+            const __m256 v = load_weights8<W, kBf16>(x + i);
+            for (int t = 0; t < kT; ++t) acc0[t] = _mm256_fmadd_ps(v, _mm256_loadu_ps(a[t] + i), acc0[t]);
+        }
+        float sum[kT];
+        for (int t = 0; t < kT; ++t) {
+            sum[t] =
+                hsum(_mm256_add_ps(_mm256_add_ps(acc0[t], acc1[t]), _mm256_add_ps(acc2[t], acc3[t]))) + head_sum[t];
+        }
+        for (; i < n; ++i) {
+            const float v = weight<W, kBf16>(x[i]);
+            for (int t = 0; t < kT; ++t) sum[t] += v * a[t][i];
+        }
+        for (int t = 0; t < kT; ++t) y[static_cast<size_t>(t) * y_stride + r] = sum[t];
+    }
+}
+
+template <typename W, bool kBf16>
+void float_small(int n, int n_rows, int n_tok, const void* w, size_t w_stride, const void* act, size_t act_stride,
+                 float* y, size_t y_stride) {
+    const auto* wb = static_cast<const uint8_t*>(w);
+    for (int t0 = 0; t0 < n_tok; t0 += kFloatTok) {
+        const int tc = n_tok - t0 < kFloatTok ? n_tok - t0 : kFloatTok;
+        const float* a[kFloatTok];
+        for (int t = 0; t < tc; ++t) {
+            a[t] = reinterpret_cast<const float*>(static_cast<const uint8_t*>(act) + (t0 + t) * act_stride);
+        }
+        float* yt = y + static_cast<size_t>(t0) * y_stride;
+        if (tc == 1)
+            float_rows<W, kBf16, 1>(n, n_rows, wb, w_stride, a, yt, y_stride);
+        else
+            float_rows<W, kBf16, 2>(n, n_rows, wb, w_stride, a, yt, y_stride);
+    }
+}
+
+// ---- Q8_0 with Q8_0 (dot_avx2.cpp's dot_q8_0) ----
+
+// Lane k of s in all eight lanes.
+template <int kLane>
+__m256 lane(__m128 s) {
+    return _mm256_permutevar8x32_ps(_mm256_castps128_ps256(s), _mm256_set1_epi32(kLane));
+}
+
+// As dot_q8_0: per block, x's sign moved onto y and |x| the unsigned side of maddubs; scaled by
+// d_w d_a, four blocks a step alternating between two accumulators, then one block at a time.
+// yd: each token's block scales as floats.
+template <int kT>
+void q8_0_rows(int nb, int n_rows, const uint8_t* w, size_t w_stride, const BlockQ8_0* const* ya,
+               const float* const* yd, float* y, size_t y_stride) {
+    const __m256i ones = _mm256_set1_epi16(1);
+    for (int r = 0; r < n_rows; ++r) {
+        const auto* x = reinterpret_cast<const BlockQ8_0*>(w + static_cast<size_t>(r) * w_stride);
+        __m256 acc0[kT], acc1[kT];
+        for (int t = 0; t < kT; ++t) acc0[t] = acc1[t] = _mm256_setzero_ps();
+        auto block_sums = [&](__m256i xq, __m256i xa, int t, int b) {
+            const __m256i yq = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(ya[t][b].qs));
+            return _mm256_cvtepi32_ps(_mm256_madd_epi16(_mm256_maddubs_epi16(xa, _mm256_sign_epi8(yq, xq)), ones));
+        };
+        int i = 0;
+        for (; i + 4 <= nb; i += 4) {
+            auto h = [](uint16_t v) { return static_cast<short>(v); };
+            const __m128 xd =
+                _mm_cvtph_ps(_mm_setr_epi16(h(x[i].d), h(x[i + 1].d), h(x[i + 2].d), h(x[i + 3].d), 0, 0, 0, 0));
+            __m128 s[kT];
+            for (int t = 0; t < kT; ++t) s[t] = _mm_mul_ps(xd, _mm_loadu_ps(yd[t] + i));
+            __m256i xq = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(x[i].qs));
+            __m256i xa = _mm256_sign_epi8(xq, xq);
+            for (int t = 0; t < kT; ++t) acc0[t] = _mm256_fmadd_ps(lane<0>(s[t]), block_sums(xq, xa, t, i), acc0[t]);
+            xq = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(x[i + 1].qs));
+            xa = _mm256_sign_epi8(xq, xq);
+            for (int t = 0; t < kT; ++t)
+                acc1[t] = _mm256_fmadd_ps(lane<1>(s[t]), block_sums(xq, xa, t, i + 1), acc1[t]);
+            xq = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(x[i + 2].qs));
+            xa = _mm256_sign_epi8(xq, xq);
+            for (int t = 0; t < kT; ++t)
+                acc0[t] = _mm256_fmadd_ps(lane<2>(s[t]), block_sums(xq, xa, t, i + 2), acc0[t]);
+            xq = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(x[i + 3].qs));
+            xa = _mm256_sign_epi8(xq, xq);
+            for (int t = 0; t < kT; ++t)
+                acc1[t] = _mm256_fmadd_ps(lane<3>(s[t]), block_sums(xq, xa, t, i + 3), acc1[t]);
+        }
+        for (; i < nb; ++i) {
+            const __m256i xq = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(x[i].qs));
+            const __m256i xa = _mm256_sign_epi8(xq, xq);
+            const float xd = f16(x[i].d);
+            for (int t = 0; t < kT; ++t) {
+                acc0[t] = _mm256_fmadd_ps(_mm256_set1_ps(xd * yd[t][i]), block_sums(xq, xa, t, i), acc0[t]);
+            }
+        }
+        for (int t = 0; t < kT; ++t) y[static_cast<size_t>(t) * y_stride + r] = hsum(_mm256_add_ps(acc0[t], acc1[t]));
+    }
+}
+
+void q8_0_small(int n, int n_rows, int n_tok, const void* w, size_t w_stride, const void* act, size_t act_stride,
+                float* y, size_t y_stride) {
+    const int nb = n / 32;
+    const auto* wb = static_cast<const uint8_t*>(w);
+    // The scales of every token as floats, converted once for all the rows of the call.
+    auto* scales = reinterpret_cast<float*>(small_batch_scratch(sizeof(float) * static_cast<size_t>(nb) * n_tok));
+    for (int t = 0; t < n_tok; ++t) {
+        const auto* src = reinterpret_cast<const BlockQ8_0*>(static_cast<const uint8_t*>(act) + t * act_stride);
+        for (int b = 0; b < nb; ++b) scales[static_cast<size_t>(t) * nb + b] = f16(src[b].d);
+    }
+    for (int t0 = 0; t0 < n_tok; t0 += kQ8Tok) {
+        const int tc = n_tok - t0 < kQ8Tok ? n_tok - t0 : kQ8Tok;
+        const BlockQ8_0* ya[kQ8Tok];
+        const float* yd[kQ8Tok];
+        for (int t = 0; t < tc; ++t) {
+            ya[t] = reinterpret_cast<const BlockQ8_0*>(static_cast<const uint8_t*>(act) + (t0 + t) * act_stride);
+            yd[t] = scales + static_cast<size_t>(t0 + t) * nb;
+        }
+        float* yt = y + static_cast<size_t>(t0) * y_stride;
+        switch (tc) {
+            case 1:
+                q8_0_rows<1>(nb, n_rows, wb, w_stride, ya, yd, yt, y_stride);
+                break;
+            case 2:
+                q8_0_rows<2>(nb, n_rows, wb, w_stride, ya, yd, yt, y_stride);
+                break;
+            case 3:
+                q8_0_rows<3>(nb, n_rows, wb, w_stride, ya, yd, yt, y_stride);
+                break;
+            default:
+                q8_0_rows<4>(nb, n_rows, wb, w_stride, ya, yd, yt, y_stride);
+                break;
+        }
+    }
+}
+
+}  // namespace
+
+GemmFn small_batch_avx2(GgmlType weight_type) {
+    // No F32: GCC vectorizes the scalar head and tail loops of dot_avx2.cpp's F32 dot (products in
+    // a vector, sums one by one, unfused), and this file's loops over tokens get other code, so the
+    // results would differ in the last bit. F32 weight matrices are rare (the dots run them).
+    switch (weight_type) {
+        case GgmlType::F16:
+            return float_small<uint16_t, false>;
+        case GgmlType::BF16:
+            return float_small<uint16_t, true>;
+        case GgmlType::Q8_0:
+            return q8_0_small;
+        default:
+            return nullptr;
+    }
+}
+
+}  // namespace fitllm::quant::detail

@@ -1,0 +1,274 @@
+// AVX-512 small-batch kernels (select_small_batch): each weight row is loaded and unpacked once and
+// dotted with up to 8 activation rows, with exactly the operations of dot_avx512.cpp's kernel for
+// the type, per (row, token), in the same order, so every result equals that dot bit for bit.
+// Compiled with -mavx512f -mavx512bw -mavx512vl -mavx512vnni -mavx2 -mfma -mf16c; the kVnni = false
+// kernels use no VNNI instruction. See dot_kernels.h for the rules this file follows.
+//
+// What a row shares between its tokens: the weight loads, Q8_0's |q| and sign mask, the scales
+// converted from half precision, and for the float types the conversion to f32. What stays per
+// token is the integer dot, its conversion and the FMA into the token's own accumulators.
+
+// GCC 12's AVX-512 headers trip its own uninitialized-variable warnings; see dot_avx512.cpp.
+#pragma GCC diagnostic push
+#pragma GCC diagnostic ignored "-Wuninitialized"
+#pragma GCC diagnostic ignored "-Wmaybe-uninitialized"
+#include <immintrin.h>
+#pragma GCC diagnostic pop
+
+#include <cstdint>
+#include <type_traits>
+
+#include "quant/blocks.h"
+#include "quant/gemm_kernels.h"
+
+namespace fitllm::quant::detail {
+namespace {
+
+constexpr int kMaxTok = kSmallBatchMaxTok;  // Q8_0 tokens per pass over a row
+constexpr int kFloatTok = 4;                // float types: 4 accumulators per token
+
+float f16(uint16_t h) {
+    return _cvtsh_ss(h);
+}
+__m256i load256(const void* p) {
+    return _mm256_loadu_si256(static_cast<const __m256i*>(p));
+}
+
+// ---- Float weights, F32 activations (dot_avx512.cpp's dot_float) ----
+
+template <typename W, bool kBf16>
+__m512 load_weights16(const W* p, __mmask16 m) {
+    if constexpr (std::is_same_v<W, float>) {
+        return _mm512_maskz_loadu_ps(m, p);
+    } else {
+        const __m256i h = _mm256_maskz_loadu_epi16(m, p);
+        if constexpr (kBf16)
+            return _mm512_castsi512_ps(_mm512_slli_epi32(_mm512_cvtepu16_epi32(h), 16));
+        else
+            return _mm512_cvtph_ps(h);
+    }
+}
+
+template <typename W, bool kBf16, int kT>
+void float_rows(int n, int n_rows, const uint8_t* w, size_t w_stride, const float* const* a, float* y,
+                size_t y_stride) {
+    constexpr __mmask16 kAll = 0xFFFF;
+    for (int r = 0; r < n_rows; ++r) {
+        const auto* x = reinterpret_cast<const W*>(w + static_cast<size_t>(r) * w_stride);
+        __m512 acc0[kT], acc1[kT], acc2[kT], acc3[kT];
+        for (int t = 0; t < kT; ++t) acc0[t] = acc1[t] = acc2[t] = acc3[t] = _mm512_setzero_ps();
+        constexpr uintptr_t kVectorBytes = 16 * sizeof(W);
+        const uintptr_t misaligned = reinterpret_cast<uintptr_t>(x) % kVectorBytes;
+        int i = misaligned == 0 ? 0 : static_cast<int>((kVectorBytes - misaligned) / sizeof(W));
+        if (i > n) i = n;
+        if (i > 0) {
+            const auto head = static_cast<__mmask16>((1u << i) - 1);
+            const __m512 v = load_weights16<W, kBf16>(x, head);
+            for (int t = 0; t < kT; ++t) acc3[t] = _mm512_fmadd_ps(v, _mm512_maskz_loadu_ps(head, a[t]), acc3[t]);
+        }
+        for (; i + 64 <= n; i += 64) {
+            const __m512 v0 = load_weights16<W, kBf16>(x + i, kAll), v1 = load_weights16<W, kBf16>(x + i + 16, kAll);
+            const __m512 v2 = load_weights16<W, kBf16>(x + i + 32, kAll),
+                         v3 = load_weights16<W, kBf16>(x + i + 48, kAll);
+#pragma GCC unroll 4
+            for (int t = 0; t < kT; ++t) {
+                acc0[t] = _mm512_fmadd_ps(v0, _mm512_loadu_ps(a[t] + i), acc0[t]);
+                acc1[t] = _mm512_fmadd_ps(v1, _mm512_loadu_ps(a[t] + i + 16), acc1[t]);
+                acc2[t] = _mm512_fmadd_ps(v2, _mm512_loadu_ps(a[t] + i + 32), acc2[t]);
+                acc3[t] = _mm512_fmadd_ps(v3, _mm512_loadu_ps(a[t] + i + 48), acc3[t]);
+            }
+        }
+        for (; i < n; i += 16) {
+            const __mmask16 m = n - i >= 16 ? kAll : static_cast<__mmask16>((1u << (n - i)) - 1);
+            const __m512 v = load_weights16<W, kBf16>(x + i, m);
+            for (int t = 0; t < kT; ++t) acc0[t] = _mm512_fmadd_ps(v, _mm512_maskz_loadu_ps(m, a[t] + i), acc0[t]);
+        }
+        for (int t = 0; t < kT; ++t) {
+            y[static_cast<size_t>(t) * y_stride + r] =
+                _mm512_reduce_add_ps(_mm512_add_ps(_mm512_add_ps(acc0[t], acc1[t]), _mm512_add_ps(acc2[t], acc3[t])));
+        }
+    }
+}
+
+template <typename W, bool kBf16>
+void float_small(int n, int n_rows, int n_tok, const void* w, size_t w_stride, const void* act, size_t act_stride,
+                 float* y, size_t y_stride) {
+    const auto* wb = static_cast<const uint8_t*>(w);
+    for (int t0 = 0; t0 < n_tok; t0 += kFloatTok) {
+        const int tc = n_tok - t0 < kFloatTok ? n_tok - t0 : kFloatTok;
+        const float* a[kFloatTok];
+        for (int t = 0; t < tc; ++t) {
+            a[t] = reinterpret_cast<const float*>(static_cast<const uint8_t*>(act) + (t0 + t) * act_stride);
+        }
+        float* yt = y + static_cast<size_t>(t0) * y_stride;
+        switch (tc) {
+            case 1:
+                float_rows<W, kBf16, 1>(n, n_rows, wb, w_stride, a, yt, y_stride);
+                break;
+            case 2:
+                float_rows<W, kBf16, 2>(n, n_rows, wb, w_stride, a, yt, y_stride);
+                break;
+            case 3:
+                float_rows<W, kBf16, 3>(n, n_rows, wb, w_stride, a, yt, y_stride);
+                break;
+            default:
+                float_rows<W, kBf16, 4>(n, n_rows, wb, w_stride, a, yt, y_stride);
+                break;
+        }
+    }
+}
+
+// ---- Q8_0 with Q8_0 (dot_avx512.cpp's dot_q8_0) ----
+
+// The activations of a call, unpacked once: per token its blocks' scales as floats and their quants
+// back to back, so that two blocks are one 64-byte load.
+struct PreparedQ8 {
+    const float* d[kMaxTok];
+    const int8_t* q[kMaxTok];
+};
+
+PreparedQ8 prepare_q8_0(const uint8_t* act, size_t act_stride, int n_tok, int nb) {
+    const size_t d_bytes = (static_cast<size_t>(nb) * 4 + 63) / 64 * 64;
+    const size_t per_tok = d_bytes + static_cast<size_t>(nb) * 32;
+    std::byte* buf = small_batch_scratch(per_tok * static_cast<size_t>(n_tok));
+    PreparedQ8 p{};
+    for (int t = 0; t < n_tok; ++t) {
+        const auto* src = reinterpret_cast<const BlockQ8_0*>(act + static_cast<size_t>(t) * act_stride);
+        auto* d = reinterpret_cast<float*>(buf + static_cast<size_t>(t) * per_tok);
+        auto* q = reinterpret_cast<int8_t*>(buf + static_cast<size_t>(t) * per_tok + d_bytes);
+        for (int b = 0; b < nb; ++b) {
+            d[b] = f16(src[b].d);
+            _mm256_storeu_si256(reinterpret_cast<__m256i*>(q + 32 * b), load256(src[b].qs));
+        }
+        p.d[t] = d;
+        p.q[t] = q;
+    }
+    return p;
+}
+
+template <bool kVnni>
+__m512i dot_u8s8(__m512i u, __m512i s) {
+    if constexpr (kVnni)
+        return _mm512_dpbusd_epi32(_mm512_setzero_si512(), u, s);
+    else
+        return _mm512_madd_epi16(_mm512_maddubs_epi16(u, s), _mm512_set1_epi16(1));
+}
+
+__m512i blocks_x2(const int8_t* lo, const int8_t* hi) {
+    return _mm512_inserti64x4(_mm512_castsi256_si512(load256(lo)), load256(hi), 1);
+}
+
+// As dot_q8_0: x's sign moved onto y, |x| the unsigned side; pairs of blocks in one register, scaled
+// by d_w d_a (block i in the low 8 lanes, i + 1 in the high 8), four blocks a step into two
+// accumulators; an odd last block paired with itself at scale 0.
+template <bool kVnni, int kT>
+void q8_0_rows(int nb, int n_rows, const uint8_t* w, size_t w_stride, const PreparedQ8& a, float* y, size_t y_stride) {
+    const __m512i first_two =
+        _mm512_set_epi64(0x0000000100000001, 0x0000000100000001, 0x0000000100000001, 0x0000000100000001, 0, 0, 0, 0);
+    const __m512i last_two = _mm512_add_epi32(first_two, _mm512_set1_epi32(2));
+    const __m512i zero = _mm512_setzero_si512();
+    for (int r = 0; r < n_rows; ++r) {
+        const auto* x = reinterpret_cast<const BlockQ8_0*>(w + static_cast<size_t>(r) * w_stride);
+        __m512 acc0[kT], acc1[kT];
+        for (int t = 0; t < kT; ++t) acc0[t] = acc1[t] = _mm512_setzero_ps();
+        int i = 0;
+        for (; i + 4 <= nb; i += 4) {
+            const __m512i x01 = blocks_x2(x[i].qs, x[i + 1].qs), x23 = blocks_x2(x[i + 2].qs, x[i + 3].qs);
+            const __mmask64 neg01 = _mm512_movepi8_mask(x01), neg23 = _mm512_movepi8_mask(x23);
+            const __m512i abs01 = _mm512_abs_epi8(x01), abs23 = _mm512_abs_epi8(x23);
+            auto h = [](uint16_t v) { return static_cast<short>(v); };
+            const __m128 xd =
+                _mm_cvtph_ps(_mm_setr_epi16(h(x[i].d), h(x[i + 1].d), h(x[i + 2].d), h(x[i + 3].d), 0, 0, 0, 0));
+#pragma GCC unroll 8
+            for (int t = 0; t < kT; ++t) {
+                const __m512 s = _mm512_castps128_ps512(_mm_mul_ps(xd, _mm_loadu_ps(a.d[t] + i)));
+                const __m512i y01 = _mm512_loadu_si512(a.q[t] + 32 * i);
+                const __m512i y23 = _mm512_loadu_si512(a.q[t] + 32 * i + 64);
+                const __m512i p01 = dot_u8s8<kVnni>(abs01, _mm512_mask_sub_epi8(y01, neg01, zero, y01));
+                const __m512i p23 = dot_u8s8<kVnni>(abs23, _mm512_mask_sub_epi8(y23, neg23, zero, y23));
+                acc0[t] = _mm512_fmadd_ps(_mm512_permutexvar_ps(first_two, s), _mm512_cvtepi32_ps(p01), acc0[t]);
+                acc1[t] = _mm512_fmadd_ps(_mm512_permutexvar_ps(last_two, s), _mm512_cvtepi32_ps(p23), acc1[t]);
+            }
+        }
+        for (; i < nb; i += 2) {
+            const int j = i + 1 < nb ? i + 1 : i;
+            const __m512i xij = blocks_x2(x[i].qs, x[j].qs);
+            const __mmask64 neg = _mm512_movepi8_mask(xij);
+            const __m512i abs = _mm512_abs_epi8(xij);
+            const float xdi = f16(x[i].d), xdj = f16(x[j].d);
+            for (int t = 0; t < kT; ++t) {
+                const float scale_j = j != i ? xdj * a.d[t][j] : 0.0f;
+                const __m512 s = _mm512_mask_blend_ps(0xFF00, _mm512_set1_ps(xdi * a.d[t][i]), _mm512_set1_ps(scale_j));
+                const __m512i yij = blocks_x2(a.q[t] + 32 * i, a.q[t] + 32 * j);
+                const __m512i p = dot_u8s8<kVnni>(abs, _mm512_mask_sub_epi8(yij, neg, zero, yij));
+                acc0[t] = _mm512_fmadd_ps(s, _mm512_cvtepi32_ps(p), acc0[t]);
+            }
+        }
+        for (int t = 0; t < kT; ++t) {
+            y[static_cast<size_t>(t) * y_stride + r] = _mm512_reduce_add_ps(_mm512_add_ps(acc0[t], acc1[t]));
+        }
+    }
+}
+
+template <bool kVnni>
+void q8_0_small(int n, int n_rows, int n_tok, const void* w, size_t w_stride, const void* act, size_t act_stride,
+                float* y, size_t y_stride) {
+    const int nb = n / 32;
+    const auto* wb = static_cast<const uint8_t*>(w);
+    for (int t0 = 0; t0 < n_tok; t0 += kMaxTok) {
+        const int tc = n_tok - t0 < kMaxTok ? n_tok - t0 : kMaxTok;
+        const PreparedQ8 a =
+            prepare_q8_0(static_cast<const uint8_t*>(act) + static_cast<size_t>(t0) * act_stride, act_stride, tc, nb);
+        float* yt = y + static_cast<size_t>(t0) * y_stride;
+        switch (tc) {
+            case 1:
+                q8_0_rows<kVnni, 1>(nb, n_rows, wb, w_stride, a, yt, y_stride);
+                break;
+            case 2:
+                q8_0_rows<kVnni, 2>(nb, n_rows, wb, w_stride, a, yt, y_stride);
+                break;
+            case 3:
+                q8_0_rows<kVnni, 3>(nb, n_rows, wb, w_stride, a, yt, y_stride);
+                break;
+            case 4:
+                q8_0_rows<kVnni, 4>(nb, n_rows, wb, w_stride, a, yt, y_stride);
+                break;
+            case 5:
+                q8_0_rows<kVnni, 5>(nb, n_rows, wb, w_stride, a, yt, y_stride);
+                break;
+            case 6:
+                q8_0_rows<kVnni, 6>(nb, n_rows, wb, w_stride, a, yt, y_stride);
+                break;
+            case 7:
+                q8_0_rows<kVnni, 7>(nb, n_rows, wb, w_stride, a, yt, y_stride);
+                break;
+            default:
+                q8_0_rows<kVnni, 8>(nb, n_rows, wb, w_stride, a, yt, y_stride);
+                break;
+        }
+    }
+}
+
+template <bool kVnni>
+GemmFn table(GgmlType weight_type) {
+    switch (weight_type) {
+        case GgmlType::F32:
+            return float_small<float, false>;
+        case GgmlType::F16:
+            return float_small<uint16_t, false>;
+        case GgmlType::BF16:
+            return float_small<uint16_t, true>;
+        case GgmlType::Q8_0:
+            return q8_0_small<kVnni>;
+        default:
+            return nullptr;
+    }
+}
+
+}  // namespace
+
+GemmFn small_batch_avx512(GgmlType weight_type, bool vnni) {
+    return vnni ? table<true>(weight_type) : table<false>(weight_type);
+}
+
+}  // namespace fitllm::quant::detail
