@@ -1,0 +1,104 @@
+// The CUDA runtime calls of kernels.h: devices, memory, streams, copies. All checked.
+#include <string>
+
+#include "backend/cuda/common.cuh"
+
+namespace fitllm::backend::cuda {
+
+int device_count() {
+    int n = 0;
+    const cudaError_t err = cudaGetDeviceCount(&n);
+    if (err != cudaSuccess) {
+        throw CudaError(std::string("no CUDA device: cudaGetDeviceCount: ") + cudaGetErrorName(err) + " (" +
+                        cudaGetErrorString(err) + ")");
+    }
+    if (n <= 0) throw CudaError("no CUDA device: cudaGetDeviceCount found 0 devices");
+    return n;
+}
+
+std::string no_device_reason() {
+    try {
+        device_count();
+        return {};
+    } catch (const CudaError& e) {
+        return e.what();
+    }
+}
+
+void set_device(int ordinal) {
+    const int n = device_count();
+    if (ordinal < 0 || ordinal >= n) {
+        throw CudaError("no CUDA device " + std::to_string(ordinal) + ": there are " + std::to_string(n) +
+                        " (cuda0 .. cuda" + std::to_string(n - 1) + ")");
+    }
+    FITLLM_CUDA_CHECK(cudaSetDevice(ordinal));
+}
+
+std::string device_name(int ordinal) {
+    cudaDeviceProp prop{};
+    FITLLM_CUDA_CHECK(cudaGetDeviceProperties(&prop, ordinal));
+    return prop.name;
+}
+
+void memory_info(uint64_t& free_bytes, uint64_t& total_bytes) {
+    size_t f = 0, t = 0;
+    FITLLM_CUDA_CHECK(cudaMemGetInfo(&f, &t));
+    free_bytes = f;
+    total_bytes = t;
+}
+
+void* device_malloc(size_t bytes, const char* what) {
+    if (bytes == 0) return nullptr;
+    void* p = nullptr;
+    const cudaError_t err = cudaMalloc(&p, bytes);
+    if (err != cudaSuccess) {
+        cudaGetLastError();  // cudaMalloc's error is not sticky; clear it for the next check
+        throw CudaError(std::string("cudaMalloc of ") + std::to_string(bytes) + " bytes for " + what + ": " +
+                        cudaGetErrorName(err) + " (" + cudaGetErrorString(err) + ")");
+    }
+    return p;
+}
+
+void device_free(void* p) noexcept {
+    if (p != nullptr) cudaFree(p);  // errors here are from earlier async work; the next check reports them
+}
+
+Stream create_stream() {
+    cudaStream_t s = nullptr;
+    FITLLM_CUDA_CHECK(cudaStreamCreateWithFlags(&s, cudaStreamNonBlocking));
+    return s;
+}
+
+void destroy_stream(Stream s) noexcept {
+    if (s != nullptr) cudaStreamDestroy(as_stream(s));
+}
+
+void synchronize(Stream s) {
+    if (s == nullptr) {
+        FITLLM_CUDA_CHECK(cudaDeviceSynchronize());
+    } else {
+        FITLLM_CUDA_CHECK(cudaStreamSynchronize(as_stream(s)));
+    }
+}
+
+void copy_to_device(void* dst, const void* src, size_t bytes, Stream s) {
+    if (bytes == 0) return;
+    FITLLM_CUDA_CHECK(cudaMemcpyAsync(dst, src, bytes, cudaMemcpyHostToDevice, as_stream(s)));
+}
+
+void copy_to_host(void* dst, const void* src, size_t bytes, Stream s) {
+    if (bytes == 0) return;
+    FITLLM_CUDA_CHECK(cudaMemcpyAsync(dst, src, bytes, cudaMemcpyDeviceToHost, as_stream(s)));
+}
+
+void copy_on_device(void* dst, const void* src, size_t bytes, Stream s) {
+    if (bytes == 0) return;
+    FITLLM_CUDA_CHECK(cudaMemcpyAsync(dst, src, bytes, cudaMemcpyDeviceToDevice, as_stream(s)));
+}
+
+void fill_zero(void* dst, size_t bytes, Stream s) {
+    if (bytes == 0) return;
+    FITLLM_CUDA_CHECK(cudaMemsetAsync(dst, 0, bytes, as_stream(s)));
+}
+
+}  // namespace fitllm::backend::cuda

@@ -1,0 +1,427 @@
+// The CUDA kernels (src/backend/cuda/kernels.h) against the CPU reference (src/ops, src/quant) on
+// random data. Without a CUDA device the kernel tests skip saying why; the checks made on the host
+// before any launch (types, shapes) and the no-device error run everywhere.
+#include <gtest/gtest.h>
+
+#include <string>
+
+#ifndef FITLLM_CUDA
+
+TEST(CudaKernels, BuiltWithoutCuda) {
+    GTEST_SKIP() << "built without CUDA (configure with -DFITLLM_CUDA=ON where nvcc is installed)";
+}
+
+#else
+
+#include <algorithm>
+#include <cmath>
+#include <cstring>
+#include <random>
+#include <span>
+#include <stdexcept>
+#include <vector>
+
+#include "backend/cuda/kernels.h"
+#include "kv/cache.h"
+#include "kv/hadamard.h"
+#include "ops/activation.h"
+#include "ops/attention_kv.h"
+#include "ops/norm.h"
+#include "ops/rope.h"
+#include "ops/scratch.h"
+#include "ops/thread_pool.h"
+#include "quant/dequantize.h"
+#include "quant/quantize.h"
+
+namespace fitllm::backend::cuda {
+namespace {
+
+using quant::GgmlType;
+
+#define SKIP_WITHOUT_DEVICE()                       \
+    do {                                            \
+        const std::string why = no_device_reason(); \
+        if (!why.empty()) GTEST_SKIP() << why;      \
+        set_device(0);                              \
+    } while (0)
+
+std::vector<float> gaussian(uint32_t seed, size_t n, float sigma = 1.0f) {
+    std::mt19937 rng(seed);
+    std::normal_distribution<float> normal(0.0f, sigma);
+    std::vector<float> x(n);
+    for (float& v : x) v = normal(rng);
+    return x;
+}
+
+// Device memory for a test, freed at scope end.
+class DeviceBuffer {
+public:
+    explicit DeviceBuffer(size_t bytes) : p_(device_malloc(bytes, "test buffer")), bytes_(bytes) {
+        fill_zero(p_, bytes, nullptr);
+    }
+    template <class T>
+    explicit DeviceBuffer(const std::vector<T>& host) : DeviceBuffer(host.size() * sizeof(T)) {
+        copy_to_device(p_, host.data(), bytes_, nullptr);
+    }
+    DeviceBuffer(const DeviceBuffer&) = delete;
+    DeviceBuffer& operator=(const DeviceBuffer&) = delete;
+    ~DeviceBuffer() { device_free(p_); }
+    template <class T = void>
+    T* get() const {
+        return static_cast<T*>(p_);
+    }
+    template <class T>
+    std::vector<T> read() const {
+        std::vector<T> out(bytes_ / sizeof(T));
+        copy_to_host(out.data(), p_, bytes_, nullptr);
+        synchronize(nullptr);
+        return out;
+    }
+
+private:
+    void* p_;
+    size_t bytes_;
+};
+
+// ---- Without a device ---------------------------------------------------------------------------
+
+TEST(CudaKernels, NoDeviceErrorSaysWhy) {
+    const std::string why = no_device_reason();
+    if (why.empty()) GTEST_SKIP() << "a CUDA device is present";
+    EXPECT_EQ(why.rfind("no CUDA device: ", 0), 0u) << why;
+    EXPECT_THROW(device_count(), CudaError);
+}
+
+TEST(CudaKernels, HostChecksBeforeLaunching) {
+    float* x = nullptr;
+    EXPECT_THROW(matmul(GgmlType::IQ2_XXS, nullptr, 4, 256, 0, x, 1, x, nullptr), std::invalid_argument);
+    EXPECT_THROW(matmul(GgmlType::Q4_K, nullptr, 4, 100, 0, x, 1, x, nullptr), std::invalid_argument);
+    EXPECT_THROW(matmul(GgmlType::Q4_0, nullptr, 4, 64, 10, x, 1, x, nullptr), std::invalid_argument);
+    EXPECT_THROW(rope(x, nullptr, 1, 1, 64, RopeArgs{.n_dims = 65}, nullptr), std::invalid_argument);
+    EXPECT_THROW(rms_norm(x, nullptr, 1e-6f, 1, 0, x, nullptr), std::invalid_argument);
+    const KvLayout q4k{.type = GgmlType::Q4_K, .row_bytes = 1000, .head_bytes = 144, .n_head_kv = 1, .head_dim = 256};
+    EXPECT_THROW(kv_store(q4k, x, nullptr, 1, nullptr), std::invalid_argument);
+    const KvLayout q4_0{.type = GgmlType::Q4_0, .row_bytes = 36, .head_bytes = 36, .n_head_kv = 1, .head_dim = 64};
+    EXPECT_THROW(kv_store(q4_0, x, nullptr, 1, nullptr), std::invalid_argument);  // read only
+    const KvLayout f16{.type = GgmlType::F16, .row_bytes = 128, .head_bytes = 128, .n_head_kv = 1, .head_dim = 64};
+    KvAttentionArgs args{.n_head = 3, .n_head_kv = 2, .head_dim = 64, .block_size = 16};
+    args.capacity = 16;
+    EXPECT_THROW(attention_kv(x, 1, f16, f16, args, x, nullptr), std::invalid_argument);
+    EXPECT_TRUE(matmul_supports(GgmlType::Q4_K) && matmul_supports(GgmlType::Q6_K) && matmul_supports(GgmlType::F16));
+    EXPECT_FALSE(matmul_supports(GgmlType::IQ4_XS));
+}
+
+// ---- Matrix products ----------------------------------------------------------------------------
+
+// |got - want| <= 1e-4 of sum |w| |x| (the float summation orders differ) + 1e-6.
+void expect_matmul_close(GgmlType type, int64_t rows, int64_t cols, int n_tok, size_t row_stride = 0) {
+    SCOPED_TRACE(std::string(quant::traits(type).name) + " rows " + std::to_string(rows) + " cols " +
+                 std::to_string(cols) + " tokens " + std::to_string(n_tok));
+    const size_t packed = *quant::row_bytes(type, static_cast<uint64_t>(cols));
+    const size_t stride = row_stride != 0 ? row_stride : packed;
+    std::vector<uint8_t> w(stride * static_cast<size_t>(rows), 0xA5);
+    std::vector<float> w_ref(static_cast<size_t>(rows * cols));
+    const std::vector<float> src = gaussian(7 + static_cast<uint32_t>(type), static_cast<size_t>(rows * cols), 0.5f);
+    for (int64_t r = 0; r < rows; ++r) {
+        void* row = w.data() + r * stride;
+        if (type == GgmlType::F32) {
+            std::memcpy(row, src.data() + r * cols, packed);
+        } else {
+            quant::quantize_row(type, src.data() + r * cols, row, cols);
+        }
+        quant::dequantize_row(type, row, w_ref.data() + r * cols, cols);
+    }
+    const std::vector<float> x = gaussian(99, static_cast<size_t>(n_tok * cols));
+    DeviceBuffer dw(w), dx(x), dy(sizeof(float) * static_cast<size_t>(n_tok * rows));
+    matmul(type, dw.get(), rows, cols, row_stride, dx.get<float>(), n_tok, dy.get<float>(), nullptr);
+    const std::vector<float> y = dy.read<float>();
+    int bad = 0;
+    for (int t = 0; t < n_tok; ++t) {
+        for (int64_t r = 0; r < rows; ++r) {
+            double want = 0.0, mag = 0.0;
+            for (int64_t c = 0; c < cols; ++c) {
+                want += static_cast<double>(w_ref[r * cols + c]) * x[t * cols + c];
+                mag += std::fabs(static_cast<double>(w_ref[r * cols + c]) * x[t * cols + c]);
+            }
+            const double got = y[t * rows + r];
+            if (std::fabs(got - want) > 1e-4 * mag + 1e-6 && ++bad <= 5) {
+                ADD_FAILURE() << "token " << t << " row " << r << ": " << got << " vs " << want;
+            }
+        }
+    }
+    EXPECT_EQ(bad, 0);
+}
+
+const GgmlType kMatmulTypes[] = {GgmlType::F32,  GgmlType::F16,  GgmlType::BF16, GgmlType::Q4_0, GgmlType::Q4_1,
+                                 GgmlType::Q5_0, GgmlType::Q5_1, GgmlType::Q8_0, GgmlType::Q2_K, GgmlType::Q3_K,
+                                 GgmlType::Q4_K, GgmlType::Q5_K, GgmlType::Q6_K};
+
+TEST(CudaKernels, MatmulOneTokenEveryType) {
+    SKIP_WITHOUT_DEVICE();
+    for (GgmlType type : kMatmulTypes) expect_matmul_close(type, 37, 512, 1);
+}
+
+TEST(CudaKernels, MatmulSmallBatchesEveryType) {  // the matrix-vector kernel, 2..8 tokens and chunks of 8
+    SKIP_WITHOUT_DEVICE();
+    for (GgmlType type : kMatmulTypes) {
+        expect_matmul_close(type, 19, 768, 3);
+        expect_matmul_close(type, 19, 768, 8);
+    }
+    expect_matmul_close(GgmlType::F16, 5, 40, 20);  // cols not a multiple of 32: matrix-vector in chunks
+}
+
+TEST(CudaKernels, MatmulTiledEveryType) {  // > 8 tokens: shared-memory tiles, partial at both edges
+    SKIP_WITHOUT_DEVICE();
+    for (GgmlType type : kMatmulTypes) expect_matmul_close(type, 70, 512, 67);
+}
+
+TEST(CudaKernels, MatmulRowStride) {
+    SKIP_WITHOUT_DEVICE();
+    expect_matmul_close(GgmlType::Q4_K, 9, 256, 1, 144 + 16);
+    expect_matmul_close(GgmlType::Q8_0, 65, 64, 12, 68 + 6);
+}
+
+// ---- Norms, RoPE, element-wise ------------------------------------------------------------------
+
+void expect_close(const std::vector<float>& got, const std::vector<float>& want, float rel, float abs,
+                  const char* what) {
+    ASSERT_EQ(got.size(), want.size());
+    int bad = 0;
+    for (size_t i = 0; i < got.size(); ++i) {
+        if (!(std::fabs(got[i] - want[i]) <= abs + rel * std::fabs(want[i])) && ++bad <= 5) {
+            ADD_FAILURE() << what << "[" << i << "]: " << got[i] << " vs " << want[i];
+        }
+    }
+    EXPECT_EQ(bad, 0) << what;
+}
+
+TEST(CudaKernels, RmsNorm) {
+    SKIP_WITHOUT_DEVICE();
+    const int64_t rows = 5, n = 1000;
+    const std::vector<float> x = gaussian(1, rows * n, 3.0f), w = gaussian(2, n);
+    std::vector<float> want(x.size()), want_unscaled(x.size());
+    ops::rms_norm(x.data(), w.data(), 1e-6f, rows, n, want.data());
+    ops::rms_norm(x.data(), nullptr, 1e-6f, rows, n, want_unscaled.data());
+    DeviceBuffer dx(x), dw(w), dy(x.size() * sizeof(float));
+    rms_norm(dx.get<float>(), dw.get<float>(), 1e-6f, rows, n, dy.get<float>(), nullptr);
+    expect_close(dy.read<float>(), want, 1e-6f, 1e-7f, "rms_norm");
+    rms_norm(dx.get<float>(), nullptr, 1e-6f, rows, n, dx.get<float>(), nullptr);  // in place
+    expect_close(dx.read<float>(), want_unscaled, 1e-6f, 1e-7f, "rms_norm in place");
+}
+
+TEST(CudaKernels, RopeNormalAndNeox) {
+    SKIP_WITHOUT_DEVICE();
+    const int n_tok = 6, n_head = 3, head_dim = 64;
+    const std::vector<int32_t> pos = {0, 1, 7, 100, 4095, 30000};
+    const std::vector<float> factors = [] {
+        std::vector<float> f(24);
+        for (size_t i = 0; i < f.size(); ++i) f[i] = 1.0f + 0.25f * static_cast<float>(i);
+        return f;
+    }();
+    DeviceBuffer dpos(pos), dfactors(factors);
+    for (const bool neox : {false, true}) {
+        for (const bool with_factors : {false, true}) {
+            SCOPED_TRACE(std::string(neox ? "neox" : "normal") + (with_factors ? " with freq factors" : ""));
+            const int n_dims = with_factors ? 48 : 64;  // partial rotation with the factors
+            const std::vector<float> x = gaussian(3, n_tok * n_head * head_dim);
+            std::vector<float> want = x;
+            ops::RopeParams p{.mode = neox ? ops::RopeMode::Neox : ops::RopeMode::Normal,
+                              .n_dims = n_dims,
+                              .freq_base = 500000.0f,
+                              .freq_scale = 0.5f,
+                              .freq_factors = with_factors ? factors.data() : nullptr};
+            ops::rope(want.data(), pos.data(), n_tok, n_head, head_dim, p);
+            DeviceBuffer dx(x);
+            const RopeArgs args{.neox = neox,
+                                .n_dims = n_dims,
+                                .freq_base = p.freq_base,
+                                .freq_scale = p.freq_scale,
+                                .freq_factors = with_factors ? dfactors.get<float>() : nullptr};
+            rope(dx.get<float>(), dpos.get<int32_t>(), n_tok, n_head, head_dim, args, nullptr);
+            // The same angles in float; sin/cos of angles up to 15000 differ by an ulp or two of the angle's
+            // reduction between libm and CUDA.
+            expect_close(dx.read<float>(), want, 1e-5f, 2e-5f, "rope");
+        }
+    }
+}
+
+TEST(CudaKernels, ElementWise) {
+    SKIP_WITHOUT_DEVICE();
+    const int64_t n_tok = 3, n = 333;
+    const std::vector<float> a = gaussian(4, n_tok * n, 4.0f), b = gaussian(5, n_tok * n, 4.0f), bias = gaussian(6, n);
+    DeviceBuffer da(a), db(b), dbias(bias), dy(a.size() * sizeof(float));
+    std::vector<float> want(a.size());
+
+    ops::add(a.data(), b.data(), n_tok * n, want.data());
+    add(da.get<float>(), db.get<float>(), n_tok * n, dy.get<float>(), nullptr);
+    expect_close(dy.read<float>(), want, 0.0f, 0.0f, "add");
+
+    want = a;
+    ops::add_bias(want.data(), bias.data(), n_tok, n);
+    copy_on_device(dy.get(), da.get(), a.size() * sizeof(float), nullptr);
+    add_bias(dy.get<float>(), dbias.get<float>(), n_tok, n, nullptr);
+    expect_close(dy.read<float>(), want, 0.0f, 0.0f, "add_bias");
+
+    want = a;
+    ops::scale(want.data(), n_tok * n, 0.125f);
+    copy_on_device(dy.get(), da.get(), a.size() * sizeof(float), nullptr);
+    scale(dy.get<float>(), n_tok * n, 0.125f, nullptr);
+    expect_close(dy.read<float>(), want, 0.0f, 0.0f, "scale");
+
+    ops::swiglu(a.data(), b.data(), n_tok * n, want.data());  // ggml's exp polynomial vs expf: a few ulp
+    swiglu(da.get<float>(), db.get<float>(), n_tok * n, dy.get<float>(), nullptr);
+    expect_close(dy.read<float>(), want, 2e-6f, 1e-7f, "swiglu");
+
+    // f16-rounded GELU: equal except where tanhf and std::tanh differ by an ulp next to an f16 rounding
+    // boundary (one f16 step, 2^-10 relative).
+    ops::geglu(a.data(), b.data(), n_tok * n, want.data());
+    geglu(da.get<float>(), db.get<float>(), n_tok * n, dy.get<float>(), nullptr);
+    expect_close(dy.read<float>(), want, 1e-3f, 1e-6f, "geglu");
+
+    want = a;
+    ops::softcap(want.data(), n_tok * n, 5.0f);
+    copy_on_device(dy.get(), da.get(), a.size() * sizeof(float), nullptr);
+    softcap(dy.get<float>(), n_tok * n, 5.0f, nullptr);
+    expect_close(dy.read<float>(), want, 2e-6f, 1e-6f, "softcap");
+}
+
+// ---- KV cache -----------------------------------------------------------------------------------
+
+struct KvCase {
+    GgmlType type;
+    bool rotate;
+    int window;
+};
+
+// Two sequences sharing a prefix, a removed range (holes) and a sliding window: a host cache filled
+// with rows the device stores too, the stored bytes compared, then attention on both sides.
+void run_kv_case(const KvCase& kc) {
+    SCOPED_TRACE(std::string(quant::traits(kc.type).name) + (kc.rotate ? " rotated" : "") + " window " +
+                 std::to_string(kc.window));
+    const int n_head = 8, n_head_kv = 2, head_dim = 128, width = n_head_kv * head_dim;
+    kv::CacheParams params;
+    params.n_cells = 256;
+    params.n_seq_max = 3;
+    params.block_size = 16;
+    params.type_k = params.type_v = kc.type;
+    params.rotate = kc.rotate;
+    kv::KvCache cache({kv::LayerShape{n_head_kv, head_dim, head_dim}}, params);
+
+    // Sequence 0: 70 tokens; sequence 1 shares its first 40 and adds 25 more; sequence 0 loses 10..19.
+    std::vector<kv::SeqId> seq(70, 0);
+    std::vector<kv::Pos> pos(70);
+    for (int i = 0; i < 70; ++i) pos[i] = i;
+    std::vector<int32_t> cells(70);
+    cache.place(seq, pos, cells);
+    cache.seq_cp(0, 1, 0, 40);
+    std::vector<kv::SeqId> seq1(25, 1);
+    std::vector<kv::Pos> pos1(25);
+    for (int i = 0; i < 25; ++i) pos1[i] = 40 + i;
+    std::vector<int32_t> cells1(25);
+    cache.place(seq1, pos1, cells1);
+    cells.insert(cells.end(), cells1.begin(), cells1.end());
+    cache.seq_rm(0, 10, 20);
+
+    const size_t n_rows = cells.size();
+    const std::vector<float> k = gaussian(11, n_rows * width), v = gaussian(12, n_rows * width);
+    cache.store(0, cells, k.data(), v.data());
+    const kv::KvCache::LayerView view = cache.layer_view(0);
+    ASSERT_EQ(view.rotated, kc.rotate && kc.type == GgmlType::Q8_0);
+
+    // The device stores the same rows into zeroed copies of the layout.
+    const size_t k_bytes = view.k_row_bytes * static_cast<size_t>(cache.capacity());
+    const size_t v_bytes = view.v_row_bytes * static_cast<size_t>(cache.capacity());
+    DeviceBuffer dk(k_bytes), dv(v_bytes), dk_rows(k), dv_rows(v), dcells(cells);
+    const KvLayout k_layout{.type = kc.type,
+                            .data = dk.get(),
+                            .row_bytes = view.k_row_bytes,
+                            .head_bytes = view.k_head_bytes,
+                            .n_head_kv = n_head_kv,
+                            .head_dim = head_dim,
+                            .rotated = view.rotated};
+    KvLayout v_layout = k_layout;
+    v_layout.data = dv.get();
+    v_layout.row_bytes = view.v_row_bytes;
+    v_layout.head_bytes = view.v_head_bytes;
+    kv_store(k_layout, dk_rows.get<float>(), dcells.get<int32_t>(), static_cast<int64_t>(n_rows), nullptr);
+    kv_store(v_layout, dv_rows.get<float>(), dcells.get<int32_t>(), static_cast<int64_t>(n_rows), nullptr);
+    const std::vector<uint8_t> k_dev = dk.read<uint8_t>();
+    // Stored rows decode to the host's within one quantization step (Q8_0: the same rounding, but the
+    // rotation's float sums may differ in the last bit); plain types byte for byte.
+    for (size_t i = 0; i < n_rows; ++i) {
+        std::vector<float> host(width), dev(width);
+        cache.read_k(0, cells[i], host.data());
+        const uint8_t* row = k_dev.data() + static_cast<size_t>(cells[i]) * view.k_row_bytes;
+        for (int h = 0; h < n_head_kv; ++h) {
+            quant::dequantize_row(kc.type, row + h * view.k_head_bytes, dev.data() + h * head_dim, head_dim);
+        }
+        if (view.rotated) kv::hadamard_transform_rows(dev.data(), n_head_kv, head_dim);
+        if (kc.type == GgmlType::Q8_0) {
+            expect_close(dev, host, 0.0f, 0.03f, "stored K");
+        } else {
+            ASSERT_EQ(0, std::memcmp(row, view.k + static_cast<size_t>(cells[i]) * view.k_row_bytes,
+                                     view.k_head_bytes * n_head_kv))
+                << "stored K row " << i;
+        }
+    }
+
+    // Queries: sequence 0 at 70 and 71 (decode-like), sequence 1 at 30, 64 (prefix and own cells).
+    const std::vector<kv::SeqId> q_seq = {0, 0, 1, 1};
+    const std::vector<kv::Pos> q_pos = {70, 71, 30, 64};
+    const int n_tok = static_cast<int>(q_seq.size());
+    const std::vector<float> q = gaussian(13, static_cast<size_t>(n_tok) * n_head * head_dim);
+    ops::AttentionParams ap{.n_head = n_head,
+                            .n_head_kv = n_head_kv,
+                            .head_dim = head_dim,
+                            .scale = 1.0f / std::sqrt(static_cast<float>(head_dim)),
+                            .softcap = kc.window > 0 ? 30.0f : 0.0f,
+                            .sliding_window = kc.window};
+    std::vector<float> want(q.size());
+    ops::ThreadPool pool(1);
+    ops::Scratch scratch;
+    ops::attention_kv(q.data(), q_pos.data(), q_seq.data(), n_tok, cache, 0, ap, want.data(), pool, scratch);
+
+    // The host's bookkeeping on the device: its cells' positions and sequence sets, the block tables.
+    std::vector<int32_t> blocks, seq_blocks = {0};
+    for (kv::SeqId s = 0; s < params.n_seq_max; ++s) {
+        const std::span<const int32_t> table = cache.seq_blocks(s);
+        blocks.insert(blocks.end(), table.begin(), table.end());
+        seq_blocks.push_back(static_cast<int32_t>(blocks.size()));
+    }
+    const std::vector<int32_t> cell_pos(cache.cell_positions().begin(), cache.cell_positions().end());
+    const std::vector<uint64_t> cell_seqs(cache.cell_seq_masks().begin(), cache.cell_seq_masks().end());
+    DeviceBuffer dq(q), dout(q.size() * sizeof(float)), dq_pos(q_pos), dq_seq(q_seq), dcell_pos(cell_pos),
+        dcell_seqs(cell_seqs), dblocks(blocks), dseq_blocks(seq_blocks);
+    KvAttentionArgs args{.n_head = n_head,
+                         .n_head_kv = n_head_kv,
+                         .head_dim = head_dim,
+                         .scale = ap.scale,
+                         .softcap = ap.softcap,
+                         .sliding_window = ap.sliding_window,
+                         .q_pos = dq_pos.get<int32_t>(),
+                         .q_seq = dq_seq.get<int32_t>(),
+                         .cell_pos = dcell_pos.get<int32_t>(),
+                         .cell_seqs = dcell_seqs.get<uint64_t>(),
+                         .capacity = cache.capacity(),
+                         .blocks = dblocks.get<int32_t>(),
+                         .seq_blocks = dseq_blocks.get<int32_t>(),
+                         .block_size = params.block_size};
+    attention_kv(dq.get<float>(), n_tok, k_layout, v_layout, args, dout.get<float>(), nullptr);
+    // The CPU's f16 path rounds q to f16 and sums V in f16; 3e-3 on outputs of magnitude ~0.1-1.
+    expect_close(dout.read<float>(), want, 1e-2f, 3e-3f, "attention");
+}
+
+TEST(CudaKernels, KvStoreAndAttention) {
+    SKIP_WITHOUT_DEVICE();
+    for (const KvCase& kc :
+         {KvCase{GgmlType::F16, false, 0}, KvCase{GgmlType::F16, false, 24}, KvCase{GgmlType::F32, false, 0},
+          KvCase{GgmlType::BF16, false, 0}, KvCase{GgmlType::Q8_0, false, 0}, KvCase{GgmlType::Q8_0, true, 0},
+          KvCase{GgmlType::Q8_0, true, 24}}) {
+        run_kv_case(kc);
+    }
+}
+
+}  // namespace
+}  // namespace fitllm::backend::cuda
+
+#endif  // FITLLM_CUDA
