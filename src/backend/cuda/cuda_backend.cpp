@@ -1,0 +1,378 @@
+// The CUDA device (backend/cuda_backend.h): backend::Backend over the kernels of kernels.h, one
+// stream per device. Compiled by the host compiler; every CUDA call is behind kernels.h.
+//
+// Memory: buffers are cudaMalloc'ed after Backend::alloc charged the device's pool. The batch's
+// small host arrays (positions, cells, the cache's bookkeeping) go to the device through one
+// staging buffer charged to "scratch"; the copies are stream-ordered, so the next op may reuse it.
+//
+// The KV cache: a pool made for this device (on_device) keeps its K/V here, one buffer per layer
+// ([capacity] rows laid out as the host pool's LayerView), written by kv_store's kernel; the host
+// KvCache keeps the bookkeeping (its own K/V storage, charged to this device's "kv" pool by
+// kv::ModelCache, stays untouched, so zero pages). Those device buffers are not charged again.
+// A host pool (offload_kv off) is written on the host (kv::KvCache::store, the CPU's exact
+// conversion) and its used rows are copied to a device buffer for each attention call.
+#include "backend/cuda_backend.h"
+
+#include <algorithm>
+#include <cstring>
+#include <map>
+#include <stdexcept>
+#include <string>
+#include <vector>
+
+#include "backend/cuda/kernels.h"
+#include "ops/rope.h"
+
+namespace fitllm::backend {
+namespace {
+
+namespace pools = memory::pool_names;
+
+// Room left on the GPU for the CUDA context's own allocations (kernels, cuBLAS-free, but the
+// runtime still takes some) when the caller asks for more than is free.
+constexpr uint64_t kFreeMargin = 512ull << 20;
+
+uint64_t usable_capacity(int ordinal, uint64_t requested) {
+    cuda::set_device(ordinal);
+    uint64_t free_bytes = 0, total_bytes = 0;
+    cuda::memory_info(free_bytes, total_bytes);
+    const uint64_t usable = free_bytes > kFreeMargin ? free_bytes - kFreeMargin : 0;
+    return requested == 0 ? usable : std::min(requested, usable);
+}
+
+class CudaBackend final : public Backend {
+public:
+    CudaBackend(int ordinal, uint64_t capacity)
+        : Backend("cuda" + std::to_string(ordinal), usable_capacity(ordinal, capacity)),
+          name_("cuda" + std::to_string(ordinal)),
+          ordinal_(ordinal),
+          stream_(cuda::create_stream()) {}
+
+    ~CudaBackend() override {
+        try {
+            cuda::synchronize(stream_);
+        } catch (...) {  // an earlier kernel's fault; nothing left to report it to
+        }
+        kv_.clear();
+        staging_ = Buffer();
+        batch_ = Buffer();
+        cuda::destroy_stream(stream_);
+    }
+
+    std::string name() const override { return name_; }
+    bool unified() const override { return false; }
+
+    void copy_to_device(void* dst, const void* src, size_t bytes) override {
+        cuda::copy_to_device(dst, src, bytes, stream_);
+    }
+    void copy_to_host(void* dst, const void* src, size_t bytes) override {
+        cuda::copy_to_host(dst, src, bytes, stream_);
+        cuda::synchronize(stream_);
+    }
+    void copy_on_device(void* dst, const void* src, size_t bytes) override {
+        cuda::copy_on_device(dst, src, bytes, stream_);
+    }
+    void synchronize() override { cuda::synchronize(stream_); }
+
+    void matmul(const ops::WeightView& w, const float* x, int n_tok, float* y) override {
+        cuda::matmul(w.type, w.data, w.rows, w.cols, w.row_stride, x, n_tok, y, stream_);
+    }
+    void rms_norm(const float* x, const float* weight, float eps, int64_t n_rows, int64_t n, float* y) override {
+        cuda::rms_norm(x, weight, eps, n_rows, n, y, stream_);
+    }
+    void rope(float* x, const int32_t* positions, int64_t n_tok, int n_head, int head_dim,
+              const ops::RopeParams& params) override {
+        const int32_t* pos = stage(std::span<const int32_t>(positions, static_cast<size_t>(n_tok)));
+        cuda::rope(x, pos, n_tok, n_head, head_dim, rope_args(params), stream_);
+    }
+    void add(const float* a, const float* b, int64_t n, float* y) override { cuda::add(a, b, n, y, stream_); }
+    void add_bias(float* x, const float* bias, int64_t n_tok, int64_t n) override {
+        cuda::add_bias(x, bias, n_tok, n, stream_);
+    }
+    void scale(float* x, int64_t n, float s) override { cuda::scale(x, n, s, stream_); }
+    void swiglu(const float* gate, const float* up, int64_t n, float* y) override {
+        cuda::swiglu(gate, up, n, y, stream_);
+    }
+    void geglu(const float* gate, const float* up, int64_t n, float* y) override {
+        cuda::geglu(gate, up, n, y, stream_);
+    }
+    void softcap(float* x, int64_t n, float cap) override { cuda::softcap(x, n, cap, stream_); }
+
+    void attach_kv(kv::KvCache& cache, bool on_device) override;
+    void kv_store(kv::KvCache& cache, int layer, std::span<const int32_t> cells, const float* k,
+                  const float* v) override;
+    void attention(const float* q, const BatchRows& rows, const kv::KvCache& cache, int layer,
+                   const ops::AttentionParams& params, float* out) override;
+    void kv_shift(kv::KvCache& cache, int layer, const ops::RopeParams& rope) override;
+
+protected:
+    void* raw_alloc(size_t bytes) override {
+        try {
+            return cuda::device_malloc(bytes, name_.c_str());
+        } catch (const cuda::CudaError& e) {
+            // The device has less than its capacity says (another process took memory since).
+            throw memory::BudgetError(name_ + ": " + e.what() + " (the device's pools hold " +
+                                          std::to_string(memory().live()) + " of " +
+                                          std::to_string(memory().capacity()) + " bytes)",
+                                      "cudaMalloc", bytes, memory().capacity(), memory().live());
+        }
+    }
+    void raw_free(void* data) noexcept override { cuda::device_free(data); }
+
+private:
+    // The device side of one attached kv::KvCache.
+    struct KvMirror {
+        bool on_device = false;
+        std::vector<void*> k, v;            // on_device: per layer, [capacity] rows (uncharged, see top)
+        std::vector<uint8_t> last_meta;     // the bookkeeping last copied to meta
+        Buffer meta;                        // cell positions, sequence masks, block tables
+        const int32_t* cell_pos = nullptr;  // inside meta
+        const uint64_t* cell_seqs = nullptr;
+        const int32_t* blocks = nullptr;
+        const int32_t* seq_blocks = nullptr;
+        Buffer host_rows_k, host_rows_v;  // !on_device: the used rows of the layer being attended
+        KvMirror() = default;
+        KvMirror(KvMirror&&) = default;
+        KvMirror& operator=(KvMirror&&) = delete;
+        ~KvMirror() {
+            for (void* p : k) cuda::device_free(p);
+            for (void* p : v) cuda::device_free(p);
+        }
+    };
+
+    cuda::RopeArgs rope_args(const ops::RopeParams& p) const {
+        return cuda::RopeArgs{.neox = p.mode == ops::RopeMode::Neox,
+                              .n_dims = p.n_dims,
+                              .freq_base = p.freq_base,
+                              .freq_scale = p.freq_scale,
+                              .freq_factors = p.freq_factors};
+    }
+
+    KvMirror& mirror_of(const kv::KvCache& cache) {
+        const auto it = kv_.find(&cache);
+        if (it == kv_.end()) {
+            throw std::invalid_argument(name_ + ": a KV cache pool that was not attached (attach_kv) is used");
+        }
+        return it->second;
+    }
+
+    // Copies host ints to the staging buffer (after what earlier calls of this op staged... each
+    // call stages once: the previous contents are consumed in stream order before the copy).
+    template <class T>
+    const T* stage(std::span<const T> host) {
+        const size_t bytes = host.size_bytes();
+        if (bytes == 0) return nullptr;
+        grow(staging_, bytes, pools::kScratch, "staged batch arrays");
+        cuda::copy_to_device(staging_.data(), host.data(), bytes, stream_);
+        return static_cast<const T*>(staging_.data());
+    }
+
+    // Makes buf at least `bytes` (doubling), synchronizing first: kernels may still read the old one.
+    void grow(Buffer& buf, size_t bytes, const char* pool, const char* what) {
+        if (buf.bytes() >= bytes) return;
+        cuda::synchronize(stream_);
+        const size_t want = std::max(bytes, buf.bytes() * 2);
+        buf = Buffer();
+        buf = alloc(pool, want, what);
+    }
+
+    void upload_meta(KvMirror& m, const kv::KvCache& cache, const BatchRows& rows, const int32_t*& q_pos,
+                     const int32_t*& q_seq);
+
+    std::string name_;
+    int ordinal_;
+    cuda::Stream stream_;
+    Buffer staging_;
+    Buffer batch_;  // q positions and sequence ids of an attention call
+    std::map<const kv::KvCache*, KvMirror> kv_;
+};
+
+cuda::KvLayout layout_of(const kv::KvCache::LayerView& view, bool is_k, void* data) {
+    return cuda::KvLayout{.type = is_k ? view.type_k : view.type_v,
+                          .data = data,
+                          .row_bytes = is_k ? view.k_row_bytes : view.v_row_bytes,
+                          .head_bytes = is_k ? view.k_head_bytes : view.v_head_bytes,
+                          .n_head_kv = view.n_head_kv,
+                          .head_dim = is_k ? view.head_dim_k : view.head_dim_v,
+                          .rotated = view.rotated};
+}
+
+void CudaBackend::attach_kv(kv::KvCache& cache, bool on_device) {
+    KvMirror m;
+    m.on_device = on_device;
+    if (on_device) {
+        for (int il = 0; il < cache.n_layer(); ++il) {
+            const kv::KvCache::LayerView view = cache.layer_view(il);
+            for (const bool is_k : {true, false}) {
+                if (!cuda::kv_store_supports(is_k ? view.type_k : view.type_v)) {
+                    throw std::invalid_argument(
+                        name_ + ": K/V type " + std::string(quant::traits(is_k ? view.type_k : view.type_v).name) +
+                        " cannot be stored on a CUDA device yet (f32, f16, bf16, q8_0 can; or keep the KV on the "
+                        "host with --no-kv-offload)");
+                }
+                const size_t bytes =
+                    (is_k ? view.k_row_bytes : view.v_row_bytes) * static_cast<size_t>(cache.capacity());
+                void* p = cuda::device_malloc(bytes, "KV cache layer");
+                (is_k ? m.k : m.v).push_back(p);
+                cuda::fill_zero(p, bytes, stream_);
+            }
+        }
+    }
+    kv_.erase(&cache);
+    kv_.emplace(&cache, std::move(m));
+}
+
+void CudaBackend::kv_store(kv::KvCache& cache, int layer, std::span<const int32_t> cells, const float* k,
+                           const float* v) {
+    KvMirror& m = mirror_of(cache);
+    const kv::KvCache::LayerView view = cache.layer_view(layer);
+    const int64_t n = static_cast<int64_t>(cells.size());
+    if (n == 0) return;
+    if (m.on_device) {
+        const int32_t* d_cells = stage(cells);
+        cuda::kv_store(layout_of(view, true, m.k[static_cast<size_t>(layer)]), k, d_cells, n, stream_);
+        cuda::kv_store(layout_of(view, false, m.v[static_cast<size_t>(layer)]), v, d_cells, n, stream_);
+        return;
+    }
+    // A host pool: the rows come back and the host converts them, exactly as on the CPU path.
+    const size_t k_floats = static_cast<size_t>(n) * view.n_head_kv * view.head_dim_k;
+    const size_t v_floats = static_cast<size_t>(n) * view.n_head_kv * view.head_dim_v;
+    std::vector<float> k_host(k_floats), v_host(v_floats);
+    copy_to_host(k_host.data(), k, k_floats * sizeof(float));
+    copy_to_host(v_host.data(), v, v_floats * sizeof(float));
+    cache.store(layer, cells, k_host.data(), v_host.data());
+}
+
+void CudaBackend::upload_meta(KvMirror& m, const kv::KvCache& cache, const BatchRows& rows, const int32_t*& q_pos,
+                              const int32_t*& q_seq) {
+    // The bookkeeping changes only when the batch is placed; the layers of one batch share it.
+    const std::span<const kv::Pos> positions = cache.cell_positions();
+    const std::span<const uint64_t> masks = cache.cell_seq_masks();
+    std::vector<int32_t> blocks, seq_blocks = {0};
+    for (kv::SeqId s = 0; s < cache.params().n_seq_max; ++s) {
+        const std::span<const int32_t> table = cache.seq_blocks(s);
+        blocks.insert(blocks.end(), table.begin(), table.end());
+        seq_blocks.push_back(static_cast<int32_t>(blocks.size()));
+    }
+    const size_t masks_at = 0, pos_at = masks.size_bytes(), blocks_at = pos_at + positions.size_bytes();
+    const size_t seq_at = blocks_at + blocks.size() * sizeof(int32_t);
+    const size_t bytes = seq_at + seq_blocks.size() * sizeof(int32_t);
+    std::vector<uint8_t> meta(bytes);
+    std::memcpy(meta.data() + masks_at, masks.data(), masks.size_bytes());
+    std::memcpy(meta.data() + pos_at, positions.data(), positions.size_bytes());
+    std::memcpy(meta.data() + blocks_at, blocks.data(), blocks.size() * sizeof(int32_t));
+    std::memcpy(meta.data() + seq_at, seq_blocks.data(), seq_blocks.size() * sizeof(int32_t));
+    if (meta != m.last_meta) {
+        grow(m.meta, bytes, pools::kScratch, "KV cache bookkeeping");
+        cuda::copy_to_device(m.meta.data(), meta.data(), bytes, stream_);
+        m.last_meta = std::move(meta);
+    }
+    auto* base = static_cast<uint8_t*>(m.meta.data());
+    m.cell_seqs = reinterpret_cast<const uint64_t*>(base + masks_at);
+    m.cell_pos = reinterpret_cast<const int32_t*>(base + pos_at);
+    m.blocks = reinterpret_cast<const int32_t*>(base + blocks_at);
+    m.seq_blocks = reinterpret_cast<const int32_t*>(base + seq_at);
+
+    std::vector<int32_t> batch(2 * static_cast<size_t>(rows.n));
+    std::copy(rows.positions, rows.positions + rows.n, batch.begin());
+    std::copy(rows.seq_ids, rows.seq_ids + rows.n, batch.begin() + rows.n);
+    grow(batch_, batch.size() * sizeof(int32_t), pools::kScratch, "attention batch arrays");
+    cuda::copy_to_device(batch_.data(), batch.data(), batch.size() * sizeof(int32_t), stream_);
+    q_pos = static_cast<const int32_t*>(batch_.data());
+    q_seq = q_pos + rows.n;
+}
+
+void CudaBackend::attention(const float* q, const BatchRows& rows, const kv::KvCache& cache, int layer,
+                            const ops::AttentionParams& params, float* out) {
+    if (rows.n <= 0) return;
+    KvMirror& m = mirror_of(cache);
+    const kv::KvCache::LayerView view = cache.layer_view(layer);
+    if (view.head_dim_k != params.head_dim || view.head_dim_v != params.head_dim) {
+        throw std::invalid_argument(name_ + ": attention with K heads of " + std::to_string(view.head_dim_k) +
+                                    " and V heads of " + std::to_string(view.head_dim_v) + " for head_dim " +
+                                    std::to_string(params.head_dim) + " (the CUDA kernel needs them equal)");
+    }
+    for (kv::SeqId s : std::span<const kv::SeqId>(rows.seq_ids, static_cast<size_t>(rows.n))) {
+        if (s < 0 || s >= cache.params().n_seq_max) {
+            throw std::invalid_argument(name_ + ": attention for sequence " + std::to_string(s) + " of a cache of " +
+                                        std::to_string(cache.params().n_seq_max));
+        }
+    }
+    const int32_t* q_pos = nullptr;
+    const int32_t* q_seq = nullptr;
+    upload_meta(m, cache, rows, q_pos, q_seq);
+
+    void* k = nullptr;
+    void* v = nullptr;
+    if (m.on_device) {
+        k = m.k[static_cast<size_t>(layer)];
+        v = m.v[static_cast<size_t>(layer)];
+    } else {
+        // Host K/V: the rows up to the last cell in use come over for this call.
+        const std::span<const uint64_t> masks = cache.cell_seq_masks();
+        size_t used = masks.size();
+        while (used > 0 && masks[used - 1] == 0) --used;
+        if (used == 0) used = 1;
+        grow(m.host_rows_k, used * view.k_row_bytes, pools::kScratch, "host KV rows (K)");
+        grow(m.host_rows_v, used * view.v_row_bytes, pools::kScratch, "host KV rows (V)");
+        cuda::copy_to_device(m.host_rows_k.data(), view.k, used * view.k_row_bytes, stream_);
+        cuda::copy_to_device(m.host_rows_v.data(), view.v, used * view.v_row_bytes, stream_);
+        k = m.host_rows_k.data();
+        v = m.host_rows_v.data();
+    }
+    const cuda::KvAttentionArgs args{.n_head = params.n_head,
+                                     .n_head_kv = params.n_head_kv,
+                                     .head_dim = params.head_dim,
+                                     .scale = params.scale,
+                                     .softcap = params.softcap,
+                                     .sliding_window = params.sliding_window,
+                                     .q_pos = q_pos,
+                                     .q_seq = q_seq,
+                                     .cell_pos = m.cell_pos,
+                                     .cell_seqs = m.cell_seqs,
+                                     .capacity = cache.capacity(),
+                                     .blocks = m.blocks,
+                                     .seq_blocks = m.seq_blocks,
+                                     .block_size = cache.params().block_size};
+    cuda::attention_kv(q, rows.n, layout_of(view, true, k), layout_of(view, false, v), args, out, stream_);
+}
+
+void CudaBackend::kv_shift(kv::KvCache& cache, int layer, const ops::RopeParams& rope) {
+    KvMirror& m = mirror_of(cache);
+    if (m.on_device) {
+        // kv::KvCache hands shifted rows out of its host storage only; the device's rows would need
+        // the shifted cells' indices, which it does not expose yet.
+        throw std::invalid_argument(name_ +
+                                    ": shifting K (context shift, seq_add / seq_div) of a KV cache held on "
+                                    "a CUDA device is not supported yet; keep the KV on the host "
+                                    "(--no-kv-offload)");
+    }
+    // A host pool: as the CPU path does, with the CPU's rope (freq_factors are on the device: copy them).
+    const kv::KvCache::LayerView view = cache.layer_view(layer);
+    std::vector<float> factors;
+    ops::RopeParams host_rope = rope;
+    if (rope.freq_factors != nullptr) {
+        factors.resize(static_cast<size_t>(rope.n_dims / 2));
+        copy_to_host(factors.data(), rope.freq_factors, factors.size() * sizeof(float));
+        host_rope.freq_factors = factors.data();
+    }
+    cache.apply_k_shift(layer, [&](float* k_rows, const int32_t* deltas, int n_rows) {
+        ops::rope(k_rows, deltas, n_rows, view.n_head_kv, view.head_dim_k, host_rope);
+    });
+}
+
+}  // namespace
+
+std::unique_ptr<Backend> make_cuda_backend(int ordinal, uint64_t capacity) {
+    return std::make_unique<CudaBackend>(ordinal, capacity);
+}
+
+int cuda_device_count() {
+    try {
+        return cuda::device_count();
+    } catch (const cuda::CudaError&) {
+        return 0;
+    }
+}
+
+}  // namespace fitllm::backend
