@@ -86,8 +86,39 @@ json stream_chunk(const Completion& c, const std::string& text, bool first, cons
             {"choices", json::array({choice})}};
 }
 
+std::string dump(const json& j) {
+    return j.dump(-1, ' ', false, json::error_handler_t::replace);
+}
+
 std::string sse(const json& event) {
-    return "data: " + event.dump(-1, ' ', false, json::error_handler_t::replace) + "\n\n";
+    return "data: " + dump(event) + "\n\n";
+}
+
+// How often a whole (not streamed) answer's connection is written to while its job runs: a
+// write is how a client that went away shows.
+constexpr std::chrono::milliseconds kKeepAlive{100};
+
+// The body of a whole answer: the completion, or an error body when the job did not finish well.
+json whole_answer(const Completion& c, const Job::Update& u, const std::string& text) {
+    if (u.reason == FinishReason::error) {
+        return error_body("generation failed: " + u.error, "server_error", "generation_failed");
+    }
+    if (u.reason == FinishReason::cancelled) {
+        return error_body("the request was cancelled (server stopping)", "server_error", "cancelled");
+    }
+    json choice = {{"index", 0}, {"finish_reason", finish_reason_json(u.reason)}};
+    if (c.request.chat) {
+        choice["message"] = {{"role", "assistant"}, {"content", text}};
+    } else {
+        choice["text"] = text;
+        choice["logprobs"] = nullptr;
+    }
+    return {{"id", c.id},
+            {"object", c.request.chat ? "chat.completion" : "text_completion"},
+            {"created", c.created},
+            {"model", c.model->id()},
+            {"choices", json::array({choice})},
+            {"usage", usage_json(u)}};
 }
 
 }  // namespace
@@ -330,29 +361,42 @@ void HttpServer::routes() {
             }
 
             if (!c->request.stream) {
-                const Job::Update u = c->job->wait_all();
-                registry_.touch(m.id());
-                metrics_.count_tokens(static_cast<uint64_t>(u.n_prompt), static_cast<uint64_t>(u.n_generated));
-                if (u.reason == FinishReason::error) {
-                    throw ApiError(500, "server_error", "generation_failed", "generation failed: " + u.error);
-                }
-                if (u.reason == FinishReason::cancelled) {
-                    throw ApiError(503, "server_error", "cancelled", "the request was cancelled (server stopping)");
-                }
-                json choice = {{"index", 0}, {"finish_reason", finish_reason_json(u.reason)}};
-                if (chat) {
-                    choice["message"] = {{"role", "assistant"}, {"content", u.text}};
-                } else {
-                    choice["text"] = u.text;
-                    choice["logprobs"] = nullptr;
-                }
-                send_json(res, 200,
-                          {{"id", c->id},
-                           {"object", chat ? "chat.completion" : "text_completion"},
-                           {"created", c->created},
-                           {"model", m.id()},
-                           {"choices", json::array({choice})},
-                           {"usage", usage_json(u)}});
+                // cpp-httplib 0.11.4 tells a handler nothing of its client going away; only a write
+                // to the closed connection fails. So the whole answer goes out through a chunked
+                // provider too: while the job runs, a space (JSON allows whitespace before the
+                // value) every kKeepAlive, and a failed write cancels the job, which frees its slot
+                // before the scheduler's next step. The status leaves with the headers, before the
+                // result is known: a job that fails after that (a generation error, the server
+                // stopping) ends its 200 response with an error body instead of a 500 / 503.
+                res.status = 200;
+                auto text = std::make_shared<std::string>();
+                auto last_write =
+                    std::make_shared<std::chrono::steady_clock::time_point>(std::chrono::steady_clock::now());
+                res.set_chunked_content_provider(
+                    "application/json",
+                    [this, c, text, last_write](size_t, httplib::DataSink& sink) {
+                        const Job::Update u = c->job->wait(kKeepAlive);
+                        *text += u.text;
+                        if (!u.finished) {
+                            const auto now = std::chrono::steady_clock::now();
+                            if (now - *last_write < kKeepAlive) return true;
+                            *last_write = now;
+                            if (!sink.write(" ", 1)) {
+                                c->job->cancel();
+                                return false;
+                            }
+                            return true;
+                        }
+                        registry_.touch(c->model->id());
+                        metrics_.count_tokens(static_cast<uint64_t>(u.n_prompt), static_cast<uint64_t>(u.n_generated));
+                        const std::string body = dump(whole_answer(*c, u, *text));
+                        if (!sink.write(body.data(), body.size())) return false;
+                        sink.done();
+                        return true;
+                    },
+                    [c](bool success) {
+                        if (!success) c->job->cancel();
+                    });
                 return;
             }
 

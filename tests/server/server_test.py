@@ -478,6 +478,50 @@ class DemoModel(unittest.TestCase):
         finally:
             srv.stop()
 
+    def test_whole_answer_client_gone_stops_generating(self):
+        # A request that is not streamed, whose client goes away, stops generating and frees its
+        # slot at once (the server writes a space now and then while the job runs; the write that
+        # fails cancels it). The demo model, as the tiny ones would finish before anyone noticed.
+        srv = Server("-m", DEMO, "-c", "512", "-np", "1")
+        try:
+            # While a whole answer runs, spaces come before its JSON; both clients still parse it.
+            status, text = srv.request("POST", "/v1/completions", raw=json.dumps(
+                {"prompt": "1, 2, 3, 4, 5,", "max_tokens": 40, "temperature": 0}))
+            self.assertEqual(status, 200)
+            self.assertTrue(isinstance(text, dict) and text["usage"]["completion_tokens"] == 40, text)
+            conn = http.client.HTTPConnection("127.0.0.1", srv.port, timeout=60)
+            conn.request("POST", "/v1/completions", body=json.dumps({"prompt": "1, 2, 3,", "max_tokens": 40}))
+            raw = conn.getresponse().read().decode()
+            conn.close()
+            self.assertTrue(raw.startswith(" ") and json.loads(raw)["object"] == "text_completion", raw[:200])
+            r = srv.client().chat.completions.create(model="gemma-3-270m-q4_k_m", max_tokens=40, temperature=0,
+                                                     messages=[{"role": "user", "content": "Count to 50."}])
+            self.assertEqual(r.usage.completion_tokens, 40)
+
+            max_tokens = 480
+            steps0 = srv.metric("fitllm_forward_steps_total")
+            s = socket.create_connection(("127.0.0.1", srv.port))
+            body = json.dumps({"prompt": "1, 2, 3, 4, 5,", "max_tokens": max_tokens, "temperature": 0})
+            s.sendall((f"POST /v1/completions HTTP/1.1\r\nHost: x\r\nContent-Type: application/json\r\n"
+                       f"Content-Length: {len(body)}\r\n\r\n{body}").encode())
+            self.assertTrue(s.recv(4096).startswith(b"HTTP/1.1 200"))
+            deadline = time.time() + 30
+            while srv.metric("fitllm_forward_steps_total") < steps0 + 5:
+                self.assertLess(time.time(), deadline, "the request does not run")
+                time.sleep(0.02)
+            self.assertEqual(srv.metric("fitllm_slots_busy"), 1)
+            s.close()
+            closed = time.time()
+            while srv.metric("fitllm_slots_busy") != 0:
+                self.assertLess(time.time(), closed + 2, "the slot is still busy 2 s after the client went away")
+                time.sleep(0.02)
+            steps = srv.metric("fitllm_forward_steps_total") - steps0  # one token each: the only request
+            self.assertLess(steps, max_tokens / 4, f"{steps} tokens generated of {max_tokens}")
+            r = srv.client().completions.create(model="gemma-3-270m-q4_k_m", prompt="hi", max_tokens=2)
+            self.assertEqual(r.usage.completion_tokens, 2)
+        finally:
+            srv.stop()
+
 
 if __name__ == "__main__":
     unittest.main(argv=[sys.argv[0], "-v"])
