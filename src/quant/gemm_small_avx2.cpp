@@ -8,6 +8,9 @@
 #include <immintrin.h>
 
 #include <cstdint>
+#include <cstring>
+#include <type_traits>
+#include <utility>
 
 #include "quant/blocks.h"
 #include "quant/gemm_kernels.h"
@@ -20,6 +23,15 @@ constexpr int kFloatTok = 2;
 
 float f16(uint16_t h) {
     return _cvtsh_ss(h);
+}
+
+template <typename F, int... I>
+void unrolled(F&& f, std::integer_sequence<int, I...>) {
+    (f(std::integral_constant<int, I>{}), ...);
+}
+template <int N, typename F>
+void unroll(F&& f) {
+    unrolled(f, std::make_integer_sequence<int, N>{});
 }
 
 float hsum(__m256 v) {
@@ -208,6 +220,116 @@ void q8_0_small(int n, int n_rows, int n_tok, const void* w, size_t w_stride, co
     }
 }
 
+// ---- Q4_K, Q5_K with Q8_K (dot_avx2_kquants.cpp's dot_q4_5_K) ----
+
+__m256i load256(const void* p) {
+    return _mm256_loadu_si256(static_cast<const __m256i*>(p));
+}
+
+// Bit kFrom of every byte moved to bit kTo, the other bits cleared.
+template <int kFrom, int kTo>
+__m256i move_bit(__m256i v) {
+    if constexpr (kFrom > kTo) v = _mm256_srli_epi16(v, kFrom - kTo);
+    if constexpr (kFrom < kTo) v = _mm256_slli_epi16(v, kTo - kFrom);
+    return _mm256_and_si256(v, _mm256_set1_epi8(static_cast<char>(1 << kTo)));
+}
+
+// Word kLow of each 128-bit lane's words in the low lane, kHigh in the high one, repeated.
+template <int kLow, int kHigh>
+__m256i pick_words(__m256i words) {
+    constexpr short lo = (2 * kLow) | ((2 * kLow + 1) << 8), hi = (2 * kHigh) | ((2 * kHigh + 1) << 8);
+    return _mm256_shuffle_epi8(words, _mm256_set_m128i(_mm_set1_epi16(hi), _mm_set1_epi16(lo)));
+}
+
+// The 6-bit scales (bytes 0..7) and mins (8..15) of a Q4_K / Q5_K block; see blocks.h.
+__m128i q4k_scales_mins(const uint8_t* packed) {
+    uint32_t w[3];
+    std::memcpy(w, packed, 12);
+    return _mm_set_epi32(static_cast<int>(((w[2] >> 4) & 0x0F0F0F0Fu) | (((w[1] >> 6) & 0x03030303u) << 4)),
+                         static_cast<int>(w[1] & 0x3F3F3F3Fu),
+                         static_cast<int>((w[2] & 0x0F0F0F0Fu) | (((w[0] >> 6) & 0x03030303u) << 4)),
+                         static_cast<int>(w[0] & 0x3F3F3F3Fu));
+}
+
+// Per super-block the scales and mins are unpacked once; per 64 elements the quants once, then
+// every token's pair sums (integer: their order does not change them).
+template <typename Block, int kT>
+void q4_5_k_rows(int n, int n_rows, const uint8_t* w, size_t w_stride, const BlockQ8_K* const* ya, float* y,
+                 size_t y_stride) {
+    constexpr bool kFive = std::is_same_v<Block, BlockQ5_K>;
+    const __m256i nibble = _mm256_set1_epi8(0x0F);
+    for (int r = 0; r < n_rows; ++r) {
+        const auto* x = reinterpret_cast<const Block*>(w + static_cast<size_t>(r) * w_stride);
+        __m256 acc[kT], acc_mins[kT];
+        for (int t = 0; t < kT; ++t) acc[t] = acc_mins[t] = _mm256_setzero_ps();
+        for (int i = 0; i < n / kQK; ++i) {
+            const __m128i packed = q4k_scales_mins(x[i].scales);
+            const __m128i mins = _mm_cvtepu8_epi16(_mm_srli_si128(packed, 8));
+            const __m256i mins_twice = _mm256_set_m128i(_mm_unpackhi_epi16(mins, mins), _mm_unpacklo_epi16(mins, mins));
+            const float dmin = f16(x[i].dmin), d = f16(x[i].d);
+            for (int t = 0; t < kT; ++t) {
+                const __m256i min_sums = _mm256_madd_epi16(load256(ya[t][i].bsums), mins_twice);
+                acc_mins[t] =
+                    _mm256_fmadd_ps(_mm256_set1_ps(ya[t][i].d * dmin), _mm256_cvtepi32_ps(min_sums), acc_mins[t]);
+            }
+            const __m256i scales = _mm256_broadcastsi128_si256(_mm_cvtepu8_epi16(packed));
+            __m256i high_bits;
+            if constexpr (kFive) high_bits = load256(x[i].qh);
+            __m256i sumi[kT];
+            for (int t = 0; t < kT; ++t) sumi[t] = _mm256_setzero_si256();
+            unroll<4>([&](auto c_) {
+                constexpr int c = decltype(c_)::value;
+                const __m256i q = load256(x[i].qs + 32 * c);
+                __m256i lo = _mm256_and_si256(q, nibble);
+                __m256i hi = _mm256_and_si256(_mm256_srli_epi16(q, 4), nibble);
+                if constexpr (kFive) {
+                    lo = _mm256_or_si256(lo, move_bit<2 * c, 4>(high_bits));
+                    hi = _mm256_or_si256(hi, move_bit<2 * c + 1, 4>(high_bits));
+                }
+                const __m256i s_lo = pick_words<2 * c, 2 * c>(scales), s_hi = pick_words<2 * c + 1, 2 * c + 1>(scales);
+                for (int t = 0; t < kT; ++t) {
+                    const __m256i p_lo = _mm256_maddubs_epi16(lo, load256(ya[t][i].qs + 64 * c));
+                    const __m256i p_hi = _mm256_maddubs_epi16(hi, load256(ya[t][i].qs + 64 * c + 32));
+                    sumi[t] = _mm256_add_epi32(sumi[t], _mm256_madd_epi16(p_lo, s_lo));
+                    sumi[t] = _mm256_add_epi32(sumi[t], _mm256_madd_epi16(p_hi, s_hi));
+                }
+            });
+            for (int t = 0; t < kT; ++t) {
+                acc[t] = _mm256_fmadd_ps(_mm256_set1_ps(ya[t][i].d * d), _mm256_cvtepi32_ps(sumi[t]), acc[t]);
+            }
+        }
+        for (int t = 0; t < kT; ++t) y[static_cast<size_t>(t) * y_stride + r] = hsum(acc[t]) - hsum(acc_mins[t]);
+    }
+}
+
+template <typename Block>
+void q4_5_k_small(int n, int n_rows, int n_tok, const void* w, size_t w_stride, const void* act, size_t act_stride,
+                  float* y, size_t y_stride) {
+    const auto* wb = static_cast<const uint8_t*>(w);
+    for (int t0 = 0; t0 < n_tok; t0 += kQ8Tok) {
+        const int tc = n_tok - t0 < kQ8Tok ? n_tok - t0 : kQ8Tok;
+        const BlockQ8_K* ya[kQ8Tok];
+        for (int t = 0; t < tc; ++t) {
+            ya[t] = reinterpret_cast<const BlockQ8_K*>(static_cast<const uint8_t*>(act) + (t0 + t) * act_stride);
+        }
+        float* yt = y + static_cast<size_t>(t0) * y_stride;
+        switch (tc) {
+            case 1:
+                q4_5_k_rows<Block, 1>(n, n_rows, wb, w_stride, ya, yt, y_stride);
+                break;
+            case 2:
+                q4_5_k_rows<Block, 2>(n, n_rows, wb, w_stride, ya, yt, y_stride);
+                break;
+            case 3:
+                q4_5_k_rows<Block, 3>(n, n_rows, wb, w_stride, ya, yt, y_stride);
+                break;
+            default:
+                q4_5_k_rows<Block, 4>(n, n_rows, wb, w_stride, ya, yt, y_stride);
+                break;
+        }
+    }
+}
+
 }  // namespace
 
 GemmFn small_batch_avx2(GgmlType weight_type) {
@@ -221,6 +343,10 @@ GemmFn small_batch_avx2(GgmlType weight_type) {
             return float_small<uint16_t, true>;
         case GgmlType::Q8_0:
             return q8_0_small;
+        case GgmlType::Q4_K:
+            return q4_5_k_small<BlockQ4_K>;
+        case GgmlType::Q5_K:
+            return q4_5_k_small<BlockQ5_K>;
         default:
             return nullptr;
     }

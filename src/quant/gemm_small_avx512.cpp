@@ -16,7 +16,9 @@
 #pragma GCC diagnostic pop
 
 #include <cstdint>
+#include <cstring>
 #include <type_traits>
+#include <utility>
 
 #include "quant/blocks.h"
 #include "quant/gemm_kernels.h"
@@ -249,6 +251,152 @@ void q8_0_small(int n, int n_rows, int n_tok, const void* w, size_t w_stride, co
     }
 }
 
+// ---- Q4_K, Q5_K with Q8_K (dot_avx512_kquants.cpp's dot_q4_5_K) ----
+
+template <typename F, int... I>
+void unrolled(F&& f, std::integer_sequence<int, I...>) {
+    (f(std::integral_constant<int, I>{}), ...);
+}
+template <int N, typename F>
+void unroll(F&& f) {
+    unrolled(f, std::make_integer_sequence<int, N>{});
+}
+
+float hsum(__m256 v) {
+    __m128 s = _mm_add_ps(_mm256_castps256_ps128(v), _mm256_extractf128_ps(v, 1));
+    s = _mm_add_ps(s, _mm_movehl_ps(s, s));
+    s = _mm_add_ss(s, _mm_movehdup_ps(s));
+    return _mm_cvtss_f32(s);
+}
+
+__m512i twice(const void* p) {  // 32 bytes in both halves
+    return _mm512_broadcast_i64x4(load256(p));
+}
+__m512i halves64(long long lo, long long hi) {
+    return _mm512_set_epi64(hi, hi, hi, hi, lo, lo, lo, lo);
+}
+__m512i halves8(int lo, int hi) {
+    return _mm512_inserti64x4(_mm512_castsi256_si512(_mm256_set1_epi8(static_cast<char>(lo))),
+                              _mm256_set1_epi8(static_cast<char>(hi)), 1);
+}
+
+// Words kLow (low 256 bits) and kHigh (high 256 bits): the scales of two sub-blocks of 32.
+template <int kLow, int kHigh>
+__m512i two_scales(__m512i words) {
+    constexpr auto rep = [](long long w) { return w * 0x0001000100010001LL; };
+    return _mm512_permutexvar_epi16(halves64(rep(kLow), rep(kHigh)), words);
+}
+
+// The 6-bit scales (bytes 0..7) and mins (8..15) of a Q4_K / Q5_K block; see blocks.h.
+__m128i q4k_scales_mins(const uint8_t* packed) {
+    uint32_t w[3];
+    std::memcpy(w, packed, 12);
+    return _mm_set_epi32(static_cast<int>(((w[2] >> 4) & 0x0F0F0F0Fu) | (((w[1] >> 6) & 0x03030303u) << 4)),
+                         static_cast<int>(w[1] & 0x3F3F3F3Fu),
+                         static_cast<int>((w[2] & 0x0F0F0F0Fu) | (((w[0] >> 6) & 0x03030303u) << 4)),
+                         static_cast<int>(w[0] & 0x3F3F3F3Fu));
+}
+
+template <bool kVnni>
+__m512i scaled_sum(__m512i acc, __m512i p, __m512i scales) {
+    if constexpr (kVnni)
+        return _mm512_dpwssd_epi32(acc, p, scales);
+    else
+        return _mm512_add_epi32(acc, _mm512_madd_epi16(p, scales));
+}
+
+// Shared by the tokens: the scales and mins unpacked, the quants as bytes (64 elements a
+// register, sub-blocks 2c and 2c + 1), the sub-block scales spread for vpdpwssd / madd.
+template <typename Block, bool kVnni, int kT>
+void q4_5_k_rows(int n, int n_rows, const uint8_t* w, size_t w_stride, const BlockQ8_K* const* ya, float* y,
+                 size_t y_stride) {
+    constexpr bool kFive = std::is_same_v<Block, BlockQ5_K>;
+    const __m512i nibble = _mm512_set1_epi8(0x0F), nibble_shift = halves64(0, 4);
+    for (int r = 0; r < n_rows; ++r) {
+        const auto* x = reinterpret_cast<const Block*>(w + static_cast<size_t>(r) * w_stride);
+        __m512 acc[kT];
+        __m256 acc_mins[kT];
+        for (int t = 0; t < kT; ++t) {
+            acc[t] = _mm512_setzero_ps();
+            acc_mins[t] = _mm256_setzero_ps();
+        }
+        for (int i = 0; i < n / kQK; ++i) {
+            const __m128i packed = q4k_scales_mins(x[i].scales);
+            const __m128i mins = _mm_cvtepu8_epi16(_mm_srli_si128(packed, 8));
+            const __m256i mins_twice = _mm256_set_m128i(_mm_unpackhi_epi16(mins, mins), _mm_unpacklo_epi16(mins, mins));
+            const float dmin = f16(x[i].dmin), d = f16(x[i].d);
+            const __m512i scales = _mm512_castsi128_si512(_mm_cvtepu8_epi16(packed));
+            __m512i high_bits;
+            if constexpr (kFive) high_bits = twice(x[i].qh);
+            __m512i q[4], sc[4];
+            unroll<4>([&](auto c_) {
+                constexpr int c = decltype(c_)::value;
+                q[c] = _mm512_and_si512(_mm512_srlv_epi64(twice(x[i].qs + 32 * c), nibble_shift), nibble);
+                if constexpr (kFive) {
+                    const __mmask64 fifth = _mm512_test_epi8_mask(high_bits, halves8(1 << (2 * c), 1 << (2 * c + 1)));
+                    q[c] = _mm512_mask_add_epi8(q[c], fifth, q[c], _mm512_set1_epi8(16));
+                }
+                sc[c] = two_scales<2 * c, 2 * c + 1>(scales);
+            });
+#pragma GCC unroll 8
+            for (int t = 0; t < kT; ++t) {
+                const BlockQ8_K& yb = ya[t][i];
+                const __m256i min_sums = _mm256_madd_epi16(load256(yb.bsums), mins_twice);
+                acc_mins[t] = _mm256_fmadd_ps(_mm256_set1_ps(yb.d * dmin), _mm256_cvtepi32_ps(min_sums), acc_mins[t]);
+                __m512i sumi = _mm512_setzero_si512();
+                for (int c = 0; c < 4; ++c) {
+                    sumi =
+                        scaled_sum<kVnni>(sumi, _mm512_maddubs_epi16(q[c], _mm512_loadu_si512(yb.qs + 64 * c)), sc[c]);
+                }
+                acc[t] = _mm512_fmadd_ps(_mm512_set1_ps(yb.d * d), _mm512_cvtepi32_ps(sumi), acc[t]);
+            }
+        }
+        for (int t = 0; t < kT; ++t) {
+            y[static_cast<size_t>(t) * y_stride + r] = _mm512_reduce_add_ps(acc[t]) - hsum(acc_mins[t]);
+        }
+    }
+}
+
+template <typename Block, bool kVnni>
+void q4_5_k_small(int n, int n_rows, int n_tok, const void* w, size_t w_stride, const void* act, size_t act_stride,
+                  float* y, size_t y_stride) {
+    const auto* wb = static_cast<const uint8_t*>(w);
+    for (int t0 = 0; t0 < n_tok; t0 += kMaxTok) {
+        const int tc = n_tok - t0 < kMaxTok ? n_tok - t0 : kMaxTok;
+        const BlockQ8_K* ya[kMaxTok];
+        for (int t = 0; t < tc; ++t) {
+            ya[t] = reinterpret_cast<const BlockQ8_K*>(static_cast<const uint8_t*>(act) + (t0 + t) * act_stride);
+        }
+        float* yt = y + static_cast<size_t>(t0) * y_stride;
+        switch (tc) {
+            case 1:
+                q4_5_k_rows<Block, kVnni, 1>(n, n_rows, wb, w_stride, ya, yt, y_stride);
+                break;
+            case 2:
+                q4_5_k_rows<Block, kVnni, 2>(n, n_rows, wb, w_stride, ya, yt, y_stride);
+                break;
+            case 3:
+                q4_5_k_rows<Block, kVnni, 3>(n, n_rows, wb, w_stride, ya, yt, y_stride);
+                break;
+            case 4:
+                q4_5_k_rows<Block, kVnni, 4>(n, n_rows, wb, w_stride, ya, yt, y_stride);
+                break;
+            case 5:
+                q4_5_k_rows<Block, kVnni, 5>(n, n_rows, wb, w_stride, ya, yt, y_stride);
+                break;
+            case 6:
+                q4_5_k_rows<Block, kVnni, 6>(n, n_rows, wb, w_stride, ya, yt, y_stride);
+                break;
+            case 7:
+                q4_5_k_rows<Block, kVnni, 7>(n, n_rows, wb, w_stride, ya, yt, y_stride);
+                break;
+            default:
+                q4_5_k_rows<Block, kVnni, 8>(n, n_rows, wb, w_stride, ya, yt, y_stride);
+                break;
+        }
+    }
+}
+
 template <bool kVnni>
 GemmFn table(GgmlType weight_type) {
     switch (weight_type) {
@@ -260,6 +408,10 @@ GemmFn table(GgmlType weight_type) {
             return float_small<uint16_t, true>;
         case GgmlType::Q8_0:
             return q8_0_small<kVnni>;
+        case GgmlType::Q4_K:
+            return q4_5_k_small<BlockQ4_K, kVnni>;
+        case GgmlType::Q5_K:
+            return q4_5_k_small<BlockQ5_K, kVnni>;
         default:
             return nullptr;
     }

@@ -20,6 +20,7 @@ namespace {
 
 std::vector<int> sizes_for(GgmlType w) {
     if (traits(w).block_elements == 1) return {1, 7, 17, 64, 100, 768, 1001};
+    if (traits(w).block_elements == kQK) return {256, 768, 2304};
     return {32, 64, 96, 160, 224, 768, 2240};  // 1, 2, 3, 5, 7, 24, 70 blocks
 }
 
@@ -116,7 +117,7 @@ TEST(GemmSmallBatch, MatmulTokensGetTheirSingleTokenResults) {
     for (GgmlType w : test::kDotWeightTypes) {
         if (select_small_batch(w, cpu).fn == nullptr) continue;
         ++tested;
-        const int rows = 130, cols = 320;
+        const int rows = 130, cols = traits(w).block_elements == kQK ? 768 : 320;
         const auto packed = test::weight_rows(w, rows, cols, 3, true);
         const ops::WeightView view{w, rows, cols, packed.data(), 0};
         for (int toks : {2, 4, 5, 8}) {
