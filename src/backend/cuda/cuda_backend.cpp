@@ -11,6 +11,9 @@
 // kv::ModelCache, stays untouched, so zero pages). Those device buffers are not charged again.
 // A host pool (offload_kv off) is written on the host (kv::KvCache::store, the CPU's exact
 // conversion) and its used rows are copied to a device buffer for each attention call.
+// Not handled yet for a pool held here: the copy-on-write of a shared block that kv::KvCache::place()
+// makes in its host storage (a sequence extending a prefix it shares with another in a partly
+// filled block, after seq_cp): the device's rows of the new block stay zero.
 #include "backend/cuda_backend.h"
 
 #include <algorithm>
@@ -339,16 +342,8 @@ void CudaBackend::attention(const float* q, const BatchRows& rows, const kv::KvC
 
 void CudaBackend::kv_shift(kv::KvCache& cache, int layer, const ops::RopeParams& rope) {
     KvMirror& m = mirror_of(cache);
-    if (m.on_device) {
-        // kv::KvCache hands shifted rows out of its host storage only; the device's rows would need
-        // the shifted cells' indices, which it does not expose yet.
-        throw std::invalid_argument(name_ +
-                                    ": shifting K (context shift, seq_add / seq_div) of a KV cache held on "
-                                    "a CUDA device is not supported yet; keep the KV on the host "
-                                    "(--no-kv-offload)");
-    }
-    // A host pool: as the CPU path does, with the CPU's rope (freq_factors are on the device: copy them).
     const kv::KvCache::LayerView view = cache.layer_view(layer);
+    // The CPU's rope on the host, as the CPU path shifts (freq_factors are on the device: copied).
     std::vector<float> factors;
     ops::RopeParams host_rope = rope;
     if (rope.freq_factors != nullptr) {
@@ -356,9 +351,24 @@ void CudaBackend::kv_shift(kv::KvCache& cache, int layer, const ops::RopeParams&
         copy_to_host(factors.data(), rope.freq_factors, factors.size() * sizeof(float));
         host_rope.freq_factors = factors.data();
     }
-    cache.apply_k_shift(layer, [&](float* k_rows, const int32_t* deltas, int n_rows) {
-        ops::rope(k_rows, deltas, n_rows, view.n_head_kv, view.head_dim_k, host_rope);
-    });
+    const auto shift = [&] {
+        cache.apply_k_shift(layer, [&](float* k_rows, const int32_t* deltas, int n_rows) {
+            ops::rope(k_rows, deltas, n_rows, view.n_head_kv, view.head_dim_k, host_rope);
+        });
+    };
+    if (!m.on_device) return shift();
+    // K held here: kv::KvCache re-rotates the shifted cells in its own (otherwise unused) host
+    // storage, so the layer's used rows go there, are shifted by the host's exact code, and come
+    // back. A context shift is rare; it makes those host pages resident.
+    const std::span<const uint64_t> masks = cache.cell_seq_masks();
+    size_t used = masks.size();
+    while (used > 0 && masks[used - 1] == 0) --used;
+    const size_t bytes = used * view.k_row_bytes;
+    auto* host_k = const_cast<std::byte*>(view.k);  // the cache's own storage, read-only in the view
+    copy_to_host(host_k, m.k[static_cast<size_t>(layer)], bytes);
+    shift();
+    cuda::copy_to_device(m.k[static_cast<size_t>(layer)], host_k, bytes, stream_);
+    cuda::synchronize(stream_);  // host_k may change under the copy otherwise (the next shift, a store)
 }
 
 }  // namespace
