@@ -12,8 +12,8 @@ GemmKernel gemm_avx512(GgmlType weight_type, bool vnni);
 GemmKernel gemm_avx2_kquants(GgmlType weight_type);
 GemmKernel gemm_avx512_kquants(GgmlType weight_type, bool vnni);
 
-// The small-batch kernels (select_small_batch): F32 (AVX-512 only), F16, BF16, Q8_0, Q4_K, Q5_K (gemm_small_avx2.cpp,
-// gemm_small_avx512.cpp); nullptr for other types.
+// The small-batch kernels (select_small_batch): F32 (AVX-512 only), F16, BF16, Q8_0, Q4_K, Q5_K, Q6_K
+// (gemm_small_avx2.cpp, gemm_small_avx512.cpp); nullptr for other types.
 GemmFn small_batch_avx2(GgmlType weight_type);
 GemmFn small_batch_avx512(GgmlType weight_type, bool vnni);
 

@@ -330,6 +330,90 @@ void q4_5_k_small(int n, int n_rows, int n_tok, const void* w, size_t w_stride, 
     }
 }
 
+// ---- Q6_K with Q8_K (dot_avx2_kquants.cpp's dot_q6_K) ----
+
+// The low (kHalf 0) or high 128 bits of scales16 in both halves.
+template <int kHalf>
+__m256i scale_half(__m256i scales16) {
+    return _mm256_permute2x128_si256(scales16, scales16, kHalf == 0 ? 0x00 : 0x11);
+}
+
+// Per 32 elements the 6-bit quants once, then every token's pair sums; per token and super-block
+// the offset 32 * sum(scale * bsum) and one FMA.
+template <int kT>
+void q6_k_rows(int n, int n_rows, const uint8_t* w, size_t w_stride, const BlockQ8_K* const* ya, float* y,
+               size_t y_stride) {
+    const __m256i nibble = _mm256_set1_epi8(0x0F), top = _mm256_set1_epi8(0x30);
+    for (int r = 0; r < n_rows; ++r) {
+        const auto* x = reinterpret_cast<const BlockQ6_K*>(w + static_cast<size_t>(r) * w_stride);
+        __m256 acc[kT];
+        for (int t = 0; t < kT; ++t) acc[t] = _mm256_setzero_ps();
+        for (int i = 0; i < n / kQK; ++i) {
+            const __m256i scales = _mm256_cvtepi8_epi16(_mm_loadu_si128(reinterpret_cast<const __m128i*>(x[i].scales)));
+            __m256i sumi[kT];
+            for (int t = 0; t < kT; ++t) sumi[t] = _mm256_setzero_si256();
+            unroll<2>([&](auto h_) {
+                constexpr int h = decltype(h_)::value;
+                const __m256i ql0 = load256(x[i].ql + 64 * h), ql1 = load256(x[i].ql + 64 * h + 32);
+                const __m256i qh = load256(x[i].qh + 32 * h);
+                const __m256i sc = scale_half<h>(scales);
+                unroll<4>([&](auto g_) {
+                    constexpr int g = decltype(g_)::value;
+                    const __m256i ql = g % 2 == 0 ? ql0 : ql1;
+                    const __m256i low = _mm256_and_si256(g < 2 ? ql : _mm256_srli_epi16(ql, 4), nibble);
+                    __m256i high;  // bits 2g, 2g + 1 of qh to bits 4, 5
+                    if constexpr (g < 2)
+                        high = _mm256_slli_epi16(qh, 4 - 2 * g);
+                    else if constexpr (g == 2)
+                        high = qh;
+                    else
+                        high = _mm256_srli_epi16(qh, 2);
+                    const __m256i e = _mm256_or_si256(low, _mm256_and_si256(high, top));
+                    const __m256i s = pick_words<2 * g, 2 * g + 1>(sc);
+                    for (int t = 0; t < kT; ++t) {
+                        const __m256i p = _mm256_maddubs_epi16(e, load256(ya[t][i].qs + 128 * h + 32 * g));
+                        sumi[t] = _mm256_add_epi32(sumi[t], _mm256_madd_epi16(p, s));
+                    }
+                });
+            });
+            const float d = f16(x[i].d);
+            for (int t = 0; t < kT; ++t) {
+                const __m256i offsets = _mm256_slli_epi32(_mm256_madd_epi16(load256(ya[t][i].bsums), scales), 5);
+                acc[t] = _mm256_fmadd_ps(_mm256_set1_ps(ya[t][i].d * d),
+                                         _mm256_cvtepi32_ps(_mm256_sub_epi32(sumi[t], offsets)), acc[t]);
+            }
+        }
+        for (int t = 0; t < kT; ++t) y[static_cast<size_t>(t) * y_stride + r] = hsum(acc[t]);
+    }
+}
+
+void q6_k_small(int n, int n_rows, int n_tok, const void* w, size_t w_stride, const void* act, size_t act_stride,
+                float* y, size_t y_stride) {
+    const auto* wb = static_cast<const uint8_t*>(w);
+    for (int t0 = 0; t0 < n_tok; t0 += kQ8Tok) {
+        const int tc = n_tok - t0 < kQ8Tok ? n_tok - t0 : kQ8Tok;
+        const BlockQ8_K* ya[kQ8Tok];
+        for (int t = 0; t < tc; ++t) {
+            ya[t] = reinterpret_cast<const BlockQ8_K*>(static_cast<const uint8_t*>(act) + (t0 + t) * act_stride);
+        }
+        float* yt = y + static_cast<size_t>(t0) * y_stride;
+        switch (tc) {
+            case 1:
+                q6_k_rows<1>(n, n_rows, wb, w_stride, ya, yt, y_stride);
+                break;
+            case 2:
+                q6_k_rows<2>(n, n_rows, wb, w_stride, ya, yt, y_stride);
+                break;
+            case 3:
+                q6_k_rows<3>(n, n_rows, wb, w_stride, ya, yt, y_stride);
+                break;
+            default:
+                q6_k_rows<4>(n, n_rows, wb, w_stride, ya, yt, y_stride);
+                break;
+        }
+    }
+}
+
 }  // namespace
 
 GemmFn small_batch_avx2(GgmlType weight_type) {
@@ -347,6 +431,8 @@ GemmFn small_batch_avx2(GgmlType weight_type) {
             return q4_5_k_small<BlockQ4_K>;
         case GgmlType::Q5_K:
             return q4_5_k_small<BlockQ5_K>;
+        case GgmlType::Q6_K:
+            return q6_k_small;
         default:
             return nullptr;
     }

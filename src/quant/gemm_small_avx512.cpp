@@ -397,6 +397,101 @@ void q4_5_k_small(int n, int n_rows, int n_tok, const void* w, size_t w_stride, 
     }
 }
 
+// ---- Q6_K with Q8_K (dot_avx512_kquants.cpp's dot_q6_K) ----
+
+// Words kFirst .. kFirst + 3 of `words`, each repeated over one 128-bit lane: the scales of four
+// sub-blocks of 16 for the 16-bit pair sums of 64 elements.
+template <int kFirst>
+__m512i four_scales(__m512i words) {
+    constexpr auto rep = [](long long w) { return w * 0x0001000100010001LL; };
+    const __m512i idx = _mm512_set_epi64(rep(kFirst + 3), rep(kFirst + 3), rep(kFirst + 2), rep(kFirst + 2),
+                                         rep(kFirst + 1), rep(kFirst + 1), rep(kFirst), rep(kFirst));
+    return _mm512_permutexvar_epi16(idx, words);
+}
+
+// Shared by the tokens: the 6-bit quants of the super-block as bytes (4 registers) and their
+// sub-block scales spread; per token the pair sums, the offset 32 * sum(scale * bsum), one FMA.
+template <bool kVnni, int kT>
+void q6_k_rows(int n, int n_rows, const uint8_t* w, size_t w_stride, const BlockQ8_K* const* ya, float* y,
+               size_t y_stride) {
+    const __m512i nibble = _mm512_set1_epi8(0x0F), top = _mm512_set1_epi8(0x30);
+    for (int r = 0; r < n_rows; ++r) {
+        const auto* x = reinterpret_cast<const BlockQ6_K*>(w + static_cast<size_t>(r) * w_stride);
+        __m512 acc[kT];
+        for (int t = 0; t < kT; ++t) acc[t] = _mm512_setzero_ps();
+        for (int i = 0; i < n / kQK; ++i) {
+            const __m256i scales = _mm256_cvtepi8_epi16(_mm_loadu_si128(reinterpret_cast<const __m128i*>(x[i].scales)));
+            const __m512i sc = _mm512_castsi256_si512(scales);
+            const float d = f16(x[i].d);
+            __m512i q[4], s4[4];
+            unroll<2>([&](auto h_) {
+                constexpr int h = decltype(h_)::value;
+                const __m512i ql = _mm512_loadu_si512(x[i].ql + 64 * h);
+                const __m512i qh = twice(x[i].qh + 32 * h);
+                q[2 * h] = _mm512_or_si512(_mm512_and_si512(ql, nibble),
+                                           _mm512_and_si512(_mm512_sllv_epi64(qh, halves64(4, 2)), top));
+                q[2 * h + 1] = _mm512_or_si512(_mm512_and_si512(_mm512_srli_epi16(ql, 4), nibble),
+                                               _mm512_and_si512(_mm512_srlv_epi64(qh, halves64(0, 2)), top));
+                s4[2 * h] = four_scales<8 * h>(sc);
+                s4[2 * h + 1] = four_scales<8 * h + 4>(sc);
+            });
+#pragma GCC unroll 8
+            for (int t = 0; t < kT; ++t) {
+                const BlockQ8_K& yb = ya[t][i];
+                const __m256i offsets = _mm256_slli_epi32(_mm256_madd_epi16(load256(yb.bsums), scales), 5);
+                __m512i sumi = _mm512_setzero_si512();
+                for (int k = 0; k < 4; ++k) {
+                    sumi =
+                        scaled_sum<kVnni>(sumi, _mm512_maddubs_epi16(q[k], _mm512_loadu_si512(yb.qs + 64 * k)), s4[k]);
+                }
+                sumi = _mm512_sub_epi32(sumi, _mm512_zextsi256_si512(offsets));
+                acc[t] = _mm512_fmadd_ps(_mm512_set1_ps(yb.d * d), _mm512_cvtepi32_ps(sumi), acc[t]);
+            }
+        }
+        for (int t = 0; t < kT; ++t) y[static_cast<size_t>(t) * y_stride + r] = _mm512_reduce_add_ps(acc[t]);
+    }
+}
+
+template <bool kVnni>
+void q6_k_small(int n, int n_rows, int n_tok, const void* w, size_t w_stride, const void* act, size_t act_stride,
+                float* y, size_t y_stride) {
+    const auto* wb = static_cast<const uint8_t*>(w);
+    for (int t0 = 0; t0 < n_tok; t0 += kMaxTok) {
+        const int tc = n_tok - t0 < kMaxTok ? n_tok - t0 : kMaxTok;
+        const BlockQ8_K* ya[kMaxTok];
+        for (int t = 0; t < tc; ++t) {
+            ya[t] = reinterpret_cast<const BlockQ8_K*>(static_cast<const uint8_t*>(act) + (t0 + t) * act_stride);
+        }
+        float* yt = y + static_cast<size_t>(t0) * y_stride;
+        switch (tc) {
+            case 1:
+                q6_k_rows<kVnni, 1>(n, n_rows, wb, w_stride, ya, yt, y_stride);
+                break;
+            case 2:
+                q6_k_rows<kVnni, 2>(n, n_rows, wb, w_stride, ya, yt, y_stride);
+                break;
+            case 3:
+                q6_k_rows<kVnni, 3>(n, n_rows, wb, w_stride, ya, yt, y_stride);
+                break;
+            case 4:
+                q6_k_rows<kVnni, 4>(n, n_rows, wb, w_stride, ya, yt, y_stride);
+                break;
+            case 5:
+                q6_k_rows<kVnni, 5>(n, n_rows, wb, w_stride, ya, yt, y_stride);
+                break;
+            case 6:
+                q6_k_rows<kVnni, 6>(n, n_rows, wb, w_stride, ya, yt, y_stride);
+                break;
+            case 7:
+                q6_k_rows<kVnni, 7>(n, n_rows, wb, w_stride, ya, yt, y_stride);
+                break;
+            default:
+                q6_k_rows<kVnni, 8>(n, n_rows, wb, w_stride, ya, yt, y_stride);
+                break;
+        }
+    }
+}
+
 template <bool kVnni>
 GemmFn table(GgmlType weight_type) {
     switch (weight_type) {
@@ -412,6 +507,8 @@ GemmFn table(GgmlType weight_type) {
             return q4_5_k_small<BlockQ4_K, kVnni>;
         case GgmlType::Q5_K:
             return q4_5_k_small<BlockQ5_K, kVnni>;
+        case GgmlType::Q6_K:
+            return q6_k_small<kVnni>;
         default:
             return nullptr;
     }
