@@ -16,6 +16,7 @@
 #include <utility>
 
 #include "kv/hadamard.h"
+#include "kv/key_transform.h"
 #include "kv/spill_file.h"
 #include "memory/pool.h"
 #include "quant/dequantize.h"
@@ -79,13 +80,18 @@ struct PosRange {
     bool contains(Pos p) const { return p >= p0 && p < p1; }
 };
 
-// One head per row of `type`: rotated first when asked (into scratch, the source stays as it is).
+// One head per row of `type`: shaped by `key` (K of a quantized cache, else nullptr) and rotated
+// first when asked (into scratch, the source stays as it is).
 void write_heads(GgmlType type, const float* row, int n_head, int head_dim, size_t head_bytes, bool rotate,
-                 float* scratch, std::byte* dst) {
+                 const KeyTransform* key, float* scratch, std::byte* dst) {
     for (int h = 0; h < n_head; ++h) {
         const float* head = row + static_cast<int64_t>(h) * head_dim;
+        if (key != nullptr && key->active()) {
+            key->apply(head, h, head_dim, scratch);
+            head = scratch;
+        }
         if (rotate) {
-            std::copy(head, head + head_dim, scratch);
+            if (head != scratch) std::copy(head, head + head_dim, scratch);
             hadamard_transform(scratch, head_dim);
             head = scratch;
         }
@@ -94,11 +100,12 @@ void write_heads(GgmlType type, const float* row, int n_head, int head_dim, size
 }
 
 void read_heads(GgmlType type, const std::byte* src, int n_head, int head_dim, size_t head_bytes, bool rotated,
-                float* row) {
+                const KeyTransform* key, float* row) {
     for (int h = 0; h < n_head; ++h) {
         float* head = row + static_cast<int64_t>(h) * head_dim;
         quant::dequantize_row(type, src + static_cast<size_t>(h) * head_bytes, head, head_dim);
         if (rotated) hadamard_transform(head, head_dim);  // its own inverse
+        if (key != nullptr) key->undo(head, h, head_dim);
     }
 }
 
@@ -129,6 +136,7 @@ struct LayerStorage {
     bool streamed = false;
     uint64_t k_offset = 0, v_offset = 0;
     std::vector<float> scratch;  // one head, for rotating in store(); per layer, so layers may store in parallel
+    KeyTransform key;            // K's centre and scales (kv/key_transform.h), when shape_keys
 };
 
 // Where the bytes of a cache go, from its shapes and parameters alone (the constructor and
@@ -207,6 +215,7 @@ struct KvCache::Impl {
     int capacity = 0;
     int n_blocks = 0;
     bool rotated = false;
+    bool shape_keys = false;  // K quantized and params.rotate: each layer's KeyTransform applies
     std::vector<LayerStorage> layers;
 
     // Memory and spill (kv/cache.h, "Memory" and "Spill").
@@ -330,6 +339,7 @@ KvCache::Impl::Impl(std::vector<LayerShape> shapes, const CacheParams& p) : para
         return is_power_of_two(s.head_dim_k) && is_power_of_two(s.head_dim_v);
     });
     rotated = p.rotate && quantized && power_of_two_heads;
+    shape_keys = p.rotate && is_quantized(p.type_k);
 
     size_t max_k_row = 0;
     uint64_t file_offset = 0;
@@ -872,13 +882,16 @@ void KvCache::store(int layer, std::span<const int32_t> cells, const float* k, c
     const LayerShape& s = L.shape;
     const int64_t k_row = int64_t{s.n_head_kv} * s.head_dim_k;
     const int64_t v_row = int64_t{s.n_head_kv} * s.head_dim_v;
+    if (m.shape_keys && !cells.empty())
+        L.key.calibrate(k, static_cast<int64_t>(cells.size()), s.n_head_kv, s.head_dim_k);
+    const KeyTransform* key = m.shape_keys ? &L.key : nullptr;
     for (size_t i = 0; i < cells.size(); ++i) {
         const int32_t cell = cells[i];
         m.check_cell(cell, "store");
         const auto row = static_cast<int64_t>(i);
-        write_heads(m.params.type_k, k + row * k_row, s.n_head_kv, s.head_dim_k, L.k_head_bytes, m.rotated,
+        write_heads(m.params.type_k, k + row * k_row, s.n_head_kv, s.head_dim_k, L.k_head_bytes, m.rotated, key,
                     L.scratch.data(), L.k + static_cast<size_t>(cell) * L.k_row_bytes);
-        write_heads(m.params.type_v, v + row * v_row, s.n_head_kv, s.head_dim_v, L.v_head_bytes, m.rotated,
+        write_heads(m.params.type_v, v + row * v_row, s.n_head_kv, s.head_dim_v, L.v_head_bytes, m.rotated, nullptr,
                     L.scratch.data(), L.v + static_cast<size_t>(cell) * L.v_row_bytes);
     }
     if (!cells.empty()) m.in_memory[static_cast<size_t>(layer)] = 1;
@@ -991,7 +1004,7 @@ void KvCache::for_shifted_cells(int layer, void (*fn)(void*, float*, const int32
         fn(ctx, m.shift_rows.data(), m.shift_deltas.data(), n);
         for (int i = 0; i < n; ++i) {
             write_heads(m.params.type_k, m.shift_rows.data() + i * row, s.n_head_kv, s.head_dim_k, L.k_head_bytes,
-                        m.rotated, L.scratch.data(),
+                        m.rotated, m.shape_keys ? &L.key : nullptr, L.scratch.data(),
                         L.k + static_cast<size_t>(m.shift_cells[static_cast<size_t>(i)]) * L.k_row_bytes);
         }
         n = 0;
@@ -1000,7 +1013,7 @@ void KvCache::for_shifted_cells(int layer, void (*fn)(void*, float*, const int32
         const Pos delta = m.shift[static_cast<size_t>(c)];
         if (m.cell_free(c) || delta == 0) continue;
         read_heads(m.params.type_k, L.k + static_cast<size_t>(c) * L.k_row_bytes, s.n_head_kv, s.head_dim_k,
-                   L.k_head_bytes, m.rotated, m.shift_rows.data() + n * row);
+                   L.k_head_bytes, m.rotated, m.shape_keys ? &L.key : nullptr, m.shift_rows.data() + n * row);
         m.shift_cells[static_cast<size_t>(n)] = c;
         m.shift_deltas[static_cast<size_t>(n)] = delta;
         if (++n == kShiftChunk) flush();
@@ -1053,6 +1066,8 @@ KvCache::LayerView KvCache::layer_view(int layer) const {
                      .head_dim_k = L.shape.head_dim_k,
                      .head_dim_v = L.shape.head_dim_v,
                      .rotated = m.rotated,
+                     .q_scale = m.shape_keys ? L.key.q_scale() : nullptr,
+                     .k_center = m.shape_keys ? L.key.center() : nullptr,
                      .k = L.k,
                      .v = L.v,
                      .k_row_bytes = L.k_row_bytes,
@@ -1067,7 +1082,7 @@ void KvCache::read_k(int layer, int32_t cell, float* out) const {
     m.check_cell(cell, "read_k");
     const LayerStorage& L = m.layers[static_cast<size_t>(layer)];
     read_heads(m.params.type_k, L.k + static_cast<size_t>(cell) * L.k_row_bytes, L.shape.n_head_kv, L.shape.head_dim_k,
-               L.k_head_bytes, m.rotated, out);
+               L.k_head_bytes, m.rotated, m.shape_keys ? &L.key : nullptr, out);
 }
 
 void KvCache::read_v(int layer, int32_t cell, float* out) const {
@@ -1076,7 +1091,7 @@ void KvCache::read_v(int layer, int32_t cell, float* out) const {
     m.check_cell(cell, "read_v");
     const LayerStorage& L = m.layers[static_cast<size_t>(layer)];
     read_heads(m.params.type_v, L.v + static_cast<size_t>(cell) * L.v_row_bytes, L.shape.n_head_kv, L.shape.head_dim_v,
-               L.v_head_bytes, m.rotated, out);
+               L.v_head_bytes, m.rotated, nullptr, out);
 }
 
 // ---- ModelCache -----------------------------------------------------------------------------------

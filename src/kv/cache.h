@@ -97,6 +97,8 @@ struct CacheParams {
     // Rotate each head by a normalized Walsh-Hadamard transform before quantizing (K and V), so
     // outliers spread over the head. Only for quantized types (q8_0, q4_0, ...); ignored for
     // f32 / f16 / bf16. Needs head sizes that are powers of two (others are stored unrotated).
+    // With a quantized K it also centres and scales K heads first (kv/key_transform.h), which is
+    // what makes 4-bit keys cheap; false stores both as llama.cpp does.
     bool rotate = true;
     // The pool charged for bytes() (memory/pool.h, pool_names::kKv); nullptr charges nothing.
     memory::Pool* pool = nullptr;
@@ -217,8 +219,12 @@ public:
     struct LayerView {
         quant::GgmlType type_k, type_v;
         int n_head_kv, head_dim_k, head_dim_v;
-        bool rotated;                  // heads stored Hadamard-rotated: rotate q, un-rotate the output
-        const std::byte* k = nullptr;  // cell c's K row: k + c * k_row_bytes; head h at h * k_head_bytes
+        bool rotated;  // heads stored Hadamard-rotated: rotate q, un-rotate the output
+        // K heads stored centred and scaled (kv/key_transform.h): multiply q by q_scale (the kv
+        // head's [head_dim_k] at g * head_dim_k) before rotating it; nullptr: K stored as is.
+        const float* q_scale = nullptr;
+        const float* k_center = nullptr;  // the same layout: the centre taken off K (see above)
+        const std::byte* k = nullptr;     // cell c's K row: k + c * k_row_bytes; head h at h * k_head_bytes
         const std::byte* v = nullptr;
         size_t k_row_bytes, k_head_bytes, v_row_bytes, v_head_bytes;
     };

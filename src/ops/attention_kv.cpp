@@ -252,18 +252,37 @@ float* out_row(const Plan& pl, const Item& it, int r) {
     return pl.out + it.tokens[r / pl.heads] * pl.token_stride + (it.h0 + r % pl.heads) * pl.d;
 }
 
-// The item's query rows, rotated into buf when the layer is stored rotated.
+// Query r of the item as the stored keys want it: multiplied by the kv head's q_scale when K is
+// shaped (kv/key_transform.h), then rotated when the layer is stored rotated, into dst (d floats);
+// the query row itself when neither.
+const float* shaped_query(const Plan& pl, const Item& it, int r, float* dst) {
+    const float* src = q_row(pl, it, r);
+    if (pl.view.q_scale == nullptr && !pl.view.rotated) return src;
+    if (pl.view.q_scale != nullptr) {
+        const float* s = pl.view.q_scale + it.g * pl.d;
+        for (int64_t i = 0; i < pl.d; ++i) dst[i] = src[i] * s[i];
+    } else {
+        std::copy(src, src + pl.d, dst);
+    }
+    if (pl.view.rotated) kv::hadamard_transform(dst, static_cast<int>(pl.d));
+    return dst;
+}
+
+// What centred keys (kv/key_transform.h) take off query r's scores: q . c times the scale. Only
+// soft-capping needs it back (the softmax cancels it); 0 when K is not centred.
+float center_bias(const Plan& pl, const Item& it, int r) {
+    if (pl.view.k_center == nullptr) return 0.0f;
+    const float* q = q_row(pl, it, r);
+    const float* c = pl.view.k_center + it.g * pl.d;
+    float dot = 0.0f;
+    for (int64_t i = 0; i < pl.d; ++i) dot += q[i] * c[i];
+    return dot * pl.p.scale;
+}
+
+// The item's query rows, shaped into buf (shaped_query).
 void prepare_queries(const Plan& pl, const Item& it, float* buf, const float** rows) {
     const int n_queries = it.n_tokens * pl.heads;
-    for (int r = 0; r < n_queries; ++r) {
-        rows[r] = q_row(pl, it, r);
-        if (pl.view.rotated) {
-            float* dst = buf + r * pl.d;
-            std::copy(rows[r], rows[r] + pl.d, dst);
-            kv::hadamard_transform(dst, static_cast<int>(pl.d));
-            rows[r] = dst;
-        }
-    }
+    for (int r = 0; r < n_queries; ++r) rows[r] = shaped_query(pl, it, r, buf + r * pl.d);
 }
 
 void finish_outputs(const Plan& pl, const Item& it) {
