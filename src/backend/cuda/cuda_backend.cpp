@@ -311,6 +311,11 @@ void CudaBackend::attention(const float* q, const BatchRows& rows, const kv::KvC
         k = m.k[static_cast<size_t>(layer)];
         v = m.v[static_cast<size_t>(layer)];
     } else {
+        if (view.q_scale != nullptr) {  // kv/key_transform.h: q would need the matching scales
+            throw std::invalid_argument(name_ +
+                                        ": quantized K held on the host is stored centred and scaled, which "
+                                        "the CUDA attention does not apply to q yet; run with --no-kv-rotation");
+        }
         // Host K/V: the rows up to the last cell in use come over for this call.
         const std::span<const uint64_t> masks = cache.cell_seq_masks();
         size_t used = masks.size();
