@@ -111,6 +111,35 @@ TEST(CudaKernels, HostChecksBeforeLaunching) {
     EXPECT_FALSE(matmul_supports(GgmlType::IQ4_XS));
 }
 
+// The kernels' block decoding, run on the host (no device needed): the values quant::dequantize_row
+// gives, bit for bit (the same products in the same order; on the device a multiply-add the compiler
+// fuses may differ in the last bit, which the kernel tests tolerate).
+TEST(CudaKernels, DecodersMatchTheReferenceOnTheHost) {
+    for (GgmlType type : {GgmlType::F32, GgmlType::F16, GgmlType::BF16, GgmlType::Q4_0, GgmlType::Q4_1, GgmlType::Q5_0,
+                          GgmlType::Q5_1, GgmlType::Q8_0, GgmlType::Q2_K, GgmlType::Q3_K, GgmlType::Q4_K,
+                          GgmlType::Q5_K, GgmlType::Q6_K, GgmlType::IQ4_NL}) {
+        SCOPED_TRACE(std::string(quant::traits(type).name));
+        const int64_t n = 1024;
+        const std::vector<float> src = gaussian(21, n, 2.0f);
+        std::vector<uint8_t> row(*quant::row_bytes(type, n));
+        if (type == GgmlType::F32) {
+            std::memcpy(row.data(), src.data(), row.size());
+        } else {
+            quant::quantize_row(type, src.data(), row.data(), n);
+        }
+        std::vector<float> want(n), got(n, -1.0f);
+        quant::dequantize_row(type, row.data(), want.data(), n);
+        decode_row_on_host(type, row.data(), n, got.data());
+        int bad = 0;
+        for (int64_t i = 0; i < n; ++i) {
+            if (got[i] != want[i] && ++bad <= 5)
+                ADD_FAILURE() << "element " << i << ": " << got[i] << " vs " << want[i];
+        }
+        EXPECT_EQ(bad, 0);
+    }
+    EXPECT_THROW(decode_row_on_host(GgmlType::IQ2_XXS, nullptr, 0, nullptr), std::invalid_argument);
+}
+
 // ---- Matrix products ----------------------------------------------------------------------------
 
 // |got - want| <= 1e-4 of sum |w| |x| (the float summation orders differ) + 1e-6.

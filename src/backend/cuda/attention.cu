@@ -82,49 +82,6 @@ __global__ void kv_store_kernel(GgmlType type, uint8_t* data, size_t row_bytes, 
     }
 }
 
-// Element e of a K or V head of `type` (kv_read_supports' types).
-__device__ __forceinline__ float kv_elem(GgmlType type, const uint8_t* head, int e) {
-    switch (type) {
-        case GgmlType::F32: {
-            float v;
-            memcpy(&v, head + 4 * e, 4);
-            return v;
-        }
-        case GgmlType::F16:
-            return half_at(head + 2 * e);
-        case GgmlType::BF16:
-            return bf16_at(head + 2 * e);
-        default:
-            break;
-    }
-    float out[8];
-    const int l = e % 32, base = l / 8 * 8;
-    switch (type) {
-        case GgmlType::Q8_0: {
-            const uint8_t* b = head + (e / 32) * 34;
-            return half_at(b) * static_cast<float>(static_cast<int8_t>(b[2 + l]));
-        }
-        case GgmlType::Q4_0:
-            Decoder<GgmlType::Q4_0>::decode8(head + (e / 32) * 18, base, out);
-            break;
-        case GgmlType::Q4_1:
-            Decoder<GgmlType::Q4_1>::decode8(head + (e / 32) * 20, base, out);
-            break;
-        case GgmlType::Q5_0:
-            Decoder<GgmlType::Q5_0>::decode8(head + (e / 32) * 22, base, out);
-            break;
-        case GgmlType::Q5_1:
-            Decoder<GgmlType::Q5_1>::decode8(head + (e / 32) * 24, base, out);
-            break;
-        case GgmlType::IQ4_NL:
-            Decoder<GgmlType::IQ4_NL>::decode8(head + (e / 32) * 18, base, out);
-            break;
-        default:
-            return 0.0f;
-    }
-    return out[l % 8];
-}
-
 constexpr int kAttnWarps = 4;
 constexpr int kPerLane = kMaxHeadDim / 32;
 

@@ -28,19 +28,25 @@ inline cudaStream_t as_stream(Stream s) {
     return static_cast<cudaStream_t>(s);
 }
 
+// Decoding runs on the device and, for tests without a GPU, on the host (decode_row_on_host).
+#define FITLLM_HD __host__ __device__ __forceinline__
+
 inline int blocks_for(int64_t n, int per_block) {
     return static_cast<int>((n + per_block - 1) / per_block);
 }
 
-__device__ __forceinline__ float half_at(const uint8_t* p) {
+FITLLM_HD float half_at(const uint8_t* p) {
     uint16_t h;
     memcpy(&h, p, 2);
     return __half2float(__ushort_as_half(h));
 }
-__device__ __forceinline__ float bf16_at(const uint8_t* p) {
+FITLLM_HD float bf16_at(const uint8_t* p) {
     uint16_t h;
     memcpy(&h, p, 2);
-    return __uint_as_float(static_cast<uint32_t>(h) << 16);
+    const uint32_t bits = static_cast<uint32_t>(h) << 16;
+    float f;
+    memcpy(&f, &bits, 4);
+    return f;
 }
 
 __device__ __forceinline__ float warp_sum(float v) {
@@ -65,7 +71,7 @@ struct Decoder;
 template <>
 struct Decoder<GgmlType::F32> {
     static constexpr int kElems = 8, kBytes = 32;  // "blocks" of 8 floats
-    __device__ static void decode8(const uint8_t* b, int, float* out) {
+    FITLLM_HD static void decode8(const uint8_t* b, int, float* out) {
 #pragma unroll
         for (int i = 0; i < 8; ++i) memcpy(&out[i], b + 4 * i, 4);
     }
@@ -73,7 +79,7 @@ struct Decoder<GgmlType::F32> {
 template <>
 struct Decoder<GgmlType::F16> {
     static constexpr int kElems = 8, kBytes = 16;
-    __device__ static void decode8(const uint8_t* b, int, float* out) {
+    FITLLM_HD static void decode8(const uint8_t* b, int, float* out) {
 #pragma unroll
         for (int i = 0; i < 8; ++i) out[i] = half_at(b + 2 * i);
     }
@@ -81,17 +87,17 @@ struct Decoder<GgmlType::F16> {
 template <>
 struct Decoder<GgmlType::BF16> {
     static constexpr int kElems = 8, kBytes = 16;
-    __device__ static void decode8(const uint8_t* b, int, float* out) {
+    FITLLM_HD static void decode8(const uint8_t* b, int, float* out) {
 #pragma unroll
         for (int i = 0; i < 8; ++i) out[i] = bf16_at(b + 2 * i);
     }
 };
 
 // The 4-bit quant of element l of a legacy block: qs[l] low nibble for l < 16, else qs[l - 16] high.
-__device__ __forceinline__ int legacy_nibble(const uint8_t* qs, int l) {
+FITLLM_HD int legacy_nibble(const uint8_t* qs, int l) {
     return l < 16 ? (qs[l] & 0x0F) : (qs[l - 16] >> 4);
 }
-__device__ __forceinline__ uint32_t u32_at(const uint8_t* p) {
+FITLLM_HD uint32_t u32_at(const uint8_t* p) {
     uint32_t v;
     memcpy(&v, p, 4);
     return v;
@@ -100,7 +106,7 @@ __device__ __forceinline__ uint32_t u32_at(const uint8_t* p) {
 template <>
 struct Decoder<GgmlType::Q4_0> {  // d, qs[16]: x = d (q - 8)
     static constexpr int kElems = 32, kBytes = 18;
-    __device__ static void decode8(const uint8_t* b, int e, float* out) {
+    FITLLM_HD static void decode8(const uint8_t* b, int e, float* out) {
         const float d = half_at(b);
 #pragma unroll
         for (int i = 0; i < 8; ++i) out[i] = d * static_cast<float>(legacy_nibble(b + 2, e + i) - 8);
@@ -109,7 +115,7 @@ struct Decoder<GgmlType::Q4_0> {  // d, qs[16]: x = d (q - 8)
 template <>
 struct Decoder<GgmlType::Q4_1> {  // d, m, qs[16]: x = d q + m
     static constexpr int kElems = 32, kBytes = 20;
-    __device__ static void decode8(const uint8_t* b, int e, float* out) {
+    FITLLM_HD static void decode8(const uint8_t* b, int e, float* out) {
         const float d = half_at(b), m = half_at(b + 2);
 #pragma unroll
         for (int i = 0; i < 8; ++i) out[i] = d * static_cast<float>(legacy_nibble(b + 4, e + i)) + m;
@@ -118,7 +124,7 @@ struct Decoder<GgmlType::Q4_1> {  // d, m, qs[16]: x = d q + m
 template <>
 struct Decoder<GgmlType::Q5_0> {  // d, qh[4], qs[16]: x = d (q - 16), bit 4 = bit l of qh
     static constexpr int kElems = 32, kBytes = 22;
-    __device__ static void decode8(const uint8_t* b, int e, float* out) {
+    FITLLM_HD static void decode8(const uint8_t* b, int e, float* out) {
         const float d = half_at(b);
         const uint32_t qh = u32_at(b + 2);
 #pragma unroll
@@ -131,7 +137,7 @@ struct Decoder<GgmlType::Q5_0> {  // d, qh[4], qs[16]: x = d (q - 16), bit 4 = b
 template <>
 struct Decoder<GgmlType::Q5_1> {  // d, m, qh[4], qs[16]: x = d q + m
     static constexpr int kElems = 32, kBytes = 24;
-    __device__ static void decode8(const uint8_t* b, int e, float* out) {
+    FITLLM_HD static void decode8(const uint8_t* b, int e, float* out) {
         const float d = half_at(b), m = half_at(b + 2);
         const uint32_t qh = u32_at(b + 4);
 #pragma unroll
@@ -144,7 +150,7 @@ struct Decoder<GgmlType::Q5_1> {  // d, m, qh[4], qs[16]: x = d q + m
 template <>
 struct Decoder<GgmlType::Q8_0> {  // d, qs[32]: x = d q
     static constexpr int kElems = 32, kBytes = 34;
-    __device__ static void decode8(const uint8_t* b, int e, float* out) {
+    FITLLM_HD static void decode8(const uint8_t* b, int e, float* out) {
         const float d = half_at(b);
         const auto* qs = reinterpret_cast<const int8_t*>(b + 2);
 #pragma unroll
@@ -154,7 +160,7 @@ struct Decoder<GgmlType::Q8_0> {  // d, qs[32]: x = d q
 template <>
 struct Decoder<GgmlType::IQ4_NL> {  // d, qs[16]: x = d kValuesIQ4NL[q]
     static constexpr int kElems = 32, kBytes = 18;
-    __device__ static void decode8(const uint8_t* b, int e, float* out) {
+    FITLLM_HD static void decode8(const uint8_t* b, int e, float* out) {
         constexpr int8_t kValues[16] = {-127, -104, -83, -65, -49, -35, -22, -10, 1, 13, 25, 38, 53, 69, 89, 113};
         const float d = half_at(b);
 #pragma unroll
@@ -166,7 +172,7 @@ struct Decoder<GgmlType::IQ4_NL> {  // d, qs[16]: x = d kValuesIQ4NL[q]
 template <>
 struct Decoder<GgmlType::Q2_K> {  // scales[16], qs[64], d, dmin
     static constexpr int kElems = 256, kBytes = 84;
-    __device__ static void decode8(const uint8_t* b, int e, float* out) {
+    FITLLM_HD static void decode8(const uint8_t* b, int e, float* out) {
         const float d = half_at(b + 80), dmin = half_at(b + 82);
         const uint8_t sc = b[e / 16];
         const float dl = d * static_cast<float>(sc & 0x0F), ml = dmin * static_cast<float>(sc >> 4);
@@ -179,7 +185,7 @@ struct Decoder<GgmlType::Q2_K> {  // scales[16], qs[64], d, dmin
 template <>
 struct Decoder<GgmlType::Q3_K> {  // hmask[32], qs[64], scales[12], d
     static constexpr int kElems = 256, kBytes = 110;
-    __device__ static void decode8(const uint8_t* b, int e, float* out) {
+    FITLLM_HD static void decode8(const uint8_t* b, int e, float* out) {
         const uint8_t* scales = b + 96;
         const int j = e / 16;
         const int low = j < 8 ? (scales[j] & 0x0F) : (scales[j - 8] >> 4);
@@ -196,7 +202,7 @@ struct Decoder<GgmlType::Q3_K> {  // hmask[32], qs[64], scales[12], d
     }
 };
 // Q4_K / Q5_K: 6-bit scale and min of sub-block j < 8 from the 12 packed bytes.
-__device__ __forceinline__ void q4k_scale_min(const uint8_t* s, int j, int& sc, int& mn) {
+FITLLM_HD void q4k_scale_min(const uint8_t* s, int j, int& sc, int& mn) {
     if (j < 4) {
         sc = s[j] & 63;
         mn = s[j + 4] & 63;
@@ -208,7 +214,7 @@ __device__ __forceinline__ void q4k_scale_min(const uint8_t* s, int j, int& sc, 
 template <>
 struct Decoder<GgmlType::Q4_K> {  // d, dmin, scales[12], qs[128]
     static constexpr int kElems = 256, kBytes = 144;
-    __device__ static void decode8(const uint8_t* b, int e, float* out) {
+    FITLLM_HD static void decode8(const uint8_t* b, int e, float* out) {
         int sc, mn;
         q4k_scale_min(b + 4, e / 32, sc, mn);
         const float dl = half_at(b) * static_cast<float>(sc), ml = half_at(b + 2) * static_cast<float>(mn);
@@ -221,7 +227,7 @@ struct Decoder<GgmlType::Q4_K> {  // d, dmin, scales[12], qs[128]
 template <>
 struct Decoder<GgmlType::Q5_K> {  // d, dmin, scales[12], qh[32], qs[128]
     static constexpr int kElems = 256, kBytes = 176;
-    __device__ static void decode8(const uint8_t* b, int e, float* out) {
+    FITLLM_HD static void decode8(const uint8_t* b, int e, float* out) {
         int sc, mn;
         q4k_scale_min(b + 4, e / 32, sc, mn);
         const float dl = half_at(b) * static_cast<float>(sc), ml = half_at(b + 2) * static_cast<float>(mn);
@@ -238,7 +244,7 @@ struct Decoder<GgmlType::Q5_K> {  // d, dmin, scales[12], qh[32], qs[128]
 template <>
 struct Decoder<GgmlType::Q6_K> {  // ql[128], qh[64], scales[16] (int8), d
     static constexpr int kElems = 256, kBytes = 210;
-    __device__ static void decode8(const uint8_t* b, int e, float* out) {
+    FITLLM_HD static void decode8(const uint8_t* b, int e, float* out) {
         const int h = e / 128, g = (e / 32) % 4, l = e % 32;
         const float dl = half_at(b + 208) * static_cast<float>(static_cast<int8_t>(b[192 + e / 16]));
         const uint8_t* ql = b + 64 * h + 32 * (g % 2) + l;
@@ -254,9 +260,52 @@ struct Decoder<GgmlType::Q6_K> {  // ql[128], qh[64], scales[16] (int8), d
 
 // Elements e .. e + 7 of a row of type T (e a multiple of 8).
 template <GgmlType T>
-__device__ __forceinline__ void decode8_of_row(const uint8_t* row, int64_t e, float* out) {
+FITLLM_HD void decode8_of_row(const uint8_t* row, int64_t e, float* out) {
     using D = Decoder<T>;
     D::decode8(row + (e / D::kElems) * D::kBytes, static_cast<int>(e % D::kElems), out);
+}
+
+// Element e of a K or V head of `type` (kv_read_supports' types; 0 for others).
+FITLLM_HD float kv_elem(GgmlType type, const uint8_t* head, int e) {
+    switch (type) {
+        case GgmlType::F32: {
+            float v;
+            memcpy(&v, head + 4 * e, 4);
+            return v;
+        }
+        case GgmlType::F16:
+            return half_at(head + 2 * e);
+        case GgmlType::BF16:
+            return bf16_at(head + 2 * e);
+        default:
+            break;
+    }
+    float out[8];
+    const int l = e % 32, base = l / 8 * 8;
+    switch (type) {
+        case GgmlType::Q8_0: {
+            const uint8_t* b = head + (e / 32) * 34;
+            return half_at(b) * static_cast<float>(static_cast<int8_t>(b[2 + l]));
+        }
+        case GgmlType::Q4_0:
+            Decoder<GgmlType::Q4_0>::decode8(head + (e / 32) * 18, base, out);
+            break;
+        case GgmlType::Q4_1:
+            Decoder<GgmlType::Q4_1>::decode8(head + (e / 32) * 20, base, out);
+            break;
+        case GgmlType::Q5_0:
+            Decoder<GgmlType::Q5_0>::decode8(head + (e / 32) * 22, base, out);
+            break;
+        case GgmlType::Q5_1:
+            Decoder<GgmlType::Q5_1>::decode8(head + (e / 32) * 24, base, out);
+            break;
+        case GgmlType::IQ4_NL:
+            Decoder<GgmlType::IQ4_NL>::decode8(head + (e / 32) * 18, base, out);
+            break;
+        default:
+            return 0.0f;
+    }
+    return out[l % 8];
 }
 
 // Calls fn(std::integral_constant-like tag) for a runtime type among those with a Decoder.

@@ -141,4 +141,11 @@ struct KvAttentionArgs {
 void attention_kv(const float* q, int64_t n_tok, const KvLayout& k, const KvLayout& v, const KvAttentionArgs& args,
                   float* out, Stream s);
 
+// ---- For tests without a GPU ----------------------------------------------------------------------
+
+// The kernels' own block decoding (common.cuh), run on the host: elements [0, n) of a row of `type`
+// as matmul (matmul_supports' types, n a multiple of 8) or attention (kv_read_supports' others)
+// reads them. Throws std::invalid_argument for other types.
+void decode_row_on_host(quant::GgmlType type, const void* row, int64_t n, float* out);
+
 }  // namespace fitllm::backend::cuda

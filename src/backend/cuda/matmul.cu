@@ -147,4 +147,18 @@ void matmul(GgmlType type, const void* w, int64_t rows, int64_t cols, size_t row
     });
 }
 
+void decode_row_on_host(GgmlType type, const void* row, int64_t n, float* out) {
+    const auto* bytes = static_cast<const uint8_t*>(row);
+    const bool done = dispatch_type(type, [&](auto tag) {
+        constexpr GgmlType T = decltype(tag)::value;
+        for (int64_t e = 0; e + 8 <= n; e += 8) decode8_of_row<T>(bytes, e, out + e);
+    });
+    if (done) return;
+    if (!kv_read_supports(type)) {
+        throw std::invalid_argument("cuda::decode_row_on_host: no decoding for " +
+                                    std::string(quant::traits(type).name));
+    }
+    for (int64_t e = 0; e < n; ++e) out[e] = kv_elem(type, bytes, static_cast<int>(e));
+}
+
 }  // namespace fitllm::backend::cuda
