@@ -322,8 +322,75 @@ struct KvCase {
     int window;
 };
 
-// Two sequences sharing a prefix, a removed range (holes) and a sliding window: a host cache filled
-// with rows the device stores too, the stored bytes compared, then attention on both sides.
+// What kv_store should write for one row: each head rotated when asked (kv::hadamard_transform, the
+// same butterflies as the kernel), then converted as the host converts (quantize_row; F32 copied).
+std::vector<uint8_t> expected_row(GgmlType type, const float* row, int n_head_kv, int head_dim, size_t head_bytes,
+                                  bool rotate) {
+    std::vector<uint8_t> out(head_bytes * n_head_kv);
+    std::vector<float> head(head_dim);
+    for (int h = 0; h < n_head_kv; ++h) {
+        std::copy(row + h * head_dim, row + (h + 1) * head_dim, head.begin());
+        if (rotate) kv::hadamard_transform(head.data(), head_dim);
+        if (type == GgmlType::F32) {
+            std::memcpy(out.data() + h * head_bytes, head.data(), head_dim * sizeof(float));
+        } else {
+            quant::quantize_row(type, head.data(), out.data() + h * head_bytes, head_dim);
+        }
+    }
+    return out;
+}
+
+// Attention in double over K/V given as floats per cell (un-rotated), with the visibility rules of
+// kernels.h: the exact answer for what the device holds.
+std::vector<float> exact_attention(const std::vector<float>& q, const std::vector<kv::Pos>& q_pos,
+                                   const std::vector<kv::SeqId>& q_seq, const kv::KvCache& cache,
+                                   const std::vector<std::vector<float> >& k, const std::vector<std::vector<float> >& v,
+                                   const ops::AttentionParams& p) {
+    const int d = p.head_dim, group = p.n_head / p.n_head_kv;
+    std::vector<float> out(q.size(), 0.0f);
+    for (size_t t = 0; t < q_pos.size(); ++t) {
+        std::vector<int32_t> cells;
+        for (const int32_t b : cache.seq_blocks(q_seq[t])) {
+            for (int32_t c = b * cache.params().block_size; c < (b + 1) * cache.params().block_size; ++c) {
+                const kv::Pos pos = cache.cell_pos(c);
+                if (c < cache.capacity() && cache.cell_has_seq(c, q_seq[t]) && pos <= q_pos[t] &&
+                    (p.sliding_window <= 0 || pos > q_pos[t] - p.sliding_window)) {
+                    cells.push_back(c);
+                }
+            }
+        }
+        for (int h = 0; h < p.n_head; ++h) {
+            const float* qh = q.data() + (t * p.n_head + h) * d;
+            const int g = h / group;
+            std::vector<double> score;
+            double max = -1e300;
+            for (const int32_t c : cells) {
+                double dot = 0.0;
+                for (int i = 0; i < d; ++i) dot += static_cast<double>(qh[i]) * k[c][g * d + i];
+                double sc = dot * p.scale;
+                if (p.softcap > 0.0f) sc = p.softcap * std::tanh(sc / p.softcap);
+                score.push_back(sc);
+                max = std::max(max, sc);
+            }
+            double sum = 0.0;
+            std::vector<double> acc(d, 0.0);
+            for (size_t j = 0; j < cells.size(); ++j) {
+                const double w = std::exp(score[j] - max);
+                sum += w;
+                for (int i = 0; i < d; ++i) acc[i] += w * v[cells[j]][g * d + i];
+            }
+            for (int i = 0; i < d; ++i)
+                out[(t * p.n_head + h) * d + i] = sum > 0 ? static_cast<float>(acc[i] / sum) : 0;
+        }
+    }
+    return out;
+}
+
+// Two sequences sharing a prefix, a removed range (holes) and a sliding window, in a host cache
+// that keeps the bookkeeping. The device stores the same rows: its bytes are compared with what the
+// host's conversions give, and its attention over them with exact attention over their values.
+// Then the device attends the host cache's own bytes (as a host-held KV pool is attended, with the
+// cache's K transform, kv/key_transform.h), compared with ops::attention_kv over the same bytes.
 void run_kv_case(const KvCase& kc) {
     SCOPED_TRACE(std::string(quant::traits(kc.type).name) + (kc.rotate ? " rotated" : "") + " window " +
                  std::to_string(kc.window));
@@ -355,9 +422,9 @@ void run_kv_case(const KvCase& kc) {
     const std::vector<float> k = gaussian(11, n_rows * width), v = gaussian(12, n_rows * width);
     cache.store(0, cells, k.data(), v.data());
     const kv::KvCache::LayerView view = cache.layer_view(0);
-    ASSERT_EQ(view.rotated, kc.rotate && kc.type == GgmlType::Q8_0);
+    const bool rotated = kc.rotate && kc.type == GgmlType::Q8_0;
+    ASSERT_EQ(view.rotated, rotated);
 
-    // The device stores the same rows into zeroed copies of the layout.
     const size_t k_bytes = view.k_row_bytes * static_cast<size_t>(cache.capacity());
     const size_t v_bytes = view.v_row_bytes * static_cast<size_t>(cache.capacity());
     DeviceBuffer dk(k_bytes), dv(v_bytes), dk_rows(k), dv_rows(v), dcells(cells);
@@ -367,30 +434,33 @@ void run_kv_case(const KvCase& kc) {
                             .head_bytes = view.k_head_bytes,
                             .n_head_kv = n_head_kv,
                             .head_dim = head_dim,
-                            .rotated = view.rotated};
+                            .rotated = rotated};
     KvLayout v_layout = k_layout;
     v_layout.data = dv.get();
     v_layout.row_bytes = view.v_row_bytes;
     v_layout.head_bytes = view.v_head_bytes;
     kv_store(k_layout, dk_rows.get<float>(), dcells.get<int32_t>(), static_cast<int64_t>(n_rows), nullptr);
     kv_store(v_layout, dv_rows.get<float>(), dcells.get<int32_t>(), static_cast<int64_t>(n_rows), nullptr);
-    const std::vector<uint8_t> k_dev = dk.read<uint8_t>();
-    // Stored rows decode to the host's within one quantization step (Q8_0: the same rounding, but the
-    // rotation's float sums may differ in the last bit); plain types byte for byte.
+    const std::vector<uint8_t> k_dev = dk.read<uint8_t>(), v_dev = dv.read<uint8_t>();
+    // The stored bytes, and the values they hold (un-rotated) for the exact reference.
+    std::vector<std::vector<float> > k_val(cache.capacity(), std::vector<float>(width)),
+        v_val(cache.capacity(), std::vector<float>(width));
     for (size_t i = 0; i < n_rows; ++i) {
-        std::vector<float> host(width), dev(width);
-        cache.read_k(0, cells[i], host.data());
-        const uint8_t* row = k_dev.data() + static_cast<size_t>(cells[i]) * view.k_row_bytes;
-        for (int h = 0; h < n_head_kv; ++h) {
-            quant::dequantize_row(kc.type, row + h * view.k_head_bytes, dev.data() + h * head_dim, head_dim);
-        }
-        if (view.rotated) kv::hadamard_transform_rows(dev.data(), n_head_kv, head_dim);
-        if (kc.type == GgmlType::Q8_0) {
-            expect_close(dev, host, 0.0f, 0.03f, "stored K");
-        } else {
-            ASSERT_EQ(0, std::memcmp(row, view.k + static_cast<size_t>(cells[i]) * view.k_row_bytes,
-                                     view.k_head_bytes * n_head_kv))
-                << "stored K row " << i;
+        const size_t c = static_cast<size_t>(cells[i]);
+        for (const bool is_k : {true, false}) {
+            const std::vector<uint8_t>& dev = is_k ? k_dev : v_dev;
+            const size_t row_bytes = is_k ? view.k_row_bytes : view.v_row_bytes;
+            const size_t head_bytes = is_k ? view.k_head_bytes : view.v_head_bytes;
+            const std::vector<uint8_t> want =
+                expected_row(kc.type, (is_k ? k : v).data() + i * width, n_head_kv, head_dim, head_bytes, rotated);
+            ASSERT_EQ(0, std::memcmp(dev.data() + c * row_bytes, want.data(), want.size()))
+                << (is_k ? "K" : "V") << " row " << i << " (cell " << c << ") differs from the host's conversion";
+            float* val = (is_k ? k_val : v_val)[c].data();
+            for (int h = 0; h < n_head_kv; ++h) {
+                quant::dequantize_row(kc.type, dev.data() + c * row_bytes + h * head_bytes, val + h * head_dim,
+                                      head_dim);
+            }
+            if (rotated) kv::hadamard_transform_rows(val, n_head_kv, head_dim);
         }
     }
 
@@ -399,16 +469,12 @@ void run_kv_case(const KvCase& kc) {
     const std::vector<kv::Pos> q_pos = {70, 71, 30, 64};
     const int n_tok = static_cast<int>(q_seq.size());
     const std::vector<float> q = gaussian(13, static_cast<size_t>(n_tok) * n_head * head_dim);
-    ops::AttentionParams ap{.n_head = n_head,
-                            .n_head_kv = n_head_kv,
-                            .head_dim = head_dim,
-                            .scale = 1.0f / std::sqrt(static_cast<float>(head_dim)),
-                            .softcap = kc.window > 0 ? 30.0f : 0.0f,
-                            .sliding_window = kc.window};
-    std::vector<float> want(q.size());
-    ops::ThreadPool pool(1);
-    ops::Scratch scratch;
-    ops::attention_kv(q.data(), q_pos.data(), q_seq.data(), n_tok, cache, 0, ap, want.data(), pool, scratch);
+    const ops::AttentionParams ap{.n_head = n_head,
+                                  .n_head_kv = n_head_kv,
+                                  .head_dim = head_dim,
+                                  .scale = 1.0f / std::sqrt(static_cast<float>(head_dim)),
+                                  .softcap = kc.window > 0 ? 30.0f : 0.0f,
+                                  .sliding_window = kc.window};
 
     // The host's bookkeeping on the device: its cells' positions and sequence sets, the block tables.
     std::vector<int32_t> blocks, seq_blocks = {0};
@@ -436,8 +502,74 @@ void run_kv_case(const KvCase& kc) {
                          .seq_blocks = dseq_blocks.get<int32_t>(),
                          .block_size = params.block_size};
     attention_kv(dq.get<float>(), n_tok, k_layout, v_layout, args, dout.get<float>(), nullptr);
-    // The CPU's f16 path rounds q to f16 and sums V in f16; 3e-3 on outputs of magnitude ~0.1-1.
-    expect_close(dout.read<float>(), want, 1e-2f, 3e-3f, "attention");
+    // Float online softmax against double: 1e-4.
+    expect_close(dout.read<float>(), exact_attention(q, q_pos, q_seq, cache, k_val, v_val, ap), 1e-4f, 1e-4f,
+                 "attention over the device's K/V");
+
+    // The host cache's own bytes (as a host-held pool is attended), with its K transform if any.
+    std::vector<float> want(q.size());
+    ops::ThreadPool pool(1);
+    ops::Scratch scratch;
+    ops::attention_kv(q.data(), q_pos.data(), q_seq.data(), n_tok, cache, 0, ap, want.data(), pool, scratch);
+    const auto* host_k = reinterpret_cast<const uint8_t*>(view.k);
+    const auto* host_v = reinterpret_cast<const uint8_t*>(view.v);
+    DeviceBuffer hk(std::vector<uint8_t>(host_k, host_k + k_bytes)), hv(std::vector<uint8_t>(host_v, host_v + v_bytes));
+    const size_t transform = view.q_scale != nullptr ? static_cast<size_t>(width) : 0;
+    DeviceBuffer dq_scale(std::vector<float>(view.q_scale, view.q_scale + transform)),
+        dk_center(std::vector<float>(view.k_center, view.k_center + transform));
+    args.q_scale = transform > 0 ? dq_scale.get<float>() : nullptr;
+    args.k_center = transform > 0 ? dk_center.get<float>() : nullptr;
+    KvLayout hk_layout = k_layout, hv_layout = v_layout;
+    hk_layout.data = hk.get();
+    hv_layout.data = hv.get();
+    attention_kv(dq.get<float>(), n_tok, hk_layout, hv_layout, args, dout.get<float>(), nullptr);
+    // The CPU's f16 path rounds q to f16 and sums V in f16: 3e-3 on outputs of magnitude ~0.1-1.
+    expect_close(dout.read<float>(), want, 1e-2f, 3e-3f, "attention over the host cache's K/V");
+}
+
+// The test's exact reference (above) against ops::attention_kv on an f32 cache, where the CPU reads
+// the values as stored: the visibility rules the kernel and the reference share are the CPU's.
+// Runs without a GPU.
+TEST(CudaKernels, ExactAttentionReferenceAgreesWithTheCpu) {
+    for (const int window : {0, 24}) {
+        SCOPED_TRACE("window " + std::to_string(window));
+        const int n_head = 4, n_head_kv = 2, head_dim = 64, width = n_head_kv * head_dim;
+        kv::CacheParams params;
+        params.n_cells = 128;
+        params.n_seq_max = 2;
+        params.block_size = 16;
+        params.type_k = params.type_v = GgmlType::F32;
+        kv::KvCache cache({kv::LayerShape{n_head_kv, head_dim, head_dim}}, params);
+        std::vector<kv::SeqId> seq(50, 0);
+        std::vector<kv::Pos> pos(50);
+        for (int i = 0; i < 50; ++i) pos[i] = i;
+        std::vector<int32_t> cells(50);
+        cache.place(seq, pos, cells);
+        cache.seq_cp(0, 1, 0, 30);
+        cache.seq_rm(0, 5, 12);
+        const std::vector<float> k = gaussian(31, 50 * width), v = gaussian(32, 50 * width);
+        cache.store(0, cells, k.data(), v.data());
+        std::vector<std::vector<float> > k_val(cache.capacity(), std::vector<float>(width)),
+            v_val(cache.capacity(), std::vector<float>(width));
+        for (int32_t c = 0; c < cache.capacity(); ++c) {
+            cache.read_k(0, c, k_val[c].data());
+            cache.read_v(0, c, v_val[c].data());
+        }
+        const std::vector<kv::SeqId> q_seq = {0, 0, 1};
+        const std::vector<kv::Pos> q_pos = {49, 20, 29};
+        const std::vector<float> q = gaussian(33, q_seq.size() * n_head * head_dim);
+        const ops::AttentionParams ap{.n_head = n_head,
+                                      .n_head_kv = n_head_kv,
+                                      .head_dim = head_dim,
+                                      .scale = 0.125f,
+                                      .softcap = window > 0 ? 30.0f : 0.0f,
+                                      .sliding_window = window};
+        std::vector<float> want(q.size());
+        ops::ThreadPool pool(1);
+        ops::Scratch scratch;
+        ops::attention_kv(q.data(), q_pos.data(), q_seq.data(), 3, cache, 0, ap, want.data(), pool, scratch);
+        expect_close(exact_attention(q, q_pos, q_seq, cache, k_val, v_val, ap), want, 1e-4f, 1e-5f, "reference");
+    }
 }
 
 TEST(CudaKernels, KvStoreAndAttention) {

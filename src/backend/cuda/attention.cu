@@ -108,9 +108,23 @@ __global__ void __launch_bounds__(kAttnWarps * 32) attention_kernel(const float*
     const int g = h / (a.n_head / a.n_head_kv);
     const int lane = threadIdx.x % 32, warp = threadIdx.x / 32;
     const float* qh = q + (static_cast<int64_t>(t) * a.n_head + h) * d;
+    __shared__ float bias_s;  // soft-capping with centred K: scale * (q . c) back before the cap
     for (int i = threadIdx.x; i < d; i += blockDim.x) q_s[i] = qh[i];
+    if (threadIdx.x < 32) {
+        float dot = 0.0f;
+        if (a.k_center != nullptr && a.softcap > 0.0f) {
+            for (int i = threadIdx.x; i < d; i += 32) dot += qh[i] * a.k_center[g * d + i];
+        }
+        dot = warp_sum(dot);
+        if (threadIdx.x == 0) bias_s = dot * a.scale;
+    }
+    if (a.q_scale != nullptr) {
+        __syncthreads();
+        for (int i = threadIdx.x; i < d; i += blockDim.x) q_s[i] *= a.q_scale[g * d + i];
+    }
     if (p.rotated_k) hadamard_shared(q_s, d, p.rotate_scale);
     __syncthreads();
+    const float bias = bias_s;
     float qr[kPerLane], acc[kPerLane];
 #pragma unroll
     for (int k = 0; k < kPerLane; ++k) {
@@ -147,7 +161,7 @@ __global__ void __launch_bounds__(kAttnWarps * 32) attention_kernel(const float*
                 if (lane + 32 * k < d) partial += qr[k] * kv_elem(p.type_k, kh, lane + 32 * k);
             }
             float s = warp_sum(partial) * a.scale;
-            if (a.softcap > 0.0f) s = a.softcap * tanhf(s / a.softcap);
+            if (a.softcap > 0.0f) s = a.softcap * tanhf((s + bias) / a.softcap);
             if (s > m) {
                 const float correction = expf(m - s);  // 0 for the first visible cell
                 l *= correction;

@@ -179,8 +179,8 @@ private:
         buf = alloc(pool, want, what);
     }
 
-    void upload_meta(KvMirror& m, const kv::KvCache& cache, const BatchRows& rows, const int32_t*& q_pos,
-                     const int32_t*& q_seq);
+    void upload_meta(KvMirror& m, const kv::KvCache& cache, int layer, const BatchRows& rows, const int32_t*& q_pos,
+                     const int32_t*& q_seq, const float*& q_scale, const float*& k_center);
 
     std::string name_;
     int ordinal_;
@@ -246,8 +246,9 @@ void CudaBackend::kv_store(kv::KvCache& cache, int layer, std::span<const int32_
     cache.store(layer, cells, k_host.data(), v_host.data());
 }
 
-void CudaBackend::upload_meta(KvMirror& m, const kv::KvCache& cache, const BatchRows& rows, const int32_t*& q_pos,
-                              const int32_t*& q_seq) {
+void CudaBackend::upload_meta(KvMirror& m, const kv::KvCache& cache, int layer, const BatchRows& rows,
+                              const int32_t*& q_pos, const int32_t*& q_seq, const float*& q_scale,
+                              const float*& k_center) {
     // The bookkeeping changes only when the batch is placed; the layers of one batch share it.
     const std::span<const kv::Pos> positions = cache.cell_positions();
     const std::span<const uint64_t> masks = cache.cell_seq_masks();
@@ -276,13 +277,25 @@ void CudaBackend::upload_meta(KvMirror& m, const kv::KvCache& cache, const Batch
     m.blocks = reinterpret_cast<const int32_t*>(base + blocks_at);
     m.seq_blocks = reinterpret_cast<const int32_t*>(base + seq_at);
 
-    std::vector<int32_t> batch(2 * static_cast<size_t>(rows.n));
+    // Then the batch's positions and sequences, and the K transform of a host pool's layer
+    // (kv/key_transform.h; none for a pool held here, whose K the kernels store as is).
+    const kv::KvCache::LayerView view = cache.layer_view(layer);
+    const size_t n = static_cast<size_t>(rows.n);
+    const size_t transform =
+        !m.on_device && view.q_scale != nullptr ? static_cast<size_t>(view.n_head_kv) * view.head_dim_k : 0;
+    std::vector<int32_t> batch(2 * n + 2 * transform);
     std::copy(rows.positions, rows.positions + rows.n, batch.begin());
     std::copy(rows.seq_ids, rows.seq_ids + rows.n, batch.begin() + rows.n);
+    if (transform > 0) {
+        std::memcpy(batch.data() + 2 * n, view.q_scale, transform * sizeof(float));
+        std::memcpy(batch.data() + 2 * n + transform, view.k_center, transform * sizeof(float));
+    }
     grow(batch_, batch.size() * sizeof(int32_t), pools::kScratch, "attention batch arrays");
     cuda::copy_to_device(batch_.data(), batch.data(), batch.size() * sizeof(int32_t), stream_);
     q_pos = static_cast<const int32_t*>(batch_.data());
     q_seq = q_pos + rows.n;
+    q_scale = transform > 0 ? reinterpret_cast<const float*>(q_pos + 2 * n) : nullptr;
+    k_center = transform > 0 ? q_scale + transform : nullptr;
 }
 
 void CudaBackend::attention(const float* q, const BatchRows& rows, const kv::KvCache& cache, int layer,
@@ -303,7 +316,9 @@ void CudaBackend::attention(const float* q, const BatchRows& rows, const kv::KvC
     }
     const int32_t* q_pos = nullptr;
     const int32_t* q_seq = nullptr;
-    upload_meta(m, cache, rows, q_pos, q_seq);
+    const float* q_scale = nullptr;
+    const float* k_center = nullptr;
+    upload_meta(m, cache, layer, rows, q_pos, q_seq, q_scale, k_center);
 
     void* k = nullptr;
     void* v = nullptr;
@@ -311,11 +326,6 @@ void CudaBackend::attention(const float* q, const BatchRows& rows, const kv::KvC
         k = m.k[static_cast<size_t>(layer)];
         v = m.v[static_cast<size_t>(layer)];
     } else {
-        if (view.q_scale != nullptr) {  // kv/key_transform.h: q would need the matching scales
-            throw std::invalid_argument(name_ +
-                                        ": quantized K held on the host is stored centred and scaled, which "
-                                        "the CUDA attention does not apply to q yet; run with --no-kv-rotation");
-        }
         // Host K/V: the rows up to the last cell in use come over for this call.
         const std::span<const uint64_t> masks = cache.cell_seq_masks();
         size_t used = masks.size();
@@ -341,7 +351,9 @@ void CudaBackend::attention(const float* q, const BatchRows& rows, const kv::KvC
                                      .capacity = cache.capacity(),
                                      .blocks = m.blocks,
                                      .seq_blocks = m.seq_blocks,
-                                     .block_size = cache.params().block_size};
+                                     .block_size = cache.params().block_size,
+                                     .q_scale = q_scale,
+                                     .k_center = k_center};
     cuda::attention_kv(q, rows.n, layout_of(view, true, k), layout_of(view, false, v), args, out, stream_);
 }
 

@@ -132,6 +132,11 @@ struct KvAttentionArgs {
     const int32_t* seq_blocks = nullptr;  // device [n_seq + 1]: sequence s's blocks are
                                           // blocks[seq_blocks[s] .. seq_blocks[s + 1])
     int block_size = 0;
+    // K stored centred and scaled (kv/key_transform.h, the host cache's quantized K): q is
+    // multiplied by q_scale (device, [n_head_kv * head_dim]) before the rotation, and with
+    // soft-capping scale * (q . k_center) goes back into each score before the cap. nullptr: none.
+    const float* q_scale = nullptr;
+    const float* k_center = nullptr;
 };
 // out[t][h] = sum over visible cells c of softmax(scale * q[t][h] . K[c][g]) V[c][g], g the kv
 // head of h; a cell is visible to token t when it is in a block of q_seq[t]'s table, its sequence
