@@ -7,6 +7,8 @@
 #   4. fitllm bench -p 512 -n 128 -ngl 99 on a generated 8B-shaped Llama Q4_K_M, with the bandwidth
 #      roofline (model bytes per token x tokens/s against the H200's 4.8 TB/s)
 # Logs go to $OUT (or gpu-check-logs/); summary.txt there says what passed, failed or was skipped.
+# GPU_FLAGS: more flags for `run` and `bench` to put layers on the GPU (e.g. "--device cuda0");
+# MODEL8B: where the 8B model is (generated there when missing); GPU_ARCH: CMAKE_CUDA_ARCHITECTURES.
 #
 #   scripts/gpu_prepare.sh         # here, before: Debian packages the build needs, into .gpu/
 #   scripts/gpu_check.sh           # there (device tool: command "bash scripts/gpu_check.sh", carry [".gpu"])
@@ -67,10 +69,12 @@ if ls .gpu/debs/*.deb >/dev/null 2>&1 && ! pkg-config --exists libpcre2-8 libutf
     export LD_LIBRARY_PATH=$DEPS/usr/lib/x86_64-linux-gnu:$DEPS/lib/x86_64-linux-gnu:${LD_LIBRARY_PATH:-}
     say "build dependencies from .gpu/debs, unpacked in $DEPS"
 fi
-BUILD=build-gpu
+BUILD=${GPU_CHECK_BUILD:-build-gpu}  # GPU_CHECK_BUILD=build: an existing build (ninja brings it up to date)
 FITLLM=$BUILD/fitllm
 TESTS=$BUILD/tests/fitllm_tests
-if step configure 120 cmake -S . -B $BUILD -G Ninja -DCMAKE_BUILD_TYPE=Release -DFITLLM_CUDA=ON \
+if [ -n "${GPU_CHECK_BUILD:-}" ] && step build 300 ninja -C "$BUILD" fitllm fitllm_tests; then
+    :
+elif step configure 120 cmake -S . -B $BUILD -G Ninja -DCMAKE_BUILD_TYPE=Release -DFITLLM_CUDA=ON \
     -DFITLLM_BUILD_BENCH=OFF "-DCMAKE_CUDA_ARCHITECTURES=${GPU_ARCH:-90}" &&
     step build 300 ninja -C $BUILD -j16 fitllm fitllm_tests; then
     grep -E "^\[[0-9]+/[0-9]+\]" "$LOG/build.log" | tail -1 >>"$SUMMARY"
@@ -86,7 +90,7 @@ fi
 
 # ---- 2. Unit tests -------------------------------------------------------------------------------
 step cuda_unit_tests 120 "$TESTS" --gtest_filter='Cuda*' --gtest_color=no
-grep -E "^\[  (PASSED|FAILED|SKIPPED) " "$LOG/cuda_unit_tests.log" | head -30 >>"$SUMMARY"
+grep -E "^\[  (PASSED|FAILED|SKIPPED) " "$LOG/cuda_unit_tests.log" | head -30 | tee -a "$SUMMARY"
 
 # ---- 3. Greedy equality through the command line -------------------------------------------------
 # GPU_FLAGS: anything else the command line needs to put layers on the GPU (e.g. "--device cuda0").
@@ -115,7 +119,7 @@ if "$FITLLM" run --help 2>&1 | grep -q -- '-ngl'; then
         tests/model/data/tiny-llama-q8_0.gguf models/gemma-3-270m-q4_k_m.gguf models/bench/llama-1b-q4_k_m.gguf; do
         [ -f "$m" ] || { say "SKIP greedy $m: not here"; continue; }
         step "greedy_$(basename "$m" .gguf)" 90 greedy "$m" 1 2 99
-        cat "$LOG/greedy_$(basename "$m" .gguf).log" >>"$SUMMARY"
+        tee -a "$SUMMARY" <"$LOG/greedy_$(basename "$m" .gguf).log"
     done
 else
     say "SKIP greedy equality and bench -ngl: this fitllm's run has no -ngl (not wired yet)"
