@@ -2,8 +2,10 @@
 // stream per device. Compiled by the host compiler; every CUDA call is behind kernels.h.
 //
 // Memory: buffers are cudaMalloc'ed after Backend::alloc charged the device's pool. The batch's
-// small host arrays (positions, cells, the cache's bookkeeping) go to the device through one
-// staging buffer charged to "scratch"; the copies are stream-ordered, so the next op may reuse it.
+// small host arrays (positions, cells, the cache's bookkeeping) go to the device through buffers
+// charged to "scratch", copied only when they change: the layers of a batch pass the same ones,
+// and a copy from pageable host memory waits for the stream, which would leave the GPU idle
+// between layers while the host queues the next kernels.
 //
 // The KV cache: a pool made for this device (on_device) keeps its K/V here, one buffer per layer
 // ([capacity] rows laid out as the host pool's LayerView), written by kv_store's kernel; the host
@@ -57,8 +59,7 @@ public:
         } catch (...) {  // an earlier kernel's fault; nothing left to report it to
         }
         kv_.clear();
-        staging_ = Buffer();
-        batch_ = Buffer();
+        positions_ = Upload();
         cuda::destroy_stream(stream_);
     }
 
@@ -85,7 +86,8 @@ public:
     }
     void rope(float* x, const int32_t* positions, int64_t n_tok, int n_head, int head_dim,
               const ops::RopeParams& params) override {
-        const int32_t* pos = stage(std::span<const int32_t>(positions, static_cast<size_t>(n_tok)));
+        const auto* pos = static_cast<const int32_t*>(
+            upload(positions_, positions, static_cast<size_t>(n_tok) * sizeof(int32_t), "rope positions"));
         cuda::rope(x, pos, n_tok, n_head, head_dim, rope_args(params), stream_);
     }
     void add(const float* a, const float* b, int64_t n, float* y) override { cuda::add(a, b, n, y, stream_); }
@@ -123,12 +125,19 @@ protected:
     void raw_free(void* data) noexcept override { cuda::device_free(data); }
 
 private:
+    // Host bytes last copied to buf (see upload()).
+    struct Upload {
+        std::vector<uint8_t> last;
+        Buffer buf;
+    };
+
     // The device side of one attached kv::KvCache.
     struct KvMirror {
         bool on_device = false;
         std::vector<void*> k, v;            // on_device: per layer, [capacity] rows (uncharged, see top)
-        std::vector<uint8_t> last_meta;     // the bookkeeping last copied to meta
-        Buffer meta;                        // cell positions, sequence masks, block tables
+        Upload meta;                        // cell positions, sequence masks, block tables
+        Upload cells;                       // the cells kv_store writes
+        Upload batch;                       // attention's positions, sequences (and K transform)
         const int32_t* cell_pos = nullptr;  // inside meta
         const uint64_t* cell_seqs = nullptr;
         const int32_t* blocks = nullptr;
@@ -159,15 +168,15 @@ private:
         return it->second;
     }
 
-    // Copies host ints to the staging buffer (after what earlier calls of this op staged... each
-    // call stages once: the previous contents are consumed in stream order before the copy).
-    template <class T>
-    const T* stage(std::span<const T> host) {
-        const size_t bytes = host.size_bytes();
+    // Copies `bytes` of host data to up.buf unless it holds them already; returns up.buf.
+    const void* upload(Upload& up, const void* host, size_t bytes, const char* what) {
         if (bytes == 0) return nullptr;
-        grow(staging_, bytes, pools::kScratch, "staged batch arrays");
-        cuda::copy_to_device(staging_.data(), host.data(), bytes, stream_);
-        return static_cast<const T*>(staging_.data());
+        const auto* h = static_cast<const uint8_t*>(host);
+        if (up.last.size() == bytes && std::memcmp(up.last.data(), h, bytes) == 0) return up.buf.data();
+        grow(up.buf, bytes, pools::kScratch, what);
+        cuda::copy_to_device(up.buf.data(), host, bytes, stream_);
+        up.last.assign(h, h + bytes);
+        return up.buf.data();
     }
 
     // Makes buf at least `bytes` (doubling), synchronizing first: kernels may still read the old one.
@@ -185,8 +194,7 @@ private:
     std::string name_;
     int ordinal_;
     cuda::Stream stream_;
-    Buffer staging_;
-    Buffer batch_;  // q positions and sequence ids of an attention call
+    Upload positions_;  // rope's
     std::map<const kv::KvCache*, KvMirror> kv_;
 };
 
@@ -232,7 +240,8 @@ void CudaBackend::kv_store(kv::KvCache& cache, int layer, std::span<const int32_
     const int64_t n = static_cast<int64_t>(cells.size());
     if (n == 0) return;
     if (m.on_device) {
-        const int32_t* d_cells = stage(cells);
+        const auto* d_cells =
+            static_cast<const int32_t*>(upload(m.cells, cells.data(), cells.size_bytes(), "KV cells"));
         cuda::kv_store(layout_of(view, true, m.k[static_cast<size_t>(layer)]), k, d_cells, n, stream_);
         cuda::kv_store(layout_of(view, false, m.v[static_cast<size_t>(layer)]), v, d_cells, n, stream_);
         return;
@@ -266,12 +275,7 @@ void CudaBackend::upload_meta(KvMirror& m, const kv::KvCache& cache, int layer, 
     std::memcpy(meta.data() + pos_at, positions.data(), positions.size_bytes());
     std::memcpy(meta.data() + blocks_at, blocks.data(), blocks.size() * sizeof(int32_t));
     std::memcpy(meta.data() + seq_at, seq_blocks.data(), seq_blocks.size() * sizeof(int32_t));
-    if (meta != m.last_meta) {
-        grow(m.meta, bytes, pools::kScratch, "KV cache bookkeeping");
-        cuda::copy_to_device(m.meta.data(), meta.data(), bytes, stream_);
-        m.last_meta = std::move(meta);
-    }
-    auto* base = static_cast<uint8_t*>(m.meta.data());
+    const auto* base = static_cast<const uint8_t*>(upload(m.meta, meta.data(), bytes, "KV cache bookkeeping"));
     m.cell_seqs = reinterpret_cast<const uint64_t*>(base + masks_at);
     m.cell_pos = reinterpret_cast<const int32_t*>(base + pos_at);
     m.blocks = reinterpret_cast<const int32_t*>(base + blocks_at);
@@ -290,9 +294,8 @@ void CudaBackend::upload_meta(KvMirror& m, const kv::KvCache& cache, int layer, 
         std::memcpy(batch.data() + 2 * n, view.q_scale, transform * sizeof(float));
         std::memcpy(batch.data() + 2 * n + transform, view.k_center, transform * sizeof(float));
     }
-    grow(batch_, batch.size() * sizeof(int32_t), pools::kScratch, "attention batch arrays");
-    cuda::copy_to_device(batch_.data(), batch.data(), batch.size() * sizeof(int32_t), stream_);
-    q_pos = static_cast<const int32_t*>(batch_.data());
+    q_pos = static_cast<const int32_t*>(
+        upload(m.batch, batch.data(), batch.size() * sizeof(int32_t), "attention batch arrays"));
     q_seq = q_pos + rows.n;
     q_scale = transform > 0 ? reinterpret_cast<const float*>(q_pos + 2 * n) : nullptr;
     k_center = transform > 0 ? q_scale + transform : nullptr;
