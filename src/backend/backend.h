@@ -205,7 +205,8 @@ int cuda_device_count();
 // With n_offload_layers = N > 0 on device D (model::LoadOptions), for a model of L layers
 // (model/offload.h computes each number):
 //  D "weights" (model::device_weight_bytes): one Buffer per tensor of each offloaded layer il in
-//    [L - min(N, L), L) (tensors named "blk.<il>.*"), each n_bytes rounded up to kBufferAlign;
+//    [L - min(N, L), L) (tensors named "blk.<il>.*"), each n_bytes + 64 (model::kWeightSkew)
+//    rounded up to kBufferAlign;
 //    when N > L also output_norm.weight and the output matrix (output.weight, or a copy of
 //    token_embd.weight when tied); for a llama file with rope_freqs.weight, that too.
 //  D "scratch" (model::device_scratch_bytes for a batch of n): the activations of the largest

@@ -1110,13 +1110,19 @@ struct PoolSetup {
     std::vector<int> pool_of, index_in_pool;
     std::vector<std::vector<LayerShape>> layers;
     std::vector<CacheParams> params;
+    std::vector<int> device;  // per pool
 };
 
 PoolSetup plan_pools(const std::vector<LayerShape>& layers, const std::vector<int>& layer_window, CacheParams params,
-                     int n_batch) {
+                     int n_batch, const std::vector<int>& layer_device,
+                     const std::vector<memory::Pool*>& device_pools) {
     if (layers.size() != layer_window.size()) {
         throw std::invalid_argument("ModelCache: " + std::to_string(layers.size()) + " layer shapes but " +
                                     std::to_string(layer_window.size()) + " layer windows");
+    }
+    if (!layer_device.empty() && layer_device.size() != layers.size()) {
+        throw std::invalid_argument("ModelCache: " + std::to_string(layers.size()) + " layer shapes but " +
+                                    std::to_string(layer_device.size()) + " layer devices");
     }
     if (n_batch < 1)
         throw std::invalid_argument("ModelCache: n_batch " + std::to_string(n_batch) + " must be at least 1");
@@ -1127,43 +1133,57 @@ PoolSetup plan_pools(const std::vector<LayerShape>& layers, const std::vector<in
     PoolSetup setup;
     setup.capacity = static_cast<int>(round_up(std::max(params.n_cells, 1), params.block_size));
 
-    // The pool of each layer, keyed by its window (0: full attention). A window pool that would be
-    // no smaller than the full one is the full one.
-    std::vector<int> windows(layer_window.size());
+    // The pool of each layer, keyed by its window (0: full attention) and its device (0: the host).
+    // A window pool that would be no smaller than the full one is the full one.
+    std::vector<std::pair<int, int>> keys(layer_window.size());
     for (size_t il = 0; il < layer_window.size(); ++il) {
         const int w = layer_window[il];
         if (w < 0) {
             throw std::invalid_argument("ModelCache: layer " + std::to_string(il) + " has window " + std::to_string(w));
         }
-        windows[il] = w > 0 && ModelCache::window_pool_cells(params, w, n_batch) < setup.capacity ? w : 0;
+        const int d = layer_device.empty() ? 0 : layer_device[il];
+        if (d < 0 || static_cast<size_t>(d) > device_pools.size() || (d > 0 && device_pools[d - 1] == nullptr)) {
+            throw std::invalid_argument("ModelCache: layer " + std::to_string(il) + " is on device " +
+                                        std::to_string(d) + ", which has no pool");
+        }
+        keys[il] = {w > 0 && ModelCache::window_pool_cells(params, w, n_batch) < setup.capacity ? w : 0, d};
     }
-    std::vector<int> pool_windows = windows;
-    std::sort(pool_windows.begin(), pool_windows.end());  // 0 (full) first
-    pool_windows.erase(std::unique(pool_windows.begin(), pool_windows.end()), pool_windows.end());
+    std::vector<std::pair<int, int>> pool_keys = keys;
+    std::sort(pool_keys.begin(), pool_keys.end());  // full attention (0) first, the host's first
+    pool_keys.erase(std::unique(pool_keys.begin(), pool_keys.end()), pool_keys.end());
 
     setup.pool_of.assign(layers.size(), 0);
     setup.index_in_pool.assign(layers.size(), 0);
-    setup.layers.resize(pool_windows.size());
-    setup.params.assign(pool_windows.size(), params);
-    uint64_t window_pool_bytes = 0;
-    for (size_t p = 0; p < pool_windows.size(); ++p) {
+    setup.layers.resize(pool_keys.size());
+    setup.params.assign(pool_keys.size(), params);
+    uint64_t window_pool_bytes = 0;  // the host's
+    for (size_t p = 0; p < pool_keys.size(); ++p) {
+        const auto [window, device] = pool_keys[p];
         for (size_t il = 0; il < layers.size(); ++il) {
-            if (windows[il] != pool_windows[p]) continue;
+            if (keys[il] != pool_keys[p]) continue;
             setup.pool_of[il] = static_cast<int>(p);
             setup.index_in_pool[il] = static_cast<int>(setup.layers[p].size());
             setup.layers[p].push_back(layers[il]);
         }
+        setup.device.push_back(device);
         CacheParams& pp = setup.params[p];
-        pp.window = pool_windows[p];
-        if (pool_windows[p] > 0) {
-            // Window pools are small: they stay in memory, inside the resident limit.
-            pp.n_cells = ModelCache::window_pool_cells(params, pool_windows[p], n_batch);
+        pp.window = window;
+        if (device > 0) {
+            // A device's pools charge its "kv" pool and stay in its memory (spill is the host's).
+            pp.pool = device_pools[static_cast<size_t>(device - 1)];
             pp.spill_dir.clear();
             pp.resident_limit = 0;
-            window_pool_bytes += KvCache::bytes_for(setup.layers[p], pp);
+        }
+        if (window > 0) {
+            // Window pools are small: they stay in memory, inside the resident limit.
+            pp.n_cells = ModelCache::window_pool_cells(params, window, n_batch);
+            pp.spill_dir.clear();
+            pp.resident_limit = 0;
+            if (device == 0) window_pool_bytes += KvCache::bytes_for(setup.layers[p], pp);
         }
     }
-    if (!pool_windows.empty() && pool_windows.front() == 0 && !params.spill_dir.empty() && params.resident_limit > 0) {
+    if (!pool_keys.empty() && pool_keys.front() == std::pair{0, 0} && !params.spill_dir.empty() &&
+        params.resident_limit > 0) {
         if (params.resident_limit <= window_pool_bytes) {
             throw std::invalid_argument("ModelCache: the KV resident limit " + mib(params.resident_limit) +
                                         " leaves nothing for the full-attention layers after the sliding-window "
@@ -1175,6 +1195,7 @@ PoolSetup plan_pools(const std::vector<LayerShape>& layers, const std::vector<in
     if (setup.layers.empty()) {  // no layers: the error KvCache gives
         setup.layers.emplace_back();
         setup.params.push_back(params);
+        setup.device.push_back(0);
     }
     return setup;
 }
@@ -1182,11 +1203,13 @@ PoolSetup plan_pools(const std::vector<LayerShape>& layers, const std::vector<in
 }  // namespace
 
 ModelCache::ModelCache(const std::vector<LayerShape>& layers, const std::vector<int>& layer_window, CacheParams params,
-                       int n_batch) {
-    PoolSetup setup = plan_pools(layers, layer_window, std::move(params), n_batch);
+                       int n_batch, const std::vector<int>& layer_device,
+                       const std::vector<memory::Pool*>& device_kv_pools) {
+    PoolSetup setup = plan_pools(layers, layer_window, std::move(params), n_batch, layer_device, device_kv_pools);
     capacity_ = setup.capacity;
     pool_of_ = std::move(setup.pool_of);
     index_in_pool_ = std::move(setup.index_in_pool);
+    pool_device_ = std::move(setup.device);
     for (size_t p = 0; p < setup.layers.size(); ++p) pools_.emplace_back(std::move(setup.layers[p]), setup.params[p]);
     cells_.resize(pools_.size());
     for (auto& cells : cells_) cells.reserve(static_cast<size_t>(n_batch));
@@ -1194,10 +1217,31 @@ ModelCache::ModelCache(const std::vector<LayerShape>& layers, const std::vector<
 
 size_t ModelCache::bytes_for(const std::vector<LayerShape>& layers, const std::vector<int>& layer_window,
                              const CacheParams& params, int n_batch) {
-    const PoolSetup setup = plan_pools(layers, layer_window, params, n_batch);
+    const PoolSetup setup = plan_pools(layers, layer_window, params, n_batch, {}, {});
     size_t n = 0;
     for (size_t p = 0; p < setup.layers.size(); ++p) n += KvCache::bytes_for(setup.layers[p], setup.params[p]);
     return n;
+}
+
+std::vector<size_t> ModelCache::bytes_per_device(const std::vector<LayerShape>& layers,
+                                                 const std::vector<int>& layer_window, const CacheParams& params,
+                                                 int n_batch, const std::vector<int>& layer_device) {
+    int n_devices = 1;
+    for (const int d : layer_device) n_devices = std::max(n_devices, d + 1);
+    // Stand-in pools: only their number matters to the layout.
+    std::vector<memory::Pool*> pools(static_cast<size_t>(n_devices - 1), nullptr);
+    memory::Device stand_in("plan", UINT64_MAX);
+    for (auto& p : pools) p = &stand_in.pool("kv");
+    const PoolSetup setup = plan_pools(layers, layer_window, params, n_batch, layer_device, pools);
+    std::vector<size_t> bytes(static_cast<size_t>(n_devices), 0);
+    for (size_t p = 0; p < setup.layers.size(); ++p) {
+        bytes[static_cast<size_t>(setup.device[p])] += KvCache::bytes_for(setup.layers[p], setup.params[p]);
+    }
+    return bytes;
+}
+
+int ModelCache::pool_device(int pool) const {
+    return pool_device_.at(static_cast<size_t>(pool));
 }
 
 int ModelCache::n_pools() const {

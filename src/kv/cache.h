@@ -267,18 +267,31 @@ public:
     // layer_window[il] == 0: full attention; > 0: that layer's window. params.window is ignored.
     // Throws like KvCache, and std::invalid_argument when the lists differ in length or n_batch < 1,
     // or when params.resident_limit (with spill) does not exceed the window pools' bytes.
+    //
+    // Devices (DESIGN.md, idea 6): layer_device[il] == 0 (or an empty list): the host, whose pools
+    // charge params.pool; d > 0: device d, whose pools charge device_kv_pools[d - 1] (its "kv"
+    // pool) and never spill. Pools are grouped by (window, device) and ordered by window, then
+    // device: each pool is a whole KvCache (bookkeeping and K/V) charged to its device, and
+    // place() and the sequence operations keep them all in step.
     ModelCache(const std::vector<LayerShape>& layers, const std::vector<int>& layer_window, CacheParams params,
-               int n_batch);
+               int n_batch, const std::vector<int>& layer_device = {},
+               const std::vector<memory::Pool*>& device_kv_pools = {});
     // What bytes() of a ModelCache made with these arguments will be (throws as the constructor
     // would): the plan's number for the KV cache, spill included.
     static size_t bytes_for(const std::vector<LayerShape>& layers, const std::vector<int>& layer_window,
                             const CacheParams& params, int n_batch);
+    // The bytes each device's pools charge (index: device number, 0 the host), for the plan: the
+    // sum of KvCache::bytes_for over the pools of each device, as the constructor groups them.
+    static std::vector<size_t> bytes_per_device(const std::vector<LayerShape>& layers,
+                                                const std::vector<int>& layer_window, const CacheParams& params,
+                                                int n_batch, const std::vector<int>& layer_device);
     // The cells of a window pool (see above), before rounding to blocks.
     static int window_pool_cells(const CacheParams& params, int window, int n_batch);
 
     int n_pools() const;
     KvCache& pool(int i);
     const KvCache& pool(int i) const;
+    int pool_device(int pool) const;     // the device a pool's K/V is on (0: the host)
     int pool_of(int layer) const;        // which pool holds the model layer
     int index_in_pool(int layer) const;  // the layer's index inside its pool
 
@@ -309,7 +322,7 @@ public:
 
 private:
     std::vector<KvCache> pools_;
-    std::vector<int> pool_of_, index_in_pool_;
+    std::vector<int> pool_of_, index_in_pool_, pool_device_;
     std::vector<std::vector<int32_t>> cells_;
     int capacity_ = 0;
 };

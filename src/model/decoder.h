@@ -1,7 +1,9 @@
 #pragma once
 // Pieces the decoder-only forward passes (gemma3.cpp, llama.cpp) share: their working memory
-// (charged to a device), the streamed layers, the checks and cache bookkeeping around a batch (K shifts, placing,
-// window trimming), attention over the KV cache, and the output rows. Internal to model/.
+// (charged to a device), the streamed layers, the layers on an offload device (Exec: the ops of a
+// layer wherever it runs; activations cross at the first device layer and before the output), the
+// checks and cache bookkeeping around a batch (K shifts, placing, window trimming), attention over
+// the KV cache, and the output rows. Internal to model/.
 #include <cstdint>
 #include <memory>
 #include <optional>
@@ -10,12 +12,15 @@
 #include <string>
 #include <vector>
 
+#include "backend/backend.h"
 #include "kv/cache.h"
 #include "memory/device.h"
 #include "memory/pool.h"
 #include "model/hparams.h"
 #include "model/layer_stream.h"
 #include "model/model.h"
+#include "model/offload.h"
+#include "ops/activation.h"
 #include "ops/attention.h"
 #include "ops/attention_kv.h"
 #include "ops/matmul.h"
@@ -91,6 +96,121 @@ private:
     }
 };
 
+// A checked batch: n tokens with a position and a sequence id each (host memory).
+using BatchRows = backend::BatchRows;
+
+// Activations on the offload device, as Activations (one Buffer each, charged to its "scratch"
+// pool; freed, then allocated, when a bigger batch comes), and the logits when the output layer
+// is there. model::device_scratch_bytes() is what they hold.
+struct DeviceActivations {
+    backend::Buffer x, cur, q, k, v, attn, gate, up, logits;
+    int n_tok = 0;
+
+    void reserve(backend::Backend& dev, const Hparams& hp, int n, bool with_logits) {
+        if (n <= n_tok) return;
+        const auto rows = static_cast<size_t>(n);
+        const std::pair<backend::Buffer*, int64_t> buffers[] = {
+            {&x, hp.n_embd},
+            {&cur, hp.n_embd},
+            {&q, int64_t{hp.n_head} * hp.head_dim},
+            {&k, int64_t{hp.n_head_kv} * hp.head_dim},
+            {&v, int64_t{hp.n_head_kv} * hp.head_dim_v},
+            {&attn, int64_t{hp.n_head} * hp.head_dim_v},
+            {&gate, hp.n_ff},
+            {&up, hp.n_ff},
+            {&logits, with_logits ? int64_t{hp.n_vocab} : 0},
+        };
+        for (const auto& [b, row] : buffers) b->reset();
+        n_tok = 0;
+        const std::string what = "activations of a " + std::to_string(n) + "-token batch";
+        for (const auto& [b, row] : buffers)
+            *b = dev.alloc(memory::pool_names::kScratch, rows * static_cast<size_t>(row) * sizeof(float), what);
+        n_tok = n;
+    }
+};
+
+// The ops of one layer on the device that runs it: the host (ops::, with the forward pass's
+// threads and scratch) or the offload device (backend::Backend). x .. up are that device's
+// activations. One branch per op call; the host path calls the same ops:: as before.
+class Exec {
+public:
+    float *x = nullptr, *cur = nullptr, *q = nullptr, *k = nullptr, *v = nullptr, *attn = nullptr, *gate = nullptr,
+          *up = nullptr;
+
+    bool on_device() const { return dev_ != nullptr; }
+
+    void matmul(const ops::WeightView& w, const float* in, int n, float* out) {
+        if (dev_) return dev_->matmul(w, in, n, out);
+        ops::matmul(w, in, n, out, *pool_, *scratch_);
+    }
+    void rms_norm(const float* in, const float* weight, float eps, int64_t n_rows, int64_t n, float* out) {
+        if (dev_) return dev_->rms_norm(in, weight, eps, n_rows, n, out);
+        ops::rms_norm(in, weight, eps, n_rows, n, out);
+    }
+    void rope(float* rows, const int32_t* pos, int64_t n, int n_head, int head_dim, const ops::RopeParams& p) {
+        if (dev_) return dev_->rope(rows, pos, n, n_head, head_dim, on_device(p));
+        ops::rope(rows, pos, n, n_head, head_dim, p);
+    }
+    void add(const float* a, const float* b, int64_t n, float* y) {
+        if (dev_) return dev_->add(a, b, n, y);
+        ops::add(a, b, n, y);
+    }
+    void add_bias(float* rows, const float* bias, int64_t n_tok, int64_t n) {
+        if (dev_) return dev_->add_bias(rows, bias, n_tok, n);
+        ops::add_bias(rows, bias, n_tok, n);
+    }
+    void scale(float* rows, int64_t n, float s) {
+        if (dev_) return dev_->scale(rows, n, s);
+        ops::scale(rows, n, s);
+    }
+    void swiglu(const float* g, const float* u, int64_t n, float* y) {
+        if (dev_) return dev_->swiglu(g, u, n, y);
+        ops::swiglu(g, u, n, y);
+    }
+    void geglu(const float* g, const float* u, int64_t n, float* y) {
+        if (dev_) return dev_->geglu(g, u, n, y);
+        ops::geglu(g, u, n, y);
+    }
+    void softcap(float* rows, int64_t n, float cap) {
+        if (dev_) return dev_->softcap(rows, n, cap);
+        ops::softcap(rows, n, cap);
+    }
+
+    // Writes the batch's K ([n, n_head_kv * head_dim]) and V rows of model layer il into its pool.
+    void store_kv(kv::ModelCache& cache, int il, const float* k_rows, const float* v_rows) {
+        const int p = cache.pool_of(il);
+        if (dev_) return dev_->kv_store(cache.pool(p), cache.index_in_pool(il), cache.cells(p), k_rows, v_rows);
+        cache.pool(p).store(cache.index_in_pool(il), cache.cells(p), k_rows, v_rows);
+    }
+
+    // Re-rotates K of layer il by its pending shift (kv::KvCache::apply_k_shift).
+    void k_shift(kv::ModelCache& cache, const Hparams& hp, int il, const ops::RopeParams& rope) {
+        kv::KvCache& pool = cache.pool(cache.pool_of(il));
+        if (dev_) return dev_->kv_shift(pool, cache.index_in_pool(il), on_device(rope));
+        pool.apply_k_shift(cache.index_in_pool(il), [&](float* k_rows, const int32_t* deltas, int n_rows) {
+            ops::rope(k_rows, deltas, n_rows, hp.n_head_kv, hp.head_dim, rope);
+        });
+    }
+
+    void attention(const float* q_rows, const BatchRows& rows, const kv::KvCache& pool, int layer,
+                   const ops::AttentionParams& ap, float* out) {
+        if (dev_) return dev_->attention(q_rows, rows, pool, layer, ap, out);
+        ops::attention_kv(q_rows, rows.positions, rows.seq_ids, rows.n, pool, layer, ap, out, *pool_, *scratch_);
+    }
+
+private:
+    friend class DecoderMemory;
+    // Shared tensors the device copied (rope_freqs) are looked up by their mapped address.
+    ops::RopeParams on_device(ops::RopeParams p) const {
+        p.freq_factors = weights_->on_device(p.freq_factors);
+        return p;
+    }
+    backend::Backend* dev_ = nullptr;
+    const DeviceWeights* weights_ = nullptr;
+    ops::ThreadPool* pool_ = nullptr;
+    ops::Scratch* scratch_ = nullptr;
+};
+
 // A layer's weights for one step of a forward pass: the mapped ones of a resident layer, or a copy
 // of a streamed layer's views pointing into the stream buffer that holds it (leased until the
 // LayerRef goes). Layer types list their pointers in for_each_weight() (weights.h).
@@ -111,39 +231,134 @@ private:
 };
 
 // What a decoder-only model works in besides its weights: the device it charges (the caller's, or
-// an unbounded one of its own), activations and op scratch charged to its "scratch" pool, and the
-// stream of its last layers (stream buffers charged to "staging"). Not movable (the scratch's
+// an unbounded one of its own), activations and op scratch charged to its "scratch" pool, the
+// stream of its last host layers (stream buffers charged to "staging"), and the layers on the
+// offload device (their weights, activations, and the crossings). Not movable (the scratch's
 // charge refers to it).
 class DecoderMemory {
 public:
+    // Throws std::invalid_argument for a placement place_layers() refuses, memory::BudgetError when
+    // the stream buffers or the device's weights do not fit.
     DecoderMemory(const gguf::GgufFile& file, const Hparams& hp, const LoadOptions& options)
         : own_device_(options.device ? nullptr : std::make_unique<memory::Device>("model", UINT64_MAX)),
           device_(options.device ? *options.device : *own_device_),
+          placement_(place_layers(hp, options)),
           a(device_.pool(memory::pool_names::kScratch)),
           scratch_charge_(device_.pool(memory::pool_names::kScratch)) {
         scratch.on_grow([this](size_t, size_t bytes) { scratch_charge_.grow_to(bytes, "op scratch"); });
         if (options.n_streamed_layers > 0) {
+            const int end = placement_.first_device_layer;
             stream_ =
-                std::make_unique<LayerStream>(file, hp.n_layer - options.n_streamed_layers, hp.n_layer,
+                std::make_unique<LayerStream>(file, end - options.n_streamed_layers, end,
                                               device_.pool(memory::pool_names::kStaging), options.stream_direct_io);
         }
+        if (placement_.device) device_weights_ = DeviceWeights(file, hp, placement_);
     }
     DecoderMemory(const DecoderMemory&) = delete;
     DecoderMemory& operator=(const DecoderMemory&) = delete;
+
+    // Points the weights of the device's layers (and of the output layer when it is there) at the
+    // device's copies. Call once, after binding.
+    template <class Weights>
+    void place_weights(Weights& w) {
+        if (!placement_.device) return;
+        for (size_t il = static_cast<size_t>(placement_.first_device_layer); il < w.layers.size(); ++il) {
+            for_each_weight(w.layers[il], [this](auto& pointer) { pointer = device_weights_.on_device(pointer); });
+        }
+        if (placement_.output_on_device) {
+            w.output_norm = device_weights_.on_device(w.output_norm);
+            w.output.data = device_weights_.on_device(w.output.data);
+        }
+    }
 
     // Layer il of `layers` for this step of the pass: streamed layers wait for their buffer.
     template <class Layer>
     LayerRef<Layer> layer(const std::vector<Layer>& layers, int il) {
         const Layer& mapped = layers[static_cast<size_t>(il)];
-        if (stream_ && il >= stream_->first_layer()) return LayerRef<Layer>(mapped, stream_->acquire(il));
+        if (stream_ && il >= stream_->first_layer() && il < stream_->n_layer())
+            return LayerRef<Layer>(mapped, stream_->acquire(il));
         return LayerRef<Layer>(mapped);
     }
     int n_streamed_layers() const { return stream_ ? stream_->n_layer() - stream_->first_layer() : 0; }
     std::vector<FileRange> streamed_ranges() const { return stream_ ? stream_->ranges() : std::vector<FileRange>{}; }
+    std::vector<FileRange> offloaded_ranges() const { return device_weights_.ranges(); }
+    const Placement& placement() const { return placement_; }
+    Model::CachePlacement cache_placement(const Hparams& hp) const {
+        Model::CachePlacement c;
+        if (!placement_.device) return c;
+        c.device = placement_.device;
+        c.layer_device.assign(static_cast<size_t>(hp.n_layer), 0);
+        for (int il = placement_.first_device_layer; il < hp.n_layer; ++il) {
+            c.device_layers.push_back(il);
+            if (placement_.kv_on_device) c.layer_device[static_cast<size_t>(il)] = 1;
+        }
+        return c;
+    }
+
+    // Before a batch of n tokens: sizes the activations (host, and the device's) and binds the
+    // ops to this pass's threads. x starts on the host.
+    void begin(const Hparams& hp, int n, ops::ThreadPool& pool) {
+        a.reserve(hp, n);
+        host_.pool_ = &pool;
+        host_.scratch_ = &scratch;
+        host_.x = a.x.data(), host_.cur = a.cur.data(), host_.q = a.q.data(), host_.k = a.k.data();
+        host_.v = a.v.data(), host_.attn = a.attn.data(), host_.gate = a.gate.data(), host_.up = a.up.data();
+        n_tok_ = n;
+        x_on_device_ = false;
+        if (!placement_.device) return;
+        backend::Backend& dev = *placement_.device;
+        dev.use_threads(pool);
+        da_.reserve(dev, hp, n, placement_.output_on_device);
+        dev_ops_.dev_ = &dev;
+        dev_ops_.weights_ = &device_weights_;
+        dev_ops_.x = da_.x.f32(), dev_ops_.cur = da_.cur.f32(), dev_ops_.q = da_.q.f32(), dev_ops_.k = da_.k.f32();
+        dev_ops_.v = da_.v.f32(), dev_ops_.attn = da_.attn.f32(), dev_ops_.gate = da_.gate.f32(),
+        dev_ops_.up = da_.up.f32();
+        row_floats_ = hp.n_embd;
+    }
+    // The ops for layer il, with x moved to the device at its first layer.
+    Exec& enter(int il) {
+        if (!placement_.on_device(il)) return host_;
+        if (!x_on_device_) cross(/*to_device=*/true);
+        return dev_ops_;
+    }
+    // The ops of layer il, where x is not needed (K shifts).
+    Exec& ops_of(int il) { return placement_.on_device(il) ? dev_ops_ : host_; }
+    // The ops for the output layer, with x moved back to the host unless the output is on the device.
+    Exec& enter_output() {
+        if (placement_.output_on_device) {
+            if (!x_on_device_) cross(true);
+            return dev_ops_;
+        }
+        if (x_on_device_) cross(false);
+        return host_;
+    }
+    // Where the output matmul writes: logits_out, or the device's buffer (then finish_logits()).
+    float* logits_target(float* logits_out) { return placement_.output_on_device ? da_.logits.f32() : logits_out; }
+    void finish_logits(float* logits_out, int64_t n_floats) {
+        if (!placement_.device) return;
+        if (placement_.output_on_device) {
+            placement_.device->copy_to_host(logits_out, da_.logits.data(),
+                                            static_cast<size_t>(n_floats) * sizeof(float));
+        } else {
+            placement_.device->synchronize();
+        }
+    }
 
 private:
+    void cross(bool to_device) {
+        const size_t bytes = static_cast<size_t>(n_tok_) * static_cast<size_t>(row_floats_) * sizeof(float);
+        if (to_device) {
+            placement_.device->copy_to_device(dev_ops_.x, host_.x, bytes);
+        } else {
+            placement_.device->copy_to_host(host_.x, dev_ops_.x, bytes);
+        }
+        x_on_device_ = to_device;
+    }
+
     std::unique_ptr<memory::Device> own_device_;
     memory::Device& device_;
+    Placement placement_;
 
 public:
     Activations a;
@@ -152,13 +367,12 @@ public:
 private:
     GrowingCharge scratch_charge_;
     std::unique_ptr<LayerStream> stream_;
-};
-
-// A checked batch: n tokens with a position and a sequence id each.
-struct BatchRows {
-    int n = 0;
-    const int32_t* positions = nullptr;
-    const kv::SeqId* seq_ids = nullptr;
+    DeviceWeights device_weights_;
+    DeviceActivations da_;
+    Exec host_, dev_ops_;
+    int n_tok_ = 0;
+    int64_t row_floats_ = 0;
+    bool x_on_device_ = false;
 };
 
 // Throws std::invalid_argument unless the batch has tokens, one position per token, one sequence
@@ -176,41 +390,31 @@ inline void check_batch(const Hparams& hp, const Batch& b) {
     }
 }
 
-// Before a batch: checks it, applies the cache's pending K shifts (rope_for(il) gives layer il's
-// RoPE parameters; K is rotated by each cell's delta), and places the batch's tokens in the cache.
-// Throws kv::KvCacheError (from place) when they do not fit.
+// Before a batch: checks it, sizes the working memory (DecoderMemory::begin), applies the cache's
+// pending K shifts (rope_for(il) gives layer il's RoPE parameters; K is rotated by each cell's
+// delta, on the device that runs the layer), and places the batch's tokens in the cache. Throws
+// kv::KvCacheError (from place) when they do not fit.
 template <class RopeFor>
-BatchRows begin_batch(const Hparams& hp, const Batch& b, kv::ModelCache& cache, Activations& a, RopeFor&& rope_for) {
+BatchRows begin_batch(const Hparams& hp, const Batch& b, kv::ModelCache& cache, DecoderMemory& mem,
+                      ops::ThreadPool& pool, RopeFor&& rope_for) {
     check_batch(hp, b);
     const int n = static_cast<int>(b.tokens.size());
-    a.reserve(hp, n);
+    mem.begin(hp, n, pool);
     if (cache.has_k_shift()) {
-        for (int il = 0; il < hp.n_layer; ++il) {
-            const ops::RopeParams rope = rope_for(il);
-            cache.pool(cache.pool_of(il))
-                .apply_k_shift(cache.index_in_pool(il), [&](float* k_rows, const int32_t* deltas, int n_rows) {
-                    ops::rope(k_rows, deltas, n_rows, hp.n_head_kv, hp.head_dim, rope);
-                });
-        }
+        for (int il = 0; il < hp.n_layer; ++il) mem.ops_of(il).k_shift(cache, hp, il, rope_for(il));
         cache.clear_k_shift();
     }
-    BatchRows rows{n, b.positions.data(), b.seq_ids.empty() ? a.seq0.data() : b.seq_ids.data()};
+    BatchRows rows{n, b.positions.data(), b.seq_ids.empty() ? mem.a.seq0.data() : b.seq_ids.data()};
     cache.place(std::span<const kv::SeqId>(rows.seq_ids, static_cast<size_t>(n)), b.positions);
     return rows;
 }
 
-// Writes the batch's K ([n, n_head_kv * head_dim]) and V rows of model layer il into its pool.
-inline void store_kv(kv::ModelCache& cache, int il, const float* k, const float* v) {
-    const int p = cache.pool_of(il);
-    cache.pool(p).store(cache.index_in_pool(il), cache.cells(p), k, v);
-}
-
 // Attention of the batch's queries q ([n, n_head, head_dim]) over layer il of the cache, which
 // already holds the batch's K/V; each token sees the cells of its own sequence (ops::attention_kv;
-// with an f16 cache, llama.cpp's flash-attention arithmetic). out: [n, n_head * head_dim_v].
-// window > 0 limits each query to the last `window` positions.
-inline void attend(const Hparams& hp, const kv::ModelCache& cache, int il, const float* q, const BatchRows& rows,
-                   float scale, int window, float* out, ops::ThreadPool& pool, ops::Scratch& scratch) {
+// with an f16 cache, llama.cpp's flash-attention arithmetic), on the device that runs the layer.
+// out: [n, n_head * head_dim_v]. window > 0 limits each query to the last `window` positions.
+inline void attend(Exec& o, const Hparams& hp, const kv::ModelCache& cache, int il, const float* q,
+                   const BatchRows& rows, float scale, int window, float* out) {
     ops::AttentionParams ap;
     ap.n_head = hp.n_head;
     ap.n_head_kv = hp.n_head_kv;
@@ -218,27 +422,27 @@ inline void attend(const Hparams& hp, const kv::ModelCache& cache, int il, const
     ap.scale = scale;
     ap.sliding_window = window;
     cache.will_attend(il);  // a spilled cache brings this layer in and reads the next one ahead
-    ops::attention_kv(q, rows.positions, rows.seq_ids, rows.n, cache.pool(cache.pool_of(il)), cache.index_in_pool(il),
-                      ap, out, pool, scratch);
+    o.attention(q, rows, cache.pool(cache.pool_of(il)), cache.index_in_pool(il), ap, out);
 }
 
-// The rows of x ([n, n_embd]) that want logits, normed into cur (compacted, batch order); returns
-// how many.
-inline int output_rows(const Hparams& hp, const Batch& b, const float* x, const float* output_norm, float* cur) {
+// The rows of x ([n, n_embd]) that want logits, normed into cur (compacted, batch order), on the
+// device that runs the output layer; returns how many.
+inline int output_rows(Exec& o, const Hparams& hp, const Batch& b, const float* x, const float* output_norm,
+                       float* cur) {
     const int n = static_cast<int>(b.tokens.size());
     const int64_t E = hp.n_embd;
     if (b.all_logits) {
-        ops::rms_norm(x, output_norm, hp.norm_eps, n, E, cur);
+        o.rms_norm(x, output_norm, hp.norm_eps, n, E, cur);
         return n;
     }
     if (b.output.empty()) {
-        ops::rms_norm(x + (n - 1) * E, output_norm, hp.norm_eps, 1, E, cur);
+        o.rms_norm(x + (n - 1) * E, output_norm, hp.norm_eps, 1, E, cur);
         return 1;
     }
     int n_out = 0;
     for (int t = 0; t < n; ++t) {
         if (b.output[static_cast<size_t>(t)] == 0) continue;
-        ops::rms_norm(x + t * E, output_norm, hp.norm_eps, 1, E, cur + n_out * E);
+        o.rms_norm(x + t * E, output_norm, hp.norm_eps, 1, E, cur + n_out * E);
         ++n_out;
     }
     return n_out;

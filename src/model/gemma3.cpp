@@ -19,67 +19,72 @@ namespace {
 class Gemma3 final : public Model {
 public:
     Gemma3(const gguf::GgufFile& file, Hparams hp, const LoadOptions& options)
-        : hp_(std::move(hp)), w_(bind_gemma3_weights(file, hp_)), mem_(file, hp_, options) {}
+        : hp_(std::move(hp)), w_(bind_gemma3_weights(file, hp_)), mem_(file, hp_, options) {
+        mem_.place_weights(w_);  // the offloaded layers' views point at the device's copies
+    }
 
     const Hparams& hparams() const override { return hp_; }
     int n_streamed_layers() const override { return mem_.n_streamed_layers(); }
     std::vector<FileRange> streamed_ranges() const override { return mem_.streamed_ranges(); }
+    std::vector<FileRange> offloaded_ranges() const override { return mem_.offloaded_ranges(); }
+    CachePlacement cache_placement() const override { return mem_.cache_placement(hp_); }
 
     void forward(const Batch& batch, kv::ModelCache& cache, float* logits_out, ops::ThreadPool& pool) override {
         const Hparams& hp = hp_;
-        Activations& a = mem_.a;
-        ops::Scratch& scratch = mem_.scratch;
-        const BatchRows rows = begin_batch(hp, batch, cache, a, [this](int il) { return rope_params(il); });
+        const BatchRows rows = begin_batch(hp, batch, cache, mem_, pool, [this](int il) { return rope_params(il); });
         const int n = rows.n;
         const int64_t E = hp.n_embd;
-        float* x = a.x.data();
-        float* cur = a.cur.data();
 
-        ops::embedding_rows(w_.token_embd, batch.tokens.data(), n, x);  // x: [n, n_embd]
-        ops::scale(x, n * E, std::sqrt(static_cast<float>(hp.n_embd)));
+        float* x_host = mem_.a.x.data();
+        ops::embedding_rows(w_.token_embd, batch.tokens.data(), n, x_host);  // x: [n, n_embd]
+        ops::scale(x_host, n * E, std::sqrt(static_cast<float>(hp.n_embd)));
 
         for (int il = 0; il < hp.n_layer; ++il) {
             const LayerRef<Gemma3Layer> L = mem_.layer(w_.layers, il);  // waits for a streamed layer
+            Exec& o = mem_.enter(il);  // the ops and activations of the device that runs layer il
+            float* x = o.x;
+            float* cur = o.cur;
             const bool local = hp.is_swa[static_cast<size_t>(il)];
 
             // Attention block.
-            ops::rms_norm(x, L->attn_norm, hp.norm_eps, n, E, cur);
-            ops::matmul(L->wq, cur, n, a.q.data(), pool, scratch);  // q: [n, n_head, head_dim]
-            ops::matmul(L->wk, cur, n, a.k.data(), pool, scratch);  // k: [n, n_head_kv, head_dim]
-            ops::matmul(L->wv, cur, n, a.v.data(), pool, scratch);  // v: [n, n_head_kv, head_dim_v]
-            ops::rms_norm(a.q.data(), L->q_norm, hp.norm_eps, int64_t{n} * hp.n_head, hp.head_dim, a.q.data());
-            ops::rms_norm(a.k.data(), L->k_norm, hp.norm_eps, int64_t{n} * hp.n_head_kv, hp.head_dim, a.k.data());
+            o.rms_norm(x, L->attn_norm, hp.norm_eps, n, E, cur);
+            o.matmul(L->wq, cur, n, o.q);  // q: [n, n_head, head_dim]
+            o.matmul(L->wk, cur, n, o.k);  // k: [n, n_head_kv, head_dim]
+            o.matmul(L->wv, cur, n, o.v);  // v: [n, n_head_kv, head_dim_v]
+            o.rms_norm(o.q, L->q_norm, hp.norm_eps, int64_t{n} * hp.n_head, hp.head_dim, o.q);
+            o.rms_norm(o.k, L->k_norm, hp.norm_eps, int64_t{n} * hp.n_head_kv, hp.head_dim, o.k);
             const ops::RopeParams rope = rope_params(il);
-            ops::rope(a.q.data(), rows.positions, n, hp.n_head, hp.head_dim, rope);
-            ops::rope(a.k.data(), rows.positions, n, hp.n_head_kv, hp.head_dim, rope);
-            store_kv(cache, il, a.k.data(), a.v.data());
+            o.rope(o.q, rows.positions, n, hp.n_head, hp.head_dim, rope);
+            o.rope(o.k, rows.positions, n, hp.n_head_kv, hp.head_dim, rope);
+            o.store_kv(cache, il, o.k, o.v);
             // Q is scaled before attention (not the scores), as llama.cpp does: its f16 rounding of
             // Q then sees the same values.
-            ops::scale(a.q.data(), int64_t{n} * hp.n_head * hp.head_dim, hp.attn_scale);
-            attend(hp, cache, il, a.q.data(), rows, /*scale=*/1.0f, local ? hp.sliding_window : 0, a.attn.data(), pool,
-                   scratch);                                           // attn: [n, n_head * head_dim_v]
-            ops::matmul(L->wo, a.attn.data(), n, cur, pool, scratch);  // cur: [n, n_embd]
-            ops::rms_norm(cur, L->post_attn_norm, hp.norm_eps, n, E, cur);
-            ops::add(x, cur, n * E, x);
+            o.scale(o.q, int64_t{n} * hp.n_head * hp.head_dim, hp.attn_scale);
+            attend(o, hp, cache, il, o.q, rows, /*scale=*/1.0f, local ? hp.sliding_window : 0,
+                   o.attn);                   // attn: [n, n_head * head_dim_v]
+            o.matmul(L->wo, o.attn, n, cur);  // cur: [n, n_embd]
+            o.rms_norm(cur, L->post_attn_norm, hp.norm_eps, n, E, cur);
+            o.add(x, cur, n * E, x);
 
             // Feed-forward block: down(gelu(gate(h)) * up(h)).
-            ops::rms_norm(x, L->ffn_norm, hp.norm_eps, n, E, cur);
-            ops::matmul(L->ffn_gate, cur, n, a.gate.data(), pool, scratch);  // gate: [n, n_ff]
-            ops::matmul(L->ffn_up, cur, n, a.up.data(), pool, scratch);      // up: [n, n_ff]
-            ops::geglu(a.gate.data(), a.up.data(), int64_t{n} * hp.n_ff, a.gate.data());
-            ops::matmul(L->ffn_down, a.gate.data(), n, cur, pool, scratch);  // cur: [n, n_embd]
-            ops::rms_norm(cur, L->post_ffn_norm, hp.norm_eps, n, E, cur);
-            ops::add(x, cur, n * E, x);
+            o.rms_norm(x, L->ffn_norm, hp.norm_eps, n, E, cur);
+            o.matmul(L->ffn_gate, cur, n, o.gate);  // gate: [n, n_ff]
+            o.matmul(L->ffn_up, cur, n, o.up);      // up: [n, n_ff]
+            o.geglu(o.gate, o.up, int64_t{n} * hp.n_ff, o.gate);
+            o.matmul(L->ffn_down, o.gate, n, cur);  // cur: [n, n_embd]
+            o.rms_norm(cur, L->post_ffn_norm, hp.norm_eps, n, E, cur);
+            o.add(x, cur, n * E, x);
         }
         cache.end_batch();
 
         // Output: the rows that want logits.
-        const int n_out = output_rows(hp, batch, x, w_.output_norm, cur);
+        Exec& o = mem_.enter_output();
+        const int n_out = output_rows(o, hp, batch, o.x, w_.output_norm, o.cur);
         if (n_out == 0) return;
-        ops::matmul(w_.output, cur, n_out, logits_out, pool, scratch);  // logits: [n_out, n_vocab]
-        if (hp.final_logit_softcap > 0.0f) {
-            ops::softcap(logits_out, int64_t{n_out} * hp.n_vocab, hp.final_logit_softcap);
-        }
+        float* logits = mem_.logits_target(logits_out);
+        o.matmul(w_.output, o.cur, n_out, logits);  // logits: [n_out, n_vocab]
+        if (hp.final_logit_softcap > 0.0f) o.softcap(logits, int64_t{n_out} * hp.n_vocab, hp.final_logit_softcap);
+        mem_.finish_logits(logits_out, int64_t{n_out} * hp.n_vocab);
     }
 
 private:

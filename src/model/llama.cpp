@@ -32,61 +32,65 @@ public:
         : variant_(variant),
           hp_(std::move(hp)),
           w_(bind_llama_weights(file, hp_, variant.qkv_bias)),
-          mem_(file, hp_, options) {}
+          mem_(file, hp_, options) {
+        mem_.place_weights(w_);  // the offloaded layers' views point at the device's copies
+    }
 
     const Hparams& hparams() const override { return hp_; }
     int n_streamed_layers() const override { return mem_.n_streamed_layers(); }
     std::vector<FileRange> streamed_ranges() const override { return mem_.streamed_ranges(); }
+    std::vector<FileRange> offloaded_ranges() const override { return mem_.offloaded_ranges(); }
+    CachePlacement cache_placement() const override { return mem_.cache_placement(hp_); }
 
     void forward(const Batch& batch, kv::ModelCache& cache, float* logits_out, ops::ThreadPool& pool) override {
         const Hparams& hp = hp_;
-        Activations& a = mem_.a;
-        ops::Scratch& scratch = mem_.scratch;
         const ops::RopeParams rope = rope_params();
-        const BatchRows rows = begin_batch(hp, batch, cache, a, [&rope](int) { return rope; });
+        const BatchRows rows = begin_batch(hp, batch, cache, mem_, pool, [&rope](int) { return rope; });
         const int n = rows.n;
         const int64_t E = hp.n_embd;
         const int64_t q_dim = int64_t{hp.n_head} * hp.head_dim;
         const int64_t kv_dim = int64_t{hp.n_head_kv} * hp.head_dim;
-        float* x = a.x.data();
-        float* cur = a.cur.data();
 
-        ops::embedding_rows(w_.token_embd, batch.tokens.data(), n, x);  // x: [n, n_embd]
+        ops::embedding_rows(w_.token_embd, batch.tokens.data(), n, mem_.a.x.data());  // x: [n, n_embd]
 
         for (int il = 0; il < hp.n_layer; ++il) {
             const LayerRef<LlamaLayer> L = mem_.layer(w_.layers, il);  // waits for a streamed layer
+            Exec& o = mem_.enter(il);  // the ops and activations of the device that runs layer il
+            float* x = o.x;
+            float* cur = o.cur;
 
             // Attention block.
-            ops::rms_norm(x, L->attn_norm, hp.norm_eps, n, E, cur);
-            ops::matmul(L->wq, cur, n, a.q.data(), pool, scratch);  // q: [n, n_head, head_dim]
-            ops::matmul(L->wk, cur, n, a.k.data(), pool, scratch);  // k: [n, n_head_kv, head_dim]
-            ops::matmul(L->wv, cur, n, a.v.data(), pool, scratch);  // v: [n, n_head_kv, head_dim]
-            if (L->bq) ops::add_bias(a.q.data(), L->bq, n, q_dim);
-            if (L->bk) ops::add_bias(a.k.data(), L->bk, n, kv_dim);
-            if (L->bv) ops::add_bias(a.v.data(), L->bv, n, kv_dim);
-            ops::rope(a.q.data(), rows.positions, n, hp.n_head, hp.head_dim, rope);
-            ops::rope(a.k.data(), rows.positions, n, hp.n_head_kv, hp.head_dim, rope);
-            store_kv(cache, il, a.k.data(), a.v.data());
-            attend(hp, cache, il, a.q.data(), rows, hp.attn_scale, /*window=*/0, a.attn.data(), pool,
-                   scratch);                                           // attn: [n, n_head * head_dim]
-            ops::matmul(L->wo, a.attn.data(), n, cur, pool, scratch);  // cur: [n, n_embd]
-            if (L->bo) ops::add_bias(cur, L->bo, n, E);
-            ops::add(x, cur, n * E, x);
+            o.rms_norm(x, L->attn_norm, hp.norm_eps, n, E, cur);
+            o.matmul(L->wq, cur, n, o.q);  // q: [n, n_head, head_dim]
+            o.matmul(L->wk, cur, n, o.k);  // k: [n, n_head_kv, head_dim]
+            o.matmul(L->wv, cur, n, o.v);  // v: [n, n_head_kv, head_dim]
+            if (L->bq) o.add_bias(o.q, L->bq, n, q_dim);
+            if (L->bk) o.add_bias(o.k, L->bk, n, kv_dim);
+            if (L->bv) o.add_bias(o.v, L->bv, n, kv_dim);
+            o.rope(o.q, rows.positions, n, hp.n_head, hp.head_dim, rope);
+            o.rope(o.k, rows.positions, n, hp.n_head_kv, hp.head_dim, rope);
+            o.store_kv(cache, il, o.k, o.v);
+            attend(o, hp, cache, il, o.q, rows, hp.attn_scale, /*window=*/0, o.attn);  // attn: [n, n_head * head_dim]
+            o.matmul(L->wo, o.attn, n, cur);                                           // cur: [n, n_embd]
+            if (L->bo) o.add_bias(cur, L->bo, n, E);
+            o.add(x, cur, n * E, x);
 
             // Feed-forward block: down(silu(gate(h)) * up(h)).
-            ops::rms_norm(x, L->ffn_norm, hp.norm_eps, n, E, cur);
-            ops::matmul(L->ffn_gate, cur, n, a.gate.data(), pool, scratch);  // gate: [n, n_ff]
-            ops::matmul(L->ffn_up, cur, n, a.up.data(), pool, scratch);      // up: [n, n_ff]
-            ops::swiglu(a.gate.data(), a.up.data(), int64_t{n} * hp.n_ff, a.gate.data());
-            ops::matmul(L->ffn_down, a.gate.data(), n, cur, pool, scratch);  // cur: [n, n_embd]
-            ops::add(x, cur, n * E, x);
+            o.rms_norm(x, L->ffn_norm, hp.norm_eps, n, E, cur);
+            o.matmul(L->ffn_gate, cur, n, o.gate);  // gate: [n, n_ff]
+            o.matmul(L->ffn_up, cur, n, o.up);      // up: [n, n_ff]
+            o.swiglu(o.gate, o.up, int64_t{n} * hp.n_ff, o.gate);
+            o.matmul(L->ffn_down, o.gate, n, cur);  // cur: [n, n_embd]
+            o.add(x, cur, n * E, x);
         }
         cache.end_batch();
 
         // Output: the rows that want logits.
-        const int n_out = output_rows(hp, batch, x, w_.output_norm, cur);
+        Exec& o = mem_.enter_output();
+        const int n_out = output_rows(o, hp, batch, o.x, w_.output_norm, o.cur);
         if (n_out == 0) return;
-        ops::matmul(w_.output, cur, n_out, logits_out, pool, scratch);  // logits: [n_out, n_vocab]
+        o.matmul(w_.output, o.cur, n_out, mem_.logits_target(logits_out));  // logits: [n_out, n_vocab]
+        mem_.finish_logits(logits_out, int64_t{n_out} * hp.n_vocab);
     }
 
 private:

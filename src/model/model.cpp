@@ -1,7 +1,11 @@
 #include "model/model.h"
 
+#include <algorithm>
 #include <stdexcept>
 #include <string>
+
+#include "backend/backend.h"
+#include "memory/pool.h"
 
 namespace fitllm::model {
 
@@ -33,7 +37,20 @@ std::vector<int> Model::cache_windows() const {
 }
 
 kv::ModelCache Model::make_cache(const kv::CacheParams& params, int n_batch) const {
-    return kv::ModelCache(cache_layers(), cache_windows(), params, n_batch);
+    const CachePlacement placement = cache_placement();
+    if (placement.device == nullptr) return kv::ModelCache(cache_layers(), cache_windows(), params, n_batch);
+    backend::Backend& dev = *placement.device;
+    kv::ModelCache cache(cache_layers(), cache_windows(), params, n_batch, placement.layer_device,
+                         {&dev.memory().pool(memory::pool_names::kKv)});
+    // Each pool the device's layers use, once.
+    std::vector<int> attached;
+    for (const int il : placement.device_layers) {
+        const int p = cache.pool_of(il);
+        if (std::find(attached.begin(), attached.end(), p) != attached.end()) continue;
+        attached.push_back(p);
+        dev.attach_kv(cache.pool(p), cache.pool_device(p) > 0);
+    }
+    return cache;
 }
 
 }  // namespace fitllm::model

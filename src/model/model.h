@@ -24,6 +24,11 @@
 
 namespace fitllm::memory {
 class Device;
+class Pool;
+}  // namespace fitllm::memory
+
+namespace fitllm::backend {
+class Backend;
 }
 
 namespace fitllm::model {
@@ -42,6 +47,18 @@ struct LoadOptions {
     // Stream with O_DIRECT where the filesystem allows; false: buffered reads, whose page cache
     // is dropped after each read (POSIX_FADV_DONTNEED).
     bool stream_direct_io = true;
+    // Layers on a device (DESIGN.md, idea 6; llama.cpp's -ngl): the last n_offload_layers layers
+    // run on `offload` (backend/backend.h; open_device("virtual" | "cuda0", capacity)); more than
+    // n_layer also puts the output layer (output norm and matrix) there; the token embedding stays
+    // on the host. Their weights are copied to the device at load (its "weights" pool) and their
+    // mapped pages given back; activations cross once into the device and once out per pass.
+    // offload_kv: their K/V live in the device's memory (its "kv" pool; make_cache groups the
+    // pools by device); false: in the host's pools, attended by the device. Streamed layers must
+    // be among those left on the host. What each device is charged: backend/backend.h, end.
+    // The device must outlive the model (and the caches it makes).
+    backend::Backend* offload = nullptr;
+    int n_offload_layers = 0;
+    bool offload_kv = true;
 };
 
 // Bytes [offset, offset + length) of a file.
@@ -79,11 +96,26 @@ public:
     // touched through the mapping (runtime::prefault skips them). Empty when none stream.
     virtual int n_streamed_layers() const = 0;
     virtual std::vector<FileRange> streamed_ranges() const = 0;
+    // The tensors copied to the offload device, whose mapped pages were given back: prefault
+    // leaves them alone too (the token embedding, which the host still reads, is not among them).
+    virtual std::vector<FileRange> offloaded_ranges() const { return {}; }
+
+    // Where each layer's K/V lives, for make_cache(): layer_device[il] 1 for the layers whose K/V
+    // is on the offload device (with offload_kv), else 0; `device` is that device (nullptr: none).
+    struct CachePlacement {
+        std::vector<int> layer_device;
+        backend::Backend* device = nullptr;
+        std::vector<int> device_layers;  // layers the device runs (its K/V on the host or not)
+    };
+    virtual CachePlacement cache_placement() const { return {}; }
 
     // A cache shaped for this model: params.n_cells tokens (all sequences together) in the pool
     // of the full-attention layers; the sliding-window layers (Gemma 3's local ones) in a pool
     // of their own that holds only their window (kv::ModelCache), for batches of at most n_batch
     // tokens. params.window is ignored. Throws std::invalid_argument for bad parameters.
+    // With layers offloaded and offload_kv, their K/V goes in pools of their own charged to the
+    // device's "kv" pool (kv::ModelCache, layer_device), and memory::BudgetError when it has no
+    // room; params.pool is the host's.
     kv::ModelCache make_cache(const kv::CacheParams& params, int n_batch) const;
     // The per-layer shapes and windows make_cache() uses.
     std::vector<kv::LayerShape> cache_layers() const;

@@ -75,6 +75,7 @@ uint64_t prefault(gguf::GgufFile& file, const ProgressFn& progress, std::span<co
 
 uint64_t prefault(gguf::GgufFile& file, const model::Model& model, const ProgressFn& progress) {
     std::vector<model::FileRange> skip = model.streamed_ranges();
+    for (const model::FileRange& r : model.offloaded_ranges()) skip.push_back(r);  // on the device
     // A model short of memory reads the token embedding a row per token: faulting in all of it
     // would cost a layer's worth of page cache (64 MiB for a 32k-token vocabulary) for a few rows.
     // Not when the output matrix is the same tensor (tied): that reads every row.

@@ -26,8 +26,9 @@ using ProgressFn = std::function<void(uint64_t done, uint64_t total)>;
 // progress is reported once, at the end. Returns the bytes of tensor data outside `skip`.
 uint64_t prefault(gguf::GgufFile& file, const ProgressFn& progress = {}, std::span<const model::FileRange> skip = {});
 
-// The tensor data `model` reads through the mapping: all but its streamed layers, and, when it
-// streams some, but its token embedding unless the output shares it (read a row per token).
+// The tensor data `model` reads through the mapping: all but its streamed layers and the tensors
+// it copied to a device (offloaded_ranges()), and, when it streams some, but its token embedding
+// unless the output shares it (read a row per token).
 uint64_t prefault(gguf::GgufFile& file, const model::Model& model, const ProgressFn& progress = {});
 
 }  // namespace fitllm::runtime

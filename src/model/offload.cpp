@@ -1,0 +1,140 @@
+#include "model/offload.h"
+
+#include <algorithm>
+#include <stdexcept>
+#include <string>
+
+#include "io/mapped_file.h"
+
+namespace fitllm::model {
+
+Placement place_layers(const Hparams& hp, const LoadOptions& options) {
+    const int n = options.n_offload_layers;
+    if (n < 0) throw std::invalid_argument("cannot offload " + std::to_string(n) + " layers");
+    if (n > 0 && options.offload == nullptr) {
+        throw std::invalid_argument("cannot offload " + std::to_string(n) + " layers: no device given");
+    }
+    Placement p;
+    p.first_device_layer = hp.n_layer;
+    if (n == 0 || options.offload == nullptr) return p;
+    p.device = options.offload;
+    p.first_device_layer = hp.n_layer - std::min(n, hp.n_layer);
+    p.output_on_device = n > hp.n_layer;
+    p.kv_on_device = options.offload_kv;
+    if (options.n_streamed_layers > p.first_device_layer) {
+        throw std::invalid_argument("cannot stream " + std::to_string(options.n_streamed_layers) + " layers with " +
+                                    std::to_string(hp.n_layer - p.first_device_layer) + " of " +
+                                    std::to_string(hp.n_layer) + " offloaded to " + p.device->name() + ": only the " +
+                                    std::to_string(p.first_device_layer) + " layers left on the host can stream");
+    }
+    return p;
+}
+
+std::vector<std::string> device_tensor_names(const gguf::GgufFile& file, const Hparams& hp, int n_offload_layers) {
+    std::vector<std::string> names;
+    if (n_offload_layers <= 0) return names;
+    const int first = hp.n_layer - std::min(n_offload_layers, hp.n_layer);
+    for (const gguf::TensorInfo& t : file.tensors()) {
+        const std::string_view name = t.name;
+        if (name.substr(0, 4) != "blk.") continue;
+        int il = 0;
+        size_t i = 4;
+        for (; i < name.size() && name[i] >= '0' && name[i] <= '9'; ++i) il = il * 10 + (name[i] - '0');
+        if (i == 4 || i >= name.size() || name[i] != '.') continue;
+        if (il >= first && il < hp.n_layer) names.emplace_back(name);
+    }
+    if (n_offload_layers > hp.n_layer) {
+        names.emplace_back("output_norm.weight");
+        names.emplace_back(file.find_tensor("output.weight") ? "output.weight" : "token_embd.weight");
+    }
+    if (hp.arch == "llama" && file.find_tensor("rope_freqs.weight")) names.emplace_back("rope_freqs.weight");
+    return names;
+}
+
+namespace {
+
+uint64_t aligned(uint64_t n) {
+    return (n + backend::kBufferAlign - 1) / backend::kBufferAlign * backend::kBufferAlign;
+}
+
+}  // namespace
+
+uint64_t device_weight_bytes(const gguf::GgufFile& file, const Hparams& hp, int n_offload_layers) {
+    uint64_t bytes = 0;
+    for (const std::string& name : device_tensor_names(file, hp, n_offload_layers))
+        bytes += aligned(file.find_tensor(name)->n_bytes + kWeightSkew);
+    return bytes;
+}
+
+uint64_t device_scratch_bytes(const Hparams& hp, int n_offload_layers, int n_tok) {
+    if (n_offload_layers <= 0) return 0;
+    const auto n = static_cast<uint64_t>(n_tok);
+    const uint64_t rows[] = {
+        static_cast<uint64_t>(hp.n_embd),
+        static_cast<uint64_t>(hp.n_embd),
+        static_cast<uint64_t>(hp.n_head) * static_cast<uint64_t>(hp.head_dim),
+        static_cast<uint64_t>(hp.n_head_kv) * static_cast<uint64_t>(hp.head_dim),
+        static_cast<uint64_t>(hp.n_head_kv) * static_cast<uint64_t>(hp.head_dim_v),
+        static_cast<uint64_t>(hp.n_head) * static_cast<uint64_t>(hp.head_dim_v),
+        static_cast<uint64_t>(hp.n_ff),
+        static_cast<uint64_t>(hp.n_ff),
+    };
+    uint64_t bytes = 0;
+    for (const uint64_t row : rows) bytes += aligned(n * row * sizeof(float));
+    if (n_offload_layers > hp.n_layer) bytes += aligned(n * static_cast<uint64_t>(hp.n_vocab) * sizeof(float));
+    return bytes;
+}
+
+DeviceWeights::DeviceWeights(const gguf::GgufFile& file, const Hparams& hp, const Placement& placement) {
+    if (placement.device == nullptr) return;
+    backend::Backend& dev = *placement.device;
+    const int n_offload = hp.n_layer - placement.first_device_layer + (placement.output_on_device ? 1 : 0);
+    // Giving pages back changes no content of a file mapping (they fault in again from the file);
+    // a file read into memory would lose them, and other models may share it: left alone.
+    auto* mapping = const_cast<io::MappedFile*>(file.mapping());
+    const bool release = mapping != nullptr && mapping->is_file_mapping();
+    for (const std::string& name : device_tensor_names(file, hp, n_offload)) {
+        const gguf::TensorInfo& t = *file.find_tensor(name);
+        backend::Buffer& b = buffers_.emplace_back(
+            dev.alloc(memory::pool_names::kWeights, t.n_bytes + kWeightSkew, name + " on " + dev.name()));
+        const auto skew = reinterpret_cast<uintptr_t>(t.data.data()) % kWeightSkew;
+        std::byte* copy = static_cast<std::byte*>(b.data()) + skew;
+        dev.copy_to_device(copy, t.data.data(), t.n_bytes);
+        copies_[t.data.data()] = copy;
+        // The host still reads these: it embeds with token_embd, its layers rotate with rope_freqs.
+        if (name == "token_embd.weight" || name == "rope_freqs.weight") continue;
+        ranges_.push_back({file.data_offset() + t.offset, t.n_bytes});
+    }
+    dev.synchronize();
+    // Neighbouring tensors (apart by their alignment padding at most) as one range, so the pages
+    // between them go back too and prefault does not touch them.
+    std::sort(ranges_.begin(), ranges_.end(),
+              [](const FileRange& a, const FileRange& b) { return a.offset < b.offset; });
+    std::vector<FileRange> merged;
+    for (const FileRange& r : ranges_) {
+        if (!merged.empty() && r.offset <= merged.back().offset + merged.back().length + file.alignment()) {
+            merged.back().length = std::max(merged.back().length, r.offset + r.length - merged.back().offset);
+        } else {
+            merged.push_back(r);
+        }
+    }
+    ranges_ = std::move(merged);
+    if (release) {
+        for (const FileRange& r : ranges_) mapping->release(r.offset, r.length);
+    }
+}
+
+const void* DeviceWeights::find(const void* host) const {
+    if (host == nullptr) return nullptr;
+    const auto it = copies_.find(host);
+    if (it == copies_.end()) throw std::logic_error("DeviceWeights: a weight of an offloaded layer was not copied");
+    return it->second;
+}
+
+uint64_t DeviceWeights::bytes() const {
+    uint64_t n = 0;
+    for (const backend::Buffer& b : buffers_) n += b.charged_bytes();
+    return n;
+}
+
+}  // namespace fitllm::model
