@@ -287,11 +287,8 @@ public:
         Model::CachePlacement c;
         if (!placement_.device) return c;
         c.device = placement_.device;
-        c.layer_device.assign(static_cast<size_t>(hp.n_layer), 0);
-        for (int il = placement_.first_device_layer; il < hp.n_layer; ++il) {
-            c.device_layers.push_back(il);
-            if (placement_.kv_on_device) c.layer_device[static_cast<size_t>(il)] = 1;
-        }
+        c.layer_device = cache_layer_devices(hp, hp.n_layer - placement_.first_device_layer, placement_.kv_on_device);
+        for (int il = placement_.first_device_layer; il < hp.n_layer; ++il) c.device_layers.push_back(il);
         return c;
     }
 

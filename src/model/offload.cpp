@@ -30,6 +30,14 @@ Placement place_layers(const Hparams& hp, const LoadOptions& options) {
     return p;
 }
 
+std::vector<int> cache_layer_devices(const Hparams& hp, int n_offload_layers, bool offload_kv) {
+    std::vector<int> devices(static_cast<size_t>(hp.n_layer), 0);
+    if (!offload_kv || n_offload_layers <= 0) return devices;
+    for (int il = hp.n_layer - std::min(n_offload_layers, hp.n_layer); il < hp.n_layer; ++il)
+        devices[static_cast<size_t>(il)] = 1;
+    return devices;
+}
+
 std::vector<std::string> device_tensor_names(const gguf::GgufFile& file, const Hparams& hp, int n_offload_layers) {
     std::vector<std::string> names;
     if (n_offload_layers <= 0) return names;

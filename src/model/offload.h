@@ -64,6 +64,10 @@ private:
 // bits.
 inline constexpr size_t kWeightSkew = 64;
 
+// The layer_device list make_cache() gives kv::ModelCache (and a plan gives
+// kv::ModelCache::bytes_per_device): 1 for the offloaded layers when offload_kv, else 0.
+std::vector<int> cache_layer_devices(const Hparams& hp, int n_offload_layers, bool offload_kv);
+
 // The names of the tensors DeviceWeights copies (for plans).
 std::vector<std::string> device_tensor_names(const gguf::GgufFile& file, const Hparams& hp, int n_offload_layers);
 // What the device's "weights" pool holds for n_offload_layers: every tensor of

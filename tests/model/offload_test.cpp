@@ -211,14 +211,16 @@ TEST(ModelOffload, DemoModelSplitsGiveTheLogitsOfTheCpu) {
     const auto cpu = model::Model::load(file);
     const int n_layer = cpu->hparams().n_layer;
     const ScriptRun want = run_script(*cpu, 64, quant::GgmlType::F16, pool, 4);
-    for (const int ngl : {1, n_layer / 2, n_layer, n_layer + 1}) {
-        for (const bool offload_kv : {true, false}) {
-            SCOPED_TRACE("ngl " + std::to_string(ngl) + (offload_kv ? ", kv on device" : ", kv on host"));
-            backend::VirtualDevice dev("virtual", 1ull << 30);
-            auto m = model::Model::load(file, {.offload = &dev, .n_offload_layers = ngl, .offload_kv = offload_kv});
-            expect_same(want, run_script(*m, 64, quant::GgmlType::F16, pool, 4));
-            if (HasFatalFailure()) return;
-        }
+    // A few splits (the tiny models cover every one): one layer, half with the KV on the host, all
+    // layers, and the output too with the KV on either.
+    const std::pair<int, bool> splits[] = {
+        {1, true}, {n_layer / 2, false}, {n_layer, true}, {n_layer + 1, true}, {n_layer + 1, false}};
+    for (const auto& [ngl, offload_kv] : splits) {
+        SCOPED_TRACE("ngl " + std::to_string(ngl) + (offload_kv ? ", kv on device" : ", kv on host"));
+        backend::VirtualDevice dev("virtual", 1ull << 30);
+        auto m = model::Model::load(file, {.offload = &dev, .n_offload_layers = ngl, .offload_kv = offload_kv});
+        expect_same(want, run_script(*m, 64, quant::GgmlType::F16, pool, 4));
+        if (HasFatalFailure()) return;
     }
 }
 
@@ -288,6 +290,11 @@ TEST(ModelOffload, HostChargesStayFlatAsTheContextGrows) {
                        pool);
         }
         EXPECT_EQ(host.pool(memory::pool_names::kKv).peak(), 0u);
+        // What a plan computes from the header alone is what the device's "kv" pool holds.
+        const std::vector<size_t> planned = kv::ModelCache::bytes_per_device(
+            m->cache_layers(), m->cache_windows(), p, 16, model::cache_layer_devices(m->hparams(), 7, true));
+        EXPECT_EQ(planned[0], 0u);
+        EXPECT_EQ(planned[1], dev.memory().pool(memory::pool_names::kKv).live());
         host_live.push_back(host.peak());
         device_kv.push_back(dev.memory().pool(memory::pool_names::kKv).live());
     }
