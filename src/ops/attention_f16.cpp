@@ -68,7 +68,8 @@ AttendFn select_attend() {
 // accumulator 0, lanes 8-15 accumulator 1, the second 2 and 3), the softmax bookkeeping is the
 // same (its exponentials taken for all queries of a key at once, bit for bit std::exp), and the
 // f16 rounding of q and of the V accumulator is the F16C conversion (round to nearest even,
-// overflow to infinity), the accumulator stored as f16. The body is attention_f16_block.inc,
+// overflow to infinity), the accumulator stored as f16 between chunks of 16 keys and rounded the
+// same way in registers within one. The body is attention_f16_block.inc,
 // compiled once for AVX-512 and once for AVX2, and shared with attention_kv through
 // f16_attention::BlockKernel (attention_f16_kernel.h). Needs head_dim % 32 == 0.
 using BlockFn = void (*)(const float* q, const int32_t* pos, int n_tokens, int n_heads, int64_t token_stride,
@@ -141,6 +142,12 @@ inline Vec load_kv(const float* p) {
 inline Vec load_kv(const uint16_t* p) {
     return load_half(p);
 }
+// x rounded to f16 and back (what storing and loading an f16 accumulator does).
+inline Vec round_half(Vec x) {
+    return _mm512_cvtph_ps(_mm512_cvtps_ph(x, _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC));
+}
+constexpr int kVGroup = 4;  // queries whose V sums are kept in registers together
+constexpr int kVWide = 4;   // vectors of the head per query in registers, where the head size allows
 
 // dot_like_ggml's s4 (the sums of lanes l and l + 4 of (acc0 + acc2) + (acc1 + acc3)).
 inline __m128 partial_sums(__m512 acc01, __m512 acc23) {
@@ -241,6 +248,38 @@ inline void exp_like_libm(const float* x, int n, float* y) {
     for (int i = 0; i < n; ++i) y[i] = std::exp(x[i]);
 }
 
+// The online softmax step of one key seen by rows 0 .. n - 1 (no soft-capping), 16 rows a vector:
+// f16_attention::step_one's bookkeeping, lane by lane. weight and rescale get each row's values;
+// returns the rows whose maximum the key raises.
+inline uint32_t softmax_key_all_rows(const float* scores, int n, float scale, float* running_max, float* sum,
+                                     float* weight, float* rescale) {
+    float arg[kMaxQueries], e[kMaxQueries];
+    uint32_t raises = 0;
+    for (int r = 0; r < n; r += 16) {
+        const __mmask16 lanes = static_cast<__mmask16>(n - r >= 16 ? 0xFFFFu : (1u << (n - r)) - 1u);
+        const __m512 s = _mm512_mul_ps(_mm512_maskz_loadu_ps(lanes, scores + r), _mm512_set1_ps(scale));
+        const __m512 m = _mm512_maskz_loadu_ps(lanes, running_max + r);
+        const __mmask16 up = _mm512_mask_cmp_ps_mask(lanes, s, m, _CMP_GT_OQ);
+        const __m512 a = _mm512_mask_blend_ps(up, _mm512_sub_ps(s, m), _mm512_sub_ps(m, s));
+        _mm512_mask_storeu_ps(arg + r, lanes, a);
+        _mm512_mask_storeu_ps(running_max + r, up, s);
+        raises |= static_cast<uint32_t>(up) << r;
+    }
+    exp_like_libm(arg, n, e);
+    for (int r = 0; r < n; r += 16) {
+        const __mmask16 lanes = static_cast<__mmask16>(n - r >= 16 ? 0xFFFFu : (1u << (n - r)) - 1u);
+        const __mmask16 up = static_cast<__mmask16>(raises >> r);
+        const __m512 ev = _mm512_maskz_loadu_ps(lanes, e + r);
+        const __m512 one = _mm512_set1_ps(1.0f);
+        const __m512 rs = _mm512_mask_blend_ps(up, one, ev);
+        const __m512 w = _mm512_mask_blend_ps(up, ev, one);
+        _mm512_mask_storeu_ps(sum + r, lanes, _mm512_fmadd_ps(_mm512_maskz_loadu_ps(lanes, sum + r), rs, w));
+        _mm512_mask_storeu_ps(weight + r, lanes, w);
+        _mm512_mask_storeu_ps(rescale + r, lanes, rs);
+    }
+    return raises;
+}
+
 #include "ops/attention_f16_block.inc"
 
 }  // namespace avx512
@@ -279,6 +318,11 @@ inline Vec load_kv(const float* p) {
 inline Vec load_kv(const uint16_t* p) {
     return load_half(p);
 }
+inline Vec round_half(Vec x) {
+    return _mm256_cvtph_ps(_mm256_cvtps_ph(x, _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC));
+}
+constexpr int kVGroup = 2;  // 16 registers: 2 queries x 4 + the V row's 4
+constexpr int kVWide = 4;
 
 // Scores of n (1 or 2: 4 accumulators each, 16 registers in all) queries against one key row.
 constexpr int kDotQueries = 2;
@@ -356,6 +400,30 @@ inline void exp_like_libm(const float* x, int n, float* y) {
         return;
     }
     for (int i = 0; i < n; ++i) y[i] = std::exp(x[i]);
+}
+
+// As avx512::softmax_key_all_rows, in scalar code.
+inline uint32_t softmax_key_all_rows(const float* scores, int n, float scale, float* running_max, float* sum,
+                                     float* weight, float* rescale) {
+    float arg[kMaxQueries], e[kMaxQueries];
+    uint32_t raises = 0;
+    for (int r = 0; r < n; ++r) {
+        const float s = scores[r] * scale;
+        const bool up = s > running_max[r];
+        arg[r] = up ? running_max[r] - s : s - running_max[r];
+        if (up) {
+            running_max[r] = s;
+            raises |= 1u << r;
+        }
+    }
+    exp_like_libm(arg, n, e);
+    for (int r = 0; r < n; ++r) {
+        const bool up = raises >> r & 1u;
+        rescale[r] = up ? e[r] : 1.0f;
+        weight[r] = up ? 1.0f : e[r];
+        sum[r] = __builtin_fmaf(sum[r], rescale[r], weight[r]);
+    }
+    return raises;
 }
 
 #include "ops/attention_f16_block.inc"
