@@ -20,7 +20,7 @@ void Buffer::reset() noexcept {
 Buffer Backend::alloc(std::string_view pool, size_t bytes, std::string_view what) {
     if (bytes == 0) return {};
     const size_t rounded = (bytes + kBufferAlign - 1) / kBufferAlign * kBufferAlign;
-    memory::Charge charge(memory_.pool(pool), rounded, what);  // BudgetError before allocating
+    memory::Charge charge(memory().pool(pool), rounded, what);  // BudgetError before allocating
     void* data = raw_alloc(rounded);
     return Buffer(this, data, bytes, std::move(charge));
 }
@@ -46,6 +46,10 @@ std::unique_ptr<Backend> open_device(std::string_view name, uint64_t capacity) {
     if (const int ordinal = device_number(name, "cuda"); ordinal >= 0) return make_cuda_backend(ordinal, capacity);
     throw std::invalid_argument("unknown device '" + std::string(name) +
                                 "' (accepted: virtual, virtualN, cuda, cudaN)");
+}
+
+std::unique_ptr<Backend> open_unified_virtual_device(memory::Device& host) {
+    return std::make_unique<VirtualDevice>("virtual-unified", host);
 }
 
 bool cuda_built() {

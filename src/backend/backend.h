@@ -105,10 +105,11 @@ public:
     // Its capacity and pools: memory::pool_names::kWeights (copies of the weights of the layers it
     // holds), kKv (the K/V of those layers, with offload_kv), kScratch (its activations, op
     // scratch and logits). Every Buffer charges one of them.
-    memory::Device& memory() { return memory_; }
-    // True when the device shares memory with the host (integrated GPUs, Apple): copies are
-    // memcpy within one address space and its budget is the host's. The model still charges the
-    // device's pools; a unified device's caller gives it the host's capacity.
+    memory::Device& memory() { return *memory_; }
+    // True when the device shares memory with the host (integrated GPUs, Apple): its memory() is
+    // the host's memory::Device (one budget), and the model reads the mapped weights in place
+    // instead of copying them (no "weights" charge, no pages given back). Activations still cross
+    // through copy_to_device / copy_to_host (memcpy in one address space).
     virtual bool unified() const = 0;
 
     // Bytes on this device charged to memory().pool(pool) (memory::BudgetError naming the device,
@@ -178,7 +179,10 @@ public:
     virtual void kv_shift(kv::KvCache& cache, int layer, const ops::RopeParams& rope) = 0;
 
 protected:
-    Backend(std::string device_name, uint64_t capacity) : memory_(std::move(device_name), capacity) {}
+    Backend(std::string device_name, uint64_t capacity)
+        : own_memory_(std::make_unique<memory::Device>(std::move(device_name), capacity)), memory_(own_memory_.get()) {}
+    // A unified device: its pools are those of `host` (which must outlive it).
+    explicit Backend(memory::Device& host) : memory_(&host) {}
 
     // The device's own allocation (no charging: alloc() charged already) and release. raw_alloc
     // throws memory::BudgetError (pool and bytes) when the device itself refuses.
@@ -187,7 +191,8 @@ protected:
 
 private:
     friend class Buffer;
-    memory::Device memory_;
+    std::unique_ptr<memory::Device> own_memory_;
+    memory::Device* memory_;
 };
 
 // "virtual" (or "virtualN"): the CPU-executed device of virtual_device.h, available everywhere.
@@ -196,6 +201,10 @@ private:
 // (a CUDA device's capacity is capped at its free memory). Throws std::invalid_argument for an
 // unknown name (listing the accepted ones).
 std::unique_ptr<Backend> open_device(std::string_view name, uint64_t capacity);
+
+// The virtual device in unified mode (VirtualDevice(name, host)): it charges `host`'s pools and
+// reads the weights in place. host must outlive it.
+std::unique_ptr<Backend> open_unified_virtual_device(memory::Device& host);
 
 // Whether this build has the CUDA backend, and how many CUDA devices it sees (0 without).
 bool cuda_built();
@@ -215,6 +224,8 @@ int cuda_device_count();
 //    charges the ops scratch it grows to, as the host does for its own.
 //  D "kv": with offload_kv, the pools kv::ModelCache makes for the offloaded layers (grouped by
 //    (window, device), see kv/cache.h ModelCache); without, nothing (the host "kv" pool holds all).
+//  A unified device (unified()): its pools are the host's, and "weights" gets nothing (the mapped
+//    tensors are read in place); "scratch" and "kv" as above, on the host's device.
 //  host: nothing more than the CPU path: the crossings copy from and to the host's activations
 //    (already charged to its "scratch") and the caller's logits; nothing grows with the context.
 inline constexpr size_t kBufferAlign = 256;

@@ -12,7 +12,16 @@ namespace fitllm::backend {
 
 VirtualDevice::VirtualDevice(std::string name, uint64_t capacity)
     : Backend(name, capacity), memory_name_(std::move(name)) {
-    // The ops' working memory is the device's too: charged to its "scratch" pool as it grows.
+    charge_scratch_as_it_grows();
+}
+
+VirtualDevice::VirtualDevice(std::string name, memory::Device& host)
+    : Backend(host), memory_name_(std::move(name)), unified_(true) {
+    charge_scratch_as_it_grows();
+}
+
+// The ops' working memory is the device's too: charged to its "scratch" pool as it grows.
+void VirtualDevice::charge_scratch_as_it_grows() {
     scratch_.on_grow([this](size_t, size_t bytes) {
         if (bytes <= scratch_bytes_) return;
         memory().pool(memory::pool_names::kScratch).reserve(bytes - scratch_bytes_, "op scratch of " + memory_name_);

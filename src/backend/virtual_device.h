@@ -19,10 +19,12 @@ namespace fitllm::backend {
 class VirtualDevice final : public Backend {
 public:
     VirtualDevice(std::string name, uint64_t capacity);
+    // Unified: shares the host's memory and budget (Backend::unified()); host must outlive it.
+    VirtualDevice(std::string name, memory::Device& host);
     ~VirtualDevice() override;
 
     std::string name() const override { return memory_name_; }
-    bool unified() const override { return false; }
+    bool unified() const override { return unified_; }
 
     void copy_to_device(void* dst, const void* src, size_t bytes) override;
     void copy_to_host(void* dst, const void* src, size_t bytes) override;
@@ -58,7 +60,10 @@ protected:
 private:
     ops::ThreadPool& threads();
 
+    void charge_scratch_as_it_grows();
+
     std::string memory_name_;
+    bool unified_ = false;
     ops::ThreadPool* threads_ = nullptr;
     std::unique_ptr<ops::ThreadPool> own_threads_;  // one thread, until use_threads() is called
     ops::Scratch scratch_;

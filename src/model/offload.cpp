@@ -67,7 +67,8 @@ uint64_t aligned(uint64_t n) {
 
 }  // namespace
 
-uint64_t device_weight_bytes(const gguf::GgufFile& file, const Hparams& hp, int n_offload_layers) {
+uint64_t device_weight_bytes(const gguf::GgufFile& file, const Hparams& hp, int n_offload_layers, bool unified) {
+    if (unified) return 0;
     uint64_t bytes = 0;
     for (const std::string& name : device_tensor_names(file, hp, n_offload_layers))
         bytes += aligned(file.find_tensor(name)->n_bytes + kWeightSkew);
@@ -96,6 +97,15 @@ uint64_t device_scratch_bytes(const Hparams& hp, int n_offload_layers, int n_tok
 DeviceWeights::DeviceWeights(const gguf::GgufFile& file, const Hparams& hp, const Placement& placement) {
     if (placement.device == nullptr) return;
     backend::Backend& dev = *placement.device;
+    if (dev.unified()) {
+        // One memory: the device reads the mapped tensors where they are.
+        for (const std::string& name : device_tensor_names(
+                 file, hp, hp.n_layer - placement.first_device_layer + (placement.output_on_device ? 1 : 0))) {
+            const void* data = file.find_tensor(name)->data.data();
+            copies_[data] = data;
+        }
+        return;
+    }
     const int n_offload = hp.n_layer - placement.first_device_layer + (placement.output_on_device ? 1 : 0);
     // Giving pages back changes no content of a file mapping (they fault in again from the file);
     // a file read into memory would lose them, and other models may share it: left alone.

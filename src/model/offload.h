@@ -30,7 +30,8 @@ struct Placement {
 Placement place_layers(const Hparams& hp, const LoadOptions& options);
 
 // The device's copies of the tensors it needs, one Buffer each (charged to its "weights" pool),
-// found by the address of their mapped bytes. The mapped pages of the copied tensors are given
+// found by the address of their mapped bytes (a unified device's "copies" are the mapped tensors
+// themselves: nothing copied, charged or given back). The mapped pages of the copied tensors are given
 // back (io::MappedFile::release, file mappings only), except the token embedding's and
 // rope_freqs' (the host still reads them).
 class DeviceWeights {
@@ -72,7 +73,8 @@ std::vector<int> cache_layer_devices(const Hparams& hp, int n_offload_layers, bo
 std::vector<std::string> device_tensor_names(const gguf::GgufFile& file, const Hparams& hp, int n_offload_layers);
 // What the device's "weights" pool holds for n_offload_layers: every tensor of
 // device_tensor_names(), its n_bytes + kWeightSkew rounded up to backend::kBufferAlign.
-uint64_t device_weight_bytes(const gguf::GgufFile& file, const Hparams& hp, int n_offload_layers);
+// A unified device copies nothing: 0.
+uint64_t device_weight_bytes(const gguf::GgufFile& file, const Hparams& hp, int n_offload_layers, bool unified = false);
 // What the device's "scratch" pool holds for batches of up to n_tok tokens (the virtual device's
 // op scratch aside): the activations, and the logits when the output is on the device.
 uint64_t device_scratch_bytes(const Hparams& hp, int n_offload_layers, int n_tok);

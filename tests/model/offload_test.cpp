@@ -224,6 +224,30 @@ TEST(ModelOffload, DemoModelSplitsGiveTheLogitsOfTheCpu) {
     }
 }
 
+// A unified device (shared memory) charges the host's pools, copies no weights and still gives
+// the CPU's logits.
+TEST(ModelOffload, AUnifiedDeviceSharesTheHostsBudgetAndWeights) {
+    ops::ThreadPool pool(2);
+    const gguf::GgufFile file =
+        gguf::GgufFile::open((test::source_dir() / "tests/model/data/tiny-qwen2-q4_0.gguf").string());
+    const auto cpu = model::Model::load(file);
+    const ScriptRun want = run_script(*cpu, 64, quant::GgmlType::F16, pool, 4);
+    for (const int ngl : {1, 3}) {
+        SCOPED_TRACE("ngl " + std::to_string(ngl));
+        memory::Device host("host", 1ull << 30);
+        const auto dev = backend::open_unified_virtual_device(host);
+        ASSERT_TRUE(dev->unified());
+        EXPECT_EQ(&dev->memory(), &host);
+        auto m = model::Model::load(file, {.device = &host, .offload = dev.get(), .n_offload_layers = ngl});
+        EXPECT_EQ(host.pool(memory::pool_names::kWeights).live(), 0u);
+        EXPECT_EQ(model::device_weight_bytes(file, m->hparams(), ngl, /*unified=*/true), 0u);
+        EXPECT_TRUE(m->offloaded_ranges().empty());  // nothing given back: the device reads them
+        expect_same(want, run_script(*m, 64, quant::GgmlType::F16, pool, 4));
+        EXPECT_GT(host.pool(memory::pool_names::kScratch).peak(), 0u);
+        if (HasFatalFailure()) return;
+    }
+}
+
 TEST(ModelOffload, ADeviceWithoutRoomIsABudgetErrorNamingItsPool) {
     const auto bytes = test::tiny_llama_bytes();
     const gguf::GgufFile file = gguf::GgufFile::parse(bytes, "tiny.gguf");
