@@ -248,6 +248,24 @@ TEST(ModelOffload, AUnifiedDeviceSharesTheHostsBudgetAndWeights) {
     }
 }
 
+// Streaming applies to the last layers left on the host: layer 0 streamed, layer 1 (and the
+// output) on the device.
+TEST(ModelOffload, StreamedHostLayersAndDeviceLayersTogether) {
+    ops::ThreadPool pool(2);
+    const gguf::GgufFile file =
+        gguf::GgufFile::open((test::source_dir() / "tests/model/data/tiny-llama-q4_k_m.gguf").string());
+    const auto cpu = model::Model::load(file);
+    const ScriptRun want = run_script(*cpu, 64, quant::GgmlType::F16, pool, 4);
+    for (const int ngl : {1, 3}) {
+        SCOPED_TRACE("ngl " + std::to_string(ngl));
+        backend::VirtualDevice dev("virtual", 64 << 20);
+        const int n_streamed = ngl == 1 ? 1 : 0;
+        auto m = model::Model::load(file, {.n_streamed_layers = n_streamed, .offload = &dev, .n_offload_layers = ngl});
+        EXPECT_EQ(m->n_streamed_layers(), n_streamed);
+        expect_same(want, run_script(*m, 64, quant::GgmlType::F16, pool, 4));
+    }
+}
+
 TEST(ModelOffload, ADeviceWithoutRoomIsABudgetErrorNamingItsPool) {
     const auto bytes = test::tiny_llama_bytes();
     const gguf::GgufFile file = gguf::GgufFile::parse(bytes, "tiny.gguf");
