@@ -1,6 +1,7 @@
 // The tiny models with layers on "cuda0" (model::LoadOptions::offload) against the CPU: the same
-// token stream (teacher forcing with the CPU's greedy tokens), two sequences in one batch, and a
-// context shift (K re-rotated on the device). Skips, saying why, without a CUDA device.
+// token stream (teacher forcing with the CPU's greedy tokens), two sequences in one batch, a context
+// shift (K re-rotated on the device) and a forked sequence (seq_cp, then copy on write). Skips,
+// saying why, without a CUDA device.
 //
 // Tolerances: the CUDA matmuls multiply dequantized weights with float activations, where the CPU
 // rounds activations to 8-bit blocks for quantized weights (as llama.cpp does), and the CPU's f16
@@ -60,7 +61,7 @@ ScriptRun run_script(model::Model& m, quant::GgmlType kv_type, const std::vector
     const int V = m.n_vocab();
     kv::CacheParams params;
     params.n_cells = 128;
-    params.n_seq_max = 2;
+    params.n_seq_max = 3;
     params.block_size = 16;
     params.type_k = params.type_v = kv_type;
     kv::ModelCache cache = m.make_cache(params, 16);
@@ -92,6 +93,16 @@ ScriptRun run_script(model::Model& m, quant::GgmlType kv_type, const std::vector
     const int32_t t = 8, shifted = p + 1 - 2;
     m.forward(std::span(&t, 1), std::span(&shifted, 1), cache, row.data(), false, pool);
     r.rows.emplace_back(row.begin(), row.begin() + V);
+    // Sequence 2 shares sequence 0's cells, and both go on in one batch: their partly filled last
+    // block is copied on write.
+    cache.seq_cp(0, 2, -1, -1);
+    const std::vector<int32_t> forked = {10, 11};
+    const std::vector<int32_t> forked_pos = {shifted + 1, shifted + 1};
+    const std::vector<kv::SeqId> forked_seqs = {0, 2};
+    m.forward({.tokens = forked, .positions = forked_pos, .seq_ids = forked_seqs, .all_logits = true}, cache,
+              row.data(), pool);
+    r.rows.emplace_back(row.begin(), row.begin() + V);
+    r.rows.emplace_back(row.begin() + V, row.end());
     return r;
 }
 

@@ -13,9 +13,8 @@
 // kv::ModelCache, stays untouched, so zero pages). Those device buffers are not charged again.
 // A host pool (offload_kv off) is written on the host (kv::KvCache::store, the CPU's exact
 // conversion) and its used rows are copied to a device buffer for each attention call.
-// Not handled yet for a pool held here: the copy-on-write of a shared block that kv::KvCache::place()
-// makes in its host storage (a sequence extending a prefix it shares with another in a partly
-// filled block, after seq_cp): the device's rows of the new block stay zero.
+// kv::KvCache::place() copies a shared, partly filled last block of a sequence (after seq_cp) in its
+// host storage; for a pool held here follow_copy_on_write() makes the same copy on the device.
 #include "backend/cuda_backend.h"
 
 #include <algorithm>
@@ -134,11 +133,12 @@ private:
     // The device side of one attached kv::KvCache.
     struct KvMirror {
         bool on_device = false;
-        std::vector<void*> k, v;            // on_device: per layer, [capacity] rows (uncharged, see top)
-        Upload meta;                        // cell positions, sequence masks, block tables
-        Upload cells;                       // the cells kv_store writes
-        Upload batch;                       // attention's positions, sequences (and K transform)
-        const int32_t* cell_pos = nullptr;  // inside meta
+        std::vector<void*> k, v;                   // on_device: per layer, [capacity] rows (uncharged, see top)
+        Upload meta;                               // cell positions, sequence masks, block tables
+        Upload cells;                              // the cells kv_store writes
+        Upload batch;                              // attention's positions, sequences (and K transform)
+        std::vector<std::vector<int32_t>> tables;  // each sequence's block table at the last kv_store
+        const int32_t* cell_pos = nullptr;         // inside meta
         const uint64_t* cell_seqs = nullptr;
         const int32_t* blocks = nullptr;
         const int32_t* seq_blocks = nullptr;
@@ -188,6 +188,7 @@ private:
         buf = alloc(pool, want, what);
     }
 
+    void follow_copy_on_write(KvMirror& m, const kv::KvCache& cache);
     void upload_meta(KvMirror& m, const kv::KvCache& cache, int layer, const BatchRows& rows, const int32_t*& q_pos,
                      const int32_t*& q_seq, const float*& q_scale, const float*& k_center);
 
@@ -233,6 +234,36 @@ void CudaBackend::attach_kv(kv::KvCache& cache, bool on_device) {
     kv_.emplace(&cache, std::move(m));
 }
 
+// Before a batch's rows are stored: a sequence whose table kept its entries but the last one, which
+// is now another block, had that block copied on write by place() (or lost it and got a fresh one:
+// then the copy fills only cells that are free, which no token sees). The old block's rows go to
+// the new one for every layer, before this batch writes any. Tables that lost or changed earlier
+// entries (seq_rm, a sliding window's trim) copy nothing.
+void CudaBackend::follow_copy_on_write(KvMirror& m, const kv::KvCache& cache) {
+    const int bs = cache.params().block_size;
+    m.tables.resize(static_cast<size_t>(cache.params().n_seq_max));
+    for (kv::SeqId s = 0; s < cache.params().n_seq_max; ++s) {
+        const std::span<const int32_t> table = cache.seq_blocks(s);
+        std::vector<int32_t>& old = m.tables[static_cast<size_t>(s)];
+        if (!old.empty()) {
+            const size_t last = old.size() - 1;
+            if (table.size() > last && table[last] != old[last] &&
+                std::equal(old.begin(), old.begin() + static_cast<std::ptrdiff_t>(last), table.begin())) {
+                const int64_t from = int64_t{old[last]} * bs, to = int64_t{table[last]} * bs;
+                const int64_t n_cells = std::min<int64_t>({bs, cache.capacity() - from, cache.capacity() - to});
+                for (int il = 0; il < cache.n_layer(); ++il) {
+                    const kv::KvCache::LayerView view = cache.layer_view(il);
+                    auto* k = static_cast<std::byte*>(m.k[static_cast<size_t>(il)]);
+                    auto* v = static_cast<std::byte*>(m.v[static_cast<size_t>(il)]);
+                    copy_on_device(k + to * view.k_row_bytes, k + from * view.k_row_bytes, n_cells * view.k_row_bytes);
+                    copy_on_device(v + to * view.v_row_bytes, v + from * view.v_row_bytes, n_cells * view.v_row_bytes);
+                }
+            }
+        }
+        old.assign(table.begin(), table.end());
+    }
+}
+
 void CudaBackend::kv_store(kv::KvCache& cache, int layer, std::span<const int32_t> cells, const float* k,
                            const float* v) {
     KvMirror& m = mirror_of(cache);
@@ -240,6 +271,7 @@ void CudaBackend::kv_store(kv::KvCache& cache, int layer, std::span<const int32_
     const int64_t n = static_cast<int64_t>(cells.size());
     if (n == 0) return;
     if (m.on_device) {
+        follow_copy_on_write(m, cache);
         const auto* d_cells =
             static_cast<const int32_t*>(upload(m.cells, cells.data(), cells.size_bytes(), "KV cells"));
         cuda::kv_store(layout_of(view, true, m.k[static_cast<size_t>(layer)]), k, d_cells, n, stream_);
