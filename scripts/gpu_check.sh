@@ -45,6 +45,7 @@ step() {
     return $rc
 }
 
+command -v nvcc >/dev/null || export PATH=/usr/local/cuda/bin:$PATH
 {
     nvidia-smi || true
     nvcc --version || true
