@@ -218,10 +218,11 @@ int cuda_device_count();
 //    rounded up to kBufferAlign;
 //    when N > L also output_norm.weight and the output matrix (output.weight, or a copy of
 //    token_embd.weight when tied); for a llama file with rope_freqs.weight, that too.
-//  D "scratch" (model::device_scratch_bytes for a batch of n): the activations of the largest
-//    batch seen (x, cur, q, k, v, attn, gate, up: n rows each, one Buffer each), plus the logits of
-//    up to n rows (n * n_vocab floats) when the output layer is offloaded; the virtual device also
-//    charges the ops scratch it grows to, as the host does for its own.
+//  D "scratch" (model::device_scratch_bytes(hp, N, n, n_out)): the activations of the largest
+//    batch n seen (x, cur, q, k, v, attn, gate, up: n rows each, one Buffer each, each rounded to
+//    kBufferAlign), plus, when the output layer is there, the logits of the most rows n_out that
+//    one batch wanted (n_out * n_vocab floats); the virtual device also charges the ops scratch
+//    it grows to, as the host does for its own.
 //  D "kv": with offload_kv, the pools kv::ModelCache makes for the offloaded layers (grouped by
 //    (window, device), see kv/cache.h ModelCache); without, nothing (the host "kv" pool holds all).
 //  A unified device (unified()): its pools are the host's, and "weights" gets nothing (the mapped

@@ -52,6 +52,8 @@ public:
 
     // Bytes allocated by this device now (its buffers), for tests: what its pools' charges cover.
     uint64_t allocated_bytes() const { return allocated_; }
+    // Bytes of its ops' scratch (charged to its "scratch" pool besides the model's buffers).
+    uint64_t op_scratch_bytes() const { return scratch_bytes_; }
 
 protected:
     void* raw_alloc(size_t bytes) override;

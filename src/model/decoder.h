@@ -100,13 +100,14 @@ private:
 using BatchRows = backend::BatchRows;
 
 // Activations on the offload device, as Activations (one Buffer each, charged to its "scratch"
-// pool; freed, then allocated, when a bigger batch comes), and the logits when the output layer
-// is there. model::device_scratch_bytes() is what they hold.
+// pool; freed, then allocated, when a bigger batch comes), and the logits rows when the output
+// layer is there (grown the same way to the most rows that wanted logits). model::
+// device_scratch_bytes() is what they hold.
 struct DeviceActivations {
     backend::Buffer x, cur, q, k, v, attn, gate, up, logits;
-    int n_tok = 0;
+    int n_tok = 0, n_logits = 0;
 
-    void reserve(backend::Backend& dev, const Hparams& hp, int n, bool with_logits) {
+    void reserve(backend::Backend& dev, const Hparams& hp, int n) {
         if (n <= n_tok) return;
         const auto rows = static_cast<size_t>(n);
         const std::pair<backend::Buffer*, int64_t> buffers[] = {
@@ -118,7 +119,6 @@ struct DeviceActivations {
             {&attn, int64_t{hp.n_head} * hp.head_dim_v},
             {&gate, hp.n_ff},
             {&up, hp.n_ff},
-            {&logits, with_logits ? int64_t{hp.n_vocab} : 0},
         };
         for (const auto& [b, row] : buffers) b->reset();
         n_tok = 0;
@@ -126,6 +126,17 @@ struct DeviceActivations {
         for (const auto& [b, row] : buffers)
             *b = dev.alloc(memory::pool_names::kScratch, rows * static_cast<size_t>(row) * sizeof(float), what);
         n_tok = n;
+    }
+    float* logits_rows(backend::Backend& dev, const Hparams& hp, int n_rows) {
+        if (n_rows > n_logits) {
+            logits.reset();
+            n_logits = 0;
+            logits = dev.alloc(memory::pool_names::kScratch,
+                               static_cast<size_t>(n_rows) * static_cast<size_t>(hp.n_vocab) * sizeof(float),
+                               "logits of " + std::to_string(n_rows) + " rows");
+            n_logits = n_rows;
+        }
+        return logits.f32();
     }
 };
 
@@ -305,7 +316,7 @@ public:
         if (!placement_.device) return;
         backend::Backend& dev = *placement_.device;
         dev.use_threads(pool);
-        da_.reserve(dev, hp, n, placement_.output_on_device);
+        da_.reserve(dev, hp, n);
         dev_ops_.dev_ = &dev;
         dev_ops_.weights_ = &device_weights_;
         dev_ops_.x = da_.x.f32(), dev_ops_.cur = da_.cur.f32(), dev_ops_.q = da_.q.f32(), dev_ops_.k = da_.k.f32();
@@ -330,8 +341,11 @@ public:
         if (x_on_device_) cross(false);
         return host_;
     }
-    // Where the output matmul writes: logits_out, or the device's buffer (then finish_logits()).
-    float* logits_target(float* logits_out) { return placement_.output_on_device ? da_.logits.f32() : logits_out; }
+    // Where the output matmul writes n_out rows: logits_out, or the device's buffer (then
+    // finish_logits()).
+    float* logits_target(const Hparams& hp, float* logits_out, int n_out) {
+        return placement_.output_on_device ? da_.logits_rows(*placement_.device, hp, n_out) : logits_out;
+    }
     void finish_logits(float* logits_out, int64_t n_floats) {
         if (!placement_.device) return;
         if (placement_.output_on_device) {

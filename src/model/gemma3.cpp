@@ -81,7 +81,7 @@ public:
         Exec& o = mem_.enter_output();
         const int n_out = output_rows(o, hp, batch, o.x, w_.output_norm, o.cur);
         if (n_out == 0) return;
-        float* logits = mem_.logits_target(logits_out);
+        float* logits = mem_.logits_target(hp, logits_out, n_out);
         o.matmul(w_.output, o.cur, n_out, logits);  // logits: [n_out, n_vocab]
         if (hp.final_logit_softcap > 0.0f) o.softcap(logits, int64_t{n_out} * hp.n_vocab, hp.final_logit_softcap);
         mem_.finish_logits(logits_out, int64_t{n_out} * hp.n_vocab);

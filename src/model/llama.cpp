@@ -89,7 +89,7 @@ public:
         Exec& o = mem_.enter_output();
         const int n_out = output_rows(o, hp, batch, o.x, w_.output_norm, o.cur);
         if (n_out == 0) return;
-        o.matmul(w_.output, o.cur, n_out, mem_.logits_target(logits_out));  // logits: [n_out, n_vocab]
+        o.matmul(w_.output, o.cur, n_out, mem_.logits_target(hp, logits_out, n_out));  // logits: [n_out, n_vocab]
         mem_.finish_logits(logits_out, int64_t{n_out} * hp.n_vocab);
     }
 

@@ -75,7 +75,7 @@ uint64_t device_weight_bytes(const gguf::GgufFile& file, const Hparams& hp, int 
     return bytes;
 }
 
-uint64_t device_scratch_bytes(const Hparams& hp, int n_offload_layers, int n_tok) {
+uint64_t device_scratch_bytes(const Hparams& hp, int n_offload_layers, int n_tok, int n_out) {
     if (n_offload_layers <= 0) return 0;
     const auto n = static_cast<uint64_t>(n_tok);
     const uint64_t rows[] = {
@@ -90,7 +90,8 @@ uint64_t device_scratch_bytes(const Hparams& hp, int n_offload_layers, int n_tok
     };
     uint64_t bytes = 0;
     for (const uint64_t row : rows) bytes += aligned(n * row * sizeof(float));
-    if (n_offload_layers > hp.n_layer) bytes += aligned(n * static_cast<uint64_t>(hp.n_vocab) * sizeof(float));
+    if (n_offload_layers > hp.n_layer && n_out > 0)
+        bytes += aligned(static_cast<uint64_t>(n_out) * static_cast<uint64_t>(hp.n_vocab) * sizeof(float));
     return bytes;
 }
 

@@ -75,8 +75,9 @@ std::vector<std::string> device_tensor_names(const gguf::GgufFile& file, const H
 // device_tensor_names(), its n_bytes + kWeightSkew rounded up to backend::kBufferAlign.
 // A unified device copies nothing: 0.
 uint64_t device_weight_bytes(const gguf::GgufFile& file, const Hparams& hp, int n_offload_layers, bool unified = false);
-// What the device's "scratch" pool holds for batches of up to n_tok tokens (the virtual device's
-// op scratch aside): the activations, and the logits when the output is on the device.
-uint64_t device_scratch_bytes(const Hparams& hp, int n_offload_layers, int n_tok);
+// What the device's "scratch" pool holds for batches of up to n_tok tokens of which up to n_out
+// want logits (the virtual device's op scratch aside): the activations, and n_out logits rows
+// when the output is on the device.
+uint64_t device_scratch_bytes(const Hparams& hp, int n_offload_layers, int n_tok, int n_out);
 
 }  // namespace fitllm::model
