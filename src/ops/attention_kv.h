@@ -12,8 +12,9 @@
 //  - otherwise, with AVX2 or AVX-512 (attention_kv_tiled.inc): per work item of up to 32 queries
 //    and tile of 64 visible cells, K and V rows are decoded to f32 once (SIMD for f32, f16, bf16,
 //    q8_0, q4_0, q4_1, q5_0, q5_1, iq4_nl; the reference dequantization for the rest), scores are
-//    f32 dots of q (rotated by the cache's Hadamard transform when the layer is stored rotated;
-//    rounded to f16 for f16 K) with them, the softmax is rescaled once per tile and V is summed in
+//    f32 dots of q (times the layer's q_scale when its K is centred and scaled, kv/key_transform.h,
+//    then rotated by the cache's Hadamard transform when the layer is stored rotated; rounded to
+//    f16 for f16 K) with them, the softmax is rescaled once per tile and V is summed in
 //    f32; a rotated layer's output is rotated back.
 //  - otherwise (no AVX2): q quantized to the K type's dot activation format and scored with
 //    quant::select_dot's kernel, V summed in f32 from rows dequantized one at a time.

@@ -119,10 +119,12 @@ TEST(Perplexity, ParallelChunksGiveTheSameResult) {
     EXPECT_EQ(par_running, one_running);
 }
 
-// The quantized KV cache on the demo model (issue 5): q8_0 K/V against f16 over 2 chunks of 512.
-// Measured (8 chunks, the README's table): f16 14.917, q8_0 15.018 (+0.68%); f32 14.961 is itself
-// 0.30% from f16 on this small model, so the bound is 1%, not the issue's 0.2%.
-TEST(Perplexity, DemoModelQ8_0CacheStaysCloseToF16) {
+// The quantized KV cache on the demo model (issue 5): q8_0 and q4_0 K/V against f16 over 2 chunks
+// of 512. Measured (8 chunks, the README's table): f16 14.917, q8_0 14.937 (+0.14%), q4_0 15.297
+// (+2.55%; 17.317 without the rotation and key shaping). f32 14.961 is itself 0.30% from f16 on
+// this small model, so the q8_0 bound is 1%, not the issue's 0.2%. Over these 2 chunks: f16 13.848,
+// q4_0 14.125 (+2.0%), without rotation 15.620 (+12.8%).
+TEST(Perplexity, DemoModelQuantizedCacheStaysCloseToF16) {
     const auto path = test::demo_model();
     if (!path) GTEST_SKIP() << "demo model not found (scripts/setup.sh assembles it)";
     std::ifstream text_in(test::source_dir() / "tests/data/gpl-3.0.txt", std::ios::binary);
@@ -141,6 +143,12 @@ TEST(Perplexity, DemoModelQ8_0CacheStaysCloseToF16) {
     p.type_k = p.type_v = quant::GgmlType::Q8_0;
     const double q8_0 = runtime::perplexity(*model, tokens, p, pool).ppl;
     EXPECT_NEAR(q8_0, f16, 0.01 * f16) << "q8_0 " << q8_0 << " vs f16 " << f16;
+    p.type_k = p.type_v = quant::GgmlType::Q4_0;
+    const double q4_0 = runtime::perplexity(*model, tokens, p, pool).ppl;
+    p.kv_rotation = false;
+    const double q4_0_plain = runtime::perplexity(*model, tokens, p, pool).ppl;
+    EXPECT_NEAR(q4_0, f16, 0.04 * f16) << "q4_0 " << q4_0 << " vs f16 " << f16;
+    EXPECT_LT(q4_0, q4_0_plain - 0.05 * f16) << "q4_0 rotated " << q4_0 << ", not rotated " << q4_0_plain;
 }
 
 // llama.cpp's value over the same 4 chunks of 512 tokens of the GPL-3.0 text. Measured: 15.2184
