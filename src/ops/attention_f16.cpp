@@ -180,11 +180,23 @@ inline void dots(const float* q16, const int* rows, int head_dim, const Elem* kj
         }
     }
     if constexpr (n == 4) {
-        // hadd(a, b) = [a0 + a1, a2 + a3, b0 + b1, b2 + b3]: two levels of it give the four
-        // queries' (s4[0] + s4[1]) + (s4[2] + s4[3]) at once.
-        const __m128 s01 = _mm_hadd_ps(partial_sums(lo[0], hi[0]), partial_sums(lo[1], hi[1]));
-        const __m128 s23 = _mm_hadd_ps(partial_sums(lo[2], hi[2]), partial_sums(lo[3], hi[3]));
-        _mm_storeu_ps(scores, _mm_hadd_ps(s01, s23));
+        // The four queries' reductions side by side, each step the same additions as
+        // partial_sums: lanes 0-7 of s[r] hold acc0 + acc2, lanes 8-15 acc1 + acc3.
+        __m512 sr[4];
+        for (int r = 0; r < 4; ++r) sr[r] = _mm512_add_ps(lo[r], hi[r]);
+        // [s8 of query 0 | s8 of query 1] and the same for 2 and 3.
+        const __m512 s8_01 =
+            _mm512_add_ps(_mm512_shuffle_f32x4(sr[0], sr[1], 0x44), _mm512_shuffle_f32x4(sr[0], sr[1], 0xEE));
+        const __m512 s8_23 =
+            _mm512_add_ps(_mm512_shuffle_f32x4(sr[2], sr[3], 0x44), _mm512_shuffle_f32x4(sr[2], sr[3], 0xEE));
+        // [s4 of query 0 | 1 | 2 | 3]: lanes l and l + 4 of each s8.
+        const __m512 s4 =
+            _mm512_add_ps(_mm512_shuffle_f32x4(s8_01, s8_23, 0x88), _mm512_shuffle_f32x4(s8_01, s8_23, 0xDD));
+        // (s4[0] + s4[1]) + (s4[2] + s4[3]) in lane 0 of each group of 4.
+        const __m512 pairs = _mm512_add_ps(s4, _mm512_permute_ps(s4, 0xB1));
+        const __m512 total = _mm512_add_ps(pairs, _mm512_permute_ps(pairs, 0x4E));
+        const __m512i first = _mm512_setr_epi32(0, 4, 8, 12, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0);
+        _mm_storeu_ps(scores, _mm512_castps512_ps128(_mm512_permutexvar_ps(first, total)));
     } else {
         for (int r = 0; r < n; ++r) {
             alignas(16) float s4[4];
