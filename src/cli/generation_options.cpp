@@ -121,6 +121,25 @@ void add_memory_options(ArgParser& p, MemoryOptions& mo) {
                  if (n < 0 || n > 1'000'000) throw UsageError("--stream-layers: '" + v + "' must be 0 or more");
                  mo.stream_layers = static_cast<int>(n);
              });
+    add_offload_options(p, mo);
+}
+
+void add_offload_options(ArgParser& p, MemoryOptions& mo) {
+    p.option("--device", "NAME",
+             "the device offloaded layers run on: cuda0 (cuda1, ...), or virtual (CPU-executed, with its own "
+             "--vram budget, for testing placements); default: the first CUDA device when -ngl asks for one",
+             &mo.device);
+    p.option("-ngl, --n-gpu-layers", "N",
+             "run the last N layers on the device (more than the model's layers: the output layer too; "
+             "default with --device: as many as fit --vram)",
+             [&mo](const std::string& v) {
+                 const long long n = parse_integer("-ngl", v);
+                 if (n < 0 || n > 1'000'000) throw UsageError("-ngl: '" + v + "' must be 0 or more");
+                 mo.n_gpu_layers = static_cast<int>(n);
+             });
+    p.option("--vram", "SIZE", "the device's memory budget (default: its free memory; the virtual device: no limit)",
+             &mo.vram);
+    p.flag("--no-kv-offload", &mo.no_kv_offload, "keep the KV cache of offloaded layers in host memory");
 }
 
 std::string describe_kv(const runtime::SessionParams& sp) {

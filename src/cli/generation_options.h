@@ -35,10 +35,21 @@ struct MemoryOptions {
     bool fit = false;        // --fit: change the settings until the plan fits
     bool mlock = false;      // --mlock: lock the resident weights in RAM
     int stream_layers = -1;  // --stream-layers N: stream the last N layers' weights; -1: as planned (none)
+    // Offload (DESIGN.md idea 6): --device NAME (cuda0, virtual; empty: a CUDA device when there
+    // is one and -ngl asks for it), -ngl N (the last N layers; -1: as many as fit --vram),
+    // --vram SIZE (the device's budget; empty: its free memory, no limit for the virtual device),
+    // --no-kv-offload (the KV cache of offloaded layers stays in host memory).
+    std::string device;
+    int n_gpu_layers = -2;  // -2: not given
+    std::string vram;
+    bool no_kv_offload = false;
 };
 
-// Declares --mem SIZE, --fit, --mlock and --stream-layers N, writing into mo.
+// Declares --mem SIZE, --fit, --mlock, --stream-layers N, --device NAME, -ngl N, --vram SIZE and
+// --no-kv-offload, writing into mo.
 void add_memory_options(ArgParser& parser, MemoryOptions& mo);
+// Only --device, -ngl, --vram and --no-kv-offload (fitllm plan has the others of its own).
+void add_offload_options(ArgParser& parser, MemoryOptions& mo);
 
 // "K f16, V f16" or "K q4_0, V q4_0, rotated": for the summary lines.
 std::string describe_kv(const runtime::SessionParams& sp);

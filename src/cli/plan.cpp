@@ -1,4 +1,5 @@
-// fitllm plan -m MODEL [-c N] [-np N] [-b N] [-ctk T] [-ctv T] [--mem SIZE] [--fit] [--json]
+// fitllm plan -m MODEL [-c N] [-np N] [-b N] [-ctk T] [-ctv T] [--mem SIZE] [--device NAME -ngl N --vram SIZE]
+//             [--fit] [--json]
 // The memory plan of a run (memory/plan.h), from the GGUF header alone.
 #include "memory/plan.h"
 
@@ -37,15 +38,17 @@ quant::GgmlType kv_type_option(const std::string& option, const std::string& val
     }
 }
 
-std::string kv_detail(const memory::Plan& p) {
+std::string kv_detail(const memory::Plan& p, bool on_device) {
     std::string s;
     for (const memory::KvPoolPlan& pool : p.kv_pools) {
+        if (pool.on_device != on_device) continue;
         if (!s.empty()) s += "; ";
         s += std::to_string(pool.n_layer) + " layers x " + std::to_string(pool.n_cells) + " cells";
         if (pool.window > 0) s += " (window " + std::to_string(pool.window) + ")";
     }
+    if (s.empty()) return "none";
     s += ", " + type_str(p.params.type_k) + "/" + type_str(p.params.type_v);
-    if (p.kv_spilled > 0) s += "; " + util::human_bytes(p.kv_spilled) + " spilled to disk (not in the total)";
+    if (!on_device && p.kv_spilled > 0) s += "; " + util::human_bytes(p.kv_spilled) + " spilled to disk (not in the total)";
     return s;
 }
 
@@ -53,6 +56,7 @@ json plan_json(const memory::Plan& p, const std::string& budget_source) {
     const memory::PlanParams& q = p.params;
     json pools = json::array();
     for (const memory::KvPoolPlan& pool : p.kv_pools) {
+        if (pool.on_device) continue;
         pools.push_back(
             {{"window", pool.window}, {"n_layer", pool.n_layer}, {"n_cells", pool.n_cells}, {"bytes", pool.bytes}});
     }
@@ -87,8 +91,33 @@ json plan_json(const memory::Plan& p, const std::string& budget_source) {
                                   {"total", p.total()},
                                   {"budget", q.budget},
                                   {"budget_source", budget_source},
-                                  {"fits", p.fits()}}})},
+                                  {"fits", p.total() <= q.budget}}})},
     };
+    if (!p.device.name.empty()) {
+        json dpools = json::array();
+        for (const memory::KvPoolPlan& pool : p.kv_pools) {
+            if (pool.on_device) {
+                dpools.push_back({{"window", pool.window},
+                                  {"n_layer", pool.n_layer},
+                                  {"n_cells", pool.n_cells},
+                                  {"bytes", pool.bytes}});
+            }
+        }
+        out["devices"].push_back({{"name", p.device.name},
+                                  {"n_layer", p.device.n_layer},
+                                  {"output", p.device.output},
+                                  {"weights", p.device.weights},
+                                  {"kv", p.device.kv},
+                                  {"kv_pools", dpools},
+                                  {"scratch", p.device.scratch},
+                                  {"total", p.device.total()},
+                                  {"budget", p.device.capacity},
+                                  {"fits", p.device.fits()}});
+        out["settings"]["device"] = p.device.name;
+        out["settings"]["n_gpu_layers"] = q.n_gpu_layers;
+        out["settings"]["kv_offload"] = q.kv_offload;
+    }
+    out["fits"] = p.fits();
     if (p.fitted) out["fit"] = steps;
     return out;
 }
@@ -110,16 +139,17 @@ std::string plan_text(const memory::Plan& p, const std::string& budget_source) {
                   q.n_batch, type_str(q.type_k).c_str(), type_str(q.type_v).c_str(), q.n_threads);
     out += line;
     out += "\ndevice host\n";
-    const int n_resident = p.shape.hp.n_layer - q.n_streamed_layers;
+    const int n_layer = p.shape.hp.n_layer;
+    const int n_resident = n_layer - p.device.n_layer - q.n_streamed_layers;
     row("weights resident", p.weights_resident,
-        "mapped: " + std::to_string(n_resident) + " of " + std::to_string(p.shape.hp.n_layer) +
-            " layers, embeddings and output");
+        "mapped: " + std::to_string(n_resident) + " of " + std::to_string(n_layer) + " layers, embeddings" +
+            (p.device.output ? "" : " and output"));
     if (q.n_streamed_layers > 0) {
         row("weights streamed", p.weights_streamed,
             std::to_string(q.n_streamed_layers) + " layers read from the file as needed (not in the total)");
         row("stream buffer", p.stream_buffer, "two of the largest streamed layers");
     }
-    row("KV cache", p.kv, kv_detail(p));
+    row("KV cache", p.kv, kv_detail(p, false));
     row("scratch", p.scratch,
         "activations " + util::human_bytes(p.activations) + " for " + std::to_string(q.n_batch) +
             " tokens, op scratch " + util::human_bytes(std::max(p.matmul_scratch, p.attention_scratch)));
@@ -130,7 +160,19 @@ std::string plan_text(const memory::Plan& p, const std::string& budget_source) {
             util::human_bytes(memory::kMetadataFactor * p.shape.metadata_bytes));
     row("total", p.total(), "");
     row("budget", q.budget, budget_source);
-    out += std::string("  fits               ") + (p.fits() ? "yes" : "no") + "\n";
+    out += std::string("  fits               ") + (p.total() <= q.budget ? "yes" : "no") + "\n";
+    if (!p.device.name.empty()) {
+        const memory::DevicePlan& d = p.device;
+        out += "\ndevice " + d.name + "\n";
+        row("weights", d.weights,
+            std::to_string(d.n_layer) + " of " + std::to_string(n_layer) + " layers" +
+                (d.output ? " and the output layer" : "") + " (-ngl " + std::to_string(q.n_gpu_layers) + ")");
+        row("KV cache", d.kv, q.kv_offload ? kv_detail(p, true) : "none (--no-kv-offload)");
+        row("scratch", d.scratch, d.n_layer > 0 ? "activations and op scratch for " + std::to_string(q.n_batch) + " tokens" : "");
+        row("total", d.total(), "");
+        row("budget", d.capacity, d.capacity == 0 ? "no limit (--vram)" : "--vram");
+        out += std::string("  fits               ") + (d.fits() ? "yes" : "no") + "\n";
+    }
     if (p.fitted) {
         if (p.fit_steps.empty()) out += "\n--fit: fits as asked; nothing changed\n";
         for (const memory::FitStep& s : p.fit_steps) out += "\n--fit: " + s.change + "\n       why: " + s.reason + "\n";
@@ -143,8 +185,8 @@ int run_plan(const std::vector<std::string>& args) {
     memory::PlanParams params;
     bool fit = false, as_json = false;
     ArgParser p(
-        "fitllm plan -m MODEL [-c N] [-np N] [-b N] [-ctk T] [-ctv T] [--mem SIZE] [--stream-layers N] [--fit] "
-        "[--json]",
+        "fitllm plan -m MODEL [-c N] [-np N] [-b N] [-ctk T] [-ctv T] [--mem SIZE] [--stream-layers N] "
+        "[--device NAME] [-ngl N] [--vram SIZE] [--no-kv-offload] [--fit] [--json]",
         "Show where every byte of a run would go, from the GGUF header alone: weights (resident\n"
         "or streamed), KV cache, scratch, outputs and overhead per device, the total, and whether\n"
         "it fits the memory budget. --fit changes the settings until it does: it quantizes the KV\n"
@@ -175,6 +217,8 @@ int run_plan(const std::vector<std::string>& args) {
                      throw UsageError(std::string("--kv-resident: ") + e.what());
                  }
              });
+    MemoryOptions offload;
+    add_offload_options(p, offload);
     p.flag("--fit", &fit, "change the settings until the plan fits the budget, and say why");
     p.flag("--json", &as_json, "print the plan as JSON");
     if (!p.parse(args)) return 0;
@@ -186,6 +230,7 @@ int run_plan(const std::vector<std::string>& args) {
 
     const ResolvedBudget budget = resolve_budget(mem);
     params.budget = budget.bytes;
+    const std::unique_ptr<backend::Backend> device = apply_offload_options(offload, params, /*plan_only=*/true);
     const std::string& budget_source = budget.source;
 
     const gguf::GgufFile file = gguf::GgufFile::open(model_path);

@@ -26,8 +26,11 @@ std::string type_str(quant::GgmlType t) {
 // "-c 4096 -ctk q8_0 -ctv q8_0, 2 of 18 layers streamed"
 std::string settings_text(const memory::Plan& p) {
     const memory::PlanParams& q = p.params;
-    return "-c " + std::to_string(q.n_ctx) + " -ctk " + type_str(q.type_k) + " -ctv " + type_str(q.type_v) + ", " +
-           std::to_string(q.n_streamed_layers) + " of " + std::to_string(p.shape.hp.n_layer) + " layers streamed";
+    std::string s = "-c " + std::to_string(q.n_ctx) + " -ctk " + type_str(q.type_k) + " -ctv " + type_str(q.type_v) +
+                    ", " + std::to_string(q.n_streamed_layers) + " of " + std::to_string(p.shape.hp.n_layer) +
+                    " layers streamed";
+    if (!p.device.name.empty()) s += ", -ngl " + std::to_string(q.n_gpu_layers) + " on " + p.device.name;
+    return s;
 }
 
 // The plan's rows charged to a device of the budget's capacity, in the order the run charges
@@ -46,6 +49,18 @@ std::string first_refusal(const memory::Plan& p) {
         charges.push_back(host.pool(names::kScratch).charge(p.scratch, "activations and op scratch"));
     } catch (const memory::BudgetError& e) {
         return e.what();
+    }
+    if (!p.device.fits()) {
+        memory::Device dev(p.device.name, p.device.capacity);
+        std::vector<memory::Charge> on_device;  // (released before dev goes)
+        try {
+            namespace names = memory::pool_names;
+            on_device.push_back(dev.pool(names::kWeights).charge(p.device.weights, "the offloaded layers' weights"));
+            on_device.push_back(dev.pool(names::kKv).charge(p.device.kv, "the offloaded layers' KV cache"));
+            on_device.push_back(dev.pool(names::kScratch).charge(p.device.scratch, "activations and op scratch"));
+        } catch (const memory::BudgetError& e) {
+            return e.what();
+        }
     }
     return "the plan's total " + util::human_bytes(p.total()) + " is over the budget of " +
            util::human_bytes(p.params.budget);
@@ -117,13 +132,53 @@ memory::PlanParams session_plan_params(const runtime::SessionParams& sp, int n_t
     return p;
 }
 
+std::unique_ptr<backend::Backend> apply_offload_options(const MemoryOptions& options, memory::PlanParams& params,
+                                                        bool plan_only) {
+    params.device = options.device;
+    params.kv_offload = !options.no_kv_offload;
+    if (params.device.empty() && options.n_gpu_layers > 0) {
+        if (backend::cuda_device_count() == 0) {
+            throw UsageError("-ngl " + std::to_string(options.n_gpu_layers) + ": no GPU to offload to (" +
+                             (backend::cuda_built() ? "no CUDA device found" : "this build has no CUDA") +
+                             "); --device virtual runs the offload path on the CPU");
+        }
+        params.device = "cuda0";
+    }
+    if (params.device.empty()) {
+        if (!options.vram.empty()) throw UsageError("--vram: no device to offload to (--device NAME or -ngl N)");
+        params.n_gpu_layers = 0;
+        return nullptr;
+    }
+    params.n_gpu_layers = options.n_gpu_layers >= 0 ? options.n_gpu_layers : -1;
+    params.vram = 0;
+    if (!options.vram.empty()) {
+        try {
+            params.vram = memory::parse_size(options.vram);
+        } catch (const memory::SizeError& e) {
+            throw UsageError(std::string("--vram: ") + e.what());
+        }
+    }
+    if (plan_only && params.vram > 0) return nullptr;  // a plan for a device that may be elsewhere
+    std::unique_ptr<backend::Backend> device;
+    try {
+        device = backend::open_device(params.device, params.vram > 0 ? params.vram : UINT64_MAX);
+    } catch (const std::exception& e) {
+        throw UsageError(std::string("--device ") + params.device + ": " + e.what());
+    }
+    // The plan's device budget: --vram, or what the device has (a CUDA device's free memory).
+    if (params.vram == 0 && device->memory().capacity() != UINT64_MAX) params.vram = device->memory().capacity();
+    params.device = device->name();
+    return device;
+}
+
 std::optional<RunBudget> RunBudget::prepare(const char* command, const gguf::GgufFile& file, memory::PlanParams params,
                                             const MemoryOptions& options, ContextMayShrink shrink) {
     const ResolvedBudget budget = resolve_budget(options.mem);
     params.budget = budget.bytes;
     if (options.stream_layers >= 0) params.n_streamed_layers = options.stream_layers;
-    const memory::ModelShape shape = memory::model_shape(file);
     RunBudget rb;
+    rb.offload_ = apply_offload_options(options, params);
+    const memory::ModelShape shape = memory::model_shape(file);
     rb.options_ = options;
     try {
         rb.plan_ = options.fit ? memory::fit_plan(shape, params) : memory::make_plan(shape, params);
@@ -214,7 +269,11 @@ std::unique_ptr<model::Model> RunBudget::load_model(gguf::GgufFile& file) {
     weights_lock_rounding_ = std::move(lock_rounding);
     // The model charges its working memory ("scratch", as it grows) and its stream buffers
     // ("staging") itself.
-    auto model = model::Model::load(file, {.device = device_.get(), .n_streamed_layers = q.n_streamed_layers});
+    auto model = model::Model::load(file, {.device = device_.get(),
+                                           .n_streamed_layers = q.n_streamed_layers,
+                                           .offload = q.n_gpu_layers > 0 ? offload_.get() : nullptr,
+                                           .n_offload_layers = q.n_gpu_layers,
+                                           .offload_kv = q.kv_offload});
     if (!locked) prefault_with_progress(file, *model);  // mlock has read them in already
     return model;
 }
@@ -226,8 +285,19 @@ std::string RunBudget::peak_summary() const {
         s += (first ? " " : ", ") + p.name + " " + util::human_bytes(p.peak);
         first = false;
     }
-    return s + "; all " + util::human_bytes(device_->peak()) + " of the " + util::human_bytes(device_->capacity()) +
-           " budget, plan " + util::human_bytes(plan_.total());
+    s += "; all " + util::human_bytes(device_->peak()) + " of the " + util::human_bytes(device_->capacity()) +
+         " budget, plan " + util::human_bytes(plan_.total());
+    if (offload_ && plan_.device.n_layer > 0) {
+        const memory::Device& d = offload_->memory();
+        s += "; " + d.name() + ":";
+        first = true;
+        for (const memory::PoolStats& p : d.pools()) {
+            s += (first ? " " : ", ") + p.name + " " + util::human_bytes(p.peak);
+            first = false;
+        }
+        s += "; all " + util::human_bytes(d.peak()) + ", plan " + util::human_bytes(plan_.device.total());
+    }
+    return s;
 }
 
 }  // namespace fitllm::cli

@@ -20,6 +20,7 @@
 #include <utility>
 #include <vector>
 
+#include "backend/backend.h"
 #include "cli/generation_options.h"
 #include "gguf/gguf_reader.h"
 #include "memory/device.h"
@@ -54,6 +55,15 @@ enum class ContextMayShrink { no, yes };
 // context, sequences, batch and outputs.
 memory::PlanParams session_plan_params(const runtime::SessionParams& sp, int n_threads);
 
+// Copies the offload options into params and opens the device: the one named, or the first CUDA
+// device when -ngl asks for one and none is named; the layers (-1: as many as fit); the device
+// budget (--vram, else a CUDA device's free memory; none for the virtual device) and the KV
+// placement. Returns nullptr without a device. Throws UsageError for -ngl without a device to
+// offload to, a --vram that is not a size or a device that cannot be opened (why). plan_only:
+// with --vram, nothing is opened (fitllm plan, for a device that may be on another machine).
+std::unique_ptr<backend::Backend> apply_offload_options(const MemoryOptions& options, memory::PlanParams& params,
+                                                        bool plan_only = false);
+
 class RunBudget {
 public:
     // Plans `params` (its budget and n_streamed_layers from the options) for the model in file.
@@ -70,6 +80,8 @@ public:
 
     const memory::Plan& plan() const { return plan_; }
     memory::Device& device() { return *device_; }
+    // The device offloaded layers run on (--device, -ngl), or nullptr.
+    backend::Backend* offload() { return offload_.get(); }
 
     // Charges the resident weights to the "weights" pool, locks them with --mlock (all or
     // nothing: over RLIMIT_MEMLOCK or the budget is refused with the numbers, nothing locked),
@@ -86,6 +98,7 @@ private:
 
     memory::Plan plan_;
     MemoryOptions options_;
+    std::unique_ptr<backend::Backend> offload_;
     std::unique_ptr<memory::Device> device_;  // declared first: the charges below release into it
     memory::Charge overhead_;
     memory::Charge weights_;

@@ -14,6 +14,7 @@
 #include "cli/args.h"
 #include "cli/commands.h"
 #include "cli/generation_options.h"
+#include "cli/run_budget.h"
 #include "memory/budget.h"
 #include "server/http_server.h"
 #include "server/model_registry.h"
@@ -30,7 +31,8 @@ int run_serve(const std::vector<std::string>& args) {
     runtime::SessionParams kv;  // -ctk / -ctv
     ArgParser p(
         "fitllm serve [-m MODEL | --models-dir DIR] [--host H] [--port P] [-np N] [-c N] [-b N] [-t N] "
-        "[--mem SIZE] [--fit] [--ttl SECONDS] [--api-key KEY] [--max-queue N] [-ctk TYPE] [-ctv TYPE]",
+        "[--mem SIZE] [--fit] [--ttl SECONDS] [--api-key KEY] [--max-queue N] [-ctk TYPE] [-ctv TYPE] "
+        "[--device NAME] [-ngl N] [--vram SIZE] [--no-kv-offload]",
         "Serve models over HTTP with an OpenAI-compatible API: POST /v1/chat/completions and\n"
         "/v1/completions (streamed as server-sent events with \"stream\": true), GET /v1/models,\n"
         "POST /tokenize and /detokenize, GET /health, /metrics (Prometheus), /v1/memory, and a chat\n"
@@ -59,6 +61,8 @@ int run_serve(const std::vector<std::string>& args) {
     p.option("--max-queue", "N", "requests that may wait for a slot per model; more get HTTP 429 (default 64)",
              &so.max_queue);
     add_kv_options(p, kv);
+    MemoryOptions offload_options;
+    add_offload_options(p, offload_options);
     if (!p.parse(args)) return 0;
 
     if (model_path.empty() == models_dir.empty()) throw UsageError("give one of -m MODEL and --models-dir DIR");
@@ -96,13 +100,19 @@ int run_serve(const std::vector<std::string>& args) {
     sigaddset(&signals, SIGTERM);
     pthread_sigmask(SIG_BLOCK, &signals, nullptr);
 
+    // The offload device, shared by the models (each plans its share against the room left).
+    memory::PlanParams offload_params;
+    const std::unique_ptr<backend::Backend> offload_device = apply_offload_options(offload_options, offload_params);
     server::ModelRegistry registry({.model_path = model_path,
                                     .models_dir = models_dir,
                                     .budget = budget,
                                     .ttl_seconds = static_cast<double>(ttl),
                                     .scheduler = so,
                                     .n_threads = n_threads,
-                                    .fit = fit});
+                                    .fit = fit,
+                                    .offload = {.device = offload_device.get(),
+                                                .n_gpu_layers = offload_params.n_gpu_layers,
+                                                .kv_offload = offload_params.kv_offload}});
     server::HttpServer http(registry, {.api_key = api_key});
     if (!http.bind(host, port)) {
         throw Error("cannot listen on " + host + ":" + std::to_string(port) + " (in use, or not an address here)");

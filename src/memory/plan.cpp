@@ -9,6 +9,7 @@
 #include "kv/cache.h"
 #include "memory/pool.h"
 #include "model/layer_stream.h"
+#include "model/offload.h"
 #include "ops/attention.h"
 #include "ops/attention_kv.h"
 #include "ops/thread_pool.h"
@@ -21,6 +22,7 @@ namespace {
 
 constexpr int kBlockSize = kv::CacheParams{}.block_size;  // the runtime's cache blocks
 constexpr int kMinFitContext = 256;
+constexpr uint64_t kPageBytes = 4096;
 
 uint64_t row_bytes_or_throw(quant::GgmlType type, int64_t n, const std::string& what) {
     const auto bytes = quant::row_bytes(type, static_cast<uint64_t>(n));
@@ -66,6 +68,7 @@ ModelShape model_shape(const gguf::GgufFile& file) {
         s.layer_stream_bytes.clear();  // a layer without tensors: it cannot stream anyway
     }
     const bool has_output = file.find_tensor("output.weight") != nullptr;
+    s.tied_output = !has_output;
     for (const gguf::TensorInfo& t : file.tensors()) {
         const int il = tensor_layer(t.name);
         if (il >= 0 && il < s.hp.n_layer) {
@@ -73,11 +76,20 @@ ModelShape model_shape(const gguf::GgufFile& file) {
             if (t.n_dims >= 2) s.matmuls.push_back({t.type, t.ne[0], false});
         } else {
             s.global_bytes += t.n_bytes;
-            if (t.name == "output.weight" || (!has_output && t.name == "token_embd.weight")) {
+            const bool is_embd = t.name == "token_embd.weight";
+            if (is_embd) {
+                s.token_embd_bytes = t.n_bytes;
+                s.token_embd_row_bytes = t.ne[1] > 0 ? t.n_bytes / static_cast<uint64_t>(t.ne[1]) : t.n_bytes;
+            }
+            if (t.name == "output.weight" || (!has_output && is_embd)) {
                 s.matmuls.push_back({t.type, t.ne[0], true});
+            }
+            if (t.name == "output.weight" || t.name == "output_norm.weight" || (!has_output && is_embd)) {
+                s.output_bytes += t.n_bytes;
             }
         }
     }
+    for (int n = 0; n <= s.hp.n_layer + 1; ++n) s.device_weight_bytes.push_back(model::device_weight_bytes(file, s.hp, n));
     return s;
 }
 
@@ -95,40 +107,45 @@ uint64_t kv_pool_bytes(int n_layer, int n_head_kv, int head_dim_k, int head_dim_
 }
 
 std::vector<KvPoolPlan> kv_plan(const model::Hparams& hp, int n_cells, int n_seq, int n_batch, quant::GgmlType type_k,
-                                quant::GgmlType type_v, uint64_t resident_limit) {
-    // One pool for the full-attention layers, one per sliding window that is smaller than the
-    // full pool.
+                                quant::GgmlType type_v, uint64_t resident_limit, int n_device_layers) {
+    // Per place (host, device): one pool for the full-attention layers, one per sliding window
+    // that is smaller than the full pool (kv::ModelCache).
     kv::CacheParams cp;
     cp.n_cells = n_cells;
     cp.n_seq_max = n_seq;
     cp.type_k = type_k;
     cp.type_v = type_v;
     const int capacity = static_cast<int>(round_up(static_cast<uint64_t>(n_cells), kBlockSize));
-    std::map<int, int> layers_per_window;  // window (0: full) -> layers
+    const int first_device = hp.n_layer - std::clamp(n_device_layers, 0, hp.n_layer);
+    std::map<std::pair<bool, int>, int> layers_per_pool;  // (on device, window (0: full)) -> layers
     for (int il = 0; il < hp.n_layer; ++il) {
         const auto i = static_cast<size_t>(il);
         int w = i < hp.is_swa.size() && hp.is_swa[i] ? hp.sliding_window : 0;
         if (w > 0 && kv::ModelCache::window_pool_cells(cp, w, n_batch) >= capacity) w = 0;
-        ++layers_per_window[w];
+        ++layers_per_pool[{il >= first_device, w}];
     }
     std::vector<KvPoolPlan> pools;
-    for (const auto& [window, n_layer] : layers_per_window) {
+    for (const auto& [where, n_layer] : layers_per_pool) {
         KvPoolPlan pool;
-        pool.window = window;
+        pool.on_device = where.first;
+        pool.window = where.second;
         pool.n_layer = n_layer;
-        pool.n_cells =
-            window > 0 ? static_cast<int>(round_up(
-                             static_cast<uint64_t>(kv::ModelCache::window_pool_cells(cp, window, n_batch)), kBlockSize))
-                       : capacity;
+        pool.n_cells = pool.window > 0
+                           ? static_cast<int>(round_up(
+                                 static_cast<uint64_t>(kv::ModelCache::window_pool_cells(cp, pool.window, n_batch)),
+                                 kBlockSize))
+                           : capacity;
         pool.bytes = kv_pool_bytes(n_layer, hp.n_head_kv, hp.head_dim, hp.head_dim_v, pool.n_cells, n_seq, kBlockSize,
                                    type_k, type_v);
         pools.push_back(pool);
     }
-    // KV spill (kv/cache.h): the window pools stay in memory; the full-attention pool keeps what
-    // the rest of the limit holds, as kv::ModelCache splits it.
-    if (resident_limit > 0 && !pools.empty() && pools.front().window == 0) {
+    // KV spill (kv/cache.h): on the host, the window pools stay in memory; the full-attention pool
+    // keeps what the rest of the limit holds, as kv::ModelCache splits it.
+    if (resident_limit > 0 && !pools.empty() && !pools.front().on_device && pools.front().window == 0) {
         uint64_t window_bytes = 0;
-        for (size_t i = 1; i < pools.size(); ++i) window_bytes += pools[i].bytes;
+        for (size_t i = 1; i < pools.size(); ++i) {
+            if (!pools[i].on_device) window_bytes += pools[i].bytes;
+        }
         if (resident_limit <= window_bytes) {
             throw std::invalid_argument("the KV resident limit " + util::human_bytes(resident_limit) +
                                         " leaves nothing for the full-attention layers after the sliding-window "
@@ -149,40 +166,41 @@ std::vector<KvPoolPlan> kv_plan(const model::Hparams& hp, int n_cells, int n_seq
     return pools;
 }
 
-Plan make_plan(const ModelShape& shape, PlanParams params) {
-    const model::Hparams& hp = shape.hp;
-    if (params.n_ctx == 0) params.n_ctx = hp.n_ctx_train;
-    if (params.n_outputs == 0) params.n_outputs = params.n_seq;
-    if (params.n_threads <= 0) params.n_threads = ops::physical_core_count();  // as ops::ThreadPool
-    const auto positive = [](int v, const char* what) {
-        if (v < 1) throw std::invalid_argument(std::string(what) + " " + std::to_string(v) + " must be at least 1");
-    };
-    positive(params.n_ctx, "context size (-c)");
-    positive(params.n_seq, "sequences (-np)");
-    positive(params.n_batch, "batch size (-b)");
-    positive(params.n_outputs, "output rows");
-    if (params.n_seq > kv::kMaxSequences) {
-        throw std::invalid_argument("sequences (-np) " + std::to_string(params.n_seq) + " outside 1.." +
-                                    std::to_string(kv::kMaxSequences));
-    }
-    for (const quant::GgmlType t : {params.type_k, params.type_v}) {
-        if (!kv::is_kv_type(t)) throw std::invalid_argument("KV type " + type_str(t) + " is not one the cache stores");
-    }
-    params.n_streamed_layers = std::clamp(params.n_streamed_layers, 0, hp.n_layer);
+namespace {
 
+// make_plan() for a settled number of offloaded layers (0..n_layer + 1).
+Plan plan_for(const ModelShape& shape, const PlanParams& params) {
+    const model::Hparams& hp = shape.hp;
     Plan p;
     p.shape = shape;
     p.params = params;
 
+    // Placement: the last n_device layers run on the offload device (the output layer too when
+    // n_gpu_layers > n_layer); of the rest, the last n_streamed_layers stream.
+    const int n_device = std::min(params.n_gpu_layers, hp.n_layer);
+    const bool output_on_device = params.n_gpu_layers > hp.n_layer;
+    const int first_device = hp.n_layer - n_device;
+    const int first_streamed = first_device - std::min(params.n_streamed_layers, first_device);
+
     // Weights: mapped; the first layers stay resident, the last n_streamed_layers stream through
-    // a buffer of two layers.
+    // a buffer of two layers; offloaded ones are copied to the device and leave the host.
     p.weights_resident = shape.global_bytes;
+    if (output_on_device && !shape.tied_output) p.weights_resident -= shape.output_bytes;
+    // Streaming (short of memory), the token embedding is read a row per token and not read in
+    // whole (runtime::prefault): a batch's rows, one or two pages each. Tied to the output, every
+    // row is read at each step.
+    if (params.n_streamed_layers > 0 && !shape.tied_output && shape.token_embd_bytes > 0) {
+        const uint64_t rows = static_cast<uint64_t>(params.n_batch) *
+                              (round_up(shape.token_embd_row_bytes, kPageBytes) + kPageBytes);
+        p.weights_resident -= shape.token_embd_bytes - std::min(shape.token_embd_bytes, rows);
+    }
     uint64_t largest_streamed = 0;
-    const int first_streamed = hp.n_layer - params.n_streamed_layers;
     for (int il = 0; il < hp.n_layer; ++il) {
         const auto i = static_cast<size_t>(il);
         const uint64_t b = shape.layer_bytes[i];
-        if (il < first_streamed) {
+        if (il >= first_device) {
+            continue;  // copied to the device (below)
+        } else if (il < first_streamed) {
             p.weights_resident += b;
         } else {
             p.weights_streamed += b;
@@ -190,15 +208,19 @@ Plan make_plan(const ModelShape& shape, PlanParams params) {
                 std::max(largest_streamed, i < shape.layer_stream_bytes.size() ? shape.layer_stream_bytes[i] : b);
         }
     }
+    if (params.n_gpu_layers > 0) {
+        const auto n = static_cast<size_t>(std::min(params.n_gpu_layers, hp.n_layer + 1));
+        p.device.weights = n < shape.device_weight_bytes.size() ? shape.device_weight_bytes[n] : 0;
+    }
     // As model::LayerStream charges its "staging" pool (model::stream_staging_bytes).
     p.stream_buffer =
         largest_streamed == 0 ? 0 : model::kStreamBuffers * PoolBuffer<std::byte>::bytes_for(largest_streamed);
 
-    // KV: kv::ModelCache's pools (see kv/cache.h).
-    p.kv_pools =
-        kv_plan(hp, params.n_ctx, params.n_seq, params.n_batch, params.type_k, params.type_v, params.kv_resident_limit);
+    // KV: kv::ModelCache's pools (see kv/cache.h); the offloaded layers' on the device.
+    p.kv_pools = kv_plan(hp, params.n_ctx, params.n_seq, params.n_batch, params.type_k, params.type_v,
+                         params.kv_resident_limit, params.kv_offload ? n_device : 0);
     for (const KvPoolPlan& pool : p.kv_pools) {
-        p.kv += pool.bytes;
+        (pool.on_device ? p.device.kv : p.kv) += pool.bytes;
         p.kv_spilled += pool.spilled;
     }
 
@@ -225,18 +247,101 @@ Plan make_plan(const ModelShape& shape, PlanParams params) {
 
     p.logits = uint64_t(hp.n_vocab) * sizeof(float) * static_cast<uint64_t>(params.n_outputs);
     p.overhead = kFixedOverhead + kMetadataFactor * shape.metadata_bytes;
+
+    if (!params.device.empty()) {
+        p.device.name = params.device;
+        p.device.capacity = params.vram;
+        p.device.n_layer = n_device;
+        p.device.output = output_on_device;
+        if (n_device > 0) {
+            // Its activations for n_batch tokens and the logits of n_outputs rows when the output
+            // layer is there (model::device_scratch_bytes), and op scratch as the host's (the
+            // virtual device runs the host's kernels). The crossings use the host's activations
+            // and logits: nothing more on the host.
+            p.device.scratch = model::device_scratch_bytes(hp, params.n_gpu_layers, params.n_batch, params.n_outputs) +
+                               (p.scratch - p.activations);
+        }
+    }
     return p;
+}
+
+}  // namespace
+
+Plan make_plan(const ModelShape& shape, PlanParams params) {
+    const model::Hparams& hp = shape.hp;
+    if (params.n_ctx == 0) params.n_ctx = hp.n_ctx_train;
+    if (params.n_outputs == 0) params.n_outputs = params.n_seq;
+    if (params.n_threads <= 0) params.n_threads = ops::physical_core_count();  // as ops::ThreadPool
+    const auto positive = [](int v, const char* what) {
+        if (v < 1) throw std::invalid_argument(std::string(what) + " " + std::to_string(v) + " must be at least 1");
+    };
+    positive(params.n_ctx, "context size (-c)");
+    positive(params.n_seq, "sequences (-np)");
+    positive(params.n_batch, "batch size (-b)");
+    positive(params.n_outputs, "output rows");
+    if (params.n_seq > kv::kMaxSequences) {
+        throw std::invalid_argument("sequences (-np) " + std::to_string(params.n_seq) + " outside 1.." +
+                                    std::to_string(kv::kMaxSequences));
+    }
+    for (const quant::GgmlType t : {params.type_k, params.type_v}) {
+        if (!kv::is_kv_type(t)) throw std::invalid_argument("KV type " + type_str(t) + " is not one the cache stores");
+    }
+    params.n_streamed_layers = std::clamp(params.n_streamed_layers, 0, hp.n_layer);
+    if (params.device.empty()) {
+        if (params.n_gpu_layers > 0) {
+            throw std::invalid_argument("-ngl " + std::to_string(params.n_gpu_layers) +
+                                        " offloads layers, but no device is given (--device)");
+        }
+        params.n_gpu_layers = 0;
+        return plan_for(shape, params);
+    }
+    if (params.n_gpu_layers >= 0) {
+        params.n_gpu_layers = std::min(params.n_gpu_layers, hp.n_layer + 1);
+        return plan_for(shape, params);
+    }
+    // Auto: the most layers whose share fits the device (the output layer counts as one more).
+    std::optional<Plan> best;
+    for (int n = hp.n_layer + 1; n >= 0; --n) {
+        params.n_gpu_layers = n;
+        Plan q = plan_for(shape, params);
+        if (q.device.fits()) return q;
+        if (n == 0) best = std::move(q);
+    }
+    return *best;
 }
 
 Plan fit_plan(const ModelShape& shape, PlanParams params) {
     const model::Hparams& hp = shape.hp;
-    Plan p = make_plan(shape, params);
+    // With the offloaded layers left to the plan (n_gpu_layers < 0), each new setting offloads as
+    // many as the device then holds.
+    const bool auto_offload = !params.device.empty() && params.n_gpu_layers < 0;
+    const auto plan = [&](PlanParams q) {
+        if (auto_offload) q.n_gpu_layers = -1;
+        return make_plan(shape, q);
+    };
+    Plan p = plan(params);
     p.fitted = true;
     const uint64_t budget = p.params.budget;
-    if (p.fits()) return p;
     std::vector<FitStep> steps;
+    if (auto_offload) {
+        const DevicePlan& d = p.device;
+        steps.push_back({"offload " + std::to_string(d.n_layer) + " of " + std::to_string(hp.n_layer) + " layers" +
+                             (d.output ? " and the output layer" : "") + " to " + d.name,
+                         d.capacity == 0 ? "no --vram limit: every layer goes to the device"
+                                         : "the most that fit its " + util::human_bytes(d.capacity) + " (" +
+                                               util::human_bytes(d.total()) + " planned there)"});
+    }
+    if (p.fits()) {
+        p.fit_steps = std::move(steps);
+        return p;
+    }
     const auto over = [&](const Plan& q) {
-        return q.total() > budget ? "over budget by " + util::human_bytes(q.total() - budget) : std::string("fits");
+        if (q.total() > budget) return "over budget by " + util::human_bytes(q.total() - budget);
+        if (!q.device.fits()) {
+            return q.device.name + " over its " + util::human_bytes(q.device.capacity) + " by " +
+                   util::human_bytes(q.device.total() - q.device.capacity);
+        }
+        return std::string("fits");
     };
 
     // 1. Quantize K and V: same context, less memory per token; q8_0 costs little quality.
@@ -255,7 +360,7 @@ Plan fit_plan(const ModelShape& shape, PlanParams params) {
         }
         if (smaller(next.type_k)) next.type_k = t;
         if (smaller(next.type_v)) next.type_v = t;
-        Plan q = make_plan(shape, next);
+        Plan q = plan(next);
         steps.push_back({"KV cache " + type_str(p.params.type_k) + "/" + type_str(p.params.type_v) + " -> " +
                              type_str(next.type_k) + "/" + type_str(next.type_v),
                          over(p) + " with the KV cache taking " + util::human_bytes(p.kv) + "; quantizing it saves " +
@@ -269,7 +374,7 @@ Plan fit_plan(const ModelShape& shape, PlanParams params) {
     const auto fewest_streamed = [&](PlanParams base) -> std::optional<Plan> {
         for (int n = min_streamed; n <= hp.n_layer; ++n) {
             base.n_streamed_layers = n;
-            Plan q = make_plan(shape, base);
+            Plan q = plan(base);
             if (q.fits()) return q;
         }
         return std::nullopt;
@@ -278,10 +383,10 @@ Plan fit_plan(const ModelShape& shape, PlanParams params) {
     // costs buffers, so with small layers it may never pay.
     const auto smallest_streamed = [&](PlanParams base) {
         base.n_streamed_layers = min_streamed;
-        Plan best = make_plan(shape, base);
+        Plan best = plan(base);
         for (int n = min_streamed + 1; n <= hp.n_layer; ++n) {
             base.n_streamed_layers = n;
-            Plan q = make_plan(shape, base);
+            Plan q = plan(base);
             if (q.total() < best.total()) best = std::move(q);
         }
         return best;
@@ -301,7 +406,7 @@ Plan fit_plan(const ModelShape& shape, PlanParams params) {
                      util::human_bytes(p.stream_buffer) + " buffer keeps the context (" + over(p) + ")"});
         } else {
             steps.push_back({"no more layers streamed", "the stream buffers (" +
-                                                            util::human_bytes(make_plan(shape,
+                                                            util::human_bytes(plan(
                                                                                         [&] {
                                                                                             PlanParams all = p.params;
                                                                                             all.n_streamed_layers =
@@ -343,7 +448,8 @@ Plan fit_plan(const ModelShape& shape, PlanParams params) {
                                                  " KV cache and " + std::to_string(p.params.n_streamed_layers) +
                                                  " of " + std::to_string(hp.n_layer) + " layers streamed needs " +
                                                  util::human_bytes(p.total()) + "; the budget is " +
-                                                 util::human_bytes(budget)});
+                                                 util::human_bytes(budget) +
+                                                 (p.device.fits() ? std::string() : " (and " + over(p) + ")")});
         }
     }
     p.fit_steps = std::move(steps);

@@ -42,6 +42,15 @@ struct ModelShape {
         bool output;  // the output projection: n_outputs rows instead of n_batch
     };
     std::vector<Matmul> matmuls;
+    // The token embedding (looked up a row per token) and the output layer (output norm and
+    // matrix; with tied embeddings the matrix is the token embedding itself).
+    uint64_t token_embd_bytes = 0;
+    uint64_t token_embd_row_bytes = 0;
+    bool tied_output = false;
+    uint64_t output_bytes = 0;  // output norm + output matrix (the token embedding when tied)
+    // What an offload device's "weights" pool holds with the last n layers there (index n,
+    // 0..n_layer + 1; model::device_weight_bytes).
+    std::vector<uint64_t> device_weight_bytes;
 };
 
 // The layer of a tensor: "blk.12.attn_q.weight" -> 12; -1 for tensors outside the layers.
@@ -61,6 +70,14 @@ struct PlanParams {
     uint64_t budget = 0;                            // host bytes
     int n_streamed_layers = 0;                      // the last n layers stream instead of staying resident
     uint64_t kv_resident_limit = 0;  // KV spill (--kv-spill-dir, --kv-resident): K/V bytes kept in memory; 0: all
+    // Offload (DESIGN.md idea 6): a device (--device; empty: none) that runs the last
+    // n_gpu_layers layers (-ngl; more than n_layer: the output layer too), holding their weights
+    // and, with kv_offload, their KV cache. n_gpu_layers < 0: as many as fit vram (all when vram
+    // is 0). vram: the device's capacity (--vram); 0: no limit known.
+    std::string device;
+    int n_gpu_layers = 0;
+    uint64_t vram = 0;
+    bool kv_offload = true;
 };
 
 // One pool of the KV cache (kv::ModelCache): the full-attention layers, or the layers of one
@@ -71,6 +88,21 @@ struct KvPoolPlan {
     int n_cells = 0;       // rounded to blocks
     uint64_t bytes = 0;    // in memory (KvCache::bytes())
     uint64_t spilled = 0;  // K/V that lives in the spill file instead (kv_resident_limit)
+    bool on_device = false;  // the KV of offloaded layers, on the offload device
+};
+
+// What the offload device holds: the weights of its layers, their KV cache (kv_offload) and the
+// working memory of a forward pass through them.
+struct DevicePlan {
+    std::string name;
+    uint64_t capacity = 0;  // 0: no limit known
+    int n_layer = 0;        // the last n_layer layers run on it
+    bool output = false;    // and the output layer
+    uint64_t weights = 0;
+    uint64_t kv = 0;
+    uint64_t scratch = 0;
+    uint64_t total() const { return weights + kv + scratch; }
+    bool fits() const { return capacity == 0 || total() <= capacity; }
 };
 
 // What fit_plan() changed, and why.
@@ -96,11 +128,14 @@ struct Plan {
     uint64_t logits = 0;             // n_vocab floats per output row
     uint64_t overhead = 0;           // see kFixedOverhead
 
-    uint64_t weights() const { return weights_resident + stream_buffer; }
-    uint64_t total() const { return weights() + kv + scratch + logits + overhead; }
-    bool fits() const { return total() <= params.budget; }
+    // The offload device's share; name empty (and every number 0) without one.
+    DevicePlan device;
 
-    std::vector<FitStep> fit_steps;  // empty unless fit_plan() changed something
+    uint64_t weights() const { return weights_resident + stream_buffer; }
+    uint64_t total() const { return weights() + kv + scratch + logits + overhead; }  // the host's
+    bool fits() const { return total() <= params.budget && device.fits(); }
+
+    std::vector<FitStep> fit_steps;  // empty unless fit_plan() changed something (or chose the offload)
     bool fitted = false;             // fit_plan() ran
 };
 
@@ -113,22 +148,28 @@ struct Plan {
 inline constexpr uint64_t kFixedOverhead = uint64_t{8} << 20;
 inline constexpr uint64_t kMetadataFactor = 8;
 
-// The plan for these settings. Throws std::invalid_argument for settings the runtime refuses
-// (non-positive sizes, a KV type that is not one, head sizes that are not whole blocks of it).
+// The plan for these settings; n_gpu_layers < 0 (with a device) resolves to the most layers the
+// device holds within vram. Throws std::invalid_argument for settings the runtime refuses
+// (non-positive sizes, a KV type that is not one, head sizes that are not whole blocks of it,
+// layers offloaded without a device).
 Plan make_plan(const ModelShape& shape, PlanParams params);
 
 // make_plan(), then, while it does not fit: quantize K/V (f16 -> q8_0 -> q4_0), stream the
 // weights of the last layers (as few as needed, at least params.n_streamed_layers), and only then halve the context
-// (down to 256 cells or n_batch), streaming as few layers as that context needs. Each change is a FitStep. The result
-// may still not fit (fits() false; the last step says why).
+// (down to 256 cells or n_batch), streaming as few layers as that context needs. With a device and
+// n_gpu_layers < 0, every setting offloads as many layers as the device holds (the first step
+// says how many). Each change is a FitStep. The result may still not fit (fits() false; the last
+// step says why).
 Plan fit_plan(const ModelShape& shape, PlanParams params);
 
 // The pools of the kv::ModelCache that Model::make_cache() builds for n_cells cells, n_seq
 // sequences and batches of n_batch tokens, with their bytes (KvCache::bytes() of each); with a
 // resident_limit (KV spill), what stays in memory and what goes to the spill file. Throws
 // std::invalid_argument for a limit the cache refuses.
+// n_device_layers: the last layers whose KV lives on the offload device (pools of their own,
+// on_device); the resident limit applies to the host's pools.
 std::vector<KvPoolPlan> kv_plan(const model::Hparams& hp, int n_cells, int n_seq, int n_batch, quant::GgmlType type_k,
-                                quant::GgmlType type_v, uint64_t resident_limit = 0);
+                                quant::GgmlType type_v, uint64_t resident_limit = 0, int n_device_layers = 0);
 
 // The KV bytes of one kv::KvCache pool, as KvCache::bytes() counts them.
 uint64_t kv_pool_bytes(int n_layer, int n_head_kv, int head_dim_k, int head_dim_v, int n_cells_rounded, int n_seq,

@@ -129,6 +129,17 @@ nlohmann::json memory_report(ModelRegistry& registry) {
                        {"used", dev.live()},
                        {"peak", dev.peak()},
                        {"pools", pools}});
+    if (backend::Backend* offload = registry.options().offload.device) {
+        const memory::Device& gpu = offload->memory();
+        json gpu_pools = json::array();
+        for (const memory::PoolStats& p : gpu.pools())
+            gpu_pools.push_back({{"name", p.name}, {"used", p.live}, {"peak", p.peak}});
+        devices.push_back({{"name", gpu.name()},
+                           {"capacity", gpu.capacity() == UINT64_MAX ? json(nullptr) : json(gpu.capacity())},
+                           {"used", gpu.live()},
+                           {"peak", gpu.peak()},
+                           {"pools", gpu_pools}});
+    }
     json models = json::array();
     for (const ModelInfo& m : registry.models()) {
         json entry = {{"id", m.id}, {"loaded", m.loaded}};
@@ -138,6 +149,15 @@ nlohmann::json memory_report(ModelRegistry& registry) {
             entry["plan"] = {{"weights", p.weights()}, {"kv", p.kv},
                              {"scratch", p.scratch},   {"logits", p.logits},
                              {"overhead", p.overhead}, {"total", p.total()}};
+            if (!p.device.name.empty()) {
+                entry["plan_devices"] = {{p.device.name,
+                                          {{"n_layer", p.device.n_layer},
+                                           {"output", p.device.output},
+                                           {"weights", p.device.weights},
+                                           {"kv", p.device.kv},
+                                           {"scratch", p.device.scratch},
+                                           {"total", p.device.total()}}}};
+            }
             entry["used"] = m.model->used_bytes();
             entry["kv_cells_used"] = st.kv_cells_used;
             entry["kv_cells_total"] = st.kv_cells_total;

@@ -27,20 +27,28 @@ double seconds_since(std::chrono::steady_clock::time_point t) {
 }  // namespace
 
 LoadedModel::LoadedModel(std::string id, const std::filesystem::path& path, const SchedulerOptions& options,
-                         memory::Device& device, Compute& compute, bool fit)
+                         memory::Device& device, Compute& compute, bool fit, const Offload& offload)
     : id_(std::move(id)), path_(path) {
     const auto start = std::chrono::steady_clock::now();
     file_ = std::make_unique<gguf::GgufFile>(gguf::GgufFile::open(path.string()));
     const memory::ModelShape shape = memory::model_shape(*file_);
     const int block = kv::CacheParams{}.block_size;
     const int extra_cells = options.n_slots * block;  // a partly used block per sequence
-    const memory::PlanParams params{.n_ctx = options.n_ctx + extra_cells,
-                                    .n_seq = options.n_slots,
-                                    .n_batch = std::max(options.n_batch, options.n_slots),
-                                    .n_outputs = options.n_slots,
-                                    .type_k = options.type_k,
-                                    .type_v = options.type_v,
-                                    .budget = device.capacity()};
+    memory::PlanParams params{.n_ctx = options.n_ctx + extra_cells,
+                              .n_seq = options.n_slots,
+                              .n_batch = std::max(options.n_batch, options.n_slots),
+                              .n_outputs = options.n_slots,
+                              .type_k = options.type_k,
+                              .type_v = options.type_v,
+                              .budget = device.capacity()};
+    memory::Device* gpu = offload.device ? &offload.device->memory() : nullptr;
+    if (gpu) {
+        params.device = offload.device->name();
+        params.n_gpu_layers = offload.n_gpu_layers;
+        params.kv_offload = offload.kv_offload;
+        // The room the other models leave (an unlimited device: no limit).
+        params.vram = gpu->capacity() == UINT64_MAX ? 0 : gpu->available();
+    }
     plan_ = memory::make_plan(shape, params);
     SchedulerOptions so = options;
     if (fit && !plan_.fits()) {
@@ -69,6 +77,19 @@ LoadedModel::LoadedModel(std::string id, const std::filesystem::path& path, cons
                             " of it is held by models in use (" + device.breakdown() + ")");
     };
     if (plan_.total() > device.available()) throw busy();
+    if (gpu && !plan_.device.fits()) {
+        const memory::DevicePlan& d = plan_.device;
+        const std::string needs = "model '" + id_ + "' needs " + mib(d.total()) + " on " + d.name + " for -ngl " +
+                                  std::to_string(plan_.params.n_gpu_layers) + " (weights " + mib(d.weights) +
+                                  ", KV cache " + mib(d.kv) + ", scratch " + mib(d.scratch) + ")";
+        if (d.total() > gpu->capacity()) {
+            throw ApiError(507, "insufficient_memory", "model_too_large",
+                           needs + ", but the device's budget is " + mib(gpu->capacity()));
+        }
+        throw ApiError(503, "insufficient_memory", "budget_busy",
+                       needs + "; " + mib(gpu->live()) + " of its " + mib(gpu->capacity()) +
+                           " is held by models in use (" + gpu->breakdown() + ")");
+    }
     // The plan's bytes for what has no pool of its own yet (weights mapped and read in, logits,
     // tokenizer); the KV cache and the model's working memory charge their pools themselves.
     try {
@@ -90,7 +111,17 @@ LoadedModel::LoadedModel(std::string id, const std::filesystem::path& path, cons
     if (vocab.valid(vocab.special().eos)) render_options_.eos_token = vocab.text(vocab.special().eos);
     // The model charges its working memory (scratch) itself, as it grows: the scheduler's first
     // pass, a full batch, takes it to its largest.
-    model_ = model::Model::load(*file_, {.device = &device, .n_streamed_layers = plan_.params.n_streamed_layers});
+    const int n_gpu_layers = gpu ? plan_.params.n_gpu_layers : 0;
+    model_ = model::Model::load(*file_, {.device = &device,
+                                         .n_streamed_layers = plan_.params.n_streamed_layers,
+                                         .offload = n_gpu_layers > 0 ? offload.device : nullptr,
+                                         .n_offload_layers = n_gpu_layers,
+                                         .offload_kv = plan_.params.kv_offload});
+    if (n_gpu_layers > 0) {
+        std::fprintf(stderr, "fitllm serve: model '%s': %d of %d layers%s on %s (%s planned there)\n", id_.c_str(),
+                     plan_.device.n_layer, plan_.shape.hp.n_layer, plan_.device.output ? " and the output" : "",
+                     plan_.device.name.c_str(), mib(plan_.device.total()).c_str());
+    }
     runtime::prefault(*file_, *model_);
     so.kv_pool = &device.pool(memory::pool_names::kKv);
     try {
@@ -238,7 +269,8 @@ std::shared_ptr<LoadedModel> ModelRegistry::acquire(const std::string& requested
     }
     while (true) {
         try {
-            auto m = std::make_shared<LoadedModel>(id, path, options_.scheduler, device_, compute_, options_.fit);
+            auto m = std::make_shared<LoadedModel>(id, path, options_.scheduler, device_, compute_, options_.fit,
+                                                   options_.offload);
             std::lock_guard lock(mutex_);
             Entry& e = entries_[id];
             e.loaded = m;

@@ -21,6 +21,7 @@
 #include <thread>
 #include <vector>
 
+#include "backend/backend.h"
 #include "chat/chat_template.h"
 #include "gguf/gguf_reader.h"
 #include "memory/device.h"
@@ -32,14 +33,24 @@
 
 namespace fitllm::server {
 
+// Layers on a device for every model (-ngl, --device, --no-kv-offload): the last n_gpu_layers
+// of each model (-1: as many as the device has room for when the model loads).
+struct Offload {
+    backend::Backend* device = nullptr;  // outlives the registry; nullptr: host only
+    int n_gpu_layers = -1;
+    bool kv_offload = true;
+};
+
 class LoadedModel {
 public:
     // Opens, plans, charges and loads; throws ApiError (507 / 503) when the plan does not fit
     // `device` as it stands (the registry evicts and retries), and what loading throws. With fit,
     // a plan over the device's capacity is changed by memory::fit_plan (KV type, streamed layers,
     // context) before it is refused, and what it changed is printed on stderr.
+    // With offload.device, the model's share there is planned against the device's room left and
+    // refused (507 / 503) like the host's.
     LoadedModel(std::string id, const std::filesystem::path& path, const SchedulerOptions& options,
-                memory::Device& device, Compute& compute, bool fit = false);
+                memory::Device& device, Compute& compute, bool fit = false, const Offload& offload = {});
     ~LoadedModel();
 
     const std::string& id() const { return id_; }
@@ -76,6 +87,7 @@ struct RegistryOptions {
     SchedulerOptions scheduler;
     int n_threads = 0;
     bool fit = false;  // --fit: LoadedModel's fit
+    Offload offload;
 };
 
 struct ModelInfo {

@@ -4,7 +4,12 @@
 
 #include <gtest/gtest.h>
 
+#include <filesystem>
+
+#include "backend/backend.h"
 #include "kv/cache.h"
+#include "model/model.h"
+#include "ops/thread_pool.h"
 #include "model/layer_stream.h"
 #include "test_support.h"
 
@@ -212,6 +217,189 @@ TEST_F(Fit, SaysWhenNothingFits) {
     EXPECT_FALSE(p.fits());
     EXPECT_EQ(p.fit_steps.back().change, "nothing fits");
     EXPECT_NE(p.fit_steps.back().reason.find("budget is 1.00 MiB"), std::string::npos) << p.fit_steps.back().reason;
+}
+
+}  // namespace
+}  // namespace fitllm::memory
+
+namespace fitllm::memory {
+namespace {
+
+// Offload (-ngl): the host's and the device's shares.
+TEST(PlanOffload, SplitsWeightsAndKvBetweenHostAndDevice) {
+    const auto file = gguf::GgufFile::open(tiny("tiny-llama-q8_0.gguf"));
+    const ModelShape shape = model_shape(file);
+    const PlanParams base{.n_ctx = 256, .n_batch = 64, .n_threads = 2, .budget = 1ull << 30};
+    const Plan cpu = make_plan(shape, base);
+    EXPECT_TRUE(cpu.device.name.empty());
+
+    PlanParams q = base;
+    q.device = "virtual";
+    q.n_gpu_layers = 1;  // the last of 2 layers
+    const Plan one = make_plan(shape, q);
+    EXPECT_EQ(one.device.name, "virtual");
+    EXPECT_EQ(one.device.n_layer, 1);
+    EXPECT_FALSE(one.device.output);
+    // Each tensor's copy is a buffer of its own (model::device_weight_bytes; what the device is
+    // really charged: DeviceShareMatchesWhatTheModelCharges).
+    EXPECT_EQ(one.device.weights, shape.device_weight_bytes[1]);
+    EXPECT_GE(one.device.weights, shape.layer_bytes[1]);
+    EXPECT_EQ(one.weights_resident, cpu.weights_resident - shape.layer_bytes[1]);
+    const model::Hparams& hp = shape.hp;
+    const uint64_t one_layer_pool =
+        kv_pool_bytes(1, hp.n_head_kv, hp.head_dim, hp.head_dim_v, 256, 1, 16, GgmlType::F16, GgmlType::F16);
+    EXPECT_EQ(one.kv, one_layer_pool);
+    EXPECT_EQ(one.device.kv, one_layer_pool);
+    EXPECT_GT(one.device.kv, 0u);
+    EXPECT_LT(one.kv, cpu.kv);
+    ASSERT_EQ(one.kv_pools.size(), 2u);
+    EXPECT_FALSE(one.kv_pools[0].on_device);
+    EXPECT_TRUE(one.kv_pools[1].on_device);
+    EXPECT_EQ(one.total(), cpu.total() - shape.layer_bytes[1] - (cpu.kv - one.kv));  // nothing more on the host
+
+    // Every layer and the output layer: the host keeps the token embedding (untied here).
+    q.n_gpu_layers = 3;
+    const Plan all = make_plan(shape, q);
+    EXPECT_EQ(all.device.n_layer, 2);
+    EXPECT_TRUE(all.device.output);
+    EXPECT_EQ(all.kv, 0u);
+    EXPECT_EQ(all.weights_resident, shape.token_embd_bytes);
+    EXPECT_EQ(all.device.weights, shape.device_weight_bytes[3]);
+    EXPECT_GE(all.device.weights, cpu.weights_resident - shape.token_embd_bytes);
+    // --no-kv-offload: the KV stays on the host.
+    q.kv_offload = false;
+    const Plan host_kv = make_plan(shape, q);
+    EXPECT_EQ(host_kv.device.kv, 0u);
+    EXPECT_EQ(host_kv.kv, cpu.kv);
+    // -ngl without a device is refused.
+    PlanParams nodev = base;
+    nodev.n_gpu_layers = 1;
+    EXPECT_THROW(make_plan(shape, nodev), std::invalid_argument);
+}
+
+TEST(PlanOffload, HostSharesStayFlatAsTheContextGrowsWithEverythingOffloaded) {
+    const auto file = gguf::GgufFile::open(tiny("tiny-llama-q8_0.gguf"));
+    const ModelShape shape = model_shape(file);
+    PlanParams q{.n_ctx = 512, .n_batch = 64, .n_threads = 2, .budget = 1ull << 30};
+    q.device = "virtual";
+    q.n_gpu_layers = 99;
+    const Plan small = make_plan(shape, q);
+    q.n_ctx = 65536;
+    const Plan big = make_plan(shape, q);
+    EXPECT_EQ(big.total(), small.total());
+    EXPECT_GT(big.device.kv, 64 * small.device.kv);
+}
+
+TEST(PlanOffload, AutoOffloadsAsManyLayersAsTheDeviceHolds) {
+    const auto file = gguf::GgufFile::open(tiny("tiny-llama-q8_0.gguf"));
+    const ModelShape shape = model_shape(file);
+    PlanParams q{.n_ctx = 256, .n_batch = 64, .n_threads = 2, .budget = 1ull << 30};
+    q.device = "virtual";
+    q.n_gpu_layers = 1;
+    const uint64_t one_layer = make_plan(shape, q).device.total();
+    q.n_gpu_layers = 2;
+    const uint64_t two_layers = make_plan(shape, q).device.total();
+    ASSERT_LT(one_layer, two_layers);
+    q.n_gpu_layers = -1;
+    q.vram = (one_layer + two_layers) / 2;
+    const Plan p = make_plan(shape, q);
+    EXPECT_EQ(p.params.n_gpu_layers, 1);
+    EXPECT_TRUE(p.device.fits());
+    q.vram = 0;  // no limit: everything, the output layer too
+    EXPECT_EQ(make_plan(shape, q).params.n_gpu_layers, 3);
+    q.vram = 1;  // nothing fits there
+    EXPECT_EQ(make_plan(shape, q).params.n_gpu_layers, 0);
+    // --fit says what it chose.
+    q.vram = (one_layer + two_layers) / 2;
+    const Plan f = fit_plan(shape, q);
+    ASSERT_FALSE(f.fit_steps.empty());
+    EXPECT_NE(f.fit_steps[0].change.find("offload 1 of 2 layers to virtual"), std::string::npos)
+        << f.fit_steps[0].change;
+    // An explicit -ngl over the device's budget does not fit.
+    q.n_gpu_layers = 2;
+    EXPECT_FALSE(make_plan(shape, q).fits());
+}
+
+TEST(PlanOffload, DemoModelKvPoolsPerPlace) {
+    const auto path = test::source_dir() / "models/gemma-3-270m-q4_k_m.gguf";
+    if (!std::filesystem::exists(path)) GTEST_SKIP() << "demo model not present (scripts/setup.sh fetches it)";
+    const auto file = gguf::GgufFile::open(path.string());
+    const ModelShape shape = model_shape(file);
+    PlanParams q{.n_ctx = 8192, .n_batch = 512, .n_threads = 2, .budget = 1ull << 32};
+    const Plan cpu = make_plan(shape, q);
+    q.device = "virtual";
+    q.n_gpu_layers = 9;  // 18 layers: the last 9, local and global ones
+    const Plan half = make_plan(shape, q);
+    uint64_t host = 0, device = 0;
+    int host_layers = 0, device_layers = 0;
+    for (const KvPoolPlan& pool : half.kv_pools) {
+        (pool.on_device ? device : host) += pool.bytes;
+        (pool.on_device ? device_layers : host_layers) += pool.n_layer;
+    }
+    EXPECT_EQ(host, half.kv);
+    EXPECT_EQ(device, half.device.kv);
+    EXPECT_EQ(host_layers, 9);
+    EXPECT_EQ(device_layers, 9);
+    EXPECT_EQ(half.kv_pools.size(), 4u);  // (host, device) x (full, window)
+    EXPECT_GT(half.kv + half.device.kv, cpu.kv);  // the same K/V, twice the bookkeeping
+    EXPECT_LT(half.kv + half.device.kv, cpu.kv + cpu.kv / 20);
+    // Tied output: offloading it copies the token embedding; the host keeps its own.
+    q.n_gpu_layers = 19;
+    const Plan all = make_plan(shape, q);
+    EXPECT_TRUE(all.device.output);
+    EXPECT_EQ(all.weights_resident, shape.global_bytes);
+    EXPECT_GE(all.device.weights, all.shape.output_bytes + (cpu.weights_resident - shape.global_bytes));
+    EXPECT_EQ(all.device.weights, shape.device_weight_bytes[19]);
+}
+
+}  // namespace
+}  // namespace fitllm::memory
+
+namespace fitllm::memory {
+namespace {
+
+// The plan's device share against what a model offloaded to the virtual device charges there: the
+// weights and KV byte for byte; scratch after a full batch within the plan (the plan counts the
+// largest op scratch of any matmul or attention; the device grows to what it used).
+TEST(PlanOffload, DeviceShareMatchesWhatTheModelCharges) {
+    for (const char* name : {"tiny-llama-q8_0.gguf", "tiny-qwen2-q4_k_m.gguf"}) {
+        const auto file = gguf::GgufFile::open(tiny(name));
+        const ModelShape shape = model_shape(file);
+        for (const int ngl : {1, 2, 3}) {
+            PlanParams q{.n_ctx = 256, .n_batch = 32, .n_outputs = 1, .n_threads = 1, .budget = 1ull << 30};
+            q.device = "virtual";
+            q.n_gpu_layers = ngl;
+            const Plan p = make_plan(shape, q);
+            const auto dev = backend::open_device("virtual", UINT64_MAX);
+            memory::Device host("host", UINT64_MAX);
+            auto m = model::Model::load(
+                file, {.device = &host, .offload = dev.get(), .n_offload_layers = ngl, .offload_kv = true});
+            kv::CacheParams cp;
+            cp.n_cells = q.n_ctx;
+            cp.pool = &host.pool(pool_names::kKv);
+            kv::ModelCache cache = m->make_cache(cp, q.n_batch);
+            std::vector<int32_t> tokens(32), pos(32);
+            for (int i = 0; i < 32; ++i) tokens[i] = pos[i] = i;
+            std::vector<float> logits(static_cast<size_t>(m->n_vocab()));
+            ops::ThreadPool pool(1);
+            m->forward(tokens, pos, cache, logits.data(), false, pool);
+            uint64_t weights = 0, kv_bytes = 0, scratch = 0;
+            for (const PoolStats& s : dev->memory().pools()) {
+                if (s.name == pool_names::kWeights) weights = s.peak;
+                if (s.name == pool_names::kKv) kv_bytes = s.peak;
+                if (s.name == pool_names::kScratch) scratch = s.peak;
+            }
+            EXPECT_EQ(weights, p.device.weights) << name << " -ngl " << ngl;
+            EXPECT_EQ(kv_bytes, p.device.kv) << name << " -ngl " << ngl;
+            EXPECT_LE(scratch, p.device.scratch) << name << " -ngl " << ngl;
+            EXPECT_GE(scratch, p.device.scratch - (p.scratch - p.activations)) << name << " -ngl " << ngl;
+            uint64_t host_kv = 0;
+            for (const PoolStats& s : host.pools()) {
+                if (s.name == pool_names::kKv) host_kv = s.peak;
+            }
+            EXPECT_EQ(host_kv, p.kv) << name << " -ngl " << ngl;
+        }
+    }
 }
 
 }  // namespace
