@@ -50,13 +50,14 @@ TEST(GemmSmallBatch, EqualsTheDotBitForBitAndTheReferenceToRounding) {
                                                      " n=" + std::to_string(n) + " rows=" + std::to_string(rows) +
                                                      " toks=" + std::to_string(toks) +
                                                      (from_floats ? " quantized floats" : " random blocks");
-                            // Padded strides; an odd padding moves float rows off their alignment.
+                            // Padded strides; a padding of 68 bytes (and the start 4 bytes in) moves
+                            // float rows off their vector alignment, not off their type's.
                             const size_t w_row = test::bytes_of_row(w, n), a_row = test::bytes_of_row(k.act_type, n);
-                            const size_t w_stride = w_row + 66, a_stride = a_row + 36, y_stride = rows + 3;
+                            const size_t w_stride = w_row + 68, a_stride = a_row + 36, y_stride = rows + 3;
                             const auto packed =
                                 test::weight_rows(w, rows, n, static_cast<uint32_t>(n + rows), from_floats);
-                            std::vector<uint8_t> wb(w_stride * rows + 2, 0xCD);
-                            uint8_t* w0 = wb.data() + 2;
+                            std::vector<uint8_t> wb(w_stride * rows + 4, 0xCD);
+                            uint8_t* w0 = wb.data() + 4;
                             for (int r = 0; r < rows; ++r)
                                 std::memcpy(w0 + r * w_stride, packed.data() + r * w_row, w_row);
                             std::vector<uint8_t> ab(a_stride * toks, 0xCD);
