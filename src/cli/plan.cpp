@@ -48,7 +48,8 @@ std::string kv_detail(const memory::Plan& p, bool on_device) {
     }
     if (s.empty()) return "none";
     s += ", " + type_str(p.params.type_k) + "/" + type_str(p.params.type_v);
-    if (!on_device && p.kv_spilled > 0) s += "; " + util::human_bytes(p.kv_spilled) + " spilled to disk (not in the total)";
+    if (!on_device && p.kv_spilled > 0)
+        s += "; " + util::human_bytes(p.kv_spilled) + " spilled to disk (not in the total)";
     return s;
 }
 
@@ -168,7 +169,8 @@ std::string plan_text(const memory::Plan& p, const std::string& budget_source) {
             std::to_string(d.n_layer) + " of " + std::to_string(n_layer) + " layers" +
                 (d.output ? " and the output layer" : "") + " (-ngl " + std::to_string(q.n_gpu_layers) + ")");
         row("KV cache", d.kv, q.kv_offload ? kv_detail(p, true) : "none (--no-kv-offload)");
-        row("scratch", d.scratch, d.n_layer > 0 ? "activations and op scratch for " + std::to_string(q.n_batch) + " tokens" : "");
+        row("scratch", d.scratch,
+            d.n_layer > 0 ? "activations and op scratch for " + std::to_string(q.n_batch) + " tokens" : "");
         row("total", d.total(), "");
         row("budget", d.capacity, d.capacity == 0 ? "no limit (--vram)" : "--vram");
         out += std::string("  fits               ") + (d.fits() ? "yes" : "no") + "\n";

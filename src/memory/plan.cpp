@@ -89,7 +89,8 @@ ModelShape model_shape(const gguf::GgufFile& file) {
             }
         }
     }
-    for (int n = 0; n <= s.hp.n_layer + 1; ++n) s.device_weight_bytes.push_back(model::device_weight_bytes(file, s.hp, n));
+    for (int n = 0; n <= s.hp.n_layer + 1; ++n)
+        s.device_weight_bytes.push_back(model::device_weight_bytes(file, s.hp, n));
     return s;
 }
 
@@ -130,11 +131,11 @@ std::vector<KvPoolPlan> kv_plan(const model::Hparams& hp, int n_cells, int n_seq
         pool.on_device = where.first;
         pool.window = where.second;
         pool.n_layer = n_layer;
-        pool.n_cells = pool.window > 0
-                           ? static_cast<int>(round_up(
-                                 static_cast<uint64_t>(kv::ModelCache::window_pool_cells(cp, pool.window, n_batch)),
-                                 kBlockSize))
-                           : capacity;
+        pool.n_cells =
+            pool.window > 0
+                ? static_cast<int>(round_up(
+                      static_cast<uint64_t>(kv::ModelCache::window_pool_cells(cp, pool.window, n_batch)), kBlockSize))
+                : capacity;
         pool.bytes = kv_pool_bytes(n_layer, hp.n_head_kv, hp.head_dim, hp.head_dim_v, pool.n_cells, n_seq, kBlockSize,
                                    type_k, type_v);
         pools.push_back(pool);
@@ -190,8 +191,8 @@ Plan plan_for(const ModelShape& shape, const PlanParams& params) {
     // whole (runtime::prefault): a batch's rows, one or two pages each. Tied to the output, every
     // row is read at each step.
     if (params.n_streamed_layers > 0 && !shape.tied_output && shape.token_embd_bytes > 0) {
-        const uint64_t rows = static_cast<uint64_t>(params.n_batch) *
-                              (round_up(shape.token_embd_row_bytes, kPageBytes) + kPageBytes);
+        const uint64_t rows =
+            static_cast<uint64_t>(params.n_batch) * (round_up(shape.token_embd_row_bytes, kPageBytes) + kPageBytes);
         p.weights_resident -= shape.token_embd_bytes - std::min(shape.token_embd_bytes, rows);
     }
     uint64_t largest_streamed = 0;
@@ -406,13 +407,11 @@ Plan fit_plan(const ModelShape& shape, PlanParams params) {
                      util::human_bytes(p.stream_buffer) + " buffer keeps the context (" + over(p) + ")"});
         } else {
             steps.push_back({"no more layers streamed", "the stream buffers (" +
-                                                            util::human_bytes(plan(
-                                                                                        [&] {
-                                                                                            PlanParams all = p.params;
-                                                                                            all.n_streamed_layers =
-                                                                                                hp.n_layer;
-                                                                                            return all;
-                                                                                        }())
+                                                            util::human_bytes(plan([&] {
+                                                                                  PlanParams all = p.params;
+                                                                                  all.n_streamed_layers = hp.n_layer;
+                                                                                  return all;
+                                                                              }())
                                                                                   .stream_buffer) +
                                                             " for every layer) would cost more than they save"});
         }

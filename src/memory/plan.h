@@ -85,9 +85,9 @@ struct PlanParams {
 struct KvPoolPlan {
     int window = 0;  // 0: full attention
     int n_layer = 0;
-    int n_cells = 0;       // rounded to blocks
-    uint64_t bytes = 0;    // in memory (KvCache::bytes())
-    uint64_t spilled = 0;  // K/V that lives in the spill file instead (kv_resident_limit)
+    int n_cells = 0;         // rounded to blocks
+    uint64_t bytes = 0;      // in memory (KvCache::bytes())
+    uint64_t spilled = 0;    // K/V that lives in the spill file instead (kv_resident_limit)
     bool on_device = false;  // the KV of offloaded layers, on the offload device
 };
 

@@ -8,9 +8,9 @@
 
 #include "backend/backend.h"
 #include "kv/cache.h"
+#include "model/layer_stream.h"
 #include "model/model.h"
 #include "ops/thread_pool.h"
-#include "model/layer_stream.h"
 #include "test_support.h"
 
 namespace fitllm::memory {
@@ -340,7 +340,7 @@ TEST(PlanOffload, DemoModelKvPoolsPerPlace) {
     EXPECT_EQ(device, half.device.kv);
     EXPECT_EQ(host_layers, 9);
     EXPECT_EQ(device_layers, 9);
-    EXPECT_EQ(half.kv_pools.size(), 4u);  // (host, device) x (full, window)
+    EXPECT_EQ(half.kv_pools.size(), 4u);          // (host, device) x (full, window)
     EXPECT_GT(half.kv + half.device.kv, cpu.kv);  // the same K/V, twice the bookkeeping
     EXPECT_LT(half.kv + half.device.kv, cpu.kv + cpu.kv / 20);
     // Tied output: offloading it copies the token embedding; the host keeps its own.
