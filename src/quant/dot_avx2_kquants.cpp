@@ -11,6 +11,7 @@
 
 #include "quant/blocks.h"
 #include "quant/dot_kernels.h"
+#include "quant/unroll.h"
 
 namespace fitllm::quant::detail {
 namespace {
@@ -21,16 +22,6 @@ const T* as(const void* p) {
 }
 float f16(uint16_t h) {
     return _cvtsh_ss(h);
-}
-
-// Calls f(std::integral_constant<int, I>) for I = 0 .. N-1: loops whose index must be a constant.
-template <typename F, int... I>
-void unrolled(F&& f, std::integer_sequence<int, I...>) {
-    (f(std::integral_constant<int, I>{}), ...);
-}
-template <int N, typename F>
-void unroll(F&& f) {
-    unrolled(f, std::make_integer_sequence<int, N>{});
 }
 
 float hsum(__m256 v) {

@@ -19,6 +19,7 @@
 
 #include "quant/blocks.h"
 #include "quant/dot_kernels.h"
+#include "quant/unroll.h"
 
 namespace fitllm::quant::detail {
 namespace {
@@ -42,15 +43,6 @@ __m512i load512(const void* p) {
 __m512i twice(const void* p) {
     return _mm512_broadcast_i64x4(load256(p));
 }  // 32 bytes in both halves
-
-template <typename F, int... I>
-void unrolled(F&& f, std::integer_sequence<int, I...>) {
-    (f(std::integral_constant<int, I>{}), ...);
-}
-template <int N, typename F>
-void unroll(F&& f) {
-    unrolled(f, std::make_integer_sequence<int, N>{});
-}
 
 float hsum(__m256 v) {
     __m128 s = _mm_add_ps(_mm256_castps256_ps128(v), _mm256_extractf128_ps(v, 1));

@@ -14,6 +14,7 @@
 
 #include "quant/blocks.h"
 #include "quant/gemm_kernels.h"
+#include "quant/unroll.h"
 
 namespace fitllm::quant::detail {
 namespace {
@@ -23,15 +24,6 @@ constexpr int kFloatTok = 2;
 
 float f16(uint16_t h) {
     return _cvtsh_ss(h);
-}
-
-template <typename F, int... I>
-void unrolled(F&& f, std::integer_sequence<int, I...>) {
-    (f(std::integral_constant<int, I>{}), ...);
-}
-template <int N, typename F>
-void unroll(F&& f) {
-    unrolled(f, std::make_integer_sequence<int, N>{});
 }
 
 float hsum(__m256 v) {

@@ -22,6 +22,7 @@
 
 #include "quant/blocks.h"
 #include "quant/gemm_kernels.h"
+#include "quant/unroll.h"
 
 namespace fitllm::quant::detail {
 namespace {
@@ -252,15 +253,6 @@ void q8_0_small(int n, int n_rows, int n_tok, const void* w, size_t w_stride, co
 }
 
 // ---- Q4_K, Q5_K with Q8_K (dot_avx512_kquants.cpp's dot_q4_5_K) ----
-
-template <typename F, int... I>
-void unrolled(F&& f, std::integer_sequence<int, I...>) {
-    (f(std::integral_constant<int, I>{}), ...);
-}
-template <int N, typename F>
-void unroll(F&& f) {
-    unrolled(f, std::make_integer_sequence<int, N>{});
-}
 
 float hsum(__m256 v) {
     __m128 s = _mm_add_ps(_mm256_castps256_ps128(v), _mm256_extractf128_ps(v, 1));
