@@ -394,7 +394,9 @@ TEST(ModelOffload, CopiedLayersGiveTheirMappedPagesBack) {
         for (const model::FileRange& r : ranges) {
             const uint64_t from = (r.offset + page - 1) / page * page;
             const uint64_t to = (r.offset + r.length) / page * page;
-            if (cache_drops && to > from) EXPECT_EQ(map.resident_bytes(from, to - from), 0u) << "range at " << r.offset;
+            if (cache_drops && to > from) {
+                EXPECT_EQ(map.resident_bytes(from, to - from), 0u) << "range at " << r.offset;
+            }
         }
     };
     expect_gone();
