@@ -41,15 +41,41 @@ int device_number(std::string_view name, std::string_view prefix) {
 
 }  // namespace
 
+const void* Backend::map_host(const void* host, size_t /*bytes*/) {
+    if (!unified()) throw std::logic_error(name() + " has memory of its own: host memory is copied to it, not mapped");
+    return host;
+}
+
+std::pair<std::string_view, bool> strip_unified_suffix(std::string_view name) {
+    constexpr std::string_view suffix = "-unified";
+    if (name.size() > suffix.size() && name.ends_with(suffix))
+        return {name.substr(0, name.size() - suffix.size()), true};
+    return {name, false};
+}
+
 std::unique_ptr<Backend> open_device(std::string_view name, uint64_t capacity) {
+    if (strip_unified_suffix(name).second) {
+        throw std::invalid_argument("device '" + std::string(name) +
+                                    "' shares the host's memory: it has no capacity of its own (open_unified_device)");
+    }
     if (device_number(name, "virtual") >= 0) return std::make_unique<VirtualDevice>(std::string(name), capacity);
     if (const int ordinal = device_number(name, "cuda"); ordinal >= 0) return make_cuda_backend(ordinal, capacity);
     throw std::invalid_argument("unknown device '" + std::string(name) +
-                                "' (accepted: virtual, virtualN, cuda, cudaN)");
+                                "' (accepted: virtual, virtualN, virtual-unified, cuda, cudaN)");
 }
 
-std::unique_ptr<Backend> open_unified_virtual_device(memory::Device& host) {
-    return std::make_unique<VirtualDevice>("virtual-unified", host);
+std::unique_ptr<Backend> open_unified_device(std::string_view name, memory::Device& host) {
+    const std::string_view base = strip_unified_suffix(name).first;
+    if (device_number(base, "virtual") >= 0)
+        return std::make_unique<VirtualDevice>(std::string(base) + "-unified", host);
+    if (const int ordinal = device_number(base, "cuda"); ordinal >= 0) return make_cuda_unified_backend(ordinal, host);
+    throw std::invalid_argument("unknown device '" + std::string(name) +
+                                "' (accepted: virtual, virtualN, virtual-unified, cuda, cudaN)");
+}
+
+bool device_is_integrated(std::string_view name) {
+    const int ordinal = device_number(name, "cuda");
+    return ordinal >= 0 && cuda_device_integrated(ordinal);
 }
 
 bool cuda_built() {

@@ -111,6 +111,13 @@ public:
     // instead of copying them (no "weights" charge, no pages given back). Activations still cross
     // through copy_to_device / copy_to_host (memcpy in one address space).
     virtual bool unified() const = 0;
+    // A unified device: the address its ops read the host bytes [host, host + bytes) at, valid for
+    // as long as the device lives (DeviceWeights maps the offloaded tensors' file ranges once, in
+    // whole pages that do not overlap one another). The virtual device reads them where they are
+    // (host itself); CUDA registers the pages (cudaHostRegister, mapped and read-only) and returns
+    // their device address. Throws std::logic_error on a device with memory of its own, and
+    // std::runtime_error when the device cannot map them (why).
+    virtual const void* map_host(const void* host, size_t bytes);
 
     // Bytes on this device charged to memory().pool(pool) (memory::BudgetError naming the device,
     // the pool, `what` and the bytes when it has no room: nothing allocated). Zero bytes gives an
@@ -202,9 +209,21 @@ private:
 // unknown name (listing the accepted ones).
 std::unique_ptr<Backend> open_device(std::string_view name, uint64_t capacity);
 
-// The virtual device in unified mode (VirtualDevice(name, host)): it charges `host`'s pools and
-// reads the weights in place. host must outlive it.
-std::unique_ptr<Backend> open_unified_virtual_device(memory::Device& host);
+// A device in unified mode (Backend::unified()): it shares `host`'s memory and budget (its pools
+// are host's, which must outlive it) and reads the mapped weights in place. name: "virtual",
+// "virtualN" or "virtual-unified" (the virtual device, named "<name>-unified"), or "cuda" /
+// "cudaN" (the CUDA device reading host memory through mapped pinned pages, for integrated GPUs;
+// std::runtime_error as open_device, or when the device cannot map host memory). Throws
+// std::invalid_argument for an unknown name.
+std::unique_ptr<Backend> open_unified_device(std::string_view name, memory::Device& host);
+
+// Whether `name` is a device that shares memory with the host by nature: a CUDA device that
+// reports itself integrated (cudaDevAttrIntegrated). False when it cannot tell (no such device, a
+// build without CUDA) and for the virtual device (whose unified mode is asked for by name).
+bool device_is_integrated(std::string_view name);
+
+// "virtual-unified" -> {"virtual", true}; any other name -> {name, false}.
+std::pair<std::string_view, bool> strip_unified_suffix(std::string_view name);
 
 // Whether this build has the CUDA backend, and how many CUDA devices it sees (0 without).
 bool cuda_built();
@@ -226,7 +245,8 @@ int cuda_device_count();
 //  D "kv": with offload_kv, the pools kv::ModelCache makes for the offloaded layers (grouped by
 //    (window, device), see kv/cache.h ModelCache); without, nothing (the host "kv" pool holds all).
 //  A unified device (unified()): its pools are the host's, and "weights" gets nothing (the mapped
-//    tensors are read in place); "scratch" and "kv" as above, on the host's device.
+//    tensors are read in place, so they stay in the host's resident weights and none of their
+//    pages is given back); "scratch" and "kv" as above, charged to the host's pools.
 //  host: nothing more than the CPU path: the crossings copy from and to the host's activations
 //    (already charged to its "scratch") and the caller's logits; nothing grows with the context.
 inline constexpr size_t kBufferAlign = 256;

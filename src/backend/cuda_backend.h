@@ -15,7 +15,18 @@ namespace fitllm::backend {
 // such device or the driver fails.
 std::unique_ptr<Backend> make_cuda_backend(int ordinal, uint64_t capacity);
 
+// CUDA device `ordinal` in unified mode (Backend::unified()): its pools are host's (which must
+// outlive it), its buffers are mapped pinned host memory (cudaHostAlloc, cudaHostAllocMapped) and
+// map_host() registers host memory for its kernels to read in place. For integrated GPUs, whose
+// memory is the host's. Throws std::runtime_error as make_cuda_backend, or when the device cannot
+// map host memory (cudaDevAttrCanMapHostMemory).
+std::unique_ptr<Backend> make_cuda_unified_backend(int ordinal, memory::Device& host);
+
 // CUDA devices the runtime sees (0 when the driver is missing).
 int cuda_device_count();
+
+// Whether CUDA device `ordinal` is integrated (cudaDevAttrIntegrated: it shares the host's
+// memory); false when there is no such device.
+bool cuda_device_integrated(int ordinal);
 
 }  // namespace fitllm::backend

@@ -99,12 +99,7 @@ DeviceWeights::DeviceWeights(const gguf::GgufFile& file, const Hparams& hp, cons
     if (placement.device == nullptr) return;
     backend::Backend& dev = *placement.device;
     if (dev.unified()) {
-        // One memory: the device reads the mapped tensors where they are.
-        for (const std::string& name : device_tensor_names(
-                 file, hp, hp.n_layer - placement.first_device_layer + (placement.output_on_device ? 1 : 0))) {
-            const void* data = file.find_tensor(name)->data.data();
-            copies_[data] = data;
-        }
+        map_in_place(file, hp, placement);
         return;
     }
     const int n_offload = hp.n_layer - placement.first_device_layer + (placement.output_on_device ? 1 : 0);
@@ -140,6 +135,45 @@ DeviceWeights::DeviceWeights(const gguf::GgufFile& file, const Hparams& hp, cons
     ranges_ = std::move(merged);
     if (release) {
         for (const FileRange& r : ranges_) mapping->release(r.offset, r.length);
+    }
+}
+
+// One memory: the device reads the tensors where the file's bytes are, through the ranges
+// Backend::map_host() maps: whole pages (within the file's bytes), neighbours that share a page
+// merged, so that no page is mapped twice.
+void DeviceWeights::map_in_place(const gguf::GgufFile& file, const Hparams& hp, const Placement& placement) {
+    const auto page = static_cast<uintptr_t>(io::MappedFile::page_size());
+    const auto file_begin = reinterpret_cast<uintptr_t>(file.bytes().data());
+    const uintptr_t file_end = file_begin + file.bytes().size();
+    struct Span {
+        uintptr_t begin, end;
+        std::vector<const std::byte*> tensors;
+    };
+    std::vector<Span> spans;
+    const int n_offload = hp.n_layer - placement.first_device_layer + (placement.output_on_device ? 1 : 0);
+    for (const std::string& name : device_tensor_names(file, hp, n_offload)) {
+        const gguf::TensorInfo& t = *file.find_tensor(name);
+        const auto at = reinterpret_cast<uintptr_t>(t.data.data());
+        spans.push_back({std::max(file_begin, at / page * page),
+                         std::min(file_end, (at + t.n_bytes + page - 1) / page * page),
+                         {t.data.data()}});
+    }
+    std::sort(spans.begin(), spans.end(), [](const Span& a, const Span& b) { return a.begin < b.begin; });
+    std::vector<Span> merged;
+    for (Span& s : spans) {
+        if (!merged.empty() && s.begin <= merged.back().end) {
+            merged.back().end = std::max(merged.back().end, s.end);
+            merged.back().tensors.insert(merged.back().tensors.end(), s.tensors.begin(), s.tensors.end());
+        } else {
+            merged.push_back(std::move(s));
+        }
+    }
+    backend::Backend& dev = *placement.device;
+    for (const Span& s : merged) {
+        const auto* host = reinterpret_cast<const std::byte*>(s.begin);
+        const auto* mapped =
+            s.end > s.begin ? static_cast<const std::byte*>(dev.map_host(host, s.end - s.begin)) : host;
+        for (const std::byte* t : s.tensors) copies_[t] = mapped + (t - host);
     }
 }
 

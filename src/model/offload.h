@@ -31,9 +31,9 @@ Placement place_layers(const Hparams& hp, const LoadOptions& options);
 
 // The device's copies of the tensors it needs, one Buffer each (charged to its "weights" pool),
 // found by the address of their mapped bytes (a unified device's "copies" are the mapped tensors
-// themselves: nothing copied, charged or given back). The mapped pages of the copied tensors are given
-// back (io::MappedFile::release, file mappings only), except the token embedding's and
-// rope_freqs' (the host still reads them).
+// themselves, read through Backend::map_host: nothing copied, charged or given back). The mapped pages of the copied
+// tensors are given back (io::MappedFile::release, file mappings only), except the token embedding's and rope_freqs'
+// (the host still reads them).
 class DeviceWeights {
 public:
     DeviceWeights() = default;
@@ -53,6 +53,7 @@ public:
     uint64_t bytes() const;  // charged to the device's "weights" pool
 
 private:
+    void map_in_place(const gguf::GgufFile& file, const Hparams& hp, const Placement& placement);
     const void* find(const void* host) const;
     std::vector<backend::Buffer> buffers_;
     std::unordered_map<const void*, const void*> copies_;

@@ -223,27 +223,41 @@ TEST(ModelOffload, DemoModelSplitsGiveTheLogitsOfTheCpu) {
     }
 }
 
-// A unified device (shared memory) charges the host's pools, copies no weights and still gives
-// the CPU's logits.
+// A unified device (shared memory) charges the host's pools, copies no weights (it reads the
+// mapped tensors in place: nothing given back, nothing charged to "weights", none of its own
+// buffers holds a weight) and gives the CPU's logits bit for bit at every split, KV on either side.
 TEST(ModelOffload, AUnifiedDeviceSharesTheHostsBudgetAndWeights) {
     ops::ThreadPool pool(2);
-    const gguf::GgufFile file =
-        gguf::GgufFile::open((test::source_dir() / "tests/model/data/tiny-qwen2-q4_0.gguf").string());
-    const auto cpu = model::Model::load(file);
-    const ScriptRun want = run_script(*cpu, 64, quant::GgmlType::F16, pool, 4);
-    for (const int ngl : {1, 3}) {
-        SCOPED_TRACE("ngl " + std::to_string(ngl));
-        memory::Device host("host", 1ull << 30);
-        const auto dev = backend::open_unified_virtual_device(host);
-        ASSERT_TRUE(dev->unified());
-        EXPECT_EQ(&dev->memory(), &host);
-        auto m = model::Model::load(file, {.device = &host, .offload = dev.get(), .n_offload_layers = ngl});
-        EXPECT_EQ(host.pool(memory::pool_names::kWeights).live(), 0u);
-        EXPECT_EQ(model::device_weight_bytes(file, m->hparams(), ngl, /*unified=*/true), 0u);
-        EXPECT_TRUE(m->offloaded_ranges().empty());  // nothing given back: the device reads them
-        expect_same(want, run_script(*m, 64, quant::GgmlType::F16, pool, 4));
-        EXPECT_GT(host.pool(memory::pool_names::kScratch).peak(), 0u);
-        if (HasFatalFailure()) return;
+    for (const Case& c : tiny_cases()) {
+        SCOPED_TRACE(c.name);
+        const gguf::GgufFile file = open_case(c);
+        const auto cpu = model::Model::load(file);
+        const int n_layer = cpu->hparams().n_layer;
+        const ScriptRun want = run_script(*cpu, 64, quant::GgmlType::F16, pool, 4);
+        for (int ngl = 0; ngl <= n_layer + 1; ++ngl) {
+            for (const bool offload_kv : {true, false}) {
+                SCOPED_TRACE("ngl " + std::to_string(ngl) + (offload_kv ? ", kv on device" : ", kv on host"));
+                memory::Device host("host", 1ull << 30);
+                const auto dev = backend::open_unified_device("virtual", host);
+                ASSERT_TRUE(dev->unified());
+                EXPECT_EQ(dev->name(), "virtual-unified");
+                EXPECT_EQ(&dev->memory(), &host);
+                auto m = model::Model::load(
+                    file, {.device = &host, .offload = dev.get(), .n_offload_layers = ngl, .offload_kv = offload_kv});
+                const auto& virt = dynamic_cast<const backend::VirtualDevice&>(*dev);
+                EXPECT_EQ(virt.allocated_bytes(), 0u);  // no copies
+                EXPECT_EQ(host.pool(memory::pool_names::kWeights).live(), 0u);
+                EXPECT_EQ(model::device_weight_bytes(file, m->hparams(), ngl, /*unified=*/true), 0u);
+                EXPECT_TRUE(m->offloaded_ranges().empty());  // nothing given back: the device reads them
+                expect_same(want, run_script(*m, 64, quant::GgmlType::F16, pool, 4));
+                // Its buffers are the activations of the largest batch (15 tokens, 3 logits rows),
+                // charged to the host's scratch pool with its op scratch.
+                EXPECT_EQ(virt.allocated_bytes(), model::device_scratch_bytes(m->hparams(), ngl, 15, 3));
+                EXPECT_GE(host.pool(memory::pool_names::kScratch).live(),
+                          virt.allocated_bytes() + virt.op_scratch_bytes());
+                if (HasFatalFailure()) return;
+            }
+        }
     }
 }
 

@@ -15,6 +15,10 @@
 // conversion) and its used rows are copied to a device buffer for each attention call.
 // kv::KvCache::place() copies a shared, partly filled last block of a sequence (after seq_cp) in its
 // host storage; for a pool held here follow_copy_on_write() makes the same copy on the device.
+//
+// Unified mode (make_cuda_unified_backend, integrated GPUs): the pools are the host's, every
+// buffer above (and the K/V layers) is mapped pinned host memory instead of cudaMalloc, and the
+// weights are the mapped file's pages, registered by map_host() and read in place.
 #include "backend/cuda_backend.h"
 
 #include <algorithm>
@@ -51,6 +55,13 @@ public:
           name_("cuda" + std::to_string(ordinal)),
           ordinal_(ordinal),
           stream_(cuda::create_stream()) {}
+    // Unified mode (an integrated GPU): the host's pools, buffers in mapped pinned host memory.
+    CudaBackend(int ordinal, memory::Device& host)
+        : Backend(host),
+          name_(open_unified(ordinal)),
+          ordinal_(ordinal),
+          unified_(true),
+          stream_(cuda::create_stream()) {}
 
     ~CudaBackend() override {
         try {
@@ -60,10 +71,17 @@ public:
         kv_.clear();
         positions_ = Upload();
         cuda::destroy_stream(stream_);
+        for (const void* p : registered_) cuda::host_unregister(p);
     }
 
     std::string name() const override { return name_; }
-    bool unified() const override { return false; }
+    bool unified() const override { return unified_; }
+    const void* map_host(const void* host, size_t bytes) override {
+        if (!unified_) return Backend::map_host(host, bytes);  // (throws)
+        const void* on_device = cuda::host_register_mapped(host, bytes);
+        registered_.push_back(host);
+        return on_device;
+    }
 
     void copy_to_device(void* dst, const void* src, size_t bytes) override {
         cuda::copy_to_device(dst, src, bytes, stream_);
@@ -112,13 +130,13 @@ public:
 protected:
     void* raw_alloc(size_t bytes) override {
         try {
-            return cuda::device_malloc(bytes, name_.c_str());
+            return memory_for(bytes, name_.c_str());
         } catch (const cuda::CudaError& e) {
             // The device has less than its capacity says (another process took memory since).
-            throw memory::BudgetError(name_ + ": " + e.what() + " (the device's pools hold " +
-                                          std::to_string(memory().live()) + " of " +
-                                          std::to_string(memory().capacity()) + " bytes)",
-                                      "cudaMalloc", bytes, memory().capacity(), memory().live());
+            throw memory::BudgetError(
+                name_ + ": " + e.what() + " (the " + (unified_ ? "host's" : "device's") + " pools hold " +
+                    std::to_string(memory().live()) + " of " + std::to_string(memory().capacity()) + " bytes)",
+                unified_ ? "cudaHostAlloc" : "cudaMalloc", bytes, memory().capacity(), memory().live());
         }
     }
     void raw_free(void* data) noexcept override { cuda::device_free(data); }
@@ -151,6 +169,20 @@ private:
             for (void* p : v) cuda::device_free(p);
         }
     };
+
+    // Memory the kernels use: the device's own, or (unified) mapped pinned host memory.
+    void* memory_for(size_t bytes, const char* what) const {
+        return unified_ ? cuda::host_malloc_mapped(bytes, what) : cuda::device_malloc(bytes, what);
+    }
+
+    static std::string open_unified(int ordinal) {
+        cuda::set_device(ordinal);
+        if (!cuda::can_map_host_memory(ordinal)) {
+            throw cuda::CudaError("cuda" + std::to_string(ordinal) +
+                                  " cannot map host memory (cudaDevAttrCanMapHostMemory 0): no unified mode");
+        }
+        return "cuda" + std::to_string(ordinal);
+    }
 
     cuda::RopeArgs rope_args(const ops::RopeParams& p) const {
         return cuda::RopeArgs{.neox = p.mode == ops::RopeMode::Neox,
@@ -194,8 +226,10 @@ private:
 
     std::string name_;
     int ordinal_;
+    bool unified_ = false;
     cuda::Stream stream_;
-    Upload positions_;  // rope's
+    std::vector<const void*> registered_;  // map_host's ranges
+    Upload positions_;                     // rope's
     std::map<const kv::KvCache*, KvMirror> kv_;
 };
 
@@ -224,7 +258,7 @@ void CudaBackend::attach_kv(kv::KvCache& cache, bool on_device) {
                 }
                 const size_t bytes =
                     (is_k ? view.k_row_bytes : view.v_row_bytes) * static_cast<size_t>(cache.capacity());
-                void* p = cuda::device_malloc(bytes, "KV cache layer");
+                void* p = memory_for(bytes, "KV cache layer");
                 (is_k ? m.k : m.v).push_back(p);
                 cuda::fill_zero(p, bytes, stream_);
             }
@@ -429,11 +463,23 @@ std::unique_ptr<Backend> make_cuda_backend(int ordinal, uint64_t capacity) {
     return std::make_unique<CudaBackend>(ordinal, capacity);
 }
 
+std::unique_ptr<Backend> make_cuda_unified_backend(int ordinal, memory::Device& host) {
+    return std::make_unique<CudaBackend>(ordinal, host);
+}
+
 int cuda_device_count() {
     try {
         return cuda::device_count();
     } catch (const cuda::CudaError&) {
         return 0;
+    }
+}
+
+bool cuda_device_integrated(int ordinal) {
+    try {
+        return cuda::device_integrated(ordinal);
+    } catch (const cuda::CudaError&) {
+        return false;
     }
 }
 

@@ -45,7 +45,21 @@ void memory_info(uint64_t& free_bytes, uint64_t& total_bytes);
 
 // cudaMalloc / cudaFree. Never managed memory. `what` names the buffer in the error.
 void* device_malloc(size_t bytes, const char* what);
-void device_free(void* p) noexcept;
+void device_free(void* p) noexcept;  // also frees host_malloc_mapped memory (cudaFreeHost)
+
+// Unified mode (integrated GPUs): whether device `ordinal` is integrated (cudaDevAttrIntegrated),
+// false when there is no such device; whether it can map host memory (cudaDevAttrCanMapHostMemory).
+bool device_integrated(int ordinal);
+bool can_map_host_memory(int ordinal);
+// Pinned host memory mapped for the current device (cudaHostAlloc, cudaHostAllocMapped), at the
+// same address on both sides (unified virtual addressing; CudaError if the device address
+// differs). Freed by device_free.
+void* host_malloc_mapped(size_t bytes, const char* what);
+// Registers [host, host + bytes) (whole pages) for the current device to read (cudaHostRegister,
+// mapped, and read-only where the device supports it: a read-only file mapping needs it) and
+// returns the device address of host (cudaHostGetDevicePointer). host_unregister undoes it.
+const void* host_register_mapped(const void* host, size_t bytes);
+void host_unregister(const void* host) noexcept;
 
 Stream create_stream();
 void destroy_stream(Stream s) noexcept;

@@ -60,7 +60,77 @@ void* device_malloc(size_t bytes, const char* what) {
 }
 
 void device_free(void* p) noexcept {
-    if (p != nullptr) cudaFree(p);  // errors here are from earlier async work; the next check reports them
+    if (p == nullptr) return;
+    // Errors here are from earlier async work; the next check reports them.
+    cudaPointerAttributes attr{};
+    if (cudaPointerGetAttributes(&attr, p) == cudaSuccess && attr.type == cudaMemoryTypeHost) {
+        cudaFreeHost(p);
+    } else {
+        cudaGetLastError();
+        cudaFree(p);
+    }
+}
+
+namespace {
+
+int attribute(cudaDeviceAttr attr, int ordinal) {
+    int value = 0;
+    FITLLM_CUDA_CHECK(cudaDeviceGetAttribute(&value, attr, ordinal));
+    return value;
+}
+
+}  // namespace
+
+bool device_integrated(int ordinal) {
+    int n = 0;
+    if (cudaGetDeviceCount(&n) != cudaSuccess || ordinal < 0 || ordinal >= n) {
+        cudaGetLastError();
+        return false;
+    }
+    return attribute(cudaDevAttrIntegrated, ordinal) != 0;
+}
+
+bool can_map_host_memory(int ordinal) {
+    return attribute(cudaDevAttrCanMapHostMemory, ordinal) != 0;
+}
+
+void* host_malloc_mapped(size_t bytes, const char* what) {
+    if (bytes == 0) return nullptr;
+    void* p = nullptr;
+    const cudaError_t err = cudaHostAlloc(&p, bytes, cudaHostAllocMapped);
+    if (err != cudaSuccess) {
+        cudaGetLastError();
+        throw CudaError(std::string("cudaHostAlloc (mapped) of ") + std::to_string(bytes) + " bytes for " + what +
+                        ": " + cudaGetErrorName(err) + " (" + cudaGetErrorString(err) + ")");
+    }
+    void* on_device = nullptr;
+    FITLLM_CUDA_CHECK(cudaHostGetDevicePointer(&on_device, p, 0));
+    if (on_device != p) {
+        cudaFreeHost(p);
+        throw CudaError(std::string("mapped host memory for ") + what +
+                        " has another address on the device (no unified virtual addressing)");
+    }
+    return p;
+}
+
+const void* host_register_mapped(const void* host, size_t bytes) {
+    int ordinal = 0;
+    FITLLM_CUDA_CHECK(cudaGetDevice(&ordinal));
+    unsigned flags = cudaHostRegisterMapped;
+    if (attribute(cudaDevAttrHostRegisterReadOnlySupported, ordinal) != 0) flags |= cudaHostRegisterReadOnly;
+    void* p = const_cast<void*>(host);  // registered read-only where supported; never written
+    FITLLM_CUDA_CHECK(cudaHostRegister(p, bytes, flags));
+    void* on_device = nullptr;
+    const cudaError_t err = cudaHostGetDevicePointer(&on_device, p, 0);
+    if (err != cudaSuccess) {
+        cudaHostUnregister(p);
+        check(err, "cudaHostGetDevicePointer");
+    }
+    return on_device;
+}
+
+void host_unregister(const void* host) noexcept {
+    if (host != nullptr) cudaHostUnregister(const_cast<void*>(host));
 }
 
 Stream create_stream() {
@@ -81,19 +151,21 @@ void synchronize(Stream s) {
     }
 }
 
+// cudaMemcpyDefault: the pointers say where they are (unified virtual addressing), so a unified
+// device's buffers, mapped host memory, work on either side of a copy.
 void copy_to_device(void* dst, const void* src, size_t bytes, Stream s) {
     if (bytes == 0) return;
-    FITLLM_CUDA_CHECK(cudaMemcpyAsync(dst, src, bytes, cudaMemcpyHostToDevice, as_stream(s)));
+    FITLLM_CUDA_CHECK(cudaMemcpyAsync(dst, src, bytes, cudaMemcpyDefault, as_stream(s)));
 }
 
 void copy_to_host(void* dst, const void* src, size_t bytes, Stream s) {
     if (bytes == 0) return;
-    FITLLM_CUDA_CHECK(cudaMemcpyAsync(dst, src, bytes, cudaMemcpyDeviceToHost, as_stream(s)));
+    FITLLM_CUDA_CHECK(cudaMemcpyAsync(dst, src, bytes, cudaMemcpyDefault, as_stream(s)));
 }
 
 void copy_on_device(void* dst, const void* src, size_t bytes, Stream s) {
     if (bytes == 0) return;
-    FITLLM_CUDA_CHECK(cudaMemcpyAsync(dst, src, bytes, cudaMemcpyDeviceToDevice, as_stream(s)));
+    FITLLM_CUDA_CHECK(cudaMemcpyAsync(dst, src, bytes, cudaMemcpyDefault, as_stream(s)));
 }
 
 void fill_zero(void* dst, size_t bytes, Stream s) {
