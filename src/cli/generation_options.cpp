@@ -127,7 +127,8 @@ void add_memory_options(ArgParser& p, MemoryOptions& mo) {
 void add_offload_options(ArgParser& p, MemoryOptions& mo) {
     p.option("--device", "NAME",
              "the device offloaded layers run on: cuda0 (cuda1, ...), or virtual (CPU-executed, with its own "
-             "--vram budget, for testing placements); default: the first CUDA device when -ngl asks for one",
+             "--vram budget, for testing placements), or virtual-unified (virtual with --unified); default: the "
+             "first CUDA device when -ngl asks for one",
              &mo.device);
     p.option("-ngl, --n-gpu-layers", "N",
              "run the last N layers on the device (more than the model's layers: the output layer too; "
@@ -137,9 +138,15 @@ void add_offload_options(ArgParser& p, MemoryOptions& mo) {
                  if (n < 0 || n > 1'000'000) throw UsageError("-ngl: '" + v + "' must be 0 or more");
                  mo.n_gpu_layers = static_cast<int>(n);
              });
-    p.option("--vram", "SIZE", "the device's memory budget (default: its free memory; the virtual device: no limit)",
+    p.option("--vram", "SIZE",
+             "the device's memory budget (default: its free memory; the virtual device: no limit; a unified "
+             "device has none of its own: --mem)",
              &mo.vram);
     p.flag("--no-kv-offload", &mo.no_kv_offload, "keep the KV cache of offloaded layers in host memory");
+    p.flag("--unified", &mo.unified,
+           "the device shares the host's memory (integrated GPUs; automatic for a CUDA device that reports itself "
+           "integrated): offloaded layers read their weights in place from the mapped file, no copies, and the "
+           "device's KV cache and activations come out of --mem (one budget; default with it: every layer)");
 }
 
 std::string describe_kv(const runtime::SessionParams& sp) {

@@ -43,12 +43,13 @@ struct MemoryOptions {
     int n_gpu_layers = -2;  // -2: not given
     std::string vram;
     bool no_kv_offload = false;
+    bool unified = false;  // --unified: the device shares the host's memory (cli/run_budget.h)
 };
 
-// Declares --mem SIZE, --fit, --mlock, --stream-layers N, --device NAME, -ngl N, --vram SIZE and
-// --no-kv-offload, writing into mo.
+// Declares --mem SIZE, --fit, --mlock, --stream-layers N, --device NAME, -ngl N, --vram SIZE,
+// --no-kv-offload and --unified, writing into mo.
 void add_memory_options(ArgParser& parser, MemoryOptions& mo);
-// Only --device, -ngl, --vram and --no-kv-offload (fitllm plan has the others of its own).
+// Only --device, -ngl, --vram, --no-kv-offload and --unified (fitllm plan has the others of its own).
 void add_offload_options(ArgParser& parser, MemoryOptions& mo);
 
 // "K f16, V f16" or "K q4_0, V q4_0, rotated": for the summary lines.

@@ -1,4 +1,5 @@
 // fitllm plan -m MODEL [-c N] [-np N] [-b N] [-ctk T] [-ctv T] [--mem SIZE] [--device NAME -ngl N --vram SIZE]
+//             [--unified]
 //             [--fit] [--json]
 // The memory plan of a run (memory/plan.h), from the GGUF header alone.
 #include "memory/plan.h"
@@ -57,9 +58,12 @@ json plan_json(const memory::Plan& p, const std::string& budget_source) {
     const memory::PlanParams& q = p.params;
     json pools = json::array();
     for (const memory::KvPoolPlan& pool : p.kv_pools) {
-        if (pool.on_device) continue;
-        pools.push_back(
-            {{"window", pool.window}, {"n_layer", pool.n_layer}, {"n_cells", pool.n_cells}, {"bytes", pool.bytes}});
+        if (pool.on_device && !p.device.unified) continue;  // (a unified device's are the host's)
+        pools.push_back({{"window", pool.window},
+                         {"n_layer", pool.n_layer},
+                         {"n_cells", pool.n_cells},
+                         {"bytes", pool.bytes},
+                         {"device", pool.on_device ? p.device.name : "host"}});
     }
     json steps = json::array();
     for (const memory::FitStep& s : p.fit_steps) steps.push_back({{"change", s.change}, {"reason", s.reason}});
@@ -104,19 +108,22 @@ json plan_json(const memory::Plan& p, const std::string& budget_source) {
                                   {"bytes", pool.bytes}});
             }
         }
-        out["devices"].push_back({{"name", p.device.name},
-                                  {"n_layer", p.device.n_layer},
-                                  {"output", p.device.output},
-                                  {"weights", p.device.weights},
-                                  {"kv", p.device.kv},
-                                  {"kv_pools", dpools},
-                                  {"scratch", p.device.scratch},
-                                  {"total", p.device.total()},
-                                  {"budget", p.device.capacity},
-                                  {"fits", p.device.fits()}});
+        json d = {{"name", p.device.name},       {"unified", p.device.unified}, {"n_layer", p.device.n_layer},
+                  {"output", p.device.output},   {"weights", p.device.weights}, {"kv", p.device.kv},
+                  {"kv_pools", dpools},          {"scratch", p.device.scratch}, {"total", p.device.total()},
+                  {"budget", p.device.capacity}, {"fits", p.device.fits()}};
+        if (p.device.unified) {
+            // Its share is inside the host's numbers above; nothing of its own to budget.
+            d["weights_in_place"] = p.device.weights_in_place;
+            d["in_host_total"] = true;
+            d["budget"] = nullptr;
+            d["budget_source"] = "the host's (unified)";
+        }
+        out["devices"].push_back(d);
         out["settings"]["device"] = p.device.name;
         out["settings"]["n_gpu_layers"] = q.n_gpu_layers;
         out["settings"]["kv_offload"] = q.kv_offload;
+        out["settings"]["unified"] = q.unified;
     }
     out["fits"] = p.fits();
     if (p.fitted) out["fit"] = steps;
@@ -141,19 +148,26 @@ std::string plan_text(const memory::Plan& p, const std::string& budget_source) {
     out += line;
     out += "\ndevice host\n";
     const int n_layer = p.shape.hp.n_layer;
-    const int n_resident = n_layer - p.device.n_layer - q.n_streamed_layers;
+    const memory::DevicePlan& dev = p.device;
+    const int n_resident = n_layer - (dev.unified ? 0 : dev.n_layer) - q.n_streamed_layers;
     row("weights resident", p.weights_resident,
         "mapped: " + std::to_string(n_resident) + " of " + std::to_string(n_layer) + " layers, embeddings" +
-            (p.device.output ? "" : " and output"));
+            (dev.output && !dev.unified ? "" : " and output") +
+            (dev.unified && dev.n_layer > 0
+                 ? " (" + dev.name + " reads " + std::to_string(dev.n_layer) + " of them in place)"
+                 : ""));
     if (q.n_streamed_layers > 0) {
         row("weights streamed", p.weights_streamed,
             std::to_string(q.n_streamed_layers) + " layers read from the file as needed (not in the total)");
         row("stream buffer", p.stream_buffer, "two of the largest streamed layers");
     }
-    row("KV cache", p.kv, kv_detail(p, false));
+    row("KV cache", p.kv,
+        kv_detail(p, false) +
+            (dev.unified && dev.kv > 0 ? "; and " + dev.name + "'s " + util::human_bytes(dev.kv) : ""));
     row("scratch", p.scratch,
         "activations " + util::human_bytes(p.activations) + " for " + std::to_string(q.n_batch) +
-            " tokens, op scratch " + util::human_bytes(std::max(p.matmul_scratch, p.attention_scratch)));
+            " tokens, op scratch " + util::human_bytes(std::max(p.matmul_scratch, p.attention_scratch)) +
+            (dev.unified && dev.scratch > 0 ? ", " + dev.name + "'s " + util::human_bytes(dev.scratch) : ""));
     row("outputs", p.logits,
         "logits: " + std::to_string(q.n_outputs) + " x " + std::to_string(p.shape.hp.n_vocab) + " floats");
     row("overhead", p.overhead,
@@ -162,7 +176,20 @@ std::string plan_text(const memory::Plan& p, const std::string& budget_source) {
     row("total", p.total(), "");
     row("budget", q.budget, budget_source);
     out += std::string("  fits               ") + (p.total() <= q.budget ? "yes" : "no") + "\n";
-    if (!p.device.name.empty()) {
+    if (dev.unified) {
+        const memory::DevicePlan& d = dev;
+        out += "\ndevice " + d.name +
+               " (unified: shares the host's memory and budget; its share is in the host's above)\n";
+        row("weights", d.weights,
+            std::to_string(d.n_layer) + " of " + std::to_string(n_layer) + " layers" +
+                (d.output ? " and the output layer" : "") + " (-ngl " + std::to_string(q.n_gpu_layers) +
+                "): " + util::human_bytes(d.weights_in_place) + " read in place from the mapped file, no copy");
+        row("KV cache", d.kv, q.kv_offload ? kv_detail(p, true) + ", in the host's" : "none (--no-kv-offload)");
+        row("scratch", d.scratch,
+            d.n_layer > 0 ? "activations and op scratch for " + std::to_string(q.n_batch) + " tokens, in the host's"
+                          : "");
+        row("total", d.total(), "in the host's total");
+    } else if (!p.device.name.empty()) {
         const memory::DevicePlan& d = p.device;
         out += "\ndevice " + d.name + "\n";
         row("weights", d.weights,
@@ -188,7 +215,7 @@ int run_plan(const std::vector<std::string>& args) {
     bool fit = false, as_json = false;
     ArgParser p(
         "fitllm plan -m MODEL [-c N] [-np N] [-b N] [-ctk T] [-ctv T] [--mem SIZE] [--stream-layers N] "
-        "[--device NAME] [-ngl N] [--vram SIZE] [--no-kv-offload] [--fit] [--json]",
+        "[--device NAME] [-ngl N] [--vram SIZE] [--no-kv-offload] [--unified] [--fit] [--json]",
         "Show where every byte of a run would go, from the GGUF header alone: weights (resident\n"
         "or streamed), KV cache, scratch, outputs and overhead per device, the total, and whether\n"
         "it fits the memory budget. --fit changes the settings until it does: it quantizes the KV\n"
@@ -232,7 +259,8 @@ int run_plan(const std::vector<std::string>& args) {
 
     const ResolvedBudget budget = resolve_budget(mem);
     params.budget = budget.bytes;
-    const std::unique_ptr<backend::Backend> device = apply_offload_options(offload, params, /*plan_only=*/true);
+    const std::unique_ptr<backend::Backend> device =
+        apply_offload_options(offload, params, /*host=*/nullptr, /*plan_only=*/true);
     const std::string& budget_source = budget.source;
 
     const gguf::GgufFile file = gguf::GgufFile::open(model_path);

@@ -133,9 +133,10 @@ memory::PlanParams session_plan_params(const runtime::SessionParams& sp, int n_t
 }
 
 std::unique_ptr<backend::Backend> apply_offload_options(const MemoryOptions& options, memory::PlanParams& params,
-                                                        bool plan_only) {
+                                                        memory::Device* host, bool plan_only) {
     params.device = options.device;
     params.kv_offload = !options.no_kv_offload;
+    params.unified = false;
     if (params.device.empty() && options.n_gpu_layers > 0) {
         if (backend::cuda_device_count() == 0) {
             throw UsageError("-ngl " + std::to_string(options.n_gpu_layers) + ": no GPU to offload to (" +
@@ -146,11 +147,37 @@ std::unique_ptr<backend::Backend> apply_offload_options(const MemoryOptions& opt
     }
     if (params.device.empty()) {
         if (!options.vram.empty()) throw UsageError("--vram: no device to offload to (--device NAME or -ngl N)");
+        if (options.unified) throw UsageError("--unified: no device to offload to (--device NAME or -ngl N)");
         params.n_gpu_layers = 0;
         return nullptr;
     }
     params.n_gpu_layers = options.n_gpu_layers >= 0 ? options.n_gpu_layers : -1;
     params.vram = 0;
+    const auto [base_name, unified_by_name] = backend::strip_unified_suffix(params.device);
+    const std::string base(base_name);  // (params.device changes below)
+    const bool integrated = !options.unified && !unified_by_name && backend::device_is_integrated(base);
+    if (options.unified || unified_by_name || integrated) {
+        // One memory, one budget: the device's share is the host's (memory/plan.h, PlanParams::unified).
+        const std::string why = integrated ? params.device + " is an integrated GPU (it shares the host's memory)"
+                                           : params.device + " is unified (it shares the host's memory)";
+        if (!options.vram.empty()) {
+            throw UsageError("--vram " + options.vram + ": " + why +
+                             ", so its KV cache and activations come out of "
+                             "the host's budget, --mem; drop --vram");
+        }
+        params.unified = true;
+        params.device = base.starts_with("virtual") ? base + "-unified" : (base == "cuda" ? "cuda0" : base);
+        if (host == nullptr) return nullptr;
+        std::unique_ptr<backend::Backend> device;
+        try {
+            device = backend::open_unified_device(base, *host);
+        } catch (const std::exception& e) {
+            throw UsageError(std::string("--device ") + options.device + (options.unified ? " --unified" : "") + ": " +
+                             e.what());
+        }
+        params.device = device->name();
+        return device;
+    }
     if (!options.vram.empty()) {
         try {
             params.vram = memory::parse_size(options.vram);
@@ -177,7 +204,8 @@ std::optional<RunBudget> RunBudget::prepare(const char* command, const gguf::Ggu
     params.budget = budget.bytes;
     if (options.stream_layers >= 0) params.n_streamed_layers = options.stream_layers;
     RunBudget rb;
-    rb.offload_ = apply_offload_options(options, params);
+    rb.device_ = std::make_unique<memory::Device>("host", params.budget);
+    rb.offload_ = apply_offload_options(options, params, rb.device_.get());
     const memory::ModelShape shape = memory::model_shape(file);
     rb.options_ = options;
     try {
@@ -212,7 +240,6 @@ std::optional<RunBudget> RunBudget::prepare(const char* command, const gguf::Ggu
                                    "layers, then a shorter context), or raise --mem");
         return std::nullopt;
     }
-    rb.device_ = std::make_unique<memory::Device>("host", params.budget);
     rb.overhead_ = rb.device_->pool(memory::pool_names::kOverhead)
                        .charge(rb.plan_.overhead, "the runtime, the GGUF metadata and the tokenizer (planned)");
     return rb;
@@ -287,7 +314,11 @@ std::string RunBudget::peak_summary() const {
     }
     s += "; all " + util::human_bytes(device_->peak()) + " of the " + util::human_bytes(device_->capacity()) +
          " budget, plan " + util::human_bytes(plan_.total());
-    if (offload_ && plan_.device.n_layer > 0) {
+    if (offload_ && offload_->unified() && plan_.device.n_layer > 0) {
+        s += "; " + offload_->name() + " (unified) charged the host's pools: its KV " +
+             util::human_bytes(plan_.device.kv) + " and scratch " + util::human_bytes(plan_.device.scratch) +
+             " planned within them, no weight copies";
+    } else if (offload_ && plan_.device.n_layer > 0) {
         const memory::Device& d = offload_->memory();
         s += "; " + d.name() + ":";
         first = true;

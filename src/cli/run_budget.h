@@ -61,8 +61,13 @@ memory::PlanParams session_plan_params(const runtime::SessionParams& sp, int n_t
 // placement. Returns nullptr without a device. Throws UsageError for -ngl without a device to
 // offload to, a --vram that is not a size or a device that cannot be opened (why). plan_only:
 // with --vram, nothing is opened (fitllm plan, for a device that may be on another machine).
+// Unified mode (--unified, --device virtual-unified, or a CUDA device that reports itself
+// integrated) sets params.unified and opens the device on `host` (backend::open_unified_device:
+// its pools are host's; -ngl defaults to every layer); --vram with it is a UsageError (its
+// budget is --mem). host nullptr: a unified device is not opened (fitllm plan; fitllm serve's
+// registry opens it on its own budget), params.device names it.
 std::unique_ptr<backend::Backend> apply_offload_options(const MemoryOptions& options, memory::PlanParams& params,
-                                                        bool plan_only = false);
+                                                        memory::Device* host, bool plan_only = false);
 
 class RunBudget {
 public:
@@ -80,7 +85,8 @@ public:
 
     const memory::Plan& plan() const { return plan_; }
     memory::Device& device() { return *device_; }
-    // The device offloaded layers run on (--device, -ngl), or nullptr.
+    // The device offloaded layers run on (--device, -ngl), or nullptr. A unified one's memory() is
+    // device().
     backend::Backend* offload() { return offload_.get(); }
 
     // Charges the resident weights to the "weights" pool, locks them with --mlock (all or
@@ -98,8 +104,10 @@ private:
 
     memory::Plan plan_;
     MemoryOptions options_;
+    // Declared before what charges it: the offload device (a unified one charges its pools) and
+    // the charges below.
+    std::unique_ptr<memory::Device> device_;
     std::unique_ptr<backend::Backend> offload_;
-    std::unique_ptr<memory::Device> device_;  // declared first: the charges below release into it
     memory::Charge overhead_;
     memory::Charge weights_;
     memory::Charge weights_lock_rounding_;  // --mlock: whole pages beyond the weights' bytes

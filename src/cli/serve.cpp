@@ -102,7 +102,9 @@ int run_serve(const std::vector<std::string>& args) {
 
     // The offload device, shared by the models (each plans its share against the room left).
     memory::PlanParams offload_params;
-    const std::unique_ptr<backend::Backend> offload_device = apply_offload_options(offload_options, offload_params);
+    // (A unified one is opened by the registry, on its host budget.)
+    const std::unique_ptr<backend::Backend> offload_device =
+        apply_offload_options(offload_options, offload_params, /*host=*/nullptr);
     server::ModelRegistry registry({.model_path = model_path,
                                     .models_dir = models_dir,
                                     .budget = budget,
@@ -111,6 +113,7 @@ int run_serve(const std::vector<std::string>& args) {
                                     .n_threads = n_threads,
                                     .fit = fit,
                                     .offload = {.device = offload_device.get(),
+                                                .unified_device = offload_params.unified ? offload_params.device : "",
                                                 .n_gpu_layers = offload_params.n_gpu_layers,
                                                 .kv_offload = offload_params.kv_offload}});
     server::HttpServer http(registry, {.api_key = api_key});

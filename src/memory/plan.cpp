@@ -182,11 +182,16 @@ Plan plan_for(const ModelShape& shape, const PlanParams& params) {
     const bool output_on_device = params.n_gpu_layers > hp.n_layer;
     const int first_device = hp.n_layer - n_device;
     const int first_streamed = first_device - std::min(params.n_streamed_layers, first_device);
+    // Only layers left on the host stream (model::place_layers refuses more).
+    p.params.n_streamed_layers = first_device - first_streamed;
+    // A unified device reads its layers' weights in place (they stay resident on the host) and
+    // charges its KV and scratch to the host's pools.
+    const bool unified = !params.device.empty() && params.unified;
 
     // Weights: mapped; the first layers stay resident, the last n_streamed_layers stream through
     // a buffer of two layers; offloaded ones are copied to the device and leave the host.
     p.weights_resident = shape.global_bytes;
-    if (output_on_device && !shape.tied_output) p.weights_resident -= shape.output_bytes;
+    if (output_on_device && !shape.tied_output && !unified) p.weights_resident -= shape.output_bytes;
     // Streaming (short of memory), the token embedding is read a row per token and not read in
     // whole (runtime::prefault): a batch's rows, one or two pages each. Tied to the output, every
     // row is read at each step.
@@ -200,7 +205,8 @@ Plan plan_for(const ModelShape& shape, const PlanParams& params) {
         const auto i = static_cast<size_t>(il);
         const uint64_t b = shape.layer_bytes[i];
         if (il >= first_device) {
-            continue;  // copied to the device (below)
+            if (unified) p.weights_resident += b;  // read in place; else copied to the device (below)
+            continue;
         } else if (il < first_streamed) {
             p.weights_resident += b;
         } else {
@@ -209,9 +215,13 @@ Plan plan_for(const ModelShape& shape, const PlanParams& params) {
                 std::max(largest_streamed, i < shape.layer_stream_bytes.size() ? shape.layer_stream_bytes[i] : b);
         }
     }
-    if (params.n_gpu_layers > 0) {
+    if (params.n_gpu_layers > 0 && !unified) {
         const auto n = static_cast<size_t>(std::min(params.n_gpu_layers, hp.n_layer + 1));
         p.device.weights = n < shape.device_weight_bytes.size() ? shape.device_weight_bytes[n] : 0;
+    }
+    if (unified) {
+        for (int il = first_device; il < hp.n_layer; ++il) p.device.weights_in_place += shape.layer_bytes[size_t(il)];
+        if (output_on_device) p.device.weights_in_place += shape.output_bytes;
     }
     // As model::LayerStream charges its "staging" pool (model::stream_staging_bytes).
     p.stream_buffer =
@@ -222,6 +232,7 @@ Plan plan_for(const ModelShape& shape, const PlanParams& params) {
                          params.kv_resident_limit, params.kv_offload ? n_device : 0);
     for (const KvPoolPlan& pool : p.kv_pools) {
         (pool.on_device ? p.device.kv : p.kv) += pool.bytes;
+        if (pool.on_device && unified) p.kv += pool.bytes;  // the host's "kv" pool holds it
         p.kv_spilled += pool.spilled;
     }
 
@@ -262,6 +273,11 @@ Plan plan_for(const ModelShape& shape, const PlanParams& params) {
             p.device.scratch = model::device_scratch_bytes(hp, params.n_gpu_layers, params.n_batch, params.n_outputs) +
                                (p.scratch - p.activations);
         }
+        if (unified) {
+            p.device.unified = true;
+            p.device.capacity = 0;  // one budget: the host's
+            p.scratch += p.device.scratch;
+        }
     }
     return p;
 }
@@ -294,7 +310,15 @@ Plan make_plan(const ModelShape& shape, PlanParams params) {
                                         " offloads layers, but no device is given (--device)");
         }
         params.n_gpu_layers = 0;
+        params.unified = false;
         return plan_for(shape, params);
+    }
+    if (params.unified) {
+        params.vram = 0;  // one budget
+        // Auto: every layer the host does not stream (memory is the same; the device computes faster).
+        if (params.n_gpu_layers < 0) {
+            params.n_gpu_layers = params.n_streamed_layers > 0 ? hp.n_layer - params.n_streamed_layers : hp.n_layer + 1;
+        }
     }
     if (params.n_gpu_layers >= 0) {
         params.n_gpu_layers = std::min(params.n_gpu_layers, hp.n_layer + 1);
@@ -328,9 +352,10 @@ Plan fit_plan(const ModelShape& shape, PlanParams params) {
         const DevicePlan& d = p.device;
         steps.push_back({"offload " + std::to_string(d.n_layer) + " of " + std::to_string(hp.n_layer) + " layers" +
                              (d.output ? " and the output layer" : "") + " to " + d.name,
-                         d.capacity == 0 ? "no --vram limit: every layer goes to the device"
-                                         : "the most that fit its " + util::human_bytes(d.capacity) + " (" +
-                                               util::human_bytes(d.total()) + " planned there)"});
+                         d.unified ? d.name + " shares the host's memory (unified): every layer not streamed runs there"
+                         : d.capacity == 0 ? "no --vram limit: every layer goes to the device"
+                                           : "the most that fit its " + util::human_bytes(d.capacity) + " (" +
+                                                 util::human_bytes(d.total()) + " planned there)"});
     }
     if (p.fits()) {
         p.fit_steps = std::move(steps);
@@ -404,7 +429,10 @@ Plan fit_plan(const ModelShape& shape, PlanParams params) {
                           ? std::string(" with every layer resident")
                           : " with " + std::to_string(before.params.n_streamed_layers) + " layers streamed") +
                      "; streaming " + util::human_bytes(p.weights_streamed) + " of weights through a " +
-                     util::human_bytes(p.stream_buffer) + " buffer keeps the context (" + over(p) + ")"});
+                     util::human_bytes(p.stream_buffer) + " buffer keeps the context (" + over(p) + ")" +
+                     (auto_offload && p.device.unified ? "; the streamed layers run on the host, the other " +
+                                                             std::to_string(p.device.n_layer) + " on " + p.device.name
+                                                       : std::string())});
         } else {
             steps.push_back({"no more layers streamed", "the stream buffers (" +
                                                             util::human_bytes(plan([&] {

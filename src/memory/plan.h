@@ -78,6 +78,12 @@ struct PlanParams {
     int n_gpu_layers = 0;
     uint64_t vram = 0;
     bool kv_offload = true;
+    // The device shares the host's memory (backend::Backend::unified(), --unified): its layers
+    // read their weights in place (they stay in weights_resident), its KV and scratch are the
+    // host's (in Plan::kv and Plan::scratch), and there is one budget (vram is ignored). With
+    // n_gpu_layers < 0 every layer that does not stream runs there (and the output layer, when
+    // none streams).
+    bool unified = false;
 };
 
 // One pool of the KV cache (kv::ModelCache): the full-attention layers, or the layers of one
@@ -93,16 +99,20 @@ struct KvPoolPlan {
 
 // What the offload device holds: the weights of its layers, their KV cache (kv_offload) and the
 // working memory of a forward pass through them.
+// Unified (PlanParams::unified): the device's share is part of the host's numbers (weights 0,
+// kv and scratch counted in Plan::kv and Plan::scratch too) and has no capacity of its own.
 struct DevicePlan {
     std::string name;
     uint64_t capacity = 0;  // 0: no limit known
     int n_layer = 0;        // the last n_layer layers run on it
     bool output = false;    // and the output layer
+    bool unified = false;
     uint64_t weights = 0;
+    uint64_t weights_in_place = 0;  // unified: the file bytes of its tensors, read in place (host's resident weights)
     uint64_t kv = 0;
     uint64_t scratch = 0;
     uint64_t total() const { return weights + kv + scratch; }
-    bool fits() const { return capacity == 0 || total() <= capacity; }
+    bool fits() const { return unified || capacity == 0 || total() <= capacity; }
 };
 
 // What fit_plan() changed, and why.

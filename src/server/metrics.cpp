@@ -129,7 +129,10 @@ nlohmann::json memory_report(ModelRegistry& registry) {
                        {"used", dev.live()},
                        {"peak", dev.peak()},
                        {"pools", pools}});
-    if (backend::Backend* offload = registry.options().offload.device) {
+    if (backend::Backend* offload = registry.options().offload.device; offload && offload->unified()) {
+        // Its pools are the host's above.
+        devices.push_back({{"name", offload->name()}, {"unified", true}, {"shares", dev.name()}});
+    } else if (offload) {
         const memory::Device& gpu = offload->memory();
         json gpu_pools = json::array();
         for (const memory::PoolStats& p : gpu.pools())
@@ -152,6 +155,7 @@ nlohmann::json memory_report(ModelRegistry& registry) {
             if (!p.device.name.empty()) {
                 entry["plan_devices"] = {{p.device.name,
                                           {{"n_layer", p.device.n_layer},
+                                           {"unified", p.device.unified},
                                            {"output", p.device.output},
                                            {"weights", p.device.weights},
                                            {"kv", p.device.kv},

@@ -46,8 +46,9 @@ LoadedModel::LoadedModel(std::string id, const std::filesystem::path& path, cons
         params.device = offload.device->name();
         params.n_gpu_layers = offload.n_gpu_layers;
         params.kv_offload = offload.kv_offload;
+        params.unified = offload.device->unified();  // its share is in the host's plan
         // The room the other models leave (an unlimited device: no limit).
-        params.vram = gpu->capacity() == UINT64_MAX ? 0 : gpu->available();
+        params.vram = gpu->capacity() == UINT64_MAX || params.unified ? 0 : gpu->available();
     }
     plan_ = memory::make_plan(shape, params);
     SchedulerOptions so = options;
@@ -147,6 +148,10 @@ uint64_t LoadedModel::used_bytes() const {
 
 ModelRegistry::ModelRegistry(RegistryOptions options)
     : options_(std::move(options)), device_("host", options_.budget), compute_(options_.n_threads) {
+    if (!options_.offload.unified_device.empty()) {
+        unified_device_ = backend::open_unified_device(options_.offload.unified_device, device_);
+        options_.offload.device = unified_device_.get();
+    }
     if (options_.model_path.empty() == options_.models_dir.empty()) {
         throw std::invalid_argument("give one of -m MODEL and --models-dir DIR");
     }

@@ -37,6 +37,9 @@ namespace fitllm::server {
 // of each model (-1: as many as the device has room for when the model loads).
 struct Offload {
     backend::Backend* device = nullptr;  // outlives the registry; nullptr: host only
+    // A unified device (shares the host's memory) to open on the registry's host budget
+    // (backend::open_unified_device) instead of `device`: "virtual-unified", "cuda0".
+    std::string unified_device;
     int n_gpu_layers = -1;
     bool kv_offload = true;
 };
@@ -137,6 +140,7 @@ private:
 
     RegistryOptions options_;
     memory::Device device_;
+    std::unique_ptr<backend::Backend> unified_device_;  // Offload::unified_device, charging device_
     Compute compute_;
     mutable std::mutex mutex_;  // the entries
     std::mutex load_mutex_;     // one load at a time

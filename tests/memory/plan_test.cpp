@@ -7,9 +7,11 @@
 #include <filesystem>
 
 #include "backend/backend.h"
+#include "backend/virtual_device.h"
 #include "kv/cache.h"
 #include "model/layer_stream.h"
 #include "model/model.h"
+#include "model/offload.h"
 #include "ops/thread_pool.h"
 #include "test_support.h"
 
@@ -320,6 +322,67 @@ TEST(PlanOffload, AutoOffloadsAsManyLayersAsTheDeviceHolds) {
     EXPECT_FALSE(make_plan(shape, q).fits());
 }
 
+// A unified device (PlanParams::unified): no copies, one budget. Its layers' weights stay in the
+// host's resident weights, its KV pools and scratch are counted in the host's, --vram is ignored,
+// and auto -ngl takes every layer that does not stream.
+TEST(PlanOffload, AUnifiedDevicesShareIsTheHosts) {
+    const auto file = gguf::GgufFile::open(tiny("tiny-llama-q8_0.gguf"));
+    const ModelShape shape = model_shape(file);
+    const PlanParams base{.n_ctx = 256, .n_batch = 64, .n_threads = 2, .budget = 1ull << 30};
+    const Plan cpu = make_plan(shape, base);
+    for (const int ngl : {1, 2, 3}) {
+        SCOPED_TRACE("-ngl " + std::to_string(ngl));
+        PlanParams q = base;
+        q.device = "virtual";
+        q.n_gpu_layers = ngl;
+        const Plan separate = make_plan(shape, q);
+        q.device = "virtual-unified";
+        q.unified = true;
+        q.vram = 1;  // ignored: one budget
+        const Plan u = make_plan(shape, q);
+        EXPECT_TRUE(u.device.unified);
+        EXPECT_EQ(u.params.vram, 0u);
+        EXPECT_TRUE(u.device.fits());
+        EXPECT_EQ(u.device.weights, 0u);
+        EXPECT_EQ(u.weights_resident, cpu.weights_resident);  // read in place: nothing leaves the host
+        uint64_t in_place = shape.layer_bytes[1] + (ngl >= 2 ? shape.layer_bytes[0] : 0);
+        if (ngl == 3) in_place += shape.output_bytes;
+        EXPECT_EQ(u.device.weights_in_place, in_place);
+        EXPECT_EQ(u.device.kv, separate.device.kv);
+        EXPECT_EQ(u.kv, separate.kv + separate.device.kv);  // the host's "kv" pool holds every pool
+        EXPECT_EQ(u.device.scratch, separate.device.scratch);
+        EXPECT_EQ(u.scratch, cpu.scratch + u.device.scratch);
+        EXPECT_EQ(u.total(), cpu.total() + (u.kv - cpu.kv) + u.device.scratch);
+        // Over --mem by a byte: the host does not fit, and nothing else is to blame.
+        q.budget = u.total() - 1;
+        EXPECT_FALSE(make_plan(shape, q).fits());
+        q.budget = u.total();
+        EXPECT_TRUE(make_plan(shape, q).fits());
+    }
+    PlanParams q = base;
+    q.device = "virtual-unified";
+    q.unified = true;
+    q.n_gpu_layers = -1;  // auto: every layer and the output
+    EXPECT_EQ(make_plan(shape, q).params.n_gpu_layers, 3);
+    q.n_streamed_layers = 1;  // the streamed layer runs on the host
+    const Plan streamed = make_plan(shape, q);
+    EXPECT_EQ(streamed.params.n_gpu_layers, 1);
+    EXPECT_EQ(streamed.params.n_streamed_layers, 1);
+    EXPECT_EQ(streamed.weights_streamed, shape.layer_bytes[0]);
+    // An explicit -ngl leaves no host layer to stream: the plan says none streams (as the model).
+    q.n_gpu_layers = 3;
+    EXPECT_EQ(make_plan(shape, q).params.n_streamed_layers, 0);
+    // --fit says it offloads everything to the unified device, and why.
+    q.n_gpu_layers = -1;
+    q.n_streamed_layers = 0;
+    const Plan f = fit_plan(shape, q);
+    ASSERT_FALSE(f.fit_steps.empty());
+    EXPECT_NE(f.fit_steps[0].change.find("offload 2 of 2 layers and the output layer to virtual-unified"),
+              std::string::npos)
+        << f.fit_steps[0].change;
+    EXPECT_NE(f.fit_steps[0].reason.find("shares the host's memory"), std::string::npos) << f.fit_steps[0].reason;
+}
+
 TEST(PlanOffload, DemoModelKvPoolsPerPlace) {
     const auto path = test::source_dir() / "models/gemma-3-270m-q4_k_m.gguf";
     if (!std::filesystem::exists(path)) GTEST_SKIP() << "demo model not present (scripts/setup.sh fetches it)";
@@ -398,6 +461,54 @@ TEST(PlanOffload, DeviceShareMatchesWhatTheModelCharges) {
                 if (s.name == pool_names::kKv) host_kv = s.peak;
             }
             EXPECT_EQ(host_kv, p.kv) << name << " -ngl " << ngl;
+        }
+    }
+}
+
+// A unified device's share against what the model charges the host's pools: KV byte for byte
+// (the host's pools and the device's, all in the host's "kv"); no weights charged and none of the
+// device's buffers a weight (its buffers are its activations, byte for byte); the host's scratch
+// after a full batch within the plan.
+TEST(PlanOffload, UnifiedShareMatchesWhatTheModelChargesTheHost) {
+    for (const char* name : {"tiny-llama-q8_0.gguf", "tiny-qwen2-q4_k_m.gguf"}) {
+        const auto file = gguf::GgufFile::open(tiny(name));
+        const ModelShape shape = model_shape(file);
+        for (const int ngl : {1, 2, 3}) {
+            for (const bool kv_offload : {true, false}) {
+                SCOPED_TRACE(std::string(name) + " -ngl " + std::to_string(ngl) +
+                             (kv_offload ? "" : " --no-kv-offload"));
+                PlanParams q{.n_ctx = 256, .n_batch = 32, .n_outputs = 1, .n_threads = 1, .budget = 1ull << 30};
+                q.device = "virtual-unified";
+                q.unified = true;
+                q.n_gpu_layers = ngl;
+                q.kv_offload = kv_offload;
+                const Plan p = make_plan(shape, q);
+                memory::Device host("host", UINT64_MAX);
+                const auto dev = backend::open_unified_device("virtual", host);
+                auto m = model::Model::load(
+                    file, {.device = &host, .offload = dev.get(), .n_offload_layers = ngl, .offload_kv = kv_offload});
+                kv::CacheParams cp;
+                cp.n_cells = q.n_ctx;
+                cp.pool = &host.pool(pool_names::kKv);
+                kv::ModelCache cache = m->make_cache(cp, q.n_batch);
+                std::vector<int32_t> tokens(32), pos(32);
+                for (int i = 0; i < 32; ++i) tokens[i] = pos[i] = i;
+                std::vector<float> logits(static_cast<size_t>(m->n_vocab()));
+                ops::ThreadPool pool(1);
+                m->forward(tokens, pos, cache, logits.data(), false, pool);
+                uint64_t weights = 0, kv_bytes = 0, scratch = 0;
+                for (const PoolStats& s : host.pools()) {
+                    if (s.name == pool_names::kWeights) weights = s.peak;
+                    if (s.name == pool_names::kKv) kv_bytes = s.peak;
+                    if (s.name == pool_names::kScratch) scratch = s.peak;
+                }
+                EXPECT_EQ(weights, 0u);  // (cli::RunBudget charges p.weights_resident, the mapped file's)
+                EXPECT_EQ(kv_bytes, p.kv);
+                const auto& virt = dynamic_cast<const backend::VirtualDevice&>(*dev);
+                EXPECT_EQ(virt.allocated_bytes(), model::device_scratch_bytes(shape.hp, ngl, 32, 1));
+                EXPECT_LE(scratch, p.scratch);
+                EXPECT_GE(scratch, p.scratch - 2 * (p.scratch - p.activations - p.device.scratch));
+            }
         }
     }
 }
