@@ -208,7 +208,8 @@ TEST(OffloadOptions, UnifiedRefusesVramAndIsRefusedOverMemNamingThePool) {
 }
 
 // The demo model with every layer on a unified device: the process's peak RSS stays that of the
-// CPU-only run (the device reads the mapped weights; a copy would add 250 MiB).
+// CPU-only run (the device reads the mapped weights; a copy would add 235 MiB, the separate
+// virtual device's 526 MiB against the CPU's 302 MiB).
 TEST(OffloadOptions, UnifiedDoesNotDoubleTheResidentSetOnTheDemoModel) {
     const auto path = test::demo_model();
     if (!path) GTEST_SKIP() << "demo model absent (scripts/setup.sh downloads it)";
@@ -225,7 +226,8 @@ TEST(OffloadOptions, UnifiedDoesNotDoubleTheResidentSetOnTheDemoModel) {
     const double cpu = peak("");
     const double unified = peak(" --device virtual-unified -ngl 19");
     ASSERT_GT(cpu, 100.0);
-    EXPECT_LT(unified, cpu * 1.1) << "cpu " << cpu << " MiB, unified " << unified << " MiB";
+    // (A margin that AddressSanitizer's shadow and quarantine stay within, less than half a copy.)
+    EXPECT_LT(unified, cpu + 100.0) << "cpu " << cpu << " MiB, unified " << unified << " MiB";
 }
 
 // fitllm serve's registry opens the unified device on its own budget; /v1/memory (memory_report)
