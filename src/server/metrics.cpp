@@ -130,8 +130,8 @@ nlohmann::json memory_report(ModelRegistry& registry) {
                        {"peak", dev.peak()},
                        {"pools", pools}});
     if (backend::Backend* offload = registry.options().offload.device; offload && offload->unified()) {
-        // Its pools are the host's above.
-        devices.push_back({{"name", offload->name()}, {"unified", true}, {"shares", dev.name()}});
+        // One memory: its charges are in the host's pools above.
+        devices[0]["unified_devices"] = json::array({offload->name()});
     } else if (offload) {
         const memory::Device& gpu = offload->memory();
         json gpu_pools = json::array();

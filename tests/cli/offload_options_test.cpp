@@ -231,7 +231,8 @@ TEST(OffloadOptions, UnifiedDoesNotDoubleTheResidentSetOnTheDemoModel) {
 }
 
 // fitllm serve's registry opens the unified device on its own budget; /v1/memory (memory_report)
-// lists it as sharing the host's pools, and the model's plan as unified.
+// names it on the host's entry (its charges are in the host's pools), and the model's plan has
+// its share, unified.
 TEST(OffloadOptions, ServeReportsAUnifiedDevice) {
     server::ModelRegistry registry({.model_path = tiny("tiny-llama-q8_0.gguf"),
                                     .budget = 256ull << 20,
@@ -243,10 +244,10 @@ TEST(OffloadOptions, ServeReportsAUnifiedDevice) {
     EXPECT_EQ(&registry.options().offload.device->memory(), &registry.device());
     registry.load_startup_model();
     const nlohmann::json report = server::memory_report(registry);
-    ASSERT_EQ(report["devices"].size(), 2u) << report.dump(2);
-    EXPECT_EQ(report["devices"][1]["name"], "virtual-unified");
-    EXPECT_EQ(report["devices"][1]["unified"], true);
-    EXPECT_EQ(report["devices"][1]["shares"], "host");
+    // One memory, one device entry: the host's, naming the device that shares it.
+    ASSERT_EQ(report["devices"].size(), 1u) << report.dump(2);
+    EXPECT_EQ(report["devices"][0]["name"], "host");
+    EXPECT_EQ(report["devices"][0]["unified_devices"], nlohmann::json::array({"virtual-unified"}));
     const auto& plan_dev = report["models"][0]["plan_devices"]["virtual-unified"];
     EXPECT_EQ(plan_dev["unified"], true) << report.dump(2);
     EXPECT_EQ(plan_dev["n_layer"], 2);
