@@ -261,6 +261,22 @@ TEST(ModelOffload, AUnifiedDeviceSharesTheHostsBudgetAndWeights) {
     }
 }
 
+TEST(ModelOffload, UnifiedDevicesByName) {
+    memory::Device host("host", 1ull << 20);
+    EXPECT_EQ(backend::open_unified_device("virtual", host)->name(), "virtual-unified");
+    EXPECT_EQ(backend::open_unified_device("virtual2", host)->name(), "virtual2-unified");
+    EXPECT_EQ(backend::open_unified_device("virtual-unified", host)->name(), "virtual-unified");
+    EXPECT_THROW(backend::open_unified_device("nosuch", host), std::invalid_argument);
+    // It has no capacity of its own to open it with.
+    EXPECT_THROW(backend::open_device("virtual-unified", 1 << 20), std::invalid_argument);
+    EXPECT_FALSE(backend::device_is_integrated("virtual"));
+    // Only a unified device maps host memory; the others get copies.
+    const auto unified = backend::open_unified_device("virtual", host);
+    const int x = 7;
+    EXPECT_EQ(unified->map_host(&x, sizeof x), &x);
+    EXPECT_THROW(backend::open_device("virtual", 1 << 20)->map_host(&x, sizeof x), std::logic_error);
+}
+
 // Streaming applies to the last layers left on the host: layer 0 streamed, layer 1 (and the
 // output) on the device.
 TEST(ModelOffload, StreamedHostLayersAndDeviceLayersTogether) {
