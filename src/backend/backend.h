@@ -118,6 +118,9 @@ public:
     // their device address. Throws std::logic_error on a device with memory of its own, and
     // std::runtime_error when the device cannot map them (why).
     virtual const void* map_host(const void* host, size_t bytes);
+    // Undoes map_host(host, ...) (host as given to it): the device reads it no more (CUDA
+    // unregisters the pages, so a model unloaded by fitllm serve leaves nothing pinned).
+    virtual void unmap_host(const void* /*host*/) noexcept {}
 
     // Bytes on this device charged to memory().pool(pool) (memory::BudgetError naming the device,
     // the pool, `what` and the bytes when it has no room: nothing allocated). Zero bytes gives an

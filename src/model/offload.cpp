@@ -168,13 +168,26 @@ void DeviceWeights::map_in_place(const gguf::GgufFile& file, const Hparams& hp, 
             merged.push_back(std::move(s));
         }
     }
-    backend::Backend& dev = *placement.device;
     for (const Span& s : merged) {
         const auto* host = reinterpret_cast<const std::byte*>(s.begin);
         const auto* mapped =
-            s.end > s.begin ? static_cast<const std::byte*>(dev.map_host(host, s.end - s.begin)) : host;
+            s.end > s.begin ? static_cast<const std::byte*>(mappings_.map(*placement.device, host, s.end - s.begin))
+                            : host;
         for (const std::byte* t : s.tensors) copies_[t] = mapped + (t - host);
     }
+}
+
+const void* DeviceWeights::HostMappings::map(backend::Backend& device, const void* host, size_t bytes) {
+    const void* mapped = device.map_host(host, bytes);
+    device_ = &device;
+    hosts_.push_back(host);
+    return mapped;
+}
+
+void DeviceWeights::HostMappings::reset() noexcept {
+    for (const void* h : hosts_) device_->unmap_host(h);
+    hosts_.clear();
+    device_ = nullptr;
 }
 
 const void* DeviceWeights::find(const void* host) const {

@@ -8,6 +8,7 @@
 #include <cstdint>
 #include <string>
 #include <unordered_map>
+#include <utility>
 #include <vector>
 
 #include "backend/backend.h"
@@ -53,8 +54,32 @@ public:
     uint64_t bytes() const;  // charged to the device's "weights" pool
 
 private:
+    // The ranges a unified device mapped (Backend::map_host), unmapped when they go.
+    class HostMappings {
+    public:
+        HostMappings() = default;
+        HostMappings(HostMappings&& o) noexcept
+            : device_(std::exchange(o.device_, nullptr)), hosts_(std::move(o.hosts_)) {}
+        HostMappings& operator=(HostMappings&& o) noexcept {
+            if (this != &o) {
+                reset();
+                device_ = std::exchange(o.device_, nullptr);
+                hosts_ = std::move(o.hosts_);
+            }
+            return *this;
+        }
+        ~HostMappings() { reset(); }
+        const void* map(backend::Backend& device, const void* host, size_t bytes);
+
+    private:
+        void reset() noexcept;
+        backend::Backend* device_ = nullptr;
+        std::vector<const void*> hosts_;
+    };
+
     void map_in_place(const gguf::GgufFile& file, const Hparams& hp, const Placement& placement);
     const void* find(const void* host) const;
+    HostMappings mappings_;
     std::vector<backend::Buffer> buffers_;
     std::unordered_map<const void*, const void*> copies_;
     std::vector<FileRange> ranges_;

@@ -88,8 +88,12 @@ TEST(CudaUnified, TinyModelsReadHostMemoryInPlace) {
                 const auto dev = backend::open_unified_device("cuda0", host);
                 ASSERT_TRUE(dev->unified());
                 EXPECT_EQ(&dev->memory(), &host);
-                auto m = model::Model::load(
-                    file, {.device = &host, .offload = dev.get(), .n_offload_layers = ngl, .offload_kv = offload_kv});
+                const model::LoadOptions options{
+                    .device = &host, .offload = dev.get(), .n_offload_layers = ngl, .offload_kv = offload_kv};
+                // A model that goes unregisters its pages: the same pages map again (fitllm serve
+                // unloads and reloads models).
+                model::Model::load(file, options).reset();
+                auto m = model::Model::load(file, options);
                 EXPECT_EQ(host.pool(memory::pool_names::kWeights).live(), 0u);  // read in place
                 EXPECT_TRUE(m->offloaded_ranges().empty());
                 std::vector<int32_t> fed;

@@ -82,6 +82,12 @@ public:
         registered_.push_back(host);
         return on_device;
     }
+    void unmap_host(const void* host) noexcept override {
+        const auto it = std::find(registered_.begin(), registered_.end(), host);
+        if (it == registered_.end()) return;
+        cuda::host_unregister(host);
+        registered_.erase(it);
+    }
 
     void copy_to_device(void* dst, const void* src, size_t bytes) override {
         cuda::copy_to_device(dst, src, bytes, stream_);
