@@ -8,8 +8,10 @@ void rms_norm(const float* x, const float* weight, float eps, int64_t n_tok, int
     for (int64_t t = 0; t < n_tok; ++t) {
         const float* xr = x + t * n;
         float* yr = y + t * n;
+        // Squares rounded to float and summed in double, as ggml does (its rows' bits, not only
+        // their values).
         double sum_sq = 0.0;
-        for (int64_t i = 0; i < n; ++i) sum_sq += static_cast<double>(xr[i]) * xr[i];
+        for (int64_t i = 0; i < n; ++i) sum_sq += static_cast<double>(xr[i] * xr[i]);
         const float scale = 1.0f / std::sqrt(static_cast<float>(sum_sq / static_cast<double>(n)) + eps);
         if (weight != nullptr) {
             for (int64_t i = 0; i < n; ++i) yr[i] = xr[i] * scale * weight[i];

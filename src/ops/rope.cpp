@@ -5,15 +5,17 @@
 #include <string>
 
 namespace fitllm::ops {
+namespace {
 
-void rope(float* x, const int32_t* pos, int64_t n_tok, int n_head, int head_dim, const RopeParams& params) {
-    const int n_dims = params.n_dims;
-    if (n_dims <= 0 || n_dims % 2 != 0 || n_dims > head_dim) {
-        throw std::invalid_argument("rope: n_dims " + std::to_string(n_dims) + " must be even and in 1.." +
-                                    std::to_string(head_dim) + " (head_dim)");
-    }
-    const int half = n_dims / 2;
-    const float theta_ratio = std::pow(params.freq_base, -2.0f / static_cast<float>(n_dims));
+// The rotation as llama.cpp's CPU build computes it: its compiler contracts x0 * cos - x1 * sin
+// and x0 * sin + x1 * cos into one FMA each (the second product rounded, then the fused
+// multiply-add), so the results differ from the two-rounding form in the last bit. __builtin_fmaf
+// is the instruction where the target has FMA and libm's correctly rounded fmaf otherwise: the same
+// bits either way, the first only faster.
+[[gnu::always_inline]] inline void rope_impl(float* x, const int32_t* pos, int64_t n_tok, int n_head, int head_dim,
+                                             const RopeParams& params) {
+    const int half = params.n_dims / 2;
+    const float theta_ratio = std::pow(params.freq_base, -2.0f / static_cast<float>(params.n_dims));
     // Pair i is (x[2i], x[2i+1]) in normal mode, (x[i], x[i + half]) in NeoX mode.
     const int first_stride = params.mode == RopeMode::Normal ? 2 : 1;
     const int second_offset = params.mode == RopeMode::Normal ? 1 : half;
@@ -32,11 +34,36 @@ void rope(float* x, const int32_t* pos, int64_t n_tok, int n_head, int head_dim,
                 float& b = head[i * first_stride + second_offset];
                 const float a0 = a;
                 const float b0 = b;
-                a = a0 * c - b0 * s;
-                b = a0 * s + b0 * c;
+                a = __builtin_fmaf(a0, c, -(b0 * s));
+                b = __builtin_fmaf(a0, s, b0 * c);
             }
             theta *= theta_ratio;
         }
+    }
+}
+
+__attribute__((target("fma"))) void rope_fma(float* x, const int32_t* pos, int64_t n_tok, int n_head, int head_dim,
+                                             const RopeParams& params) {
+    rope_impl(x, pos, n_tok, n_head, head_dim, params);
+}
+
+void rope_baseline(float* x, const int32_t* pos, int64_t n_tok, int n_head, int head_dim, const RopeParams& params) {
+    rope_impl(x, pos, n_tok, n_head, head_dim, params);
+}
+
+}  // namespace
+
+void rope(float* x, const int32_t* pos, int64_t n_tok, int n_head, int head_dim, const RopeParams& params) {
+    const int n_dims = params.n_dims;
+    if (n_dims <= 0 || n_dims % 2 != 0 || n_dims > head_dim) {
+        throw std::invalid_argument("rope: n_dims " + std::to_string(n_dims) + " must be even and in 1.." +
+                                    std::to_string(head_dim) + " (head_dim)");
+    }
+    static const bool has_fma = __builtin_cpu_supports("fma");
+    if (has_fma) {
+        rope_fma(x, pos, n_tok, n_head, head_dim, params);
+    } else {
+        rope_baseline(x, pos, n_tok, n_head, head_dim, params);
     }
 }
 

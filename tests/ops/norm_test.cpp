@@ -41,6 +41,35 @@ TEST(Norm, RmsNormMatchesDoubleReference) {
     }
 }
 
+// ggml's bits: each square rounded to float before the double sum, the mean rounded to float,
+// then x * scale * weight. Squaring in double gives another scale for some rows, so this pins it.
+TEST(Norm, RmsNormRoundsAsGgml) {
+    const int64_t n_tok = 64, n = 640;
+    const auto x = random_values(static_cast<size_t>(n_tok * n), 1000.0f, 3);
+    const auto w = random_values(static_cast<size_t>(n), 1.0f, 4);
+    const float eps = 1e-6f;
+    std::vector<float> y(x.size());
+    rms_norm(x.data(), w.data(), eps, n_tok, n, y.data());
+    int scale_differs = 0;
+    for (int64_t t = 0; t < n_tok; ++t) {
+        const float* xr = x.data() + t * n;
+        double sum = 0.0, sum_exact = 0.0;
+        for (int64_t i = 0; i < n; ++i) {
+            volatile float square = xr[i] * xr[i];
+            sum += square;
+            sum_exact += static_cast<double>(xr[i]) * xr[i];
+        }
+        const float scale = 1.0f / std::sqrt(static_cast<float>(sum / static_cast<double>(n)) + eps);
+        const float scale_exact = 1.0f / std::sqrt(static_cast<float>(sum_exact / static_cast<double>(n)) + eps);
+        scale_differs += scale != scale_exact;
+        for (int64_t i = 0; i < n; ++i) {
+            volatile float scaled = xr[i] * scale;
+            ASSERT_EQ(y[t * n + i], scaled * w[i]) << "row " << t << " index " << i;
+        }
+    }
+    EXPECT_GT(scale_differs, 0) << "no row tells float squares from double ones";
+}
+
 TEST(Norm, LayerNormMatchesDoubleReference) {
     const int64_t n_tok = 2;
     const int64_t n = 100;

@@ -90,6 +90,43 @@ TEST(Rope, PositionZeroIsIdentityAndNormIsKept) {
     EXPECT_NEAR(before, after, 1e-3);
 }
 
+// llama.cpp's bits, not only the formula's value: the angle as a float running product of the
+// per-pair ratio, and each output one FMA (x0 * cos - x1 * sin with only x1 * sin rounded first).
+// The unfused form differs in the last bit for some elements, so this pins the fused one.
+TEST(Rope, RotatesWithOneFmaPerOutputAsLlamaCpp) {
+    for (const RopeMode mode : {RopeMode::Normal, RopeMode::Neox}) {
+        const int n_head = 3, head_dim = 64, half = 32;
+        const std::vector<int32_t> pos = {1, 7, 300, 4097};
+        std::mt19937 rng(5);
+        std::normal_distribution<float> dist(0.0f, 30.0f);
+        std::vector<float> x(pos.size() * n_head * head_dim);
+        for (float& v : x) v = dist(rng);
+        const RopeParams p{mode, head_dim, 1000000.0f, 1.0f, nullptr};
+        std::vector<float> got = x;
+        rope(got.data(), pos.data(), static_cast<int64_t>(pos.size()), n_head, head_dim, p);
+        const float ratio = std::pow(p.freq_base, -2.0f / static_cast<float>(head_dim));
+        int unfused_differs = 0;
+        for (size_t t = 0; t < pos.size(); ++t) {
+            float theta = static_cast<float>(pos[t]);
+            for (int i = 0; i < half; ++i) {
+                const float c = std::cos(theta), s = std::sin(theta);
+                for (int h = 0; h < n_head; ++h) {
+                    const size_t base = (t * n_head + h) * head_dim;
+                    const size_t ia = base + (mode == RopeMode::Normal ? 2 * i : i);
+                    const size_t ib = ia + (mode == RopeMode::Normal ? 1 : half);
+                    const float a = x[ia], b = x[ib];
+                    volatile float as = a * s, bc = b * c, ac = a * c, bs = b * s;  // no contraction
+                    ASSERT_EQ(got[ia], std::fma(a, c, -(b * s))) << "token " << t << " pair " << i;
+                    ASSERT_EQ(got[ib], std::fma(a, s, b * c)) << "token " << t << " pair " << i;
+                    unfused_differs += (ac - bs != got[ia]) + (as + bc != got[ib]);
+                }
+                theta *= ratio;
+            }
+        }
+        EXPECT_GT(unfused_differs, 0) << "no element tells the fused rotation from the unfused one";
+    }
+}
+
 TEST(Rope, RejectsBadDimensions) {
     std::vector<float> x(8);
     const int32_t pos = 1;
