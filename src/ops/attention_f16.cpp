@@ -24,8 +24,8 @@ using f16_attention::kMaxQueries;
 using f16_attention::visible;
 
 // One query head against every visible key: the online softmax of llama.cpp's f16 path
-// (f16_attention::step_one).
-template <bool kFma>
+// (f16_attention::step_one), q·k in the order of ggml's f16 dot with kLanes-lane vectors.
+template <bool kFma, int kLanes>
 [[gnu::always_inline]] inline void attend_one_impl(const float* q, int32_t q_pos, const float* k, const float* v,
                                                    const int32_t* kv_pos, int64_t n_kv, int64_t kv_row_stride,
                                                    const AttentionParams& p, float* __restrict q16,
@@ -35,43 +35,51 @@ template <bool kFma>
     f16_attention::begin_one(st, q, d);
     for (int64_t j = 0; j < n_kv; ++j) {
         if (!visible(kv_pos[j], q_pos, p.sliding_window)) continue;
-        f16_attention::step_one<kFma>(st, k + j * kv_row_stride, v + j * kv_row_stride, d, p);
+        f16_attention::step_one<kFma, kLanes>(st, k + j * kv_row_stride, v + j * kv_row_stride, d, p);
     }
     f16_attention::end_one(st, out, d);
 }
 
-// Compiled twice: for AVX2 with FMA, where the loops above vectorize 8 wide and the multiply-adds
-// are single instructions, and for the baseline. Both give the same results.
+// Compiled for AVX-512 (the dot in ggml's AVX-512 order), for AVX2 with FMA, where the loops above
+// vectorize 8 wide and the multiply-adds are single instructions, and for the baseline (the AVX2
+// order, the same results as the AVX2 version).
 using AttendFn = void (*)(const float*, int32_t, const float*, const float*, const int32_t*, int64_t, int64_t,
                           const AttentionParams&, float*, float*, float*);
 
 __attribute__((target("avx2,fma"))) void attend_one_avx2(const float* q, int32_t q_pos, const float* k, const float* v,
                                                          const int32_t* kv_pos, int64_t n_kv, int64_t kv_row_stride,
                                                          const AttentionParams& p, float* q16, float* acc, float* out) {
-    attend_one_impl<true>(q, q_pos, k, v, kv_pos, n_kv, kv_row_stride, p, q16, acc, out);
+    attend_one_impl<true, 8>(q, q_pos, k, v, kv_pos, n_kv, kv_row_stride, p, q16, acc, out);
+}
+
+__attribute__((target("avx512f,avx512vl,avx2,fma,f16c"))) void attend_one_avx512(
+    const float* q, int32_t q_pos, const float* k, const float* v, const int32_t* kv_pos, int64_t n_kv,
+    int64_t kv_row_stride, const AttentionParams& p, float* q16, float* acc, float* out) {
+    attend_one_impl<true, 16>(q, q_pos, k, v, kv_pos, n_kv, kv_row_stride, p, q16, acc, out);
 }
 
 void attend_one_baseline(const float* q, int32_t q_pos, const float* k, const float* v, const int32_t* kv_pos,
                          int64_t n_kv, int64_t kv_row_stride, const AttentionParams& p, float* q16, float* acc,
                          float* out) {
-    attend_one_impl<false>(q, q_pos, k, v, kv_pos, n_kv, kv_row_stride, p, q16, acc, out);
+    attend_one_impl<false, 8>(q, q_pos, k, v, kv_pos, n_kv, kv_row_stride, p, q16, acc, out);
 }
 
-AttendFn select_attend() {
+// The dot's order is AVX-512's where the CPU has it, unless the AVX2 kernel was asked for.
+AttendFn select_attend(AttentionF16Kernel kernel) {
+    const quant::CpuFeatures f = quant::detect_cpu_features();
+    if (kernel != AttentionF16Kernel::Avx2 && f16_attention::dot_lanes(f) == 16) return attend_one_avx512;
     return __builtin_cpu_supports("avx2") && __builtin_cpu_supports("fma") ? attend_one_avx2 : attend_one_baseline;
 }
 
 // The blocked kernels: up to kMaxQueries queries (the heads of one kv group for one or more
 // tokens) against each key in turn, so each K and V row is read once for all of them while it is
-// in L1. Each query's arithmetic is exactly attend_one_impl<true>'s: the dot keeps the 4 x 8
-// accumulators of dot_like_ggml (in AVX-512 as two 16-lane registers: lanes 0-7 of the first hold
-// accumulator 0, lanes 8-15 accumulator 1, the second 2 and 3), the softmax bookkeeping is the
-// same (its exponentials taken for all queries of a key at once, bit for bit std::exp), and the
-// f16 rounding of q and of the V accumulator is the F16C conversion (round to nearest even,
-// overflow to infinity), the accumulator stored as f16 between chunks of 16 keys and rounded the
-// same way in registers within one. The body is attention_f16_block.inc,
-// compiled once for AVX-512 and once for AVX2, and shared with attention_kv through
-// f16_attention::BlockKernel (attention_f16_kernel.h). Needs head_dim % 32 == 0.
+// in L1. Each query's arithmetic is exactly attend_one_impl<true, kLanes>'s: the dot keeps the
+// 4 x kLanes accumulators of dot_like_ggml (AVX-512: 16 lanes, as ggml's AVX-512 build; AVX2: 8),
+// the softmax bookkeeping is the same (its exponentials taken for all queries of a key at once, bit for bit std::exp),
+// and the f16 rounding of q and of the V accumulator is the F16C conversion (round to nearest even, overflow to
+// infinity), the accumulator stored as f16 between chunks of 16 keys and rounded the same way in registers within one.
+// The body is attention_f16_block.inc, compiled once for AVX-512 and once for AVX2, and shared with attention_kv
+// through f16_attention::BlockKernel (attention_f16_kernel.h). Needs head_dim % 32 == 0.
 using BlockFn = void (*)(const float* q, const int32_t* pos, int n_tokens, int n_heads, int64_t token_stride,
                          const float* k, const float* v, const int32_t* kv_pos, int64_t n_kv, int64_t kv_row_stride,
                          const AttentionParams& p, float* q16, uint16_t* acc, float* out);
@@ -149,42 +157,34 @@ inline Vec round_half(Vec x) {
 constexpr int kVGroup = 4;  // queries whose V sums are kept in registers together
 constexpr int kVWide = 4;   // vectors of the head per query in registers, where the head size allows
 
-// dot_like_ggml's s4 (the sums of lanes l and l + 4 of (acc0 + acc2) + (acc1 + acc3)).
-inline __m128 partial_sums(__m512 acc01, __m512 acc23) {
-    const __m512 s = _mm512_add_ps(acc01, acc23);  // lanes 0-7: acc0 + acc2, lanes 8-15: acc1 + acc3
-    const __m256 s8 =
-        _mm256_add_ps(_mm512_castps512_ps256(s), _mm256_castpd_ps(_mm512_extractf64x4_pd(_mm512_castps_pd(s), 1)));
-    return _mm_add_ps(_mm256_castps256_ps128(s8), _mm256_extractf128_ps(s8, 1));
-}
-
-// Scores of n (1 or 4) queries against one key row; kD is head_dim, 0 where it is only known at
-// run time.
+// Scores of n (1 or 4) queries against one key row, in dot_like_ggml<true, 16>'s order (ggml's
+// AVX-512 f16 dot); kD is head_dim, 0 where it is only known at run time.
 constexpr int kDotQueries = 4;
 template <int n, int kD, class Elem>
 inline void dots(const float* q16, const int* rows, int head_dim, const Elem* kj, float* scores) {
     const int d = kD > 0 ? kD : head_dim;
-    __m512 lo[n], hi[n];
+    const int whole = d / 64 * 64;  // the rest (d % 64 is 0 or 32 here) is added in double
+    __m512 acc[n][4];
     const float* qr[n];
     for (int r = 0; r < n; ++r) {
-        lo[r] = _mm512_setzero_ps();
-        hi[r] = _mm512_setzero_ps();
+        for (int c = 0; c < 4; ++c) acc[r][c] = _mm512_setzero_ps();
         qr[r] = q16 + static_cast<int64_t>(rows[r]) * d;
     }
-#pragma GCC unroll 8
-    for (int i = 0; i < d; i += 32) {
-        const __m512 k0 = load_kv(kj + i);
-        const __m512 k1 = load_kv(kj + i + 16);
-        for (int r = 0; r < n; ++r) {
-            lo[r] = _mm512_fmadd_ps(_mm512_loadu_ps(qr[r] + i), k0, lo[r]);
-            hi[r] = _mm512_fmadd_ps(_mm512_loadu_ps(qr[r] + i + 16), k1, hi[r]);
+#pragma GCC unroll 4
+    for (int i = 0; i < whole; i += 64) {
+        for (int c = 0; c < 4; ++c) {
+            const __m512 kc = load_kv(kj + i + 16 * c);
+            for (int r = 0; r < n; ++r) acc[r][c] = _mm512_fmadd_ps(_mm512_loadu_ps(qr[r] + i + 16 * c), kc, acc[r][c]);
         }
     }
+    // (acc0 + acc2) + (acc1 + acc3), then GCC's _mm512_reduce_add_ps: the 256-bit halves added,
+    // then the 128-bit halves, then (l0 + l2) + (l1 + l3).
+    __m512 sr[n];
+    for (int r = 0; r < n; ++r) {
+        sr[r] = _mm512_add_ps(_mm512_add_ps(acc[r][0], acc[r][2]), _mm512_add_ps(acc[r][1], acc[r][3]));
+    }
     if constexpr (n == 4) {
-        // The four queries' reductions side by side, each step the same additions as
-        // partial_sums: lanes 0-7 of s[r] hold acc0 + acc2, lanes 8-15 acc1 + acc3.
-        __m512 sr[4];
-        for (int r = 0; r < 4; ++r) sr[r] = _mm512_add_ps(lo[r], hi[r]);
-        // [s8 of query 0 | s8 of query 1] and the same for 2 and 3.
+        // The four queries' reductions side by side. [s8 of query 0 | s8 of query 1], and 2, 3:
         const __m512 s8_01 =
             _mm512_add_ps(_mm512_shuffle_f32x4(sr[0], sr[1], 0x44), _mm512_shuffle_f32x4(sr[0], sr[1], 0xEE));
         const __m512 s8_23 =
@@ -192,16 +192,28 @@ inline void dots(const float* q16, const int* rows, int head_dim, const Elem* kj
         // [s4 of query 0 | 1 | 2 | 3]: lanes l and l + 4 of each s8.
         const __m512 s4 =
             _mm512_add_ps(_mm512_shuffle_f32x4(s8_01, s8_23, 0x88), _mm512_shuffle_f32x4(s8_01, s8_23, 0xDD));
-        // (s4[0] + s4[1]) + (s4[2] + s4[3]) in lane 0 of each group of 4.
-        const __m512 pairs = _mm512_add_ps(s4, _mm512_permute_ps(s4, 0xB1));
-        const __m512 total = _mm512_add_ps(pairs, _mm512_permute_ps(pairs, 0x4E));
+        // (s4[0] + s4[2]) + (s4[1] + s4[3]) in lane 0 of each group of 4.
+        const __m512 pairs = _mm512_add_ps(s4, _mm512_permute_ps(s4, 0x4E));
+        const __m512 total = _mm512_add_ps(pairs, _mm512_permute_ps(pairs, 0xB1));
         const __m512i first = _mm512_setr_epi32(0, 4, 8, 12, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0);
         _mm_storeu_ps(scores, _mm512_castps512_ps128(_mm512_permutexvar_ps(first, total)));
     } else {
         for (int r = 0; r < n; ++r) {
+            const __m256 s8 = _mm256_add_ps(_mm512_castps512_ps256(sr[r]),
+                                            _mm256_castpd_ps(_mm512_extractf64x4_pd(_mm512_castps_pd(sr[r]), 1)));
             alignas(16) float s4[4];
-            _mm_store_ps(s4, partial_sums(lo[r], hi[r]));
-            scores[r] = (s4[0] + s4[1]) + (s4[2] + s4[3]);
+            _mm_store_ps(s4, _mm_add_ps(_mm256_castps256_ps128(s8), _mm256_extractf128_ps(s8, 1)));
+            scores[r] = (s4[0] + s4[2]) + (s4[1] + s4[3]);
+        }
+    }
+    if (whole < d) {
+        for (int r = 0; r < n; ++r) {
+            alignas(64) float k_tail[32];
+            _mm512_store_ps(k_tail, load_kv(kj + whole));
+            _mm512_store_ps(k_tail + 16, load_kv(kj + whole + 16));
+            double sum = scores[r];
+            for (int i = 0; i < d - whole; ++i) sum += static_cast<double>(qr[r][whole + i] * k_tail[i]);
+            scores[r] = static_cast<float>(sum);
         }
     }
 }
@@ -336,7 +348,8 @@ inline Vec round_half(Vec x) {
 constexpr int kVGroup = 2;  // 16 registers: 2 queries x 4 + the V row's 4
 constexpr int kVWide = 4;
 
-// Scores of n (1 or 2: 4 accumulators each, 16 registers in all) queries against one key row.
+// Scores of n (1 or 2: 4 accumulators each, 16 registers in all) queries against one key row, in
+// dot_like_ggml<true, 8>'s order (ggml's AVX2 f16 dot).
 constexpr int kDotQueries = 2;
 template <int n, int kD, class Elem>
 inline void dots(const float* q16, const int* rows, int head_dim, const Elem* kj, float* scores) {
@@ -544,7 +557,7 @@ void attention_f16(const float* q, const int32_t* q_pos, int64_t n_tok, const fl
     const int64_t per_thread = (2 * d + 15) / 16 * 16;  // q16 and acc, whole cache lines
     auto* thread_scratch =
         reinterpret_cast<float*>(scratch.bytes(static_cast<size_t>(per_thread * pool.size()) * sizeof(float)));
-    const AttendFn attend_one = select_attend();
+    const AttendFn attend_one = select_attend(kernel);
     pool.parallel_for(n_tok * params.n_head, [&](int64_t begin, int64_t end, int thread_idx) {
         float* q16 = thread_scratch + thread_idx * per_thread;
         float* acc = q16 + d;

@@ -17,10 +17,13 @@ void attention_f16(const float* q, const int32_t* q_pos, int64_t n_tok, const fl
                    const int32_t* kv_pos, int64_t n_kv, const AttentionParams& params, float* out, ThreadPool& pool,
                    Scratch& scratch);
 
-// The same with a choice of kernel, for tests and benchmarks (all give identical results): Best
-// is what the overload above runs (AVX-512 where the CPU has it), Avx2 the AVX2 + F16C version of
-// the same blocked kernel, OneQuery the one-query-at-a-time loop (also the fallback for head sizes
-// that are not multiples of 32 and for CPUs without the instructions a choice needs).
+// The same with a choice of kernel, for tests and benchmarks: Best is what the overload above runs
+// (AVX-512 where the CPU has it), Avx2 the AVX2 + F16C version of the same blocked kernel, OneQuery
+// the one-query-at-a-time loop (also the fallback for head sizes that are not multiples of 32 and
+// for CPUs without the instructions a choice needs). The q·k dot sums in the order of llama.cpp's
+// build for the instruction set: 4 x 16 lanes for Best and OneQuery on a CPU with AVX-512, 4 x 8
+// lanes otherwise (Avx2 always), so Best, OneQuery and Avx2 agree bit for bit except that on an
+// AVX-512 CPU Avx2's scores may differ from the others' in the last bits.
 enum class AttentionF16Kernel { Best, Avx2, OneQuery };
 void attention_f16(const float* q, const int32_t* q_pos, int64_t n_tok, const float* k, const float* v,
                    const int32_t* kv_pos, int64_t n_kv, const AttentionParams& params, float* out, ThreadPool& pool,

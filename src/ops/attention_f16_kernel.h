@@ -5,11 +5,16 @@
 // be float rows holding f16 values or f16 rows (uint16_t bits); the conversion is exact, so both
 // give the same bits.
 //
-// Two implementations that agree to the bit:
-//  - step_one<kFma>: one query against one key, scalar code that vectorizes 8 wide when inlined
-//    into an AVX2 function (kFma) or runs on the baseline (multiply-adds done in double).
-//  - BlockKernel: attention_f16's blocked kernel (AVX-512 or AVX2, attention_f16_block.inc), up
-//    to kMaxQueries queries per key, each with step_one<true>'s arithmetic.
+// The q·k dot follows ggml_vec_dot_f16 of the llama.cpp build this CPU would run: its AVX-512
+// build (4 accumulators of 16 lanes) where the CPU has AVX-512, its AVX2 build (4 x 8) otherwise
+// (dot_lanes). The order changes the scores' last bits, and those move greedy picks.
+//
+// Two implementations that agree to the bit for a given order:
+//  - step_one<kFma, kLanes>: one query against one key, scalar code that vectorizes when inlined
+//    into an AVX2 or AVX-512 function (kFma) or runs on the baseline (multiply-adds in double).
+//  - BlockKernel: attention_f16's blocked kernel (AVX-512 with the 16-lane order, AVX2 with the
+//    8-lane one, attention_f16_block.inc), up to kMaxQueries queries per key, each with
+//    step_one<true, its order>'s arithmetic.
 #include <algorithm>
 #include <cmath>
 #include <cstdint>
@@ -68,26 +73,48 @@ template <bool kFma>
     return static_cast<float>(static_cast<double>(a) * static_cast<double>(b) + static_cast<double>(c));
 }
 
-// q·k in float with the summation shape of ggml's AVX2 f16 dot (4 accumulators of 8 lanes, then
-// pairwise reduction), so the scores agree to the last bit in the common case.
-template <bool kFma>
+// The lanes of ggml_vec_dot_f16's accumulators in the llama.cpp build for these CPU features: 16
+// with AVX-512 (and the AVX2, FMA and F16C every such CPU has), else 8.
+inline int dot_lanes(const quant::CpuFeatures& f) {
+    return f.avx2 && f.fma && f.f16c && f.avx512f && f.avx512vl ? 16 : 8;
+}
+
+// q·k in float in the order of ggml_vec_dot_f16 with kLanes-lane vectors: 4 accumulators of
+// kLanes lanes over steps of 4 * kLanes, fused multiply-adds; then acc0 + acc2, acc1 + acc3 and
+// their sum; then the lanes reduced as the build's reduction does (AVX2: halves, then
+// (l0 + l1) + (l2 + l3); AVX-512: halves twice, then (l0 + l2) + (l1 + l3)); the elements past
+// the last whole step are added in double, each product rounded to float first.
+template <bool kFma, int kLanes>
 [[gnu::always_inline]] inline float dot_like_ggml(const float* a, const float* b, int n) {
-    float acc[4][8] = {};
+    static_assert(kLanes == 8 || kLanes == 16);
+    constexpr int kStep = 4 * kLanes;
+    float acc[4][kLanes] = {};
     int i = 0;
-    for (; i + 32 <= n; i += 32) {
+    for (; i + kStep <= n; i += kStep) {
         for (int r = 0; r < 4; ++r) {
-            for (int lane = 0; lane < 8; ++lane) {
-                acc[r][lane] = fused_multiply_add<kFma>(a[i + 8 * r + lane], b[i + 8 * r + lane], acc[r][lane]);
+            for (int lane = 0; lane < kLanes; ++lane) {
+                acc[r][lane] =
+                    fused_multiply_add<kFma>(a[i + kLanes * r + lane], b[i + kLanes * r + lane], acc[r][lane]);
             }
         }
     }
-    float s8[8];
-    for (int lane = 0; lane < 8; ++lane) s8[lane] = (acc[0][lane] + acc[2][lane]) + (acc[1][lane] + acc[3][lane]);
+    float s[kLanes];
+    for (int lane = 0; lane < kLanes; ++lane) s[lane] = (acc[0][lane] + acc[2][lane]) + (acc[1][lane] + acc[3][lane]);
     float s4[4];
-    for (int lane = 0; lane < 4; ++lane) s4[lane] = s8[lane] + s8[lane + 4];
-    float sum = (s4[0] + s4[1]) + (s4[2] + s4[3]);
-    for (; i < n; ++i) sum += a[i] * b[i];
-    return sum;
+    float reduced;
+    if constexpr (kLanes == 16) {
+        float s8[8];
+        for (int lane = 0; lane < 8; ++lane) s8[lane] = s[lane] + s[lane + 8];
+        for (int lane = 0; lane < 4; ++lane) s4[lane] = s8[lane] + s8[lane + 4];
+        reduced = (s4[0] + s4[2]) + (s4[1] + s4[3]);
+    } else {
+        for (int lane = 0; lane < 4; ++lane) s4[lane] = s[lane] + s[lane + 4];
+        reduced = (s4[0] + s4[1]) + (s4[2] + s4[3]);
+    }
+    if (i == n) return reduced;
+    double sum = reduced;
+    for (; i < n; ++i) sum += static_cast<double>(a[i] * b[i]);
+    return static_cast<float>(sum);
 }
 
 // The state of one query: q rounded to f16 (kept as float), the f16-rounded weighted sum of V
@@ -106,12 +133,14 @@ struct OneState {
     st.sum = 0.0f;
 }
 
-// One visible key (k, v: d floats holding f16 values) of llama.cpp's online softmax.
-template <bool kFma>
+// One visible key (k, v: d floats holding f16 values) of llama.cpp's online softmax. With
+// soft-capping the score is softcap * tanh(dot * (scale / softcap)), as ggml folds the cap into
+// the scale.
+template <bool kFma, int kLanes>
 [[gnu::always_inline]] inline void step_one(OneState& st, const float* __restrict k, const float* __restrict v, int d,
                                             const AttentionParams& p) {
-    float s = dot_like_ggml<kFma>(st.q16, k, d) * p.scale;
-    if (p.softcap > 0.0f) s = p.softcap * std::tanh(s / p.softcap);
+    const float dot = dot_like_ggml<kFma, kLanes>(st.q16, k, d);
+    const float s = p.softcap > 0.0f ? p.softcap * std::tanh(dot * (p.scale / p.softcap)) : dot * p.scale;
     float rescale = 1.0f;
     float weight = 1.0f;
     float* __restrict acc = st.acc;
@@ -159,7 +188,7 @@ struct BlockKernel {
 };
 
 // The AVX-512 or AVX2 + F16C kernel the features allow for this head size (a multiple of 32), or
-// nullptr: then step_one, one query at a time. All give the same bits.
+// nullptr: then step_one<kFma, dot_lanes(features)>, one query at a time, which gives the same bits.
 const BlockKernel* block_kernel(int head_dim, const quant::CpuFeatures& features);
 
 }  // namespace fitllm::ops::f16_attention

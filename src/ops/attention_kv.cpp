@@ -340,9 +340,9 @@ void item_f16_blocked(const Plan& pl, int64_t task, float* base) {
     finish_outputs(pl, it);
 }
 
-// One query at a time (the AVX2 and baseline kernels of attention_f16): each K and V row is
-// converted to floats (exactly) once for the item's queries.
-template <bool kFma>
+// One query at a time (the one-query kernels of attention_f16, the dot in the order of ggml's
+// kLanes-lane build): each K and V row is converted to floats (exactly) once for the item's queries.
+template <bool kFma, int kLanes>
 [[gnu::always_inline]] inline void item_f16_one_impl(const Plan& pl, int64_t task, float* base) {
     const Item it = item_of(pl, task);
     const ThreadBuffers buf(base, pl.d);
@@ -366,18 +366,22 @@ template <bool kFma>
             for (int i = 0; i < d; ++i) buf.v_row[i] = fa::half_to_float(vj[i]);
             int rows[kMaxQueries];
             const int n_active = rows_of(tile.mask[j], it.n_tokens, pl.heads, rows);
-            for (int a = 0; a < n_active; ++a) fa::step_one<kFma>(st[rows[a]], buf.k_row, buf.v_row, d, pl.p);
+            for (int a = 0; a < n_active; ++a) fa::step_one<kFma, kLanes>(st[rows[a]], buf.k_row, buf.v_row, d, pl.p);
         }
     }
     for (int r = 0; r < n_queries; ++r) fa::end_one(st[r], out_row(pl, it, r), d);
     finish_outputs(pl, it);
 }
 
+__attribute__((target("avx512f,avx512vl,avx2,fma,f16c"))) void item_f16_one_avx512(const Plan& pl, int64_t task,
+                                                                                   float* base) {
+    item_f16_one_impl<true, 16>(pl, task, base);
+}
 __attribute__((target("avx2,fma,f16c"))) void item_f16_one_avx2(const Plan& pl, int64_t task, float* base) {
-    item_f16_one_impl<true>(pl, task, base);
+    item_f16_one_impl<true, 8>(pl, task, base);
 }
 void item_f16_one_baseline(const Plan& pl, int64_t task, float* base) {
-    item_f16_one_impl<false>(pl, task, base);
+    item_f16_one_impl<false, 8>(pl, task, base);
 }
 
 // ---- The tiled kernel (every type, AVX2 and AVX-512): f32 scores and sums ---------------------
@@ -540,6 +544,7 @@ ItemFn select_item(const Plan& pl, const quant::CpuFeatures& f) {
     const bool avx512 = avx2 && f.avx512f && f.avx512vl && f.avx512bw;
     if (pl.view.type_k == GgmlType::F16 && pl.view.type_v == GgmlType::F16) {
         if (pl.f16_kernel != nullptr) return item_f16_blocked;
+        if (f16_attention::dot_lanes(f) == 16) return item_f16_one_avx512;
         return avx2 ? item_f16_one_avx2 : item_f16_one_baseline;
     }
     if (avx512 && pl.d % avx512::kLanes == 0) return avx512::item_tiled;

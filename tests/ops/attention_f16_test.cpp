@@ -13,6 +13,7 @@
 #include <vector>
 
 #include "quant/blocks.h"
+#include "quant/cpu_features.h"
 
 namespace fitllm::ops {
 namespace {
@@ -91,11 +92,48 @@ TEST(AttentionF16, KernelExpIsStdExp) {
     }
 }
 
+// ggml_vec_dot_f16(k, q) as llama.cpp's build with `lanes`-lane vectors computes it: 4 fused
+// accumulators of `lanes` lanes over steps of 4 * lanes; sum0 += sum2, sum1 += sum3, sum0 += sum1;
+// then the reduction of the AVX2 build (halves, then two horizontal adds) or of the AVX-512 one
+// (GCC's _mm512_reduce_add_ps: halves, halves, then lanes {0,1} + {2,3} and the two); the elements
+// past the last whole step added in double.
+float ggml_dot_f16(const float* k, const float* q, int d, int lanes) {
+    std::vector<float> sum(4 * lanes, 0.0f);
+    const int step = 4 * lanes;
+    int i = 0;
+    for (; i + step <= d; i += step) {
+        for (int j = 0; j < 4; ++j) {
+            for (int l = 0; l < lanes; ++l) {
+                sum[j * lanes + l] = std::fma(k[i + j * lanes + l], q[i + j * lanes + l], sum[j * lanes + l]);
+            }
+        }
+    }
+    std::vector<float> x(lanes);
+    for (int l = 0; l < lanes; ++l) {
+        x[l] = (sum[0 * lanes + l] + sum[2 * lanes + l]) + (sum[1 * lanes + l] + sum[3 * lanes + l]);
+    }
+    float reduced;
+    if (lanes == 8) {
+        float t[4];
+        for (int l = 0; l < 4; ++l) t[l] = x[l] + x[l + 4];
+        reduced = (t[0] + t[1]) + (t[2] + t[3]);  // _mm_hadd_ps twice
+    } else {
+        float h[8], t[4];
+        for (int l = 0; l < 8; ++l) h[l] = x[l + 8] + x[l];
+        for (int l = 0; l < 4; ++l) t[l] = h[l + 4] + h[l];
+        reduced = (t[0] + t[2]) + (t[1] + t[3]);
+    }
+    double total = reduced;
+    for (; i < d; ++i) total += static_cast<double>(k[i] * q[i]);
+    return static_cast<float>(total);
+}
+
 // llama.cpp's f16 flash attention written out plainly for one query at a time: q rounded to f16,
-// q·k with ggml's AVX2 f16-dot shape (4 x 8 fused accumulators, pairwise reduction), keys in order
-// with an online softmax, the V accumulator rounded to f16 after every rescale and multiply-add.
+// q·k as ggml_dot_f16 with `lanes`-lane vectors, keys in order with an online softmax (the
+// soft-cap folded into the scale as ggml does), the V accumulator rounded to f16 after every
+// rescale and multiply-add.
 void reference_attention_f16(const float* q, const int32_t* q_pos, int64_t n_tok, const float* k, const float* v,
-                             const int32_t* kv_pos, int64_t n_kv, const AttentionParams& p, float* out) {
+                             const int32_t* kv_pos, int64_t n_kv, const AttentionParams& p, int lanes, float* out) {
     const int d = p.head_dim;
     const int group = p.n_head / p.n_head_kv;
     std::vector<float> q16(d), acc(d);
@@ -111,20 +149,9 @@ void reference_attention_f16(const float* q, const int32_t* q_pos, int64_t n_tok
                 if (p.sliding_window > 0 && kv_pos[j] <= q_pos[t] - p.sliding_window) continue;
                 const float* kj = k + (j * p.n_head_kv + h / group) * d;
                 const float* vj = v + (j * p.n_head_kv + h / group) * d;
-                float lanes[4][8] = {};
-                for (int i = 0; i < d; i += 32) {
-                    for (int r = 0; r < 4; ++r) {
-                        for (int l = 0; l < 8; ++l) {
-                            lanes[r][l] = std::fma(q16[i + 8 * r + l], kj[i + 8 * r + l], lanes[r][l]);
-                        }
-                    }
-                }
-                float s8[8];
-                for (int l = 0; l < 8; ++l) s8[l] = (lanes[0][l] + lanes[2][l]) + (lanes[1][l] + lanes[3][l]);
-                float s4[4];
-                for (int l = 0; l < 4; ++l) s4[l] = s8[l] + s8[l + 4];
-                float s = ((s4[0] + s4[1]) + (s4[2] + s4[3])) * p.scale;
-                if (p.softcap > 0.0f) s = p.softcap * std::tanh(s / p.softcap);
+                const float dot = ggml_dot_f16(kj, q16.data(), d, lanes);
+                float s = dot * p.scale;
+                if (p.softcap > 0.0f) s = p.softcap * std::tanh(dot * (p.scale / p.softcap));
                 float rescale = 1.0f, weight = 1.0f;
                 if (s > running_max) {
                     rescale = std::exp(running_max - s);
@@ -149,7 +176,9 @@ struct Case {
     bool shuffled;  // kv cells out of position order, one of them unused
 };
 
-// Bit for bit the reference, whatever the kernel, the blocking of queries and the split over threads.
+// Bit for bit the reference, whatever the kernel, the blocking of queries and the split over threads:
+// with ggml's AVX2 dot order for the Avx2 kernel (and on CPUs without AVX-512), with its AVX-512
+// order for Best and OneQuery on a CPU with AVX-512.
 TEST(AttentionF16, BitIdenticalToTheReference) {
     const Case cases[] = {
         {7, 7, 4, 1, 256, 0, 2, 0.0f, false},    {33, 40, 4, 1, 256, 0, 2, 0.0f, false},
@@ -157,10 +186,13 @@ TEST(AttentionF16, BitIdenticalToTheReference) {
         {12, 12, 16, 1, 32, 0, 2, 0.0f, false},  {9, 20, 6, 6, 128, 0, 1, 0.0f, true},
         {10, 24, 12, 4, 64, 0, 2, 30.0f, true},  {5, 16, 2, 1, 96, 4, 2, 0.0f, false},
         {64, 64, 4, 1, 256, 16, 2, 0.0f, false}, {11, 15, 14, 2, 64, 0, 2, 0.0f, false},
-        {6, 40, 32, 8, 128, 0, 2, 0.0f, false},
+        {6, 40, 32, 8, 128, 0, 2, 0.0f, false},  {5, 16, 2, 1, 80, 0, 2, 0.0f, false},
     };
+    const quant::CpuFeatures f = quant::host_cpu_features();
+    const int host_lanes = f.avx2 && f.fma && f.f16c && f.avx512f && f.avx512vl ? 16 : 8;
     std::mt19937 rng(17);
     std::normal_distribution<float> normal(0.0f, 1.0f);
+    int orders_differ = 0;
     for (const Case& c : cases) {
         SCOPED_TRACE(testing::Message() << "n_tok " << c.n_tok << " n_kv " << c.n_kv << " heads " << c.n_head << "/"
                                         << c.n_head_kv << " d " << c.d);
@@ -184,12 +216,16 @@ TEST(AttentionF16, BitIdenticalToTheReference) {
                                 .sliding_window = c.sliding_window};
         ThreadPool pool(c.threads);
         Scratch scratch;
-        std::vector<float> want(q.size());
+        std::vector<float> want_avx2(q.size()), want_host(q.size());
+        reference_attention_f16(q.data(), q_pos.data(), c.n_tok, k.data(), v.data(), kv_pos.data(), c.n_kv, p, 8,
+                                want_avx2.data());
         reference_attention_f16(q.data(), q_pos.data(), c.n_tok, k.data(), v.data(), kv_pos.data(), c.n_kv, p,
-                                want.data());
+                                host_lanes, want_host.data());
+        orders_differ += want_avx2 != want_host;
         for (const AttentionF16Kernel kernel :
              {AttentionF16Kernel::Best, AttentionF16Kernel::Avx2, AttentionF16Kernel::OneQuery}) {
             SCOPED_TRACE(testing::Message() << "kernel " << static_cast<int>(kernel));
+            const std::vector<float>& want = kernel == AttentionF16Kernel::Avx2 ? want_avx2 : want_host;
             std::vector<float> got(q.size(), -1.0f);
             attention_f16(q.data(), q_pos.data(), c.n_tok, k.data(), v.data(), kv_pos.data(), c.n_kv, p, got.data(),
                           pool, scratch, kernel);
@@ -198,6 +234,9 @@ TEST(AttentionF16, BitIdenticalToTheReference) {
                     << "at " << i << ": " << got[i] << " vs " << want[i];
             }
         }
+    }
+    if (host_lanes == 16) {
+        EXPECT_GT(orders_differ, 0) << "no case tells the AVX-512 dot order from the AVX2 one";
     }
 }
 

@@ -314,31 +314,40 @@ TEST(AttentionKv, F16IsAttentionF16BitForBitOverTheSameCells) {
         AttentionParams p = params_of(s);
         p.sliding_window = head_dim == 96 ? 40 : 0;
 
-        // attention_f16 per sequence over the cells it sees, in the same order.
-        std::vector<float> want(q.size());
+        // attention_f16 per sequence over the cells it sees, in the same order: its Best kernel for
+        // the host's instruction set, its Avx2 one (ggml's AVX2 dot order) for AVX2.
         ThreadPool pool(2);
         Scratch scratch;
-        for (SeqId seq = 0; seq < 3; ++seq) {
-            std::vector<float> k, v, q_s;
-            std::vector<int32_t> kv_pos, tok_pos, rows;
-            const Pos last = *std::max_element(q_pos.begin(), q_pos.end());
-            std::vector<int32_t> cells = visible_cells(cache, seq, last, 0);
-            gather(cache, cells, s.kv_width(), k, v, kv_pos);
-            for (size_t t = 0; t < q_pos.size(); ++t) {
-                if (q_seq[t] != seq) continue;
-                rows.push_back(static_cast<int32_t>(t));
-                tok_pos.push_back(q_pos[t]);
-                q_s.insert(q_s.end(), q.begin() + t * s.n_head * head_dim, q.begin() + (t + 1) * s.n_head * head_dim);
+        const auto attention_f16_of = [&](AttentionF16Kernel kernel) {
+            std::vector<float> want(q.size());
+            for (SeqId seq = 0; seq < 3; ++seq) {
+                std::vector<float> k, v, q_s;
+                std::vector<int32_t> kv_pos, tok_pos, rows;
+                const Pos last = *std::max_element(q_pos.begin(), q_pos.end());
+                std::vector<int32_t> cells = visible_cells(cache, seq, last, 0);
+                gather(cache, cells, s.kv_width(), k, v, kv_pos);
+                for (size_t t = 0; t < q_pos.size(); ++t) {
+                    if (q_seq[t] != seq) continue;
+                    rows.push_back(static_cast<int32_t>(t));
+                    tok_pos.push_back(q_pos[t]);
+                    q_s.insert(q_s.end(), q.begin() + t * s.n_head * head_dim,
+                               q.begin() + (t + 1) * s.n_head * head_dim);
+                }
+                std::vector<float> out_s(q_s.size());
+                attention_f16(q_s.data(), tok_pos.data(), static_cast<int64_t>(rows.size()), k.data(), v.data(),
+                              kv_pos.data(), static_cast<int64_t>(kv_pos.size()), p, out_s.data(), pool, scratch,
+                              kernel);
+                for (size_t i = 0; i < rows.size(); ++i) {
+                    std::copy(out_s.begin() + i * s.n_head * head_dim, out_s.begin() + (i + 1) * s.n_head * head_dim,
+                              want.begin() + rows[i] * s.n_head * head_dim);
+                }
             }
-            std::vector<float> out_s(q_s.size());
-            attention_f16(q_s.data(), tok_pos.data(), static_cast<int64_t>(rows.size()), k.data(), v.data(),
-                          kv_pos.data(), static_cast<int64_t>(kv_pos.size()), p, out_s.data(), pool, scratch);
-            for (size_t i = 0; i < rows.size(); ++i) {
-                std::copy(out_s.begin() + i * s.n_head * head_dim, out_s.begin() + (i + 1) * s.n_head * head_dim,
-                          want.begin() + rows[i] * s.n_head * head_dim);
-            }
-        }
+            return want;
+        };
+        const std::vector<float> want_best = attention_f16_of(AttentionF16Kernel::Best);
+        const std::vector<float> want_avx2 = attention_f16_of(AttentionF16Kernel::Avx2);
         for (quant::Isa isa : {quant::Isa::Avx512Vnni, quant::Isa::Avx2}) {
+            const std::vector<float>& want = isa == quant::Isa::Avx2 ? want_avx2 : want_best;
             for (int threads : {1, 2, 3}) {
                 const std::vector<float> got =
                     run(cache, q, q_pos, q_seq, p, threads, quant::limit_to(quant::host_cpu_features(), isa));
