@@ -16,9 +16,8 @@
 namespace fitllm::ops {
 namespace {
 
-// gelu between -10 and 10, for x already an f16 value: the formula, its result rounded to f16.
-// Compiled for the baseline ISA, so no multiply-add is fused and the table below holds exactly
-// what the formula gives.
+// gelu between -10 and 10, for x already an f16 value: the formula (gelu_tanh_exact), its result
+// rounded to f16.
 float gelu_of_half(float x_half) {
     return quant::fp16_to_fp32(quant::fp32_to_fp16(gelu_tanh_exact(x_half)));
 }
@@ -63,13 +62,22 @@ __attribute__((target("avx2,fma,f16c"))) void gelu_avx2(const float* table, cons
     for (; i < n; ++i) y[i] = gelu_lookup(table, x[i]);
 }
 
+// gelu(gate) * up, but +0 (not gelu's 0 times up, which may be -0) where gate <= -10, as
+// ggml_vec_geglu_f32 stores.
+[[gnu::always_inline]] inline float geglu_one(const float* table, float gate, float up) {
+    return gate <= -10.0f ? 0.0f : gelu_lookup(table, gate) * up;
+}
+
 __attribute__((target("avx2,fma,f16c"))) void geglu_avx2(const float* table, const float* gate, const float* up,
                                                          int64_t n, float* y) {
     int64_t i = 0;
     for (; i + 8 <= n; i += 8) {
-        _mm256_storeu_ps(y + i, _mm256_mul_ps(gelu8(table, _mm256_loadu_ps(gate + i)), _mm256_loadu_ps(up + i)));
+        const __m256 x = _mm256_loadu_ps(gate + i);
+        const __m256 product = _mm256_mul_ps(gelu8(table, x), _mm256_loadu_ps(up + i));
+        const __m256 low = _mm256_cmp_ps(x, _mm256_set1_ps(-10.0f), _CMP_LE_OQ);
+        _mm256_storeu_ps(y + i, _mm256_andnot_ps(low, product));
     }
-    for (; i < n; ++i) y[i] = gelu_lookup(table, gate[i]) * up[i];
+    for (; i < n; ++i) y[i] = geglu_one(table, gate[i], up[i]);
 }
 
 // exp as ggml's AVX-512 kernels compute it (ggml_v_expf of ggml-cpu's vec.h, the AVX512F variant):
@@ -168,7 +176,10 @@ float silu_ggml_simd(float x) {
 float gelu_tanh_exact(float x) {
     constexpr float kSqrt2OverPi = 0.79788456080286535587989211986876f;
     constexpr float kCubic = 0.044715f;
-    return 0.5f * x * (1.0f + std::tanh(kSqrt2OverPi * x * (1.0f + kCubic * x * x)));
+    // 1 + (0.044715 x) x as one fused multiply-add, as llama.cpp's build contracts it when it fills
+    // its gelu table (ggml_gelu_f32); std::fma is that rounding on any CPU.
+    const float inner = std::fma(kCubic * x, x, 1.0f);
+    return 0.5f * x * (1.0f + std::tanh(kSqrt2OverPi * x * inner));
 }
 
 float gelu(float x) {
@@ -202,7 +213,7 @@ void swiglu(const float* gate, const float* up, int64_t n, float* y) {
 void geglu(const float* gate, const float* up, int64_t n, float* y) {
     const float* table = gelu_table();
     if (has_avx2_f16c()) return geglu_avx2(table, gate, up, n, y);
-    for (int64_t i = 0; i < n; ++i) y[i] = gelu_lookup(table, gate[i]) * up[i];
+    for (int64_t i = 0; i < n; ++i) y[i] = geglu_one(table, gate[i], up[i]);
 }
 void softcap(float* x, int64_t n, float cap) {
     const float inv_cap = 1.0f / cap;

@@ -17,7 +17,8 @@ float silu(float x);  // x * sigmoid(x) = x / (1 + exp(-x)), with std::exp
 float exp_ggml_simd(float x);
 float silu_ggml_simd(float x);  // x / (1 + exp_ggml_simd(0 - x))
 
-// GELU in the tanh approximation: 0.5 x (1 + tanh(sqrt(2/pi) (x + 0.044715 x^3))), in float.
+// GELU in the tanh approximation: 0.5 x (1 + tanh(sqrt(2/pi) x (1 + 0.044715 x^2))), in float as
+// ggml_gelu_f32 computes it in llama.cpp's build (1 + (0.044715 x) x one fused multiply-add).
 float gelu_tanh_exact(float x);
 // GELU as llama.cpp's CPU backend computes it, which the goldens against llama.cpp need: 0 at or
 // below -10, x at or above 10, and between them gelu_tanh_exact of x rounded to f16, the result

@@ -78,15 +78,15 @@ __global__ void swiglu_kernel(const float* gate, const float* up, int64_t n, flo
 }
 
 // ops::gelu: 0 at or below -10, x at or above 10, else the tanh formula of x rounded to f16, the
-// result rounded to f16 (llama.cpp's f16 table). The formula without fused multiply-adds, as the
-// host computes the table.
+// result rounded to f16 (llama.cpp's f16 table). The formula with the host's one fused
+// multiply-add (1 + (0.044715 x) x, ops::gelu_tanh_exact) and no other.
 __device__ float gelu_f16_table(float x) {
     if (x <= -10.0f) return 0.0f;
     if (x >= 10.0f) return x;
     const float xh = __half2float(__float2half_rn(x));
     constexpr float kSqrt2OverPi = 0.79788456080286535587989211986876f;
     constexpr float kCubic = 0.044715f;
-    const float inner = __fmul_rn(__fmul_rn(kSqrt2OverPi, xh), __fadd_rn(1.0f, __fmul_rn(__fmul_rn(kCubic, xh), xh)));
+    const float inner = __fmul_rn(__fmul_rn(kSqrt2OverPi, xh), __fmaf_rn(__fmul_rn(kCubic, xh), xh, 1.0f));
     const float g = __fmul_rn(__fmul_rn(0.5f, xh), __fadd_rn(1.0f, tanhf(inner)));
     return __half2float(__float2half_rn(g));
 }
