@@ -20,17 +20,17 @@ namespace fitllm {
 namespace {
 
 // fitllm matches llama.cpp's arithmetic in much of the pass (Q8_0/Q8_K activation rounding, the f16
-// GELU table, f16 K/V, Q scaled then rounded to f16), but not everywhere. Compared tensor by tensor
-// with llama.cpp's own intermediate tensors (its eval callback; the 6-token prompt, layers 0 and 1),
-// the scaled embedding and the first RMSNorm are llama.cpp's bits; what differs in the last bits:
-// the float summation order of the dot kernels (ggml's vec_dot keeps 8 lanes, its repacked Q4_0 /
-// Q4_K / Q2_K gemv one chain per row; with dots in that order the Q5_0/Q8_0/Q4_K/Q6_K matmuls gave
-// llama.cpp's bits), RoPE (llama.cpp's build fuses x0 cos - x1 sin into one FMA), RMSNorm (it
-// squares in float and sums in double), and attention's Q.K dot (the oracle's AVX-512 build of
-// ggml_vec_dot_f16 sums 4 x 16 lanes, fitllm 4 x 8 as an AVX2 build does). Gemma 3's residual
-// stream reaches ~1e5, and those last-bit differences grow through the 18 layers to logit
-// differences of up to ~0.9 (measured on these prompts). For scale: llama.cpp itself moves these
-// logits by up to 1.2 between flash attention on and off.
+// GELU table, f16 K/V, Q scaled then rounded to f16), but not everywhere. Compared op by op with
+// llama.cpp's own intermediate tensors (its eval callback; tools/ggml_layer_diff; the 6- and
+// 22-token prompts, layers 0 and 1), each non-matmul op given llama.cpp's inputs gives llama.cpp's
+// bits: the scaled embedding, RMSNorm, RoPE, attention (its Q.K dot in the order of the oracle's
+// AVX-512 build), GeGLU, the residual adds. What differs in the last bits: the float summation
+// order of the quantized dot kernels (ggml's vec_dot keeps 8 lanes, its repacked Q4_0 / Q4_K /
+// Q2_K gemv one chain per row), and for batches of 64 or more queries llama.cpp's tiled flash
+// attention (f32 Q, scores and V sums; fitllm keeps the one-query path's f16 rounding there).
+// Gemma 3's residual stream reaches ~1e5, and those last-bit differences grow through the 18
+// layers to logit differences of up to ~0.9 (measured on these prompts). For scale: llama.cpp
+// itself moves these logits by up to 1.2 between flash attention on and off.
 constexpr float kLogitTolerance = 1.0f;
 // Greedy continuations must agree token for token, except that a step may pick the other side
 // of a near-tie: where they part, the two candidates must be within this many logits of each
