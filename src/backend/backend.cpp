@@ -73,6 +73,11 @@ std::unique_ptr<Backend> open_unified_device(std::string_view name, memory::Devi
                                 "' (accepted: virtual, virtualN, virtual-unified, cuda, cudaN)");
 }
 
+bool is_device_name(std::string_view name) {
+    const std::string_view base = strip_unified_suffix(name).first;
+    return device_number(base, "virtual") >= 0 || device_number(base, "cuda") >= 0;
+}
+
 bool device_is_integrated(std::string_view name) {
     const int ordinal = device_number(name, "cuda");
     return ordinal >= 0 && cuda_device_integrated(ordinal);

@@ -225,6 +225,10 @@ std::unique_ptr<Backend> open_unified_device(std::string_view name, memory::Devi
 // build without CUDA) and for the virtual device (whose unified mode is asked for by name).
 bool device_is_integrated(std::string_view name);
 
+// Whether open_device / open_unified_device know `name` (virtual, virtualN, cuda, cudaN, each
+// with or without "-unified"), without opening anything.
+bool is_device_name(std::string_view name);
+
 // "virtual-unified" -> {"virtual", true}; any other name -> {name, false}.
 std::pair<std::string_view, bool> strip_unified_suffix(std::string_view name);
 

@@ -165,6 +165,11 @@ std::unique_ptr<backend::Backend> apply_offload_options(const MemoryOptions& opt
                              ", so its KV cache and activations come out of "
                              "the host's budget, --mem; drop --vram");
         }
+        if (!backend::is_device_name(base)) {
+            throw UsageError("--device " + options.device +
+                             ": unknown device (accepted: virtual, virtualN, "
+                             "virtual-unified, cuda, cudaN)");
+        }
         params.unified = true;
         params.device = base.starts_with("virtual") ? base + "-unified" : (base == "cuda" ? "cuda0" : base);
         if (host == nullptr) return nullptr;

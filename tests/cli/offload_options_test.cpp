@@ -184,6 +184,14 @@ TEST(OffloadOptions, UnifiedRefusesVramAndIsRefusedOverMemNamingThePool) {
             EXPECT_TRUE(has(r.output, "--mem")) << r.output;
         }
     }
+    // Unknown names, also where nothing is opened (plan).
+    for (const std::string& command : {run, fitllm_exe() + " plan -m " + model}) {
+        for (const char* args : {" --device nosuch --unified", " --device nosuch-unified"}) {
+            const auto r = test::run_command(command + args + " 2>&1");
+            EXPECT_EQ(r.status, 2) << command << args << "\n" << r.output;
+            EXPECT_TRUE(has(r.output, "unknown device")) << r.output;
+        }
+    }
     // A budget that holds what is charged before the KV cache (the device's and the host's
     // together) and half of it: the KV is refused, in the host's pool.
     const auto j = test::run_command(fitllm_exe() + " plan -m " + model +
