@@ -8,6 +8,7 @@
 
 #include "kv/cache.h"
 #include "memory/pool.h"
+#include "model/activations.h"
 #include "model/layer_stream.h"
 #include "model/offload.h"
 #include "ops/attention.h"
@@ -73,7 +74,8 @@ ModelShape model_shape(const gguf::GgufFile& file) {
         const int il = tensor_layer(t.name);
         if (il >= 0 && il < s.hp.n_layer) {
             s.layer_bytes[static_cast<size_t>(il)] += t.n_bytes;
-            if (t.n_dims >= 2) s.matmuls.push_back({t.type, t.ne[0], false});
+            if (t.n_dims >= 2)
+                s.matmuls.push_back({t.type, t.ne[0], false, t.name.find(".ffn_") != std::string_view::npos});
         } else {
             s.global_bytes += t.n_bytes;
             const bool is_embd = t.name == "token_embd.weight";
@@ -82,7 +84,7 @@ ModelShape model_shape(const gguf::GgufFile& file) {
                 s.token_embd_row_bytes = t.ne[1] > 0 ? t.n_bytes / static_cast<uint64_t>(t.ne[1]) : t.n_bytes;
             }
             if (t.name == "output.weight" || (!has_output && is_embd)) {
-                s.matmuls.push_back({t.type, t.ne[0], true});
+                s.matmuls.push_back({t.type, t.ne[0], true, false});
             }
             if (t.name == "output.weight" || t.name == "output_norm.weight" || (!has_output && is_embd)) {
                 s.output_bytes += t.n_bytes;
@@ -236,17 +238,17 @@ Plan plan_for(const ModelShape& shape, const PlanParams& params) {
         p.kv_spilled += pool.spilled;
     }
 
-    // Scratch: the forward pass's activations (model/decoder.h) for n_batch tokens, the batch's
-    // positions, and one ops::Scratch (its largest single request, 64 bytes of alignment).
+    // Scratch: the forward pass's activations (model/activations.h) for n_batch tokens, the
+    // batch's positions, and one ops::Scratch (its largest single request, 64 bytes of alignment).
     const auto nb = static_cast<uint64_t>(params.n_batch);
-    const uint64_t floats_per_token = 2 * uint64_t(hp.n_embd) + uint64_t(hp.n_head) * hp.head_dim +
-                                      uint64_t(hp.n_head_kv) * hp.head_dim + uint64_t(hp.n_head_kv) * hp.head_dim_v +
-                                      uint64_t(hp.n_head) * hp.head_dim_v + 2 * uint64_t(hp.n_ff);
-    p.activations = nb * floats_per_token * sizeof(float) + nb * sizeof(int32_t) * 2;  // + seq ids, positions
+    const model::ActivationLayout layout = model::activation_layout(hp, params.n_batch);
+    p.activations = layout.floats() * sizeof(float) + nb * sizeof(int32_t) * 2;  // + seq ids, positions
     for (const ModelShape::Matmul& m : shape.matmuls) {
         const quant::GgmlType act = quant::dot_activation_type(m.type);
         if (act == quant::GgmlType::F32) continue;  // multiplies the floats as they are
-        const auto rows = static_cast<uint64_t>(m.output ? std::min(params.n_outputs, params.n_batch) : params.n_batch);
+        const auto rows = static_cast<uint64_t>(m.output ? std::min(params.n_outputs, params.n_batch)
+                                                : m.ffn  ? layout.ffn_slice
+                                                         : params.n_batch);
         const auto row = quant::row_bytes(act, static_cast<uint64_t>(m.cols));
         if (row) p.matmul_scratch = std::max(p.matmul_scratch, *row * rows);
     }

@@ -40,6 +40,7 @@ struct ModelShape {
         quant::GgmlType type;
         int64_t cols;
         bool output;  // the output projection: n_outputs rows instead of n_batch
+        bool ffn;     // a feed-forward matrix: the rows of an FFN slice (model::ffn_slice_tokens)
     };
     std::vector<Matmul> matmuls;
     // The token embedding (looked up a row per token) and the output layer (output norm and
@@ -131,7 +132,7 @@ struct Plan {
     uint64_t kv = 0;                // in memory
     uint64_t kv_spilled = 0;        // in the spill file, not in the total
     std::vector<KvPoolPlan> kv_pools;
-    uint64_t activations = 0;        // model/decoder.h Activations + batch positions, for n_batch tokens
+    uint64_t activations = 0;        // model/activations.h layout + batch positions, for n_batch tokens
     uint64_t matmul_scratch = 0;     // the largest quantized activation block of one matmul
     uint64_t attention_scratch = 0;  // ops::attention_kv_scratch_bytes
     uint64_t scratch = 0;            // activations + max(matmul, attention) scratch

@@ -16,6 +16,7 @@
 #include "kv/cache.h"
 #include "memory/device.h"
 #include "memory/pool.h"
+#include "model/activations.h"
 #include "model/hparams.h"
 #include "model/layer_stream.h"
 #include "model/model.h"
@@ -55,32 +56,23 @@ private:
     uint64_t bytes_ = 0;
 };
 
-// Activations for a batch of tokens; vectors only grow, and their capacity is charged to a pool
-// before they do.
+// Activations for a batch of tokens, laid out as model/activations.h says; vectors only grow, and
+// their capacity is charged to a pool before they do.
 struct Activations {
     explicit Activations(memory::Pool& pool) : charge(pool) {}
 
-    std::vector<float> x, cur, q, k, v, attn, gate, up;
+    std::vector<float> x, cur, work;
     std::vector<kv::SeqId> seq0;  // sequence ids for a batch that gives none: all 0
     GrowingCharge charge;
 
     void reserve(const Hparams& hp, int n_tok) {
         const auto n = static_cast<size_t>(n_tok);
-        const std::pair<std::vector<float>*, int64_t> buffers[] = {
-            {&x, hp.n_embd},
-            {&cur, hp.n_embd},
-            {&q, int64_t{hp.n_head} * hp.head_dim},
-            {&k, int64_t{hp.n_head_kv} * hp.head_dim},
-            {&v, int64_t{hp.n_head_kv} * hp.head_dim_v},
-            {&attn, int64_t{hp.n_head} * hp.head_dim_v},
-            {&gate, hp.n_ff},
-            {&up, hp.n_ff},
-        };
+        const ActivationLayout l = activation_layout(hp, n_tok);
+        const std::pair<std::vector<float>*, uint64_t> buffers[] = {{&x, l.x}, {&cur, l.cur}, {&work, l.work}};
         uint64_t bytes = std::max(seq0.capacity(), n) * sizeof(kv::SeqId);
-        for (const auto& [b, row] : buffers)
-            bytes += std::max(b->capacity(), n * static_cast<size_t>(row)) * sizeof(float);
+        for (const auto& [b, floats] : buffers) bytes += std::max<uint64_t>(b->capacity(), floats) * sizeof(float);
         if (bytes > charge.bytes()) charge.grow_to(bytes, "activations of a " + std::to_string(n_tok) + "-token batch");
-        for (const auto& [b, row] : buffers) grow(*b, n * static_cast<size_t>(row));
+        for (const auto& [b, floats] : buffers) grow(*b, static_cast<size_t>(floats));
         if (seq0.size() < n) {
             seq0.reserve(n);  // exactly n: what was charged
             seq0.assign(n, 0);
@@ -99,8 +91,9 @@ private:
 // A checked batch: n tokens with a position and a sequence id each (host memory).
 using BatchRows = backend::BatchRows;
 
-// Activations on the offload device, as Activations (one Buffer each, charged to its "scratch"
-// pool; freed, then allocated, when a bigger batch comes), and the logits rows when the output
+// Activations on the offload device, a Buffer per activation of the whole batch (none shared as
+// the host's are; charged to its "scratch" pool; freed, then allocated, when a bigger batch
+// comes), and the logits rows when the output
 // layer is there (grown the same way to the most rows that wanted logits). model::
 // device_scratch_bytes() is what they hold.
 struct DeviceActivations {
@@ -142,11 +135,16 @@ struct DeviceActivations {
 
 // The ops of one layer on the device that runs it: the host (ops::, with the forward pass's
 // threads and scratch) or the offload device (backend::Backend). x .. up are that device's
-// activations. One branch per op call; the host path calls the same ops:: as before.
+// activations; on the host several share memory (model/activations.h), so a pass uses them in
+// this order: cur = norm(x); q, k, v from cur; attn from q (attn may be cur); attn_out from attn
+// (attn_out may be q); x += attn_out; cur = norm(x); then per FFN slice of ffn_slice tokens, gate
+// and up (one slice's rows) from cur's rows, and the slice's output written over those rows.
+// One branch per op call; the host path calls the same ops:: as before.
 class Exec {
 public:
-    float *x = nullptr, *cur = nullptr, *q = nullptr, *k = nullptr, *v = nullptr, *attn = nullptr, *gate = nullptr,
-          *up = nullptr;
+    float *x = nullptr, *cur = nullptr, *q = nullptr, *k = nullptr, *v = nullptr, *attn = nullptr, *attn_out = nullptr,
+          *gate = nullptr, *up = nullptr;
+    int ffn_slice = 1;  // tokens per FFN slice (model::ffn_slice_tokens)
 
     bool on_device() const { return dev_ != nullptr; }
 
@@ -309,8 +307,12 @@ public:
         a.reserve(hp, n);
         host_.pool_ = &pool;
         host_.scratch_ = &scratch;
-        host_.x = a.x.data(), host_.cur = a.cur.data(), host_.q = a.q.data(), host_.k = a.k.data();
-        host_.v = a.v.data(), host_.attn = a.attn.data(), host_.gate = a.gate.data(), host_.up = a.up.data();
+        const ActivationLayout l = activation_layout(hp, n);
+        float* work = a.work.data();
+        host_.x = a.x.data(), host_.cur = a.cur.data(), host_.q = work, host_.k = work + l.k_offset;
+        host_.v = work + l.v_offset, host_.attn = a.cur.data(), host_.attn_out = work;
+        host_.gate = work, host_.up = work + l.up_offset;
+        host_.ffn_slice = dev_ops_.ffn_slice = l.ffn_slice;
         n_tok_ = n;
         x_on_device_ = false;
         if (!placement_.device) return;
@@ -320,8 +322,8 @@ public:
         dev_ops_.dev_ = &dev;
         dev_ops_.weights_ = &device_weights_;
         dev_ops_.x = da_.x.f32(), dev_ops_.cur = da_.cur.f32(), dev_ops_.q = da_.q.f32(), dev_ops_.k = da_.k.f32();
-        dev_ops_.v = da_.v.f32(), dev_ops_.attn = da_.attn.f32(), dev_ops_.gate = da_.gate.f32(),
-        dev_ops_.up = da_.up.f32();
+        dev_ops_.v = da_.v.f32(), dev_ops_.attn = da_.attn.f32(), dev_ops_.attn_out = da_.cur.f32();
+        dev_ops_.gate = da_.gate.f32(), dev_ops_.up = da_.up.f32();
         row_floats_ = hp.n_embd;
     }
     // The ops for layer il, with x moved to the device at its first layer.

@@ -1,6 +1,7 @@
 // Gemma 3 (text): pre- and post-norms around attention and FFN, RMS-normed Q and K, GeGLU, the
 // embedding scaled by sqrt(n_embd), five sliding-window layers per global one.
 // Reference: the Gemma 3 technical report; llama.cpp's gemma3 graph for the exact order of ops.
+#include <algorithm>
 #include <cmath>
 
 #include "model/decoder.h"
@@ -61,17 +62,21 @@ public:
             // Q then sees the same values.
             o.scale(o.q, int64_t{n} * hp.n_head * hp.head_dim, hp.attn_scale);
             attend(o, hp, cache, il, o.q, rows, /*scale=*/1.0f, local ? hp.sliding_window : 0,
-                   o.attn);                   // attn: [n, n_head * head_dim_v]
-            o.matmul(L->wo, o.attn, n, cur);  // cur: [n, n_embd]
-            o.rms_norm(cur, L->post_attn_norm, hp.norm_eps, n, E, cur);
-            o.add(x, cur, n * E, x);
+                   o.attn);                          // attn: [n, n_head * head_dim_v]
+            o.matmul(L->wo, o.attn, n, o.attn_out);  // attn_out: [n, n_embd]
+            o.rms_norm(o.attn_out, L->post_attn_norm, hp.norm_eps, n, E, o.attn_out);
+            o.add(x, o.attn_out, n * E, x);
 
-            // Feed-forward block: down(gelu(gate(h)) * up(h)).
+            // Feed-forward block: down(gelu(gate(h)) * up(h)), a slice of tokens at a time.
             o.rms_norm(x, L->ffn_norm, hp.norm_eps, n, E, cur);
-            o.matmul(L->ffn_gate, cur, n, o.gate);  // gate: [n, n_ff]
-            o.matmul(L->ffn_up, cur, n, o.up);      // up: [n, n_ff]
-            o.geglu(o.gate, o.up, int64_t{n} * hp.n_ff, o.gate);
-            o.matmul(L->ffn_down, o.gate, n, cur);  // cur: [n, n_embd]
+            for (int t0 = 0; t0 < n; t0 += o.ffn_slice) {
+                const int m = std::min(o.ffn_slice, n - t0);
+                float* h = cur + t0 * E;
+                o.matmul(L->ffn_gate, h, m, o.gate);  // gate: [m, n_ff]
+                o.matmul(L->ffn_up, h, m, o.up);      // up: [m, n_ff]
+                o.geglu(o.gate, o.up, int64_t{m} * hp.n_ff, o.gate);
+                o.matmul(L->ffn_down, o.gate, m, h);  // h: [m, n_embd], over its read rows
+            }
             o.rms_norm(cur, L->post_ffn_norm, hp.norm_eps, n, E, cur);
             o.add(x, cur, n * E, x);
         }

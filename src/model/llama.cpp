@@ -4,6 +4,8 @@
 // on the two halves of each head (NeoX style); small models tie the output matrix to the embedding.
 // Reference: the Llama papers, the Qwen2 technical report; llama.cpp's llama and qwen2 graphs for
 // the exact order of ops.
+#include <algorithm>
+
 #include "model/decoder.h"
 #include "model/model.h"
 #include "model/weights.h"
@@ -71,16 +73,20 @@ public:
             o.rope(o.k, rows.positions, n, hp.n_head_kv, hp.head_dim, rope);
             o.store_kv(cache, il, o.k, o.v);
             attend(o, hp, cache, il, o.q, rows, hp.attn_scale, /*window=*/0, o.attn);  // attn: [n, n_head * head_dim]
-            o.matmul(L->wo, o.attn, n, cur);                                           // cur: [n, n_embd]
-            if (L->bo) o.add_bias(cur, L->bo, n, E);
-            o.add(x, cur, n * E, x);
+            o.matmul(L->wo, o.attn, n, o.attn_out);                                    // attn_out: [n, n_embd]
+            if (L->bo) o.add_bias(o.attn_out, L->bo, n, E);
+            o.add(x, o.attn_out, n * E, x);
 
-            // Feed-forward block: down(silu(gate(h)) * up(h)).
+            // Feed-forward block: down(silu(gate(h)) * up(h)), a slice of tokens at a time.
             o.rms_norm(x, L->ffn_norm, hp.norm_eps, n, E, cur);
-            o.matmul(L->ffn_gate, cur, n, o.gate);  // gate: [n, n_ff]
-            o.matmul(L->ffn_up, cur, n, o.up);      // up: [n, n_ff]
-            o.swiglu(o.gate, o.up, int64_t{n} * hp.n_ff, o.gate);
-            o.matmul(L->ffn_down, o.gate, n, cur);  // cur: [n, n_embd]
+            for (int t0 = 0; t0 < n; t0 += o.ffn_slice) {
+                const int m = std::min(o.ffn_slice, n - t0);
+                float* h = cur + t0 * E;
+                o.matmul(L->ffn_gate, h, m, o.gate);  // gate: [m, n_ff]
+                o.matmul(L->ffn_up, h, m, o.up);      // up: [m, n_ff]
+                o.swiglu(o.gate, o.up, int64_t{m} * hp.n_ff, o.gate);
+                o.matmul(L->ffn_down, o.gate, m, h);  // h: [m, n_embd], over its read rows
+            }
             o.add(x, cur, n * E, x);
         }
         cache.end_batch();

@@ -55,9 +55,9 @@ TEST(Plan, TinyLlamaByHand) {
     EXPECT_EQ(p.kv, 2u * 256 * 2 * 256 + 256 * 16 + 16 * 12 + 16 * 4);
     ASSERT_EQ(p.kv_pools.size(), 1u);
     EXPECT_EQ(p.kv_pools[0].n_cells, 256);
-    // Activations per token: x, cur 256; q 256; k, v 128; attn 256; gate, up 256 floats; plus
-    // a sequence id and a position.
-    EXPECT_EQ(p.activations, 64u * (1792 * 4 + 8));
+    // Activations per token (model/activations.h): x 256, cur 256 (then attn), work: q 256, k, v
+    // 128 (then gate, up 256 of one 64-token FFN slice) floats; plus a sequence id and a position.
+    EXPECT_EQ(p.activations, 64u * ((256 + 256 + 512) * 4 + 8));
     EXPECT_EQ(p.matmul_scratch, 64u * 272);  // a Q8_0 activation row of 256 values: 8 blocks of 34 bytes
     EXPECT_EQ(p.scratch, p.activations + std::max(p.matmul_scratch, p.attention_scratch) + 64);
     EXPECT_EQ(p.logits, 450u * 4);
@@ -127,8 +127,9 @@ TEST(Plan, DemoModelGemma3WindowPools) {
     EXPECT_EQ(p.kv_pools[1].bytes, 15u * 1056 * 1024 + 1056 * 16 + 66 * 12 + 66 * 4);
     EXPECT_EQ(p.kv, real_kv_bytes(shape.hp, p.params));
     EXPECT_EQ(p.logits, 262144u * 4);
-    // x, cur 640; q, attn 4 x 256; k, v 256; gate, up 2048 floats per token.
-    EXPECT_EQ(p.activations, 512u * (7936 * 4 + 8));
+    // x 640, cur 4 x 256 (attn), work 1536 floats per token: q 4 x 256, k, v 256 side by side;
+    // gate, up 2048 each of a 128-token FFN slice take 2 x 2048 x 128 = 512 x 1024 of it.
+    EXPECT_EQ(p.activations, 512u * ((640 + 1024 + 1536) * 4 + 8));
     EXPECT_TRUE(p.fits());
 
     // A short context: the window pool would be no smaller than the full one, so one pool.
