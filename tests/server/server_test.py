@@ -323,14 +323,21 @@ class Preemption(unittest.TestCase):
         srv = Server("-m", TINY_LLAMA, "-np", "2", "-c", "96")
         try:
             prompts = ["Once upon a time", "The quick brown"]
-            ask = lambda p: srv.client().completions.create(model="tiny-llama-q8_0", prompt=p, max_tokens=60,
-                                                            temperature=0).choices[0].text
-            alone = [ask(p) for p in prompts]
-            # The tiny model is fast: try a few times for the two requests to overlap.
-            for _ in range(5):
+            ask = lambda client, p: client.completions.create(model="tiny-llama-q8_0", prompt=p, max_tokens=60,
+                                                              temperature=0).choices[0].text
+            alone = [ask(srv.client(), p) for p in prompts]
+            # The tiny model is fast: try until the two requests overlap (on a loaded machine a
+            # thread may start late and find the other one done), both sent past one barrier.
+            for _ in range(20):
                 together = [None, None]
-                threads = [threading.Thread(target=lambda i=i: together.__setitem__(i, ask(prompts[i])))
-                           for i in (0, 1)]
+                barrier = threading.Barrier(2)
+
+                def send(i):
+                    client = srv.client()
+                    barrier.wait()
+                    together[i] = ask(client, prompts[i])
+
+                threads = [threading.Thread(target=send, args=(i, )) for i in (0, 1)]
                 for t in threads:
                     t.start()
                 for t in threads:
