@@ -166,15 +166,27 @@ inline void dots(const float* q16, const int* rows, int head_dim, const Elem* kj
     const int whole = d / 64 * 64;  // the rest (d % 64 is 0 or 32 here) is added in double
     __m512 acc[n][4];
     const float* qr[n];
-    for (int r = 0; r < n; ++r) {
-        for (int c = 0; c < 4; ++c) acc[r][c] = _mm512_setzero_ps();
-        qr[r] = q16 + static_cast<int64_t>(rows[r]) * d;
+    for (int r = 0; r < n; ++r) qr[r] = q16 + static_cast<int64_t>(rows[r]) * d;
+    // The first step's products start the sums (ggml adds them to +0, which differs only in the
+    // sign of a zero product, and a zero score's sign changes nothing downstream).
+    if (whole > 0) {
+        __m512 kc[4];
+        for (int c = 0; c < 4; ++c) kc[c] = load_kv(kj + 16 * c);
+        for (int r = 0; r < n; ++r) {
+            for (int c = 0; c < 4; ++c) acc[r][c] = _mm512_mul_ps(_mm512_loadu_ps(qr[r] + 16 * c), kc[c]);
+        }
+    } else {
+        for (int r = 0; r < n; ++r) {
+            for (int c = 0; c < 4; ++c) acc[r][c] = _mm512_setzero_ps();
+        }
     }
 #pragma GCC unroll 4
-    for (int i = 0; i < whole; i += 64) {
-        for (int c = 0; c < 4; ++c) {
-            const __m512 kc = load_kv(kj + i + 16 * c);
-            for (int r = 0; r < n; ++r) acc[r][c] = _mm512_fmadd_ps(_mm512_loadu_ps(qr[r] + i + 16 * c), kc, acc[r][c]);
+    for (int i = 64; i < whole; i += 64) {
+        __m512 kc[4];
+        for (int c = 0; c < 4; ++c) kc[c] = load_kv(kj + i + 16 * c);
+        for (int r = 0; r < n; ++r) {
+            for (int c = 0; c < 4; ++c)
+                acc[r][c] = _mm512_fmadd_ps(_mm512_loadu_ps(qr[r] + i + 16 * c), kc[c], acc[r][c]);
         }
     }
     // (acc0 + acc2) + (acc1 + acc3), then GCC's _mm512_reduce_add_ps: the 256-bit halves added,
