@@ -190,7 +190,9 @@ Layout make_layout(const std::vector<LayerShape>& shapes, const CacheParams& p) 
                     static_cast<size_t>(p.n_seq_max) * blocks * sizeof(int32_t);
 
     l.n_pinned = static_cast<int>(shapes.size());
-    if (p.spill_dir.empty() || p.resident_limit == 0 || p.resident_limit >= l.kv_storage) return l;
+    if (p.spill_dir.empty() || p.resident_limit == 0 || p.resident_limit >= l.kv_storage || p.external_storage) {
+        return l;
+    }
     const uint64_t fit = p.resident_limit / l.largest_layer;  // whole layers the limit holds
     if (fit == 0) {
         throw std::invalid_argument("KvCache: the KV resident limit " + mib(p.resident_limit) +
@@ -247,6 +249,15 @@ struct KvCache::Impl {
     int n_free_blocks = 0;
     int ring_next = 0;  // where the search for a free block starts: after the last one handed out
 
+    // Bumped by every public change of the bookkeeping (KvCache::generation()), and the copies on
+    // write of the last place() (reserved: at most one block per sequence).
+    uint64_t generation = 0;
+    std::vector<CellCopy> cell_copies;
+    void changed() {
+        ++generation;
+        cell_copies.clear();
+    }
+
     // apply_k_shift's rows, read back to floats, kShiftChunk at a time.
     std::vector<float> shift_rows;
     std::array<int32_t, kShiftChunk> shift_cells{}, shift_deltas{};
@@ -258,6 +269,7 @@ struct KvCache::Impl {
     void check_seq(SeqId seq, const char* what, bool allow_all = false) const;
     void check_layer(int layer, const char* what) const;
     void check_cell(int32_t cell, const char* what) const;
+    void check_storage(const char* what) const;
 
     // --- Cells ---
     int block_of(int32_t cell) const { return cell / block_size; }
@@ -354,7 +366,9 @@ KvCache::Impl::Impl(std::vector<LayerShape> shapes, const CacheParams& p) : para
         const size_t k_bytes = layer.k_row_bytes * static_cast<size_t>(capacity);
         const size_t v_bytes = layer.v_row_bytes * static_cast<size_t>(capacity);
         layer.streamed = spill != nullptr && static_cast<int>(layers.size()) > n_pinned;
-        if (layer.streamed) {
+        if (p.external_storage) {
+            // The device holds the K/V (CacheParams::external_storage): nothing here.
+        } else if (layer.streamed) {
             // Page-aligned regions, so releasing one never touches another's pages.
             layer.k_offset = file_offset;
             layer.v_offset = file_offset + round_up_u64(k_bytes, SpillFile::page_size());
@@ -384,6 +398,7 @@ KvCache::Impl::Impl(std::vector<LayerShape> shapes, const CacheParams& p) : para
     tables.resize(static_cast<size_t>(p.n_seq_max));
     for (auto& table : tables) table.reserve(static_cast<size_t>(n_blocks));
     n_free_blocks = n_blocks;
+    cell_copies.reserve(static_cast<size_t>(p.n_seq_max) * static_cast<size_t>(block_size));
 }
 
 void KvCache::Impl::validate(const std::vector<LayerShape>& shapes, const CacheParams& p) {
@@ -446,6 +461,13 @@ void KvCache::Impl::check_cell(int32_t cell, const char* what) const {
     }
 }
 
+void KvCache::Impl::check_storage(const char* what) const {
+    if (params.external_storage) {
+        throw std::logic_error(std::string("KvCache::") + what +
+                               ": this pool's K/V live in a device's memory (CacheParams::external_storage)");
+    }
+}
+
 // ---- Cells ----------------------------------------------------------------------------------------
 
 void KvCache::Impl::occupy_cell(int32_t cell, SeqId seq, Pos p) {
@@ -499,6 +521,8 @@ void KvCache::Impl::release_cell(int32_t cell) {
 }
 
 void KvCache::Impl::copy_cell_data(int32_t from, int32_t to) {
+    cell_copies.push_back({from, to});
+    if (params.external_storage) return;  // the device copies its rows (cell_copies())
     for (LayerStorage& layer : layers) {
         std::memcpy(layer.k + static_cast<size_t>(to) * layer.k_row_bytes,
                     layer.k + static_cast<size_t>(from) * layer.k_row_bytes, layer.k_row_bytes);
@@ -829,6 +853,28 @@ void KvCache::will_attend(int layer) const {
 bool KvCache::rotated() const {
     return impl_->rotated;
 }
+bool KvCache::shapes_keys() const {
+    return impl_->shape_keys;
+}
+bool KvCache::holds_kv() const {
+    return !impl_->params.external_storage;
+}
+uint64_t KvCache::generation() const {
+    return impl_->generation;
+}
+std::span<const KvCache::CellCopy> KvCache::cell_copies() const {
+    return impl_->cell_copies;
+}
+std::span<const Pos> KvCache::cell_shifts() const {
+    return impl_->shift;
+}
+
+void KvCache::calibrate_keys(int layer, const float* k, int64_t n_rows) {
+    Impl& m = *impl_;
+    m.check_layer(layer, "calibrate_keys");
+    LayerStorage& L = m.layers[static_cast<size_t>(layer)];
+    if (m.shape_keys && n_rows > 0) L.key.calibrate(k, n_rows, L.shape.n_head_kv, L.shape.head_dim_k);
+}
 
 int KvCache::used_cells() const {
     return impl_->n_used;
@@ -868,6 +914,7 @@ void KvCache::place(std::span<const SeqId> seq, std::span<const Pos> pos, std::s
     Impl::BatchPlan plan{};
     const int blocks = m.plan_batch(seq, plan);
     if (blocks > m.n_free_blocks) m.throw_full(seq.size(), blocks);
+    m.changed();
     for (SeqId s = 0; s < m.params.n_seq_max; ++s) {
         if (plan[static_cast<size_t>(s)].n_tokens > 0) m.prepare_sequence(s, plan[static_cast<size_t>(s)]);
     }
@@ -878,12 +925,12 @@ void KvCache::place(std::span<const SeqId> seq, std::span<const Pos> pos, std::s
 void KvCache::store(int layer, std::span<const int32_t> cells, const float* k, const float* v) {
     Impl& m = *impl_;
     m.check_layer(layer, "store");
+    m.check_storage("store");
     LayerStorage& L = m.layers[static_cast<size_t>(layer)];
     const LayerShape& s = L.shape;
     const int64_t k_row = int64_t{s.n_head_kv} * s.head_dim_k;
     const int64_t v_row = int64_t{s.n_head_kv} * s.head_dim_v;
-    if (m.shape_keys && !cells.empty())
-        L.key.calibrate(k, static_cast<int64_t>(cells.size()), s.n_head_kv, s.head_dim_k);
+    calibrate_keys(layer, k, static_cast<int64_t>(cells.size()));
     const KeyTransform* key = m.shape_keys ? &L.key : nullptr;
     for (size_t i = 0; i < cells.size(); ++i) {
         const int32_t cell = cells[i];
@@ -899,6 +946,7 @@ void KvCache::store(int layer, std::span<const int32_t> cells, const float* k, c
 
 void KvCache::seq_rm(SeqId seq, Pos p0, Pos p1) {
     Impl& m = *impl_;
+    m.changed();
     m.check_seq(seq, "seq_rm", true);
     const PosRange range(p0, p1);
     if (range.empty()) return;
@@ -920,6 +968,7 @@ void KvCache::seq_rm(SeqId seq, Pos p0, Pos p1) {
 
 void KvCache::seq_cp(SeqId src, SeqId dst, Pos p0, Pos p1) {
     Impl& m = *impl_;
+    m.changed();
     m.check_seq(src, "seq_cp");
     m.check_seq(dst, "seq_cp");
     const PosRange range(p0, p1);
@@ -937,6 +986,7 @@ void KvCache::seq_cp(SeqId src, SeqId dst, Pos p0, Pos p1) {
 
 void KvCache::seq_keep(SeqId seq) {
     Impl& m = *impl_;
+    m.changed();
     m.check_seq(seq, "seq_keep");
     for (int32_t c = 0; c < m.capacity; ++c) {
         if (m.cell_free(c)) continue;
@@ -952,6 +1002,7 @@ void KvCache::seq_keep(SeqId seq) {
 
 void KvCache::seq_add(SeqId seq, Pos p0, Pos p1, Pos delta) {
     Impl& m = *impl_;
+    m.changed();
     m.check_seq(seq, "seq_add");
     const PosRange range(p0, p1);
     if (delta == 0 || range.empty()) return;
@@ -967,6 +1018,7 @@ void KvCache::seq_add(SeqId seq, Pos p0, Pos p1, Pos delta) {
 
 void KvCache::seq_div(SeqId seq, Pos p0, Pos p1, int d) {
     Impl& m = *impl_;
+    m.changed();
     m.check_seq(seq, "seq_div");
     if (d < 1) throw std::invalid_argument("KvCache::seq_div: divisor " + std::to_string(d) + " must be at least 1");
     const PosRange range(p0, p1);
@@ -978,6 +1030,7 @@ void KvCache::seq_div(SeqId seq, Pos p0, Pos p1, int d) {
 }
 
 void KvCache::clear() {
+    impl_->changed();
     impl_->clear();
 }
 
@@ -996,6 +1049,7 @@ void KvCache::for_shifted_cells(int layer, void (*fn)(void*, float*, const int32
     Impl& m = *impl_;
     m.check_layer(layer, "apply_k_shift");
     if (!m.has_shift) return;
+    m.check_storage("apply_k_shift");
     LayerStorage& L = m.layers[static_cast<size_t>(layer)];
     const LayerShape& s = L.shape;
     const int64_t row = int64_t{s.n_head_kv} * s.head_dim_k;
@@ -1026,6 +1080,7 @@ void KvCache::for_shifted_cells(int layer, void (*fn)(void*, float*, const int32
 void KvCache::trim_window() {
     Impl& m = *impl_;
     if (m.params.window <= 0) return;
+    m.changed();
     for (SeqId seq = 0; seq < m.params.n_seq_max; ++seq) {
         if (m.seq_cells[static_cast<size_t>(seq)] == 0) continue;
         const Pos newest_unseen = m.seq_pos_bound(seq, true) - m.params.window;
@@ -1068,6 +1123,7 @@ KvCache::LayerView KvCache::layer_view(int layer) const {
                      .rotated = m.rotated,
                      .q_scale = m.shape_keys ? L.key.q_scale() : nullptr,
                      .k_center = m.shape_keys ? L.key.center() : nullptr,
+                     .k_scale = m.shape_keys ? L.key.scale() : nullptr,
                      .k = L.k,
                      .v = L.v,
                      .k_row_bytes = L.k_row_bytes,
@@ -1080,6 +1136,7 @@ void KvCache::read_k(int layer, int32_t cell, float* out) const {
     const Impl& m = *impl_;
     m.check_layer(layer, "read_k");
     m.check_cell(cell, "read_k");
+    m.check_storage("read_k");
     const LayerStorage& L = m.layers[static_cast<size_t>(layer)];
     read_heads(m.params.type_k, L.k + static_cast<size_t>(cell) * L.k_row_bytes, L.shape.n_head_kv, L.shape.head_dim_k,
                L.k_head_bytes, m.rotated, m.shape_keys ? &L.key : nullptr, out);
@@ -1089,6 +1146,7 @@ void KvCache::read_v(int layer, int32_t cell, float* out) const {
     const Impl& m = *impl_;
     m.check_layer(layer, "read_v");
     m.check_cell(cell, "read_v");
+    m.check_storage("read_v");
     const LayerStorage& L = m.layers[static_cast<size_t>(layer)];
     read_heads(m.params.type_v, L.v + static_cast<size_t>(cell) * L.v_row_bytes, L.shape.n_head_kv, L.shape.head_dim_v,
                L.v_head_bytes, m.rotated, nullptr, out);
@@ -1204,8 +1262,13 @@ PoolSetup plan_pools(const std::vector<LayerShape>& layers, const std::vector<in
 
 ModelCache::ModelCache(const std::vector<LayerShape>& layers, const std::vector<int>& layer_window, CacheParams params,
                        int n_batch, const std::vector<int>& layer_device,
-                       const std::vector<memory::Pool*>& device_kv_pools) {
+                       const std::vector<memory::Pool*>& device_kv_pools, const std::vector<bool>& device_external) {
     PoolSetup setup = plan_pools(layers, layer_window, std::move(params), n_batch, layer_device, device_kv_pools);
+    for (size_t p = 0; p < setup.params.size(); ++p) {
+        const int d = setup.device[p];
+        setup.params[p].external_storage =
+            d > 0 && static_cast<size_t>(d) <= device_external.size() && device_external[static_cast<size_t>(d - 1)];
+    }
     capacity_ = setup.capacity;
     pool_of_ = std::move(setup.pool_of);
     index_in_pool_ = std::move(setup.index_in_pool);
@@ -1213,6 +1276,22 @@ ModelCache::ModelCache(const std::vector<LayerShape>& layers, const std::vector<
     for (size_t p = 0; p < setup.layers.size(); ++p) pools_.emplace_back(std::move(setup.layers[p]), setup.params[p]);
     cells_.resize(pools_.size());
     for (auto& cells : cells_) cells.reserve(static_cast<size_t>(n_batch));
+}
+
+ModelCache::~ModelCache() {
+    close_hooks_.run();
+}
+
+void ModelCache::on_close(std::function<void()> fn) {
+    close_hooks_.add(std::move(fn));
+}
+
+void ModelCache::CloseHooks::run() noexcept {
+    while (!fns_.empty()) {
+        const std::function<void()> fn = std::move(fns_.back());
+        fns_.pop_back();
+        fn();
+    }
 }
 
 size_t ModelCache::bytes_for(const std::vector<LayerShape>& layers, const std::vector<int>& layer_window,

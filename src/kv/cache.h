@@ -53,10 +53,12 @@
 // layer range; the views are read-only.
 #include <cstddef>
 #include <cstdint>
+#include <functional>
 #include <memory>
 #include <span>
 #include <string>
 #include <type_traits>
+#include <utility>
 #include <vector>
 
 #include "fitllm/error.h"
@@ -108,6 +110,12 @@ struct CacheParams {
     // for all its pools together: sliding-window pools stay in memory, the full pool spills.
     std::string spill_dir;
     uint64_t resident_limit = 0;  // 0: no limit
+    // The K/V bytes live in a device's own memory (a CUDA device's pool, backend/backend.h): the
+    // cache keeps the bookkeeping and charges bytes() as usual, but allocates no K/V storage on the
+    // host. store(), read_k(), read_v() and apply_k_shift() then throw std::logic_error, and
+    // layer_view()'s k and v are nullptr; the device writes K/V itself (calibrate_keys() for the
+    // K transform) and follows cell_copies() and cell_shifts(). Never spills.
+    bool external_storage = false;
 };
 
 // The types -ctk / -ctv accept: f32, f16, bf16, q8_0, q4_0, q4_1, q5_0, q5_1, iq4_nl.
@@ -146,6 +154,9 @@ public:
     // quantized, and every head size of the pool a power of two.
     bool rotated() const;
 
+    // False with params.external_storage: no K/V bytes on the host.
+    bool holds_kv() const;
+
     // Occupancy.
     int used_cells() const;            // cells in use by at least one sequence
     int allocated_cells() const;       // cells of blocks in some block table; waste = allocated - used
@@ -173,6 +184,26 @@ public:
     // nearest even, as the old float cache and llama.cpp's f16 cache do. Allocates nothing; calls
     // for different layers may run on different threads.
     void store(int layer, std::span<const int32_t> cells, const float* k, const float* v);
+    // What store() does first with K: calibrates the layer's K transform (kv/key_transform.h) from
+    // these n_rows rows ([n_rows, n_head_kv * head_dim_k]) unless done already; nothing when K is
+    // not shaped (layer_view().q_scale stays nullptr). For a device that stores K itself.
+    void calibrate_keys(int layer, const float* k, int64_t n_rows);
+
+    // True when K heads are centred and scaled before quantizing (params.rotate and a quantized K,
+    // kv/key_transform.h): calibrate_keys() then matters.
+    bool shapes_keys() const;
+
+    // Changes with every call that may change the bookkeeping (place(), the sequence operations,
+    // clear(), trim_window()), so a device copying it can tell when to copy it again.
+    uint64_t generation() const;
+    // The cells copied on write by the call that set generation() (only place() copies: each cell
+    // from a shared block to the same offset of a new one; K/V rows of every layer), in order;
+    // empty after any other call. At most n_seq_max * block_size entries. A device holding the K/V
+    // makes the same copies, once per generation, before storing the batch.
+    struct CellCopy {
+        int32_t from, to;
+    };
+    std::span<const CellCopy> cell_copies() const;
 
     // --- Sequence operations (llama.cpp's llama_memory_seq_*) ---------------------------------
     // Ranges are [p0, p1); p0 < 0 means 0 and p1 < 0 means no upper bound. seq -1 = every
@@ -192,6 +223,8 @@ public:
 
     // --- Shifts ---------------------------------------------------------------------------------
     bool has_k_shift() const;
+    // The pending shift of each cell ([capacity()]; 0: none), for a device that re-rotates K itself.
+    std::span<const Pos> cell_shifts() const;
     // For each cell with a pending shift: K of `layer` is read back to floats (un-rotated), passed
     // to rerotate(k_rows [n, n_head_kv * head_dim_k], deltas [n], n) which applies RoPE by each
     // row's delta in place, and stored again (rerotate gets at most 32 rows per call). Call for
@@ -224,6 +257,7 @@ public:
         // head's [head_dim_k] at g * head_dim_k) before rotating it; nullptr: K stored as is.
         const float* q_scale = nullptr;
         const float* k_center = nullptr;  // the same layout: the centre taken off K (see above)
+        const float* k_scale = nullptr;   // the same layout: K is stored as (k - k_center) * k_scale
         const std::byte* k = nullptr;     // cell c's K row: k + c * k_row_bytes; head h at h * k_head_bytes
         const std::byte* v = nullptr;
         size_t k_row_bytes, k_head_bytes, v_row_bytes, v_head_bytes;
@@ -273,9 +307,18 @@ public:
     // pool) and never spill. Pools are grouped by (window, device) and ordered by window, then
     // device: each pool is a whole KvCache (bookkeeping and K/V) charged to its device, and
     // place() and the sequence operations keep them all in step.
+    // device_external[d - 1] true: device d keeps its pools' K/V in memory of its own
+    // (CacheParams::external_storage).
     ModelCache(const std::vector<LayerShape>& layers, const std::vector<int>& layer_window, CacheParams params,
                int n_batch, const std::vector<int>& layer_device = {},
-               const std::vector<memory::Pool*>& device_kv_pools = {});
+               const std::vector<memory::Pool*>& device_kv_pools = {}, const std::vector<bool>& device_external = {});
+    ~ModelCache();
+    ModelCache(ModelCache&&) noexcept = default;
+    ModelCache& operator=(ModelCache&&) noexcept = default;
+
+    // fn runs once when the cache goes (destroyed, or assigned over), before its pools do: a device
+    // that mirrors pools (backend::Backend::attach_kv) lets them go. Latest first.
+    void on_close(std::function<void()> fn);
     // What bytes() of a ModelCache made with these arguments will be (throws as the constructor
     // would): the plan's number for the KV cache, spill included.
     static size_t bytes_for(const std::vector<LayerShape>& layers, const std::vector<int>& layer_window,
@@ -321,6 +364,26 @@ public:
     void clear_k_shift();      // every pool
 
 private:
+    // First: moving a cache over this one runs this one's hooks while its pools still exist.
+    class CloseHooks {
+    public:
+        CloseHooks() = default;
+        CloseHooks(CloseHooks&& o) noexcept : fns_(std::exchange(o.fns_, {})) {}
+        CloseHooks& operator=(CloseHooks&& o) noexcept {
+            if (this != &o) {
+                run();
+                fns_ = std::exchange(o.fns_, {});
+            }
+            return *this;
+        }
+        ~CloseHooks() { run(); }
+        void add(std::function<void()> fn) { fns_.push_back(std::move(fn)); }
+        void run() noexcept;
+
+    private:
+        std::vector<std::function<void()>> fns_;
+    };
+    CloseHooks close_hooks_;
     std::vector<KvCache> pools_;
     std::vector<int> pool_of_, index_in_pool_, pool_device_;
     std::vector<std::vector<int32_t>> cells_;

@@ -40,6 +40,8 @@ public:
     const float* q_scale() const { return active() ? q_scale_.data() : nullptr; }
     // [n_head * d]: the centre c, or nullptr when not active.
     const float* center() const { return active() ? center_.data() : nullptr; }
+    // [n_head * d]: the scale s apply() multiplies by, or nullptr when not active.
+    const float* scale() const { return active() ? scale_.data() : nullptr; }
 
 private:
     bool calibrated_ = false;
