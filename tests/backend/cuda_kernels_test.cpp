@@ -101,8 +101,17 @@ TEST(CudaKernels, HostChecksBeforeLaunching) {
     EXPECT_THROW(rms_norm(x, nullptr, 1e-6f, 1, 0, x, nullptr), std::invalid_argument);
     const KvLayout q4k{.type = GgmlType::Q4_K, .row_bytes = 1000, .head_bytes = 144, .n_head_kv = 1, .head_dim = 256};
     EXPECT_THROW(kv_store(q4k, x, nullptr, 1, nullptr), std::invalid_argument);
-    const KvLayout q4_0{.type = GgmlType::Q4_0, .row_bytes = 36, .head_bytes = 36, .n_head_kv = 1, .head_dim = 64};
-    EXPECT_THROW(kv_store(q4_0, x, nullptr, 1, nullptr), std::invalid_argument);  // read only
+    const KvLayout q4_0{.type = GgmlType::Q4_0, .row_bytes = 36, .head_bytes = 30, .n_head_kv = 1, .head_dim = 64};
+    EXPECT_THROW(kv_store(q4_0, x, nullptr, 1, nullptr), std::invalid_argument);  // a head is 36 bytes
+    KvLayout half_shaped{.type = GgmlType::Q4_0, .row_bytes = 36, .head_bytes = 36, .n_head_kv = 1, .head_dim = 64};
+    const float dummy = 0.0f;
+    half_shaped.center = &dummy;  // a centre without scales
+    EXPECT_THROW(kv_store(half_shaped, x, nullptr, 1, nullptr), std::invalid_argument);
+    EXPECT_THROW(kv_load(q4k, nullptr, 1, x, nullptr), std::invalid_argument);
+    for (GgmlType t : {GgmlType::F32, GgmlType::F16, GgmlType::BF16, GgmlType::Q8_0, GgmlType::Q4_0, GgmlType::Q4_1,
+                       GgmlType::Q5_0, GgmlType::Q5_1, GgmlType::IQ4_NL}) {
+        EXPECT_TRUE(kv_store_supports(t) && kv_read_supports(t) && kv::is_kv_type(t)) << quant::traits(t).name;
+    }
     const KvLayout f16{.type = GgmlType::F16, .row_bytes = 128, .head_bytes = 128, .n_head_kv = 1, .head_dim = 64};
     KvAttentionArgs args{.n_head = 3, .n_head_kv = 2, .head_dim = 64, .block_size = 16};
     args.capacity = 16;
@@ -138,6 +147,44 @@ TEST(CudaKernels, DecodersMatchTheReferenceOnTheHost) {
         EXPECT_EQ(bad, 0);
     }
     EXPECT_THROW(decode_row_on_host(GgmlType::IQ2_XXS, nullptr, 0, nullptr), std::invalid_argument);
+}
+
+// kv_store's block encoders, run on the host: the bytes quant::quantize_row writes (what the CPU's
+// KV cache stores), bit for bit, for every quantized -ctk / -ctv type, on random blocks and on blocks
+// that test the edges (zeros, a constant, one outlier, ties of the rounding, values near 1e-15).
+TEST(CudaKernels, EncodersMatchTheReferenceOnTheHost) {
+    std::vector<float> src = gaussian(41, 32 * 64, 3.0f);
+    const std::vector<std::vector<float> > special = {
+        std::vector<float>(32, 0.0f),   std::vector<float>(32, 1.25f),  std::vector<float>(32, -7.0f),
+        std::vector<float>(32, 1e-16f), std::vector<float>(32, 2e-15f),
+    };
+    for (const std::vector<float>& block : special) src.insert(src.end(), block.begin(), block.end());
+    std::vector<float> outlier = gaussian(42, 32, 0.01f);
+    outlier[7] = 40.0f;
+    src.insert(src.end(), outlier.begin(), outlier.end());
+    std::vector<float> ties(32);
+    for (int l = 0; l < 32; ++l) ties[l] = static_cast<float>(l - 16) * 0.5f;  // halves: ties to even
+    src.insert(src.end(), ties.begin(), ties.end());
+    const auto n = static_cast<int64_t>(src.size());
+    for (GgmlType type :
+         {GgmlType::Q8_0, GgmlType::Q4_0, GgmlType::Q4_1, GgmlType::Q5_0, GgmlType::Q5_1, GgmlType::IQ4_NL}) {
+        SCOPED_TRACE(std::string(quant::traits(type).name));
+        const size_t bytes = *quant::row_bytes(type, static_cast<uint64_t>(n));
+        std::vector<uint8_t> want(bytes), got(bytes, 0xA5);
+        quant::quantize_row(type, src.data(), want.data(), n);
+        encode_row_on_host(type, src.data(), n, got.data());
+        const size_t block = bytes / static_cast<size_t>(n / 32);
+        int bad = 0;
+        for (size_t b = 0; b < bytes / block; ++b) {
+            if (std::memcmp(got.data() + b * block, want.data() + b * block, block) != 0 && ++bad <= 5) {
+                ADD_FAILURE() << "block " << b << " differs from quant::quantize_row's";
+            }
+        }
+        EXPECT_EQ(bad, 0);
+    }
+    std::vector<uint8_t> out(64);
+    EXPECT_THROW(encode_row_on_host(GgmlType::F16, src.data(), 32, out.data()), std::invalid_argument);
+    EXPECT_THROW(encode_row_on_host(GgmlType::Q4_0, src.data(), 40, out.data()), std::invalid_argument);
 }
 
 // ---- Matrix products ----------------------------------------------------------------------------
@@ -320,6 +367,9 @@ struct KvCase {
     GgmlType type;
     bool rotate;
     int window;
+    // K stored shaped on the device as the host cache shapes it (its K transform copied over): the
+    // device's K bytes must then be the host cache's own.
+    bool shaped = false;
 };
 
 // What kv_store should write for one row: each head rotated when asked (kv::hadamard_transform, the
@@ -392,8 +442,8 @@ std::vector<float> exact_attention(const std::vector<float>& q, const std::vecto
 // Then the device attends the host cache's own bytes (as a host-held KV pool is attended, with the
 // cache's K transform, kv/key_transform.h), compared with ops::attention_kv over the same bytes.
 void run_kv_case(const KvCase& kc) {
-    SCOPED_TRACE(std::string(quant::traits(kc.type).name) + (kc.rotate ? " rotated" : "") + " window " +
-                 std::to_string(kc.window));
+    SCOPED_TRACE(std::string(quant::traits(kc.type).name) + (kc.rotate ? " rotated" : "") +
+                 (kc.shaped ? " shaped" : "") + " window " + std::to_string(kc.window));
     const int n_head = 8, n_head_kv = 2, head_dim = 128, width = n_head_kv * head_dim;
     kv::CacheParams params;
     params.n_cells = 256;
@@ -422,23 +472,34 @@ void run_kv_case(const KvCase& kc) {
     const std::vector<float> k = gaussian(11, n_rows * width), v = gaussian(12, n_rows * width);
     cache.store(0, cells, k.data(), v.data());
     const kv::KvCache::LayerView view = cache.layer_view(0);
-    const bool rotated = kc.rotate && kc.type == GgmlType::Q8_0;
+    const bool rotated = kc.rotate && quant::traits(kc.type).is_quantized;
     ASSERT_EQ(view.rotated, rotated);
+    ASSERT_EQ(view.k_scale != nullptr, rotated) << "the host cache shapes quantized K when it rotates";
+    ASSERT_TRUE(!kc.shaped || rotated);
 
     const size_t k_bytes = view.k_row_bytes * static_cast<size_t>(cache.capacity());
     const size_t v_bytes = view.v_row_bytes * static_cast<size_t>(cache.capacity());
     DeviceBuffer dk(k_bytes), dv(v_bytes), dk_rows(k), dv_rows(v), dcells(cells);
-    const KvLayout k_layout{.type = kc.type,
-                            .data = dk.get(),
-                            .row_bytes = view.k_row_bytes,
-                            .head_bytes = view.k_head_bytes,
-                            .n_head_kv = n_head_kv,
-                            .head_dim = head_dim,
-                            .rotated = rotated};
+    const size_t transform = view.q_scale != nullptr ? static_cast<size_t>(width) : 0;
+    DeviceBuffer dq_scale(std::vector<float>(view.q_scale, view.q_scale + transform)),
+        dk_center(std::vector<float>(view.k_center, view.k_center + transform)),
+        dk_scale(std::vector<float>(view.k_scale, view.k_scale + transform));
+    KvLayout k_layout{.type = kc.type,
+                      .data = dk.get(),
+                      .row_bytes = view.k_row_bytes,
+                      .head_bytes = view.k_head_bytes,
+                      .n_head_kv = n_head_kv,
+                      .head_dim = head_dim,
+                      .rotated = rotated};
     KvLayout v_layout = k_layout;
     v_layout.data = dv.get();
     v_layout.row_bytes = view.v_row_bytes;
     v_layout.head_bytes = view.v_head_bytes;
+    if (kc.shaped) {
+        k_layout.center = dk_center.get<float>();
+        k_layout.scale = dk_scale.get<float>();
+        k_layout.inv_scale = dq_scale.get<float>();
+    }
     kv_store(k_layout, dk_rows.get<float>(), dcells.get<int32_t>(), static_cast<int64_t>(n_rows), nullptr);
     kv_store(v_layout, dv_rows.get<float>(), dcells.get<int32_t>(), static_cast<int64_t>(n_rows), nullptr);
     const std::vector<uint8_t> k_dev = dk.read<uint8_t>(), v_dev = dv.read<uint8_t>();
@@ -451,16 +512,38 @@ void run_kv_case(const KvCase& kc) {
             const std::vector<uint8_t>& dev = is_k ? k_dev : v_dev;
             const size_t row_bytes = is_k ? view.k_row_bytes : view.v_row_bytes;
             const size_t head_bytes = is_k ? view.k_head_bytes : view.v_head_bytes;
-            const std::vector<uint8_t> want =
+            std::vector<uint8_t> want =
                 expected_row(kc.type, (is_k ? k : v).data() + i * width, n_head_kv, head_dim, head_bytes, rotated);
+            if (is_k && kc.shaped) {  // the host cache's own bytes
+                const auto* host = reinterpret_cast<const uint8_t*>(view.k) + c * row_bytes;
+                want.assign(host, host + row_bytes);
+            }
             ASSERT_EQ(0, std::memcmp(dev.data() + c * row_bytes, want.data(), want.size()))
                 << (is_k ? "K" : "V") << " row " << i << " (cell " << c << ") differs from the host's conversion";
             float* val = (is_k ? k_val : v_val)[c].data();
+            if (is_k && kc.shaped) {
+                cache.read_k(0, static_cast<int32_t>(c), val);
+                continue;
+            }
             for (int h = 0; h < n_head_kv; ++h) {
                 quant::dequantize_row(kc.type, dev.data() + c * row_bytes + h * head_bytes, val + h * head_dim,
                                       head_dim);
             }
             if (rotated) kv::hadamard_transform_rows(val, n_head_kv, head_dim);
+        }
+    }
+    // kv_load reads the stored rows back as the host reads them (read_k / read_v): the same values.
+    {
+        DeviceBuffer back_k(n_rows * width * sizeof(float)), back_v(n_rows * width * sizeof(float));
+        kv_load(k_layout, dcells.get<int32_t>(), static_cast<int64_t>(n_rows), back_k.get<float>(), nullptr);
+        kv_load(v_layout, dcells.get<int32_t>(), static_cast<int64_t>(n_rows), back_v.get<float>(), nullptr);
+        const std::vector<float> got_k = back_k.read<float>(), got_v = back_v.read<float>();
+        for (size_t i = 0; i < n_rows; ++i) {
+            const size_t c = static_cast<size_t>(cells[i]);
+            for (int e = 0; e < width; ++e) {
+                ASSERT_EQ(got_k[i * width + e], k_val[c][e]) << "kv_load K row " << i << " element " << e;
+                ASSERT_EQ(got_v[i * width + e], v_val[c][e]) << "kv_load V row " << i << " element " << e;
+            }
         }
     }
 
@@ -501,6 +584,10 @@ void run_kv_case(const KvCase& kc) {
                          .blocks = dblocks.get<int32_t>(),
                          .seq_blocks = dseq_blocks.get<int32_t>(),
                          .block_size = params.block_size};
+    if (kc.shaped) {
+        args.q_scale = dq_scale.get<float>();
+        args.k_center = dk_center.get<float>();
+    }
     attention_kv(dq.get<float>(), n_tok, k_layout, v_layout, args, dout.get<float>(), nullptr);
     // Float online softmax against double: 1e-4.
     expect_close(dout.read<float>(), exact_attention(q, q_pos, q_seq, cache, k_val, v_val, ap), 1e-4f, 1e-4f,
@@ -514,9 +601,6 @@ void run_kv_case(const KvCase& kc) {
     const auto* host_k = reinterpret_cast<const uint8_t*>(view.k);
     const auto* host_v = reinterpret_cast<const uint8_t*>(view.v);
     DeviceBuffer hk(std::vector<uint8_t>(host_k, host_k + k_bytes)), hv(std::vector<uint8_t>(host_v, host_v + v_bytes));
-    const size_t transform = view.q_scale != nullptr ? static_cast<size_t>(width) : 0;
-    DeviceBuffer dq_scale(std::vector<float>(view.q_scale, view.q_scale + transform)),
-        dk_center(std::vector<float>(view.k_center, view.k_center + transform));
     args.q_scale = transform > 0 ? dq_scale.get<float>() : nullptr;
     args.k_center = transform > 0 ? dk_center.get<float>() : nullptr;
     KvLayout hk_layout = k_layout, hv_layout = v_layout;
@@ -577,8 +661,19 @@ TEST(CudaKernels, KvStoreAndAttention) {
     for (const KvCase& kc :
          {KvCase{GgmlType::F16, false, 0}, KvCase{GgmlType::F16, false, 24}, KvCase{GgmlType::F32, false, 0},
           KvCase{GgmlType::BF16, false, 0}, KvCase{GgmlType::Q8_0, false, 0}, KvCase{GgmlType::Q8_0, true, 0},
-          KvCase{GgmlType::Q8_0, true, 24}}) {
+          KvCase{GgmlType::Q8_0, true, 24}, KvCase{GgmlType::Q8_0, true, 24, true}}) {
         run_kv_case(kc);
+    }
+}
+
+// The 4- and 5-bit K/V types: stored, read back, attended; plain, rotated, and shaped as the host
+// shapes K (the host cache's own bytes).
+TEST(CudaKernels, KvStoreAndAttentionSmallTypes) {
+    SKIP_WITHOUT_DEVICE();
+    for (GgmlType type : {GgmlType::Q4_0, GgmlType::Q4_1, GgmlType::Q5_0, GgmlType::Q5_1, GgmlType::IQ4_NL}) {
+        for (const KvCase& kc : {KvCase{type, false, 0}, KvCase{type, true, 0}, KvCase{type, true, 24, true}}) {
+            run_kv_case(kc);
+        }
     }
 }
 

@@ -39,39 +39,32 @@ __device__ uint16_t to_bf16(float f) {
     return static_cast<uint16_t>((x + 0x7FFFu + ((x >> 16) & 1u)) >> 16);
 }
 
-// A thread block per row: the row into shared memory, each head rotated when asked, then each
-// head written in the layout's type (Q8_0: a warp per block of 32, as quant::quantize_row).
-__global__ void kv_store_kernel(GgmlType type, uint8_t* data, size_t row_bytes, size_t head_bytes, int n_head_kv,
-                                int head_dim, bool rotate, float rotate_scale, const float* rows,
-                                const int32_t* cells) {
+// A thread block per row: the row into shared memory, shaped and each head rotated when asked,
+// then each head written in the layout's type (a thread per block of 32 for the quantized ones).
+__global__ void kv_store_kernel(KvLayout layout, float rotate_scale, const float* rows, const int32_t* cells) {
     extern __shared__ float row[];
-    const int width = n_head_kv * head_dim;
+    const int head_dim = layout.head_dim;
+    const int width = layout.n_head_kv * head_dim;
     const float* src = rows + static_cast<int64_t>(blockIdx.x) * width;
-    for (int i = threadIdx.x; i < width; i += blockDim.x) row[i] = src[i];
-    if (rotate) {
-        for (int h = 0; h < n_head_kv; ++h) hadamard_shared(row + h * head_dim, head_dim, rotate_scale);
+    for (int i = threadIdx.x; i < width; i += blockDim.x) {
+        row[i] = layout.center != nullptr ? (src[i] - layout.center[i]) * layout.scale[i] : src[i];
+    }
+    if (layout.rotated) {
+        for (int h = 0; h < layout.n_head_kv; ++h) hadamard_shared(row + h * head_dim, head_dim, rotate_scale);
     }
     __syncthreads();
-    uint8_t* dst = data + static_cast<int64_t>(cells[blockIdx.x]) * row_bytes;
-    if (type == GgmlType::Q8_0) {
-        const int lane = threadIdx.x % 32, n_blocks = width / 32, blocks_per_head = head_dim / 32;
-        for (int blk = threadIdx.x / 32; blk < n_blocks; blk += blockDim.x / 32) {
+    uint8_t* dst = static_cast<uint8_t*>(layout.data) + static_cast<int64_t>(cells[blockIdx.x]) * layout.row_bytes;
+    const GgmlType type = layout.type;
+    if (const int block_bytes = block32_bytes(type); block_bytes > 0) {
+        const int n_blocks = width / 32, blocks_per_head = head_dim / 32;
+        for (int blk = threadIdx.x; blk < n_blocks; blk += blockDim.x) {
             const int h = blk / blocks_per_head;
-            uint8_t* b = dst + h * head_bytes + (blk % blocks_per_head) * 34;
-            const float x = row[32 * blk + lane];
-            const float amax = warp_max(fabsf(x));
-            const float d = amax / 127.0f;
-            const float id = amax != 0.0f ? 127.0f / amax : 0.0f;
-            b[2 + lane] = static_cast<uint8_t>(static_cast<int8_t>(__float2int_rn(x * id)));
-            if (lane == 0) {
-                const uint16_t dh = __half_as_ushort(__float2half_rn(d));
-                memcpy(b, &dh, 2);
-            }
+            encode_block32(type, row + 32 * blk, dst + h * layout.head_bytes + (blk % blocks_per_head) * block_bytes);
         }
         return;
     }
     for (int i = threadIdx.x; i < width; i += blockDim.x) {
-        uint8_t* head = dst + (i / head_dim) * head_bytes;
+        uint8_t* head = dst + (i / head_dim) * layout.head_bytes;
         const int e = i % head_dim;
         if (type == GgmlType::F32) {
             memcpy(head + 4 * e, &row[i], 4);
@@ -79,6 +72,27 @@ __global__ void kv_store_kernel(GgmlType type, uint8_t* data, size_t row_bytes, 
             const uint16_t v = type == GgmlType::F16 ? __half_as_ushort(__float2half_rn(row[i])) : to_bf16(row[i]);
             memcpy(head + 2 * e, &v, 2);
         }
+    }
+}
+
+// The inverse, a thread block per row: decoded into shared memory, each head un-rotated (the
+// rotation is its own inverse), un-shaped as KeyTransform::undo (a product, then a sum).
+__global__ void kv_load_kernel(KvLayout layout, float rotate_scale, const int32_t* cells, float* rows) {
+    extern __shared__ float row[];
+    const int head_dim = layout.head_dim;
+    const int width = layout.n_head_kv * head_dim;
+    const uint8_t* src =
+        static_cast<const uint8_t*>(layout.data) + static_cast<int64_t>(cells[blockIdx.x]) * layout.row_bytes;
+    for (int i = threadIdx.x; i < width; i += blockDim.x) {
+        row[i] = kv_elem(layout.type, src + (i / head_dim) * layout.head_bytes, i % head_dim);
+    }
+    if (layout.rotated) {
+        for (int h = 0; h < layout.n_head_kv; ++h) hadamard_shared(row + h * head_dim, head_dim, rotate_scale);
+    }
+    __syncthreads();
+    float* dst = rows + static_cast<int64_t>(blockIdx.x) * width;
+    for (int i = threadIdx.x; i < width; i += blockDim.x) {
+        dst[i] = layout.inv_scale != nullptr ? add_rn(mul_rn(row[i], layout.inv_scale[i]), layout.center[i]) : row[i];
     }
 }
 
@@ -241,29 +255,64 @@ void check_layout(const char* function, const KvLayout& layout, bool (*supports)
 }  // namespace
 
 bool kv_store_supports(GgmlType type) {
-    return type == GgmlType::F32 || type == GgmlType::F16 || type == GgmlType::BF16 || type == GgmlType::Q8_0;
+    return type == GgmlType::F32 || type == GgmlType::F16 || type == GgmlType::BF16 || block32_bytes(type) > 0;
 }
 
 bool kv_read_supports(GgmlType type) {
-    return kv_store_supports(type) || type == GgmlType::Q4_0 || type == GgmlType::Q4_1 || type == GgmlType::Q5_0 ||
-           type == GgmlType::Q5_1 || type == GgmlType::IQ4_NL;
+    return kv_store_supports(type);
 }
 
-void kv_store(const KvLayout& layout, const float* rows, const int32_t* cells, int64_t n_rows, Stream s) {
-    check_layout("cuda::kv_store", layout, kv_store_supports);
+namespace {
+
+// kv_store's and kv_load's checks; the shared memory (a row of floats) of their launch.
+size_t check_rows(const char* function, const KvLayout& layout, int64_t n_rows) {
+    check_layout(function, layout, kv_store_supports);
     if (n_rows < 0 || n_rows > 0x7FFFFFFF) {
-        throw std::invalid_argument("cuda::kv_store: " + std::to_string(n_rows) + " rows");
+        throw std::invalid_argument(std::string(function) + ": " + std::to_string(n_rows) + " rows");
     }
-    if (n_rows == 0) return;
+    if ((layout.center == nullptr) != (layout.scale == nullptr) ||
+        (layout.inv_scale != nullptr && layout.center == nullptr)) {
+        throw std::invalid_argument(std::string(function) + ": a K transform needs its centre and its scales");
+    }
     const size_t shared = static_cast<size_t>(layout.n_head_kv) * layout.head_dim * sizeof(float);
     if (shared > 48 * 1024) {
-        throw std::invalid_argument("cuda::kv_store: a row of " + std::to_string(layout.n_head_kv * layout.head_dim) +
+        throw std::invalid_argument(std::string(function) + ": a row of " +
+                                    std::to_string(layout.n_head_kv * layout.head_dim) +
                                     " values is more than one thread block's 48 KiB of shared memory");
     }
+    return shared;
+}
+
+}  // namespace
+
+void kv_store(const KvLayout& layout, const float* rows, const int32_t* cells, int64_t n_rows, Stream s) {
+    const size_t shared = check_rows("cuda::kv_store", layout, n_rows);
+    if (n_rows == 0) return;
     kv_store_kernel<<<static_cast<unsigned>(n_rows), 256, shared, as_stream(s)>>>(
-        layout.type, static_cast<uint8_t*>(layout.data), layout.row_bytes, layout.head_bytes, layout.n_head_kv,
-        layout.head_dim, layout.rotated, 1.0f / std::sqrt(static_cast<float>(layout.head_dim)), rows, cells);
+        layout, 1.0f / std::sqrt(static_cast<float>(layout.head_dim)), rows, cells);
     FITLLM_CUDA_LAUNCHED("kv_store_kernel");
+}
+
+void kv_load(const KvLayout& layout, const int32_t* cells, int64_t n_rows, float* rows, Stream s) {
+    const size_t shared = check_rows("cuda::kv_load", layout, n_rows);
+    if (n_rows == 0) return;
+    if (layout.center != nullptr && layout.inv_scale == nullptr) {
+        throw std::invalid_argument("cuda::kv_load: a shaped K needs inv_scale to be read back");
+    }
+    kv_load_kernel<<<static_cast<unsigned>(n_rows), 256, shared, as_stream(s)>>>(
+        layout, 1.0f / std::sqrt(static_cast<float>(layout.head_dim)), cells, rows);
+    FITLLM_CUDA_LAUNCHED("kv_load_kernel");
+}
+
+void encode_row_on_host(GgmlType type, const float* x, int64_t n, void* out) {
+    const int block_bytes = block32_bytes(type);
+    if (block_bytes == 0 || n % 32 != 0) {
+        throw std::invalid_argument("cuda::encode_row_on_host: no block encoder for " +
+                                    std::string(quant::traits(type).name) + " (or " + std::to_string(n) +
+                                    " values, not whole blocks of 32)");
+    }
+    auto* bytes = static_cast<uint8_t*>(out);
+    for (int64_t b = 0; b < n / 32; ++b) encode_block32(type, x + 32 * b, bytes + b * block_bytes);
 }
 
 void attention_kv(const float* q, int64_t n_tok, const KvLayout& k, const KvLayout& v, const KvAttentionArgs& args,

@@ -6,6 +6,7 @@
 #include <cuda_fp16.h>
 #include <cuda_runtime.h>
 
+#include <cmath>
 #include <cstdint>
 #include <string>
 
@@ -306,6 +307,174 @@ FITLLM_HD float kv_elem(GgmlType type, const uint8_t* head, int e) {
             return 0.0f;
     }
     return out[l % 8];
+}
+
+// ---- Encoding (kv_store) ---------------------------------------------------------------------------
+// The host's quantizers (quant/quantize.cpp) round every product and every sum (they are built
+// without FMA): the device must not fuse them into multiply-adds where the two could differ.
+FITLLM_HD float mul_rn(float a, float b) {
+#ifdef __CUDA_ARCH__
+    return __fmul_rn(a, b);
+#else
+    return a * b;
+#endif
+}
+FITLLM_HD float add_rn(float a, float b) {
+#ifdef __CUDA_ARCH__
+    return __fadd_rn(a, b);
+#else
+    return a + b;
+#endif
+}
+// Round to nearest, ties to even (std::nearbyint in the default rounding mode).
+FITLLM_HD int round_even(float v) {
+#ifdef __CUDA_ARCH__
+    return __float2int_rn(v);
+#else
+    return static_cast<int>(std::nearbyint(v));
+#endif
+}
+FITLLM_HD int clamp_int(int v, int lo, int hi) {
+    return v < lo ? lo : (v > hi ? hi : v);
+}
+FITLLM_HD float half_rounded(float f) {
+    return __half2float(__float2half_rn(f));
+}
+FITLLM_HD void store_half(uint8_t* p, float f) {
+    const uint16_t h = __half_as_ushort(__float2half_rn(f));
+    memcpy(p, &h, 2);
+}
+FITLLM_HD int iq4nl_value(int i) {
+    constexpr int8_t kValues[16] = {-127, -104, -83, -65, -49, -35, -22, -10, 1, 13, 25, 38, 53, 69, 89, 113};
+    return kValues[i];
+}
+
+// Each encoder writes one block of 32 values as quant::quantize_row writes it.
+// Q8_0: d = max|x| / 127, q = x * (127 / max|x|) rounded to nearest even.
+FITLLM_HD void encode_q8_0(const float* x, uint8_t* b) {
+    float amax = 0.0f;
+    for (int l = 0; l < 32; ++l) amax = fmaxf(amax, fabsf(x[l]));
+    const float d = amax / 127.0f;
+    const float id = amax != 0.0f ? 127.0f / amax : 0.0f;
+    for (int l = 0; l < 32; ++l) b[2 + l] = static_cast<uint8_t>(static_cast<int8_t>(round_even(x[l] * id)));
+    store_half(b, d);
+}
+// The 4 low bits of q[l] and q[l + 16] share byte l; bit 4 of each q goes to qh (5-bit types).
+FITLLM_HD void pack_nibbles(const int* q, uint8_t* qs) {
+    for (int l = 0; l < 16; ++l) qs[l] = static_cast<uint8_t>((q[l] & 0x0F) | ((q[l + 16] & 0x0F) << 4));
+}
+FITLLM_HD void pack_high_bits(const int* q, uint8_t* qh) {
+    uint32_t bits = 0;
+    for (int l = 0; l < 32; ++l) bits |= static_cast<uint32_t>(q[l] >> 4) << l;
+    memcpy(qh, &bits, 4);
+}
+// Q4_0 / Q5_0: the value of largest magnitude maps to -2^(bits-1); d rounded to f16 first.
+template <int kBits>
+FITLLM_HD void encode_symmetric(const float* x, uint8_t* b) {
+    constexpr int kOffset = 1 << (kBits - 1), kMax = (1 << kBits) - 1;
+    float max = 0.0f;
+    for (int l = 0; l < 32; ++l) {
+        if (fabsf(x[l]) > fabsf(max)) max = x[l];
+    }
+    const float d = half_rounded(max / -static_cast<float>(kOffset));
+    const float id = d != 0.0f ? 1.0f / d : 0.0f;
+    int q[32];
+    for (int l = 0; l < 32; ++l) q[l] = clamp_int(round_even(x[l] * id) + kOffset, 0, kMax);
+    store_half(b, d);
+    if constexpr (kBits == 5) pack_high_bits(q, b + 2);
+    pack_nibbles(q, b + (kBits == 5 ? 6 : 2));
+}
+// Q4_1 / Q5_1: x = d q + m over [min, max], d and m rounded to f16 first.
+template <int kBits>
+FITLLM_HD void encode_affine(const float* x, uint8_t* b) {
+    constexpr int kMax = (1 << kBits) - 1;
+    float lo = x[0], hi = x[0];
+    for (int l = 1; l < 32; ++l) {
+        if (x[l] < lo) lo = x[l];
+        if (x[l] > hi) hi = x[l];
+    }
+    const float d = half_rounded((hi - lo) / kMax), m = half_rounded(lo);
+    const float id = d != 0.0f ? 1.0f / d : 0.0f;
+    int q[32];
+    for (int l = 0; l < 32; ++l) q[l] = clamp_int(round_even((x[l] - m) * id), 0, kMax);
+    store_half(b, d);
+    store_half(b + 2, m);
+    if constexpr (kBits == 5) pack_high_bits(q, b + 4);
+    pack_nibbles(q, b + (kBits == 5 ? 8 : 4));
+}
+// IQ4_NL as quant::quantize_row (llama.cpp's quantize_row_iq4_nl_ref): the indices of the scale
+// mapping the largest |x| to -127, nearest table value with ties going up, then d the x^2-weighted
+// least-squares fit of those values.
+FITLLM_HD int nearest_iq4_nl(float x) {
+    float x2 = x + x;
+    x2 = x2 >= -256.0f ? fminf(x2, 255.0f) : -256.0f;  // NaN: the low end
+    int floor = static_cast<int>(x2);
+    floor -= static_cast<float>(floor) > x2 ? 1 : 0;
+    int index = 0;
+    for (int j = 1; j < 16; ++j) index += floor >= iq4nl_value(j - 1) + iq4nl_value(j) ? 1 : 0;
+    return index;
+}
+FITLLM_HD void encode_iq4_nl(const float* x, uint8_t* b) {
+    float amax = 0.0f, max = 0.0f;
+    for (int l = 0; l < 32; ++l) {
+        if (fabsf(x[l]) > amax) {
+            amax = fabsf(x[l]);
+            max = x[l];
+        }
+    }
+    int index[32] = {};
+    float d = 0.0f;
+    if (amax >= 1e-15f) {
+        const float id = 1.0f / (max / static_cast<float>(iq4nl_value(0)));
+        float sumqx = 0.0f, sumq2 = 0.0f;
+        for (int l = 0; l < 32; ++l) {
+            index[l] = nearest_iq4_nl(mul_rn(id, x[l]));
+            const float q = static_cast<float>(iq4nl_value(index[l]));
+            const float wq = mul_rn(mul_rn(x[l], x[l]), q);
+            sumqx = add_rn(sumqx, mul_rn(wq, x[l]));
+            sumq2 = add_rn(sumq2, mul_rn(wq, q));
+        }
+        d = sumq2 > 0.0f ? sumqx / sumq2 : 0.0f;
+    }
+    store_half(b, d);
+    pack_nibbles(index, b + 2);
+}
+
+// The bytes of a block of 32 of a quantized KV type (0 for others).
+FITLLM_HD int block32_bytes(GgmlType type) {
+    switch (type) {
+        case GgmlType::Q8_0:
+            return 34;
+        case GgmlType::Q4_0:
+        case GgmlType::IQ4_NL:
+            return 18;
+        case GgmlType::Q4_1:
+            return 20;
+        case GgmlType::Q5_0:
+            return 22;
+        case GgmlType::Q5_1:
+            return 24;
+        default:
+            return 0;
+    }
+}
+FITLLM_HD void encode_block32(GgmlType type, const float* x, uint8_t* b) {
+    switch (type) {
+        case GgmlType::Q8_0:
+            return encode_q8_0(x, b);
+        case GgmlType::Q4_0:
+            return encode_symmetric<4>(x, b);
+        case GgmlType::Q5_0:
+            return encode_symmetric<5>(x, b);
+        case GgmlType::Q4_1:
+            return encode_affine<4>(x, b);
+        case GgmlType::Q5_1:
+            return encode_affine<5>(x, b);
+        case GgmlType::IQ4_NL:
+            return encode_iq4_nl(x, b);
+        default:
+            return;
+    }
 }
 
 // Calls fn(std::integral_constant-like tag) for a runtime type among those with a Decoder.

@@ -60,6 +60,9 @@ void* host_malloc_mapped(size_t bytes, const char* what);
 // returns the device address of host (cudaHostGetDevicePointer). host_unregister undoes it.
 const void* host_register_mapped(const void* host, size_t bytes);
 void host_unregister(const void* host) noexcept;
+// Page-locked host memory (cudaHostAlloc / cudaFreeHost): copies from it run asynchronously.
+void* host_malloc_pinned(size_t bytes, const char* what);
+void host_free_pinned(void* p) noexcept;
 
 Stream create_stream();
 void destroy_stream(Stream s) noexcept;
@@ -113,23 +116,33 @@ void softcap(float* x, int64_t n, float cap, Stream s);  // x = cap * tanh(x / c
 
 // Where a layer's K or V lives on the device: the host cache's layout (kv::KvCache::LayerView):
 // cell c's row at data + c * row_bytes, head h at + h * head_bytes, heads of head_dim values of
-// `type`, Hadamard-rotated when `rotated`.
+// `type`, Hadamard-rotated when `rotated`, shaped when `center` is set.
 struct KvLayout {
     quant::GgmlType type = quant::GgmlType::F16;
     void* data = nullptr;  // device
     size_t row_bytes = 0, head_bytes = 0;
     int n_head_kv = 0, head_dim = 0;
     bool rotated = false;
+    // K shaped as the host cache shapes it (kv/key_transform.h; LayerView's k_center, k_scale,
+    // q_scale copied to the device, [n_head_kv * head_dim] each): stored as (x - center) * scale
+    // before the rotation, read back (kv_load) as x * inv_scale + center. nullptr: stored as is.
+    const float* center = nullptr;
+    const float* scale = nullptr;
+    const float* inv_scale = nullptr;
 };
 
-// Types kv_store writes: F32, F16, BF16, Q8_0 (Q8_0 rounded as quant::quantize_row rounds it).
+// Types kv_store writes and attention_kv and kv_load read: F32, F16, BF16, Q8_0, Q4_0, Q4_1,
+// Q5_0, Q5_1, IQ4_NL (every -ctk / -ctv type), each rounded as quant::quantize_row rounds it.
 bool kv_store_supports(quant::GgmlType type);
-// Types attention_kv reads: the above and Q4_0, Q4_1, Q5_0, Q5_1, IQ4_NL.
 bool kv_read_supports(quant::GgmlType type);
 
-// Writes n_rows rows ([n_rows, n_head_kv * head_dim] floats, device) into cells[i] (device).
-// Throws std::invalid_argument for a type kv_store_supports() rejects.
+// Writes n_rows rows ([n_rows, n_head_kv * head_dim] floats, device) into cells[i] (device):
+// shaped, rotated, then converted per head, as kv::KvCache::store. Throws std::invalid_argument for
+// a type kv_store_supports() rejects.
 void kv_store(const KvLayout& layout, const float* rows, const int32_t* cells, int64_t n_rows, Stream s);
+// The inverse: rows [n_rows, n_head_kv * head_dim] (device floats) <- cells[i] (device), decoded,
+// un-rotated and un-shaped as kv::KvCache::read_k reads them (for re-rotating K on a shift).
+void kv_load(const KvLayout& layout, const int32_t* cells, int64_t n_rows, float* rows, Stream s);
 
 // The host cache's bookkeeping for one layer's attention, copied to the device: visibility as
 // ops::attention_kv decides it.
@@ -166,5 +179,9 @@ void attention_kv(const float* q, int64_t n_tok, const KvLayout& k, const KvLayo
 // as matmul (matmul_supports' types, n a multiple of 8) or attention (kv_read_supports' others)
 // reads them. Throws std::invalid_argument for other types.
 void decode_row_on_host(quant::GgmlType type, const void* row, int64_t n, float* out);
+// kv_store's block encoders, run on the host: n values (a multiple of 32) of a quantized
+// kv_store_supports() type into `out` as the kernel writes them. Throws std::invalid_argument for
+// other types.
+void encode_row_on_host(quant::GgmlType type, const float* x, int64_t n, void* out);
 
 }  // namespace fitllm::backend::cuda

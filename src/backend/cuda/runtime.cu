@@ -133,6 +133,22 @@ void host_unregister(const void* host) noexcept {
     if (host != nullptr) cudaHostUnregister(const_cast<void*>(host));
 }
 
+void* host_malloc_pinned(size_t bytes, const char* what) {
+    if (bytes == 0) return nullptr;
+    void* p = nullptr;
+    const cudaError_t err = cudaHostAlloc(&p, bytes, cudaHostAllocDefault);
+    if (err != cudaSuccess) {
+        cudaGetLastError();
+        throw CudaError(std::string("cudaHostAlloc of ") + std::to_string(bytes) + " bytes for " + what + ": " +
+                        cudaGetErrorName(err) + " (" + cudaGetErrorString(err) + ")");
+    }
+    return p;
+}
+
+void host_free_pinned(void* p) noexcept {
+    if (p != nullptr) cudaFreeHost(p);
+}
+
 Stream create_stream() {
     cudaStream_t s = nullptr;
     FITLLM_CUDA_CHECK(cudaStreamCreateWithFlags(&s, cudaStreamNonBlocking));
