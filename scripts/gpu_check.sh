@@ -90,7 +90,7 @@ else
 fi
 
 # ---- 2. Unit tests -------------------------------------------------------------------------------
-step cuda_unit_tests 120 "$TESTS" --gtest_filter='Cuda*' --gtest_color=no
+step cuda_unit_tests 180 "$TESTS" --gtest_filter='Cuda*' --gtest_color=no
 grep -E "^\[  (PASSED|FAILED|SKIPPED) " "$LOG/cuda_unit_tests.log" | head -30 | tee -a "$SUMMARY"
 
 # ---- 3. Greedy equality through the command line -------------------------------------------------

@@ -25,6 +25,12 @@ Buffer Backend::alloc(std::string_view pool, size_t bytes, std::string_view what
     return Buffer(this, data, bytes, std::move(charge));
 }
 
+void Backend::bind_host(memory::Device& host) {
+    host_charge_ = memory::Charge();
+    host_charge_ = memory::Charge(host.pool(memory::pool_names::kStaging), host_bytes(),
+                                  "host staging of " + name() + " (its copies to and from the host)");
+}
+
 namespace {
 
 // The device number after `prefix` in `name` ("cuda1" -> 1, "cuda" -> 0), or -1 when `name` is
@@ -81,6 +87,10 @@ bool is_device_name(std::string_view name) {
 bool device_is_integrated(std::string_view name) {
     const int ordinal = device_number(name, "cuda");
     return ordinal >= 0 && cuda_device_integrated(ordinal);
+}
+
+uint64_t host_bytes_for(std::string_view device_name) {
+    return device_number(device_name, "cuda") >= 0 ? kCudaHostStagingBytes : 0;
 }
 
 bool cuda_built() {

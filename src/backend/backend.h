@@ -174,6 +174,18 @@ public:
     // attach_kv(cache, on_device) is called once per pool the device's layers use, after the cache
     // is made; a device with memory of its own allocates its K/V storage there (charged to kKv).
     virtual void attach_kv(kv::KvCache& cache, bool on_device) = 0;
+    // The end of an attached pool: the device frees what it holds for it (a CUDA device: the
+    // pool's K/V and bookkeeping buffers). Model::make_cache arranges the call for when its
+    // kv::ModelCache goes (ModelCache::on_close), so a server that makes and drops caches holds
+    // device memory only for the live ones. Nothing for a pool that is not attached. The cache may
+    // be mid-destruction: only its address is used.
+    virtual void detach_kv(const kv::KvCache& cache) = 0;
+    // Pools attached and not yet detached (for tests and checks).
+    virtual int attached_kv_pools() const = 0;
+    // True when the K/V of a pool made for this device (on_device) lives in the device's own
+    // memory, so the host pool allocates none (kv::CacheParams::external_storage): CUDA. A
+    // CPU-executed device (virtual, unified) reads the pool's own storage: false.
+    virtual bool holds_kv_storage() const = 0;
 
     // Writes n = cells.size() rows of K ([n, n_head_kv * head_dim_k], device) and V into `layer`
     // at those cells (host indices), converted to the pool's K/V types as kv::KvCache::store does.
@@ -187,6 +199,18 @@ public:
     // shifted cell re-rotated by its delta with `rope` (freq_factors on this device). The caller
     // clears the shift after every layer of every pool had it.
     virtual void kv_shift(kv::KvCache& cache, int layer, const ops::RopeParams& rope) = 0;
+
+    // ---- Host memory the device's path needs ------------------------------------------------------
+    // Bytes of host memory this device keeps for its copies whatever the context or batch (a CUDA
+    // device: its pinned staging buffer, kCudaHostStagingBytes; the virtual device: 0), the same
+    // as host_bytes_for(name()).
+    virtual uint64_t host_bytes() const { return 0; }
+    // Charges host_bytes() to host.pool(memory::pool_names::kStaging) for as long as the device
+    // lives (or until the next bind_host), before the device allocates them; memory::BudgetError
+    // when the host has no room. The runtime calls it once its host budget exists; host must
+    // outlive the device.
+    void bind_host(memory::Device& host);
+    uint64_t host_charged_bytes() const { return host_charge_.bytes(); }
 
 protected:
     Backend(std::string device_name, uint64_t capacity)
@@ -203,6 +227,7 @@ private:
     friend class Buffer;
     std::unique_ptr<memory::Device> own_memory_;
     memory::Device* memory_;
+    memory::Charge host_charge_;
 };
 
 // "virtual" (or "virtualN"): the CPU-executed device of virtual_device.h, available everywhere.
@@ -232,6 +257,14 @@ bool is_device_name(std::string_view name);
 // "virtual-unified" -> {"virtual", true}; any other name -> {name, false}.
 std::pair<std::string_view, bool> strip_unified_suffix(std::string_view name);
 
+// The host memory a CUDA device keeps for its copies (Backend::host_bytes): one pinned staging
+// buffer through which every small upload (positions, cells, the KV bookkeeping, in chunks) and
+// the K/V rows of a host-held pool pass. Fixed: it does not grow with the context or the batch.
+inline constexpr uint64_t kCudaHostStagingBytes = 1ull << 20;
+// Backend::host_bytes() of the device open_device(name) gives, without opening it (for plans):
+// kCudaHostStagingBytes for "cuda..." names, 0 otherwise.
+uint64_t host_bytes_for(std::string_view device_name);
+
 // Whether this build has the CUDA backend, and how many CUDA devices it sees (0 without).
 bool cuda_built();
 int cuda_device_count();
@@ -254,8 +287,10 @@ int cuda_device_count();
 //  A unified device (unified()): its pools are the host's, and "weights" gets nothing (the mapped
 //    tensors are read in place, so they stay in the host's resident weights and none of their
 //    pages is given back); "scratch" and "kv" as above, charged to the host's pools.
-//  host: nothing more than the CPU path: the crossings copy from and to the host's activations
-//    (already charged to its "scratch") and the caller's logits; nothing grows with the context.
+//  host "staging": host_bytes() (bind_host; a CUDA device's pinned staging buffer, none for the
+//    virtual device), fixed; otherwise nothing more than the CPU path: the crossings copy from and
+//    to the host's activations (already charged to its "scratch") and the caller's logits; nothing
+//    grows with the context. A CUDA device's pools (holds_kv_storage) allocate no K/V on the host.
 inline constexpr size_t kBufferAlign = 256;
 
 }  // namespace fitllm::backend

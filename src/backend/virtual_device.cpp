@@ -97,7 +97,13 @@ void VirtualDevice::softcap(float* x, int64_t n, float cap) {
 
 // The device's K/V pools are kv::KvCaches charged to its "kv" pool (kv::ModelCache made them
 // so); host pools are read in place: both are memory this CPU-executed device reads directly.
-void VirtualDevice::attach_kv(kv::KvCache& /*cache*/, bool /*on_device*/) {}
+void VirtualDevice::attach_kv(kv::KvCache& cache, bool /*on_device*/) {
+    attached_.insert(&cache);
+}
+
+void VirtualDevice::detach_kv(const kv::KvCache& cache) {
+    attached_.erase(&cache);
+}
 
 void VirtualDevice::kv_store(kv::KvCache& cache, int layer, std::span<const int32_t> cells, const float* k,
                              const float* v) {

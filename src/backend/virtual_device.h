@@ -8,6 +8,7 @@
 //   auto dev = backend::open_device("virtual", 512ull << 20);   // or VirtualDevice("virtual", cap)
 //   auto model = model::Model::load(file, {.offload = dev.get(), .n_offload_layers = 8});
 #include <memory>
+#include <set>
 #include <string>
 
 #include "backend/backend.h"
@@ -44,6 +45,9 @@ public:
     void softcap(float* x, int64_t n, float cap) override;
 
     void attach_kv(kv::KvCache& cache, bool on_device) override;
+    void detach_kv(const kv::KvCache& cache) override;
+    int attached_kv_pools() const override { return static_cast<int>(attached_.size()); }
+    bool holds_kv_storage() const override { return false; }
     void kv_store(kv::KvCache& cache, int layer, std::span<const int32_t> cells, const float* k,
                   const float* v) override;
     void attention(const float* q, const BatchRows& rows, const kv::KvCache& cache, int layer,
@@ -71,6 +75,7 @@ private:
     ops::Scratch scratch_;
     uint64_t scratch_bytes_ = 0;  // what scratch_ holds, charged to the device's "scratch" pool
     uint64_t allocated_ = 0;
+    std::set<const kv::KvCache*> attached_;  // nothing to free for them: their storage is the pool's
 };
 
 }  // namespace fitllm::backend

@@ -93,6 +93,7 @@ json plan_json(const memory::Plan& p, const std::string& budget_source) {
                                   {"attention_scratch", p.attention_scratch},
                                   {"logits", p.logits},
                                   {"overhead", p.overhead},
+                                  {"device_staging", p.device_host},
                                   {"total", p.total()},
                                   {"budget", q.budget},
                                   {"budget_source", budget_source},
@@ -173,6 +174,9 @@ std::string plan_text(const memory::Plan& p, const std::string& budget_source) {
     row("overhead", p.overhead,
         "runtime " + util::human_bytes(memory::kFixedOverhead) + ", metadata and tokenizer " +
             util::human_bytes(memory::kMetadataFactor * p.shape.metadata_bytes));
+    if (p.device_host > 0) {
+        row("device staging", p.device_host, "pinned buffer of " + p.device.name + "'s copies (fixed)");
+    }
     row("total", p.total(), "");
     row("budget", q.budget, budget_source);
     out += std::string("  fits               ") + (p.total() <= q.budget ? "yes" : "no") + "\n";

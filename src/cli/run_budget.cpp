@@ -44,6 +44,7 @@ std::string first_refusal(const memory::Plan& p) {
         charges.push_back(host.pool(names::kOverhead).charge(p.overhead, "the runtime, metadata and tokenizer"));
         charges.push_back(host.pool(names::kWeights).charge(p.weights_resident, "the resident weights"));
         charges.push_back(host.pool(names::kStaging).charge(p.stream_buffer, "the streamed layers' buffer"));
+        charges.push_back(host.pool(names::kStaging).charge(p.device_host, "the offload device's host staging"));
         charges.push_back(host.pool(names::kKv).charge(p.kv, "the KV cache"));
         charges.push_back(host.pool(names::kLogits).charge(p.logits, "logits"));
         charges.push_back(host.pool(names::kScratch).charge(p.scratch, "activations and op scratch"));
@@ -247,6 +248,8 @@ std::optional<RunBudget> RunBudget::prepare(const char* command, const gguf::Ggu
     }
     rb.overhead_ = rb.device_->pool(memory::pool_names::kOverhead)
                        .charge(rb.plan_.overhead, "the runtime, the GGUF metadata and the tokenizer (planned)");
+    // The device's host-side buffers (a CUDA device's pinned staging), as the plan's device_host.
+    if (rb.offload_ && rb.plan_.params.n_gpu_layers > 0) rb.offload_->bind_host(*rb.device_);
     return rb;
 }
 

@@ -104,8 +104,8 @@ private:
 
     memory::Plan plan_;
     MemoryOptions options_;
-    // Declared before what charges it: the offload device (a unified one charges its pools) and
-    // the charges below.
+    // Declared before what charges it: the offload device (a unified one charges its pools, and
+    // Backend::bind_host its host staging) and the charges below.
     std::unique_ptr<memory::Device> device_;
     std::unique_ptr<backend::Backend> offload_;
     memory::Charge overhead_;

@@ -6,6 +6,7 @@
 #include <optional>
 #include <stdexcept>
 
+#include "backend/backend.h"
 #include "kv/cache.h"
 #include "memory/pool.h"
 #include "model/activations.h"
@@ -274,6 +275,7 @@ Plan plan_for(const ModelShape& shape, const PlanParams& params) {
             // and logits: nothing more on the host.
             p.device.scratch = model::device_scratch_bytes(hp, params.n_gpu_layers, params.n_batch, params.n_outputs) +
                                (p.scratch - p.activations);
+            p.device_host = backend::host_bytes_for(params.device);
         }
         if (unified) {
             p.device.unified = true;

@@ -138,12 +138,15 @@ struct Plan {
     uint64_t scratch = 0;            // activations + max(matmul, attention) scratch
     uint64_t logits = 0;             // n_vocab floats per output row
     uint64_t overhead = 0;           // see kFixedOverhead
+    // Host memory the offload device's path keeps (backend::host_bytes_for: a CUDA device's pinned
+    // staging buffer), charged to the host's "staging" pool; fixed, whatever the context.
+    uint64_t device_host = 0;
 
     // The offload device's share; name empty (and every number 0) without one.
     DevicePlan device;
 
     uint64_t weights() const { return weights_resident + stream_buffer; }
-    uint64_t total() const { return weights() + kv + scratch + logits + overhead; }  // the host's
+    uint64_t total() const { return weights() + kv + scratch + logits + overhead + device_host; }  // the host's
     bool fits() const { return total() <= params.budget && device.fits(); }
 
     std::vector<FitStep> fit_steps;  // empty unless fit_plan() changed something (or chose the offload)

@@ -41,14 +41,16 @@ kv::ModelCache Model::make_cache(const kv::CacheParams& params, int n_batch) con
     if (placement.device == nullptr) return kv::ModelCache(cache_layers(), cache_windows(), params, n_batch);
     backend::Backend& dev = *placement.device;
     kv::ModelCache cache(cache_layers(), cache_windows(), params, n_batch, placement.layer_device,
-                         {&dev.memory().pool(memory::pool_names::kKv)});
-    // Each pool the device's layers use, once.
+                         {&dev.memory().pool(memory::pool_names::kKv)}, {dev.holds_kv_storage()});
+    // Each pool the device's layers use, once; let go when the cache goes.
     std::vector<int> attached;
     for (const int il : placement.device_layers) {
         const int p = cache.pool_of(il);
         if (std::find(attached.begin(), attached.end(), p) != attached.end()) continue;
         attached.push_back(p);
-        dev.attach_kv(cache.pool(p), cache.pool_device(p) > 0);
+        kv::KvCache& pool = cache.pool(p);
+        dev.attach_kv(pool, cache.pool_device(p) > 0);
+        cache.on_close([&dev, &pool] { dev.detach_kv(pool); });
     }
     return cache;
 }

@@ -115,7 +115,8 @@ public:
     // tokens. params.window is ignored. Throws std::invalid_argument for bad parameters.
     // With layers offloaded and offload_kv, their K/V goes in pools of their own charged to the
     // device's "kv" pool (kv::ModelCache, layer_device), and memory::BudgetError when it has no
-    // room; params.pool is the host's.
+    // room; params.pool is the host's. The device mirrors those pools until the cache goes
+    // (Backend::attach_kv / detach_kv): it must outlive the cache.
     kv::ModelCache make_cache(const kv::CacheParams& params, int n_batch) const;
     // The per-layer shapes and windows make_cache() uses.
     std::vector<kv::LayerShape> cache_layers() const;

@@ -1,7 +1,8 @@
 // The tiny models with layers on "cuda0" (model::LoadOptions::offload) against the CPU: the same
 // token stream (teacher forcing with the CPU's greedy tokens), two sequences in one batch, a context
-// shift (K re-rotated on the device) and a forked sequence (seq_cp, then copy on write). Skips,
-// saying why, without a CUDA device.
+// shift (K re-rotated on the device) and a forked sequence (seq_cp, then copy on write), with f16,
+// q8_0 and q4_0 K/V (the quantized K shaped on the device as the host shapes it). Skips, saying
+// why, without a CUDA device.
 //
 // Tolerances: the CUDA matmuls multiply dequantized weights with float activations, where the CPU
 // rounds activations to 8-bit blocks for quantized weights (as llama.cpp does), and the CPU's f16
@@ -67,7 +68,8 @@ ScriptRun run_script(model::Model& m, quant::GgmlType kv_type, const std::vector
     kv::ModelCache cache = m.make_cache(params, 16);
     ScriptRun r;
     std::vector<float> row(static_cast<size_t>(V) * 2);
-    std::vector<int32_t> prompt = {1, 7, 3, 9, 12, 5};
+    // 20 tokens: enough for a quantized K's transform to be calibrated (kv::KeyTransform::kMinRows).
+    std::vector<int32_t> prompt = {1, 7, 3, 9, 12, 5, 2, 8, 4, 6, 11, 10, 2, 4, 6, 1, 3, 5, 7, 9};
     std::vector<int32_t> pos(prompt.size());
     for (size_t i = 0; i < pos.size(); ++i) pos[i] = static_cast<int32_t>(i);
     m.forward(prompt, pos, cache, row.data(), false, pool);
@@ -137,9 +139,11 @@ TEST(CudaModel, TinyModelsOnCuda0GiveTheLogitsOfTheCpu) {
         SCOPED_TRACE(name);
         const auto cpu = model::Model::load(file);
         const int n_layer = cpu->hparams().n_layer;
-        // q8_0 K/V needs heads of whole 32-value blocks; the tiny Gemma's are 16 wide.
-        const auto kv_q = cpu->hparams().head_dim % 32 == 0 ? quant::GgmlType::Q8_0 : quant::GgmlType::F32;
-        for (const auto kv_type : {quant::GgmlType::F16, kv_q}) {
+        // Quantized K/V needs heads of whole 32-value blocks; the tiny Gemma's are 16 wide.
+        std::vector<quant::GgmlType> kv_types = {quant::GgmlType::F16, quant::GgmlType::F32};
+        if (cpu->hparams().head_dim % 32 == 0)
+            kv_types = {quant::GgmlType::F16, quant::GgmlType::Q8_0, quant::GgmlType::Q4_0};
+        for (const auto kv_type : kv_types) {
             const ScriptRun want = run_script(*cpu, kv_type, {}, 8, pool);
             for (const int ngl : {1, n_layer, n_layer + 1}) {
                 for (const bool offload_kv : {true, false}) {

@@ -1,20 +1,24 @@
 // The CUDA device (backend/cuda_backend.h): backend::Backend over the kernels of kernels.h, one
 // stream per device. Compiled by the host compiler; every CUDA call is behind kernels.h.
 //
-// Memory: buffers are cudaMalloc'ed after Backend::alloc charged the device's pool. The batch's
-// small host arrays (positions, cells, the cache's bookkeeping) go to the device through buffers
-// charged to "scratch", copied only when they change: the layers of a batch pass the same ones,
-// and a copy from pageable host memory waits for the stream, which would leave the GPU idle
-// between layers while the host queues the next kernels.
+// Memory: buffers are cudaMalloc'ed after Backend::alloc charged the device's pool. On the host
+// the device keeps one pinned staging buffer of kCudaHostStagingBytes (charged to the host by
+// Backend::bind_host), and nothing that grows with the context: the batch's small host arrays
+// (positions, cells) are written into it and copied from there asynchronously, only when they
+// change (the layers of a batch pass the same ones; the staged copy is what they are compared
+// with); the cache's bookkeeping goes through it in chunks when KvCache::generation() says it
+// changed; the K/V rows of a host-held pool come back through it in chunks.
 //
-// The KV cache: a pool made for this device (on_device) keeps its K/V here, one buffer per layer
-// ([capacity] rows laid out as the host pool's LayerView), written by kv_store's kernel; the host
-// KvCache keeps the bookkeeping (its own K/V storage, charged to this device's "kv" pool by
-// kv::ModelCache, stays untouched, so zero pages). Those device buffers are not charged again.
+// The KV cache: a pool made for this device (on_device, kv::CacheParams::external_storage: the
+// host allocates no K/V for it) keeps its K/V here, one buffer per layer ([capacity] rows laid out
+// as the host pool's LayerView), written by kv_store's kernel, shaped as the host would shape it
+// (the host calibrates the K transform from the first rows the layer stores, kv/key_transform.h,
+// and the device applies it); the host KvCache keeps the bookkeeping and charged this device's
+// "kv" pool for the K/V, so those buffers are not charged again. The copies on write of place()
+// (KvCache::cell_copies) and the K shifts (KvCache::cell_shifts: read back, re-rotated, stored
+// again) happen on the device. detach_kv frees it all.
 // A host pool (offload_kv off) is written on the host (kv::KvCache::store, the CPU's exact
 // conversion) and its used rows are copied to a device buffer for each attention call.
-// kv::KvCache::place() copies a shared, partly filled last block of a sequence (after seq_cp) in its
-// host storage; for a pool held here follow_copy_on_write() makes the same copy on the device.
 //
 // Unified mode (make_cuda_unified_backend, integrated GPUs): the pools are the host's, every
 // buffer above (and the K/V layers) is mapped pinned host memory instead of cudaMalloc, and the
@@ -22,6 +26,7 @@
 #include "backend/cuda_backend.h"
 
 #include <algorithm>
+#include <array>
 #include <cstring>
 #include <map>
 #include <stdexcept>
@@ -30,6 +35,7 @@
 
 #include "backend/cuda/kernels.h"
 #include "ops/rope.h"
+#include "quant/ggml_type.h"
 
 namespace fitllm::backend {
 namespace {
@@ -39,6 +45,10 @@ namespace pools = memory::pool_names;
 // Room left on the GPU for the CUDA context's own allocations (kernels, cuBLAS-free, but the
 // runtime still takes some) when the caller asks for more than is free.
 constexpr uint64_t kFreeMargin = 512ull << 20;
+// Rows a K shift re-rotates per launch (a device float buffer of that many rows).
+constexpr int64_t kShiftRows = 256;
+// freq_factors a host pool's K shift copies back (head_dim / 2 at most).
+constexpr int kMaxRopePairs = 512;
 
 uint64_t usable_capacity(int ordinal, uint64_t requested) {
     cuda::set_device(ordinal);
@@ -46,6 +56,10 @@ uint64_t usable_capacity(int ordinal, uint64_t requested) {
     cuda::memory_info(free_bytes, total_bytes);
     const uint64_t usable = free_bytes > kFreeMargin ? free_bytes - kFreeMargin : 0;
     return requested == 0 ? usable : std::min(requested, usable);
+}
+
+size_t round16(size_t n) {
+    return (n + 15) / 16 * 16;
 }
 
 class CudaBackend final : public Backend {
@@ -70,6 +84,9 @@ public:
         }
         kv_.clear();
         positions_ = Upload();
+        shift_rows_ = Buffer();
+        shift_cells_ = Buffer();
+        cuda::host_free_pinned(staging_);
         cuda::destroy_stream(stream_);
         for (const void* p : registered_) cuda::host_unregister(p);
     }
@@ -88,6 +105,7 @@ public:
         cuda::host_unregister(host);
         registered_.erase(it);
     }
+    uint64_t host_bytes() const override { return kCudaHostStagingBytes; }
 
     void copy_to_device(void* dst, const void* src, size_t bytes) override {
         cuda::copy_to_device(dst, src, bytes, stream_);
@@ -127,6 +145,9 @@ public:
     void softcap(float* x, int64_t n, float cap) override { cuda::softcap(x, n, cap, stream_); }
 
     void attach_kv(kv::KvCache& cache, bool on_device) override;
+    void detach_kv(const kv::KvCache& cache) override;
+    int attached_kv_pools() const override { return static_cast<int>(kv_.size()); }
+    bool holds_kv_storage() const override { return true; }
     void kv_store(kv::KvCache& cache, int layer, std::span<const int32_t> cells, const float* k,
                   const float* v) override;
     void attention(const float* q, const BatchRows& rows, const kv::KvCache& cache, int layer,
@@ -148,21 +169,27 @@ protected:
     void raw_free(void* data) noexcept override { cuda::device_free(data); }
 
 private:
-    // Host bytes last copied to buf (see upload()).
+    // Host bytes last copied to buf, by where they were staged (see upload()).
     struct Upload {
-        std::vector<uint8_t> last;
+        uint64_t round = UINT64_MAX;  // staging_round_ they were staged in
+        size_t offset = 0, bytes = 0;
         Buffer buf;
     };
 
     // The device side of one attached kv::KvCache.
     struct KvMirror {
         bool on_device = false;
-        std::vector<void*> k, v;                   // on_device: per layer, [capacity] rows (uncharged, see top)
-        Upload meta;                               // cell positions, sequence masks, block tables
-        Upload cells;                              // the cells kv_store writes
-        Upload batch;                              // attention's positions, sequences (and K transform)
-        std::vector<std::vector<int32_t>> tables;  // each sequence's block table at the last kv_store
-        const int32_t* cell_pos = nullptr;         // inside meta
+        std::vector<void*> k, v;  // on_device: per layer, [capacity] rows (uncharged, see top)
+        // on_device, per layer: the K transform on the device ([center | scale | inv_scale], each
+        // n_head_kv * head_dim_k floats) once the host calibrated it; `calibrated`: asked already.
+        std::vector<Buffer> shape;
+        std::vector<uint8_t> calibrated;
+        uint64_t copies_generation = UINT64_MAX;  // the cache's generation whose copies were made
+        uint64_t meta_generation = UINT64_MAX;    // the cache's generation meta holds
+        Buffer meta;                              // cell sequences, positions, block tables
+        Upload cells;                             // the cells kv_store writes
+        Upload batch;                             // attention's positions, sequences (and K transform)
+        const int32_t* cell_pos = nullptr;        // inside meta
         const uint64_t* cell_seqs = nullptr;
         const int32_t* blocks = nullptr;
         const int32_t* seq_blocks = nullptr;
@@ -206,14 +233,65 @@ private:
         return it->second;
     }
 
-    // Copies `bytes` of host data to up.buf unless it holds them already; returns up.buf.
+    // `bytes` (at most kCudaHostStagingBytes) of the pinned staging buffer, valid until it starts
+    // over: when the rest is too small, after waiting for every copy out of it.
+    uint8_t* stage(size_t bytes) {
+        if (bytes > kCudaHostStagingBytes) {
+            throw std::logic_error(name_ + ": " + std::to_string(bytes) + " bytes do not fit the staging buffer");
+        }
+        if (staging_ == nullptr) {
+            staging_ = static_cast<uint8_t*>(cuda::host_malloc_pinned(kCudaHostStagingBytes, "host staging"));
+        }
+        if (staging_used_ + bytes > kCudaHostStagingBytes) restart_staging();
+        uint8_t* p = staging_ + staging_used_;
+        staging_used_ += round16(bytes);
+        return p;
+    }
+    // The whole staging buffer, for copies back to the host; uploads stage afresh afterwards.
+    uint8_t* stage_all() {
+        stage(0);
+        restart_staging();
+        staging_used_ = kCudaHostStagingBytes;
+        return staging_;
+    }
+    void restart_staging() {
+        cuda::synchronize(stream_);
+        staging_used_ = 0;
+        ++staging_round_;
+    }
+    // dst (device) <- host, through the staging buffer in chunks.
+    void upload_through_staging(void* dst, const void* host, size_t bytes) {
+        constexpr size_t kChunk = kCudaHostStagingBytes / 2;
+        for (size_t at = 0; at < bytes; at += kChunk) {
+            const size_t n = std::min(kChunk, bytes - at);
+            uint8_t* st = stage(n);
+            std::memcpy(st, static_cast<const uint8_t*>(host) + at, n);
+            cuda::copy_to_device(static_cast<uint8_t*>(dst) + at, st, n, stream_);
+        }
+    }
+
+    // Copies `bytes` of host data to up.buf unless the copy staged last time holds them already;
+    // returns up.buf.
     const void* upload(Upload& up, const void* host, size_t bytes, const char* what) {
         if (bytes == 0) return nullptr;
-        const auto* h = static_cast<const uint8_t*>(host);
-        if (up.last.size() == bytes && std::memcmp(up.last.data(), h, bytes) == 0) return up.buf.data();
-        grow(up.buf, bytes, pools::kScratch, what);
-        cuda::copy_to_device(up.buf.data(), host, bytes, stream_);
-        up.last.assign(h, h + bytes);
+        uint8_t* st = stage(bytes);
+        std::memcpy(st, host, bytes);
+        return upload_staged(up, st, bytes, what);
+    }
+    // The same for bytes composed at st, the last region stage() gave.
+    const void* upload_staged(Upload& up, uint8_t* st, size_t bytes, const char* what) {
+        if (up.round == staging_round_ && up.bytes == bytes && std::memcmp(staging_ + up.offset, st, bytes) == 0) {
+            staging_used_ = static_cast<size_t>(st - staging_);  // not needed: give the room back
+            return up.buf.data();
+        }
+        if (up.buf.bytes() < bytes) {
+            // grow() waits for the stream, which leaves the staged bytes as they are.
+            grow(up.buf, bytes, pools::kScratch, what);
+        }
+        cuda::copy_to_device(up.buf.data(), st, bytes, stream_);
+        up.round = staging_round_;
+        up.offset = static_cast<size_t>(st - staging_);
+        up.bytes = bytes;
         return up.buf.data();
     }
 
@@ -227,15 +305,24 @@ private:
     }
 
     void follow_copy_on_write(KvMirror& m, const kv::KvCache& cache);
-    void upload_meta(KvMirror& m, const kv::KvCache& cache, int layer, const BatchRows& rows, const int32_t*& q_pos,
-                     const int32_t*& q_seq, const float*& q_scale, const float*& k_center);
+    void shape_keys(KvMirror& m, kv::KvCache& cache, int layer, const float* k, int64_t n_rows);
+    cuda::KvLayout device_layout(const KvMirror& m, const kv::KvCache& cache, int layer, bool is_k) const;
+    void upload_meta(KvMirror& m, const kv::KvCache& cache);
+    void upload_batch(KvMirror& m, const kv::KvCache& cache, int layer, const BatchRows& rows, const int32_t*& q_pos,
+                      const int32_t*& q_seq, const float*& q_scale, const float*& k_center);
+    void shift_on_device(KvMirror& m, const kv::KvCache& cache, int layer, const ops::RopeParams& rope);
 
     std::string name_;
     int ordinal_;
     bool unified_ = false;
     cuda::Stream stream_;
     std::vector<const void*> registered_;  // map_host's ranges
-    Upload positions_;                     // rope's
+    uint8_t* staging_ = nullptr;           // pinned, kCudaHostStagingBytes (allocated at first use)
+    size_t staging_used_ = 0;
+    uint64_t staging_round_ = 0;                  // bumped whenever the staging buffer starts over
+    Upload positions_;                            // rope's
+    Buffer shift_rows_, shift_cells_;             // kv shifts on the device: kShiftRows rows, cells and deltas
+    std::array<float, kMaxRopePairs> factors_{};  // a host pool's K shift: freq_factors back
     std::map<const kv::KvCache*, KvMirror> kv_;
 };
 
@@ -253,15 +340,16 @@ void CudaBackend::attach_kv(kv::KvCache& cache, bool on_device) {
     KvMirror m;
     m.on_device = on_device;
     if (on_device) {
+        if (cache.holds_kv()) {
+            throw std::invalid_argument(name_ +
+                                        ": a KV pool for this device must be made with external storage "
+                                        "(kv::CacheParams::external_storage, Backend::holds_kv_storage)");
+        }
+        m.shape.resize(static_cast<size_t>(cache.n_layer()));
+        m.calibrated.assign(static_cast<size_t>(cache.n_layer()), 0);
         for (int il = 0; il < cache.n_layer(); ++il) {
             const kv::KvCache::LayerView view = cache.layer_view(il);
             for (const bool is_k : {true, false}) {
-                if (!cuda::kv_store_supports(is_k ? view.type_k : view.type_v)) {
-                    throw std::invalid_argument(
-                        name_ + ": K/V type " + std::string(quant::traits(is_k ? view.type_k : view.type_v).name) +
-                        " cannot be stored on a CUDA device yet (f32, f16, bf16, q8_0 can; or keep the KV on the "
-                        "host with --no-kv-offload)");
-                }
                 const size_t bytes =
                     (is_k ? view.k_row_bytes : view.v_row_bytes) * static_cast<size_t>(cache.capacity());
                 void* p = memory_for(bytes, "KV cache layer");
@@ -274,34 +362,77 @@ void CudaBackend::attach_kv(kv::KvCache& cache, bool on_device) {
     kv_.emplace(&cache, std::move(m));
 }
 
-// Before a batch's rows are stored: a sequence whose table kept its entries but the last one, which
-// is now another block, had that block copied on write by place() (or lost it and got a fresh one:
-// then the copy fills only cells that are free, which no token sees). The old block's rows go to
-// the new one for every layer, before this batch writes any. Tables that lost or changed earlier
-// entries (seq_rm, a sliding window's trim) copy nothing.
-void CudaBackend::follow_copy_on_write(KvMirror& m, const kv::KvCache& cache) {
-    const int bs = cache.params().block_size;
-    m.tables.resize(static_cast<size_t>(cache.params().n_seq_max));
-    for (kv::SeqId s = 0; s < cache.params().n_seq_max; ++s) {
-        const std::span<const int32_t> table = cache.seq_blocks(s);
-        std::vector<int32_t>& old = m.tables[static_cast<size_t>(s)];
-        if (!old.empty()) {
-            const size_t last = old.size() - 1;
-            if (table.size() > last && table[last] != old[last] &&
-                std::equal(old.begin(), old.begin() + static_cast<std::ptrdiff_t>(last), table.begin())) {
-                const int64_t from = int64_t{old[last]} * bs, to = int64_t{table[last]} * bs;
-                const int64_t n_cells = std::min<int64_t>({bs, cache.capacity() - from, cache.capacity() - to});
-                for (int il = 0; il < cache.n_layer(); ++il) {
-                    const kv::KvCache::LayerView view = cache.layer_view(il);
-                    auto* k = static_cast<std::byte*>(m.k[static_cast<size_t>(il)]);
-                    auto* v = static_cast<std::byte*>(m.v[static_cast<size_t>(il)]);
-                    copy_on_device(k + to * view.k_row_bytes, k + from * view.k_row_bytes, n_cells * view.k_row_bytes);
-                    copy_on_device(v + to * view.v_row_bytes, v + from * view.v_row_bytes, n_cells * view.v_row_bytes);
-                }
-            }
-        }
-        old.assign(table.begin(), table.end());
+void CudaBackend::detach_kv(const kv::KvCache& cache) {
+    const auto it = kv_.find(&cache);
+    if (it == kv_.end()) return;
+    try {
+        cuda::synchronize(stream_);     // kernels issued before may still read its buffers
+    } catch (const cuda::CudaError&) {  // an earlier kernel's fault: reported by the next call
     }
+    kv_.erase(it);
+}
+
+// Before a batch's rows are stored: the cells place() copied on write (a shared, partly filled last
+// block after seq_cp) get their rows on the device too, every layer, once per place().
+void CudaBackend::follow_copy_on_write(KvMirror& m, const kv::KvCache& cache) {
+    if (m.copies_generation == cache.generation()) return;
+    m.copies_generation = cache.generation();
+    const std::span<const kv::KvCache::CellCopy> copies = cache.cell_copies();
+    for (size_t i = 0; i < copies.size();) {
+        // A run of consecutive cells to consecutive cells is one copy.
+        size_t n = 1;
+        while (i + n < copies.size() && copies[i + n].from == copies[i].from + static_cast<int32_t>(n) &&
+               copies[i + n].to == copies[i].to + static_cast<int32_t>(n)) {
+            ++n;
+        }
+        for (int il = 0; il < cache.n_layer(); ++il) {
+            const kv::KvCache::LayerView view = cache.layer_view(il);
+            auto* k = static_cast<std::byte*>(m.k[static_cast<size_t>(il)]);
+            auto* v = static_cast<std::byte*>(m.v[static_cast<size_t>(il)]);
+            copy_on_device(k + copies[i].to * view.k_row_bytes, k + copies[i].from * view.k_row_bytes,
+                           n * view.k_row_bytes);
+            copy_on_device(v + copies[i].to * view.v_row_bytes, v + copies[i].from * view.v_row_bytes,
+                           n * view.v_row_bytes);
+        }
+        i += n;
+    }
+}
+
+// The first time a layer of a pool held here stores K: the host calibrates the K transform from the
+// batch's first rows (as many as the staging buffer holds; kv::KvCache::store takes the whole
+// batch on the CPU), and the device gets it.
+void CudaBackend::shape_keys(KvMirror& m, kv::KvCache& cache, int layer, const float* k, int64_t n_rows) {
+    const auto il = static_cast<size_t>(layer);
+    if (m.calibrated[il] != 0 || !cache.shapes_keys()) return;
+    m.calibrated[il] = 1;
+    const kv::KvCache::LayerView before = cache.layer_view(layer);
+    const size_t width = static_cast<size_t>(before.n_head_kv) * static_cast<size_t>(before.head_dim_k);
+    const int64_t rows = std::min<int64_t>(n_rows, static_cast<int64_t>(kCudaHostStagingBytes / (width * 4)));
+    auto* host = reinterpret_cast<float*>(stage_all());
+    copy_to_host(host, k, static_cast<size_t>(rows) * width * sizeof(float));
+    cache.calibrate_keys(layer, host, rows);
+    restart_staging();
+    const kv::KvCache::LayerView view = cache.layer_view(layer);
+    if (view.k_center == nullptr) return;  // too few rows: K stays as it is, as on the host
+    m.shape[il] = alloc(pools::kScratch, 3 * width * sizeof(float), "K transform");
+    auto* d = static_cast<float*>(m.shape[il].data());
+    upload_through_staging(d, view.k_center, width * sizeof(float));
+    upload_through_staging(d + width, view.k_scale, width * sizeof(float));
+    upload_through_staging(d + 2 * width, view.q_scale, width * sizeof(float));
+}
+
+cuda::KvLayout CudaBackend::device_layout(const KvMirror& m, const kv::KvCache& cache, int layer, bool is_k) const {
+    const auto il = static_cast<size_t>(layer);
+    const kv::KvCache::LayerView view = cache.layer_view(layer);
+    cuda::KvLayout layout = layout_of(view, is_k, is_k ? m.k[il] : m.v[il]);
+    if (is_k && !m.shape[il].empty()) {
+        const auto* d = static_cast<const float*>(m.shape[il].data());
+        const size_t width = static_cast<size_t>(view.n_head_kv) * static_cast<size_t>(view.head_dim_k);
+        layout.center = d;
+        layout.scale = d + width;
+        layout.inv_scale = d + 2 * width;
+    }
+    return layout;
 }
 
 void CudaBackend::kv_store(kv::KvCache& cache, int layer, std::span<const int32_t> cells, const float* k,
@@ -312,65 +443,95 @@ void CudaBackend::kv_store(kv::KvCache& cache, int layer, std::span<const int32_
     if (n == 0) return;
     if (m.on_device) {
         follow_copy_on_write(m, cache);
+        shape_keys(m, cache, layer, k, n);
         const auto* d_cells =
             static_cast<const int32_t*>(upload(m.cells, cells.data(), cells.size_bytes(), "KV cells"));
-        cuda::kv_store(layout_of(view, true, m.k[static_cast<size_t>(layer)]), k, d_cells, n, stream_);
-        cuda::kv_store(layout_of(view, false, m.v[static_cast<size_t>(layer)]), v, d_cells, n, stream_);
+        cuda::kv_store(device_layout(m, cache, layer, true), k, d_cells, n, stream_);
+        cuda::kv_store(device_layout(m, cache, layer, false), v, d_cells, n, stream_);
         return;
     }
-    // A host pool: the rows come back and the host converts them, exactly as on the CPU path.
-    const size_t k_floats = static_cast<size_t>(n) * view.n_head_kv * view.head_dim_k;
-    const size_t v_floats = static_cast<size_t>(n) * view.n_head_kv * view.head_dim_v;
-    std::vector<float> k_host(k_floats), v_host(v_floats);
-    copy_to_host(k_host.data(), k, k_floats * sizeof(float));
-    copy_to_host(v_host.data(), v, v_floats * sizeof(float));
-    cache.store(layer, cells, k_host.data(), v_host.data());
+    // A host pool: the rows come back through the staging buffer, as many as it holds at a time,
+    // and the host converts them, exactly as on the CPU path (the K transform, when there is one,
+    // is calibrated from the first of those chunks).
+    const size_t k_width = static_cast<size_t>(view.n_head_kv) * static_cast<size_t>(view.head_dim_k);
+    const size_t v_width = static_cast<size_t>(view.n_head_kv) * static_cast<size_t>(view.head_dim_v);
+    const int64_t chunk =
+        std::max<int64_t>(1, static_cast<int64_t>(kCudaHostStagingBytes / ((k_width + v_width) * sizeof(float))));
+    auto* host = reinterpret_cast<float*>(stage_all());
+    for (int64_t at = 0; at < n; at += chunk) {
+        const int64_t rows = std::min(chunk, n - at);
+        float* k_host = host;
+        float* v_host = host + static_cast<size_t>(rows) * k_width;
+        cuda::copy_to_host(k_host, k + static_cast<size_t>(at) * k_width, static_cast<size_t>(rows) * k_width * 4,
+                           stream_);
+        copy_to_host(v_host, v + static_cast<size_t>(at) * v_width, static_cast<size_t>(rows) * v_width * 4);
+        cache.store(layer, cells.subspan(static_cast<size_t>(at), static_cast<size_t>(rows)), k_host, v_host);
+    }
+    restart_staging();
 }
 
-void CudaBackend::upload_meta(KvMirror& m, const kv::KvCache& cache, int layer, const BatchRows& rows,
-                              const int32_t*& q_pos, const int32_t*& q_seq, const float*& q_scale,
-                              const float*& k_center) {
-    // The bookkeeping changes only when the batch is placed; the layers of one batch share it.
+// The cache's bookkeeping on the device, when it changed: cell sequence sets, positions, the offsets
+// of each sequence's block table, the tables.
+void CudaBackend::upload_meta(KvMirror& m, const kv::KvCache& cache) {
+    if (m.meta_generation == cache.generation()) return;
     const std::span<const kv::Pos> positions = cache.cell_positions();
     const std::span<const uint64_t> masks = cache.cell_seq_masks();
-    std::vector<int32_t> blocks, seq_blocks = {0};
-    for (kv::SeqId s = 0; s < cache.params().n_seq_max; ++s) {
-        const std::span<const int32_t> table = cache.seq_blocks(s);
-        blocks.insert(blocks.end(), table.begin(), table.end());
-        seq_blocks.push_back(static_cast<int32_t>(blocks.size()));
+    const int n_seq = cache.params().n_seq_max;
+    size_t n_blocks = 0;
+    for (kv::SeqId s = 0; s < n_seq; ++s) n_blocks += cache.seq_blocks(s).size();
+    const size_t masks_at = 0, pos_at = masks.size_bytes(), seq_at = pos_at + round16(positions.size_bytes());
+    const size_t blocks_at = seq_at + round16((static_cast<size_t>(n_seq) + 1) * sizeof(int32_t));
+    grow(m.meta, blocks_at + std::max<size_t>(n_blocks, 1) * sizeof(int32_t), pools::kScratch, "KV cache bookkeeping");
+    auto* base = static_cast<uint8_t*>(m.meta.data());
+    upload_through_staging(base + masks_at, masks.data(), masks.size_bytes());
+    upload_through_staging(base + pos_at, positions.data(), positions.size_bytes());
+    // The offsets, whole, before the tables (whose staging may start the buffer over).
+    auto* offsets = reinterpret_cast<int32_t*>(stage((static_cast<size_t>(n_seq) + 1) * sizeof(int32_t)));
+    offsets[0] = 0;
+    for (kv::SeqId s = 0; s < n_seq; ++s) {
+        offsets[s + 1] = offsets[s] + static_cast<int32_t>(cache.seq_blocks(s).size());
     }
-    const size_t masks_at = 0, pos_at = masks.size_bytes(), blocks_at = pos_at + positions.size_bytes();
-    const size_t seq_at = blocks_at + blocks.size() * sizeof(int32_t);
-    const size_t bytes = seq_at + seq_blocks.size() * sizeof(int32_t);
-    std::vector<uint8_t> meta(bytes);
-    std::memcpy(meta.data() + masks_at, masks.data(), masks.size_bytes());
-    std::memcpy(meta.data() + pos_at, positions.data(), positions.size_bytes());
-    std::memcpy(meta.data() + blocks_at, blocks.data(), blocks.size() * sizeof(int32_t));
-    std::memcpy(meta.data() + seq_at, seq_blocks.data(), seq_blocks.size() * sizeof(int32_t));
-    const auto* base = static_cast<const uint8_t*>(upload(m.meta, meta.data(), bytes, "KV cache bookkeeping"));
+    cuda::copy_to_device(base + seq_at, offsets, (static_cast<size_t>(n_seq) + 1) * sizeof(int32_t), stream_);
+    size_t at = 0;  // (not offsets[s]: that staging may be reused by now)
+    for (kv::SeqId s = 0; s < n_seq; ++s) {
+        const std::span<const int32_t> table = cache.seq_blocks(s);
+        upload_through_staging(base + blocks_at + at * sizeof(int32_t), table.data(), table.size_bytes());
+        at += table.size();
+    }
     m.cell_seqs = reinterpret_cast<const uint64_t*>(base + masks_at);
     m.cell_pos = reinterpret_cast<const int32_t*>(base + pos_at);
     m.blocks = reinterpret_cast<const int32_t*>(base + blocks_at);
     m.seq_blocks = reinterpret_cast<const int32_t*>(base + seq_at);
+    m.meta_generation = cache.generation();
+}
 
-    // Then the batch's positions and sequences, and the K transform of a host pool's layer
-    // (kv/key_transform.h; none for a pool held here, whose K the kernels store as is).
+// The batch's positions and sequences, and for a host pool's layer its K transform
+// (kv/key_transform.h; a pool held here has its own on the device).
+void CudaBackend::upload_batch(KvMirror& m, const kv::KvCache& cache, int layer, const BatchRows& rows,
+                               const int32_t*& q_pos, const int32_t*& q_seq, const float*& q_scale,
+                               const float*& k_center) {
     const kv::KvCache::LayerView view = cache.layer_view(layer);
     const size_t n = static_cast<size_t>(rows.n);
     const size_t transform =
         !m.on_device && view.q_scale != nullptr ? static_cast<size_t>(view.n_head_kv) * view.head_dim_k : 0;
-    std::vector<int32_t> batch(2 * n + 2 * transform);
-    std::copy(rows.positions, rows.positions + rows.n, batch.begin());
-    std::copy(rows.seq_ids, rows.seq_ids + rows.n, batch.begin() + rows.n);
+    const size_t bytes = (2 * n + 2 * transform) * sizeof(int32_t);
+    auto* st = reinterpret_cast<int32_t*>(stage(bytes));  // composed in place
+    std::copy(rows.positions, rows.positions + rows.n, st);
+    std::copy(rows.seq_ids, rows.seq_ids + rows.n, st + n);
     if (transform > 0) {
-        std::memcpy(batch.data() + 2 * n, view.q_scale, transform * sizeof(float));
-        std::memcpy(batch.data() + 2 * n + transform, view.k_center, transform * sizeof(float));
+        std::memcpy(st + 2 * n, view.q_scale, transform * sizeof(float));
+        std::memcpy(st + 2 * n + transform, view.k_center, transform * sizeof(float));
     }
     q_pos = static_cast<const int32_t*>(
-        upload(m.batch, batch.data(), batch.size() * sizeof(int32_t), "attention batch arrays"));
+        upload_staged(m.batch, reinterpret_cast<uint8_t*>(st), bytes, "attention batch arrays"));
     q_seq = q_pos + rows.n;
     q_scale = transform > 0 ? reinterpret_cast<const float*>(q_pos + 2 * n) : nullptr;
     k_center = transform > 0 ? q_scale + transform : nullptr;
+    if (m.on_device && !m.shape[static_cast<size_t>(layer)].empty()) {
+        const cuda::KvLayout k = device_layout(m, cache, layer, true);
+        q_scale = k.inv_scale;
+        k_center = k.center;
+    }
 }
 
 void CudaBackend::attention(const float* q, const BatchRows& rows, const kv::KvCache& cache, int layer,
@@ -393,7 +554,8 @@ void CudaBackend::attention(const float* q, const BatchRows& rows, const kv::KvC
     const int32_t* q_seq = nullptr;
     const float* q_scale = nullptr;
     const float* k_center = nullptr;
-    upload_meta(m, cache, layer, rows, q_pos, q_seq, q_scale, k_center);
+    upload_meta(m, cache);
+    upload_batch(m, cache, layer, rows, q_pos, q_seq, q_scale, k_center);
 
     void* k = nullptr;
     void* v = nullptr;
@@ -434,33 +596,56 @@ void CudaBackend::attention(const float* q, const BatchRows& rows, const kv::KvC
 
 void CudaBackend::kv_shift(kv::KvCache& cache, int layer, const ops::RopeParams& rope) {
     KvMirror& m = mirror_of(cache);
+    if (!cache.has_k_shift()) return;
+    if (m.on_device) return shift_on_device(m, cache, layer, rope);
+    // A host pool: the CPU's rope on the host, as the CPU path shifts (freq_factors are on the
+    // device: copied back).
     const kv::KvCache::LayerView view = cache.layer_view(layer);
-    // The CPU's rope on the host, as the CPU path shifts (freq_factors are on the device: copied).
-    std::vector<float> factors;
     ops::RopeParams host_rope = rope;
     if (rope.freq_factors != nullptr) {
-        factors.resize(static_cast<size_t>(rope.n_dims / 2));
-        copy_to_host(factors.data(), rope.freq_factors, factors.size() * sizeof(float));
-        host_rope.freq_factors = factors.data();
+        const int pairs = rope.n_dims / 2;
+        if (pairs > kMaxRopePairs) {
+            throw std::invalid_argument(name_ + ": a K shift with " + std::to_string(rope.n_dims) +
+                                        " rotated dimensions (at most " + std::to_string(2 * kMaxRopePairs) + ")");
+        }
+        copy_to_host(factors_.data(), rope.freq_factors, static_cast<size_t>(pairs) * sizeof(float));
+        host_rope.freq_factors = factors_.data();
     }
-    const auto shift = [&] {
-        cache.apply_k_shift(layer, [&](float* k_rows, const int32_t* deltas, int n_rows) {
-            ops::rope(k_rows, deltas, n_rows, view.n_head_kv, view.head_dim_k, host_rope);
-        });
-    };
-    if (!m.on_device) return shift();
-    // K held here: kv::KvCache re-rotates the shifted cells in its own (otherwise unused) host
-    // storage, so the layer's used rows go there, are shifted by the host's exact code, and come
-    // back. A context shift is rare; it makes those host pages resident.
+    cache.apply_k_shift(layer, [&](float* k_rows, const int32_t* deltas, int n_rows) {
+        ops::rope(k_rows, deltas, n_rows, view.n_head_kv, view.head_dim_k, host_rope);
+    });
+}
+
+// K held here: the shifted cells' K read back to floats (un-rotated, un-shaped), RoPE by each cell's
+// delta, stored again, kShiftRows cells at a time, all on the device (as the host's apply_k_shift
+// does on its storage).
+void CudaBackend::shift_on_device(KvMirror& m, const kv::KvCache& cache, int layer, const ops::RopeParams& rope) {
+    const kv::KvCache::LayerView view = cache.layer_view(layer);
+    const size_t width = static_cast<size_t>(view.n_head_kv) * static_cast<size_t>(view.head_dim_k);
+    grow(shift_rows_, kShiftRows * width * sizeof(float), pools::kScratch, "K shift rows");
+    grow(shift_cells_, 2 * kShiftRows * sizeof(int32_t), pools::kScratch, "K shift cells");
+    const cuda::KvLayout k = device_layout(m, cache, layer, true);
+    const std::span<const kv::Pos> shifts = cache.cell_shifts();
     const std::span<const uint64_t> masks = cache.cell_seq_masks();
-    size_t used = masks.size();
-    while (used > 0 && masks[used - 1] == 0) --used;
-    const size_t bytes = used * view.k_row_bytes;
-    auto* host_k = const_cast<std::byte*>(view.k);  // the cache's own storage, read-only in the view
-    copy_to_host(host_k, m.k[static_cast<size_t>(layer)], bytes);
-    shift();
-    cuda::copy_to_device(m.k[static_cast<size_t>(layer)], host_k, bytes, stream_);
-    cuda::synchronize(stream_);  // host_k may change under the copy otherwise (the next shift, a store)
+    auto* d_cells = static_cast<int32_t*>(shift_cells_.data());
+    int32_t* staged = nullptr;
+    int64_t n = 0;
+    const auto flush = [&] {
+        cuda::copy_to_device(d_cells, staged, 2 * kShiftRows * sizeof(int32_t), stream_);
+        cuda::kv_load(k, d_cells, n, shift_rows_.f32(), stream_);
+        cuda::rope(shift_rows_.f32(), d_cells + kShiftRows, n, view.n_head_kv, view.head_dim_k, rope_args(rope),
+                   stream_);
+        cuda::kv_store(k, shift_rows_.f32(), d_cells, n, stream_);
+        n = 0;
+    };
+    for (size_t c = 0; c < shifts.size(); ++c) {
+        if (shifts[c] == 0 || masks[c] == 0) continue;
+        if (n == 0) staged = reinterpret_cast<int32_t*>(stage(2 * kShiftRows * sizeof(int32_t)));
+        staged[n] = static_cast<int32_t>(c);
+        staged[kShiftRows + n] = shifts[c];
+        if (++n == kShiftRows) flush();
+    }
+    if (n > 0) flush();
 }
 
 }  // namespace
