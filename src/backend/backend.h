@@ -210,6 +210,7 @@ public:
     // when the host has no room. The runtime calls it once its host budget exists; host must
     // outlive the device.
     void bind_host(memory::Device& host);
+    void unbind_host() { host_charge_ = memory::Charge(); }  // gives the charge back
     uint64_t host_charged_bytes() const { return host_charge_.bytes(); }
 
 protected:

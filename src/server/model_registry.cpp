@@ -165,6 +165,11 @@ ModelRegistry::ModelRegistry(RegistryOptions options)
         std::lock_guard lock(mutex_);
         scan_locked();
     }
+    // The offload device's host-side buffers (a CUDA device's pinned staging), charged to this
+    // budget while the registry lives (the models' plans count them too).
+    if (options_.offload.device != nullptr && options_.offload.n_gpu_layers != 0) {
+        options_.offload.device->bind_host(device_);
+    }
     reaper_ = std::thread([this] { reaper(); });
 }
 
@@ -177,6 +182,7 @@ ModelRegistry::~ModelRegistry() {
     reaper_.join();
     std::lock_guard lock(mutex_);
     entries_.clear();
+    if (options_.offload.device != nullptr) options_.offload.device->unbind_host();  // device_ goes first
 }
 
 void ModelRegistry::scan_locked() const {
