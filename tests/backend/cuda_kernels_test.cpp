@@ -187,6 +187,46 @@ TEST(CudaKernels, EncodersMatchTheReferenceOnTheHost) {
     EXPECT_THROW(encode_row_on_host(GgmlType::Q4_0, src.data(), 40, out.data()), std::invalid_argument);
 }
 
+// What kv_store's kernel does to a K row (KvLayout: (x - center) * scale, each head rotated, then the
+// block encoders) is what kv::KvCache::store does to it: the host cache's bytes, for every quantized
+// type, from the parameters the host calibrated. Runs without a GPU (the rotation is the host's, which
+// the kernel's butterflies match: KvStoreAndAttention); catches a change of the host's K shaping that
+// the device would not follow.
+TEST(CudaKernels, ShapedKeysAreStoredAsTheHostCacheStoresThem) {
+    const int n_head_kv = 2, head_dim = 64, width = n_head_kv * head_dim, n = 24;
+    for (GgmlType type :
+         {GgmlType::Q8_0, GgmlType::Q4_0, GgmlType::Q4_1, GgmlType::Q5_0, GgmlType::Q5_1, GgmlType::IQ4_NL}) {
+        SCOPED_TRACE(std::string(quant::traits(type).name));
+        kv::CacheParams params;
+        params.n_cells = 32;
+        params.type_k = params.type_v = type;
+        kv::KvCache cache({kv::LayerShape{n_head_kv, head_dim, head_dim}}, params);
+        std::vector<kv::SeqId> seq(n, 0);
+        std::vector<kv::Pos> pos(n);
+        for (int i = 0; i < n; ++i) pos[i] = i;
+        std::vector<int32_t> cells(n);
+        cache.place(seq, pos, cells);
+        std::vector<float> k = gaussian(51, static_cast<size_t>(n) * width, 2.0f);
+        for (size_t i = 0; i < k.size(); ++i) k[i] += static_cast<float>(i % width) * 0.05f;  // a common part
+        const std::vector<float> v = gaussian(52, k.size());
+        cache.store(0, cells, k.data(), v.data());
+        const kv::KvCache::LayerView view = cache.layer_view(0);
+        ASSERT_TRUE(view.rotated);
+        ASSERT_NE(view.k_scale, nullptr);
+        std::vector<float> row(width);
+        std::vector<uint8_t> got(view.k_row_bytes);
+        for (int i = 0; i < n; ++i) {
+            for (int e = 0; e < width; ++e) row[e] = (k[i * width + e] - view.k_center[e]) * view.k_scale[e];
+            kv::hadamard_transform_rows(row.data(), n_head_kv, head_dim);
+            for (int h = 0; h < n_head_kv; ++h) {
+                encode_row_on_host(type, row.data() + h * head_dim, head_dim, got.data() + h * view.k_head_bytes);
+            }
+            const auto* want = reinterpret_cast<const uint8_t*>(view.k) + cells[i] * view.k_row_bytes;
+            ASSERT_EQ(0, std::memcmp(got.data(), want, view.k_row_bytes)) << "row " << i;
+        }
+    }
+}
+
 // ---- Matrix products ----------------------------------------------------------------------------
 
 // |got - want| <= 1e-4 of sum |w| |x| (the float summation orders differ) + 1e-6.
