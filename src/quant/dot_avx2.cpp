@@ -141,30 +141,29 @@ __m128 products4(uint16_t a0, uint16_t a1, uint16_t a2, uint16_t a3, uint16_t b0
     return _mm_mul_ps(_mm256_castps256_ps128(f), _mm256_extractf128_ps(f, 1));
 }
 
-// Lane k of s in all eight lanes.
-template <int kLane>
-__m256 lane(__m128 s) {
-    return _mm256_permutevar8x32_ps(_mm256_castps128_ps256(s), _mm256_set1_epi32(kLane));
-}
-
 // sum over the row's nb blocks of d_w d_a times the block's integer dot (block_sums(i): 8 partial
-// sums of block i), four blocks a step so that their scales take one conversion.
-template <typename WBlock, typename ABlock, typename BlockSums>
+// sums of block i, each over 4 consecutive elements), in the order dot_ref.cpp defines: lanes8
+// (one 8-lane accumulator, block after block, then llama.cpp's hsum_float_8) or serial (one float,
+// block after block).
+template <bool kLanes8, typename WBlock, typename ABlock, typename BlockSums>
 float sum_blocks(const WBlock* x, const ABlock* y, int nb, BlockSums block_sums) {
-    __m256 acc0 = _mm256_setzero_ps(), acc1 = _mm256_setzero_ps();
-    int i = 0;
-    for (; i + 4 <= nb; i += 4) {
-        const __m128 s =
-            products4(x[i].d, x[i + 1].d, x[i + 2].d, x[i + 3].d, y[i].d, y[i + 1].d, y[i + 2].d, y[i + 3].d);
-        acc0 = _mm256_fmadd_ps(lane<0>(s), _mm256_cvtepi32_ps(block_sums(i)), acc0);
-        acc1 = _mm256_fmadd_ps(lane<1>(s), _mm256_cvtepi32_ps(block_sums(i + 1)), acc1);
-        acc0 = _mm256_fmadd_ps(lane<2>(s), _mm256_cvtepi32_ps(block_sums(i + 2)), acc0);
-        acc1 = _mm256_fmadd_ps(lane<3>(s), _mm256_cvtepi32_ps(block_sums(i + 3)), acc1);
+    if constexpr (kLanes8) {
+        __m256 acc = _mm256_setzero_ps();
+        for (int i = 0; i < nb; ++i) {
+            acc = _mm256_fmadd_ps(_mm256_set1_ps(f16(x[i].d) * f16(y[i].d)), _mm256_cvtepi32_ps(block_sums(i)), acc);
+        }
+        return hsum(acc);
+    } else {
+        __m128 acc = _mm_setzero_ps();
+        for (int i = 0; i < nb; ++i) {
+            const __m256i s8 = block_sums(i);
+            __m128i s4 = _mm_add_epi32(_mm256_castsi256_si128(s8), _mm256_extracti128_si256(s8, 1));
+            s4 = _mm_add_epi32(s4, _mm_unpackhi_epi64(s4, s4));
+            s4 = _mm_add_epi32(s4, _mm_shuffle_epi32(s4, 1));
+            acc = _mm_fmadd_ss(_mm_cvtepi32_ps(s4), _mm_set_ss(f16(x[i].d) * f16(y[i].d)), acc);
+        }
+        return _mm_cvtss_f32(acc);
     }
-    for (; i < nb; ++i) {
-        acc0 = _mm256_fmadd_ps(_mm256_set1_ps(f16(x[i].d) * f16(y[i].d)), _mm256_cvtepi32_ps(block_sums(i)), acc0);
-    }
-    return hsum(_mm256_add_ps(acc0, acc1));
 }
 
 // Q4_0, Q5_0 with Q8_0.
@@ -172,7 +171,8 @@ template <typename Block, int kOffset>
 void dot_symmetric32(int n, float* out, const void* w, const void* a) {
     const auto* x = as<Block>(w);
     const auto* y = as<BlockQ8_0>(a);
-    *out = sum_blocks(x, y, n / 32, [&](int i) { return block_dot<kOffset>(quants(x[i]), load32(y[i].qs)); });
+    constexpr bool kLanes8 = std::is_same_v<Block, BlockQ5_0>;  // Q4_0: serial (dot_ref.cpp)
+    *out = sum_blocks<kLanes8>(x, y, n / 32, [&](int i) { return block_dot<kOffset>(quants(x[i]), load32(y[i].qs)); });
 }
 
 // Q4_1, Q5_1 with Q8_1: d_w d_a sum(q y) + m_w s_a.
@@ -189,7 +189,7 @@ void dot_affine32(int n, float* out, const void* w, const void* a) {
     }
     float tail = 0.0f;
     for (; i < nb; ++i) tail += f16(x[i].m) * f16(y[i].s);
-    const float dots = sum_blocks(x, y, nb, [&](int b) { return block_dot<0>(quants(x[b]), load32(y[b].qs)); });
+    const float dots = sum_blocks<true>(x, y, nb, [&](int b) { return block_dot<0>(quants(x[b]), load32(y[b].qs)); });
     mins = _mm_add_ps(mins, _mm_movehl_ps(mins, mins));
     *out = dots + _mm_cvtss_f32(_mm_add_ss(mins, _mm_movehdup_ps(mins))) + tail;
 }
@@ -204,7 +204,7 @@ __m256i signed_block_dot(__m256i x, __m256i y) {
 void dot_q8_0(int n, float* out, const void* w, const void* a) {
     const auto* x = as<BlockQ8_0>(w);
     const auto* y = as<BlockQ8_0>(a);
-    *out = sum_blocks(x, y, n / 32, [&](int i) { return signed_block_dot(load32(x[i].qs), load32(y[i].qs)); });
+    *out = sum_blocks<true>(x, y, n / 32, [&](int i) { return signed_block_dot(load32(x[i].qs), load32(y[i].qs)); });
 }
 
 // IQ4_NL with Q8_0: the nibbles are indices into a table of 16 int8 values, looked up with one
@@ -214,7 +214,7 @@ void dot_iq4_nl(int n, float* out, const void* w, const void* a) {
     const auto* x = as<BlockIQ4_NL>(w);
     const auto* y = as<BlockQ8_0>(a);
     const __m256i table = _mm256_broadcastsi128_si256(_mm_loadu_si128(reinterpret_cast<const __m128i*>(kValuesIQ4NL)));
-    *out = sum_blocks(x, y, n / 32, [&](int i) {
+    *out = sum_blocks<false>(x, y, n / 32, [&](int i) {
         return signed_block_dot(_mm256_shuffle_epi8(table, unpack_nibbles(x[i].qs)), load32(y[i].qs));
     });
 }

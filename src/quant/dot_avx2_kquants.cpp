@@ -83,20 +83,47 @@ __m128i q3k_scales(const uint8_t* packed) {
 
 // ---- Q4_K, Q5_K ----
 
+// The serial order of dot_ref.cpp for one super-block: [acc, acc_mins] += [sum(sums8), sum(mins8)] *
+// [d_w d_a, dmin_w d_a], both chains in one 128-bit FMA (lanes 0 and 1); the two integer sums
+// share their horizontal adds.
+__m128 serial_step(__m128 acc, __m256i sums8, __m256i mins8, uint16_t d, uint16_t dmin, float d_a) {
+    __m256i t = _mm256_hadd_epi32(sums8, mins8);  // s01 s23 m01 m23 | s45 s67 m45 m67
+    t = _mm256_hadd_epi32(t, t);                  // s0123 m0123 .. | s4567 m4567 ..
+    const __m128i both = _mm_add_epi32(_mm256_castsi256_si128(t), _mm256_extracti128_si256(t, 1));
+    const __m128 scales =
+        _mm_mul_ps(_mm_cvtph_ps(_mm_setr_epi16(static_cast<short>(d), static_cast<short>(dmin), 0, 0, 0, 0, 0, 0)),
+                   _mm_set1_ps(d_a));
+    return _mm_fmadd_ps(_mm_cvtepi32_ps(both), scales, acc);
+}
+float serial_result(__m128 acc) {
+    return _mm_cvtss_f32(_mm_sub_ss(acc, _mm_movehdup_ps(acc)));
+}
+
+// The sum of the 8 int32 lanes, as one float (exact below 2^24, rounded as llama.cpp's cvt above).
+__m128 sum_to_float(__m256i v) {
+    __m128i s = _mm_add_epi32(_mm256_castsi256_si128(v), _mm256_extracti128_si256(v, 1));
+    s = _mm_add_epi32(s, _mm_unpackhi_epi64(s, s));
+    s = _mm_add_epi32(s, _mm_shuffle_epi32(s, 1));
+    return _mm_cvtepi32_ps(s);
+}
+
+// The float steps of dot_ref.cpp: Q4_K serial, Q5_K lanes8 with the mins in summs.
 template <typename Block>
 void dot_q4_5_K(int n, float* out, const void* w, const void* a) {
     constexpr bool kFive = std::is_same_v<Block, BlockQ5_K>;
     const auto* x = as<Block>(w);
     const auto* y = as<BlockQ8_K>(a);
     const __m256i nibble = _mm256_set1_epi8(0x0F);
-    __m256 acc = _mm256_setzero_ps(), acc_mins = _mm256_setzero_ps();
+    __m256 lanes = _mm256_setzero_ps();
+    __m128 acc = _mm_setzero_ps(), acc_mins = _mm_setzero_ps();
     for (int i = 0; i < n / kQK; ++i) {
         const __m128i packed = q4k_scales_mins(x[i].scales);
         // Mins: sum_j mn_j * (bsum_2j + bsum_2j+1), each min repeated for its two bsums.
         const __m128i mins = _mm_cvtepu8_epi16(_mm_srli_si128(packed, 8));
         const __m256i mins_twice = _mm256_set_m128i(_mm_unpackhi_epi16(mins, mins), _mm_unpacklo_epi16(mins, mins));
         const __m256i min_sums = _mm256_madd_epi16(load256(y[i].bsums), mins_twice);
-        acc_mins = _mm256_fmadd_ps(_mm256_set1_ps(y[i].d * f16(x[i].dmin)), _mm256_cvtepi32_ps(min_sums), acc_mins);
+        if constexpr (kFive)
+            acc_mins = _mm_fmadd_ss(_mm_set_ss(-y[i].d * f16(x[i].dmin)), sum_to_float(min_sums), acc_mins);
 
         const __m256i scales = _mm256_broadcastsi128_si256(_mm_cvtepu8_epi16(packed));
         __m256i high_bits;
@@ -116,9 +143,15 @@ void dot_q4_5_K(int n, float* out, const void* w, const void* a) {
             sumi = _mm256_add_epi32(sumi, _mm256_madd_epi16(p_lo, pick_words<2 * c, 2 * c>(scales)));
             sumi = _mm256_add_epi32(sumi, _mm256_madd_epi16(p_hi, pick_words<2 * c + 1, 2 * c + 1>(scales)));
         });
-        acc = _mm256_fmadd_ps(_mm256_set1_ps(y[i].d * f16(x[i].d)), _mm256_cvtepi32_ps(sumi), acc);
+        if constexpr (kFive)
+            lanes = _mm256_fmadd_ps(_mm256_set1_ps(y[i].d * f16(x[i].d)), _mm256_cvtepi32_ps(sumi), lanes);
+        else
+            acc = serial_step(acc, sumi, min_sums, x[i].d, x[i].dmin, y[i].d);
     }
-    *out = hsum(acc) - hsum(acc_mins);
+    if constexpr (kFive)
+        *out = hsum(lanes) + _mm_cvtss_f32(acc_mins);
+    else
+        *out = serial_result(acc);
 }
 
 // ---- Q2_K, Q3_K, Q6_K: sub-blocks of 16 ----
@@ -129,14 +162,13 @@ void dot_q2_K(int n, float* out, const void* w, const void* a) {
     const auto* x = as<BlockQ2_K>(w);
     const auto* y = as<BlockQ8_K>(a);
     const __m256i two_bits = _mm256_set1_epi8(3);
-    __m256 acc = _mm256_setzero_ps(), acc_mins = _mm256_setzero_ps();
+    __m128 acc = _mm_setzero_ps();  // the serial order of dot_ref.cpp
     for (int i = 0; i < n / kQK; ++i) {
         const __m128i packed = load128(x[i].scales);
         const __m128i nibble = _mm_set1_epi8(0x0F);
         const __m256i scales = _mm256_cvtepu8_epi16(_mm_and_si128(packed, nibble));
         const __m256i mins = _mm256_cvtepu8_epi16(_mm_and_si128(_mm_srli_epi16(packed, 4), nibble));
         const __m256i min_sums = _mm256_madd_epi16(load256(y[i].bsums), mins);
-        acc_mins = _mm256_fmadd_ps(_mm256_set1_ps(y[i].d * f16(x[i].dmin)), _mm256_cvtepi32_ps(min_sums), acc_mins);
 
         __m256i sumi = _mm256_setzero_si256();
         unroll<2>([&](auto h_) {
@@ -150,9 +182,9 @@ void dot_q2_K(int n, float* out, const void* w, const void* a) {
                 sumi = _mm256_add_epi32(sumi, _mm256_madd_epi16(p, pick_words<2 * g, 2 * g + 1>(sc)));
             });
         });
-        acc = _mm256_fmadd_ps(_mm256_set1_ps(y[i].d * f16(x[i].d)), _mm256_cvtepi32_ps(sumi), acc);
+        acc = serial_step(acc, sumi, min_sums, x[i].d, x[i].dmin, y[i].d);
     }
-    *out = hsum(acc) - hsum(acc_mins);
+    *out = serial_result(acc);
 }
 
 void dot_q3_K(int n, float* out, const void* w, const void* a) {
@@ -162,8 +194,6 @@ void dot_q3_K(int n, float* out, const void* w, const void* a) {
     __m256 acc = _mm256_setzero_ps();
     for (int i = 0; i < n / kQK; ++i) {
         const __m256i scales = _mm256_cvtepi8_epi16(q3k_scales(x[i].scales));
-        // q in 0..7 stands for q - 4: subtract 4 * sum_j scale_j * bsum_j.
-        const __m256i offsets = _mm256_slli_epi32(_mm256_madd_epi16(load256(y[i].bsums), scales), 2);
         const __m256i hmask = load256(x[i].hmask);
         __m256i sumi = _mm256_setzero_si256();
         unroll<2>([&](auto h_) {
@@ -174,16 +204,19 @@ void dot_q3_K(int n, float* out, const void* w, const void* a) {
                 constexpr int g = decltype(g_)::value;
                 const __m256i low = _mm256_and_si256(_mm256_srli_epi16(q, 2 * g), two_bits);
                 const __m256i e = _mm256_or_si256(low, move_bit<4 * h + g, 2>(hmask));
-                const __m256i p = _mm256_maddubs_epi16(e, load256(y[i].qs + 128 * h + 32 * g));
+                // q in 0..7 stands for q - 4: the offset taken off each pair, inside llama.cpp's lanes.
+                const __m256i yq = load256(y[i].qs + 128 * h + 32 * g);
+                const __m256i p =
+                    _mm256_sub_epi16(_mm256_maddubs_epi16(e, yq), _mm256_maddubs_epi16(_mm256_set1_epi8(4), yq));
                 sumi = _mm256_add_epi32(sumi, _mm256_madd_epi16(p, pick_words<2 * g, 2 * g + 1>(sc)));
             });
         });
-        sumi = _mm256_sub_epi32(sumi, offsets);
         acc = _mm256_fmadd_ps(_mm256_set1_ps(y[i].d * f16(x[i].d)), _mm256_cvtepi32_ps(sumi), acc);
     }
     *out = hsum(acc);
 }
 
+// Already llama.cpp's lanes (dot_ref.cpp): 32-element groups, 4 elements a lane, offsets per lane.
 void dot_q6_K(int n, float* out, const void* w, const void* a) {
     const auto* x = as<BlockQ6_K>(w);
     const auto* y = as<BlockQ8_K>(a);

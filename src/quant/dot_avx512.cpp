@@ -119,10 +119,6 @@ __m512i act_x2(const Block& y0, const Block& y1) {
     return _mm512_inserti64x4(_mm512_castsi256_si512(load256(y0.qs)), load256(y1.qs), 1);
 }
 
-__m512 scales_x2(float s0, float s1) {
-    return _mm512_mask_blend_ps(0xFF00, _mm512_set1_ps(s0), _mm512_set1_ps(s1));
-}
-
 // a[k] * b[k] for four pairs of halves (d_w * d_a of four blocks, or m_w * s_a): one conversion.
 __m128 products4(uint16_t a0, uint16_t a1, uint16_t a2, uint16_t a3, uint16_t b0, uint16_t b1, uint16_t b2,
                  uint16_t b3) {
@@ -147,29 +143,41 @@ __m512i pair_dot(__m512i q, __m512i y) {
     }
 }
 
+// llama.cpp's hsum_float_8.
+float hsum8(__m256 v) {
+    __m128 s = _mm_add_ps(_mm256_castps256_ps128(v), _mm256_extractf128_ps(v, 1));
+    s = _mm_add_ps(s, _mm_movehl_ps(s, s));
+    s = _mm_add_ss(s, _mm_movehdup_ps(s));
+    return _mm_cvtss_f32(s);
+}
+
 // sum over the row's nb blocks of d_w d_a times the block's integer dot, where pair_sums(i, j) gives
-// the 16 partial sums of blocks i (low 8 lanes) and j (high 8). Four blocks a step; an odd last
-// block is paired with itself at scale 0.
-template <typename WBlock, typename ABlock, typename PairSums>
+// the 16 partial sums of blocks i (low 8 lanes) and j (high 8), each over 4 consecutive elements.
+// Integer sums two blocks a register; the float steps in the order dot_ref.cpp defines: lanes8
+// (one 8-lane accumulator, block after block, then hsum8) or serial (one float, block after block).
+template <bool kLanes8, typename WBlock, typename ABlock, typename PairSums>
 float sum_blocks(const WBlock* x, const ABlock* y, int nb, PairSums pair_sums) {
-    const __m512i first_two =
-        _mm512_set_epi64(0x0000000100000001, 0x0000000100000001, 0x0000000100000001, 0x0000000100000001, 0, 0, 0, 0);
-    const __m512i last_two = _mm512_add_epi32(first_two, _mm512_set1_epi32(2));
-    __m512 acc0 = _mm512_setzero_ps(), acc1 = _mm512_setzero_ps();
+    __m256 lanes = _mm256_setzero_ps();
+    __m128 acc = _mm_setzero_ps();
+    auto add = [&](int i, __m256i sums8) {
+        const float d = f16(x[i].d) * f16(y[i].d);
+        if constexpr (kLanes8) {
+            lanes = _mm256_fmadd_ps(_mm256_set1_ps(d), _mm256_cvtepi32_ps(sums8), lanes);
+        } else {
+            __m128i s4 = _mm_add_epi32(_mm256_castsi256_si128(sums8), _mm256_extracti128_si256(sums8, 1));
+            s4 = _mm_add_epi32(s4, _mm_unpackhi_epi64(s4, s4));
+            s4 = _mm_add_epi32(s4, _mm_shuffle_epi32(s4, 1));
+            acc = _mm_fmadd_ss(_mm_cvtepi32_ps(s4), _mm_set_ss(d), acc);
+        }
+    };
     int i = 0;
-    for (; i + 4 <= nb; i += 4) {
-        const __m512 s = _mm512_castps128_ps512(
-            products4(x[i].d, x[i + 1].d, x[i + 2].d, x[i + 3].d, y[i].d, y[i + 1].d, y[i + 2].d, y[i + 3].d));
-        acc0 = _mm512_fmadd_ps(_mm512_permutexvar_ps(first_two, s), _mm512_cvtepi32_ps(pair_sums(i, i + 1)), acc0);
-        acc1 = _mm512_fmadd_ps(_mm512_permutexvar_ps(last_two, s), _mm512_cvtepi32_ps(pair_sums(i + 2, i + 3)), acc1);
+    for (; i + 2 <= nb; i += 2) {
+        const __m512i sums = pair_sums(i, i + 1);
+        add(i, _mm512_castsi512_si256(sums));
+        add(i + 1, _mm512_extracti64x4_epi64(sums, 1));
     }
-    for (; i < nb; i += 2) {
-        const int j = i + 1 < nb ? i + 1 : i;
-        const float scale_j = j != i ? f16(x[j].d) * f16(y[j].d) : 0.0f;
-        acc0 =
-            _mm512_fmadd_ps(scales_x2(f16(x[i].d) * f16(y[i].d), scale_j), _mm512_cvtepi32_ps(pair_sums(i, j)), acc0);
-    }
-    return _mm512_reduce_add_ps(_mm512_add_ps(acc0, acc1));
+    if (i < nb) add(i, _mm512_castsi512_si256(pair_sums(i, i)));
+    return kLanes8 ? hsum8(lanes) : _mm_cvtss_f32(acc);
 }
 
 // Q4_0, Q5_0 with Q8_0.
@@ -177,7 +185,8 @@ template <typename Block, int kOffset, bool kVnni>
 void dot_symmetric32(int n, float* out, const void* w, const void* a) {
     const auto* x = as<Block>(w);
     const auto* y = as<BlockQ8_0>(a);
-    *out = sum_blocks(x, y, n / 32, [&](int i, int j) {
+    constexpr bool kLanes8 = std::is_same_v<Block, BlockQ5_0>;  // Q4_0: serial (dot_ref.cpp)
+    *out = sum_blocks<kLanes8>(x, y, n / 32, [&](int i, int j) {
         return pair_dot<kVnni, kOffset>(quants_x2(x[i], x[j]), act_x2(y[i], y[j]));
     });
 }
@@ -196,7 +205,7 @@ void dot_affine32(int n, float* out, const void* w, const void* a) {
     }
     float tail = 0.0f;
     for (; i < nb; ++i) tail += f16(x[i].m) * f16(y[i].s);
-    const float dots = sum_blocks(
+    const float dots = sum_blocks<true>(
         x, y, nb, [&](int b0, int b1) { return pair_dot<kVnni, 0>(quants_x2(x[b0], x[b1]), act_x2(y[b0], y[b1])); });
     mins = _mm_add_ps(mins, _mm_movehl_ps(mins, mins));
     *out = dots + _mm_cvtss_f32(_mm_add_ss(mins, _mm_movehdup_ps(mins))) + tail;
@@ -215,8 +224,8 @@ template <bool kVnni>
 void dot_q8_0(int n, float* out, const void* w, const void* a) {
     const auto* x = as<BlockQ8_0>(w);
     const auto* y = as<BlockQ8_0>(a);
-    *out = sum_blocks(x, y, n / 32,
-                      [&](int i, int j) { return signed_pair_dot<kVnni>(act_x2(x[i], x[j]), act_x2(y[i], y[j])); });
+    *out = sum_blocks<true>(
+        x, y, n / 32, [&](int i, int j) { return signed_pair_dot<kVnni>(act_x2(x[i], x[j]), act_x2(y[i], y[j])); });
 }
 
 // IQ4_NL with Q8_0: the nibble indices of two blocks looked up in the 16-value table (one pshufb, the
@@ -226,7 +235,7 @@ void dot_iq4_nl(int n, float* out, const void* w, const void* a) {
     const auto* x = as<BlockIQ4_NL>(w);
     const auto* y = as<BlockQ8_0>(a);
     const __m512i values = _mm512_broadcast_i32x4(load128(kValuesIQ4NL));
-    *out = sum_blocks(x, y, n / 32, [&](int i, int j) {
+    *out = sum_blocks<false>(x, y, n / 32, [&](int i, int j) {
         return signed_pair_dot<kVnni>(_mm512_shuffle_epi8(values, quants_x2(x[i], x[j])), act_x2(y[i], y[j]));
     });
 }

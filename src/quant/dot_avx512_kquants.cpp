@@ -105,6 +105,22 @@ __m128i q3k_scales(const uint8_t* packed) {
     return _mm_sub_epi8(s, _mm_set1_epi8(32));
 }
 
+// The serial order of dot_ref.cpp for one super-block: [acc, acc_mins] += [sum(sums8), sum(mins8)] *
+// [d_w d_a, dmin_w d_a], both chains in one 128-bit FMA (lanes 0 and 1); the two integer sums
+// share their horizontal adds.
+__m128 serial_step(__m128 acc, __m256i sums8, __m256i mins8, uint16_t d, uint16_t dmin, float d_a) {
+    __m256i t = _mm256_hadd_epi32(sums8, mins8);  // s01 s23 m01 m23 | s45 s67 m45 m67
+    t = _mm256_hadd_epi32(t, t);                  // s0123 m0123 .. | s4567 m4567 ..
+    const __m128i both = _mm_add_epi32(_mm256_castsi256_si128(t), _mm256_extracti128_si256(t, 1));
+    const __m128 scales =
+        _mm_mul_ps(_mm_cvtph_ps(_mm_setr_epi16(static_cast<short>(d), static_cast<short>(dmin), 0, 0, 0, 0, 0, 0)),
+                   _mm_set1_ps(d_a));
+    return _mm_fmadd_ps(_mm_cvtepi32_ps(both), scales, acc);
+}
+float serial_result(__m128 acc) {
+    return _mm_cvtss_f32(_mm_sub_ss(acc, _mm_movehdup_ps(acc)));
+}
+
 // ---- Q4_K, Q5_K: 64 elements = sub-blocks 2c (low nibbles) and 2c + 1 (high nibbles) ----
 
 template <typename Block, bool kVnni>
@@ -113,14 +129,19 @@ void dot_q4_5_K(int n, float* out, const void* w, const void* a) {
     const auto* x = as<Block>(w);
     const auto* y = as<BlockQ8_K>(a);
     const __m512i nibble = _mm512_set1_epi8(0x0F), nibble_shift = halves64(0, 4);
-    __m512 acc = _mm512_setzero_ps();
-    __m256 acc_mins = _mm256_setzero_ps();
+    // The float steps of dot_ref.cpp: Q4_K serial, Q5_K lanes8 with the mins in summs.
+    __m256 lanes = _mm256_setzero_ps();
+    __m128 acc = _mm_setzero_ps(), acc_mins = _mm_setzero_ps();
     for (int i = 0; i < n / kQK; ++i) {
         const __m128i packed = q4k_scales_mins(x[i].scales);
         const __m128i mins = _mm_cvtepu8_epi16(_mm_srli_si128(packed, 8));
         const __m256i mins_twice = _mm256_set_m128i(_mm_unpackhi_epi16(mins, mins), _mm_unpacklo_epi16(mins, mins));
         const __m256i min_sums = _mm256_madd_epi16(load256(y[i].bsums), mins_twice);
-        acc_mins = _mm256_fmadd_ps(_mm256_set1_ps(y[i].d * f16(x[i].dmin)), _mm256_cvtepi32_ps(min_sums), acc_mins);
+        if constexpr (kFive) {
+            const __m128 mins_f =
+                _mm_cvtepi32_ps(_mm_set1_epi32(_mm512_reduce_add_epi32(_mm512_zextsi256_si512(min_sums))));
+            acc_mins = _mm_fmadd_ss(_mm_set_ss(-y[i].d * f16(x[i].dmin)), mins_f, acc_mins);
+        }
 
         const __m512i scales = _mm512_castsi128_si512(_mm_cvtepu8_epi16(packed));  // words 0..7
         __m512i high_bits;
@@ -136,9 +157,16 @@ void dot_q4_5_K(int n, float* out, const void* w, const void* a) {
             const __m512i p = _mm512_maddubs_epi16(q, load512(y[i].qs + 64 * c));
             sumi = scaled_sum<kVnni>(sumi, p, two_scales<2 * c, 2 * c + 1>(scales));
         });
-        acc = _mm512_fmadd_ps(_mm512_set1_ps(y[i].d * f16(x[i].d)), _mm512_cvtepi32_ps(sumi), acc);
+        const __m256i sums8 = _mm256_add_epi32(_mm512_castsi512_si256(sumi), _mm512_extracti64x4_epi64(sumi, 1));
+        if constexpr (kFive)
+            lanes = _mm256_fmadd_ps(_mm256_set1_ps(y[i].d * f16(x[i].d)), _mm256_cvtepi32_ps(sums8), lanes);
+        else
+            acc = serial_step(acc, sums8, min_sums, x[i].d, x[i].dmin, y[i].d);
     }
-    *out = _mm512_reduce_add_ps(acc) - hsum(acc_mins);
+    if constexpr (kFive)
+        *out = hsum(lanes) + _mm_cvtss_f32(acc_mins);
+    else
+        *out = serial_result(acc);
 }
 
 // ---- Q2_K, Q3_K, Q6_K: sub-blocks of 16 ----
@@ -150,15 +178,13 @@ void dot_q2_K(int n, float* out, const void* w, const void* a) {
     const auto* x = as<BlockQ2_K>(w);
     const auto* y = as<BlockQ8_K>(a);
     const __m512i two_bits = _mm512_set1_epi8(3);
-    __m512 acc = _mm512_setzero_ps();
-    __m256 acc_mins = _mm256_setzero_ps();
+    __m128 acc = _mm_setzero_ps();  // the serial order of dot_ref.cpp
     for (int i = 0; i < n / kQK; ++i) {
         const __m128i packed = load128(x[i].scales);
         const __m128i nibble = _mm_set1_epi8(0x0F);
         const __m256i scales = _mm256_cvtepu8_epi16(_mm_and_si128(packed, nibble));
         const __m256i mins = _mm256_cvtepu8_epi16(_mm_and_si128(_mm_srli_epi16(packed, 4), nibble));
         const __m256i min_sums = _mm256_madd_epi16(load256(y[i].bsums), mins);
-        acc_mins = _mm256_fmadd_ps(_mm256_set1_ps(y[i].d * f16(x[i].dmin)), _mm256_cvtepi32_ps(min_sums), acc_mins);
 
         const __m512i sc = _mm512_castsi256_si512(scales);
         __m512i sumi = _mm512_setzero_si512();
@@ -172,9 +198,10 @@ void dot_q2_K(int n, float* out, const void* w, const void* a) {
             sumi = scaled_sum<kVnni>(sumi, p01, four_scales<8 * h>(sc));
             sumi = scaled_sum<kVnni>(sumi, p23, four_scales<8 * h + 4>(sc));
         });
-        acc = _mm512_fmadd_ps(_mm512_set1_ps(y[i].d * f16(x[i].d)), _mm512_cvtepi32_ps(sumi), acc);
+        acc = serial_step(acc, _mm256_add_epi32(_mm512_castsi512_si256(sumi), _mm512_extracti64x4_epi64(sumi, 1)),
+                          min_sums, x[i].d, x[i].dmin, y[i].d);
     }
-    *out = _mm512_reduce_add_ps(acc) - hsum(acc_mins);
+    *out = serial_result(acc);
 }
 
 template <bool kVnni>
@@ -182,11 +209,9 @@ void dot_q3_K(int n, float* out, const void* w, const void* a) {
     const auto* x = as<BlockQ3_K>(w);
     const auto* y = as<BlockQ8_K>(a);
     const __m512i two_bits = _mm512_set1_epi8(3), four = _mm512_set1_epi8(4);
-    __m512 acc = _mm512_setzero_ps();
+    __m256 lanes = _mm256_setzero_ps();  // the lanes8 order of dot_ref.cpp
     for (int i = 0; i < n / kQK; ++i) {
         const __m256i scales = _mm256_cvtepi8_epi16(q3k_scales(x[i].scales));
-        // q in 0..7 stands for q - 4: subtract 4 * sum_j scale_j * bsum_j.
-        const __m256i offsets = _mm256_slli_epi32(_mm256_madd_epi16(load256(y[i].bsums), scales), 2);
         const __m512i sc = _mm512_castsi256_si512(scales);
         const __m512i hmask = twice(x[i].hmask);
         __m512i sumi = _mm512_setzero_si512();
@@ -200,15 +225,17 @@ void dot_q3_K(int n, float* out, const void* w, const void* a) {
                 _mm512_mask_add_epi8(q01, _mm512_test_epi8_mask(hmask, halves8(1 << (4 * h), 2 << (4 * h))), q01, four);
             q23 =
                 _mm512_mask_add_epi8(q23, _mm512_test_epi8_mask(hmask, halves8(4 << (4 * h), 8 << (4 * h))), q23, four);
-            const __m512i p01 = _mm512_maddubs_epi16(q01, load512(y[i].qs + 128 * h));
-            const __m512i p23 = _mm512_maddubs_epi16(q23, load512(y[i].qs + 128 * h + 64));
+            // q in 0..7 stands for q - 4: the offset taken off each pair, inside llama.cpp's lanes.
+            const __m512i y01 = load512(y[i].qs + 128 * h), y23 = load512(y[i].qs + 128 * h + 64);
+            const __m512i p01 = _mm512_sub_epi16(_mm512_maddubs_epi16(q01, y01), _mm512_maddubs_epi16(four, y01));
+            const __m512i p23 = _mm512_sub_epi16(_mm512_maddubs_epi16(q23, y23), _mm512_maddubs_epi16(four, y23));
             sumi = scaled_sum<kVnni>(sumi, p01, four_scales<8 * h>(sc));
             sumi = scaled_sum<kVnni>(sumi, p23, four_scales<8 * h + 4>(sc));
         });
-        sumi = _mm512_sub_epi32(sumi, _mm512_zextsi256_si512(offsets));
-        acc = _mm512_fmadd_ps(_mm512_set1_ps(y[i].d * f16(x[i].d)), _mm512_cvtepi32_ps(sumi), acc);
+        const __m256i sums8 = _mm256_add_epi32(_mm512_castsi512_si256(sumi), _mm512_extracti64x4_epi64(sumi, 1));
+        lanes = _mm256_fmadd_ps(_mm256_set1_ps(y[i].d * f16(x[i].d)), _mm256_cvtepi32_ps(sums8), lanes);
     }
-    *out = _mm512_reduce_add_ps(acc);
+    *out = hsum(lanes);
 }
 
 template <bool kVnni>
@@ -216,7 +243,7 @@ void dot_q6_K(int n, float* out, const void* w, const void* a) {
     const auto* x = as<BlockQ6_K>(w);
     const auto* y = as<BlockQ8_K>(a);
     const __m512i nibble = _mm512_set1_epi8(0x0F), top = _mm512_set1_epi8(0x30);
-    __m512 acc = _mm512_setzero_ps();
+    __m256 lanes = _mm256_setzero_ps();  // the lanes8 order of dot_ref.cpp
     for (int i = 0; i < n / kQK; ++i) {
         const __m256i scales = _mm256_cvtepi8_epi16(load128(x[i].scales));
         // q in 0..63 stands for q - 32: subtract 32 * sum_j scale_j * bsum_j.
@@ -236,10 +263,13 @@ void dot_q6_K(int n, float* out, const void* w, const void* a) {
             sumi = scaled_sum<kVnni>(sumi, p01, four_scales<8 * h>(sc));
             sumi = scaled_sum<kVnni>(sumi, p23, four_scales<8 * h + 4>(sc));
         });
-        sumi = _mm512_sub_epi32(sumi, _mm512_zextsi256_si512(offsets));
-        acc = _mm512_fmadd_ps(_mm512_set1_ps(y[i].d * f16(x[i].d)), _mm512_cvtepi32_ps(sumi), acc);
+        // Lane l of llama.cpp's sums: elements with (e mod 32) in [4l, 4l + 4), which sumi holds in
+        // its lanes l and l + 8; offsets already has llama.cpp's lanes.
+        const __m256i sums8 = _mm256_sub_epi32(
+            _mm256_add_epi32(_mm512_castsi512_si256(sumi), _mm512_extracti64x4_epi64(sumi, 1)), offsets);
+        lanes = _mm256_fmadd_ps(_mm256_set1_ps(y[i].d * f16(x[i].d)), _mm256_cvtepi32_ps(sums8), lanes);
     }
-    *out = _mm512_reduce_add_ps(acc);
+    *out = hsum(lanes);
 }
 
 template <bool kVnni>

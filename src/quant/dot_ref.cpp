@@ -1,7 +1,25 @@
-// The scalar reference of every dot: the formulas of blocks.h written out element by element.
-// Integer sums are exact; everything after them is summed in double, so the reference is as close
-// to the exact dot of the stored values as the formats allow, and the SIMD variants are judged by
-// their distance to it. It also runs as the kernel on CPUs without AVX2.
+// The scalar reference of every dot, and the definition of its arithmetic.
+//
+// Quantized dots: the integer sums are exact; the float steps after them are llama.cpp's, step for
+// step, as its CPU backend runs them on an x86-64 CPU with AVX2 or AVX-512 (ggml-cpu's
+// arch/x86/quants.c vec_dot kernels, and arch/x86/repack.cpp gemv kernels for the weight types it
+// repacks there): the same products, the same FMAs, the same accumulation order. With the same
+// activation bytes (quantize.cpp matches llama.cpp's quantizers) a dot then gives llama.cpp's float
+// bit for bit, which a greedy continuation needs to pick the same token at near-ties. Two orders:
+//   lanes8:  8 float lanes, lane l holding the integer sum of elements with (e mod 32) in
+//            [4l, 4l + 4) of each block (or 32-element group); per block
+//            lane = fma(scale, float(lane sum), lane); at the end ((l0+l4)+(l2+l6))+((l1+l5)+(l3+l7)).
+//            Q8_0, Q5_0 (ggml_vec_dot_*_q8_0), Q5_K, Q6_K (ggml_vec_dot_*_q8_K).
+//   serial:  one float per row, per block acc = fma(float(block's integer sum), scale, acc); mins
+//            in a second chain, subtracted at the end. Q4_0, IQ4_NL, Q4_K, Q2_K: the weight types
+//            llama.cpp repacks on AVX2 / AVX-512 CPUs (q4_0_8x8, iq4_nl_8x8, q4_K_8x8, q2_K_8x8).
+// The SIMD variants must give these floats exactly (tests/quant/dot_test.cpp) and so llama.cpp's
+// (tests/quant/ggml_oracle_test.cpp). Q4_1, Q5_1, Q3_K and the float types keep a double-precision
+// sum here; their variants are held to it within a tolerance.
+// It also runs as the kernel on CPUs without AVX2.
+#include <cmath>
+#include <type_traits>
+
 #include "quant/blocks.h"
 #include "quant/dot_kernels.h"
 
@@ -14,6 +32,14 @@ const T* as(const void* p) {
 }
 double f16(uint16_t h) {
     return fp16_to_fp32(h);
+}
+float f16f(uint16_t h) {
+    return fp16_to_fp32(h);
+}
+
+// llama.cpp's hsum_float_8.
+float hsum8(const float l[8]) {
+    return ((l[0] + l[4]) + (l[2] + l[6])) + ((l[1] + l[5]) + (l[3] + l[7]));
 }
 
 // ---- Float weights, F32 activations ----
@@ -37,18 +63,37 @@ void dot_f32(int n, float* out, const void* w, const void* a) {
 
 // ---- Blocks of 32 ----
 
-// Q4_0, Q5_0 with Q8_0: d_w d_a sum (q - offset) y.
+// Q4_0, Q5_0, Q8_0, IQ4_NL with Q8_0: d_w d_a sum value(q) y, value(q) = q - offset or a table.
+// Q5_0 and Q8_0 in the lanes8 order, Q4_0 and IQ4_NL in the serial one (see the top).
 template <typename Block, int kOffset>
-void dot_symmetric32(int n, float* out, const void* w, const void* a) {
+int value_of(const Block& b, int l) {
+    if constexpr (std::is_same_v<Block, BlockIQ4_NL>)
+        return kValuesIQ4NL[quant_of(b, l)];
+    else if constexpr (std::is_same_v<Block, BlockQ8_0>)
+        return b.qs[l];
+    else
+        return quant_of(b, l) - kOffset;
+}
+
+template <typename Block, int kOffset, bool kLanes8>
+void dot_blocks32(int n, float* out, const void* w, const void* a) {
     const auto* x = as<Block>(w);
     const auto* y = as<BlockQ8_0>(a);
-    double sum = 0;
+    float lanes[8] = {};
+    float acc = 0.0f;
     for (int i = 0; i < n / 32; ++i) {
-        int sumi = 0;
-        for (int l = 0; l < 32; ++l) sumi += (quant_of(x[i], l) - kOffset) * y[i].qs[l];
-        sum += f16(x[i].d) * f16(y[i].d) * sumi;
+        const float d = f16f(x[i].d) * f16f(y[i].d);
+        int sums[8] = {};
+        for (int l = 0; l < 32; ++l) sums[l / 4] += value_of<Block, kOffset>(x[i], l) * y[i].qs[l];
+        if constexpr (kLanes8) {
+            for (int l = 0; l < 8; ++l) lanes[l] = std::fma(d, static_cast<float>(sums[l]), lanes[l]);
+        } else {
+            int sumi = 0;
+            for (int l = 0; l < 8; ++l) sumi += sums[l];
+            acc = std::fma(static_cast<float>(sumi), d, acc);
+        }
     }
-    *out = static_cast<float>(sum);
+    *out = kLanes8 ? hsum8(lanes) : acc;
 }
 
 // Q4_1, Q5_1 with Q8_1: d_w d_a sum q y + m_w s_a. s_a = d_a sum(y) rounded to fp16, as llama.cpp
@@ -62,31 +107,6 @@ void dot_affine32(int n, float* out, const void* w, const void* a) {
         int sumi = 0;
         for (int l = 0; l < 32; ++l) sumi += quant_of(x[i], l) * y[i].qs[l];
         sum += f16(x[i].d) * f16(y[i].d) * sumi + f16(x[i].m) * f16(y[i].s);
-    }
-    *out = static_cast<float>(sum);
-}
-
-void dot_q8_0(int n, float* out, const void* w, const void* a) {
-    const auto* x = as<BlockQ8_0>(w);
-    const auto* y = as<BlockQ8_0>(a);
-    double sum = 0;
-    for (int i = 0; i < n / 32; ++i) {
-        int sumi = 0;
-        for (int l = 0; l < 32; ++l) sumi += x[i].qs[l] * y[i].qs[l];
-        sum += f16(x[i].d) * f16(y[i].d) * sumi;
-    }
-    *out = static_cast<float>(sum);
-}
-
-// IQ4_NL with Q8_0: d_w d_a sum kValuesIQ4NL[q] y.
-void dot_iq4_nl(int n, float* out, const void* w, const void* a) {
-    const auto* x = as<BlockIQ4_NL>(w);
-    const auto* y = as<BlockQ8_0>(a);
-    double sum = 0;
-    for (int i = 0; i < n / 32; ++i) {
-        int sumi = 0;
-        for (int l = 0; l < 32; ++l) sumi += kValuesIQ4NL[quant_of(x[i], l)] * y[i].qs[l];
-        sum += f16(x[i].d) * f16(y[i].d) * sumi;
     }
     *out = static_cast<float>(sum);
 }
@@ -109,69 +129,96 @@ SubSums sub_sums(const Block& x, const BlockQ8_K& y, int begin, int len) {
     return s;
 }
 
-void dot_q2_K(int n, float* out, const void* w, const void* a) {
-    const auto* x = as<BlockQ2_K>(w);
-    const auto* y = as<BlockQ8_K>(a);
-    double sum = 0;
-    for (int i = 0; i < n / kQK; ++i) {
-        int scaled = 0, mins = 0;
-        for (int j = 0; j < 16; ++j) {
-            const SubSums s = sub_sums(x[i], y[i], 16 * j, 16);
-            scaled += (x[i].scales[j] & 0x0F) * s.qy;
-            mins += (x[i].scales[j] >> 4) * s.y;
-        }
-        sum += y[i].d * (f16(x[i].d) * scaled - f16(x[i].dmin) * mins);
+// Q2_K, Q4_K: the serial order, d_w d_a sum scale q y in one chain and dmin_w d_a sum min y in
+// another (llama.cpp's q2_K_8x8 / q4_K_8x8 gemv); sub-blocks of 16 (Q2_K) or 32 (Q4_K).
+struct ScaledAndMins {
+    int scaled = 0;
+    int mins = 0;
+};
+ScaledAndMins super_block_sums(const BlockQ2_K& x, const BlockQ8_K& y) {
+    ScaledAndMins r;
+    for (int j = 0; j < 16; ++j) {
+        const SubSums s = sub_sums(x, y, 16 * j, 16);
+        r.scaled += (x.scales[j] & 0x0F) * s.qy;
+        r.mins += (x.scales[j] >> 4) * s.y;
     }
-    *out = static_cast<float>(sum);
+    return r;
 }
-
-void dot_q3_K(int n, float* out, const void* w, const void* a) {
-    const auto* x = as<BlockQ3_K>(w);
-    const auto* y = as<BlockQ8_K>(a);
-    double sum = 0;
-    for (int i = 0; i < n / kQK; ++i) {
-        const KScales16 sc = unpack_q3k_scales(x[i].scales);
-        int scaled = 0;
-        for (int j = 0; j < 16; ++j) {
-            const SubSums s = sub_sums(x[i], y[i], 16 * j, 16);
-            scaled += sc.scales[j] * (s.qy - 4 * s.y);
-        }
-        sum += y[i].d * f16(x[i].d) * scaled;
+ScaledAndMins super_block_sums(const BlockQ4_K& x, const BlockQ8_K& y) {
+    const KScalesMins sm = unpack_q4k_scales(x.scales);
+    ScaledAndMins r;
+    for (int j = 0; j < 8; ++j) {
+        const SubSums s = sub_sums(x, y, 32 * j, 32);
+        r.scaled += sm.scales[j] * s.qy;
+        r.mins += sm.mins[j] * s.y;
     }
-    *out = static_cast<float>(sum);
+    return r;
 }
 
 template <typename Block>
-void dot_q4_5_K(int n, float* out, const void* w, const void* a) {
+void dot_serial_k(int n, float* out, const void* w, const void* a) {
     const auto* x = as<Block>(w);
     const auto* y = as<BlockQ8_K>(a);
-    double sum = 0;
+    float acc = 0.0f, acc_mins = 0.0f;
     for (int i = 0; i < n / kQK; ++i) {
-        const KScalesMins sm = unpack_q4k_scales(x[i].scales);
-        int scaled = 0, mins = 0;
-        for (int j = 0; j < 8; ++j) {
-            const SubSums s = sub_sums(x[i], y[i], 32 * j, 32);
-            scaled += sm.scales[j] * s.qy;
-            mins += sm.mins[j] * s.y;
-        }
-        sum += y[i].d * (f16(x[i].d) * scaled - f16(x[i].dmin) * mins);
+        const ScaledAndMins s = super_block_sums(x[i], y[i]);
+        acc = std::fma(static_cast<float>(s.scaled), f16f(x[i].d) * y[i].d, acc);
+        acc_mins = std::fma(static_cast<float>(s.mins), f16f(x[i].dmin) * y[i].d, acc_mins);
     }
-    *out = static_cast<float>(sum);
+    *out = acc - acc_mins;
 }
 
+// Q3_K: the lanes8 order of llama.cpp's ggml_vec_dot_q3_K_q8_K: lane l sums scale * (q - 4) * y
+// over the elements with (e mod 32) in [4l, 4l + 4), the offset inside the lane.
+void dot_q3_K(int n, float* out, const void* w, const void* a) {
+    const auto* x = as<BlockQ3_K>(w);
+    const auto* y = as<BlockQ8_K>(a);
+    float lanes[8] = {};
+    for (int i = 0; i < n / kQK; ++i) {
+        const KScales16 sc = unpack_q3k_scales(x[i].scales);
+        int sums[8] = {};
+        for (int e = 0; e < kQK; ++e) sums[(e % 32) / 4] += sc.scales[e / 16] * (quant_of(x[i], e) - 4) * y[i].qs[e];
+        const float d = y[i].d * f16f(x[i].d);
+        for (int l = 0; l < 8; ++l) lanes[l] = std::fma(d, static_cast<float>(sums[l]), lanes[l]);
+    }
+    *out = hsum8(lanes);
+}
+
+// Q5_K: the lanes8 order over the 32-element sub-blocks, the mins summed as llama.cpp's
+// ggml_vec_dot_q5_K_q8_K does: summs = fma(-d_a dmin_w, float(sum min y), summs), added at the end.
+void dot_q5_K(int n, float* out, const void* w, const void* a) {
+    const auto* x = as<BlockQ5_K>(w);
+    const auto* y = as<BlockQ8_K>(a);
+    float lanes[8] = {};
+    float summs = 0.0f;
+    for (int i = 0; i < n / kQK; ++i) {
+        const KScalesMins sm = unpack_q4k_scales(x[i].scales);
+        int sums[8] = {}, mins = 0;
+        for (int e = 0; e < kQK; ++e) sums[(e % 32) / 4] += sm.scales[e / 32] * quant_of(x[i], e) * y[i].qs[e];
+        for (int j = 0; j < 8; ++j) mins += sm.mins[j] * sub_sums(x[i], y[i], 32 * j, 32).y;
+        const float d = y[i].d * f16f(x[i].d);
+        const float dmin = -y[i].d * f16f(x[i].dmin);
+        for (int l = 0; l < 8; ++l) lanes[l] = std::fma(d, static_cast<float>(sums[l]), lanes[l]);
+        summs = std::fma(dmin, static_cast<float>(mins), summs);
+    }
+    *out = hsum8(lanes) + summs;
+}
+
+// Q6_K: the lanes8 order as llama.cpp's ggml_vec_dot_q6_K_q8_K has it: lane l sums scale * q * y
+// (q unsigned, 0..63) over the elements with (e mod 32) in [4l, 4l + 4), minus 32 times
+// scale * sum(y) of the sub-blocks of 16 numbered 2l and 2l + 1.
 void dot_q6_K(int n, float* out, const void* w, const void* a) {
     const auto* x = as<BlockQ6_K>(w);
     const auto* y = as<BlockQ8_K>(a);
-    double sum = 0;
+    float lanes[8] = {};
     for (int i = 0; i < n / kQK; ++i) {
-        int scaled = 0;
-        for (int j = 0; j < 16; ++j) {
-            const SubSums s = sub_sums(x[i], y[i], 16 * j, 16);
-            scaled += x[i].scales[j] * (s.qy - 32 * s.y);
-        }
-        sum += y[i].d * f16(x[i].d) * scaled;
+        int sums[8] = {};
+        for (int e = 0; e < kQK; ++e) sums[(e % 32) / 4] += x[i].scales[e / 16] * quant_of(x[i], e) * y[i].qs[e];
+        for (int j = 0; j < 16; ++j) sums[j / 2] -= 32 * x[i].scales[j] * sub_sums(x[i], y[i], 16 * j, 16).y;
+        const float d = y[i].d * f16f(x[i].d);
+        for (int l = 0; l < 8; ++l) lanes[l] = std::fma(d, static_cast<float>(sums[l]), lanes[l]);
     }
-    *out = static_cast<float>(sum);
+    *out = hsum8(lanes);
 }
 
 }  // namespace
@@ -185,25 +232,25 @@ DotFn dot_ref(GgmlType weight_type) {
         case GgmlType::BF16:
             return dot_half<bf16_to_fp32>;
         case GgmlType::Q4_0:
-            return dot_symmetric32<BlockQ4_0, 8>;
+            return dot_blocks32<BlockQ4_0, 8, false>;
         case GgmlType::Q4_1:
             return dot_affine32<BlockQ4_1>;
         case GgmlType::Q5_0:
-            return dot_symmetric32<BlockQ5_0, 16>;
+            return dot_blocks32<BlockQ5_0, 16, true>;
         case GgmlType::Q5_1:
             return dot_affine32<BlockQ5_1>;
         case GgmlType::Q8_0:
-            return dot_q8_0;
+            return dot_blocks32<BlockQ8_0, 0, true>;
         case GgmlType::IQ4_NL:
-            return dot_iq4_nl;
+            return dot_blocks32<BlockIQ4_NL, 0, false>;
         case GgmlType::Q2_K:
-            return dot_q2_K;
+            return dot_serial_k<BlockQ2_K>;
         case GgmlType::Q3_K:
             return dot_q3_K;
         case GgmlType::Q4_K:
-            return dot_q4_5_K<BlockQ4_K>;
+            return dot_serial_k<BlockQ4_K>;
         case GgmlType::Q5_K:
-            return dot_q4_5_K<BlockQ5_K>;
+            return dot_q5_K;
         case GgmlType::Q6_K:
             return dot_q6_K;
         default:

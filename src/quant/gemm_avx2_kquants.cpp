@@ -38,6 +38,23 @@ float hsum(__m256 v) {
     return _mm_cvtss_f32(s);
 }
 
+// dot_avx2_kquants.cpp's serial_step with the weight's scales already in float (the same values:
+// both convert the same halves exactly).
+__m128 serial_step(__m128 acc, __m256i sums8, __m256i mins8, float d, float dmin, float d_a) {
+    __m256i t = _mm256_hadd_epi32(sums8, mins8);
+    t = _mm256_hadd_epi32(t, t);
+    const __m128i both = _mm_add_epi32(_mm256_castsi256_si128(t), _mm256_extracti128_si256(t, 1));
+    return _mm_fmadd_ps(_mm_cvtepi32_ps(both), _mm_mul_ps(_mm_setr_ps(d, dmin, 0.0f, 0.0f), _mm_set1_ps(d_a)), acc);
+}
+
+// The sum of the 8 int32 lanes as one float, as dot_avx2_kquants.cpp's sum_to_float.
+__m128 sum_to_float(__m256i v) {
+    __m128i s = _mm_add_epi32(_mm256_castsi256_si128(v), _mm256_extracti128_si256(v, 1));
+    s = _mm_add_epi32(s, _mm_unpackhi_epi64(s, s));
+    s = _mm_add_epi32(s, _mm_shuffle_epi32(s, 1));
+    return _mm_cvtepi32_ps(s);
+}
+
 __m256i load256(const void* p) {
     return _mm256_loadu_si256(static_cast<const __m256i*>(p));
 }
@@ -101,7 +118,9 @@ template <typename B>
 struct Q45K {
     using Block = B;
     static constexpr bool kMins = true;
+    static constexpr int kPairOffset = 0;
     static constexpr bool kFive = std::is_same_v<Block, BlockQ5_K>;
+    static constexpr bool kSerial = !kFive;  // Q4_K: serial; Q5_K: 8 lanes and summs
     static Prepared prepare(const Block& b) {
         const __m128i packed = q4k_scales_mins(b.scales);
         // Each min twice: sub-block j of 32 covers bsums 2j and 2j + 1.
@@ -136,6 +155,8 @@ __m256i sixteen_scales(const Prepared& p) {
 struct Q2K {
     using Block = BlockQ2_K;
     static constexpr bool kMins = true;
+    static constexpr int kPairOffset = 0;
+    static constexpr bool kSerial = true;
     static Prepared prepare(const BlockQ2_K& b) {
         const __m128i packed = load128(b.scales);
         const __m128i nibble = _mm_set1_epi8(0x0F);
@@ -152,9 +173,12 @@ struct Q2K {
 struct Q3K {
     using Block = BlockQ3_K;
     static constexpr bool kMins = false;
+    // q in 0..7 stands for q - 4, taken off each pair sum (4 y) so that it lands in llama.cpp's lanes.
+    static constexpr int kPairOffset = 4;
+    static constexpr bool kSerial = false;
     static Prepared prepare(const BlockQ3_K& b) {
         const __m256i scales = _mm256_cvtepi8_epi16(q3k_scales(b.scales));
-        return {scales, offset_words<2>(scales), f16(b.d), 0.0f};  // q in 0..7 stands for q - 4
+        return {scales, _mm256_setzero_si256(), f16(b.d), 0.0f};  // the offset goes inside the pairs
     }
     template <int k>
     static void chunk(const BlockQ3_K& b, const Prepared& p, __m256i& q, __m256i& sc) {
@@ -168,6 +192,8 @@ struct Q3K {
 struct Q6K {
     using Block = BlockQ6_K;
     static constexpr bool kMins = false;
+    static constexpr int kPairOffset = 0;
+    static constexpr bool kSerial = false;
     static Prepared prepare(const BlockQ6_K& b) {
         const __m256i scales = _mm256_cvtepi8_epi16(load128(b.scales));
         return {scales, offset_words<5>(scales), f16(b.d), 0.0f};  // q in 0..63 stands for q - 32
@@ -200,11 +226,15 @@ void rows_times_tokens(int n, int n_rows, const uint8_t* w, size_t w_stride, con
     for (int t = 0; t < kT; ++t) a[t] = as<BlockQ8_K>(act + static_cast<size_t>(t) * act_stride);
     for (int r = 0; r < n_rows; ++r) {
         const Block* x = as<Block>(w + static_cast<size_t>(r) * w_stride);
-        __m256 acc[kT], acc_mins[kT];
+        // The float steps of the dot (dot_avx2_kquants.cpp, dot_ref.cpp's order for the type): Q3_K,
+        // Q6_K one 8-lane fma a block; Q5_K likewise, its mins in a scalar chain (summs); Q2_K, Q4_K
+        // serial, lanes 0 (sum) and 1 (mins) of a 128-bit chain.
+        __m256 acc[kT];
+        __m128 acc_serial[kT], summs[kT];
         unroll<kT>([&](auto t_) {
             constexpr int t = decltype(t_)::value;
             acc[t] = _mm256_setzero_ps();
-            acc_mins[t] = _mm256_setzero_ps();
+            acc_serial[t] = summs[t] = _mm_setzero_ps();
         });
         for (int i = 0; i < n / kQK; ++i) {
             const Block& b = x[i];
@@ -217,7 +247,10 @@ void rows_times_tokens(int n, int n_rows, const uint8_t* w, size_t w_stride, con
                 K::template chunk<k>(b, p, q, sc);
                 unroll<kT>([&](auto t_) {
                     constexpr int t = decltype(t_)::value;
-                    const __m256i pairs = _mm256_maddubs_epi16(q, load256(a[t][i].qs + 32 * k));
+                    const __m256i yq = load256(a[t][i].qs + 32 * k);
+                    __m256i pairs = _mm256_maddubs_epi16(q, yq);
+                    if constexpr (K::kPairOffset != 0)
+                        pairs = _mm256_sub_epi16(pairs, _mm256_maddubs_epi16(_mm256_set1_epi8(K::kPairOffset), yq));
                     sumi[t] = _mm256_add_epi32(sumi[t], _mm256_madd_epi16(pairs, sc));
                 });
             });
@@ -225,18 +258,26 @@ void rows_times_tokens(int n, int n_rows, const uint8_t* w, size_t w_stride, con
                 constexpr int t = decltype(t_)::value;
                 const BlockQ8_K& yb = a[t][i];
                 const __m256i corr = _mm256_madd_epi16(load256(yb.bsums), p.corr);
-                if constexpr (K::kMins) {
-                    acc_mins[t] = _mm256_fmadd_ps(_mm256_set1_ps(yb.d * p.dmin), _mm256_cvtepi32_ps(corr), acc_mins[t]);
+                if constexpr (K::kSerial) {
+                    acc_serial[t] = serial_step(acc_serial[t], sumi[t], corr, p.d, p.dmin, yb.d);
                 } else {
-                    sumi[t] = _mm256_add_epi32(sumi[t], corr);
+                    if constexpr (K::kMins)
+                        summs[t] = _mm_fmadd_ss(_mm_set_ss(-yb.d * p.dmin), sum_to_float(corr), summs[t]);
+                    else
+                        sumi[t] = _mm256_add_epi32(sumi[t], corr);
+                    acc[t] = _mm256_fmadd_ps(_mm256_set1_ps(yb.d * p.d), _mm256_cvtepi32_ps(sumi[t]), acc[t]);
                 }
-                acc[t] = _mm256_fmadd_ps(_mm256_set1_ps(yb.d * p.d), _mm256_cvtepi32_ps(sumi[t]), acc[t]);
             });
         }
         unroll<kT>([&](auto t_) {
             constexpr int t = decltype(t_)::value;
-            float sum = hsum(acc[t]);
-            if constexpr (K::kMins) sum -= hsum(acc_mins[t]);
+            float sum;
+            if constexpr (K::kSerial) {
+                sum = _mm_cvtss_f32(_mm_sub_ss(acc_serial[t], _mm_movehdup_ps(acc_serial[t])));
+            } else {
+                sum = hsum(acc[t]);
+                if constexpr (K::kMins) sum += _mm_cvtss_f32(summs[t]);
+            }
             y[t * y_stride + static_cast<size_t>(r)] = sum;
         });
     }

@@ -25,6 +25,7 @@
 #include <cstdint>
 #include <cstring>
 #include <type_traits>
+#include <vector>
 
 #include "quant/blocks.h"
 #include "quant/gemm_kernels.h"
@@ -49,12 +50,14 @@ struct TokBlock {
     float d;
     int32_t off;
     float s;
+    int32_t off8[8];  // lanes8 types: -offset * sum(q) of each group of 4 elements
 };
 
 template <GgmlType kType>
 struct Kind;
 template <>
 struct Kind<GgmlType::Q4_0> {
+    static constexpr bool kLanes8 = false;  // dot_ref.cpp's order: lanes8 (else serial)
     using W = BlockQ4_0;
     using A = BlockQ8_0;
     static constexpr int kOffset = 8;
@@ -64,6 +67,7 @@ struct Kind<GgmlType::Q4_0> {
 };
 template <>
 struct Kind<GgmlType::Q5_0> {
+    static constexpr bool kLanes8 = true;  // dot_ref.cpp's order: lanes8 (else serial)
     using W = BlockQ5_0;
     using A = BlockQ8_0;
     static constexpr int kOffset = 16;
@@ -73,6 +77,7 @@ struct Kind<GgmlType::Q5_0> {
 };
 template <>
 struct Kind<GgmlType::Q8_0> {
+    static constexpr bool kLanes8 = true;  // dot_ref.cpp's order: lanes8 (else serial)
     using W = BlockQ8_0;
     using A = BlockQ8_0;
     static constexpr int kOffset = 128;
@@ -82,6 +87,7 @@ struct Kind<GgmlType::Q8_0> {
 };
 template <>
 struct Kind<GgmlType::Q4_1> {
+    static constexpr bool kLanes8 = false;  // dot_ref.cpp's order: lanes8 (else serial)
     using W = BlockQ4_1;
     using A = BlockQ8_1;
     static constexpr int kOffset = 0;
@@ -91,6 +97,7 @@ struct Kind<GgmlType::Q4_1> {
 };
 template <>
 struct Kind<GgmlType::Q5_1> {
+    static constexpr bool kLanes8 = false;  // dot_ref.cpp's order: lanes8 (else serial)
     using W = BlockQ5_1;
     using A = BlockQ8_1;
     static constexpr int kOffset = 0;
@@ -204,6 +211,13 @@ void prepare(TokBlock* p, const uint8_t* act, size_t act_stride, int n_tok, int 
                 out[b].s = f16(y[b].s);
             else
                 out[b].off = -K::kOffset * sum_i8(y[b].qs);
+            if constexpr (K::kLanes8) {
+                for (int g = 0; g < 8; ++g) {
+                    int sum = 0;
+                    for (int e = 0; e < 4; ++e) sum += y[b].qs[4 * g + e];
+                    out[b].off8[g] = -K::kOffset * sum;
+                }
+            }
         }
     }
 }
@@ -216,8 +230,13 @@ void micro(const Tile& tile, int kb, const TokBlock* prep, const uint8_t* act, s
     using A = typename K::A;
     const A* a[kT];
     for (int t = 0; t < kT; ++t) a[t] = reinterpret_cast<const A*>(act + static_cast<size_t>(t) * act_stride);
+    // Rows wider than a chunk go on from the sums of the chunks before (in y): one fma a block
+    // after another, the serial order of dot_ref.cpp (Q4_0).
+    const auto mask = static_cast<__mmask16>(nr >= kLanes ? 0xFFFF : (1u << nr) - 1);
     __m512 acc[kT];
-    for (int t = 0; t < kT; ++t) acc[t] = _mm512_setzero_ps();
+    for (int t = 0; t < kT; ++t) {
+        acc[t] = add ? _mm512_maskz_loadu_ps(mask, y + static_cast<size_t>(t) * y_stride) : _mm512_setzero_ps();
+    }
     for (int b = 0; b < kb; ++b) {
         __m512i sum[kT];
 #pragma GCC unroll 8
@@ -266,12 +285,84 @@ void micro(const Tile& tile, int kb, const TokBlock* prep, const uint8_t* act, s
             for (int t = 0; t < kT; ++t) acc[t] = _mm512_fmadd_ps(mw, _mm512_set1_ps(prep[t * kChunk + b].s), acc[t]);
         }
     }
+    for (int t = 0; t < kT; ++t) _mm512_mask_storeu_ps(y + static_cast<size_t>(t) * y_stride, mask, acc[t]);
+}
+
+// The lanes8 order (Q5_0, Q8_0, as llama.cpp's sgemm and vec_dot): for each of the tile's rows and
+// kT tokens, 8 float accumulators, accumulator g taking the exact integer sum of elements
+// 4g .. 4g + 3 of each block (register g of the tile) times d_w d_a in one fma a block; at the
+// end hsum_float_8's tree over g. Rows wider than a chunk carry the accumulators over in `state`
+// ([token][g][row] floats): first / last say whether this call starts or ends the row.
+template <typename K, bool kVnni, int kT>
+void micro_lanes8(const Tile& tile, int kb, const TokBlock* prep, const uint8_t* act, size_t act_stride, float* y,
+                  size_t y_stride, int nr, float* state, bool first, bool last) {
+    using A = typename K::A;
+    const A* a[kT];
+    for (int t = 0; t < kT; ++t) a[t] = reinterpret_cast<const A*>(act + static_cast<size_t>(t) * act_stride);
+    __m512 acc[kT][8];
+    for (int t = 0; t < kT; ++t) {
+        for (int g = 0; g < 8; ++g) acc[t][g] = first ? _mm512_setzero_ps() : _mm512_loadu_ps(state + (8 * t + g) * 16);
+    }
+    for (int b = 0; b < kb; ++b) {
+        const __m512 dw = _mm512_load_ps(tile.d[b]);
+        __m512 scale[kT];
+#pragma GCC unroll 8
+        for (int t = 0; t < kT; ++t) scale[t] = _mm512_mul_ps(dw, _mm512_set1_ps(prep[t * kChunk + b].d));
+#pragma GCC unroll 8
+        for (int g = 0; g < 8; ++g) {
+            if constexpr (kVnni) {
+                const __m512i w = _mm512_load_si512(tile.q[b][g]);
+#pragma GCC unroll 8
+                for (int t = 0; t < kT; ++t) {
+                    const __m512i sum = _mm512_dpbusd_epi32(_mm512_set1_epi32(prep[t * kChunk + b].off8[g]), w,
+                                                            _mm512_set1_epi32(load_i32(a[t][b].qs + 4 * g)));
+                    acc[t][g] = _mm512_fmadd_ps(_mm512_cvtepi32_ps(sum), scale[t], acc[t][g]);
+                }
+            } else {
+                const __m512i ones = _mm512_set1_epi16(1);
+#pragma GCC unroll 8
+                for (int t = 0; t < kT; ++t) {
+                    const __m512i yg = _mm512_set1_epi32(load_i32(a[t][b].qs + 4 * g));
+                    __m512i sum = _mm512_add_epi32(
+                        _mm512_set1_epi32(prep[t * kChunk + b].off8[g]),
+                        _mm512_madd_epi16(_mm512_maddubs_epi16(_mm512_load_si512(tile.q[b][g]), yg), ones));
+                    if constexpr (K::kPlanesWithoutVnni == 2) {
+                        sum = _mm512_add_epi32(
+                            sum, _mm512_madd_epi16(_mm512_maddubs_epi16(_mm512_load_si512(tile.q[b][8 + g]), yg),
+                                                   _mm512_set1_epi16(16)));
+                    }
+                    acc[t][g] = _mm512_fmadd_ps(_mm512_cvtepi32_ps(sum), scale[t], acc[t][g]);
+                }
+            }
+        }
+    }
     const auto mask = static_cast<__mmask16>(nr >= kLanes ? 0xFFFF : (1u << nr) - 1);
     for (int t = 0; t < kT; ++t) {
-        float* out = y + static_cast<size_t>(t) * y_stride;
-        __m512 v = acc[t];
-        if (add) v = _mm512_add_ps(v, _mm512_maskz_loadu_ps(mask, out));
-        _mm512_mask_storeu_ps(out, mask, v);
+        if (!last) {
+            for (int g = 0; g < 8; ++g) _mm512_storeu_ps(state + (8 * t + g) * 16, acc[t][g]);
+            continue;
+        }
+        const __m512 v =
+            _mm512_add_ps(_mm512_add_ps(_mm512_add_ps(acc[t][0], acc[t][4]), _mm512_add_ps(acc[t][2], acc[t][6])),
+                          _mm512_add_ps(_mm512_add_ps(acc[t][1], acc[t][5]), _mm512_add_ps(acc[t][3], acc[t][7])));
+        _mm512_mask_storeu_ps(y + static_cast<size_t>(t) * y_stride, mask, v);
+    }
+}
+
+// Tokens per micro_lanes8 call: 8 accumulators each.
+constexpr int kMaxTokLanes8 = 3;
+
+template <typename K, bool kVnni>
+void micro_lanes8_n(int nt, const Tile& tile, int kb, const TokBlock* prep, const uint8_t* act, size_t act_stride,
+                    float* y, size_t y_stride, int nr, float* state, bool first, bool last) {
+    switch (nt) {
+        case 1:
+            return micro_lanes8<K, kVnni, 1>(tile, kb, prep, act, act_stride, y, y_stride, nr, state, first, last);
+        case 2:
+            return micro_lanes8<K, kVnni, 2>(tile, kb, prep, act, act_stride, y, y_stride, nr, state, first, last);
+        default:
+            return micro_lanes8<K, kVnni, kMaxTokLanes8>(tile, kb, prep, act, act_stride, y, y_stride, nr, state, first,
+                                                         last);
     }
 }
 
@@ -303,6 +394,16 @@ void gemm(int n, int n_rows, int n_tok, const void* w, size_t w_stride, const vo
     const int nb = n / 32;
     Tile tile;
     TokBlock prep[kTokChunk * kChunk];
+    // The lanes8 accumulators of rows wider than a chunk, between chunks: 8 x 16 floats per row
+    // tile and token of a token chunk. Grows to the largest call this thread has seen.
+    float* state = nullptr;
+    if constexpr (K::kLanes8) {
+        static thread_local std::vector<float> buffer;
+        const size_t size =
+            nb > kChunk ? static_cast<size_t>((n_rows + kLanes - 1) / kLanes) * kTokChunk * 8 * kLanes : 0;
+        if (buffer.size() < size) buffer.resize(size);
+        state = buffer.data();
+    }
     for (int t0 = 0; t0 < n_tok; t0 += kTokChunk) {
         const int tc = n_tok - t0 < kTokChunk ? n_tok - t0 : kTokChunk;
         const uint8_t* a0 = a_bytes + static_cast<size_t>(t0) * act_stride;
@@ -313,11 +414,24 @@ void gemm(int n, int n_rows, int n_tok, const void* w, size_t w_stride, const vo
                 const int nr = n_rows - r0 < kLanes ? n_rows - r0 : kLanes;
                 repack<K, kVnni ? 1 : K::kPlanesWithoutVnni>(tile, w_bytes + static_cast<size_t>(r0) * w_stride,
                                                              w_stride, nr, b0, kb);
-                for (int t = 0; t < tc; t += kMaxTok) {
-                    const int nt = tc - t < kMaxTok ? tc - t : kMaxTok;
-                    micro_n<K, kVnni>(nt, tile, kb, prep + t * kChunk,
-                                      a0 + static_cast<size_t>(t) * act_stride + b0 * sizeof(typename K::A), act_stride,
-                                      y + static_cast<size_t>(t0 + t) * y_stride + r0, y_stride, nr, b0 > 0);
+                if constexpr (K::kLanes8) {
+                    float* tile_state = state + static_cast<size_t>(r0 / kLanes) * kTokChunk * 8 * kLanes;
+                    for (int t = 0; t < tc; t += kMaxTokLanes8) {
+                        const int nt = tc - t < kMaxTokLanes8 ? tc - t : kMaxTokLanes8;
+                        micro_lanes8_n<K, kVnni>(nt, tile, kb, prep + t * kChunk,
+                                                 a0 + static_cast<size_t>(t) * act_stride + b0 * sizeof(typename K::A),
+                                                 act_stride, y + static_cast<size_t>(t0 + t) * y_stride + r0, y_stride,
+                                                 nr, tile_state + static_cast<size_t>(t) * 8 * kLanes, b0 == 0,
+                                                 b0 + kb == nb);
+                    }
+                } else {
+                    for (int t = 0; t < tc; t += kMaxTok) {
+                        const int nt = tc - t < kMaxTok ? tc - t : kMaxTok;
+                        micro_n<K, kVnni>(nt, tile, kb, prep + t * kChunk,
+                                          a0 + static_cast<size_t>(t) * act_stride + b0 * sizeof(typename K::A),
+                                          act_stride, y + static_cast<size_t>(t0 + t) * y_stride + r0, y_stride, nr,
+                                          b0 > 0);
+                    }
                 }
             }
         }

@@ -145,6 +145,7 @@ template <typename B>
 struct Q45K {
     using Block = B;
     static constexpr bool kMins = true;
+    static constexpr int kPairOffset = 0;
     static constexpr bool kDecoded = true;
     static constexpr bool kFive = std::is_same_v<Block, BlockQ5_K>;
     static Decoded decode(const Block& b) {
@@ -184,6 +185,7 @@ struct Q45K {
 
 struct Q2K {
     static constexpr bool kMins = true;
+    static constexpr int kPairOffset = 0;
     static constexpr bool kDecoded = false;
     using Block = BlockQ2_K;
     static Unpacked unpack(const BlockQ2_K& b) {
@@ -216,12 +218,14 @@ __m512i offset_words(__m256i scales) {
 
 struct Q3K {
     static constexpr bool kMins = false;
+    // q in 0..7 stands for q - 4, taken off each pair sum (4 y) so that it lands in llama.cpp's lanes.
+    static constexpr int kPairOffset = 4;
     static constexpr bool kDecoded = false;
     using Block = BlockQ3_K;
     static Unpacked unpack(const BlockQ3_K& b) {
         Unpacked u;
         const __m256i scales = _mm256_cvtepi8_epi16(q3k_scales(b.scales));
-        u.corr = offset_words<2>(scales);  // q in 0..7 stands for q - 4
+        u.corr = _mm512_setzero_si512();  // the offset goes inside the pairs (kPairOffset)
         const __m512i sc = _mm512_castsi256_si512(scales);
         const __m512i hmask = twice(b.hmask);
         const __m512i two_bits = _mm512_set1_epi8(3), four = _mm512_set1_epi8(4);
@@ -248,6 +252,7 @@ struct Q3K {
 
 struct Q6K {
     static constexpr bool kMins = false;
+    static constexpr int kPairOffset = 0;
     static constexpr bool kDecoded = false;
     using Block = BlockQ6_K;
     static Unpacked unpack(const BlockQ6_K& b) {
@@ -277,51 +282,89 @@ struct Q6K {
 // The most bytes of activations (and token pairs) one slab of a pass reads: most of a 48 KiB L1.
 constexpr size_t kSlabBytes = 40 * 1024;
 
-// The bsums and scales of two tokens' Q8_K blocks side by side, as the mins of K::kMins types take
-// them (token 2p in the low 256 bits, 2p + 1 in the high ones): the same for every weight row, so
-// a pass lays them out once.
+// The bsums of two tokens' Q8_K blocks side by side, as the mins of K::kMins types take them
+// (token 2p in the low 256 bits, 2p + 1 in the high ones): the same for every weight row, so a
+// pass lays them out once.
 struct alignas(64) TokenPair {
     __m512i bsums;
-    __m512 d;
 };
 
-// The float steps are those of the dot kernel, lane for lane, so the results are bit for bit the
-// same. The mins of two tokens share registers (their sums fill the two halves of one).
+// The float steps are those of the dot kernel (dot_avx512_kquants.cpp, in the order dot_ref.cpp
+// defines for the type), so the results are bit for bit the same:
+//   kLanes8 (Q3_K, Q5_K, Q6_K): the 16 lanes of sumi folded to llama.cpp's 8 (lanes l and l + 8 hold
+//     parts of lane l), one 8-lane fma a block; Q5_K's mins in a scalar chain (summs) added at the end.
+//   kSerial (Q2_K, Q4_K): the block's integer sum and mins sum, one fma each a block (lanes 0 and 1
+//     of a 128-bit chain), their difference at the end.
+enum class Order { kLanes8, kSerial };
+template <typename K>
+constexpr Order order_of() {
+    if constexpr (std::is_same_v<K, Q3K> || std::is_same_v<K, Q6K> || std::is_same_v<K, Q45K<BlockQ5_K>>)
+        return Order::kLanes8;
+    else
+        return Order::kSerial;
+}
 
-// hsum of the low / high 256 bits of v as dot_avx512_kquants.cpp sums a __m256.
-float hsum_low(__m512 v) {
-    return hsum(_mm512_castps512_ps256(v));
-}
-float hsum_high(__m512 v) {
-    return hsum(_mm256_castpd_ps(_mm512_extractf64x4_pd(_mm512_castps_pd(v), 1)));
+// The 8 int32 lanes of v summed (exact, so any order gives the dot's integer).
+int hsum_epi32(__m256i v) {
+    __m128i s = _mm_add_epi32(_mm256_castsi256_si128(v), _mm256_extracti128_si256(v, 1));
+    s = _mm_add_epi32(s, _mm_unpackhi_epi64(s, s));
+    s = _mm_add_epi32(s, _mm_shuffle_epi32(s, 1));
+    return _mm_cvtsi128_si32(s);
 }
 
-// The same sums four tokens at a time. _mm512_reduce_add_ps (GCC's) adds the high 256 bits to the
-// low ones, then sums those 8 lanes as hsum does: lanes i + 4 to lanes i, then lanes 2, 3 to 0, 1,
-// then lane 1 to lane 0. Float addition commutes exactly, so doing each step for several tokens
-// in one register changes nothing in the results.
-//
-// fold_pair: the first step for tokens t (low 256 bits of the result) and u (high).
-__m512 fold_pair(__m512 t, __m512 u) {
-    return _mm512_add_ps(_mm512_shuffle_f32x4(t, u, 0xEE), _mm512_shuffle_f32x4(t, u, 0x44));
+// dot_avx512_kquants.cpp's serial_step with the weight's scales already in float (the same values:
+// both convert the same halves exactly).
+__m128 serial_step(__m128 acc, __m256i sums8, __m256i mins8, float d, float dmin, float d_a) {
+    __m256i t = _mm256_hadd_epi32(sums8, mins8);
+    t = _mm256_hadd_epi32(t, t);
+    const __m128i both = _mm_add_epi32(_mm256_castsi256_si128(t), _mm256_extracti128_si256(t, 1));
+    return _mm_fmadd_ps(_mm_cvtepi32_ps(both), _mm_mul_ps(_mm_setr_ps(d, dmin, 0.0f, 0.0f), _mm_set1_ps(d_a)), acc);
 }
-// hsum of the four 256-bit halves of pair[0], pair[1], in lanes 0, 4, 8, 12.
-__m512 hsum_quad(const __m512* pair) {
-    const __m512 low = _mm512_shuffle_f32x4(pair[0], pair[1], 0x88);   // 128-bit lanes 0, 2 of each
-    const __m512 high = _mm512_shuffle_f32x4(pair[0], pair[1], 0xDD);  // lanes 1, 3
-    const __m512 s = _mm512_add_ps(low, high);
-    const __m512 s2 = _mm512_add_ps(s, _mm512_permute_ps(s, 0x4E));  // + lanes 2, 3 of each 128
-    return _mm512_add_ps(s2, _mm512_permute_ps(s2, 0xB1));           // + lane 1
+
+// The Q8_K scales of 8 tokens' blocks, token t in lane t.
+struct alignas(32) TokenScales {
+    __m256 d;
+};
+
+// tree8(v)[t] = the sum of the 8 lanes of v[t] (exact): the integer totals of 8 tokens, one per lane.
+__m256i tree8(const __m256i* v) {
+    const __m256i q0 = _mm256_hadd_epi32(_mm256_hadd_epi32(v[0], v[1]), _mm256_hadd_epi32(v[2], v[3]));
+    const __m256i q1 = _mm256_hadd_epi32(_mm256_hadd_epi32(v[4], v[5]), _mm256_hadd_epi32(v[6], v[7]));
+    const __m128i t03 = _mm_add_epi32(_mm256_castsi256_si128(q0), _mm256_extracti128_si256(q0, 1));
+    const __m128i t47 = _mm_add_epi32(_mm256_castsi256_si128(q1), _mm256_extracti128_si256(q1, 1));
+    return _mm256_set_m128i(t47, t03);
+}
+
+__m256i low256(__m512i v) {
+    return _mm512_castsi512_si256(v);
+}
+__m256i high256(__m512i v) {
+    return _mm512_extracti64x4_epi64(v, 1);
 }
 
 template <typename K, bool kVnni, int kT>
 void rows_times_tokens(int n, int n_rows, const uint8_t* w, size_t w_stride, const Decoded* decoded, const uint8_t* act,
                        size_t act_stride, float* y, size_t y_stride) {
     static_assert(kT == 1 || kT % 2 == 0);
+    constexpr Order kOrder = order_of<K>();
     constexpr int kPairs = (kT + 1) / 2;
     using Block = typename K::Block;
     const BlockQ8_K* a[kT];
     for (int t = 0; t < kT; ++t) a[t] = as<BlockQ8_K>(act + static_cast<size_t>(t) * act_stride);
+    // kSerial passes of 8 tokens run the serial steps of the 8 tokens side by side, token t in lane
+    // t (the same float operations per token): the block's 8 integer totals come out of one
+    // reduction tree, and the tokens' d are laid out once per pass.
+    constexpr bool kBatched = kOrder == Order::kSerial && kT == 8;
+    const TokenScales* token_d = nullptr;
+    if constexpr (kBatched) {
+        static thread_local std::vector<TokenScales> table;
+        if (table.size() < static_cast<size_t>(n / kQK)) table.resize(n / kQK);
+        for (int i = 0; i < n / kQK; ++i) {
+            table[i].d =
+                _mm256_setr_ps(a[0][i].d, a[1][i].d, a[2][i].d, a[3][i].d, a[4][i].d, a[5][i].d, a[6][i].d, a[7][i].d);
+        }
+        token_d = table.data();
+    }
     const TokenPair* pairs = nullptr;
     if constexpr (K::kMins) {
         // Grows to the largest pass this thread has seen; allocates nothing after that.
@@ -334,7 +377,6 @@ void rows_times_tokens(int n, int n_rows, const uint8_t* w, size_t w_stride, con
                 const BlockQ8_K& y1 = a[kT == 1 ? 0 : 2 * p + 1][i];
                 table[i * kPairs + p].bsums =
                     _mm512_inserti64x4(_mm512_castsi256_si512(load256(y0.bsums)), load256(y1.bsums), 1);
-                table[i * kPairs + p].d = _mm512_mask_mov_ps(_mm512_set1_ps(y0.d), 0xFF00, _mm512_set1_ps(y1.d));
             }
         }
         pairs = table.data();
@@ -346,7 +388,8 @@ void rows_times_tokens(int n, int n_rows, const uint8_t* w, size_t w_stride, con
     constexpr size_t kBlockBytes = kT * sizeof(BlockQ8_K) + (K::kMins ? kPairs * sizeof(TokenPair) : 0);
     const int n_slabs = static_cast<int>((n_blocks * kBlockBytes + kSlabBytes - 1) / kSlabBytes);
     const int slab = (n_blocks + n_slabs - 1) / n_slabs;
-    constexpr int kState = kT + kPairs;
+    constexpr bool kSumms = kOrder == Order::kLanes8 && K::kMins;  // Q5_K's second chain
+    constexpr int kState = kSumms ? 2 * kT : kT;
     float* state = nullptr;  // kState registers of 16 floats per row
     if (n_slabs > 1) {
         static thread_local std::vector<float> buffer;
@@ -358,21 +401,25 @@ void rows_times_tokens(int n, int n_rows, const uint8_t* w, size_t w_stride, con
         const int i1 = std::min(n_blocks, i0 + slab);
         for (int r = 0; r < n_rows; ++r) {
             const Block* x = as<Block>(w + static_cast<size_t>(r) * w_stride);
+            // acc[t]: kLanes8 the low 8 lanes; kSerial lanes 0 (sum) and 1 (mins).
+            // summs[t]: lane 0, Q5_K's mins.
             __m512 acc[kT];
-            __m512 acc_mins[kPairs];  // tokens 2p (low 256 bits) and 2p + 1 (high)
+            __m512 summs[kSumms ? kT : 1];
             float* row_state = state != nullptr ? state + static_cast<size_t>(r) * kState * 16 : nullptr;
             if (i0 == 0) {
                 unroll<kT>([&](auto t_) { acc[decltype(t_)::value] = _mm512_setzero_ps(); });
-                unroll<kPairs>([&](auto p_) { acc_mins[decltype(p_)::value] = _mm512_setzero_ps(); });
+                if constexpr (kSumms) unroll<kT>([&](auto t_) { summs[decltype(t_)::value] = _mm512_setzero_ps(); });
             } else {
                 unroll<kT>([&](auto t_) {
                     constexpr int t = decltype(t_)::value;
                     acc[t] = _mm512_loadu_ps(row_state + 16 * t);
                 });
-                unroll<kPairs>([&](auto p_) {
-                    constexpr int p = decltype(p_)::value;
-                    acc_mins[p] = _mm512_loadu_ps(row_state + 16 * (kT + p));
-                });
+                if constexpr (kSumms) {
+                    unroll<kT>([&](auto t_) {
+                        constexpr int t = decltype(t_)::value;
+                        summs[t] = _mm512_loadu_ps(row_state + 16 * (kT + t));
+                    });
+                }
             }
             for (int i = i0; i < i1; ++i) {
                 Unpacked u;
@@ -380,28 +427,61 @@ void rows_times_tokens(int n, int n_rows, const uint8_t* w, size_t w_stride, con
                     u = K::unpack(x[i], decoded[static_cast<size_t>(r) * (n / kQK) + i]);
                 else
                     u = K::unpack(x[i]);
-                const __m512 d = _mm512_set1_ps(u.d);
+                // The mins sums of token pairs: token 2p in the low 256 bits, 2p + 1 in the high ones.
+                __m512i min_sums[kPairs];
+                if constexpr (K::kMins) {
+                    unroll<kPairs>([&](auto p_) {
+                        constexpr int p = decltype(p_)::value;
+                        min_sums[p] = _mm512_madd_epi16(pairs[i * kPairs + p].bsums, u.corr);
+                    });
+                }
+                __m256i batch_sums[kBatched ? kT : 1], batch_mins[kBatched ? kT : 1];
                 unroll<kT>([&](auto t_) {
                     constexpr int t = decltype(t_)::value;
                     const BlockQ8_K& yb = a[t][i];
                     __m512i sumi = _mm512_setzero_si512();
                     unroll<4>([&](auto c_) {
                         constexpr int c = decltype(c_)::value;
-                        sumi = scaled_sum<kVnni>(sumi, _mm512_maddubs_epi16(u.q[c], load512(yb.qs + 64 * c)), u.sc[c]);
+                        const __m512i yq = load512(yb.qs + 64 * c);
+                        __m512i prods = _mm512_maddubs_epi16(u.q[c], yq);
+                        if constexpr (K::kPairOffset != 0) {
+                            prods = _mm512_sub_epi16(prods, _mm512_maddubs_epi16(_mm512_set1_epi8(K::kPairOffset), yq));
+                        }
+                        sumi = scaled_sum<kVnni>(sumi, prods, u.sc[c]);
                     });
-                    if constexpr (!K::kMins)
+                    if constexpr (!K::kMins && K::kPairOffset == 0)
                         sumi = scaled_sum<kVnni>(sumi, _mm512_zextsi256_si512(load256(yb.bsums)), u.corr);
-                    acc[t] = _mm512_fmadd_ps(_mm512_mul_ps(_mm512_set1_ps(yb.d), d), _mm512_cvtepi32_ps(sumi), acc[t]);
+                    {
+                        const __m256i sums8 = _mm256_add_epi32(low256(sumi), high256(sumi));
+                        if constexpr (kOrder == Order::kLanes8) {
+                            const __m256 lanes = _mm256_fmadd_ps(_mm256_set1_ps(yb.d * u.d), _mm256_cvtepi32_ps(sums8),
+                                                                 _mm512_castps512_ps256(acc[t]));
+                            acc[t] = _mm512_castps256_ps512(lanes);
+                            if constexpr (kSumms) {
+                                const __m256i mins8 = t % 2 == 0 ? low256(min_sums[t / 2]) : high256(min_sums[t / 2]);
+                                const __m128 mins_f = _mm_cvtepi32_ps(_mm_set1_epi32(hsum_epi32(mins8)));
+                                summs[t] = _mm512_castps128_ps512(
+                                    _mm_fmadd_ss(_mm_set_ss(-yb.d * u.dmin), mins_f, _mm512_castps512_ps128(summs[t])));
+                            }
+                        } else {
+                            const __m256i mins8 = t % 2 == 0 ? low256(min_sums[t / 2]) : high256(min_sums[t / 2]);
+                            if constexpr (kBatched) {
+                                batch_sums[t] = sums8;
+                                batch_mins[t] = mins8;
+                            } else {
+                                acc[t] = _mm512_castps128_ps512(
+                                    serial_step(_mm512_castps512_ps128(acc[t]), sums8, mins8, u.d, u.dmin, yb.d));
+                            }
+                        }
+                    }
                 });
-                if constexpr (K::kMins) {
-                    const __m512 dmin = _mm512_set1_ps(u.dmin);
-                    unroll<kPairs>([&](auto p_) {
-                        constexpr int p = decltype(p_)::value;
-                        const TokenPair& pair = pairs[i * kPairs + p];
-                        acc_mins[p] =
-                            _mm512_fmadd_ps(_mm512_mul_ps(pair.d, dmin),
-                                            _mm512_cvtepi32_ps(_mm512_madd_epi16(pair.bsums, u.corr)), acc_mins[p]);
-                    });
+                if constexpr (kBatched) {  // acc[0]: the 8 tokens' sums, acc[1]: their mins
+                    const __m256 scale = _mm256_mul_ps(_mm256_set1_ps(u.d), token_d[i].d);
+                    const __m256 scale_min = _mm256_mul_ps(_mm256_set1_ps(u.dmin), token_d[i].d);
+                    acc[0] = _mm512_castps256_ps512(
+                        _mm256_fmadd_ps(_mm256_cvtepi32_ps(tree8(batch_sums)), scale, _mm512_castps512_ps256(acc[0])));
+                    acc[1] = _mm512_castps256_ps512(_mm256_fmadd_ps(_mm256_cvtepi32_ps(tree8(batch_mins)), scale_min,
+                                                                    _mm512_castps512_ps256(acc[1])));
                 }
             }
             if (i1 < n_blocks) {
@@ -409,33 +489,32 @@ void rows_times_tokens(int n, int n_rows, const uint8_t* w, size_t w_stride, con
                     constexpr int t = decltype(t_)::value;
                     _mm512_storeu_ps(row_state + 16 * t, acc[t]);
                 });
-                unroll<kPairs>([&](auto p_) {
-                    constexpr int p = decltype(p_)::value;
-                    _mm512_storeu_ps(row_state + 16 * (kT + p), acc_mins[p]);
-                });
+                if constexpr (kSumms) {
+                    unroll<kT>([&](auto t_) {
+                        constexpr int t = decltype(t_)::value;
+                        _mm512_storeu_ps(row_state + 16 * (kT + t), summs[t]);
+                    });
+                }
                 continue;
             }
-            if constexpr (kT % 4 == 0) {
-                unroll<kT / 4>([&](auto g_) {
-                    constexpr int g = decltype(g_)::value;
-                    const __m512 folded[2] = {fold_pair(acc[4 * g], acc[4 * g + 1]),
-                                              fold_pair(acc[4 * g + 2], acc[4 * g + 3])};
-                    __m512 sums = hsum_quad(folded);
-                    if constexpr (K::kMins) sums = _mm512_sub_ps(sums, hsum_quad(&acc_mins[2 * g]));
-                    float* out = y + static_cast<size_t>(r);
-                    _mm_store_ss(out + (4 * g) * y_stride, _mm512_castps512_ps128(sums));
-                    _mm_store_ss(out + (4 * g + 1) * y_stride, _mm512_extractf32x4_ps(sums, 1));
-                    _mm_store_ss(out + (4 * g + 2) * y_stride, _mm512_extractf32x4_ps(sums, 2));
-                    _mm_store_ss(out + (4 * g + 3) * y_stride, _mm512_extractf32x4_ps(sums, 3));
-                });
-            } else {
-                unroll<kT>([&](auto t_) {
-                    constexpr int t = decltype(t_)::value;
-                    float sum = _mm512_reduce_add_ps(acc[t]);
-                    if constexpr (K::kMins) sum -= t % 2 == 0 ? hsum_low(acc_mins[t / 2]) : hsum_high(acc_mins[t / 2]);
-                    y[t * y_stride + static_cast<size_t>(r)] = sum;
-                });
+            if constexpr (kBatched) {
+                alignas(32) float sums[8];
+                _mm256_store_ps(sums, _mm256_sub_ps(_mm512_castps512_ps256(acc[0]), _mm512_castps512_ps256(acc[1])));
+                for (int t = 0; t < kT; ++t) y[t * y_stride + static_cast<size_t>(r)] = sums[t];
+                continue;
             }
+            unroll<kT>([&](auto t_) {
+                constexpr int t = decltype(t_)::value;
+                float sum;
+                if constexpr (kOrder == Order::kLanes8) {
+                    sum = hsum(_mm512_castps512_ps256(acc[t]));
+                    if constexpr (kSumms) sum += _mm_cvtss_f32(_mm512_castps512_ps128(summs[t]));
+                } else {
+                    const __m128 s = _mm512_castps512_ps128(acc[t]);
+                    sum = _mm_cvtss_f32(_mm_sub_ss(s, _mm_movehdup_ps(s)));
+                }
+                y[t * y_stride + static_cast<size_t>(r)] = sum;
+            });
         }
     }
 }

@@ -120,59 +120,26 @@ void float_small(int n, int n_rows, int n_tok, const void* w, size_t w_stride, c
 
 // ---- Q8_0 with Q8_0 (dot_avx2.cpp's dot_q8_0) ----
 
-// Lane k of s in all eight lanes.
-template <int kLane>
-__m256 lane(__m128 s) {
-    return _mm256_permutevar8x32_ps(_mm256_castps128_ps256(s), _mm256_set1_epi32(kLane));
-}
-
-// As dot_q8_0: per block, x's sign moved onto y and |x| the unsigned side of maddubs; scaled by
-// d_w d_a, four blocks a step alternating between two accumulators, then one block at a time.
-// yd: each token's block scales as floats.
 template <int kT>
 void q8_0_rows(int nb, int n_rows, const uint8_t* w, size_t w_stride, const BlockQ8_0* const* ya,
                const float* const* yd, float* y, size_t y_stride) {
     const __m256i ones = _mm256_set1_epi16(1);
     for (int r = 0; r < n_rows; ++r) {
         const auto* x = reinterpret_cast<const BlockQ8_0*>(w + static_cast<size_t>(r) * w_stride);
-        __m256 acc0[kT], acc1[kT];
-        for (int t = 0; t < kT; ++t) acc0[t] = acc1[t] = _mm256_setzero_ps();
-        auto block_sums = [&](__m256i xq, __m256i xa, int t, int b) {
-            const __m256i yq = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(ya[t][b].qs));
-            return _mm256_cvtepi32_ps(_mm256_madd_epi16(_mm256_maddubs_epi16(xa, _mm256_sign_epi8(yq, xq)), ones));
-        };
-        int i = 0;
-        for (; i + 4 <= nb; i += 4) {
-            auto h = [](uint16_t v) { return static_cast<short>(v); };
-            const __m128 xd =
-                _mm_cvtph_ps(_mm_setr_epi16(h(x[i].d), h(x[i + 1].d), h(x[i + 2].d), h(x[i + 3].d), 0, 0, 0, 0));
-            __m128 s[kT];
-            for (int t = 0; t < kT; ++t) s[t] = _mm_mul_ps(xd, _mm_loadu_ps(yd[t] + i));
-            __m256i xq = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(x[i].qs));
-            __m256i xa = _mm256_sign_epi8(xq, xq);
-            for (int t = 0; t < kT; ++t) acc0[t] = _mm256_fmadd_ps(lane<0>(s[t]), block_sums(xq, xa, t, i), acc0[t]);
-            xq = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(x[i + 1].qs));
-            xa = _mm256_sign_epi8(xq, xq);
-            for (int t = 0; t < kT; ++t)
-                acc1[t] = _mm256_fmadd_ps(lane<1>(s[t]), block_sums(xq, xa, t, i + 1), acc1[t]);
-            xq = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(x[i + 2].qs));
-            xa = _mm256_sign_epi8(xq, xq);
-            for (int t = 0; t < kT; ++t)
-                acc0[t] = _mm256_fmadd_ps(lane<2>(s[t]), block_sums(xq, xa, t, i + 2), acc0[t]);
-            xq = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(x[i + 3].qs));
-            xa = _mm256_sign_epi8(xq, xq);
-            for (int t = 0; t < kT; ++t)
-                acc1[t] = _mm256_fmadd_ps(lane<3>(s[t]), block_sums(xq, xa, t, i + 3), acc1[t]);
-        }
-        for (; i < nb; ++i) {
+        __m256 acc[kT];  // the lanes8 order of dot_ref.cpp: one 8-lane fma a block
+        for (int t = 0; t < kT; ++t) acc[t] = _mm256_setzero_ps();
+        for (int i = 0; i < nb; ++i) {
             const __m256i xq = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(x[i].qs));
             const __m256i xa = _mm256_sign_epi8(xq, xq);
             const float xd = f16(x[i].d);
             for (int t = 0; t < kT; ++t) {
-                acc0[t] = _mm256_fmadd_ps(_mm256_set1_ps(xd * yd[t][i]), block_sums(xq, xa, t, i), acc0[t]);
+                const __m256i yq = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(ya[t][i].qs));
+                const __m256 sums =
+                    _mm256_cvtepi32_ps(_mm256_madd_epi16(_mm256_maddubs_epi16(xa, _mm256_sign_epi8(yq, xq)), ones));
+                acc[t] = _mm256_fmadd_ps(_mm256_set1_ps(xd * yd[t][i]), sums, acc[t]);
             }
         }
-        for (int t = 0; t < kT; ++t) y[static_cast<size_t>(t) * y_stride + r] = hsum(_mm256_add_ps(acc0[t], acc1[t]));
+        for (int t = 0; t < kT; ++t) y[static_cast<size_t>(t) * y_stride + r] = hsum(acc[t]);
     }
 }
 
@@ -245,6 +212,22 @@ __m128i q4k_scales_mins(const uint8_t* packed) {
 
 // Per super-block the scales and mins are unpacked once; per 64 elements the quants once, then
 // every token's pair sums (integer: their order does not change them).
+// dot_avx2_kquants.cpp's serial_step with the weight's scales already in float (the same values).
+__m128 serial_step(__m128 acc, __m256i sums8, __m256i mins8, float d, float dmin, float d_a) {
+    __m256i t = _mm256_hadd_epi32(sums8, mins8);
+    t = _mm256_hadd_epi32(t, t);
+    const __m128i both = _mm_add_epi32(_mm256_castsi256_si128(t), _mm256_extracti128_si256(t, 1));
+    return _mm_fmadd_ps(_mm_cvtepi32_ps(both), _mm_mul_ps(_mm_setr_ps(d, dmin, 0.0f, 0.0f), _mm_set1_ps(d_a)), acc);
+}
+
+// The sum of the 8 int32 lanes as one float, as dot_avx2_kquants.cpp's sum_to_float.
+__m128 sum_to_float(__m256i v) {
+    __m128i s = _mm_add_epi32(_mm256_castsi256_si128(v), _mm256_extracti128_si256(v, 1));
+    s = _mm_add_epi32(s, _mm_unpackhi_epi64(s, s));
+    s = _mm_add_epi32(s, _mm_shuffle_epi32(s, 1));
+    return _mm_cvtepi32_ps(s);
+}
+
 template <typename Block, int kT>
 void q4_5_k_rows(int n, int n_rows, const uint8_t* w, size_t w_stride, const BlockQ8_K* const* ya, float* y,
                  size_t y_stride) {
@@ -252,17 +235,23 @@ void q4_5_k_rows(int n, int n_rows, const uint8_t* w, size_t w_stride, const Blo
     const __m256i nibble = _mm256_set1_epi8(0x0F);
     for (int r = 0; r < n_rows; ++r) {
         const auto* x = reinterpret_cast<const Block*>(w + static_cast<size_t>(r) * w_stride);
-        __m256 acc[kT], acc_mins[kT];
-        for (int t = 0; t < kT; ++t) acc[t] = acc_mins[t] = _mm256_setzero_ps();
+        // The dot's float steps: Q4_K serial (lanes 0 and 1 of serial), Q5_K lanes8 and summs.
+        __m256 acc[kT];
+        __m128 serial[kT];
+        __m256i min_sums[kT];
+        for (int t = 0; t < kT; ++t) {
+            acc[t] = _mm256_setzero_ps();
+            serial[t] = _mm_setzero_ps();
+        }
         for (int i = 0; i < n / kQK; ++i) {
             const __m128i packed = q4k_scales_mins(x[i].scales);
             const __m128i mins = _mm_cvtepu8_epi16(_mm_srli_si128(packed, 8));
             const __m256i mins_twice = _mm256_set_m128i(_mm_unpackhi_epi16(mins, mins), _mm_unpacklo_epi16(mins, mins));
             const float dmin = f16(x[i].dmin), d = f16(x[i].d);
             for (int t = 0; t < kT; ++t) {
-                const __m256i min_sums = _mm256_madd_epi16(load256(ya[t][i].bsums), mins_twice);
-                acc_mins[t] =
-                    _mm256_fmadd_ps(_mm256_set1_ps(ya[t][i].d * dmin), _mm256_cvtepi32_ps(min_sums), acc_mins[t]);
+                min_sums[t] = _mm256_madd_epi16(load256(ya[t][i].bsums), mins_twice);
+                if constexpr (kFive)
+                    serial[t] = _mm_fmadd_ss(_mm_set_ss(-ya[t][i].d * dmin), sum_to_float(min_sums[t]), serial[t]);
             }
             const __m256i scales = _mm256_broadcastsi128_si256(_mm_cvtepu8_epi16(packed));
             __m256i high_bits;
@@ -287,10 +276,17 @@ void q4_5_k_rows(int n, int n_rows, const uint8_t* w, size_t w_stride, const Blo
                 }
             });
             for (int t = 0; t < kT; ++t) {
-                acc[t] = _mm256_fmadd_ps(_mm256_set1_ps(ya[t][i].d * d), _mm256_cvtepi32_ps(sumi[t]), acc[t]);
+                if constexpr (kFive)
+                    acc[t] = _mm256_fmadd_ps(_mm256_set1_ps(ya[t][i].d * d), _mm256_cvtepi32_ps(sumi[t]), acc[t]);
+                else
+                    serial[t] = serial_step(serial[t], sumi[t], min_sums[t], d, dmin, ya[t][i].d);
             }
         }
-        for (int t = 0; t < kT; ++t) y[static_cast<size_t>(t) * y_stride + r] = hsum(acc[t]) - hsum(acc_mins[t]);
+        for (int t = 0; t < kT; ++t) {
+            y[static_cast<size_t>(t) * y_stride + r] =
+                kFive ? hsum(acc[t]) + _mm_cvtss_f32(serial[t])
+                      : _mm_cvtss_f32(_mm_sub_ss(serial[t], _mm_movehdup_ps(serial[t])));
+        }
     }
 }
 

@@ -161,61 +161,84 @@ __m512i blocks_x2(const int8_t* lo, const int8_t* hi) {
     return _mm512_inserti64x4(_mm512_castsi256_si512(load256(lo)), load256(hi), 1);
 }
 
-// As dot_q8_0: x's sign moved onto y, |x| the unsigned side; pairs of blocks in one register, scaled
-// by d_w d_a (block i in the low 8 lanes, i + 1 in the high 8), four blocks a step into two
-// accumulators; an odd last block paired with itself at scale 0.
-template <bool kVnni, int kT>
-void q8_0_rows(int nb, int n_rows, const uint8_t* w, size_t w_stride, const PreparedQ8& a, float* y, size_t y_stride) {
-    const __m512i first_two =
-        _mm512_set_epi64(0x0000000100000001, 0x0000000100000001, 0x0000000100000001, 0x0000000100000001, 0, 0, 0, 0);
-    const __m512i last_two = _mm512_add_epi32(first_two, _mm512_set1_epi32(2));
+float hsum(__m256 v) {
+    __m128 s = _mm_add_ps(_mm256_castps256_ps128(v), _mm256_extractf128_ps(v, 1));
+    s = _mm_add_ps(s, _mm_movehl_ps(s, s));
+    s = _mm_add_ss(s, _mm_movehdup_ps(s));
+    return _mm_cvtss_f32(s);
+}
+
+// Q5_0's quants of two blocks as unsigned bytes (0..31, standing for q - 16): block b0 in bytes
+// 0..31 (low nibbles = elements 0..15 first), b1 in bytes 32..63, the fifth bit added.
+__m512i q5_0_quants_x2(const BlockQ5_0& b0, const BlockQ5_0& b1) {
+    const __m256i both =
+        _mm256_inserti128_si256(_mm256_castsi128_si256(_mm_loadu_si128(reinterpret_cast<const __m128i*>(b0.qs))),
+                                _mm_loadu_si128(reinterpret_cast<const __m128i*>(b1.qs)), 1);
+    const __m512i wide =
+        _mm512_permutexvar_epi64(_mm512_set_epi64(3, 2, 3, 2, 1, 0, 1, 0), _mm512_castsi256_si512(both));
+    const __m512i q =
+        _mm512_and_si512(_mm512_srlv_epi64(wide, _mm512_set_epi64(4, 4, 0, 0, 4, 4, 0, 0)), _mm512_set1_epi8(0x0F));
+    uint32_t h0, h1;
+    std::memcpy(&h0, b0.qh, 4);
+    std::memcpy(&h1, b1.qh, 4);
+    const __mmask64 fifth = static_cast<__mmask64>(h0) | (static_cast<__mmask64>(h1) << 32);
+    return _mm512_mask_add_epi8(q, fifth, q, _mm512_set1_epi8(16));
+}
+
+// As dot_q8_0 / dot_symmetric32<Q5_0>: two blocks in one register (block i in the low 8 lanes,
+// i + 1 in the high 8), each lane the exact integer sum of 4 consecutive products (Q8_0: x's sign
+// moved onto y, |x| the unsigned side; Q5_0: q y - 16 y), then the lanes8 order of dot_ref.cpp:
+// per block one 8-lane fma of d_w d_a into the token's accumulator, hsum at the end.
+template <typename Block, bool kVnni, int kT>
+void blocks32_rows(int nb, int n_rows, const uint8_t* w, size_t w_stride, const PreparedQ8& a, float* y,
+                   size_t y_stride) {
     const __m512i zero = _mm512_setzero_si512();
     for (int r = 0; r < n_rows; ++r) {
-        const auto* x = reinterpret_cast<const BlockQ8_0*>(w + static_cast<size_t>(r) * w_stride);
-        __m512 acc0[kT], acc1[kT];
-        for (int t = 0; t < kT; ++t) acc0[t] = acc1[t] = _mm512_setzero_ps();
-        int i = 0;
-        for (; i + 4 <= nb; i += 4) {
-            const __m512i x01 = blocks_x2(x[i].qs, x[i + 1].qs), x23 = blocks_x2(x[i + 2].qs, x[i + 3].qs);
-            const __mmask64 neg01 = _mm512_movepi8_mask(x01), neg23 = _mm512_movepi8_mask(x23);
-            const __m512i abs01 = _mm512_abs_epi8(x01), abs23 = _mm512_abs_epi8(x23);
-            auto h = [](uint16_t v) { return static_cast<short>(v); };
-            const __m128 xd =
-                _mm_cvtph_ps(_mm_setr_epi16(h(x[i].d), h(x[i + 1].d), h(x[i + 2].d), h(x[i + 3].d), 0, 0, 0, 0));
+        const auto* x = reinterpret_cast<const Block*>(w + static_cast<size_t>(r) * w_stride);
+        __m256 lanes[kT];
+        for (int t = 0; t < kT; ++t) lanes[t] = _mm256_setzero_ps();
+        for (int i = 0; i < nb; i += 2) {
+            const bool pair = i + 1 < nb;
+            const int j = pair ? i + 1 : i;
+            __m512i xq;  // Q8_0: |x|; Q5_0: q (unsigned)
+            __mmask64 neg = 0;
+            if constexpr (std::is_same_v<Block, BlockQ8_0>) {
+                const __m512i xij = blocks_x2(x[i].qs, x[j].qs);
+                neg = _mm512_movepi8_mask(xij);
+                xq = _mm512_abs_epi8(xij);
+            } else {
+                xq = q5_0_quants_x2(x[i], x[j]);
+            }
+            const float xdi = f16(x[i].d), xdj = f16(x[j].d);
 #pragma GCC unroll 8
             for (int t = 0; t < kT; ++t) {
-                const __m512 s = _mm512_castps128_ps512(_mm_mul_ps(xd, _mm_loadu_ps(a.d[t] + i)));
-                const __m512i y01 = _mm512_loadu_si512(a.q[t] + 32 * i);
-                const __m512i y23 = _mm512_loadu_si512(a.q[t] + 32 * i + 64);
-                const __m512i p01 = dot_u8s8<kVnni>(abs01, _mm512_mask_sub_epi8(y01, neg01, zero, y01));
-                const __m512i p23 = dot_u8s8<kVnni>(abs23, _mm512_mask_sub_epi8(y23, neg23, zero, y23));
-                acc0[t] = _mm512_fmadd_ps(_mm512_permutexvar_ps(first_two, s), _mm512_cvtepi32_ps(p01), acc0[t]);
-                acc1[t] = _mm512_fmadd_ps(_mm512_permutexvar_ps(last_two, s), _mm512_cvtepi32_ps(p23), acc1[t]);
-            }
-        }
-        for (; i < nb; i += 2) {
-            const int j = i + 1 < nb ? i + 1 : i;
-            const __m512i xij = blocks_x2(x[i].qs, x[j].qs);
-            const __mmask64 neg = _mm512_movepi8_mask(xij);
-            const __m512i abs = _mm512_abs_epi8(xij);
-            const float xdi = f16(x[i].d), xdj = f16(x[j].d);
-            for (int t = 0; t < kT; ++t) {
-                const float scale_j = j != i ? xdj * a.d[t][j] : 0.0f;
-                const __m512 s = _mm512_mask_blend_ps(0xFF00, _mm512_set1_ps(xdi * a.d[t][i]), _mm512_set1_ps(scale_j));
                 const __m512i yij = blocks_x2(a.q[t] + 32 * i, a.q[t] + 32 * j);
-                const __m512i p = dot_u8s8<kVnni>(abs, _mm512_mask_sub_epi8(yij, neg, zero, yij));
-                acc0[t] = _mm512_fmadd_ps(s, _mm512_cvtepi32_ps(p), acc0[t]);
+                __m512i p;
+                if constexpr (std::is_same_v<Block, BlockQ8_0>) {
+                    p = dot_u8s8<kVnni>(xq, _mm512_mask_sub_epi8(yij, neg, zero, yij));
+                } else if constexpr (kVnni) {
+                    const __m512i offsets = _mm512_dpbusd_epi32(zero, _mm512_set1_epi8(16), yij);
+                    p = _mm512_dpbusd_epi32(_mm512_sub_epi32(zero, offsets), xq, yij);
+                } else {
+                    const __m512i pairs = _mm512_sub_epi16(_mm512_maddubs_epi16(xq, yij),
+                                                           _mm512_maddubs_epi16(_mm512_set1_epi8(16), yij));
+                    p = _mm512_madd_epi16(pairs, _mm512_set1_epi16(1));
+                }
+                lanes[t] = _mm256_fmadd_ps(_mm256_set1_ps(xdi * a.d[t][i]),
+                                           _mm256_cvtepi32_ps(_mm512_castsi512_si256(p)), lanes[t]);
+                if (pair) {
+                    lanes[t] = _mm256_fmadd_ps(_mm256_set1_ps(xdj * a.d[t][j]),
+                                               _mm256_cvtepi32_ps(_mm512_extracti64x4_epi64(p, 1)), lanes[t]);
+                }
             }
         }
-        for (int t = 0; t < kT; ++t) {
-            y[static_cast<size_t>(t) * y_stride + r] = _mm512_reduce_add_ps(_mm512_add_ps(acc0[t], acc1[t]));
-        }
+        for (int t = 0; t < kT; ++t) y[static_cast<size_t>(t) * y_stride + r] = hsum(lanes[t]);
     }
 }
 
-template <bool kVnni>
-void q8_0_small(int n, int n_rows, int n_tok, const void* w, size_t w_stride, const void* act, size_t act_stride,
-                float* y, size_t y_stride) {
+template <typename Block, bool kVnni>
+void blocks32_small(int n, int n_rows, int n_tok, const void* w, size_t w_stride, const void* act, size_t act_stride,
+                    float* y, size_t y_stride) {
     const int nb = n / 32;
     const auto* wb = static_cast<const uint8_t*>(w);
     for (int t0 = 0; t0 < n_tok; t0 += kMaxTok) {
@@ -225,28 +248,28 @@ void q8_0_small(int n, int n_rows, int n_tok, const void* w, size_t w_stride, co
         float* yt = y + static_cast<size_t>(t0) * y_stride;
         switch (tc) {
             case 1:
-                q8_0_rows<kVnni, 1>(nb, n_rows, wb, w_stride, a, yt, y_stride);
+                blocks32_rows<Block, kVnni, 1>(nb, n_rows, wb, w_stride, a, yt, y_stride);
                 break;
             case 2:
-                q8_0_rows<kVnni, 2>(nb, n_rows, wb, w_stride, a, yt, y_stride);
+                blocks32_rows<Block, kVnni, 2>(nb, n_rows, wb, w_stride, a, yt, y_stride);
                 break;
             case 3:
-                q8_0_rows<kVnni, 3>(nb, n_rows, wb, w_stride, a, yt, y_stride);
+                blocks32_rows<Block, kVnni, 3>(nb, n_rows, wb, w_stride, a, yt, y_stride);
                 break;
             case 4:
-                q8_0_rows<kVnni, 4>(nb, n_rows, wb, w_stride, a, yt, y_stride);
+                blocks32_rows<Block, kVnni, 4>(nb, n_rows, wb, w_stride, a, yt, y_stride);
                 break;
             case 5:
-                q8_0_rows<kVnni, 5>(nb, n_rows, wb, w_stride, a, yt, y_stride);
+                blocks32_rows<Block, kVnni, 5>(nb, n_rows, wb, w_stride, a, yt, y_stride);
                 break;
             case 6:
-                q8_0_rows<kVnni, 6>(nb, n_rows, wb, w_stride, a, yt, y_stride);
+                blocks32_rows<Block, kVnni, 6>(nb, n_rows, wb, w_stride, a, yt, y_stride);
                 break;
             case 7:
-                q8_0_rows<kVnni, 7>(nb, n_rows, wb, w_stride, a, yt, y_stride);
+                blocks32_rows<Block, kVnni, 7>(nb, n_rows, wb, w_stride, a, yt, y_stride);
                 break;
             default:
-                q8_0_rows<kVnni, 8>(nb, n_rows, wb, w_stride, a, yt, y_stride);
+                blocks32_rows<Block, kVnni, 8>(nb, n_rows, wb, w_stride, a, yt, y_stride);
                 break;
         }
     }
@@ -254,11 +277,24 @@ void q8_0_small(int n, int n_rows, int n_tok, const void* w, size_t w_stride, co
 
 // ---- Q4_K, Q5_K with Q8_K (dot_avx512_kquants.cpp's dot_q4_5_K) ----
 
-float hsum(__m256 v) {
-    __m128 s = _mm_add_ps(_mm256_castps256_ps128(v), _mm256_extractf128_ps(v, 1));
-    s = _mm_add_ps(s, _mm_movehl_ps(s, s));
-    s = _mm_add_ss(s, _mm_movehdup_ps(s));
-    return _mm_cvtss_f32(s);
+// The 8 int32 lanes of v summed (exact).
+int hsum_epi32(__m256i v) {
+    __m128i s = _mm_add_epi32(_mm256_castsi256_si128(v), _mm256_extracti128_si256(v, 1));
+    s = _mm_add_epi32(s, _mm_unpackhi_epi64(s, s));
+    s = _mm_add_epi32(s, _mm_shuffle_epi32(s, 1));
+    return _mm_cvtsi128_si32(s);
+}
+
+// dot_avx512_kquants.cpp's serial_step with the weight's scales already in float (the same values).
+__m128 serial_step(__m128 acc, __m256i sums8, __m256i mins8, float d, float dmin, float d_a) {
+    __m256i t = _mm256_hadd_epi32(sums8, mins8);
+    t = _mm256_hadd_epi32(t, t);
+    const __m128i both = _mm_add_epi32(_mm256_castsi256_si128(t), _mm256_extracti128_si256(t, 1));
+    return _mm_fmadd_ps(_mm_cvtepi32_ps(both), _mm_mul_ps(_mm_setr_ps(d, dmin, 0.0f, 0.0f), _mm_set1_ps(d_a)), acc);
+}
+
+__m256i fold16(__m512i v) {  // lanes l and l + 8 added: llama.cpp's 8 lanes
+    return _mm256_add_epi32(_mm512_castsi512_si256(v), _mm512_extracti64x4_epi64(v, 1));
 }
 
 __m512i twice(const void* p) {  // 32 bytes in both halves
@@ -306,11 +342,12 @@ void q4_5_k_rows(int n, int n_rows, const uint8_t* w, size_t w_stride, const Blo
     const __m512i nibble = _mm512_set1_epi8(0x0F), nibble_shift = halves64(0, 4);
     for (int r = 0; r < n_rows; ++r) {
         const auto* x = reinterpret_cast<const Block*>(w + static_cast<size_t>(r) * w_stride);
-        __m512 acc[kT];
-        __m256 acc_mins[kT];
+        // The dot's float steps: Q4_K serial (lanes 0 and 1 of acc), Q5_K lanes8 and summs.
+        __m256 lanes[kT];
+        __m128 acc[kT];
         for (int t = 0; t < kT; ++t) {
-            acc[t] = _mm512_setzero_ps();
-            acc_mins[t] = _mm256_setzero_ps();
+            lanes[t] = _mm256_setzero_ps();
+            acc[t] = _mm_setzero_ps();
         }
         for (int i = 0; i < n / kQK; ++i) {
             const __m128i packed = q4k_scales_mins(x[i].scales);
@@ -334,17 +371,24 @@ void q4_5_k_rows(int n, int n_rows, const uint8_t* w, size_t w_stride, const Blo
             for (int t = 0; t < kT; ++t) {
                 const BlockQ8_K& yb = ya[t][i];
                 const __m256i min_sums = _mm256_madd_epi16(load256(yb.bsums), mins_twice);
-                acc_mins[t] = _mm256_fmadd_ps(_mm256_set1_ps(yb.d * dmin), _mm256_cvtepi32_ps(min_sums), acc_mins[t]);
                 __m512i sumi = _mm512_setzero_si512();
                 for (int c = 0; c < 4; ++c) {
                     sumi =
                         scaled_sum<kVnni>(sumi, _mm512_maddubs_epi16(q[c], _mm512_loadu_si512(yb.qs + 64 * c)), sc[c]);
                 }
-                acc[t] = _mm512_fmadd_ps(_mm512_set1_ps(yb.d * d), _mm512_cvtepi32_ps(sumi), acc[t]);
+                if constexpr (kFive) {
+                    const __m128 mins_f = _mm_cvtepi32_ps(_mm_set1_epi32(hsum_epi32(min_sums)));
+                    acc[t] = _mm_fmadd_ss(_mm_set_ss(-yb.d * dmin), mins_f, acc[t]);
+                    lanes[t] = _mm256_fmadd_ps(_mm256_set1_ps(yb.d * d), _mm256_cvtepi32_ps(fold16(sumi)), lanes[t]);
+                } else {
+                    acc[t] = serial_step(acc[t], fold16(sumi), min_sums, d, dmin, yb.d);
+                }
             }
         }
         for (int t = 0; t < kT; ++t) {
-            y[static_cast<size_t>(t) * y_stride + r] = _mm512_reduce_add_ps(acc[t]) - hsum(acc_mins[t]);
+            y[static_cast<size_t>(t) * y_stride + r] = kFive
+                                                           ? hsum(lanes[t]) + _mm_cvtss_f32(acc[t])
+                                                           : _mm_cvtss_f32(_mm_sub_ss(acc[t], _mm_movehdup_ps(acc[t])));
         }
     }
 }
@@ -409,8 +453,8 @@ void q6_k_rows(int n, int n_rows, const uint8_t* w, size_t w_stride, const Block
     const __m512i nibble = _mm512_set1_epi8(0x0F), top = _mm512_set1_epi8(0x30);
     for (int r = 0; r < n_rows; ++r) {
         const auto* x = reinterpret_cast<const BlockQ6_K*>(w + static_cast<size_t>(r) * w_stride);
-        __m512 acc[kT];
-        for (int t = 0; t < kT; ++t) acc[t] = _mm512_setzero_ps();
+        __m256 lanes[kT];  // the lanes8 order of dot_ref.cpp
+        for (int t = 0; t < kT; ++t) lanes[t] = _mm256_setzero_ps();
         for (int i = 0; i < n / kQK; ++i) {
             const __m256i scales = _mm256_cvtepi8_epi16(_mm_loadu_si128(reinterpret_cast<const __m128i*>(x[i].scales)));
             const __m512i sc = _mm512_castsi256_si512(scales);
@@ -436,11 +480,11 @@ void q6_k_rows(int n, int n_rows, const uint8_t* w, size_t w_stride, const Block
                     sumi =
                         scaled_sum<kVnni>(sumi, _mm512_maddubs_epi16(q[k], _mm512_loadu_si512(yb.qs + 64 * k)), s4[k]);
                 }
-                sumi = _mm512_sub_epi32(sumi, _mm512_zextsi256_si512(offsets));
-                acc[t] = _mm512_fmadd_ps(_mm512_set1_ps(yb.d * d), _mm512_cvtepi32_ps(sumi), acc[t]);
+                const __m256i sums8 = _mm256_sub_epi32(fold16(sumi), offsets);
+                lanes[t] = _mm256_fmadd_ps(_mm256_set1_ps(yb.d * d), _mm256_cvtepi32_ps(sums8), lanes[t]);
             }
         }
-        for (int t = 0; t < kT; ++t) y[static_cast<size_t>(t) * y_stride + r] = _mm512_reduce_add_ps(acc[t]);
+        for (int t = 0; t < kT; ++t) y[static_cast<size_t>(t) * y_stride + r] = hsum(lanes[t]);
     }
 }
 
@@ -494,7 +538,9 @@ GemmFn table(GgmlType weight_type) {
         case GgmlType::BF16:
             return float_small<uint16_t, true>;
         case GgmlType::Q8_0:
-            return q8_0_small<kVnni>;
+            return blocks32_small<BlockQ8_0, kVnni>;
+        case GgmlType::Q5_0:
+            return blocks32_small<BlockQ5_0, kVnni>;
         case GgmlType::Q4_K:
             return q4_5_k_small<BlockQ4_K, kVnni>;
         case GgmlType::Q5_K:

@@ -36,6 +36,25 @@ double variant_tolerance(GgmlType w) {
     }
 }
 
+// The weight types whose float arithmetic dot_ref.cpp defines as llama.cpp's (lanes8 or serial):
+// every variant must give the reference's float bit for bit.
+bool exact_arithmetic(GgmlType w) {
+    switch (w) {
+        case GgmlType::Q4_0:
+        case GgmlType::Q5_0:
+        case GgmlType::Q8_0:
+        case GgmlType::IQ4_NL:
+        case GgmlType::Q2_K:
+        case GgmlType::Q3_K:
+        case GgmlType::Q4_K:
+        case GgmlType::Q5_K:
+        case GgmlType::Q6_K:
+            return true;
+        default:
+            return false;
+    }
+}
+
 std::vector<int> sizes_for(GgmlType w) {
     switch (traits(w).block_elements) {
         case 1:
@@ -181,6 +200,11 @@ TEST(Dot, VariantsMatchReference) {
                         worst = std::max(worst, err / e.abs_sum);
                         EXPECT_LE(err, variant_tolerance(w) * e.abs_sum + 1e-30)
                             << label(w, isa, n, from_floats) << " row " << r << ": got " << got << ", want " << want;
+                        if (exact_arithmetic(w)) {
+                            EXPECT_EQ(std::memcmp(&got, &want, sizeof got), 0)
+                                << label(w, isa, n, from_floats) << " row " << r << ": got " << got << ", want " << want
+                                << " (not the reference's bits)";
+                        }
                     }
                 }
             }

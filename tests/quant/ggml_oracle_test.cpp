@@ -5,12 +5,18 @@
 #include <gtest/gtest.h>
 
 #include <cmath>
+#include <cstdio>
 #include <cstdlib>
 #include <cstring>
 #include <filesystem>
+#include <initializer_list>
 #include <string>
+#include <utility>
 #include <vector>
 
+#include "ops/matmul.h"
+#include "ops/scratch.h"
+#include "ops/thread_pool.h"
 #include "quant/dot.h"
 #include "quant/quantize.h"
 #include "quant_test_data.h"
@@ -188,6 +194,16 @@ TEST(QuantizeVsGgml, Iq4NlHasTheSameBytes) {
     }
 }
 
+// The weight types whose dots follow ggml_vec_dot_*'s float order (dot_ref.cpp's lanes8): their
+// results must be llama.cpp's bits. The others are compared within a tolerance: Q4_0, IQ4_NL, Q4_K
+// and Q2_K follow llama.cpp's repacked gemv kernels instead (MatmulVsGgml below checks those),
+// Q4_1 and Q5_1 keep their own order.
+bool vec_dot_order(GgmlType t) {
+    return t == GgmlType::Q8_0 || t == GgmlType::Q5_0 || t == GgmlType::Q3_K || t == GgmlType::Q5_K ||
+           t == GgmlType::Q6_K;
+}
+
+// Same sums: within 2e-6 of sum |w a| for every type, bit for bit for the vec_dot_order types.
 TEST(DotVsGgml, SameSums) {
     REQUIRE_GGML();
     const CpuFeatures cpu = detect_cpu_features();
@@ -212,8 +228,199 @@ TEST(DotVsGgml, SameSums) {
                 float ours = 0;
                 select_dot(q.type, limit_to(cpu, isa)).fn(n, &ours, w.data(), act.data());
                 EXPECT_NEAR(ours, theirs, 2e-6 * abs_sum) << q.ggml << " " << isa_name(isa) << " n=" << n;
+                if (vec_dot_order(q.type)) {
+                    EXPECT_TRUE(same_bits(ours, theirs))
+                        << q.ggml << " " << isa_name(isa) << " n=" << n << ": " << ours << " vs " << theirs;
+                }
             }
         }
+    }
+}
+
+// ---- Whole matrix products through ggml's CPU backend ----
+//
+// llama.cpp does not run one kernel per weight type: its CPU backend repacks Q4_0, IQ4_NL, Q4_K (and
+// Q2_K on AVX-512) weights whose row count is a multiple of 8 and runs its own gemv / gemm on them,
+// hands batches of Q8_0, Q4_0, Q5_0, IQ4_NL and F16 to llamafile's sgemm, batches of 8 or more
+// tokens of the other k-quants to its tiled kernels, and everything else to ggml_vec_dot. The only
+// way to see what it computes is to run its matrix product: a ggml graph of one mul_mat on the CPU
+// backend, with the weights in its repack buffer type as llama.cpp loads them.
+
+// The few ggml types and calls the graph needs (ggml.h, ggml-backend.h; all opaque but one).
+struct GgmlInitParams {
+    size_t mem_size;
+    void* mem_buffer;
+    bool no_alloc;
+};
+using InitFn = void* (*)(GgmlInitParams);
+using FreeFn = void (*)(void*);
+using NewTensor2dFn = void* (*)(void*, int, int64_t, int64_t);
+using MulMatFn = void* (*)(void*, void*, void*);
+using NewGraphFn = void* (*)(void*);
+using BuildForwardFn = void (*)(void*, void*);
+using SizeFn = size_t (*)();
+using BackendInitFn = void* (*)();
+using SetThreadsFn = void (*)(void*, int);
+using AllocTensorsFn = void* (*)(void*, void*);
+using BufferTypeFn = void* (*)();
+using TensorSetFn = void (*)(void*, const void*, size_t, size_t);
+using TensorGetFn = void (*)(const void*, void*, size_t, size_t);
+using GraphComputeFn = int (*)(void*, void*);
+using BufferFreeFn = void (*)(void*);
+using RegFn = void* (*)();
+using RegDevGetFn = void* (*)(void*, size_t);
+using RegProcFn = void* (*)(void*, const char*);
+using ExtraBuftsFn = void** (*)(void*);
+
+// Whether llama.cpp's loader puts such a weight matrix in the repack buffer on this CPU
+// (ggml_repack_get_optimal_repack_type, x86: AVX2 for Q4_0 / IQ4_NL / Q4_K, AVX-512 for Q2_K).
+bool repacked(GgmlType type, int rows) {
+    const CpuFeatures cpu = detect_cpu_features();
+    if (rows % 8 != 0) return false;
+    switch (type) {
+        case GgmlType::Q4_0:
+        case GgmlType::IQ4_NL:
+        case GgmlType::Q4_K:
+            return cpu.best_isa() >= Isa::Avx2;
+        case GgmlType::Q2_K:
+            return cpu.best_isa() >= Isa::Avx512;
+        default:
+            return false;
+    }
+}
+
+// ggml's CPU matrix product y[t][r] = w[r] . x[t] for a rows x n weight matrix of `type` and n_tok
+// float activation rows, on `threads` threads, the weights in the repack buffer type (as llama.cpp
+// loads them; types it does not repack stay in plain CPU memory). Empty on any failure.
+std::vector<float> ggml_matmul(GgmlType type, const std::vector<uint8_t>& w, int rows, int n,
+                               const std::vector<float>& x, int n_tok, int threads) {
+    const Ggml* g = ggml();
+    auto init = g->base_fn<InitFn>("ggml_init");
+    auto free_ctx = g->base_fn<FreeFn>("ggml_free");
+    auto new_tensor = g->base_fn<NewTensor2dFn>("ggml_new_tensor_2d");
+    auto mul_mat = g->base_fn<MulMatFn>("ggml_mul_mat");
+    auto new_graph = g->base_fn<NewGraphFn>("ggml_new_graph");
+    auto build = g->base_fn<BuildForwardFn>("ggml_build_forward_expand");
+    auto tensor_overhead = g->base_fn<SizeFn>("ggml_tensor_overhead");
+    auto graph_overhead = g->base_fn<SizeFn>("ggml_graph_overhead");
+    auto alloc_tensors = g->base_fn<AllocTensorsFn>("ggml_backend_alloc_ctx_tensors_from_buft");
+    auto cpu_buft = g->base_fn<BufferTypeFn>("ggml_backend_cpu_buffer_type");
+    auto tensor_set = g->base_fn<TensorSetFn>("ggml_backend_tensor_set");
+    auto tensor_get = g->base_fn<TensorGetFn>("ggml_backend_tensor_get");
+    auto compute = g->base_fn<GraphComputeFn>("ggml_backend_graph_compute");
+    auto buffer_free = g->base_fn<BufferFreeFn>("ggml_backend_buffer_free");
+    auto backend_free = g->base_fn<FreeFn>("ggml_backend_free");
+    auto reg_dev_get = g->base_fn<RegDevGetFn>("ggml_backend_reg_dev_get");
+    auto reg_proc = g->base_fn<RegProcFn>("ggml_backend_reg_get_proc_address");
+    auto cpu_init = g->cpu_fn<BackendInitFn>("ggml_backend_cpu_init");
+    auto set_threads = g->cpu_fn<SetThreadsFn>("ggml_backend_cpu_set_n_threads");
+    auto cpu_reg = g->cpu_fn<RegFn>("ggml_backend_cpu_reg");
+    if (!init || !free_ctx || !new_tensor || !mul_mat || !new_graph || !build || !tensor_overhead || !graph_overhead ||
+        !alloc_tensors || !cpu_buft || !tensor_set || !tensor_get || !compute || !buffer_free || !backend_free ||
+        !reg_dev_get || !reg_proc || !cpu_init || !set_threads || !cpu_reg) {
+        return {};
+    }
+    // The repack buffer type: the CPU device's first extra buffer type named CPU_REPACK.
+    void* repack = nullptr;
+    auto name_of = g->base_fn<const char* (*)(void*)>("ggml_backend_buft_name");
+    if (auto extra = reinterpret_cast<ExtraBuftsFn>(reg_proc(cpu_reg(), "ggml_backend_dev_get_extra_bufts"))) {
+        for (void** b = extra(reg_dev_get(cpu_reg(), 0)); b != nullptr && *b != nullptr; ++b) {
+            if (name_of && std::string(name_of(*b)) == "CPU_REPACK") repack = *b;
+        }
+    }
+    if (repack == nullptr) return {};
+
+    const size_t meta = 8 * tensor_overhead() + graph_overhead();
+    void* ctx_w = init({meta, nullptr, true});
+    void* ctx = init({meta, nullptr, true});
+    void* tw = new_tensor(ctx_w, static_cast<int>(type), n, rows);
+    void* tx = new_tensor(ctx, 0, n, n_tok);
+    void* ty = mul_mat(ctx, tw, tx);
+    void* graph = new_graph(ctx);
+    build(graph, ty);
+    // The repack buffer refuses nothing at allocation; types without a repacked layout compute
+    // from plain memory there too (ggml_repack_get_optimal_repack_type returns no traits).
+    void* buf_w = alloc_tensors(ctx_w, repacked(type, rows) ? repack : cpu_buft());
+    void* buf = alloc_tensors(ctx, cpu_buft());
+    std::vector<float> y;
+    void* backend = cpu_init();
+    if (buf_w && buf && backend) {
+        set_threads(backend, threads);
+        tensor_set(tw, w.data(), 0, w.size());
+        tensor_set(tx, x.data(), 0, x.size() * sizeof(float));
+        if (compute(backend, graph) == 0) {
+            y.resize(static_cast<size_t>(rows) * n_tok);
+            tensor_get(ty, y.data(), 0, y.size() * sizeof(float));
+        }
+    }
+    if (backend) backend_free(backend);
+    if (buf) buffer_free(buf);
+    if (buf_w) buffer_free(buf_w);
+    free_ctx(ctx);
+    free_ctx(ctx_w);
+    return y;
+}
+
+// fitllm's matmul against ggml's, output by output, for the weight types of the demo model and the
+// generated goldens, one token (decode) and batches on each side of ggml's thresholds (2..7 tokens:
+// vec_dot or sgemm; 8 and more: the tiled k-quant kernels). Printed: how many outputs differ in
+// their bits; required: none for the (type, batch) pairs listed in kExact.
+TEST(MatmulVsGgml, SameBitsWhereFitllmFollowsLlamaCpp) {
+    REQUIRE_GGML();
+    const CpuFeatures cpu = detect_cpu_features();
+    if (cpu.best_isa() < Isa::Avx2) GTEST_SKIP() << "the orders fitllm follows are llama.cpp's AVX2 / AVX-512 ones";
+    // Where fitllm gives llama.cpp's bits, by batch size. Beyond these llama.cpp's batch kernels
+    // sum in an order that differs from its own single-token one, and fitllm keeps one order for a
+    // type (a token's results do not depend on its batch): Q4_K and Q2_K in groups of 4 tokens
+    // (the repacked gemm fmas per 64 or 128 elements instead of per super-block), Q3_K / Q5_K /
+    // Q6_K from 8 tokens on (the tiled kernels: one float product per super-block, unfused); F16
+    // rounds its activations to f16 and sums 4 x 16 (vec_dot) or 16 (sgemm) lanes.
+    struct Exact {
+        GgmlType type;
+        int max_tok;  // outputs equal for batches of up to this many tokens
+    };
+    constexpr Exact kExact[] = {
+        {GgmlType::Q8_0, 64}, {GgmlType::Q5_0, 64}, {GgmlType::Q4_0, 64}, {GgmlType::Q4_K, 3},
+        {GgmlType::Q5_K, 7},  {GgmlType::Q6_K, 7},  {GgmlType::Q3_K, 7},  {GgmlType::Q2_K, 3},
+    };
+    ops::ThreadPool pool(2);
+    ops::Scratch scratch;
+    const int rows = 64;
+    // 1536: wider than the chunks of blocks the tiled kernels of the blocks of 32 work in.
+    for (const auto& [type, n] : std::initializer_list<std::pair<GgmlType, int>>{{GgmlType::F16, 512},
+                                                                                 {GgmlType::Q8_0, 512},
+                                                                                 {GgmlType::Q8_0, 1536},
+                                                                                 {GgmlType::Q6_K, 512},
+                                                                                 {GgmlType::Q5_K, 512},
+                                                                                 {GgmlType::Q5_0, 512},
+                                                                                 {GgmlType::Q5_0, 1536},
+                                                                                 {GgmlType::Q4_K, 512},
+                                                                                 {GgmlType::Q4_0, 512},
+                                                                                 {GgmlType::Q4_0, 1536},
+                                                                                 {GgmlType::Q3_K, 512},
+                                                                                 {GgmlType::Q2_K, 512}}) {
+        const auto w = test::weight_rows(type, rows, n, 31 + static_cast<uint32_t>(type), true);
+        int exact_up_to = 0;
+        for (const Exact& e : kExact) {
+            if (e.type == type) exact_up_to = e.max_tok;
+        }
+        std::string line;
+        for (int n_tok : {1, 2, 5, 8, 16, 33}) {
+            const auto x = test::gaussian(static_cast<size_t>(n) * n_tok, 700 + static_cast<uint32_t>(n_tok));
+            const std::vector<float> theirs = ggml_matmul(type, w, rows, n, x, n_tok, 2);
+            ASSERT_EQ(theirs.size(), static_cast<size_t>(rows) * n_tok) << "ggml's mul_mat did not run";
+            std::vector<float> ours(theirs.size());
+            const ops::WeightView view{type, rows, n, w.data(), 0};
+            ops::matmul(view, x.data(), n_tok, ours.data(), pool, scratch);
+            int differ = 0;
+            for (size_t i = 0; i < ours.size(); ++i) differ += same_bits(ours[i], theirs[i]) ? 0 : 1;
+            line += " " + std::to_string(n_tok) + ":" + std::to_string(differ);
+            if (n_tok <= exact_up_to) {
+                EXPECT_EQ(differ, 0) << traits(type).name << " n_tok=" << n_tok << " differs from llama.cpp's bits";
+            }
+        }
+        std::printf("  %-5s n=%-4d outputs of %d differing (by batch size):%s\n",
+                    std::string(traits(type).name).c_str(), n, rows, line.c_str());
     }
 }
 
