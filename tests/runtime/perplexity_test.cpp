@@ -123,7 +123,10 @@ TEST(Perplexity, ParallelChunksGiveTheSameResult) {
 // of 512. Measured (8 chunks, the README's table): f16 14.917, q8_0 14.937 (+0.14%), q4_0 15.297
 // (+2.55%; 17.317 without the rotation and key shaping). f32 14.961 is itself 0.30% from f16 on
 // this small model, so the q8_0 bound is 1%, not the 0.2%. Over these 2 chunks: f16 13.848,
-// q4_0 14.125 (+2.0%), without rotation 15.620 (+12.8%).
+// q4_0 14.125 (+2.0%), without rotation 15.620 (+12.8%). The q4_0 distance moves with last-bit
+// changes anywhere in the pass (every K / V value's 4-bit rounding follows them): +1.7% with the
+// matmuls of 137592b, +2.8% with the same and FITLLM_NO_GEMM=1, +4.4% with the dots in llama.cpp's
+// float order (8 chunks: f16 14.999, q4_0 15.541, +3.6%); hence 5%.
 TEST(Perplexity, DemoModelQuantizedCacheStaysCloseToF16) {
     const auto path = test::demo_model();
     if (!path) GTEST_SKIP() << "demo model not found (scripts/setup.sh assembles it)";
@@ -147,7 +150,7 @@ TEST(Perplexity, DemoModelQuantizedCacheStaysCloseToF16) {
     const double q4_0 = runtime::perplexity(*model, tokens, p, pool).ppl;
     p.kv_rotation = false;
     const double q4_0_plain = runtime::perplexity(*model, tokens, p, pool).ppl;
-    EXPECT_NEAR(q4_0, f16, 0.04 * f16) << "q4_0 " << q4_0 << " vs f16 " << f16;
+    EXPECT_NEAR(q4_0, f16, 0.05 * f16) << "q4_0 " << q4_0 << " vs f16 " << f16;
     EXPECT_LT(q4_0, q4_0_plain - 0.05 * f16) << "q4_0 rotated " << q4_0 << ", not rotated " << q4_0_plain;
 }
 
