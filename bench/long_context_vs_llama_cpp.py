@@ -16,7 +16,8 @@ getrusage(RUSAGE_CHILDREN).ru_maxrss. --ctk/--ctv go to both runtimes (to fitllm
 given; llama.cpp's quantized V needs flash attention, a run that fails gets a row saying why).
 
 weights + KV = the tensor bytes of the file + length x n_layer x n_head_kv x head_dim x
-(bytes per K element + bytes per V element). Issue 5's targets: fitllm's peak RSS at most
+(bytes per K element + bytes per V element). The last column is the 1-minute load average as each
+run ends (speeds taken on a busy machine are not comparable; peak RSS is). Issue 5's targets: fitllm's peak RSS at most
 1.1 x (weights + KV) at every length, and its speed at least llama.cpp's without flash attention.
 """
 import argparse
@@ -217,7 +218,7 @@ def main() -> None:
             print(f"llama.cpp's peak RSS includes its Python child's own {floor['peak_rss_kib'] / 1024:.0f} MiB "
                   "(interpreter + llama_cpp imported)", flush=True)
     print("| length | runtime | tok/s | peak RSS MiB | weights + KV MiB | RSS / (W+KV) | vs llama.cpp FA off | "
-          "vs llama.cpp FA on |\n|---:|---|---:|---:|---:|---:|---:|---:|", flush=True)
+          "vs llama.cpp FA on | load |\n|---:|---|---:|---:|---:|---:|---:|---:|---:|", flush=True)
 
     base = {"model": model, "threads": args.threads, "ctk": args.ctk, "ctv": args.ctv, "fitllm": args.fitllm}
     for length in lengths:
@@ -231,9 +232,10 @@ def main() -> None:
         speeds = {}
         for name, spec in runs:
             res = run_child(spec, args.timeout)
+            load = os.getloadavg()[0]  # the machine's 1-minute load average as the run ends
             if "error" in res:
                 msg = res["error"].replace("|", "/")
-                print(f"| {length} | {name} | fails: {msg} | | {budget:.0f} | | | |", flush=True)
+                print(f"| {length} | {name} | fails: {msg} | | {budget:.0f} | | | | {load:.1f} |", flush=True)
                 continue
             speeds[name] = res["tps"]
             rss = res["peak_rss_kib"] / 1024
@@ -241,8 +243,8 @@ def main() -> None:
             if name == "fitllm":
                 ratios = [f"{res['tps'] / speeds[k]:.2f}x" if k in speeds else "-"
                           for k in ("llama.cpp FA off", "llama.cpp FA on")]
-            print(f"| {length} | {name} | {res['tps']:.1f} | {rss:.0f} | {budget:.0f} | {rss / budget:.2f} | "
-                  f"{ratios[0]} | {ratios[1]} |", flush=True)
+            print(f"| {length} | {name} | {res['tps']:.1f} | {rss:.1f} | {budget:.1f} | {rss / budget:.3f} | "
+                  f"{ratios[0]} | {ratios[1]} | {load:.1f} |", flush=True)
 
 
 if __name__ == "__main__":
