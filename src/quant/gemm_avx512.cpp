@@ -395,12 +395,14 @@ void gemm(int n, int n_rows, int n_tok, const void* w, size_t w_stride, const vo
     Tile tile;
     TokBlock prep[kTokChunk * kChunk];
     // The lanes8 accumulators of rows wider than a chunk, between chunks: 8 x 16 floats per row
-    // tile and token of a token chunk. Grows to the largest call this thread has seen.
+    // tile and token of a token chunk. Grows to the largest call this thread has seen (sized by the
+    // call's tokens: the model's FFN slices keep it at 128 tokens' worth, not kTokChunk's).
+    const int tok_chunk = n_tok < kTokChunk ? n_tok : kTokChunk;
     float* state = nullptr;
     if constexpr (K::kLanes8) {
         static thread_local std::vector<float> buffer;
         const size_t size =
-            nb > kChunk ? static_cast<size_t>((n_rows + kLanes - 1) / kLanes) * kTokChunk * 8 * kLanes : 0;
+            nb > kChunk ? static_cast<size_t>((n_rows + kLanes - 1) / kLanes) * tok_chunk * 8 * kLanes : 0;
         if (buffer.size() < size) buffer.resize(size);
         state = buffer.data();
     }
@@ -415,7 +417,7 @@ void gemm(int n, int n_rows, int n_tok, const void* w, size_t w_stride, const vo
                 repack<K, kVnni ? 1 : K::kPlanesWithoutVnni>(tile, w_bytes + static_cast<size_t>(r0) * w_stride,
                                                              w_stride, nr, b0, kb);
                 if constexpr (K::kLanes8) {
-                    float* tile_state = state + static_cast<size_t>(r0 / kLanes) * kTokChunk * 8 * kLanes;
+                    float* tile_state = state + static_cast<size_t>(r0 / kLanes) * tok_chunk * 8 * kLanes;
                     for (int t = 0; t < tc; t += kMaxTokLanes8) {
                         const int nt = tc - t < kMaxTokLanes8 ? tc - t : kMaxTokLanes8;
                         micro_lanes8_n<K, kVnni>(nt, tile, kb, prep + t * kChunk,
