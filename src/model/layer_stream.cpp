@@ -101,6 +101,14 @@ LayerStream::LayerStream(const gguf::GgufFile& file, int first_layer, int n_laye
         slots_.push_back(buffers_.back().data() + (kStreamAlign - address % kStreamAlign) % kStreamAlign);
     }
     leased_.assign(kStreamBuffers, false);
+    span_begin_ = UINT64_MAX;
+    for (const LayerReads& layer : layers_) {
+        for (const Extent& e : layer.extents) {
+            span_begin_ = std::min(span_begin_, e.offset);
+            span_end_ = std::max(span_end_, e.offset + e.length);
+        }
+    }
+    if (span_end_ == 0) span_begin_ = 0;
     open_file(direct_io);
     if (static_cast<uint64_t>(::lseek(fd_, 0, SEEK_END)) != file.size()) {
         ::close(fd_);
@@ -151,6 +159,10 @@ void LayerStream::reader() {
         }
         try {
             read_layer(layers_[seq % n], slots_[static_cast<size_t>(slot)]);
+            if (!direct_) {
+                ::posix_fadvise(fd_, static_cast<off_t>(span_begin_), static_cast<off_t>(span_end_ - span_begin_),
+                                POSIX_FADV_DONTNEED);
+            }
         } catch (...) {
             std::lock_guard lock(mutex_);
             error_ = std::current_exception();

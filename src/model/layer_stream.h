@@ -126,6 +126,10 @@ private:
     const std::byte* map_base_ = nullptr;
     int first_layer_ = 0, n_layer_ = 0;
     std::vector<LayerReads> layers_;  // index il - first_layer_
+    // The file bytes all streamed layers span, dropped from the page cache after each layer read
+    // buffered (a drop takes only the cached folios wholly inside its range: a large folio across
+    // two extents or layers stays after each one's own drop).
+    uint64_t span_begin_ = 0, span_end_ = 0;
     std::vector<memory::PoolBuffer<std::byte>> buffers_;
     std::vector<std::byte*> slots_;  // kStreamAlign-aligned starts inside buffers_
     int fd_ = -1;                    // used by the reader thread only, after the constructor
