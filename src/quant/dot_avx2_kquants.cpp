@@ -11,6 +11,7 @@
 
 #include "quant/blocks.h"
 #include "quant/dot_kernels.h"
+#include "quant/kquant_serial.h"
 #include "quant/unroll.h"
 
 namespace fitllm::quant::detail {
@@ -82,30 +83,6 @@ __m128i q3k_scales(const uint8_t* packed) {
 }
 
 // ---- Q4_K, Q5_K ----
-
-// The serial order of dot_ref.cpp for one super-block: [acc, acc_mins] += [sum(sums8), sum(mins8)] *
-// [d_w d_a, dmin_w d_a], both chains in one 128-bit FMA (lanes 0 and 1); the two integer sums
-// share their horizontal adds.
-__m128 serial_step(__m128 acc, __m256i sums8, __m256i mins8, uint16_t d, uint16_t dmin, float d_a) {
-    __m256i t = _mm256_hadd_epi32(sums8, mins8);  // s01 s23 m01 m23 | s45 s67 m45 m67
-    t = _mm256_hadd_epi32(t, t);                  // s0123 m0123 .. | s4567 m4567 ..
-    const __m128i both = _mm_add_epi32(_mm256_castsi256_si128(t), _mm256_extracti128_si256(t, 1));
-    const __m128 scales =
-        _mm_mul_ps(_mm_cvtph_ps(_mm_setr_epi16(static_cast<short>(d), static_cast<short>(dmin), 0, 0, 0, 0, 0, 0)),
-                   _mm_set1_ps(d_a));
-    return _mm_fmadd_ps(_mm_cvtepi32_ps(both), scales, acc);
-}
-float serial_result(__m128 acc) {
-    return _mm_cvtss_f32(_mm_sub_ss(acc, _mm_movehdup_ps(acc)));
-}
-
-// The sum of the 8 int32 lanes, as one float (exact below 2^24, rounded as llama.cpp's cvt above).
-__m128 sum_to_float(__m256i v) {
-    __m128i s = _mm_add_epi32(_mm256_castsi256_si128(v), _mm256_extracti128_si256(v, 1));
-    s = _mm_add_epi32(s, _mm_unpackhi_epi64(s, s));
-    s = _mm_add_epi32(s, _mm_shuffle_epi32(s, 1));
-    return _mm_cvtepi32_ps(s);
-}
 
 // The float steps of dot_ref.cpp: Q4_K serial, Q5_K lanes8 with the mins in summs.
 template <typename Block>

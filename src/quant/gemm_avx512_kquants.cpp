@@ -29,6 +29,7 @@
 
 #include "quant/blocks.h"
 #include "quant/gemm_kernels.h"
+#include "quant/kquant_serial.h"
 #include "quant/unroll.h"
 
 namespace fitllm::quant::detail {
@@ -310,15 +311,6 @@ int hsum_epi32(__m256i v) {
     s = _mm_add_epi32(s, _mm_unpackhi_epi64(s, s));
     s = _mm_add_epi32(s, _mm_shuffle_epi32(s, 1));
     return _mm_cvtsi128_si32(s);
-}
-
-// dot_avx512_kquants.cpp's serial_step with the weight's scales already in float (the same values:
-// both convert the same halves exactly).
-__m128 serial_step(__m128 acc, __m256i sums8, __m256i mins8, float d, float dmin, float d_a) {
-    __m256i t = _mm256_hadd_epi32(sums8, mins8);
-    t = _mm256_hadd_epi32(t, t);
-    const __m128i both = _mm_add_epi32(_mm256_castsi256_si128(t), _mm256_extracti128_si256(t, 1));
-    return _mm_fmadd_ps(_mm_cvtepi32_ps(both), _mm_mul_ps(_mm_setr_ps(d, dmin, 0.0f, 0.0f), _mm_set1_ps(d_a)), acc);
 }
 
 // The Q8_K scales of 8 tokens' blocks, token t in lane t.

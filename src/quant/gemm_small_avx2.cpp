@@ -14,6 +14,7 @@
 
 #include "quant/blocks.h"
 #include "quant/gemm_kernels.h"
+#include "quant/kquant_serial.h"
 #include "quant/unroll.h"
 
 namespace fitllm::quant::detail {
@@ -212,22 +213,6 @@ __m128i q4k_scales_mins(const uint8_t* packed) {
 
 // Per super-block the scales and mins are unpacked once; per 64 elements the quants once, then
 // every token's pair sums (integer: their order does not change them).
-// dot_avx2_kquants.cpp's serial_step with the weight's scales already in float (the same values).
-__m128 serial_step(__m128 acc, __m256i sums8, __m256i mins8, float d, float dmin, float d_a) {
-    __m256i t = _mm256_hadd_epi32(sums8, mins8);
-    t = _mm256_hadd_epi32(t, t);
-    const __m128i both = _mm_add_epi32(_mm256_castsi256_si128(t), _mm256_extracti128_si256(t, 1));
-    return _mm_fmadd_ps(_mm_cvtepi32_ps(both), _mm_mul_ps(_mm_setr_ps(d, dmin, 0.0f, 0.0f), _mm_set1_ps(d_a)), acc);
-}
-
-// The sum of the 8 int32 lanes as one float, as dot_avx2_kquants.cpp's sum_to_float.
-__m128 sum_to_float(__m256i v) {
-    __m128i s = _mm_add_epi32(_mm256_castsi256_si128(v), _mm256_extracti128_si256(v, 1));
-    s = _mm_add_epi32(s, _mm_unpackhi_epi64(s, s));
-    s = _mm_add_epi32(s, _mm_shuffle_epi32(s, 1));
-    return _mm_cvtepi32_ps(s);
-}
-
 template <typename Block, int kT>
 void q4_5_k_rows(int n, int n_rows, const uint8_t* w, size_t w_stride, const BlockQ8_K* const* ya, float* y,
                  size_t y_stride) {
