@@ -422,6 +422,23 @@ TEST(PlanOffload, DemoModelKvPoolsPerPlace) {
 namespace fitllm::memory {
 namespace {
 
+// The most a device's pool ever held (0 for a pool never made).
+uint64_t peak_of(const Device& device, std::string_view pool) {
+    for (const PoolStats& s : device.pools()) {
+        if (s.name == pool) return s.peak;
+    }
+    return 0;
+}
+
+// One batch of n tokens (ids and positions 0..n-1) through the model, no logits kept.
+void forward_batch(model::Model& m, kv::ModelCache& cache, int n) {
+    std::vector<int32_t> tokens(static_cast<size_t>(n)), pos(static_cast<size_t>(n));
+    for (int i = 0; i < n; ++i) tokens[i] = pos[i] = i;
+    std::vector<float> logits(static_cast<size_t>(m.n_vocab()));
+    ops::ThreadPool pool(1);
+    m.forward(tokens, pos, cache, logits.data(), false, pool);
+}
+
 // The plan's device share against what a model offloaded to the virtual device charges there: the
 // weights and KV byte for byte; scratch after a full batch within the plan (the plan counts the
 // largest op scratch of any matmul or attention; the device grows to what it used).
@@ -442,26 +459,15 @@ TEST(PlanOffload, DeviceShareMatchesWhatTheModelCharges) {
             cp.n_cells = q.n_ctx;
             cp.pool = &host.pool(pool_names::kKv);
             kv::ModelCache cache = m->make_cache(cp, q.n_batch);
-            std::vector<int32_t> tokens(32), pos(32);
-            for (int i = 0; i < 32; ++i) tokens[i] = pos[i] = i;
-            std::vector<float> logits(static_cast<size_t>(m->n_vocab()));
-            ops::ThreadPool pool(1);
-            m->forward(tokens, pos, cache, logits.data(), false, pool);
-            uint64_t weights = 0, kv_bytes = 0, scratch = 0;
-            for (const PoolStats& s : dev->memory().pools()) {
-                if (s.name == pool_names::kWeights) weights = s.peak;
-                if (s.name == pool_names::kKv) kv_bytes = s.peak;
-                if (s.name == pool_names::kScratch) scratch = s.peak;
-            }
+            forward_batch(*m, cache, 32);
+            const uint64_t weights = peak_of(dev->memory(), pool_names::kWeights);
+            const uint64_t kv_bytes = peak_of(dev->memory(), pool_names::kKv);
+            const uint64_t scratch = peak_of(dev->memory(), pool_names::kScratch);
             EXPECT_EQ(weights, p.device.weights) << name << " -ngl " << ngl;
             EXPECT_EQ(kv_bytes, p.device.kv) << name << " -ngl " << ngl;
             EXPECT_LE(scratch, p.device.scratch) << name << " -ngl " << ngl;
             EXPECT_GE(scratch, p.device.scratch - (p.scratch - p.activations)) << name << " -ngl " << ngl;
-            uint64_t host_kv = 0;
-            for (const PoolStats& s : host.pools()) {
-                if (s.name == pool_names::kKv) host_kv = s.peak;
-            }
-            EXPECT_EQ(host_kv, p.kv) << name << " -ngl " << ngl;
+            EXPECT_EQ(peak_of(host, pool_names::kKv), p.kv) << name << " -ngl " << ngl;
         }
     }
 }
@@ -492,17 +498,10 @@ TEST(PlanOffload, UnifiedShareMatchesWhatTheModelChargesTheHost) {
                 cp.n_cells = q.n_ctx;
                 cp.pool = &host.pool(pool_names::kKv);
                 kv::ModelCache cache = m->make_cache(cp, q.n_batch);
-                std::vector<int32_t> tokens(32), pos(32);
-                for (int i = 0; i < 32; ++i) tokens[i] = pos[i] = i;
-                std::vector<float> logits(static_cast<size_t>(m->n_vocab()));
-                ops::ThreadPool pool(1);
-                m->forward(tokens, pos, cache, logits.data(), false, pool);
-                uint64_t weights = 0, kv_bytes = 0, scratch = 0;
-                for (const PoolStats& s : host.pools()) {
-                    if (s.name == pool_names::kWeights) weights = s.peak;
-                    if (s.name == pool_names::kKv) kv_bytes = s.peak;
-                    if (s.name == pool_names::kScratch) scratch = s.peak;
-                }
+                forward_batch(*m, cache, 32);
+                const uint64_t weights = peak_of(host, pool_names::kWeights);
+                const uint64_t kv_bytes = peak_of(host, pool_names::kKv);
+                const uint64_t scratch = peak_of(host, pool_names::kScratch);
                 EXPECT_EQ(weights, 0u);  // (cli::RunBudget charges p.weights_resident, the mapped file's)
                 EXPECT_EQ(kv_bytes, p.kv);
                 const auto& virt = dynamic_cast<const backend::VirtualDevice&>(*dev);

@@ -94,15 +94,25 @@ bool can_map_host_memory(int ordinal) {
     return attribute(cudaDevAttrCanMapHostMemory, ordinal) != 0;
 }
 
-void* host_malloc_mapped(size_t bytes, const char* what) {
-    if (bytes == 0) return nullptr;
+namespace {
+
+// cudaHostAlloc with flags; a failure (cleared) is a CudaError naming the call, bytes and use.
+void* host_alloc(size_t bytes, unsigned flags, const char* call, const char* what) {
     void* p = nullptr;
-    const cudaError_t err = cudaHostAlloc(&p, bytes, cudaHostAllocMapped);
+    const cudaError_t err = cudaHostAlloc(&p, bytes, flags);
     if (err != cudaSuccess) {
         cudaGetLastError();
-        throw CudaError(std::string("cudaHostAlloc (mapped) of ") + std::to_string(bytes) + " bytes for " + what +
-                        ": " + cudaGetErrorName(err) + " (" + cudaGetErrorString(err) + ")");
+        throw CudaError(std::string(call) + " of " + std::to_string(bytes) + " bytes for " + what + ": " +
+                        cudaGetErrorName(err) + " (" + cudaGetErrorString(err) + ")");
     }
+    return p;
+}
+
+}  // namespace
+
+void* host_malloc_mapped(size_t bytes, const char* what) {
+    if (bytes == 0) return nullptr;
+    void* p = host_alloc(bytes, cudaHostAllocMapped, "cudaHostAlloc (mapped)", what);
     void* on_device = nullptr;
     FITLLM_CUDA_CHECK(cudaHostGetDevicePointer(&on_device, p, 0));
     if (on_device != p) {
@@ -135,14 +145,7 @@ void host_unregister(const void* host) noexcept {
 
 void* host_malloc_pinned(size_t bytes, const char* what) {
     if (bytes == 0) return nullptr;
-    void* p = nullptr;
-    const cudaError_t err = cudaHostAlloc(&p, bytes, cudaHostAllocDefault);
-    if (err != cudaSuccess) {
-        cudaGetLastError();
-        throw CudaError(std::string("cudaHostAlloc of ") + std::to_string(bytes) + " bytes for " + what + ": " +
-                        cudaGetErrorName(err) + " (" + cudaGetErrorString(err) + ")");
-    }
-    return p;
+    return host_alloc(bytes, cudaHostAllocDefault, "cudaHostAlloc", what);
 }
 
 void host_free_pinned(void* p) noexcept {
