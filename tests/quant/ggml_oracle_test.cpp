@@ -11,6 +11,7 @@
 #include <filesystem>
 #include <initializer_list>
 #include <string>
+#include <tuple>
 #include <utility>
 #include <vector>
 
@@ -18,6 +19,7 @@
 #include "ops/scratch.h"
 #include "ops/thread_pool.h"
 #include "quant/dot.h"
+#include "quant/gemm_batch_q4k.h"
 #include "quant/quantize.h"
 #include "quant_test_data.h"
 #include "test_support.h"
@@ -421,6 +423,49 @@ TEST(MatmulVsGgml, SameBitsWhereFitllmFollowsLlamaCpp) {
         }
         std::printf("  %-5s n=%-4d outputs of %d differing (by batch size):%s\n",
                     std::string(traits(type).name).c_str(), n, rows, line.c_str());
+    }
+}
+
+// llama.cpp's batch order of the weight types it repacks with a gemm (Q4_K; Q2_K on AVX-512): its
+// CPU backend runs every group of 4 tokens of a batch through that gemm, so batches of a multiple
+// of 4 tokens show its bits in every output. fitllm's scalar reference of that order and each of
+// its SIMD kernels this CPU runs must give them bit for bit. 72 rows: ggml's AVX-512 gemm takes
+// 16 rows at a time and the last 8 in its AVX2 code.
+TEST(MatmulVsGgml, BatchOrderKernelsGiveLlamaCppBatchBits) {
+    REQUIRE_GGML();
+    const CpuFeatures cpu = detect_cpu_features();
+    for (const auto& [type, n, rows] :
+         std::initializer_list<std::tuple<GgmlType, int, int>>{{GgmlType::Q4_K, 512, 64},
+                                                               {GgmlType::Q4_K, 2304, 72},
+                                                               {GgmlType::Q2_K, 512, 64},
+                                                               {GgmlType::Q2_K, 1280, 72}}) {
+        if (!repacked(type, rows)) continue;  // llama.cpp runs no batch gemm for it on this CPU
+        std::vector<std::pair<std::string, GemmFn>> kernels = {{"scalar", detail::gemm_batch_q4k_ref(type)}};
+        if (cpu.best_isa() >= Isa::Avx2) kernels.push_back({"avx2", detail::gemm_batch_q4k_avx2(type).fn});
+        if (cpu.best_isa() >= Isa::Avx512) kernels.push_back({"avx512", detail::gemm_batch_q4k_avx512(type, false).fn});
+        if (cpu.best_isa() >= Isa::Avx512Vnni) {
+            kernels.push_back({"avx512_vnni", detail::gemm_batch_q4k_avx512(type, true).fn});
+        }
+        const auto w = test::weight_rows(type, rows, n, 57 + static_cast<uint32_t>(type), true);
+        const size_t w_row = test::bytes_of_row(type, n), a_row = test::bytes_of_row(GgmlType::Q8_K, n);
+        for (int n_tok : {4, 8, 12}) {
+            const auto x = test::gaussian(static_cast<size_t>(n) * n_tok, 900 + static_cast<uint32_t>(n_tok));
+            const std::vector<float> theirs = ggml_matmul(type, w, rows, n, x, n_tok, 2);
+            ASSERT_EQ(theirs.size(), static_cast<size_t>(rows) * n_tok) << "ggml's mul_mat did not run";
+            std::vector<uint8_t> act(a_row * n_tok);
+            for (int t = 0; t < n_tok; ++t) {
+                quantize_row(GgmlType::Q8_K, x.data() + static_cast<size_t>(t) * n, act.data() + t * a_row, n);
+            }
+            for (const auto& [name, fn] : kernels) {
+                if (fn == nullptr) continue;  // Q2_K has no AVX2 batch kernel (nor does llama.cpp)
+                std::vector<float> ours(theirs.size());
+                fn(n, rows, n_tok, w.data(), w_row, act.data(), a_row, ours.data(), static_cast<size_t>(rows));
+                int differ = 0;
+                for (size_t i = 0; i < ours.size(); ++i) differ += same_bits(ours[i], theirs[i]) ? 0 : 1;
+                EXPECT_EQ(differ, 0) << traits(type).name << " " << name << " n=" << n << " rows=" << rows
+                                     << " n_tok=" << n_tok << ": outputs differing from llama.cpp's batch bits";
+            }
+        }
     }
 }
 
