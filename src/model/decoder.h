@@ -63,6 +63,11 @@ struct Activations {
 
     std::vector<float> x, cur, work;
     std::vector<kv::SeqId> seq0;  // sequence ids for a batch that gives none: all 0
+    // Where each token sits in its sequence's run (token_places): of the batch's tokens, of the
+    // rows that want logits (whose sequence ids out_seq holds). Not charged: 20 bytes a token, which
+    // the planner's fixed overhead covers (memory/plan.cpp plans the charged activations exactly).
+    std::vector<ops::TokenPlace> places, out_places;
+    std::vector<kv::SeqId> out_seq;
     GrowingCharge charge;
 
     void reserve(const Hparams& hp, int n_tok) {
@@ -77,6 +82,7 @@ struct Activations {
             seq0.reserve(n);  // exactly n: what was charged
             seq0.assign(n, 0);
         }
+        if (places.size() < n) places.resize(n), out_places.resize(n), out_seq.resize(n);
     }
 
 private:
@@ -148,9 +154,10 @@ public:
 
     bool on_device() const { return dev_ != nullptr; }
 
-    void matmul(const ops::WeightView& w, const float* in, int n, float* out) {
+    // places: the n tokens' places in their runs (ops::matmul); devices ignore them.
+    void matmul(const ops::WeightView& w, const float* in, int n, float* out, std::span<const ops::TokenPlace> places) {
         if (dev_) return dev_->matmul(w, in, n, out);
-        ops::matmul(w, in, n, out, *pool_, *scratch_);
+        ops::matmul(w, in, n, out, *pool_, *scratch_, places);
     }
     void rms_norm(const float* in, const float* weight, float eps, int64_t n_rows, int64_t n, float* out) {
         if (dev_) return dev_->rms_norm(in, weight, eps, n_rows, n, out);
@@ -420,6 +427,50 @@ BatchRows begin_batch(const Hparams& hp, const Batch& b, kv::ModelCache& cache, 
     BatchRows rows{n, b.positions.data(), b.seq_ids.empty() ? mem.a.seq0.data() : b.seq_ids.data()};
     cache.place(std::span<const kv::SeqId>(rows.seq_ids, static_cast<size_t>(n)), b.positions);
     return rows;
+}
+
+// Where each of n tokens sits in its sequence's run (ops::TokenPlace): a run is a sequence's tokens
+// among these n, in order, whether they are contiguous or not. O(n) for contiguous runs, O(n x runs)
+// otherwise; allocates nothing.
+inline void token_places(const kv::SeqId* seq, int n, ops::TokenPlace* out) {
+    for (int t = 0; t < n; ++t) {
+        int32_t before = 0;
+        if (t > 0 && seq[t] == seq[t - 1]) {
+            before = out[t - 1].run_pos + 1;
+        } else {
+            for (int s = 0; s < t; ++s) before += seq[s] == seq[t] ? 1 : 0;
+        }
+        out[t].run_pos = before;
+    }
+    for (int t = n - 1; t >= 0; --t) {
+        if (t + 1 < n && seq[t + 1] == seq[t]) {
+            out[t].run_len = out[t + 1].run_len;
+            continue;
+        }
+        int last = t;  // the sequence's last token
+        for (int s = t + 1; s < n; ++s) last = seq[s] == seq[t] ? s : last;
+        out[t].run_len = out[last].run_pos + 1;
+    }
+}
+
+// The places of the batch's tokens, for the batch begin_batch() began.
+inline std::span<const ops::TokenPlace> batch_places(DecoderMemory& mem, const BatchRows& rows) {
+    token_places(rows.seq_ids, rows.n, mem.a.places.data());
+    return {mem.a.places.data(), static_cast<size_t>(rows.n)};
+}
+
+// The places of the rows output_rows() picks, among themselves: llama.cpp multiplies only those
+// rows by the output matrix, so a run there is a sequence's rows that want logits.
+inline std::span<const ops::TokenPlace> output_places(const Batch& b, const BatchRows& rows, DecoderMemory& mem) {
+    const int n = rows.n;
+    kv::SeqId* seq = mem.a.out_seq.data();
+    int n_out = 0;
+    for (int t = 0; t < n; ++t) {
+        const bool wanted = b.all_logits || (b.output.empty() ? t == n - 1 : b.output[static_cast<size_t>(t)] != 0);
+        if (wanted) seq[n_out++] = rows.seq_ids[t];
+    }
+    token_places(seq, n_out, mem.a.out_places.data());
+    return {mem.a.out_places.data(), static_cast<size_t>(n_out)};
 }
 
 // Attention of the batch's queries q ([n, n_head, head_dim]) over layer il of the cache, which

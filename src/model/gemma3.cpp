@@ -33,6 +33,7 @@ public:
     void forward(const Batch& batch, kv::ModelCache& cache, float* logits_out, ops::ThreadPool& pool) override {
         const Hparams& hp = hp_;
         const BatchRows rows = begin_batch(hp, batch, cache, mem_, pool, [this](int il) { return rope_params(il); });
+        const std::span<const ops::TokenPlace> places = batch_places(mem_, rows);  // where each token sits in its run
         const int n = rows.n;
         const int64_t E = hp.n_embd;
 
@@ -49,9 +50,9 @@ public:
 
             // Attention block.
             o.rms_norm(x, L->attn_norm, hp.norm_eps, n, E, cur);
-            o.matmul(L->wq, cur, n, o.q);  // q: [n, n_head, head_dim]
-            o.matmul(L->wk, cur, n, o.k);  // k: [n, n_head_kv, head_dim]
-            o.matmul(L->wv, cur, n, o.v);  // v: [n, n_head_kv, head_dim_v]
+            o.matmul(L->wq, cur, n, o.q, places);  // q: [n, n_head, head_dim]
+            o.matmul(L->wk, cur, n, o.k, places);  // k: [n, n_head_kv, head_dim]
+            o.matmul(L->wv, cur, n, o.v, places);  // v: [n, n_head_kv, head_dim_v]
             o.rms_norm(o.q, L->q_norm, hp.norm_eps, int64_t{n} * hp.n_head, hp.head_dim, o.q);
             o.rms_norm(o.k, L->k_norm, hp.norm_eps, int64_t{n} * hp.n_head_kv, hp.head_dim, o.k);
             const ops::RopeParams rope = rope_params(il);
@@ -62,8 +63,8 @@ public:
             // Q then sees the same values.
             o.scale(o.q, int64_t{n} * hp.n_head * hp.head_dim, hp.attn_scale);
             attend(o, hp, cache, il, o.q, rows, /*scale=*/1.0f, local ? hp.sliding_window : 0,
-                   o.attn);                          // attn: [n, n_head * head_dim_v]
-            o.matmul(L->wo, o.attn, n, o.attn_out);  // attn_out: [n, n_embd]
+                   o.attn);                                  // attn: [n, n_head * head_dim_v]
+            o.matmul(L->wo, o.attn, n, o.attn_out, places);  // attn_out: [n, n_embd]
             o.rms_norm(o.attn_out, L->post_attn_norm, hp.norm_eps, n, E, o.attn_out);
             o.add(x, o.attn_out, n * E, x);
 
@@ -72,10 +73,10 @@ public:
             for (int t0 = 0; t0 < n; t0 += o.ffn_slice) {
                 const int m = std::min(o.ffn_slice, n - t0);
                 float* h = cur + t0 * E;
-                o.matmul(L->ffn_gate, h, m, o.gate);  // gate: [m, n_ff]
-                o.matmul(L->ffn_up, h, m, o.up);      // up: [m, n_ff]
+                o.matmul(L->ffn_gate, h, m, o.gate, places.subspan(t0, m));  // gate: [m, n_ff]
+                o.matmul(L->ffn_up, h, m, o.up, places.subspan(t0, m));      // up: [m, n_ff]
                 o.geglu(o.gate, o.up, int64_t{m} * hp.n_ff, o.gate);
-                o.matmul(L->ffn_down, o.gate, m, h);  // h: [m, n_embd], over its read rows
+                o.matmul(L->ffn_down, o.gate, m, h, places.subspan(t0, m));  // h: [m, n_embd], over its read rows
             }
             o.rms_norm(cur, L->post_ffn_norm, hp.norm_eps, n, E, cur);
             o.add(x, cur, n * E, x);
@@ -87,7 +88,7 @@ public:
         const int n_out = output_rows(o, hp, batch, o.x, w_.output_norm, o.cur);
         if (n_out == 0) return;
         float* logits = mem_.logits_target(hp, logits_out, n_out);
-        o.matmul(w_.output, o.cur, n_out, logits);  // logits: [n_out, n_vocab]
+        o.matmul(w_.output, o.cur, n_out, logits, output_places(batch, rows, mem_));  // logits: [n_out, n_vocab]
         if (hp.final_logit_softcap > 0.0f) o.softcap(logits, int64_t{n_out} * hp.n_vocab, hp.final_logit_softcap);
         mem_.finish_logits(logits_out, int64_t{n_out} * hp.n_vocab);
     }

@@ -48,6 +48,7 @@ public:
         const Hparams& hp = hp_;
         const ops::RopeParams rope = rope_params();
         const BatchRows rows = begin_batch(hp, batch, cache, mem_, pool, [&rope](int) { return rope; });
+        const std::span<const ops::TokenPlace> places = batch_places(mem_, rows);  // where each token sits in its run
         const int n = rows.n;
         const int64_t E = hp.n_embd;
         const int64_t q_dim = int64_t{hp.n_head} * hp.head_dim;
@@ -63,9 +64,9 @@ public:
 
             // Attention block.
             o.rms_norm(x, L->attn_norm, hp.norm_eps, n, E, cur);
-            o.matmul(L->wq, cur, n, o.q);  // q: [n, n_head, head_dim]
-            o.matmul(L->wk, cur, n, o.k);  // k: [n, n_head_kv, head_dim]
-            o.matmul(L->wv, cur, n, o.v);  // v: [n, n_head_kv, head_dim]
+            o.matmul(L->wq, cur, n, o.q, places);  // q: [n, n_head, head_dim]
+            o.matmul(L->wk, cur, n, o.k, places);  // k: [n, n_head_kv, head_dim]
+            o.matmul(L->wv, cur, n, o.v, places);  // v: [n, n_head_kv, head_dim]
             if (L->bq) o.add_bias(o.q, L->bq, n, q_dim);
             if (L->bk) o.add_bias(o.k, L->bk, n, kv_dim);
             if (L->bv) o.add_bias(o.v, L->bv, n, kv_dim);
@@ -73,7 +74,7 @@ public:
             o.rope(o.k, rows.positions, n, hp.n_head_kv, hp.head_dim, rope);
             o.store_kv(cache, il, o.k, o.v);
             attend(o, hp, cache, il, o.q, rows, hp.attn_scale, /*window=*/0, o.attn);  // attn: [n, n_head * head_dim]
-            o.matmul(L->wo, o.attn, n, o.attn_out);                                    // attn_out: [n, n_embd]
+            o.matmul(L->wo, o.attn, n, o.attn_out, places);                            // attn_out: [n, n_embd]
             if (L->bo) o.add_bias(o.attn_out, L->bo, n, E);
             o.add(x, o.attn_out, n * E, x);
 
@@ -82,10 +83,10 @@ public:
             for (int t0 = 0; t0 < n; t0 += o.ffn_slice) {
                 const int m = std::min(o.ffn_slice, n - t0);
                 float* h = cur + t0 * E;
-                o.matmul(L->ffn_gate, h, m, o.gate);  // gate: [m, n_ff]
-                o.matmul(L->ffn_up, h, m, o.up);      // up: [m, n_ff]
+                o.matmul(L->ffn_gate, h, m, o.gate, places.subspan(t0, m));  // gate: [m, n_ff]
+                o.matmul(L->ffn_up, h, m, o.up, places.subspan(t0, m));      // up: [m, n_ff]
                 o.swiglu(o.gate, o.up, int64_t{m} * hp.n_ff, o.gate);
-                o.matmul(L->ffn_down, o.gate, m, h);  // h: [m, n_embd], over its read rows
+                o.matmul(L->ffn_down, o.gate, m, h, places.subspan(t0, m));  // h: [m, n_embd], over its read rows
             }
             o.add(x, cur, n * E, x);
         }
@@ -95,7 +96,8 @@ public:
         Exec& o = mem_.enter_output();
         const int n_out = output_rows(o, hp, batch, o.x, w_.output_norm, o.cur);
         if (n_out == 0) return;
-        o.matmul(w_.output, o.cur, n_out, mem_.logits_target(hp, logits_out, n_out));  // logits: [n_out, n_vocab]
+        o.matmul(w_.output, o.cur, n_out, mem_.logits_target(hp, logits_out, n_out),
+                 output_places(batch, rows, mem_));  // logits: [n_out, n_vocab]
         mem_.finish_logits(logits_out, int64_t{n_out} * hp.n_vocab);
     }
 

@@ -47,31 +47,59 @@ uint64_t checked_row_bytes(quant::GgmlType type, int64_t n, const char* what) {
     return *bytes;
 }
 
-}  // namespace
+// The activations of n_tok tokens in `type` (the kernel's format), in scratch; F32 kernels read x
+// as it is.
+struct Activations {
+    const std::byte* data;
+    size_t stride;  // bytes per token
+};
+Activations activations(quant::GgmlType type, const WeightView& w, const float* x, int n_tok, ThreadPool& pool,
+                        Scratch& scratch) {
+    if (type == quant::GgmlType::F32)
+        return {reinterpret_cast<const std::byte*>(x), static_cast<size_t>(w.cols) * sizeof(float)};
+    const size_t stride = checked_row_bytes(type, w.cols, "an activation row");
+    std::byte* quantized = scratch.bytes(stride * static_cast<size_t>(n_tok));
+    pool.parallel_for(n_tok, [&](int64_t begin, int64_t end, int) {
+        for (int64_t t = begin; t < end; ++t) quant::quantize_row(type, x + t * w.cols, quantized + t * stride, w.cols);
+    });
+    return {quantized, stride};
+}
 
-void matmul(const WeightView& w, const float* x, int n_tok, float* y, ThreadPool& pool, Scratch& scratch) {
-    if (n_tok <= 0 || w.rows <= 0) return;
-    const quant::DotKernel kernel = quant::select_dot(w.type, scratch.features());
-    if (kernel.fn == nullptr) {
-        throw std::invalid_argument("matmul: no dot kernel for weight type " + std::string(quant::traits(w.type).name));
-    }
-    checked_row_bytes(w.type, w.cols, "a weight row");
+// A tiled kernel over all rows and n_tok tokens: tasks of (row block, token chunk). A call repacks
+// each tile of gemm.row_tile weight rows once and runs all the chunk's tokens over it, so rows per
+// task should be many; but both threads need several tasks to balance.
+void run_tiles(const quant::GemmKernel& gemm, const WeightView& w, const Activations& act, int n_tok, float* y,
+               ThreadPool& pool) {
     const int cols = static_cast<int>(w.cols);
+    const size_t w_stride = w.stride();
+    const auto* w_data = static_cast<const std::byte*>(w.data);
+    const int64_t n_tok_chunks = (n_tok + kGemmTokChunk - 1) / kGemmTokChunk;
+    const int64_t tok_chunk = (n_tok + n_tok_chunks - 1) / n_tok_chunks;
+    const int64_t row_tile = std::max(1, gemm.row_tile);
+    int64_t row_block = kGemmRowBlock;
+    const int64_t min_tasks = kGemmTasksPerThread * pool.size();
+    while (row_block > row_tile && ((w.rows + row_block - 1) / row_block) * n_tok_chunks < min_tasks) row_block /= 2;
+    row_block = std::max(row_tile, row_block / row_tile * row_tile);
+    const int64_t n_row_blocks = (w.rows + row_block - 1) / row_block;
+    pool.parallel_for(n_row_blocks * n_tok_chunks, [&](int64_t begin, int64_t end, int) {
+        for (int64_t task = begin; task < end; ++task) {
+            const int64_t r0 = (task % n_row_blocks) * row_block;
+            const int64_t r1 = std::min(w.rows, r0 + row_block);
+            const int64_t t0 = (task / n_row_blocks) * tok_chunk;
+            const int64_t t1 = std::min<int64_t>(n_tok, t0 + tok_chunk);
+            gemm.fn(cols, static_cast<int>(r1 - r0), static_cast<int>(t1 - t0), w_data + r0 * w_stride, w_stride,
+                    act.data + t0 * act.stride, act.stride, y + t0 * w.rows + r0, static_cast<size_t>(w.rows));
+        }
+    });
+}
 
-    // Activations in the kernel's format: F32 kernels read x as it is.
-    const std::byte* act = reinterpret_cast<const std::byte*>(x);
-    size_t act_stride = static_cast<size_t>(w.cols) * sizeof(float);
-    if (kernel.act_type != quant::GgmlType::F32) {
-        act_stride = checked_row_bytes(kernel.act_type, w.cols, "an activation row");
-        std::byte* quantized = scratch.bytes(act_stride * static_cast<size_t>(n_tok));
-        auto quantize_tokens = [&](int64_t begin, int64_t end, int) {
-            for (int64_t t = begin; t < end; ++t) {
-                quant::quantize_row(kernel.act_type, x + t * w.cols, quantized + t * act_stride, w.cols);
-            }
-        };
-        pool.parallel_for(n_tok, quantize_tokens);
-        act = quantized;
-    }
+// Every token in the single-token (dot) order: matrix-vector, the small-batch kernels or the tiles.
+void matmul_dot_order(const WeightView& w, const quant::DotKernel& kernel, const float* x, int n_tok, float* y,
+                      ThreadPool& pool, Scratch& scratch) {
+    const int cols = static_cast<int>(w.cols);
+    const Activations acts = activations(kernel.act_type, w, x, n_tok, pool, scratch);
+    const std::byte* act = acts.data;
+    const size_t act_stride = acts.stride;
 
     const size_t w_stride = w.stride();
     const auto* w_data = static_cast<const std::byte*>(w.data);
@@ -112,28 +140,7 @@ void matmul(const WeightView& w, const float* x, int n_tok, float* y, ThreadPool
     static const bool gemm_off = std::getenv("FITLLM_NO_GEMM") != nullptr;
     const quant::GemmKernel gemm = gemm_off ? quant::GemmKernel{} : quant::select_gemm(w.type, scratch.features());
     if (gemm.fn != nullptr && gemm.act_type == kernel.act_type) {
-        // Tasks of (row block, token chunk). A call repacks each tile of gemm.row_tile weight rows
-        // once and runs all the chunk's tokens over it, so rows per task should be many; but both
-        // threads need several tasks to balance.
-        const int64_t n_tok_chunks = (n_tok + kGemmTokChunk - 1) / kGemmTokChunk;
-        const int64_t tok_chunk = (n_tok + n_tok_chunks - 1) / n_tok_chunks;
-        const int64_t row_tile = std::max(1, gemm.row_tile);
-        int64_t row_block = kGemmRowBlock;
-        const int64_t min_tasks = kGemmTasksPerThread * pool.size();
-        while (row_block > row_tile && ((w.rows + row_block - 1) / row_block) * n_tok_chunks < min_tasks)
-            row_block /= 2;
-        row_block = std::max(row_tile, row_block / row_tile * row_tile);
-        const int64_t n_row_blocks = (w.rows + row_block - 1) / row_block;
-        pool.parallel_for(n_row_blocks * n_tok_chunks, [&](int64_t begin, int64_t end, int) {
-            for (int64_t task = begin; task < end; ++task) {
-                const int64_t r0 = (task % n_row_blocks) * row_block;
-                const int64_t r1 = std::min(w.rows, r0 + row_block);
-                const int64_t t0 = (task / n_row_blocks) * tok_chunk;
-                const int64_t t1 = std::min<int64_t>(n_tok, t0 + tok_chunk);
-                gemm.fn(cols, static_cast<int>(r1 - r0), static_cast<int>(t1 - t0), w_data + r0 * w_stride, w_stride,
-                        act + t0 * act_stride, act_stride, y + t0 * w.rows + r0, static_cast<size_t>(w.rows));
-            }
-        });
+        run_tiles(gemm, w, acts, n_tok, y, pool);
         return;
     }
     const int64_t n_row_tiles = (w.rows + kRowTile - 1) / kRowTile;
@@ -150,6 +157,48 @@ void matmul(const WeightView& w, const float* x, int n_tok, float* y, ThreadPool
             }
         }
     });
+}
+
+}  // namespace
+
+void matmul(const WeightView& w, const float* x, int n_tok, float* y, ThreadPool& pool, Scratch& scratch,
+            std::span<const TokenPlace> places) {
+    if (n_tok <= 0 || w.rows <= 0) return;
+    const quant::DotKernel kernel = quant::select_dot(w.type, scratch.features());
+    if (kernel.fn == nullptr) {
+        throw std::invalid_argument("matmul: no dot kernel for weight type " + std::string(quant::traits(w.type).name));
+    }
+    checked_row_bytes(w.type, w.cols, "a weight row");
+    if (!places.empty() && places.size() != static_cast<size_t>(n_tok)) {
+        throw std::invalid_argument("matmul: " + std::to_string(places.size()) + " token places for " +
+                                    std::to_string(n_tok) + " tokens");
+    }
+    // FITLLM_NO_BATCH_ORDER=1 keeps every token in the single-token order (A/B measurements).
+    static const bool batch_order_off = std::getenv("FITLLM_NO_BATCH_ORDER") != nullptr;
+    const quant::BatchOrderGemm order = places.empty() || batch_order_off
+                                            ? quant::BatchOrderGemm{}
+                                            : quant::select_batch_order_gemm(w.type, scratch.features());
+    if (order.kernel.fn == nullptr) return matmul_dot_order(w, kernel, x, n_tok, y, pool, scratch);
+
+    // Maximal ranges of consecutive tokens on which the rule agrees, each run by its kernel.
+    const auto batch_order = [&](int t) {
+        const TokenPlace& p = places[static_cast<size_t>(t)];
+        return order.applies(w.rows, p.run_len, p.run_pos);
+    };
+    for (int t0 = 0; t0 < n_tok;) {
+        const bool batch = batch_order(t0);
+        int t1 = t0 + 1;
+        while (t1 < n_tok && batch_order(t1) == batch) ++t1;
+        const float* xs = x + static_cast<int64_t>(t0) * w.cols;
+        float* ys = y + static_cast<int64_t>(t0) * w.rows;
+        if (batch) {
+            run_tiles(order.kernel, w, activations(order.kernel.act_type, w, xs, t1 - t0, pool, scratch), t1 - t0, ys,
+                      pool);
+        } else {
+            matmul_dot_order(w, kernel, xs, t1 - t0, ys, pool, scratch);
+        }
+        t0 = t1;
+    }
 }
 
 }  // namespace fitllm::ops

@@ -4,6 +4,7 @@
 #include <new>
 
 #include "quant/dot.h"
+#include "quant/gemm_batch_kernels.h"
 #include "quant/gemm_kernels.h"
 
 namespace fitllm::quant {
@@ -52,6 +53,29 @@ GemmKernel select_small_batch(GgmlType weight_type, const CpuFeatures& features)
     k.isa = dot.isa;
     k.act_type = dot.act_type;
     return k;
+}
+
+namespace {
+
+// The weight types whose batches llama.cpp sums in another order than a lone token, one line each:
+// the function that picks the type's batch-order kernel and its rule for this CPU.
+struct BatchOrderEntry {
+    GgmlType type;
+    BatchOrderGemm (*select)(GgmlType weight_type, const CpuFeatures& features);
+};
+constexpr BatchOrderEntry kBatchOrders[] = {
+    {GgmlType::Q6_K, detail::tiled_batch_order},
+    {GgmlType::Q5_K, detail::tiled_batch_order},
+    {GgmlType::Q3_K, detail::tiled_batch_order},
+};
+
+}  // namespace
+
+BatchOrderGemm select_batch_order_gemm(GgmlType weight_type, const CpuFeatures& features) {
+    for (const BatchOrderEntry& e : kBatchOrders) {
+        if (e.type == weight_type) return e.select(weight_type, features);
+    }
+    return {};
 }
 
 namespace detail {

@@ -29,7 +29,8 @@ bool have_tool(const char* tool) {
 // could be the copy the linker keeps for every caller, including ones on CPUs without those.
 TEST(DotIsolation, IsaFilesDefineNoSharedInlineFunctions) {
     REQUIRE_OBJECTS();
-    for (const char* source : {"dot_avx2.cpp", "dot_avx2_kquants.cpp", "dot_avx512.cpp", "dot_avx512_kquants.cpp"}) {
+    for (const char* source : {"dot_avx2.cpp", "dot_avx2_kquants.cpp", "dot_avx512.cpp", "dot_avx512_kquants.cpp",
+                               "gemm_batch_avx2.cpp", "gemm_batch_avx512.cpp"}) {
         const auto r = test::run_command("nm -C --defined-only " + object_file(source).string());
         ASSERT_EQ(r.status, 0) << source;
         std::istringstream lines(r.output);
@@ -50,7 +51,8 @@ TEST(DotIsolation, IsaFilesDefineNoSharedInlineFunctions) {
 // The files every CPU runs contain no VEX / EVEX instruction (all of whose mnemonics start with v).
 TEST(DotIsolation, PortableFilesUseNoAvx) {
     REQUIRE_OBJECTS();
-    for (const char* source : {"dot.cpp", "dot_ref.cpp", "cpu_features.cpp", "dequantize.cpp", "quantize.cpp"}) {
+    for (const char* source :
+         {"dot.cpp", "dot_ref.cpp", "cpu_features.cpp", "dequantize.cpp", "quantize.cpp", "gemm_batch_ref.cpp"}) {
         const auto r = test::run_command("objdump -d --no-show-raw-insn " + object_file(source).string() +
                                          " | grep -cE '^ +[0-9a-f]+:\\s+v[a-z0-9]+ '");
         EXPECT_EQ(r.output, "0\n") << source << " has AVX instructions";
@@ -60,7 +62,7 @@ TEST(DotIsolation, PortableFilesUseNoAvx) {
 // The kVnni = false kernels are for AVX-512 CPUs without VNNI.
 TEST(DotIsolation, NonVnniKernelsUseNoVnni) {
     REQUIRE_OBJECTS();
-    for (const char* source : {"dot_avx512.cpp", "dot_avx512_kquants.cpp"}) {
+    for (const char* source : {"dot_avx512.cpp", "dot_avx512_kquants.cpp", "gemm_batch_avx512.cpp"}) {
         const auto r =
             test::run_command("objdump -d -C --no-show-raw-insn " + object_file(source).string() +
                               " | awk '/^[0-9a-f]+ <.*>:$/ { fn = $0 } /vpdp/ { print fn }' | grep -c false");

@@ -365,48 +365,57 @@ std::vector<float> ggml_matmul(GgmlType type, const std::vector<uint8_t>& w, int
 
 // fitllm's matmul against ggml's, output by output, for the weight types of the demo model and the
 // generated goldens, one token (decode) and batches on each side of ggml's thresholds (2..7 tokens:
-// vec_dot or sgemm; 8 and more: the tiled k-quant kernels). Printed: how many outputs differ in
-// their bits; required: none for the (type, batch) pairs listed in kExact.
+// vec_dot or sgemm; 8 and more: the tiled k-quant kernels). The batch goes through matmul three
+// ways: as one sequence's run (places: what a prompt passes), as tokens of separate sequences
+// (places: runs of 1, a decode step of several sequences) and without places; the last two must
+// give the same bits. Printed: how many outputs differ in their bits; required: none for the
+// (type, batch) pairs listed in kExact.
 TEST(MatmulVsGgml, SameBitsWhereFitllmFollowsLlamaCpp) {
     REQUIRE_GGML();
     const CpuFeatures cpu = detect_cpu_features();
     if (cpu.best_isa() < Isa::Avx2) GTEST_SKIP() << "the orders fitllm follows are llama.cpp's AVX2 / AVX-512 ones";
-    // Where fitllm gives llama.cpp's bits, by batch size. Beyond these llama.cpp's batch kernels
-    // sum in an order that differs from its own single-token one, and fitllm keeps one order for a
-    // type (a token's results do not depend on its batch): Q4_K and Q2_K in groups of 4 tokens
-    // (the repacked gemm fmas per 64 or 128 elements instead of per super-block), Q3_K / Q5_K /
-    // Q6_K from 8 tokens on (the tiled kernels: one float product per super-block, unfused); F16
-    // rounds its activations to f16 and sums 4 x 16 (vec_dot) or 16 (sgemm) lanes.
+    // Where fitllm gives llama.cpp's bits, by batch size. llama.cpp's batch kernels sum in another
+    // order than its single-token one: Q4_K and Q2_K in groups of 4 tokens (the repacked gemm fmas
+    // per 64 or 128 elements instead of per super-block), Q3_K / Q5_K / Q6_K from 8 tokens on (the
+    // tiled kernels: one float product per super-block, unfused). fitllm follows them where a batch
+    // is one sequence's run (quant::select_batch_order_gemm); tokens of separate sequences keep the
+    // single-token order, so those match llama.cpp's bits below the batch kernels' thresholds only.
+    // F16 rounds its activations to f16 and sums 4 x 16 (vec_dot) or 16 (sgemm) lanes.
     struct Exact {
         GgmlType type;
-        int max_tok;  // outputs equal for batches of up to this many tokens
+        int max_tok;      // separate tokens: outputs equal for batches of up to this many tokens
+        int max_run_tok;  // one run: likewise
     };
     constexpr Exact kExact[] = {
-        {GgmlType::Q8_0, 64}, {GgmlType::Q5_0, 64}, {GgmlType::Q4_0, 64}, {GgmlType::Q4_K, 3},
-        {GgmlType::Q5_K, 7},  {GgmlType::Q6_K, 7},  {GgmlType::Q3_K, 7},  {GgmlType::Q2_K, 3},
+        {GgmlType::Q8_0, 64, 64}, {GgmlType::Q5_0, 64, 64}, {GgmlType::Q4_0, 64, 64}, {GgmlType::Q4_K, 3, 3},
+        {GgmlType::Q5_K, 7, 64},  {GgmlType::Q6_K, 7, 64},  {GgmlType::Q3_K, 7, 64},  {GgmlType::Q2_K, 3, 3},
     };
     ops::ThreadPool pool(2);
     ops::Scratch scratch;
     const int rows = 64;
-    // 1536: wider than the chunks of blocks the tiled kernels of the blocks of 32 work in.
+    // 1536: wider than the chunks of blocks the tiled kernels of the blocks of 32 work in; 5632
+    // (22 super-blocks): wider than one slab of fitllm's batch-order kernels.
     for (const auto& [type, n] : std::initializer_list<std::pair<GgmlType, int>>{{GgmlType::F16, 512},
                                                                                  {GgmlType::Q8_0, 512},
                                                                                  {GgmlType::Q8_0, 1536},
                                                                                  {GgmlType::Q6_K, 512},
+                                                                                 {GgmlType::Q6_K, 5632},
                                                                                  {GgmlType::Q5_K, 512},
+                                                                                 {GgmlType::Q5_K, 2048},
                                                                                  {GgmlType::Q5_0, 512},
                                                                                  {GgmlType::Q5_0, 1536},
                                                                                  {GgmlType::Q4_K, 512},
                                                                                  {GgmlType::Q4_0, 512},
                                                                                  {GgmlType::Q4_0, 1536},
                                                                                  {GgmlType::Q3_K, 512},
+                                                                                 {GgmlType::Q3_K, 2048},
                                                                                  {GgmlType::Q2_K, 512}}) {
         const auto w = test::weight_rows(type, rows, n, 31 + static_cast<uint32_t>(type), true);
-        int exact_up_to = 0;
+        int exact_up_to = 0, run_exact_up_to = 0;
         for (const Exact& e : kExact) {
-            if (e.type == type) exact_up_to = e.max_tok;
+            if (e.type == type) exact_up_to = e.max_tok, run_exact_up_to = e.max_run_tok;
         }
-        std::string line;
+        std::string line, run_line;
         for (int n_tok : {1, 2, 5, 8, 16, 33}) {
             const auto x = test::gaussian(static_cast<size_t>(n) * n_tok, 700 + static_cast<uint32_t>(n_tok));
             const std::vector<float> theirs = ggml_matmul(type, w, rows, n, x, n_tok, 2);
@@ -414,15 +423,33 @@ TEST(MatmulVsGgml, SameBitsWhereFitllmFollowsLlamaCpp) {
             std::vector<float> ours(theirs.size());
             const ops::WeightView view{type, rows, n, w.data(), 0};
             ops::matmul(view, x.data(), n_tok, ours.data(), pool, scratch);
-            int differ = 0;
-            for (size_t i = 0; i < ours.size(); ++i) differ += same_bits(ours[i], theirs[i]) ? 0 : 1;
+            std::vector<ops::TokenPlace> run(n_tok), alone(n_tok);
+            for (int t = 0; t < n_tok; ++t) run[t] = {n_tok, t};
+            std::vector<float> ours_run(theirs.size()), ours_alone(theirs.size());
+            ops::matmul(view, x.data(), n_tok, ours_run.data(), pool, scratch, run);
+            ops::matmul(view, x.data(), n_tok, ours_alone.data(), pool, scratch, alone);
+            int differ = 0, run_differ = 0, alone_differ = 0;
+            for (size_t i = 0; i < ours.size(); ++i) {
+                differ += same_bits(ours[i], theirs[i]) ? 0 : 1;
+                run_differ += same_bits(ours_run[i], theirs[i]) ? 0 : 1;
+                alone_differ += same_bits(ours_alone[i], ours[i]) ? 0 : 1;
+            }
             line += " " + std::to_string(n_tok) + ":" + std::to_string(differ);
+            run_line += " " + std::to_string(n_tok) + ":" + std::to_string(run_differ);
+            EXPECT_EQ(alone_differ, 0) << traits(type).name << " n_tok=" << n_tok
+                                       << ": runs of 1 differ from matmul without places";
             if (n_tok <= exact_up_to) {
                 EXPECT_EQ(differ, 0) << traits(type).name << " n_tok=" << n_tok << " differs from llama.cpp's bits";
             }
+            if (n_tok <= run_exact_up_to) {
+                EXPECT_EQ(run_differ, 0) << traits(type).name << " n_tok=" << n_tok
+                                         << " as one run differs from llama.cpp's bits";
+            }
         }
-        std::printf("  %-5s n=%-4d outputs of %d differing (by batch size):%s\n",
+        std::printf("  %-5s n=%-4d outputs of %d differing (by batch size), separate tokens:%s\n",
                     std::string(traits(type).name).c_str(), n, rows, line.c_str());
+        std::printf("  %-5s n=%-4d outputs of %d differing (by batch size), one run:        %s\n",
+                    std::string(traits(type).name).c_str(), n, rows, run_line.c_str());
     }
 }
 

