@@ -29,6 +29,7 @@
 
 #include <cstdint>
 #include <cstring>
+#include <utility>
 #include <vector>
 
 #include "quant/blocks.h"
@@ -348,23 +349,15 @@ void micro(const typename K::Tile& tile, int kb, const TokBlock* prep, size_t pr
     }
 }
 
-template <typename K, bool kVnni>
-void micro_n(int nt, const typename K::Tile& tile, int kb, const TokBlock* prep, size_t prep_stride, const uint8_t* act,
-             size_t act_stride, float* state, float* y, size_t y_stride, int nr, bool first, bool last) {
-    switch (nt) {
-        case 1:
-            return micro<K, kVnni, 1>(tile, kb, prep, prep_stride, act, act_stride, state, y, y_stride, nr, first,
-                                      last);
-        case 2:
-            return micro<K, kVnni, 2>(tile, kb, prep, prep_stride, act, act_stride, state, y, y_stride, nr, first,
-                                      last);
-        case 3:
-            return micro<K, kVnni, 3>(tile, kb, prep, prep_stride, act, act_stride, state, y, y_stride, nr, first,
-                                      last);
-        default:
-            return micro<K, kVnni, kMaxTok>(tile, kb, prep, prep_stride, act, act_stride, state, y, y_stride, nr, first,
-                                            last);
-    }
+// micro for nt = 1 .. kMaxTok tokens.
+template <typename K, bool kVnni, int... kI>
+void micro_n(int nt, std::integer_sequence<int, kI...>, const typename K::Tile& tile, int kb, const TokBlock* prep,
+             size_t prep_stride, const uint8_t* act, size_t act_stride, float* state, float* y, size_t y_stride, int nr,
+             bool first, bool last) {
+    using Fn = void (*)(const typename K::Tile&, int, const TokBlock*, size_t, const uint8_t*, size_t, float*, float*,
+                        size_t, int, bool, bool);
+    constexpr Fn kMicro[] = {&micro<K, kVnni, kI + 1>...};
+    kMicro[nt - 1](tile, kb, prep, prep_stride, act, act_stride, state, y, y_stride, nr, first, last);
 }
 
 template <typename K, bool kVnni>
@@ -391,7 +384,8 @@ void gemm(int n, int n_rows, int n_tok, const void* w, size_t w_stride, const vo
             K::repack(tile, w_bytes + static_cast<size_t>(r0) * w_stride, w_stride, nr, b0, kb);
             for (int t = 0; t < n_tok; t += kMaxTok) {
                 const int nt = n_tok - t < kMaxTok ? n_tok - t : kMaxTok;
-                micro_n<K, kVnni>(nt, tile, kb, prep.data() + static_cast<size_t>(t) * nb + b0, nb,
+                micro_n<K, kVnni>(nt, std::make_integer_sequence<int, kMaxTok>{}, tile, kb,
+                                  prep.data() + static_cast<size_t>(t) * nb + b0, nb,
                                   a_bytes + static_cast<size_t>(t) * act_stride + b0 * sizeof(BlockQ8_K), act_stride,
                                   state[t].acc, y + static_cast<size_t>(t) * y_stride + r0, y_stride, nr, b0 == 0,
                                   b0 + kb == nb);
