@@ -5,6 +5,7 @@
 
 #include "quant/dot.h"
 #include "quant/gemm_batch_kernels.h"
+#include "quant/gemm_batch_q4k.h"
 #include "quant/gemm_kernels.h"
 
 namespace fitllm::quant {
@@ -64,9 +65,9 @@ struct BatchOrderEntry {
     BatchOrderGemm (*select)(GgmlType weight_type, const CpuFeatures& features);
 };
 constexpr BatchOrderEntry kBatchOrders[] = {
-    {GgmlType::Q6_K, detail::tiled_batch_order},
-    {GgmlType::Q5_K, detail::tiled_batch_order},
-    {GgmlType::Q3_K, detail::tiled_batch_order},
+    {GgmlType::Q6_K, detail::tiled_batch_order},    {GgmlType::Q5_K, detail::tiled_batch_order},
+    {GgmlType::Q3_K, detail::tiled_batch_order},    {GgmlType::Q4_K, detail::repacked_batch_order},
+    {GgmlType::Q2_K, detail::repacked_batch_order},
 };
 
 }  // namespace

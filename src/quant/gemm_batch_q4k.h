@@ -20,6 +20,12 @@
 
 namespace fitllm::quant::detail {
 
+// The batch-order kernel of Q4_K / Q2_K for this CPU with llama.cpp's rule (select_batch_order_gemm's
+// table): it repacks a weight whose row count is a multiple of 8 (Q4_K on AVX2 CPUs, Q2_K on
+// AVX-512 ones) and runs its gemm on a batch's tokens in groups of 4 from the first; the last
+// n_tok % 4 take its gemv, the one-token order. Empty where llama.cpp does not repack the type.
+BatchOrderGemm repacked_batch_order(GgmlType weight_type, const CpuFeatures& features);
+
 // The scalar reference that defines the order (gemm_batch_q4k_ref.cpp); nullptr for other types.
 GemmFn gemm_batch_q4k_ref(GgmlType weight_type);
 

@@ -93,7 +93,29 @@ void gemm(int n, int n_rows, int n_tok, const void* w, size_t w_stride, const vo
     }
 }
 
+// llama.cpp's rule (repack.cpp: ggml_repack_get_optimal_repack_type, forward_mul_mat_one_chunk),
+// asked of the token's run (its sequence's tokens in the batch) as select_batch_order_gemm does:
+// for a batch of one sequence (a prompt) the two are the same.
+bool repacked_applies(int64_t weight_rows, int32_t run_len, int32_t run_pos) {
+    return weight_rows % 8 == 0 && run_pos < run_len - run_len % 4;
+}
+
 }  // namespace
+
+BatchOrderGemm repacked_batch_order(GgmlType weight_type, const CpuFeatures& features) {
+    const Isa best = features.best_isa();
+    GemmKernel k;
+    if (best >= Isa::Avx512) {
+        k = gemm_batch_q4k_avx512(weight_type, best >= Isa::Avx512Vnni);
+    } else if (best >= Isa::Avx2) {
+        k = gemm_batch_q4k_avx2(weight_type);  // Q4_K only: llama.cpp repacks Q2_K on AVX-512 CPUs
+    }
+    if (k.fn == nullptr) return {};
+    BatchOrderGemm b;
+    b.kernel = k;
+    b.applies = repacked_applies;
+    return b;
+}
 
 GemmFn gemm_batch_q4k_ref(GgmlType weight_type) {
     switch (weight_type) {
