@@ -17,6 +17,7 @@
 
 #include "kv/cache.h"
 #include "ops/attention_f16.h"
+#include "ops/attention_f16_tiled.h"
 #include "quant/cpu_features.h"
 #include "quant/dequantize.h"
 #include "quant/dot.h"
@@ -353,6 +354,100 @@ TEST(AttentionKv, F16IsAttentionF16BitForBitOverTheSameCells) {
                     run(cache, q, q_pos, q_seq, p, threads, quant::limit_to(quant::host_cpu_features(), isa));
                 ASSERT_EQ(0, std::memcmp(got.data(), want.data(), got.size() * sizeof(float)))
                     << "head_dim " << head_dim << ", " << quant::isa_name(isa) << ", " << threads << " threads";
+            }
+        }
+    }
+}
+
+// From 64 queries of a sequence in one call, f16 and f32 K/V take llama.cpp's tiled kernel
+// (attention_f16_tiled) with tiles of 64 positions; a sequence with fewer queries in the same call
+// keeps attention_f16's bits. The reference gets keys indexed by position (positions the sequence
+// lacks are there but seen by no query), so its tiles of 64 keys are the positions' tiles. Every
+// instruction set, several thread counts, a sequence whose first positions were removed.
+TEST(AttentionKv, From64QueriesASequenceGetsTheTiledKernelsBits) {
+    for (const GgmlType type : {GgmlType::F16, GgmlType::F32}) {
+        for (const int head_dim : {128, 64, 80}) {
+            Shape s;
+            s.head_dim = head_dim;
+            s.n_head = 8;
+            s.n_head_kv = 2;
+            KvCache cache(
+                {kv::LayerShape{s.n_head_kv, head_dim, head_dim}},
+                kv::CacheParams{.n_cells = 1024, .n_seq_max = 2, .block_size = 16, .type_k = type, .type_v = type});
+            // Interleaved blocks: sequence 0's cells are not the cache's first ones.
+            for (int round = 0; round < 4; ++round) {
+                add_sequence(cache, s, 0, 30 * round, 30, 1, 30);
+                add_sequence(cache, s, 1, 10 * round, 10, 2, 10);
+            }
+            if (head_dim == 64) cache.seq_rm(0, 0, 50);
+            // A prompt of 70 tokens of sequence 0 and 5 of sequence 1, in one call.
+            std::vector<SeqId> q_seq(70, 0);
+            std::vector<Pos> q_pos(70);
+            for (int i = 0; i < 70; ++i) q_pos[i] = 120 + i;
+            add_tokens(cache, s, q_seq, q_pos, std::vector<uint32_t>(70, 1));
+            std::vector<SeqId> seq1(5, 1);
+            std::vector<Pos> pos1 = {40, 41, 42, 43, 44};
+            add_tokens(cache, s, seq1, pos1, std::vector<uint32_t>(5, 2));
+            q_seq.insert(q_seq.begin() + 20, seq1.begin(), seq1.end());
+            q_pos.insert(q_pos.begin() + 20, pos1.begin(), pos1.end());
+            const std::vector<float> q = gaussian(4, q_pos.size() * s.n_head * head_dim, 2.0f);
+            const AttentionParams p = params_of(s);
+
+            ThreadPool pool(2);
+            Scratch scratch;
+            std::vector<float> want(q.size(), 0.0f);
+            for (SeqId seq = 0; seq < 2; ++seq) {
+                std::vector<float> k, v, q_s;
+                std::vector<int32_t> kv_pos, tok_pos, rows;
+                const std::vector<int32_t> cells = visible_cells(cache, seq, 1000, 0);
+                gather(cache, cells, s.kv_width(), k, v, kv_pos);
+                for (size_t t = 0; t < q_pos.size(); ++t) {
+                    if (q_seq[t] != seq) continue;
+                    rows.push_back(static_cast<int32_t>(t));
+                    tok_pos.push_back(q_pos[t]);
+                    q_s.insert(q_s.end(), q.begin() + t * s.n_head * head_dim,
+                               q.begin() + (t + 1) * s.n_head * head_dim);
+                }
+                std::vector<float> out_s(q_s.size());
+                const auto n = static_cast<int64_t>(rows.size());
+                if (seq == 0) {
+                    // Key j at position j; a position the sequence lacks is after every query.
+                    const int n_pos = *std::max_element(kv_pos.begin(), kv_pos.end()) + 1;
+                    std::vector<float> k_at(static_cast<size_t>(n_pos) * s.kv_width(), 0.0f), v_at(k_at.size(), 0.0f);
+                    std::vector<int32_t> pos_at(n_pos, 1 << 30);
+                    for (size_t j = 0; j < kv_pos.size(); ++j) {
+                        std::copy_n(k.begin() + j * s.kv_width(), s.kv_width(),
+                                    k_at.begin() + kv_pos[j] * s.kv_width());
+                        std::copy_n(v.begin() + j * s.kv_width(), s.kv_width(),
+                                    v_at.begin() + kv_pos[j] * s.kv_width());
+                        pos_at[kv_pos[j]] = kv_pos[j];
+                    }
+                    attention_f16_tiled(q_s.data(), tok_pos.data(), n, k_at.data(), v_at.data(), pos_at.data(), n_pos,
+                                        p, out_s.data(), pool, scratch);
+                } else if (type == GgmlType::F16) {
+                    attention_f16(q_s.data(), tok_pos.data(), n, k.data(), v.data(), kv_pos.data(),
+                                  static_cast<int64_t>(kv_pos.size()), p, out_s.data(), pool, scratch);
+                } else {
+                    continue;  // f32 below 64 queries: the f32 tiled kernel, checked against exact attention elsewhere
+                }
+                for (size_t i = 0; i < rows.size(); ++i) {
+                    std::copy(out_s.begin() + i * s.n_head * head_dim, out_s.begin() + (i + 1) * s.n_head * head_dim,
+                              want.begin() + rows[i] * s.n_head * head_dim);
+                }
+            }
+            const size_t row = static_cast<size_t>(s.n_head) * head_dim;
+            for (quant::Isa isa : {quant::Isa::Avx512Vnni, quant::Isa::Avx2, quant::Isa::Scalar}) {
+                for (int threads : {1, 3}) {
+                    const std::vector<float> got =
+                        run(cache, q, q_pos, q_seq, p, threads, quant::limit_to(quant::host_cpu_features(), isa));
+                    for (size_t t = 0; t < q_pos.size(); ++t) {
+                        // Sequence 1's f16 bits follow the instruction set's dot order (attention_f16).
+                        if (q_seq[t] == 1 && (type != GgmlType::F16 || isa != quant::Isa::Avx512Vnni)) continue;
+                        ASSERT_EQ(0, std::memcmp(got.data() + t * row, want.data() + t * row, row * sizeof(float)))
+                            << quant::type_name(static_cast<uint32_t>(type)) << ", head_dim " << head_dim << ", "
+                            << quant::isa_name(isa) << ", " << threads << " threads, token " << t;
+                    }
+                }
             }
         }
     }

@@ -15,6 +15,8 @@
 #include <utility>
 #include <vector>
 
+#include "ops/attention_f16.h"
+#include "ops/attention_f16_tiled.h"
 #include "ops/matmul.h"
 #include "ops/scratch.h"
 #include "ops/thread_pool.h"
@@ -496,6 +498,154 @@ TEST(MatmulVsGgml, BatchOrderKernelsGiveLlamaCppBatchBits) {
                                      << " n_tok=" << n_tok << ": outputs differing from llama.cpp's batch bits";
             }
         }
+    }
+}
+
+}  // namespace
+}  // namespace fitllm::quant
+
+namespace fitllm::quant {
+namespace {
+
+// ---- Flash attention through ggml's CPU backend ----
+
+using NewTensor3dFn = void* (*)(void*, int, int64_t, int64_t, int64_t);
+using FlashAttnExtFn = void* (*)(void*, void*, void*, void*, void*, float, float, float);
+
+// ggml's flash_attn_ext on its CPU backend: q [n_tok][n_head][d] f32, k / v [n_kv][n_head_kv][d]
+// (f16 values, stored as f16), mask [n_tok][n_kv] (0 or -inf, stored as f16); the output in q's
+// layout. Empty on any failure.
+std::vector<float> ggml_flash_attn(const std::vector<float>& q, const std::vector<float>& k,
+                                   const std::vector<float>& v, const std::vector<float>& mask, int n_tok, int n_kv,
+                                   int n_head, int n_head_kv, int d, float scale, int threads) {
+    const Ggml* g = ggml();
+    auto init = g->base_fn<InitFn>("ggml_init");
+    auto free_ctx = g->base_fn<FreeFn>("ggml_free");
+    auto new_tensor2 = g->base_fn<NewTensor2dFn>("ggml_new_tensor_2d");
+    auto new_tensor3 = g->base_fn<NewTensor3dFn>("ggml_new_tensor_3d");
+    auto flash = g->base_fn<FlashAttnExtFn>("ggml_flash_attn_ext");
+    auto new_graph = g->base_fn<NewGraphFn>("ggml_new_graph");
+    auto build = g->base_fn<BuildForwardFn>("ggml_build_forward_expand");
+    auto tensor_overhead = g->base_fn<SizeFn>("ggml_tensor_overhead");
+    auto graph_overhead = g->base_fn<SizeFn>("ggml_graph_overhead");
+    auto alloc_tensors = g->base_fn<AllocTensorsFn>("ggml_backend_alloc_ctx_tensors_from_buft");
+    auto cpu_buft = g->base_fn<BufferTypeFn>("ggml_backend_cpu_buffer_type");
+    auto tensor_set = g->base_fn<TensorSetFn>("ggml_backend_tensor_set");
+    auto tensor_get = g->base_fn<TensorGetFn>("ggml_backend_tensor_get");
+    auto compute = g->base_fn<GraphComputeFn>("ggml_backend_graph_compute");
+    auto buffer_free = g->base_fn<BufferFreeFn>("ggml_backend_buffer_free");
+    auto backend_free = g->base_fn<FreeFn>("ggml_backend_free");
+    auto cpu_init = g->cpu_fn<BackendInitFn>("ggml_backend_cpu_init");
+    auto set_threads = g->cpu_fn<SetThreadsFn>("ggml_backend_cpu_set_n_threads");
+    if (!init || !free_ctx || !new_tensor2 || !new_tensor3 || !flash || !new_graph || !build || !tensor_overhead ||
+        !graph_overhead || !alloc_tensors || !cpu_buft || !tensor_set || !tensor_get || !compute || !buffer_free ||
+        !backend_free || !cpu_init || !set_threads) {
+        return {};
+    }
+    constexpr int kF32 = 0, kF16 = 1;
+    // ggml's layouts: q [d, n_tok, n_head], k / v [d, n_kv, n_head_kv], mask [n_kv, n_tok].
+    std::vector<float> q_g(q.size());
+    for (int t = 0; t < n_tok; ++t)
+        for (int h = 0; h < n_head; ++h)
+            for (int i = 0; i < d; ++i)
+                q_g[(static_cast<size_t>(h) * n_tok + t) * d + i] = q[(static_cast<size_t>(t) * n_head + h) * d + i];
+    const auto to_half_heads = [&](const std::vector<float>& x) {
+        std::vector<uint16_t> y(x.size());
+        for (int j = 0; j < n_kv; ++j)
+            for (int h = 0; h < n_head_kv; ++h)
+                for (int i = 0; i < d; ++i)
+                    y[(static_cast<size_t>(h) * n_kv + j) * d + i] =
+                        fp32_to_fp16(x[(static_cast<size_t>(j) * n_head_kv + h) * d + i]);
+        return y;
+    };
+    const std::vector<uint16_t> k_g = to_half_heads(k), v_g = to_half_heads(v);
+    std::vector<uint16_t> mask_g(mask.size());
+    for (size_t i = 0; i < mask.size(); ++i) mask_g[i] = fp32_to_fp16(mask[i]);
+
+    const size_t meta = 8 * tensor_overhead() + graph_overhead();
+    void* ctx = init({meta, nullptr, true});
+    void* tq = new_tensor3(ctx, kF32, d, n_tok, n_head);
+    void* tk = new_tensor3(ctx, kF16, d, n_kv, n_head_kv);
+    void* tv = new_tensor3(ctx, kF16, d, n_kv, n_head_kv);
+    void* tm = new_tensor2(ctx, kF16, n_kv, n_tok);
+    void* out = flash(ctx, tq, tk, tv, tm, scale, 0.0f, 0.0f);
+    void* graph = new_graph(ctx);
+    build(graph, out);
+    void* buf = alloc_tensors(ctx, cpu_buft());
+    std::vector<float> y;
+    void* backend = cpu_init();
+    if (buf && backend) {
+        set_threads(backend, threads);
+        tensor_set(tq, q_g.data(), 0, q_g.size() * sizeof(float));
+        tensor_set(tk, k_g.data(), 0, k_g.size() * sizeof(uint16_t));
+        tensor_set(tv, v_g.data(), 0, v_g.size() * sizeof(uint16_t));
+        tensor_set(tm, mask_g.data(), 0, mask_g.size() * sizeof(uint16_t));
+        if (compute(backend, graph) == 0) {
+            y.resize(q.size());
+            tensor_get(out, y.data(), 0, y.size() * sizeof(float));
+        }
+    }
+    if (backend) backend_free(backend);
+    if (buf) buffer_free(buf);
+    free_ctx(ctx);
+    return y;
+}
+
+// llama.cpp runs its tiled flash attention (f32 q, tiles of 64 keys) for 64 queries and more with
+// an f16 cache; fitllm's attention_f16_tiled must give its bits for every variant, for the head
+// sizes of common models, grouped queries, causal masks (-inf entries), a sliding window, and
+// keys that do not fill the last tile.
+TEST(FlashAttentionVsGgml, TiledKernelHasTheSameBits) {
+    REQUIRE_GGML();
+    ops::ThreadPool pool(2);
+    ops::Scratch scratch;
+    struct Shape {
+        int n_tok, n_prefix, n_head, n_head_kv, d, window;
+    };
+    for (const Shape& s : {Shape{64, 0, 4, 2, 64, 0}, Shape{100, 37, 8, 2, 128, 0}, Shape{130, 70, 4, 1, 256, 0},
+                           Shape{96, 200, 4, 1, 256, 80}, Shape{200, 0, 6, 6, 64, 0},
+                           Shape{189, 1024, 4, 1, 256, 512}}) {  // Gemma 3 270M's local layers, a third batch
+        const int n_kv = s.n_prefix + s.n_tok;
+        std::vector<float> q = test::gaussian(static_cast<size_t>(s.n_tok) * s.n_head * s.d, 11);
+        std::vector<float> k = test::gaussian(static_cast<size_t>(n_kv) * s.n_head_kv * s.d, 12);
+        std::vector<float> v = test::gaussian(k.size(), 13);
+        for (float& x : q) x *= 2.0f;  // sharper softmaxes: more rescales
+        for (float& x : k) x = fp16_to_fp32(fp32_to_fp16(x));
+        for (float& x : v) x = fp16_to_fp32(fp32_to_fp16(x));
+        std::vector<int32_t> q_pos(s.n_tok), kv_pos(n_kv);
+        for (int j = 0; j < n_kv; ++j) kv_pos[j] = j;
+        for (int t = 0; t < s.n_tok; ++t) q_pos[t] = s.n_prefix + t;
+        std::vector<float> mask(static_cast<size_t>(s.n_tok) * n_kv);
+        for (int t = 0; t < s.n_tok; ++t) {
+            for (int j = 0; j < n_kv; ++j) {
+                const bool seen = j <= q_pos[t] && (s.window == 0 || j > q_pos[t] - s.window);
+                mask[static_cast<size_t>(t) * n_kv + j] = seen ? 0.0f : -INFINITY;
+            }
+        }
+        const float scale = 1.0f / std::sqrt(static_cast<float>(s.d));
+        const std::vector<float> theirs =
+            ggml_flash_attn(q, k, v, mask, s.n_tok, n_kv, s.n_head, s.n_head_kv, s.d, scale, 2);
+        ASSERT_EQ(theirs.size(), q.size()) << "ggml's flash_attn_ext did not run";
+        const ops::AttentionParams p{
+            .n_head = s.n_head, .n_head_kv = s.n_head_kv, .head_dim = s.d, .scale = scale, .sliding_window = s.window};
+        for (const auto kernel :
+             {ops::AttentionTiledKernel::Best, ops::AttentionTiledKernel::Avx2, ops::AttentionTiledKernel::Reference}) {
+            std::vector<float> ours(q.size());
+            ops::attention_f16_tiled(q.data(), q_pos.data(), s.n_tok, k.data(), v.data(), kv_pos.data(), n_kv, p,
+                                     ours.data(), pool, scratch, kernel);
+            int differ = 0;
+            for (size_t i = 0; i < ours.size(); ++i) differ += same_bits(ours[i], theirs[i]) ? 0 : 1;
+            EXPECT_EQ(differ, 0) << "of " << ours.size() << " outputs, " << s.n_tok << " queries, head size " << s.d
+                                 << ", window " << s.window << ", kernel " << static_cast<int>(kernel);
+        }
+        // The check can fail: llama.cpp's one-query kernel (f16 q and sums, what it runs below 64
+        // queries) does not give these bits.
+        std::vector<float> one_query(q.size());
+        ops::attention_f16(q.data(), q_pos.data(), s.n_tok, k.data(), v.data(), kv_pos.data(), n_kv, p,
+                           one_query.data(), pool, scratch);
+        int differ = 0;
+        for (size_t i = 0; i < q.size(); ++i) differ += same_bits(one_query[i], theirs[i]) ? 0 : 1;
+        EXPECT_GT(differ, static_cast<int>(q.size() / 2)) << "the one-query kernel's bits";
     }
 }
 
