@@ -194,6 +194,7 @@ struct Plan {
     // exact_seq; nullptr where the K/V types are not its.
     fa_tiled::TileFn exact_tile = nullptr;
     bool exact_seq[kv::kMaxSequences];
+    bool f16c = false;  // the CPU converts halves (F16C)
 };
 
 // The layout of one thread's working memory, in floats.
@@ -417,6 +418,18 @@ void item_f16_one_baseline(const Plan& pl, int64_t task, float* base) {
 // for batches of this many queries and more, with f16 or f32 K/V; below, its one-query kernel.
 constexpr int kExactTiledQueries = 64;
 
+// d halves to floats (exact), 8 at a time with F16C.
+__attribute__((target("avx2,f16c"))) void halves_to_floats_f16c(const uint16_t* src, float* dst, int d) {
+    int i = 0;
+    for (; i + 8 <= d; i += 8) {
+        _mm256_storeu_ps(dst + i, _mm256_cvtph_ps(_mm_loadu_si128(reinterpret_cast<const __m128i*>(src + i))));
+    }
+    for (; i < d; ++i) dst[i] = fa::half_to_float(src[i]);
+}
+void halves_to_floats(const uint16_t* src, float* dst, int d) {
+    for (int i = 0; i < d; ++i) dst[i] = fa::half_to_float(src[i]);
+}
+
 // The tiled kernel of llama.cpp (fa_tiled): K and V rows (f16 or f32) converted to floats once
 // per tile for the item's queries; the tiles are VisibleCells' (64 cells of the sequence each),
 // and a cell's slot is its place in its tile.
@@ -435,6 +448,7 @@ void item_exact_tiled(const Plan& pl, int64_t task, float* base) {
     fa_tiled::begin(st, buf.qt, buf.acc, buf.scores, q_rows, n_queries, d);
     const uint32_t head_bits = pl.heads >= 32 ? ~0u : (uint32_t{1} << pl.heads) - 1;
     const bool f16 = pl.view.type_k == GgmlType::F16;
+    const auto to_floats = pl.f16c ? halves_to_floats_f16c : halves_to_floats;
     VisibleCells cells(*pl.cache, it.seq, it.pos, it.n_tokens, pl.p.sliding_window, /*by_position=*/true);
     Tile& tile = *buf.tile;
     uint32_t rows[kTile];
@@ -445,8 +459,8 @@ void item_exact_tiled(const Plan& pl, int64_t task, float* base) {
             if (f16) {
                 const auto* ks = reinterpret_cast<const uint16_t*>(k_head(pl, tile.cell[j], it.g));
                 const auto* vs = reinterpret_cast<const uint16_t*>(v_head(pl, tile.cell[j], it.g));
-                for (int i = 0; i < d; ++i) kj[i] = fa::half_to_float(ks[i]);
-                for (int i = 0; i < d; ++i) vj[i] = fa::half_to_float(vs[i]);
+                to_floats(ks, kj, d);
+                to_floats(vs, vj, d);
             } else {
                 std::memcpy(kj, k_head(pl, tile.cell[j], it.g), static_cast<size_t>(d) * sizeof(float));
                 std::memcpy(vj, v_head(pl, tile.cell[j], it.g), static_cast<size_t>(d) * sizeof(float));
@@ -710,6 +724,7 @@ void attention_kv(const float* q, const int32_t* q_pos, const kv::SeqId* q_seq, 
         const fa_tiled::Isa isa =
             params.head_dim % 16 == 0 ? fa_tiled::best_isa(scratch.features()) : fa_tiled::Isa::Reference;
         pl.exact_tile = fa_tiled::tile_fn(isa);
+        pl.f16c = scratch.features().f16c && scratch.features().avx2;
     }
     const bool tiled = item == avx512::item_tiled || item == avx2::item_tiled;
     const int max_rows = tiled ? kTiledRows : kMaxQueries;
