@@ -1,7 +1,10 @@
 // Several sequences in one forward pass (issue 5): decoding tokens of different sequences together
 // gives the logits each gets alone, and a prefix shared with seq_cp, then diverging (copy on
 // write), gives what each continuation gets from its own copy of the prefix. Tiny models of the
-// three architectures (Gemma 3 with a sliding-window layer in its own pool), f16 cache.
+// three architectures (Gemma 3 with a sliding-window layer in its own pool), f16 cache; and two of
+// the generated quantized models of tests/model/data/, whose Q6_K / Q5_K matmuls run a prompt of
+// 8 or more tokens in llama.cpp's batch order (ops::matmul's token places: the 11-token prompt,
+// interleaved with the others, is still a run of 11).
 //
 // Tolerance: none. Matmul rows do not depend on the other rows of a batch, and attention_kv over
 // an f16 cache visits a sequence's cells in position order with attention_f16's arithmetic per
@@ -9,6 +12,9 @@
 #include <gtest/gtest.h>
 
 #include <cstdint>
+#include <cstring>
+#include <fstream>
+#include <iterator>
 #include <memory>
 #include <span>
 #include <string>
@@ -20,6 +26,7 @@
 #include "model/tiny_gemma3.h"
 #include "model/tiny_llama.h"
 #include "ops/thread_pool.h"
+#include "test_support.h"
 
 namespace fitllm {
 namespace {
@@ -29,11 +36,25 @@ struct TinyModel {
     std::vector<std::byte> bytes;
 };
 
+std::vector<std::byte> file_bytes(const std::string& name) {
+    std::ifstream in(test::source_dir() / "tests/model/data" / name, std::ios::binary);
+    const std::vector<char> chars((std::istreambuf_iterator<char>(in)), std::istreambuf_iterator<char>());
+    std::vector<std::byte> bytes(chars.size());
+    std::memcpy(bytes.data(), chars.data(), chars.size());
+    return bytes;
+}
+
 std::vector<TinyModel> tiny_models() {
-    return {{"gemma3", test::tiny_gemma3_bytes()},
-            {"gemma3 with a global layer", test::tiny_gemma3_bytes({.n_layer = 6})},
-            {"llama", test::tiny_llama_bytes({.rope_freqs = true})},
-            {"qwen2", test::tiny_llama_bytes({.arch = "qwen2", .qkv_bias = true})}};
+    std::vector<TinyModel> models = {{"gemma3", test::tiny_gemma3_bytes()},
+                                     {"gemma3 with a global layer", test::tiny_gemma3_bytes({.n_layer = 6})},
+                                     {"llama", test::tiny_llama_bytes({.rope_freqs = true})},
+                                     {"qwen2", test::tiny_llama_bytes({.arch = "qwen2", .qkv_bias = true})}};
+    for (const char* name : {"tiny-llama-q6_k.gguf", "tiny-qwen2-q5_k_m.gguf"}) {
+        std::vector<std::byte> bytes = file_bytes(name);
+        EXPECT_FALSE(bytes.empty()) << "tests/model/data/" << name << " is missing";
+        if (!bytes.empty()) models.push_back({name, std::move(bytes)});
+    }
+    return models;
 }
 
 const std::vector<std::vector<int32_t>> kPrompts = {

@@ -41,10 +41,11 @@ constexpr float kLogitTolerance = 1.0f;
 // other in our logits, and the rest of that continuation is not compared.
 constexpr float kNearTie = 0.3f;
 // Measured: 4 of the 7 continuations are identical for all 64 tokens (3 before the matmuls took
-// llama.cpp's order; still 4 with the Q6_K prompt matmuls in its tiled order); the others part at near-ties (margins 0.008-0.2 in our logits; in
-// llama.cpp's own logits the first case's tie is 0.03 apart, and llama.cpp's batch evaluation of
-// the same tokens picks the other token there too). Which cases part moves with last-bit changes
-// anywhere in the pass (variants of the attention rounding gave 3 to 5 of 7).
+// llama.cpp's order; still 4 with the Q6_K prompt matmuls in its tiled order); the others part at
+// near-ties (margins 0.008-0.2 in our logits; in llama.cpp's own logits the first case's tie is
+// 0.03 apart, and llama.cpp's batch evaluation of the same tokens picks the other token there
+// too). Which cases part moves with last-bit changes anywhere in the pass (variants of the
+// attention rounding gave 3 to 5 of 7).
 constexpr int kMinIdenticalContinuations = 4;
 
 int32_t argmax(std::span<const float> logits) {
