@@ -35,6 +35,7 @@
 #include "memory/device.h"
 #include "memory/pool.h"
 #include "ops/attention.h"
+#include "ops/matmul.h"
 #include "ops/rope.h"
 #include "ops/weight_view.h"
 
@@ -144,6 +145,13 @@ public:
     // laid out as in the GGUF file (row r at w.row(r)). Types: at least F32, F16, Q8_0, Q4_0, Q4_K,
     // Q5_K, Q6_K (the virtual device: every type ops::matmul reads).
     virtual void matmul(const ops::WeightView& w, const float* x, int n_tok, float* y) = 0;
+    // The same with the tokens' places in their sequences' runs (ops::matmul), which pick
+    // llama.cpp's batch order for a prompt's tokens on the host: a device that runs the host's
+    // kernels (virtual) passes them on, so that it gives the host's bits; the others ignore them.
+    virtual void matmul_in_runs(const ops::WeightView& w, const float* x, int n_tok, float* y,
+                                std::span<const ops::TokenPlace> /*places*/) {
+        matmul(w, x, n_tok, y);
+    }
     // Row-wise RMS norm of [n_rows, n] with weight [n] (nullptr: none); per-head norms pass
     // n_rows = n_tok * n_head and n = head_dim. y may alias x.
     virtual void rms_norm(const float* x, const float* weight, float eps, int64_t n_rows, int64_t n, float* y) = 0;

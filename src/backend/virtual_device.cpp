@@ -69,6 +69,10 @@ void VirtualDevice::copy_on_device(void* dst, const void* src, size_t bytes) {
 void VirtualDevice::matmul(const ops::WeightView& w, const float* x, int n_tok, float* y) {
     ops::matmul(w, x, n_tok, y, threads(), scratch_);
 }
+void VirtualDevice::matmul_in_runs(const ops::WeightView& w, const float* x, int n_tok, float* y,
+                                   std::span<const ops::TokenPlace> places) {
+    ops::matmul(w, x, n_tok, y, threads(), scratch_, places);
+}
 void VirtualDevice::rms_norm(const float* x, const float* weight, float eps, int64_t n_rows, int64_t n, float* y) {
     ops::rms_norm(x, weight, eps, n_rows, n, y);
 }

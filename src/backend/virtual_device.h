@@ -34,6 +34,8 @@ public:
     void use_threads(ops::ThreadPool& pool) override { threads_ = &pool; }
 
     void matmul(const ops::WeightView& w, const float* x, int n_tok, float* y) override;
+    void matmul_in_runs(const ops::WeightView& w, const float* x, int n_tok, float* y,
+                        std::span<const ops::TokenPlace> places) override;
     void rms_norm(const float* x, const float* weight, float eps, int64_t n_rows, int64_t n, float* y) override;
     void rope(float* x, const int32_t* positions, int64_t n_tok, int n_head, int head_dim,
               const ops::RopeParams& params) override;

@@ -154,9 +154,10 @@ public:
 
     bool on_device() const { return dev_ != nullptr; }
 
-    // places: the n tokens' places in their runs (ops::matmul); devices ignore them.
+    // places: the n tokens' places in their runs (ops::matmul; the virtual device follows them,
+    // devices with kernels of their own ignore them).
     void matmul(const ops::WeightView& w, const float* in, int n, float* out, std::span<const ops::TokenPlace> places) {
-        if (dev_) return dev_->matmul(w, in, n, out);
+        if (dev_) return dev_->matmul_in_runs(w, in, n, out, places);
         ops::matmul(w, in, n, out, *pool_, *scratch_, places);
     }
     void rms_norm(const float* in, const float* weight, float eps, int64_t n_rows, int64_t n, float* out) {
