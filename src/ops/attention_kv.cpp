@@ -758,13 +758,10 @@ void attention_kv(const float* q, const int32_t* q_pos, const kv::SeqId* q_seq, 
     for (int64_t t = 0; t < n_tok; ++t) ++count[q_seq[t] + 1];
     // llama.cpp runs its tiled kernel for a batch (ubatch) of kExactTiledQueries queries or more,
     // counted here per sequence so that a sequence's results do not depend on the rest of the
-    // batch. Not yet in sliding-window layers: there it gives llama.cpp's bits as well (its
-    // full-size SWA cache holds a sequence's cells in position order, as the position tiles
-    // assume; tests/quant/ggml_oracle_test.cpp checks Gemma 3's window), but with it Gemma 3's
-    // golden 1213-token prompt parts from llama.cpp at a near-tie (margin 0.07; its k-quant
-    // matmuls still differ in the last bits), which takes that test below its floor.
+    // batch. Sliding-window layers too: llama.cpp's full-size SWA cache (its default) holds a
+    // sequence's cells in position order, as the position tiles assume.
     for (int s = 0; s < kv::kMaxSequences; ++s) {
-        pl.exact_seq[s] = pl.exact_tile != nullptr && params.sliding_window <= 0 && count[s + 1] >= kExactTiledQueries;
+        pl.exact_seq[s] = pl.exact_tile != nullptr && count[s + 1] >= kExactTiledQueries;
     }
     for (int s = 0; s < kv::kMaxSequences; ++s) count[s + 1] += count[s];
     int64_t n_blocks = 0;

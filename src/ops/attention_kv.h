@@ -5,11 +5,11 @@
 // buffer exists and nothing is dequantized beyond one tile of rows at a time.
 //
 // Arithmetic per K/V type:
-//  - K and V both f16 or both f32, unshaped and unrotated, in a layer without a sliding window,
-//    for a sequence with 64 or more tokens in the call (llama.cpp's threshold for a ubatch, counted
-//    per sequence): exactly ops::attention_f16_tiled (the same kernel, attention_f16_tiled_kernel.h;
-//    llama.cpp's tiled CPU flash attention) with tiles of 64 positions (position / 64, the cells of
-//    llama.cpp's cache for a sequence in position order): f32 q, scores and V sums.
+//  - K and V both f16 or both f32, unshaped and unrotated, for a sequence with 64 or more tokens
+//    in the call (llama.cpp's threshold for a ubatch, counted per sequence): exactly
+//    ops::attention_f16_tiled (the same kernel, attention_f16_tiled_kernel.h; llama.cpp's tiled
+//    CPU flash attention) with tiles of 64 positions (position / 64: the cells of llama.cpp's
+//    cache for one sequence, which it keeps in position order): f32 q, scores and V sums.
 //  - otherwise K and V f16 (the default): exactly ops::attention_f16 (the same kernel,
 //    attention_f16_kernel.h; llama.cpp's CPU flash attention) over the visible cells in visit
 //    order: q rounded to f16, one key at a time, V summed in f16; up to 32 queries (the heads of a
