@@ -183,7 +183,7 @@ void matmul(const WeightView& w, const float* x, int n_tok, float* y, ThreadPool
     // Maximal ranges of consecutive tokens on which the rule agrees, each run by its kernel.
     const auto batch_order = [&](int t) {
         const TokenPlace& p = places[static_cast<size_t>(t)];
-        return order.applies(w.rows, p.run_len, p.run_pos);
+        return order.applies(w.rows, w.cols, p.run_len, p.run_pos);
     };
     for (int t0 = 0; t0 < n_tok;) {
         const bool batch = batch_order(t0);

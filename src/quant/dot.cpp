@@ -24,6 +24,8 @@ GgmlType dot_activation_type(GgmlType weight_type) {
         case GgmlType::Q5_K:
         case GgmlType::Q6_K:
             return GgmlType::Q8_K;
+        case GgmlType::F16:  // llama.cpp rounds the activations of F16 weights to f16 too
+            return GgmlType::F16;
         default:
             return GgmlType::F32;
     }

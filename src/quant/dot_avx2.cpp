@@ -92,6 +92,40 @@ void dot_float(int n, float* out, const void* w, const void* a) {
     *out = sum;
 }
 
+// ---- F16 weights, F16 activations: dot_ref.cpp's dot_f16 (ggml_vec_dot_f16's AVX-512 order) ----
+// Each 16-lane accumulator of the reference is two 8-lane halves here (lo: lanes 0..7, hi: 8..15).
+
+__m256 load_f16x8(const uint16_t* p) {
+    return _mm256_cvtph_ps(_mm_loadu_si128(reinterpret_cast<const __m128i*>(p)));
+}
+
+// _mm512_reduce_add_ps's order on the 16 lanes (lo, hi).
+float reduce_add16(__m256 lo, __m256 hi) {
+    const __m256 t = _mm256_add_ps(hi, lo);
+    const __m128 u = _mm_add_ps(_mm256_extractf128_ps(t, 1), _mm256_castps256_ps128(t));
+    const __m128 v = _mm_add_ps(u, _mm_shuffle_ps(u, u, _MM_SHUFFLE(1, 0, 3, 2)));  // (u0+u2, u1+u3, ..)
+    return _mm_cvtss_f32(_mm_add_ss(v, _mm_shuffle_ps(v, v, _MM_SHUFFLE(0, 1, 0, 1))));
+}
+
+void dot_f16(int n, float* out, const void* w, const void* a) {
+    const auto* x = as<uint16_t>(w);
+    const auto* y = as<uint16_t>(a);
+    const int np = n & ~63;
+    __m256 acc[8];
+    for (auto& v : acc) v = _mm256_setzero_ps();
+    for (int i = 0; i < np; i += 64) {
+        for (int k = 0; k < 8; ++k) {
+            acc[k] = _mm256_fmadd_ps(load_f16x8(x + i + 8 * k), load_f16x8(y + i + 8 * k), acc[k]);
+        }
+    }
+    // accumulator j is acc[2j] (lanes 0..7) and acc[2j + 1] (lanes 8..15)
+    const __m256 lo = _mm256_add_ps(_mm256_add_ps(acc[0], acc[4]), _mm256_add_ps(acc[2], acc[6]));
+    const __m256 hi = _mm256_add_ps(_mm256_add_ps(acc[1], acc[5]), _mm256_add_ps(acc[3], acc[7]));
+    double sum = reduce_add16(lo, hi);
+    for (int i = np; i < n; ++i) sum += static_cast<double>(f16(x[i]) * f16(y[i]));
+    *out = static_cast<float>(sum);
+}
+
 // ---- Blocks of 32 ----
 
 // 16 bytes of nibbles -> 32 bytes: the low nibbles (elements 0..15), then the high ones (16..31).
@@ -226,7 +260,7 @@ DotFn dot_avx2(GgmlType weight_type) {
         case GgmlType::F32:
             return dot_float<float, false>;
         case GgmlType::F16:
-            return dot_float<uint16_t, false>;
+            return dot_f16;
         case GgmlType::BF16:
             return dot_float<uint16_t, true>;
         case GgmlType::Q4_0:

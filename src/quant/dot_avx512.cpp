@@ -92,6 +92,29 @@ void dot_float(int n, float* out, const void* w, const void* a) {
     *out = _mm512_reduce_add_ps(_mm512_add_ps(_mm512_add_ps(acc0, acc1), _mm512_add_ps(acc2, acc3)));
 }
 
+// ---- F16 weights, F16 activations: dot_ref.cpp's dot_f16 (ggml_vec_dot_f16's order) ----
+
+__m512 load_f16x16(const uint16_t* p) {
+    return _mm512_cvtph_ps(_mm256_loadu_si256(reinterpret_cast<const __m256i*>(p)));
+}
+
+void dot_f16(int n, float* out, const void* w, const void* a) {
+    const auto* x = as<uint16_t>(w);
+    const auto* y = as<uint16_t>(a);
+    const int np = n & ~63;
+    __m512 acc0 = _mm512_setzero_ps(), acc1 = _mm512_setzero_ps(), acc2 = _mm512_setzero_ps(),
+           acc3 = _mm512_setzero_ps();
+    for (int i = 0; i < np; i += 64) {
+        acc0 = _mm512_fmadd_ps(load_f16x16(x + i), load_f16x16(y + i), acc0);
+        acc1 = _mm512_fmadd_ps(load_f16x16(x + i + 16), load_f16x16(y + i + 16), acc1);
+        acc2 = _mm512_fmadd_ps(load_f16x16(x + i + 32), load_f16x16(y + i + 32), acc2);
+        acc3 = _mm512_fmadd_ps(load_f16x16(x + i + 48), load_f16x16(y + i + 48), acc3);
+    }
+    double sum = _mm512_reduce_add_ps(_mm512_add_ps(_mm512_add_ps(acc0, acc2), _mm512_add_ps(acc1, acc3)));
+    for (int i = np; i < n; ++i) sum += static_cast<double>(f16(x[i]) * f16(y[i]));
+    *out = static_cast<float>(sum);
+}
+
 // ---- Blocks of 32 ----
 
 // The quants of two blocks, unsigned: block b0 in bytes 0..31 (low nibbles = elements 0..15 first),
@@ -246,7 +269,7 @@ DotFn table(GgmlType weight_type) {
         case GgmlType::F32:
             return dot_float<float, false>;
         case GgmlType::F16:
-            return dot_float<uint16_t, false>;
+            return dot_f16;
         case GgmlType::BF16:
             return dot_float<uint16_t, true>;
         case GgmlType::Q4_0:

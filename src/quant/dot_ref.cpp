@@ -14,8 +14,9 @@
 //            in a second chain, subtracted at the end. Q4_0, IQ4_NL, Q4_K, Q2_K: the weight types
 //            llama.cpp repacks on AVX2 / AVX-512 CPUs (q4_0_8x8, iq4_nl_8x8, q4_K_8x8, q2_K_8x8).
 // The SIMD variants must give these floats exactly (tests/quant/dot_test.cpp) and so llama.cpp's
-// (tests/quant/ggml_oracle_test.cpp). Q4_1, Q5_1, Q3_K and the float types keep a double-precision
-// sum here; their variants are held to it within a tolerance.
+// (tests/quant/ggml_oracle_test.cpp). F16 is ggml_vec_dot_f16's order (activations rounded to f16, as
+// llama.cpp's vec_dot_type for F16 has them). Q4_1, Q5_1, F32 and BF16 keep a double-precision sum
+// here; their variants are held to it within a tolerance.
 // It also runs as the kernel on CPUs without AVX2.
 #include <cmath>
 #include <type_traits>
@@ -42,7 +43,7 @@ float hsum8(const float l[8]) {
     return ((l[0] + l[4]) + (l[2] + l[6])) + ((l[1] + l[5]) + (l[3] + l[7]));
 }
 
-// ---- Float weights, F32 activations ----
+// ---- BF16 and F32 weights, F32 activations ----
 
 template <float (*kToFloat)(uint16_t)>
 void dot_half(int n, float* out, const void* w, const void* a) {
@@ -50,6 +51,38 @@ void dot_half(int n, float* out, const void* w, const void* a) {
     const auto* y = as<float>(a);
     double sum = 0;
     for (int i = 0; i < n; ++i) sum += static_cast<double>(kToFloat(x[i])) * y[i];
+    *out = static_cast<float>(sum);
+}
+
+// _mm512_reduce_add_ps's order (GCC's): halves, then quarters, then (l0 + l2) + (l1 + l3).
+float reduce_add16(const float v[16]) {
+    float t[8], u[4];
+    for (int l = 0; l < 8; ++l) t[l] = v[l + 8] + v[l];
+    for (int l = 0; l < 4; ++l) u[l] = t[l + 4] + t[l];
+    return (u[0] + u[2]) + (u[1] + u[3]);
+}
+
+// ---- F16 weights, F16 activations: ggml_vec_dot_f16 as it runs with AVX-512 ----
+// Four accumulators of 16 lanes over each 64 elements (lane l of accumulator j takes the elements
+// 64i + 16j + l), combined (a0 + a2) + (a1 + a3) lane by lane, the 16 lanes reduced as
+// _mm512_reduce_add_ps does; the last n mod 64 products are added to that in double.
+void dot_f16(int n, float* out, const void* w, const void* a) {
+    const auto* x = as<uint16_t>(w);
+    const auto* y = as<uint16_t>(a);
+    const int np = n & ~63;
+    float acc[4][16] = {};
+    for (int i = 0; i < np; i += 64) {
+        for (int j = 0; j < 4; ++j) {
+            for (int l = 0; l < 16; ++l) {
+                const int e = i + 16 * j + l;
+                acc[j][l] = std::fma(f16f(x[e]), f16f(y[e]), acc[j][l]);
+            }
+        }
+    }
+    float lanes[16];
+    for (int l = 0; l < 16; ++l) lanes[l] = (acc[0][l] + acc[2][l]) + (acc[1][l] + acc[3][l]);
+    double sum = reduce_add16(lanes);
+    for (int i = np; i < n; ++i) sum += static_cast<double>(f16f(x[i]) * f16f(y[i]));
     *out = static_cast<float>(sum);
 }
 
@@ -228,7 +261,7 @@ DotFn dot_ref(GgmlType weight_type) {
         case GgmlType::F32:
             return dot_f32;
         case GgmlType::F16:
-            return dot_half<fp16_to_fp32>;
+            return dot_f16;
         case GgmlType::BF16:
             return dot_half<bf16_to_fp32>;
         case GgmlType::Q4_0:

@@ -4,6 +4,7 @@
 #include <new>
 
 #include "quant/dot.h"
+#include "quant/gemm_batch_f16.h"
 #include "quant/gemm_batch_kernels.h"
 #include "quant/gemm_batch_q4k.h"
 #include "quant/gemm_kernels.h"
@@ -67,7 +68,7 @@ struct BatchOrderEntry {
 constexpr BatchOrderEntry kBatchOrders[] = {
     {GgmlType::Q6_K, detail::tiled_batch_order},    {GgmlType::Q5_K, detail::tiled_batch_order},
     {GgmlType::Q3_K, detail::tiled_batch_order},    {GgmlType::Q4_K, detail::repacked_batch_order},
-    {GgmlType::Q2_K, detail::repacked_batch_order},
+    {GgmlType::Q2_K, detail::repacked_batch_order}, {GgmlType::F16, detail::sgemm_batch_order},
 };
 
 }  // namespace

@@ -45,13 +45,13 @@ GemmKernel select_small_batch(GgmlType weight_type, const CpuFeatures& features)
 // it runs other kernels than for a lone token on some weight types, which sum in another float
 // order (its tiled k-quant kernels, its repacked gemm). To give its bits for prompts too, fitllm
 // runs such a kernel exactly for the tokens llama.cpp would run it for: `applies` says, from the
-// weight's row count and where the token sits in its sequence's run of tokens in the batch
+// weight's shape and where the token sits in its sequence's run of tokens in the batch
 // (run_len tokens, this one at run_pos), whether llama.cpp computes that token with it; the others
 // keep the single-token (dot) order. kernel.fn is nullptr (and applies too) for types that have no
 // such order, or none at this CPU's level; a kernel's results do not depend on the ISA it runs at.
 struct BatchOrderGemm {
     GemmKernel kernel;
-    bool (*applies)(int64_t weight_rows, int32_t run_len, int32_t run_pos) = nullptr;
+    bool (*applies)(int64_t weight_rows, int64_t weight_cols, int32_t run_len, int32_t run_pos) = nullptr;
 };
 BatchOrderGemm select_batch_order_gemm(GgmlType weight_type, const CpuFeatures& features);
 

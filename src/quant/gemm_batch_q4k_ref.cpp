@@ -96,7 +96,7 @@ void gemm(int n, int n_rows, int n_tok, const void* w, size_t w_stride, const vo
 // llama.cpp's rule (repack.cpp: ggml_repack_get_optimal_repack_type, forward_mul_mat_one_chunk),
 // asked of the token's run (its sequence's tokens in the batch) as select_batch_order_gemm does:
 // for a batch of one sequence (a prompt) the two are the same.
-bool repacked_applies(int64_t weight_rows, int32_t run_len, int32_t run_pos) {
+bool repacked_applies(int64_t weight_rows, int64_t /*weight_cols*/, int32_t run_len, int32_t run_pos) {
     return weight_rows % 8 == 0 && run_pos < run_len - run_len % 4;
 }
 

@@ -86,7 +86,7 @@ void gemm_ref(int n, int n_rows, int n_tok, const void* w, size_t w_stride, cons
 // llama.cpp's rule: the whole matmul has 8 or more activation rows. fitllm asks it of the token's
 // run (its sequence's tokens in the batch), so that a sequence's results do not depend on what is
 // batched with it; for a batch of one sequence (a prompt) the two are the same.
-bool tiled_applies(int64_t /*weight_rows*/, int32_t run_len, int32_t /*run_pos*/) {
+bool tiled_applies(int64_t /*weight_rows*/, int64_t /*weight_cols*/, int32_t run_len, int32_t /*run_pos*/) {
     return run_len >= 8;
 }
 

@@ -394,8 +394,6 @@ GemmFn small_batch_avx2(GgmlType weight_type) {
     // a vector, sums one by one, unfused), and this file's loops over tokens get other code, so the
     // results would differ in the last bit. F32 weight matrices are rare (the dots run them).
     switch (weight_type) {
-        case GgmlType::F16:
-            return float_small<uint16_t, false>;
         case GgmlType::BF16:
             return float_small<uint16_t, true>;
         case GgmlType::Q8_0:

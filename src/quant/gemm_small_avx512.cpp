@@ -526,8 +526,6 @@ GemmFn table(GgmlType weight_type) {
     switch (weight_type) {
         case GgmlType::F32:
             return float_small<float, false>;
-        case GgmlType::F16:
-            return float_small<uint16_t, false>;
         case GgmlType::BF16:
             return float_small<uint16_t, true>;
         case GgmlType::Q8_0:

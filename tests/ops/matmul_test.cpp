@@ -65,6 +65,8 @@ Expected reference_dot(const WeightView& w, int64_t r, const float* x, bool quan
     // 8-bit activations are off by at most half a step of amax / 127 per value.
     double tolerance = 1e-5 * sum_abs + 1e-6;
     if (quantized_activations) tolerance += sum_abs_w * amax_x / 127.0 * 0.5 * 1.05;
+    // F16 weights take f16 activations (as llama.cpp's do): each off by at most 2^-11 of itself.
+    if (w.type == GgmlType::F16) tolerance += sum_abs * 0x1p-11;
     return {sum, tolerance};
 }
 

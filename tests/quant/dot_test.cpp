@@ -25,7 +25,7 @@ using test::kDotWeightTypes;
 double variant_tolerance(GgmlType w) {
     switch (w) {
         case GgmlType::F32:
-        case GgmlType::F16:
+        case GgmlType::F16:  // exact (below), but the reference of this test sums in double
         case GgmlType::BF16:
             return 1e-6;  // float FMA chains of n / 32 .. n / 64 terms per accumulator
         case GgmlType::Q4_1:
@@ -40,6 +40,7 @@ double variant_tolerance(GgmlType w) {
 // every variant must give the reference's float bit for bit.
 bool exact_arithmetic(GgmlType w) {
     switch (w) {
+        case GgmlType::F16:  // ggml_vec_dot_f16
         case GgmlType::Q4_0:
         case GgmlType::Q5_0:
         case GgmlType::Q8_0:
@@ -130,7 +131,8 @@ TEST(Dot, ActivationPairsFollowLlamaCpp) {
     for (GgmlType k : {GgmlType::Q2_K, GgmlType::Q3_K, GgmlType::Q4_K, GgmlType::Q5_K, GgmlType::Q6_K}) {
         EXPECT_EQ(dot_activation_type(k), GgmlType::Q8_K);
     }
-    for (GgmlType f : {GgmlType::F32, GgmlType::F16, GgmlType::BF16}) EXPECT_EQ(dot_activation_type(f), GgmlType::F32);
+    for (GgmlType f : {GgmlType::F32, GgmlType::BF16}) EXPECT_EQ(dot_activation_type(f), GgmlType::F32);
+    EXPECT_EQ(dot_activation_type(GgmlType::F16), GgmlType::F16);  // llama.cpp's vec_dot_type for F16
 }
 
 TEST(Dot, EveryWeightTypeHasAKernelAtEveryLevel) {

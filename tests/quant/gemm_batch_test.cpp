@@ -8,9 +8,11 @@
 #include <cstring>
 #include <limits>
 #include <string>
+#include <tuple>
 #include <vector>
 
 #include "quant/gemm.h"
+#include "quant/gemm_batch_f16.h"
 #include "quant/gemm_batch_kernels.h"
 #include "quant/quantize.h"
 #include "quant_test_data.h"
@@ -97,14 +99,56 @@ TEST(GemmBatchOrder, RunsOfEightOrMoreTokens) {
     for (GgmlType type : kTiledTypes) {
         const BatchOrderGemm order = select_batch_order_gemm(type, cpu);
         ASSERT_NE(order.applies, nullptr);
-        EXPECT_FALSE(order.applies(64, 1, 0));
-        EXPECT_FALSE(order.applies(64, 7, 6));
-        EXPECT_TRUE(order.applies(64, 8, 0));
-        EXPECT_TRUE(order.applies(60, 512, 511));
+        EXPECT_FALSE(order.applies(64, 256, 1, 0));
+        EXPECT_FALSE(order.applies(64, 256, 7, 6));
+        EXPECT_TRUE(order.applies(64, 256, 8, 0));
+        EXPECT_TRUE(order.applies(60, 256, 512, 511));
     }
     // No batch order for the types llama.cpp multiplies in one order at any batch size, nor below AVX2.
     EXPECT_EQ(select_batch_order_gemm(GgmlType::Q8_0, cpu).kernel.fn, nullptr);
     EXPECT_EQ(select_batch_order_gemm(GgmlType::Q6_K, limit_to(cpu, Isa::Scalar)).kernel.fn, nullptr);
+}
+
+// F16's batch order (llamafile's sgemm): every SIMD level gives the reference's bits, for odd row
+// and token counts and padded strides; the rule takes runs of 2 or more where the tiles fit.
+TEST(GemmBatchOrder, F16SimdVariantsGiveTheReferencesBits) {
+    const CpuFeatures cpu = host_cpu_features();
+    if (cpu.best_isa() < Isa::Avx2) GTEST_SKIP() << "no batch order below AVX2; this CPU has " << cpu.describe();
+    int levels = 0;
+    uint32_t seed = 11;
+    for (const auto& [n, n_rows, n_tok] : {std::tuple{16, 1, 1}, {64, 5, 3}, {640, 8, 7}, {2048, 13, 9}}) {
+        const size_t w_stride = static_cast<size_t>(n) * 2 + 64, a_stride = static_cast<size_t>(n) * 2 + 32;
+        const size_t y_stride = static_cast<size_t>(n_rows) + 3;
+        const std::vector<float> wf = test::gaussian(static_cast<size_t>(n) * n_rows, seed++);
+        const std::vector<float> af = test::gaussian(static_cast<size_t>(n) * n_tok, seed++);
+        std::vector<uint8_t> w(w_stride * n_rows), a(a_stride * n_tok);
+        for (int r = 0; r < n_rows; ++r)
+            quantize_row(GgmlType::F16, wf.data() + static_cast<size_t>(r) * n, w.data() + r * w_stride, n);
+        for (int t = 0; t < n_tok; ++t)
+            quantize_row(GgmlType::F16, af.data() + static_cast<size_t>(t) * n, a.data() + t * a_stride, n);
+        auto run = [&](GemmFn fn) {
+            std::vector<float> y(y_stride * n_tok, -1.0f);
+            fn(n, n_rows, n_tok, w.data(), w_stride, a.data(), a_stride, y.data(), y_stride);
+            return y;
+        };
+        const std::vector<float> expected = run(detail::gemm_batch_f16_ref);
+        for (Isa isa : kAllIsas) {
+            if (isa > cpu.best_isa() || isa == Isa::Scalar) continue;
+            const BatchOrderGemm order = select_batch_order_gemm(GgmlType::F16, limit_to(cpu, isa));
+            ASSERT_NE(order.kernel.fn, nullptr) << isa_name(isa);
+            EXPECT_EQ(order.kernel.act_type, GgmlType::F16);
+            ++levels;
+            const std::vector<float> got = run(order.kernel.fn);
+            EXPECT_EQ(std::memcmp(got.data(), expected.data(), got.size() * sizeof(float)), 0)
+                << isa_name(isa) << " n=" << n << " rows=" << n_rows << " tokens=" << n_tok;
+        }
+    }
+    EXPECT_GT(levels, 0);
+    const BatchOrderGemm order = select_batch_order_gemm(GgmlType::F16, cpu);
+    EXPECT_FALSE(order.applies(64, 256, 1, 0));   // one token: vec_dot
+    EXPECT_TRUE(order.applies(64, 256, 2, 1));    // a run of 2: sgemm
+    EXPECT_FALSE(order.applies(62, 256, 8, 0));   // rows not a multiple of 4
+    EXPECT_FALSE(order.applies(64, 1000, 8, 0));  // columns not whole vectors
 }
 
 }  // namespace

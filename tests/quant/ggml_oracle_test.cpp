@@ -382,15 +382,17 @@ TEST(MatmulVsGgml, SameBitsWhereFitllmFollowsLlamaCpp) {
     // tiled kernels: one float product per super-block, unfused). fitllm follows them where a batch
     // is one sequence's run (quant::select_batch_order_gemm); tokens of separate sequences keep the
     // single-token order, so those match llama.cpp's bits below the batch kernels' thresholds only.
-    // F16 rounds its activations to f16 and sums 4 x 16 (vec_dot) or 16 (sgemm) lanes.
+    // F16 rounds its activations to f16 and sums 4 x 16 lanes (vec_dot: one token) or 16 lanes
+    // (llamafile's sgemm: 2 tokens or more).
     struct Exact {
         GgmlType type;
         int max_tok;      // separate tokens: outputs equal for batches of up to this many tokens
         int max_run_tok;  // one run: likewise
     };
     constexpr Exact kExact[] = {
-        {GgmlType::Q8_0, 64, 64}, {GgmlType::Q5_0, 64, 64}, {GgmlType::Q4_0, 64, 64}, {GgmlType::Q4_K, 3, 64},
-        {GgmlType::Q5_K, 7, 64},  {GgmlType::Q6_K, 7, 64},  {GgmlType::Q3_K, 7, 64},  {GgmlType::Q2_K, 3, 64},
+        {GgmlType::Q8_0, 64, 64}, {GgmlType::Q5_0, 64, 64}, {GgmlType::Q4_0, 64, 64},
+        {GgmlType::Q4_K, 3, 64},  {GgmlType::Q5_K, 7, 64},  {GgmlType::Q6_K, 7, 64},
+        {GgmlType::Q3_K, 7, 64},  {GgmlType::Q2_K, 3, 64},  {GgmlType::F16, 1, 64},
     };
     ops::ThreadPool pool(2);
     ops::Scratch scratch;
