@@ -13,6 +13,8 @@
 #include "gguf/gguf_reader.h"
 #include "model/model.h"
 #include "ops/thread_pool.h"
+#include "quant/cpu_features.h"
+#include "quant/dot.h"
 #include "runtime/session.h"
 #include "test_support.h"
 
@@ -29,8 +31,10 @@ namespace {
 // all of them for one token (decode), the Q5_0 / Q8_0 ones for any batch, and a prompt's Q4_K /
 // Q6_K ones as llama.cpp's batch kernels sum them (its repacked gemm in groups of 4 tokens, its
 // tiled kernel from 8 tokens on; ops::matmul's token places), and batches of 64 or more queries
-// go through llama.cpp's tiled flash attention: the six short prompts' top-10 logits are
-// llama.cpp's bits. The 1213-token prompt still differs in the last bits (0.51 at most).
+// go through llama.cpp's tiled flash attention: every prompt's top-10 logits are llama.cpp's bits.
+// That holds for the oracle's build, llama.cpp for AVX-512, which this machine runs; fitllm's AVX2
+// kernels follow llama.cpp's AVX2 order where it has its own (the one-query attention's Q.K dot in
+// 4 x 8 lanes), so on a CPU without AVX-512 the logits differ from these goldens in the last bits.
 // Gemma 3's residual stream reaches ~1e5, and those last-bit differences grow through the 18
 // layers to logit differences of up to ~0.9 (measured on these prompts). For scale: llama.cpp
 // itself moves these logits by up to 1.2 between flash attention on and off.
@@ -39,10 +43,13 @@ constexpr float kLogitTolerance = 1.0f;
 // of a near-tie: where they part, the two candidates must be within this many logits of each
 // other in our logits, and the rest of that continuation is not compared.
 constexpr float kNearTie = 0.3f;
-// Measured: 7 of the 7 continuations are identical for all 64 tokens (4 before the prompts' Q4_K /
-// Q6_K matmuls took llama.cpp's batch orders and its tiled flash attention came, 3 before the
-// matmuls took its single-token order; those parted at near-ties, margins 0.008-0.2 in our logits).
+// Measured: 7 of the 7 continuations are identical for all 64 tokens, and every top-10 logit is
+// llama.cpp's, on AVX-512 (4 before the prompts' Q4_K / Q6_K matmuls took llama.cpp's batch orders
+// and its tiled flash attention came, 3 before the matmuls took its single-token order; those
+// parted at near-ties, margins 0.008-0.2 in our logits). With the AVX2 kernels
+// (FITLLM_CPU_ISA=avx2): 4 of 7, top-10 logits up to 0.62 apart.
 constexpr int kMinIdenticalContinuations = 7;
+constexpr int kMinIdenticalContinuationsAvx2 = 4;
 
 int32_t argmax(std::span<const float> logits) {
     return static_cast<int32_t>(std::max_element(logits.begin(), logits.end()) - logits.begin());
@@ -106,7 +113,12 @@ TEST(Gemma3Golden, MatchesLlamaCppTopLogitsAndGreedyContinuation) {
                         ids.size(), case_diff, parted_at, part_margin);
         }
     }
-    EXPECT_GE(identical, kMinIdenticalContinuations);
+    if (quant::select_dot(quant::GgmlType::Q8_0, quant::host_cpu_features()).isa >= quant::Isa::Avx512) {
+        EXPECT_GE(identical, kMinIdenticalContinuations);
+        EXPECT_EQ(max_diff, 0.0f) << "the oracle's AVX-512 arithmetic is followed bit for bit";
+    } else {
+        EXPECT_GE(identical, kMinIdenticalContinuationsAvx2) << "below AVX-512 (see kMinIdenticalContinuations)";
+    }
     std::printf("  max |logit diff| over all cases: %.4f; %d of %zu continuations identical\n", max_diff, identical,
                 goldens.at("cases").size());
 }
