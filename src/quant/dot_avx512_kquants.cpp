@@ -19,92 +19,12 @@
 
 #include "quant/blocks.h"
 #include "quant/dot_kernels.h"
+#include "quant/kquant_avx512.h"
 #include "quant/kquant_serial.h"
 #include "quant/unroll.h"
 
 namespace fitllm::quant::detail {
 namespace {
-
-template <typename T>
-const T* as(const void* p) {
-    return static_cast<const T*>(p);
-}
-float f16(uint16_t h) {
-    return _cvtsh_ss(h);
-}
-__m128i load128(const void* p) {
-    return _mm_loadu_si128(static_cast<const __m128i*>(p));
-}
-__m256i load256(const void* p) {
-    return _mm256_loadu_si256(static_cast<const __m256i*>(p));
-}
-__m512i load512(const void* p) {
-    return _mm512_loadu_si512(p);
-}
-__m512i twice(const void* p) {
-    return _mm512_broadcast_i64x4(load256(p));
-}  // 32 bytes in both halves
-
-float hsum(__m256 v) {
-    __m128 s = _mm_add_ps(_mm256_castps256_ps128(v), _mm256_extractf128_ps(v, 1));
-    s = _mm_add_ps(s, _mm_movehl_ps(s, s));
-    s = _mm_add_ss(s, _mm_movehdup_ps(s));
-    return _mm_cvtss_f32(s);
-}
-
-// acc + sum over word pairs of p * scales.
-template <bool kVnni>
-__m512i scaled_sum(__m512i acc, __m512i p, __m512i scales) {
-    if constexpr (kVnni)
-        return _mm512_dpwssd_epi32(acc, p, scales);
-    else
-        return _mm512_add_epi32(acc, _mm512_madd_epi16(p, scales));
-}
-
-// Per-64-bit-lane constants for the low and the high 256 bits.
-__m512i halves64(long long lo, long long hi) {
-    return _mm512_set_epi64(hi, hi, hi, hi, lo, lo, lo, lo);
-}
-__m512i halves8(int lo, int hi) {
-    return _mm512_inserti64x4(_mm512_castsi256_si512(_mm256_set1_epi8(static_cast<char>(lo))),
-                              _mm256_set1_epi8(static_cast<char>(hi)), 1);
-}
-
-// Words kFirst, kFirst + 1, kFirst + 2, kFirst + 3 of `words`, each repeated over one 128-bit lane:
-// the scales of four sub-blocks of 16 for the 16-bit pair sums of 64 elements.
-template <int kFirst>
-__m512i four_scales(__m512i words) {
-    constexpr auto rep = [](long long w) { return w * 0x0001000100010001LL; };
-    const __m512i idx = _mm512_set_epi64(rep(kFirst + 3), rep(kFirst + 3), rep(kFirst + 2), rep(kFirst + 2),
-                                         rep(kFirst + 1), rep(kFirst + 1), rep(kFirst), rep(kFirst));
-    return _mm512_permutexvar_epi16(idx, words);
-}
-
-// Words kLow (low 256 bits) and kHigh (high 256 bits): the scales of two sub-blocks of 32.
-template <int kLow, int kHigh>
-__m512i two_scales(__m512i words) {
-    constexpr auto rep = [](long long w) { return w * 0x0001000100010001LL; };
-    return _mm512_permutexvar_epi16(halves64(rep(kLow), rep(kHigh)), words);
-}
-
-// See unpack_q4k_scales / unpack_q3k_scales in blocks.h.
-__m128i q4k_scales_mins(const uint8_t* packed) {
-    uint32_t w[3];
-    std::memcpy(w, packed, 12);
-    return _mm_set_epi32(static_cast<int>(((w[2] >> 4) & 0x0F0F0F0Fu) | (((w[1] >> 6) & 0x03030303u) << 4)),
-                         static_cast<int>(w[1] & 0x3F3F3F3Fu),
-                         static_cast<int>((w[2] & 0x0F0F0F0Fu) | (((w[0] >> 6) & 0x03030303u) << 4)),
-                         static_cast<int>(w[0] & 0x3F3F3F3Fu));
-}
-__m128i q3k_scales(const uint8_t* packed) {
-    uint32_t w[3];
-    std::memcpy(w, packed, 12);
-    const __m128i s = _mm_set_epi32(static_cast<int>(((w[1] >> 4) & 0x0F0F0F0Fu) | (((w[2] >> 6) & 0x03030303u) << 4)),
-                                    static_cast<int>(((w[0] >> 4) & 0x0F0F0F0Fu) | (((w[2] >> 4) & 0x03030303u) << 4)),
-                                    static_cast<int>((w[1] & 0x0F0F0F0Fu) | (((w[2] >> 2) & 0x03030303u) << 4)),
-                                    static_cast<int>((w[0] & 0x0F0F0F0Fu) | ((w[2] & 0x03030303u) << 4)));
-    return _mm_sub_epi8(s, _mm_set1_epi8(32));
-}
 
 // ---- Q4_K, Q5_K: 64 elements = sub-blocks 2c (low nibbles) and 2c + 1 (high nibbles) ----
 
