@@ -14,6 +14,7 @@
 
 #include "quant/blocks.h"
 #include "quant/gemm_kernels.h"
+#include "quant/kquant_avx2.h"
 #include "quant/kquant_serial.h"
 #include "quant/unroll.h"
 
@@ -22,17 +23,6 @@ namespace {
 
 constexpr int kQ8Tok = 4;
 constexpr int kFloatTok = 2;
-
-float f16(uint16_t h) {
-    return _cvtsh_ss(h);
-}
-
-float hsum(__m256 v) {
-    __m128 s = _mm_add_ps(_mm256_castps256_ps128(v), _mm256_extractf128_ps(v, 1));
-    s = _mm_add_ps(s, _mm_movehl_ps(s, s));
-    s = _mm_add_ss(s, _mm_movehdup_ps(s));
-    return _mm_cvtss_f32(s);
-}
 
 // ---- F16 / BF16 weights, F32 activations (dot_avx2.cpp's dot_float) ----
 
@@ -182,35 +172,6 @@ void q8_0_small(int n, int n_rows, int n_tok, const void* w, size_t w_stride, co
 
 // ---- Q4_K, Q5_K with Q8_K (dot_avx2_kquants.cpp's dot_q4_5_K) ----
 
-__m256i load256(const void* p) {
-    return _mm256_loadu_si256(static_cast<const __m256i*>(p));
-}
-
-// Bit kFrom of every byte moved to bit kTo, the other bits cleared.
-template <int kFrom, int kTo>
-__m256i move_bit(__m256i v) {
-    if constexpr (kFrom > kTo) v = _mm256_srli_epi16(v, kFrom - kTo);
-    if constexpr (kFrom < kTo) v = _mm256_slli_epi16(v, kTo - kFrom);
-    return _mm256_and_si256(v, _mm256_set1_epi8(static_cast<char>(1 << kTo)));
-}
-
-// Word kLow of each 128-bit lane's words in the low lane, kHigh in the high one, repeated.
-template <int kLow, int kHigh>
-__m256i pick_words(__m256i words) {
-    constexpr short lo = (2 * kLow) | ((2 * kLow + 1) << 8), hi = (2 * kHigh) | ((2 * kHigh + 1) << 8);
-    return _mm256_shuffle_epi8(words, _mm256_set_m128i(_mm_set1_epi16(hi), _mm_set1_epi16(lo)));
-}
-
-// The 6-bit scales (bytes 0..7) and mins (8..15) of a Q4_K / Q5_K block; see blocks.h.
-__m128i q4k_scales_mins(const uint8_t* packed) {
-    uint32_t w[3];
-    std::memcpy(w, packed, 12);
-    return _mm_set_epi32(static_cast<int>(((w[2] >> 4) & 0x0F0F0F0Fu) | (((w[1] >> 6) & 0x03030303u) << 4)),
-                         static_cast<int>(w[1] & 0x3F3F3F3Fu),
-                         static_cast<int>((w[2] & 0x0F0F0F0Fu) | (((w[0] >> 6) & 0x03030303u) << 4)),
-                         static_cast<int>(w[0] & 0x3F3F3F3Fu));
-}
-
 // Per super-block the scales and mins are unpacked once; per 64 elements the quants once, then
 // every token's pair sums (integer: their order does not change them).
 template <typename Block, int kT>
@@ -304,12 +265,6 @@ void q4_5_k_small(int n, int n_rows, int n_tok, const void* w, size_t w_stride, 
 }
 
 // ---- Q6_K with Q8_K (dot_avx2_kquants.cpp's dot_q6_K) ----
-
-// The low (kHalf 0) or high 128 bits of scales16 in both halves.
-template <int kHalf>
-__m256i scale_half(__m256i scales16) {
-    return _mm256_permute2x128_si256(scales16, scales16, kHalf == 0 ? 0x00 : 0x11);
-}
 
 // Per 32 elements the 6-bit quants once, then every token's pair sums; per token and super-block
 // the offset 32 * sum(scale * bsum) and one FMA.

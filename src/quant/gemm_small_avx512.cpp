@@ -22,6 +22,7 @@
 
 #include "quant/blocks.h"
 #include "quant/gemm_kernels.h"
+#include "quant/kquant_avx512.h"
 #include "quant/kquant_serial.h"
 #include "quant/unroll.h"
 
@@ -30,13 +31,6 @@ namespace {
 
 constexpr int kMaxTok = kSmallBatchMaxTok;  // Q8_0 tokens per pass over a row
 constexpr int kFloatTok = 4;                // float types: 4 accumulators per token
-
-float f16(uint16_t h) {
-    return _cvtsh_ss(h);
-}
-__m256i load256(const void* p) {
-    return _mm256_loadu_si256(static_cast<const __m256i*>(p));
-}
 
 // ---- Float weights, F32 activations (dot_avx512.cpp's dot_float) ----
 
@@ -162,13 +156,6 @@ __m512i blocks_x2(const int8_t* lo, const int8_t* hi) {
     return _mm512_inserti64x4(_mm512_castsi256_si512(load256(lo)), load256(hi), 1);
 }
 
-float hsum(__m256 v) {
-    __m128 s = _mm_add_ps(_mm256_castps256_ps128(v), _mm256_extractf128_ps(v, 1));
-    s = _mm_add_ps(s, _mm_movehl_ps(s, s));
-    s = _mm_add_ss(s, _mm_movehdup_ps(s));
-    return _mm_cvtss_f32(s);
-}
-
 // Q5_0's quants of two blocks as unsigned bytes (0..31, standing for q - 16): block b0 in bytes
 // 0..31 (low nibbles = elements 0..15 first), b1 in bytes 32..63, the fifth bit added.
 __m512i q5_0_quants_x2(const BlockQ5_0& b0, const BlockQ5_0& b1) {
@@ -290,42 +277,6 @@ __m256i fold16(__m512i v) {  // lanes l and l + 8 added: llama.cpp's 8 lanes
     return _mm256_add_epi32(_mm512_castsi512_si256(v), _mm512_extracti64x4_epi64(v, 1));
 }
 
-__m512i twice(const void* p) {  // 32 bytes in both halves
-    return _mm512_broadcast_i64x4(load256(p));
-}
-__m512i halves64(long long lo, long long hi) {
-    return _mm512_set_epi64(hi, hi, hi, hi, lo, lo, lo, lo);
-}
-__m512i halves8(int lo, int hi) {
-    return _mm512_inserti64x4(_mm512_castsi256_si512(_mm256_set1_epi8(static_cast<char>(lo))),
-                              _mm256_set1_epi8(static_cast<char>(hi)), 1);
-}
-
-// Words kLow (low 256 bits) and kHigh (high 256 bits): the scales of two sub-blocks of 32.
-template <int kLow, int kHigh>
-__m512i two_scales(__m512i words) {
-    constexpr auto rep = [](long long w) { return w * 0x0001000100010001LL; };
-    return _mm512_permutexvar_epi16(halves64(rep(kLow), rep(kHigh)), words);
-}
-
-// The 6-bit scales (bytes 0..7) and mins (8..15) of a Q4_K / Q5_K block; see blocks.h.
-__m128i q4k_scales_mins(const uint8_t* packed) {
-    uint32_t w[3];
-    std::memcpy(w, packed, 12);
-    return _mm_set_epi32(static_cast<int>(((w[2] >> 4) & 0x0F0F0F0Fu) | (((w[1] >> 6) & 0x03030303u) << 4)),
-                         static_cast<int>(w[1] & 0x3F3F3F3Fu),
-                         static_cast<int>((w[2] & 0x0F0F0F0Fu) | (((w[0] >> 6) & 0x03030303u) << 4)),
-                         static_cast<int>(w[0] & 0x3F3F3F3Fu));
-}
-
-template <bool kVnni>
-__m512i scaled_sum(__m512i acc, __m512i p, __m512i scales) {
-    if constexpr (kVnni)
-        return _mm512_dpwssd_epi32(acc, p, scales);
-    else
-        return _mm512_add_epi32(acc, _mm512_madd_epi16(p, scales));
-}
-
 // Shared by the tokens: the scales and mins unpacked, the quants as bytes (64 elements a
 // register, sub-blocks 2c and 2c + 1), the sub-block scales spread for vpdpwssd / madd.
 template <typename Block, bool kVnni, int kT>
@@ -427,16 +378,6 @@ void q4_5_k_small(int n, int n_rows, int n_tok, const void* w, size_t w_stride, 
 }
 
 // ---- Q6_K with Q8_K (dot_avx512_kquants.cpp's dot_q6_K) ----
-
-// Words kFirst .. kFirst + 3 of `words`, each repeated over one 128-bit lane: the scales of four
-// sub-blocks of 16 for the 16-bit pair sums of 64 elements.
-template <int kFirst>
-__m512i four_scales(__m512i words) {
-    constexpr auto rep = [](long long w) { return w * 0x0001000100010001LL; };
-    const __m512i idx = _mm512_set_epi64(rep(kFirst + 3), rep(kFirst + 3), rep(kFirst + 2), rep(kFirst + 2),
-                                         rep(kFirst + 1), rep(kFirst + 1), rep(kFirst), rep(kFirst));
-    return _mm512_permutexvar_epi16(idx, words);
-}
 
 // Shared by the tokens: the 6-bit quants of the super-block as bytes (4 registers) and their
 // sub-block scales spread; per token the pair sums, the offset 32 * sum(scale * bsum), one FMA.
