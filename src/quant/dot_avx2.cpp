@@ -13,24 +13,10 @@
 
 #include "quant/blocks.h"
 #include "quant/dot_kernels.h"
+#include "quant/kquant_avx2.h"
 
 namespace fitllm::quant::detail {
 namespace {
-
-template <typename T>
-const T* as(const void* p) {
-    return static_cast<const T*>(p);
-}
-float f16(uint16_t h) {
-    return _cvtsh_ss(h);
-}
-
-float hsum(__m256 v) {
-    __m128 s = _mm_add_ps(_mm256_castps256_ps128(v), _mm256_extractf128_ps(v, 1));
-    s = _mm_add_ps(s, _mm_movehl_ps(s, s));
-    s = _mm_add_ss(s, _mm_movehdup_ps(s));
-    return _mm_cvtss_f32(s);
-}
 
 // ---- Float weights, F32 activations ----
 
@@ -38,16 +24,14 @@ __m256 load8(const float* p) {
     return _mm256_loadu_ps(p);
 }
 
-// Eight weights as floats: F32, or F16 / BF16 (uint16_t, kBf16 tells which).
-template <typename W, bool kBf16>
+// Eight weights as floats: F32 (float), or BF16 (uint16_t; F16 weights take f16 activations, below).
+template <typename W>
 __m256 load_weights8(const W* p) {
     if constexpr (std::is_same_v<W, float>) {
         return _mm256_loadu_ps(p);
-    } else if constexpr (kBf16) {
+    } else {
         const __m256i wide = _mm256_cvtepu16_epi32(_mm_loadu_si128(reinterpret_cast<const __m128i*>(p)));
         return _mm256_castsi256_ps(_mm256_slli_epi32(wide, 16));
-    } else {
-        return _mm256_cvtph_ps(_mm_loadu_si128(reinterpret_cast<const __m128i*>(p)));
     }
 }
 
@@ -55,19 +39,17 @@ float bf16_scalar(uint16_t h) {
     return _mm_cvtss_f32(_mm_castsi128_ps(_mm_cvtsi32_si128(static_cast<int>(h) << 16)));
 }
 
-// W is float (F32) or uint16_t with kBf16 telling F16 from BF16.
-template <typename W, bool kBf16>
+// W is float (F32) or uint16_t (BF16).
+template <typename W>
 void dot_float(int n, float* out, const void* w, const void* a) {
     const auto* x = as<W>(w);
     const auto* y = as<float>(a);
-    auto load_w = load_weights8<W, kBf16>;
+    auto load_w = load_weights8<W>;
     auto weight = [](W v) {
         if constexpr (std::is_same_v<W, float>)
             return v;
-        else if constexpr (kBf16)
-            return bf16_scalar(v);
         else
-            return f16(v);
+            return bf16_scalar(v);
     };
     __m256 acc0 = _mm256_setzero_ps(), acc1 = _mm256_setzero_ps(), acc2 = _mm256_setzero_ps(),
            acc3 = _mm256_setzero_ps();
@@ -97,14 +79,6 @@ void dot_float(int n, float* out, const void* w, const void* a) {
 
 __m256 load_f16x8(const uint16_t* p) {
     return _mm256_cvtph_ps(_mm_loadu_si128(reinterpret_cast<const __m128i*>(p)));
-}
-
-// _mm512_reduce_add_ps's order on the 16 lanes (lo, hi).
-float reduce_add16(__m256 lo, __m256 hi) {
-    const __m256 t = _mm256_add_ps(hi, lo);
-    const __m128 u = _mm_add_ps(_mm256_extractf128_ps(t, 1), _mm256_castps256_ps128(t));
-    const __m128 v = _mm_add_ps(u, _mm_shuffle_ps(u, u, _MM_SHUFFLE(1, 0, 3, 2)));  // (u0+u2, u1+u3, ..)
-    return _mm_cvtss_f32(_mm_add_ss(v, _mm_shuffle_ps(v, v, _MM_SHUFFLE(0, 1, 0, 1))));
 }
 
 void dot_f16(int n, float* out, const void* w, const void* a) {
@@ -258,11 +232,11 @@ void dot_iq4_nl(int n, float* out, const void* w, const void* a) {
 DotFn dot_avx2(GgmlType weight_type) {
     switch (weight_type) {
         case GgmlType::F32:
-            return dot_float<float, false>;
+            return dot_float<float>;
         case GgmlType::F16:
             return dot_f16;
         case GgmlType::BF16:
-            return dot_float<uint16_t, true>;
+            return dot_float<uint16_t>;
         case GgmlType::Q4_0:
             return dot_symmetric32<BlockQ4_0, 8>;
         case GgmlType::Q4_1:

@@ -47,22 +47,20 @@ __m512i dot_u8s8(__m512i acc, __m512i u, __m512i s) {
         return _mm512_add_epi32(acc, _mm512_madd_epi16(_mm512_maddubs_epi16(u, s), _mm512_set1_epi16(1)));
 }
 
-// ---- Float weights, F32 activations ----
+// ---- F32 and BF16 weights, F32 activations (F16 weights take f16 activations, below) ----
 
-template <typename W, bool kBf16>
+// W is float (F32) or uint16_t (BF16).
+template <typename W>
 __m512 load_weights16(const W* p, __mmask16 m) {
     if constexpr (std::is_same_v<W, float>) {
         return _mm512_maskz_loadu_ps(m, p);
     } else {
         const __m256i h = _mm256_maskz_loadu_epi16(m, p);
-        if constexpr (kBf16)
-            return _mm512_castsi512_ps(_mm512_slli_epi32(_mm512_cvtepu16_epi32(h), 16));
-        else
-            return _mm512_cvtph_ps(h);
+        return _mm512_castsi512_ps(_mm512_slli_epi32(_mm512_cvtepu16_epi32(h), 16));
     }
 }
 
-template <typename W, bool kBf16>
+template <typename W>
 void dot_float(int n, float* out, const void* w, const void* a) {
     const auto* x = as<W>(w);
     const auto* y = as<float>(a);
@@ -77,17 +75,17 @@ void dot_float(int n, float* out, const void* w, const void* a) {
     if (i > n) i = n;
     if (i > 0) {
         const auto head = static_cast<__mmask16>((1u << i) - 1);
-        acc3 = _mm512_fmadd_ps(load_weights16<W, kBf16>(x, head), _mm512_maskz_loadu_ps(head, y), acc3);
+        acc3 = _mm512_fmadd_ps(load_weights16<W>(x, head), _mm512_maskz_loadu_ps(head, y), acc3);
     }
     for (; i + 64 <= n; i += 64) {
-        acc0 = _mm512_fmadd_ps(load_weights16<W, kBf16>(x + i, kAll), _mm512_loadu_ps(y + i), acc0);
-        acc1 = _mm512_fmadd_ps(load_weights16<W, kBf16>(x + i + 16, kAll), _mm512_loadu_ps(y + i + 16), acc1);
-        acc2 = _mm512_fmadd_ps(load_weights16<W, kBf16>(x + i + 32, kAll), _mm512_loadu_ps(y + i + 32), acc2);
-        acc3 = _mm512_fmadd_ps(load_weights16<W, kBf16>(x + i + 48, kAll), _mm512_loadu_ps(y + i + 48), acc3);
+        acc0 = _mm512_fmadd_ps(load_weights16<W>(x + i, kAll), _mm512_loadu_ps(y + i), acc0);
+        acc1 = _mm512_fmadd_ps(load_weights16<W>(x + i + 16, kAll), _mm512_loadu_ps(y + i + 16), acc1);
+        acc2 = _mm512_fmadd_ps(load_weights16<W>(x + i + 32, kAll), _mm512_loadu_ps(y + i + 32), acc2);
+        acc3 = _mm512_fmadd_ps(load_weights16<W>(x + i + 48, kAll), _mm512_loadu_ps(y + i + 48), acc3);
     }
     for (; i < n; i += 16) {
         const __mmask16 m = n - i >= 16 ? kAll : static_cast<__mmask16>((1u << (n - i)) - 1);
-        acc0 = _mm512_fmadd_ps(load_weights16<W, kBf16>(x + i, m), _mm512_maskz_loadu_ps(m, y + i), acc0);
+        acc0 = _mm512_fmadd_ps(load_weights16<W>(x + i, m), _mm512_maskz_loadu_ps(m, y + i), acc0);
     }
     *out = _mm512_reduce_add_ps(_mm512_add_ps(_mm512_add_ps(acc0, acc1), _mm512_add_ps(acc2, acc3)));
 }
@@ -267,11 +265,11 @@ template <bool kVnni>
 DotFn table(GgmlType weight_type) {
     switch (weight_type) {
         case GgmlType::F32:
-            return dot_float<float, false>;
+            return dot_float<float>;
         case GgmlType::F16:
             return dot_f16;
         case GgmlType::BF16:
-            return dot_float<uint16_t, true>;
+            return dot_float<uint16_t>;
         case GgmlType::Q4_0:
             return dot_symmetric32<BlockQ4_0, 8, kVnni>;
         case GgmlType::Q4_1:

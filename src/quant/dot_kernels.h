@@ -10,6 +10,9 @@
 namespace fitllm::quant::detail {
 
 DotFn dot_ref(GgmlType weight_type);
+// 16 lanes summed in _mm512_reduce_add_ps's order (GCC's): the references of kernels that
+// reproduce an AVX-512 reduction (dot_ref.cpp's F16 dot, gemm_batch_f16_ref.cpp).
+float reduce_add16(const float v[16]);
 DotFn dot_avx2(GgmlType weight_type);
 DotFn dot_avx2_kquants(GgmlType weight_type);
 DotFn dot_avx512(GgmlType weight_type, bool vnni);

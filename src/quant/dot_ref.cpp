@@ -54,14 +54,6 @@ void dot_half(int n, float* out, const void* w, const void* a) {
     *out = static_cast<float>(sum);
 }
 
-// _mm512_reduce_add_ps's order (GCC's): halves, then quarters, then (l0 + l2) + (l1 + l3).
-float reduce_add16(const float v[16]) {
-    float t[8], u[4];
-    for (int l = 0; l < 8; ++l) t[l] = v[l + 8] + v[l];
-    for (int l = 0; l < 4; ++l) u[l] = t[l + 4] + t[l];
-    return (u[0] + u[2]) + (u[1] + u[3]);
-}
-
 // ---- F16 weights, F16 activations: ggml_vec_dot_f16 as it runs with AVX-512 ----
 // Four accumulators of 16 lanes over each 64 elements (lane l of accumulator j takes the elements
 // 64i + 16j + l), combined (a0 + a2) + (a1 + a3) lane by lane, the 16 lanes reduced as
@@ -255,6 +247,14 @@ void dot_q6_K(int n, float* out, const void* w, const void* a) {
 }
 
 }  // namespace
+
+// _mm512_reduce_add_ps's order (GCC's): halves, then quarters, then (l0 + l2) + (l1 + l3).
+float reduce_add16(const float v[16]) {
+    float t[8], u[4];
+    for (int l = 0; l < 8; ++l) t[l] = v[l + 8] + v[l];
+    for (int l = 0; l < 4; ++l) u[l] = t[l + 4] + t[l];
+    return (u[0] + u[2]) + (u[1] + u[3]);
+}
 
 DotFn dot_ref(GgmlType weight_type) {
     switch (weight_type) {

@@ -7,19 +7,13 @@
 #include <cstdint>
 
 #include "quant/gemm_batch_f16.h"
+#include "quant/kquant_avx2.h"
 
 namespace fitllm::quant::detail {
 namespace {
 
 __m256 load8(const std::byte* p) {
     return _mm256_cvtph_ps(_mm_loadu_si128(reinterpret_cast<const __m128i*>(p)));
-}
-
-float reduce_add16(__m256 lo, __m256 hi) {
-    const __m256 t = _mm256_add_ps(hi, lo);
-    const __m128 u = _mm_add_ps(_mm256_extractf128_ps(t, 1), _mm256_castps256_ps128(t));
-    const __m128 v = _mm_add_ps(u, _mm_shuffle_ps(u, u, _MM_SHUFFLE(1, 0, 3, 2)));
-    return _mm_cvtss_f32(_mm_add_ss(v, _mm_shuffle_ps(v, v, _MM_SHUFFLE(0, 1, 0, 1))));
 }
 
 template <int R, int T>

@@ -3,6 +3,7 @@
 #include <cstdint>
 
 #include "quant/blocks.h"
+#include "quant/dot_kernels.h"
 #include "quant/gemm_batch_f16.h"
 
 namespace fitllm::quant::detail {
@@ -12,14 +13,6 @@ namespace {
 // columns of whole vectors.
 bool sgemm_applies(int64_t weight_rows, int64_t weight_cols, int32_t run_len, int32_t /*run_pos*/) {
     return run_len >= 2 && weight_rows % 4 == 0 && weight_cols % 16 == 0;
-}
-
-// _mm512_reduce_add_ps's order (GCC's): halves, then quarters, then (l0 + l2) + (l1 + l3).
-float reduce_add16(const float v[16]) {
-    float t[8], u[4];
-    for (int l = 0; l < 8; ++l) t[l] = v[l + 8] + v[l];
-    for (int l = 0; l < 4; ++l) u[l] = t[l + 4] + t[l];
-    return (u[0] + u[2]) + (u[1] + u[3]);
 }
 
 }  // namespace

@@ -24,27 +24,21 @@ namespace {
 constexpr int kQ8Tok = 4;
 constexpr int kFloatTok = 2;
 
-// ---- F16 / BF16 weights, F32 activations (dot_avx2.cpp's dot_float) ----
+// ---- BF16 weights, F32 activations (dot_avx2.cpp's dot_float) ----
+// (F16 weights take f16 activations and have no small-batch kernel.)
 
-template <typename W, bool kBf16>
+template <typename W>
 __m256 load_weights8(const W* p) {
-    if constexpr (kBf16) {
-        const __m256i wide = _mm256_cvtepu16_epi32(_mm_loadu_si128(reinterpret_cast<const __m128i*>(p)));
-        return _mm256_castsi256_ps(_mm256_slli_epi32(wide, 16));
-    } else {
-        return _mm256_cvtph_ps(_mm_loadu_si128(reinterpret_cast<const __m128i*>(p)));
-    }
+    const __m256i wide = _mm256_cvtepu16_epi32(_mm_loadu_si128(reinterpret_cast<const __m128i*>(p)));
+    return _mm256_castsi256_ps(_mm256_slli_epi32(wide, 16));
 }
 
-template <typename W, bool kBf16>
+template <typename W>
 float weight(W v) {
-    if constexpr (kBf16)
-        return _mm_cvtss_f32(_mm_castsi128_ps(_mm_cvtsi32_si128(static_cast<int>(v) << 16)));
-    else
-        return f16(v);
+    return _mm_cvtss_f32(_mm_castsi128_ps(_mm_cvtsi32_si128(static_cast<int>(v) << 16)));
 }
 
-template <typename W, bool kBf16, int kT>
+template <typename W, int kT>
 void float_rows(int n, int n_rows, const uint8_t* w, size_t w_stride, const float* const* a, float* y,
                 size_t y_stride) {
     for (int r = 0; r < n_rows; ++r) {
@@ -60,13 +54,13 @@ void float_rows(int n, int n_rows, const uint8_t* w, size_t w_stride, const floa
         int head = misaligned == 0 ? 0 : static_cast<int>((kVectorBytes - misaligned) / sizeof(W));
         if (head > n) head = n;
         for (int k = 0; k < head; ++k) {
-            const float v = weight<W, kBf16>(x[k]);
+            const float v = weight<W>(x[k]);
             for (int t = 0; t < kT; ++t) head_sum[t] += v * a[t][k];
         }
         int i = head;
         for (; i + 32 <= n; i += 32) {
-            const __m256 v0 = load_weights8<W, kBf16>(x + i), v1 = load_weights8<W, kBf16>(x + i + 8);
-            const __m256 v2 = load_weights8<W, kBf16>(x + i + 16), v3 = load_weights8<W, kBf16>(x + i + 24);
+            const __m256 v0 = load_weights8<W>(x + i), v1 = load_weights8<W>(x + i + 8);
+            const __m256 v2 = load_weights8<W>(x + i + 16), v3 = load_weights8<W>(x + i + 24);
             for (int t = 0; t < kT; ++t) {
                 acc0[t] = _mm256_fmadd_ps(v0, _mm256_loadu_ps(a[t] + i), acc0[t]);
                 acc1[t] = _mm256_fmadd_ps(v1, _mm256_loadu_ps(a[t] + i + 8), acc1[t]);
@@ -75,7 +69,7 @@ void float_rows(int n, int n_rows, const uint8_t* w, size_t w_stride, const floa
             }
         }
         for (; i + 8 <= n; i += 8) {
-            const __m256 v = load_weights8<W, kBf16>(x + i);
+            const __m256 v = load_weights8<W>(x + i);
             for (int t = 0; t < kT; ++t) acc0[t] = _mm256_fmadd_ps(v, _mm256_loadu_ps(a[t] + i), acc0[t]);
         }
         float sum[kT];
@@ -84,14 +78,14 @@ void float_rows(int n, int n_rows, const uint8_t* w, size_t w_stride, const floa
                 hsum(_mm256_add_ps(_mm256_add_ps(acc0[t], acc1[t]), _mm256_add_ps(acc2[t], acc3[t]))) + head_sum[t];
         }
         for (; i < n; ++i) {
-            const float v = weight<W, kBf16>(x[i]);
+            const float v = weight<W>(x[i]);
             for (int t = 0; t < kT; ++t) sum[t] += v * a[t][i];
         }
         for (int t = 0; t < kT; ++t) y[static_cast<size_t>(t) * y_stride + r] = sum[t];
     }
 }
 
-template <typename W, bool kBf16>
+template <typename W>
 void float_small(int n, int n_rows, int n_tok, const void* w, size_t w_stride, const void* act, size_t act_stride,
                  float* y, size_t y_stride) {
     const auto* wb = static_cast<const uint8_t*>(w);
@@ -103,9 +97,9 @@ void float_small(int n, int n_rows, int n_tok, const void* w, size_t w_stride, c
         }
         float* yt = y + static_cast<size_t>(t0) * y_stride;
         if (tc == 1)
-            float_rows<W, kBf16, 1>(n, n_rows, wb, w_stride, a, yt, y_stride);
+            float_rows<W, 1>(n, n_rows, wb, w_stride, a, yt, y_stride);
         else
-            float_rows<W, kBf16, 2>(n, n_rows, wb, w_stride, a, yt, y_stride);
+            float_rows<W, 2>(n, n_rows, wb, w_stride, a, yt, y_stride);
     }
 }
 
@@ -350,7 +344,7 @@ GemmFn small_batch_avx2(GgmlType weight_type) {
     // results would differ in the last bit. F32 weight matrices are rare (the dots run them).
     switch (weight_type) {
         case GgmlType::BF16:
-            return float_small<uint16_t, true>;
+            return float_small<uint16_t>;
         case GgmlType::Q8_0:
             return q8_0_small;
         case GgmlType::Q4_K:

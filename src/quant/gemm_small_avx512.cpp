@@ -32,22 +32,21 @@ namespace {
 constexpr int kMaxTok = kSmallBatchMaxTok;  // Q8_0 tokens per pass over a row
 constexpr int kFloatTok = 4;                // float types: 4 accumulators per token
 
-// ---- Float weights, F32 activations (dot_avx512.cpp's dot_float) ----
+// ---- F32 and BF16 weights, F32 activations (dot_avx512.cpp's dot_float) ----
+// (F16 weights take f16 activations and have no small-batch kernel.)
 
-template <typename W, bool kBf16>
+// W is float (F32) or uint16_t (BF16).
+template <typename W>
 __m512 load_weights16(const W* p, __mmask16 m) {
     if constexpr (std::is_same_v<W, float>) {
         return _mm512_maskz_loadu_ps(m, p);
     } else {
         const __m256i h = _mm256_maskz_loadu_epi16(m, p);
-        if constexpr (kBf16)
-            return _mm512_castsi512_ps(_mm512_slli_epi32(_mm512_cvtepu16_epi32(h), 16));
-        else
-            return _mm512_cvtph_ps(h);
+        return _mm512_castsi512_ps(_mm512_slli_epi32(_mm512_cvtepu16_epi32(h), 16));
     }
 }
 
-template <typename W, bool kBf16, int kT>
+template <typename W, int kT>
 void float_rows(int n, int n_rows, const uint8_t* w, size_t w_stride, const float* const* a, float* y,
                 size_t y_stride) {
     constexpr __mmask16 kAll = 0xFFFF;
@@ -61,13 +60,12 @@ void float_rows(int n, int n_rows, const uint8_t* w, size_t w_stride, const floa
         if (i > n) i = n;
         if (i > 0) {
             const auto head = static_cast<__mmask16>((1u << i) - 1);
-            const __m512 v = load_weights16<W, kBf16>(x, head);
+            const __m512 v = load_weights16<W>(x, head);
             for (int t = 0; t < kT; ++t) acc3[t] = _mm512_fmadd_ps(v, _mm512_maskz_loadu_ps(head, a[t]), acc3[t]);
         }
         for (; i + 64 <= n; i += 64) {
-            const __m512 v0 = load_weights16<W, kBf16>(x + i, kAll), v1 = load_weights16<W, kBf16>(x + i + 16, kAll);
-            const __m512 v2 = load_weights16<W, kBf16>(x + i + 32, kAll),
-                         v3 = load_weights16<W, kBf16>(x + i + 48, kAll);
+            const __m512 v0 = load_weights16<W>(x + i, kAll), v1 = load_weights16<W>(x + i + 16, kAll);
+            const __m512 v2 = load_weights16<W>(x + i + 32, kAll), v3 = load_weights16<W>(x + i + 48, kAll);
 #pragma GCC unroll 4
             for (int t = 0; t < kT; ++t) {
                 acc0[t] = _mm512_fmadd_ps(v0, _mm512_loadu_ps(a[t] + i), acc0[t]);
@@ -78,7 +76,7 @@ void float_rows(int n, int n_rows, const uint8_t* w, size_t w_stride, const floa
         }
         for (; i < n; i += 16) {
             const __mmask16 m = n - i >= 16 ? kAll : static_cast<__mmask16>((1u << (n - i)) - 1);
-            const __m512 v = load_weights16<W, kBf16>(x + i, m);
+            const __m512 v = load_weights16<W>(x + i, m);
             for (int t = 0; t < kT; ++t) acc0[t] = _mm512_fmadd_ps(v, _mm512_maskz_loadu_ps(m, a[t] + i), acc0[t]);
         }
         for (int t = 0; t < kT; ++t) {
@@ -88,7 +86,7 @@ void float_rows(int n, int n_rows, const uint8_t* w, size_t w_stride, const floa
     }
 }
 
-template <typename W, bool kBf16>
+template <typename W>
 void float_small(int n, int n_rows, int n_tok, const void* w, size_t w_stride, const void* act, size_t act_stride,
                  float* y, size_t y_stride) {
     const auto* wb = static_cast<const uint8_t*>(w);
@@ -101,16 +99,16 @@ void float_small(int n, int n_rows, int n_tok, const void* w, size_t w_stride, c
         float* yt = y + static_cast<size_t>(t0) * y_stride;
         switch (tc) {
             case 1:
-                float_rows<W, kBf16, 1>(n, n_rows, wb, w_stride, a, yt, y_stride);
+                float_rows<W, 1>(n, n_rows, wb, w_stride, a, yt, y_stride);
                 break;
             case 2:
-                float_rows<W, kBf16, 2>(n, n_rows, wb, w_stride, a, yt, y_stride);
+                float_rows<W, 2>(n, n_rows, wb, w_stride, a, yt, y_stride);
                 break;
             case 3:
-                float_rows<W, kBf16, 3>(n, n_rows, wb, w_stride, a, yt, y_stride);
+                float_rows<W, 3>(n, n_rows, wb, w_stride, a, yt, y_stride);
                 break;
             default:
-                float_rows<W, kBf16, 4>(n, n_rows, wb, w_stride, a, yt, y_stride);
+                float_rows<W, 4>(n, n_rows, wb, w_stride, a, yt, y_stride);
                 break;
         }
     }
@@ -466,9 +464,9 @@ template <bool kVnni>
 GemmFn table(GgmlType weight_type) {
     switch (weight_type) {
         case GgmlType::F32:
-            return float_small<float, false>;
+            return float_small<float>;
         case GgmlType::BF16:
-            return float_small<uint16_t, true>;
+            return float_small<uint16_t>;
         case GgmlType::Q8_0:
             return blocks32_small<BlockQ8_0, kVnni>;
         case GgmlType::Q5_0:

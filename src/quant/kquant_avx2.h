@@ -1,6 +1,7 @@
 #pragma once
-// The small AVX2 helpers of the k-quant kernels (dot, tile, batch order): loads, byte and word
-// shuffles, and the packed 6-bit scales of Q3_K / Q4_K / Q5_K unpacked into registers.
+// The small AVX2 helpers of the quant kernels (dot, tile, small batch, batch order): loads, sums
+// across lanes, byte and word shuffles, and the packed 6-bit scales of Q3_K / Q4_K / Q5_K unpacked
+// into registers.
 // Internal linkage on purpose, as kquant_serial.h: each file that includes this is compiled for its
 // own ISA, and one shared out-of-line copy could carry another file's instructions.
 #include <immintrin.h>
@@ -29,6 +30,15 @@ inline __m256i load256(const void* p) {
 }
 inline __m128i load128(const void* p) {
     return _mm_loadu_si128(static_cast<const __m128i*>(p));
+}
+
+// The 16 lanes lo (0..7), hi (8..15) summed in _mm512_reduce_add_ps's order (GCC's): halves, then
+// quarters, then (l0 + l2) + (l1 + l3): AVX2 kernels that reproduce an AVX-512 reduction.
+inline float reduce_add16(__m256 lo, __m256 hi) {
+    const __m256 t = _mm256_add_ps(hi, lo);
+    const __m128 u = _mm_add_ps(_mm256_extractf128_ps(t, 1), _mm256_castps256_ps128(t));
+    const __m128 v = _mm_add_ps(u, _mm_shuffle_ps(u, u, _MM_SHUFFLE(1, 0, 3, 2)));  // (u0+u2, u1+u3, ..)
+    return _mm_cvtss_f32(_mm_add_ss(v, _mm_shuffle_ps(v, v, _MM_SHUFFLE(0, 1, 0, 1))));
 }
 
 // Bit kFrom of every byte moved to bit kTo, the other bits cleared.
