@@ -128,6 +128,7 @@ memory::PlanParams session_plan_params(const runtime::SessionParams& sp, int n_t
     memory::PlanParams p;
     p.type_k = sp.type_k;
     p.type_v = sp.type_v;
+    p.kv_rotation = sp.kv_rotation;
     p.n_threads = n_threads > 0 ? n_threads : ops::physical_core_count();
     p.kv_resident_limit = sp.kv_spill_dir.empty() ? 0 : sp.kv_resident_limit;
     return p;

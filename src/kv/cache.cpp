@@ -81,11 +81,16 @@ struct PosRange {
 };
 
 // One head per row of `type`: shaped by `key` (K of a quantized cache, else nullptr) and rotated
-// first when asked (into scratch, the source stays as it is).
+// first when asked (into scratch, KeyTransform::kScratchRows * head_dim floats; the source stays as
+// it is). The query-aware kind rotates and rounds by itself.
 void write_heads(GgmlType type, const float* row, int n_head, int head_dim, size_t head_bytes, bool rotate,
                  const KeyTransform* key, float* scratch, std::byte* dst) {
     for (int h = 0; h < n_head; ++h) {
         const float* head = row + static_cast<int64_t>(h) * head_dim;
+        if (key != nullptr && key->query_aware()) {
+            key->encode(head, h, type, dst + static_cast<size_t>(h) * head_bytes, scratch);
+            continue;
+        }
         if (key != nullptr && key->active()) {
             key->apply(head, h, head_dim, scratch);
             head = scratch;
@@ -103,6 +108,10 @@ void read_heads(GgmlType type, const std::byte* src, int n_head, int head_dim, s
                 const KeyTransform* key, float* row) {
     for (int h = 0; h < n_head; ++h) {
         float* head = row + static_cast<int64_t>(h) * head_dim;
+        if (key != nullptr && key->query_aware()) {
+            key->decode(src + static_cast<size_t>(h) * head_bytes, h, type, head);
+            continue;
+        }
         quant::dequantize_row(type, src + static_cast<size_t>(h) * head_bytes, head, head_dim);
         if (rotated) hadamard_transform(head, head_dim);  // its own inverse
         if (key != nullptr) key->undo(head, h, head_dim);
@@ -135,16 +144,44 @@ struct LayerStorage {
     Bytes k_memory, v_memory;
     bool streamed = false;
     uint64_t k_offset = 0, v_offset = 0;
-    std::vector<float> scratch;  // one head, for rotating in store(); per layer, so layers may store in parallel
-    KeyTransform key;            // K's centre and scales (kv/key_transform.h), when shape_keys
+    std::vector<float> scratch;  // KeyTransform::kScratchRows heads, for store(); per layer (layers may store in parallel)
+    KeyTransform key;            // how K is shaped (kv/key_transform.h), when shape_keys
+    bool key_fitted = false;     // calibrate_keys() has fitted `key` (or, with external storage, given up)
+    bool stored_unshaped = false;  // K was stored before `key` was fitted
+    // calibrate_keys()'s rows until the fit (at most KvCache::kMinKeyRows - 1): K and Q after RoPE,
+    // their positions, and the cell store() put each K in (-1: not yet, or written over since).
+    struct Staged {
+        std::vector<float> k, q;
+        std::vector<int32_t> pos, cell;
+        bool all_q = true;  // every row came with its Q
+        int pending = 0;    // rows of the last calibrate_keys() whose cells the next store() records
+        int64_t rows() const { return static_cast<int64_t>(pos.size()); }
+        void forget_cell(int32_t c) { std::replace(cell.begin(), cell.end(), c, int32_t{-1}); }
+    } staged;
 };
+
+size_t KvCache::key_transform_bytes(const std::vector<LayerShape>& shapes, const CacheParams& p) {
+    if (!p.rotate || !is_quantized(p.type_k) || shapes.empty()) return 0;
+    size_t n = 0;
+    int widest = 0;
+    for (const LayerShape& shape : shapes) {
+        const int n_head_q = shape.n_head_q > 0 ? shape.n_head_q : shape.n_head_kv;
+        const auto rows = static_cast<size_t>(kMinKeyRows - 1);  // kept until the fit
+        n += KeyTransform::bytes_for(shape.n_head_kv, shape.head_dim_k) +
+             rows * (static_cast<size_t>(shape.n_head_kv + n_head_q) * static_cast<size_t>(shape.head_dim_k) *
+                         sizeof(float) +
+                     2 * sizeof(int32_t));
+        widest = std::max(widest, shape.head_dim_k);
+    }
+    return n + query_aware_fit_bytes(widest);  // one layer's fit at a time
+}
 
 // Where the bytes of a cache go, from its shapes and parameters alone (the constructor and
 // bytes_for() agree by using this).
 struct Layout {
     int capacity = 0, n_blocks = 0;
     std::vector<size_t> k_row_bytes, v_row_bytes;  // per layer
-    size_t bookkeeping = 0;                        // cells, blocks, tables
+    size_t bookkeeping = 0;                        // cells, blocks, tables, the K transforms
     size_t kv_storage = 0;                         // K and V of every layer
     // Spill (kv/cache.h, "Spill"): layers [0, n_pinned) in memory, the rest in the file, at most
     // `window` of those in memory at once.
@@ -188,6 +225,7 @@ Layout make_layout(const std::vector<LayerShape>& shapes, const CacheParams& p) 
     }
     l.bookkeeping = cells * (sizeof(Pos) * 2 + sizeof(uint64_t)) + blocks * (sizeof(uint64_t) + sizeof(int32_t)) +
                     static_cast<size_t>(p.n_seq_max) * blocks * sizeof(int32_t);
+    l.bookkeeping += KvCache::key_transform_bytes(shapes, p);
 
     l.n_pinned = static_cast<int>(shapes.size());
     if (p.spill_dir.empty() || p.resident_limit == 0 || p.resident_limit >= l.kv_storage || p.external_storage) {
@@ -218,6 +256,8 @@ struct KvCache::Impl {
     int n_blocks = 0;
     bool rotated = false;
     bool shape_keys = false;  // K quantized and params.rotate: each layer's KeyTransform applies
+    bool limit_keys = false;  // limit_key_transform(): the diagonal kind only
+    int n_positions = 0;      // params.n_positions, or n_cells
     std::vector<LayerStorage> layers;
 
     // Memory and spill (kv/cache.h, "Memory" and "Spill").
@@ -321,6 +361,9 @@ struct KvCache::Impl {
     void clear();
 
     size_t bytes() const;
+    // After a layer's K transform is fitted: every cell in use stores its K again, shaped (from the
+    // row calibrate_keys() kept for it when the cell still holds that row, else read back unshaped).
+    void store_shaped_again(int layer);
 
     // --- Spill ---
     int next_streamed(int layer) const;  // the first streamed layer after `layer`, cyclic
@@ -352,6 +395,7 @@ KvCache::Impl::Impl(std::vector<LayerShape> shapes, const CacheParams& p) : para
     });
     rotated = p.rotate && quantized && power_of_two_heads;
     shape_keys = p.rotate && is_quantized(p.type_k);
+    n_positions = p.n_positions > 0 ? p.n_positions : p.n_cells;
 
     size_t max_k_row = 0;
     uint64_t file_offset = 0;
@@ -381,7 +425,17 @@ KvCache::Impl::Impl(std::vector<LayerShape> shapes, const CacheParams& p) : para
             layer.k = layer.k_memory.get();
             layer.v = layer.v_memory.get();
         }
-        layer.scratch.assign(static_cast<size_t>(std::max(shape.head_dim_k, shape.head_dim_v)), 0.0f);
+        layer.scratch.assign(static_cast<size_t>(KeyTransform::kScratchRows) *
+                                 static_cast<size_t>(std::max(shape.head_dim_k, shape.head_dim_v)),
+                             0.0f);
+        if (shape_keys && !p.external_storage) {
+            const int n_head_q = shape.n_head_q > 0 ? shape.n_head_q : shape.n_head_kv;
+            const auto rows = static_cast<size_t>(KvCache::kMinKeyRows - 1);
+            layer.staged.k.reserve(rows * static_cast<size_t>(shape.n_head_kv) * static_cast<size_t>(shape.head_dim_k));
+            layer.staged.q.reserve(rows * static_cast<size_t>(n_head_q) * static_cast<size_t>(shape.head_dim_k));
+            layer.staged.pos.reserve(rows);
+            layer.staged.cell.reserve(rows);
+        }
         max_k_row = std::max(max_k_row, static_cast<size_t>(shape.n_head_kv) * static_cast<size_t>(shape.head_dim_k));
     }
     shift_rows.assign(max_k_row * kShiftChunk, 0.0f);
@@ -524,6 +578,7 @@ void KvCache::Impl::copy_cell_data(int32_t from, int32_t to) {
     cell_copies.push_back({from, to});
     if (params.external_storage) return;  // the device copies its rows (cell_copies())
     for (LayerStorage& layer : layers) {
+        layer.staged.forget_cell(to);
         std::memcpy(layer.k + static_cast<size_t>(to) * layer.k_row_bytes,
                     layer.k + static_cast<size_t>(from) * layer.k_row_bytes, layer.k_row_bytes);
         std::memcpy(layer.v + static_cast<size_t>(to) * layer.v_row_bytes,
@@ -869,11 +924,95 @@ std::span<const Pos> KvCache::cell_shifts() const {
     return impl_->shift;
 }
 
-void KvCache::calibrate_keys(int layer, const float* k, int64_t n_rows) {
+bool KvCache::needs_key_calibration(int layer) const {
+    const Impl& m = *impl_;
+    m.check_layer(layer, "needs_key_calibration");
+    return m.shape_keys && !m.layers[static_cast<size_t>(layer)].key_fitted;
+}
+
+void KvCache::limit_key_transform() {
+    impl_->limit_keys = true;
+}
+
+void KvCache::calibrate_keys(int layer, const KeySample& sample) {
     Impl& m = *impl_;
     m.check_layer(layer, "calibrate_keys");
     LayerStorage& L = m.layers[static_cast<size_t>(layer)];
-    if (m.shape_keys && n_rows > 0) L.key.calibrate(k, n_rows, L.shape.n_head_kv, L.shape.head_dim_k);
+    if (!m.shape_keys || L.key_fitted || sample.n_rows <= 0) return;
+    const LayerShape& s = L.shape;
+    if (m.params.external_storage) {
+        // The device stores K itself, shaped from its first batch on: fit from that batch or never.
+        L.key_fitted = true;
+        if (sample.n_rows >= kMinKeyRows) L.key.calibrate_diagonal(sample.k, sample.n_rows, s.n_head_kv, s.head_dim_k);
+        return;
+    }
+    const int n_head_q = sample.q != nullptr ? sample.n_head_q : 0;
+    const int64_t k_row = int64_t{s.n_head_kv} * s.head_dim_k;
+    const int64_t q_row = int64_t{n_head_q} * s.head_dim_k;
+    LayerStorage::Staged& st = L.staged;
+    const bool with_q = st.all_q && sample.q != nullptr && (st.rows() == 0 || st.q.size() == static_cast<size_t>(st.rows() * q_row));
+    const int64_t n = st.rows() + sample.n_rows;
+    if (n < kMinKeyRows) {  // too few rows yet: keep them (store() records their cells)
+        st.k.insert(st.k.end(), sample.k, sample.k + sample.n_rows * k_row);
+        if (with_q) st.q.insert(st.q.end(), sample.q, sample.q + sample.n_rows * q_row);
+        st.all_q = with_q;
+        if (sample.pos != nullptr) {
+            st.pos.insert(st.pos.end(), sample.pos, sample.pos + sample.n_rows);
+        } else {
+            st.pos.insert(st.pos.end(), static_cast<size_t>(sample.n_rows), Pos{0});  // only the Q fit reads them
+        }
+        st.cell.insert(st.cell.end(), static_cast<size_t>(sample.n_rows), int32_t{-1});
+        st.pending = static_cast<int>(sample.n_rows);
+        return;
+    }
+    KeySample all = sample;
+    std::vector<float> k_all, q_all;
+    std::vector<int32_t> pos_all;
+    if (st.rows() > 0) {  // the kept rows first, then this batch's
+        k_all = st.k;
+        k_all.insert(k_all.end(), sample.k, sample.k + sample.n_rows * k_row);
+        pos_all = st.pos;
+        if (sample.pos != nullptr) pos_all.insert(pos_all.end(), sample.pos, sample.pos + sample.n_rows);
+        pos_all.resize(static_cast<size_t>(n), Pos{0});
+        if (with_q) {
+            q_all = st.q;
+            q_all.insert(q_all.end(), sample.q, sample.q + sample.n_rows * q_row);
+        }
+        all.k = k_all.data();
+        all.q = with_q ? q_all.data() : nullptr;
+        all.pos = pos_all.data();
+        all.n_rows = n;
+    }
+    if (with_q && !m.limit_keys) {
+        L.key.calibrate(all, s.n_head_kv, s.head_dim_k, m.n_positions);
+    } else {
+        L.key.calibrate_diagonal(all.k, all.n_rows, s.n_head_kv, s.head_dim_k);
+    }
+    L.key_fitted = true;
+    if (L.stored_unshaped) m.store_shaped_again(layer);
+    st = LayerStorage::Staged{};  // gives its memory back
+}
+
+void KvCache::Impl::store_shaped_again(int layer) {
+    LayerStorage& L = layers[static_cast<size_t>(layer)];
+    const LayerShape& s = L.shape;
+    const int64_t k_row = int64_t{s.n_head_kv} * s.head_dim_k;
+    float* row = shift_rows.data();
+    for (int32_t c = 0; c < capacity; ++c) {
+        if (cell_free(c)) continue;
+        std::byte* dst = L.k + static_cast<size_t>(c) * L.k_row_bytes;
+        const auto kept = std::find(L.staged.cell.rbegin(), L.staged.cell.rend(), c);
+        if (kept != L.staged.cell.rend()) {
+            const auto r = static_cast<int64_t>(L.staged.cell.rend() - kept) - 1;
+            std::copy(L.staged.k.begin() + r * k_row, L.staged.k.begin() + (r + 1) * k_row, row);
+        } else {
+            read_heads(params.type_k, dst, s.n_head_kv, s.head_dim_k, L.k_head_bytes, rotated, nullptr, row);
+        }
+        write_heads(params.type_k, row, s.n_head_kv, s.head_dim_k, L.k_head_bytes, rotated, &L.key, L.scratch.data(),
+                    dst);
+    }
+    L.stored_unshaped = false;
+    in_memory[static_cast<size_t>(layer)] = 1;
 }
 
 int KvCache::used_cells() const {
@@ -930,14 +1069,42 @@ void KvCache::store(int layer, std::span<const int32_t> cells, const float* k, c
     const LayerShape& s = L.shape;
     const int64_t k_row = int64_t{s.n_head_kv} * s.head_dim_k;
     const int64_t v_row = int64_t{s.n_head_kv} * s.head_dim_v;
-    calibrate_keys(layer, k, static_cast<int64_t>(cells.size()));
     const KeyTransform* key = m.shape_keys ? &L.key : nullptr;
+    if (m.shape_keys && !L.key_fitted && !cells.empty()) {
+        // Stored unshaped for now; calibrate_keys() stores these cells again once it has fitted.
+        L.stored_unshaped = true;
+        LayerStorage::Staged& st = L.staged;
+        for (int32_t c : cells) st.forget_cell(c);
+        if (static_cast<size_t>(st.pending) == cells.size()) {
+            std::copy(cells.begin(), cells.end(), st.cell.end() - st.pending);
+        }
+        st.pending = 0;
+    }
+    for (int32_t cell : cells) m.check_cell(cell, "store");
+    if (key != nullptr && key->query_aware()) {
+        // K kv head by kv head, KeyTransform::kRows rows at a time (they share its reads of T and U).
+        std::array<const float*, KeyTransform::kRows> heads{};
+        std::array<std::byte*, KeyTransform::kRows> dst{};
+        for (size_t i0 = 0; i0 < cells.size(); i0 += KeyTransform::kRows) {
+            const int n = static_cast<int>(std::min<size_t>(KeyTransform::kRows, cells.size() - i0));
+            for (int h = 0; h < s.n_head_kv; ++h) {
+                for (int r = 0; r < n; ++r) {
+                    const size_t i = i0 + static_cast<size_t>(r);
+                    heads[static_cast<size_t>(r)] = k + static_cast<int64_t>(i) * k_row + int64_t{h} * s.head_dim_k;
+                    dst[static_cast<size_t>(r)] = L.k + static_cast<size_t>(cells[i]) * L.k_row_bytes +
+                                                  static_cast<size_t>(h) * L.k_head_bytes;
+                }
+                key->encode(heads.data(), n, h, m.params.type_k, dst.data(), L.scratch.data());
+            }
+        }
+    }
     for (size_t i = 0; i < cells.size(); ++i) {
         const int32_t cell = cells[i];
-        m.check_cell(cell, "store");
         const auto row = static_cast<int64_t>(i);
-        write_heads(m.params.type_k, k + row * k_row, s.n_head_kv, s.head_dim_k, L.k_head_bytes, m.rotated, key,
-                    L.scratch.data(), L.k + static_cast<size_t>(cell) * L.k_row_bytes);
+        if (key == nullptr || !key->query_aware()) {
+            write_heads(m.params.type_k, k + row * k_row, s.n_head_kv, s.head_dim_k, L.k_head_bytes, m.rotated, key,
+                        L.scratch.data(), L.k + static_cast<size_t>(cell) * L.k_row_bytes);
+        }
         write_heads(m.params.type_v, v + row * v_row, s.n_head_kv, s.head_dim_v, L.v_head_bytes, m.rotated, nullptr,
                     L.scratch.data(), L.v + static_cast<size_t>(cell) * L.v_row_bytes);
     }
@@ -1066,6 +1233,7 @@ void KvCache::for_shifted_cells(int layer, void (*fn)(void*, float*, const int32
     for (int32_t c = 0; c < m.capacity; ++c) {
         const Pos delta = m.shift[static_cast<size_t>(c)];
         if (m.cell_free(c) || delta == 0) continue;
+        L.staged.forget_cell(c);  // its K changes
         read_heads(m.params.type_k, L.k + static_cast<size_t>(c) * L.k_row_bytes, s.n_head_kv, s.head_dim_k,
                    L.k_head_bytes, m.rotated, m.shape_keys ? &L.key : nullptr, m.shift_rows.data() + n * row);
         m.shift_cells[static_cast<size_t>(n)] = c;
@@ -1121,6 +1289,7 @@ KvCache::LayerView KvCache::layer_view(int layer) const {
                      .head_dim_k = L.shape.head_dim_k,
                      .head_dim_v = L.shape.head_dim_v,
                      .rotated = m.rotated,
+                     .key = m.shape_keys && L.key.query_aware() ? &L.key : nullptr,
                      .q_scale = m.shape_keys ? L.key.q_scale() : nullptr,
                      .k_center = m.shape_keys ? L.key.center() : nullptr,
                      .k_scale = m.shape_keys ? L.key.scale() : nullptr,
@@ -1188,6 +1357,8 @@ PoolSetup plan_pools(const std::vector<LayerShape>& layers, const std::vector<in
         throw std::invalid_argument("KvCache: block_size " + std::to_string(params.block_size) + " must be at least 1");
     }
     params.window = 0;
+    // Window pools hold fewer cells than the positions their tokens take.
+    if (params.n_positions <= 0) params.n_positions = params.n_cells;
     PoolSetup setup;
     setup.capacity = static_cast<int>(round_up(std::max(params.n_cells, 1), params.block_size));
 

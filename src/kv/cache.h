@@ -62,6 +62,7 @@
 #include <vector>
 
 #include "fitllm/error.h"
+#include "kv/key_transform.h"
 #include "quant/ggml_type.h"
 
 namespace fitllm::memory {
@@ -82,11 +83,13 @@ using Pos = int32_t;
 
 inline constexpr int kMaxSequences = 64;  // a cell's sequence set is a 64-bit mask
 
-// The K/V width of one layer of the pool.
+// The K/V width of one layer of the pool, and its query heads (0: n_head_kv), whose rows
+// calibrate the K transform (calibrate_keys()).
 struct LayerShape {
     int n_head_kv = 0;
     int head_dim_k = 0;
     int head_dim_v = 0;
+    int n_head_q = 0;
 };
 
 struct CacheParams {
@@ -99,9 +102,12 @@ struct CacheParams {
     // Rotate each head by a normalized Walsh-Hadamard transform before quantizing (K and V), so
     // outliers spread over the head. Only for quantized types (q8_0, q4_0, ...); ignored for
     // f32 / f16 / bf16. Needs head sizes that are powers of two (others are stored unrotated).
-    // With a quantized K it also centres and scales K heads first (kv/key_transform.h), which is
+    // With a quantized K it also shapes K heads for the queries (kv/key_transform.h), which is
     // what makes 4-bit keys cheap; false stores both as llama.cpp does.
     bool rotate = true;
+    // The positions a sequence's tokens take at most (0: n_cells), over which the K transform
+    // averages RoPE's rotations (kv/key_transform.h). Only the transform's quality depends on it.
+    int n_positions = 0;
     // The pool charged for bytes() (memory/pool.h, pool_names::kKv); nullptr charges nothing.
     memory::Pool* pool = nullptr;
     // Spill (see above): a directory on disk for the K/V that does not fit, and the bytes of K/V
@@ -146,6 +152,10 @@ public:
     size_t bytes() const;
     // What bytes() of a cache made with these arguments will be (throws as the constructor would).
     static size_t bytes_for(const std::vector<LayerShape>& layers, const CacheParams& params);
+    // The part of it the K transforms take (kv/key_transform.h; 0 when K is not shaped): per layer
+    // the query-aware kind's c, T^T, T^-1 and U and the rows kept until its fit, and the fit's
+    // working memory once.
+    static size_t key_transform_bytes(const std::vector<LayerShape>& layers, const CacheParams& params);
     // Spill: whether K/V spills to a file, its size (0 without), and the layers kept in memory.
     bool spilled() const;
     uint64_t spill_file_bytes() const;
@@ -182,16 +192,27 @@ public:
     // Writes n = cells.size() rows of layer `layer`: k is [n, n_head_kv * head_dim_k] floats,
     // v is [n, n_head_kv * head_dim_v]; rotated and quantized to the pool's types. F16 rounds to
     // nearest even, as the old float cache and llama.cpp's f16 cache do. Allocates nothing; calls
-    // for different layers may run on different threads.
+    // for different layers may run on different threads. K of a layer whose transform is not
+    // calibrated yet is stored unshaped (calibrate_keys() stores it again once it is).
     void store(int layer, std::span<const int32_t> cells, const float* k, const float* v);
-    // What store() does first with K: calibrates the layer's K transform (kv/key_transform.h) from
-    // these n_rows rows ([n_rows, n_head_kv * head_dim_k]) unless done already; nothing when K is
-    // not shaped (layer_view().q_scale stays nullptr). For a device that stores K itself.
-    void calibrate_keys(int layer, const float* k, int64_t n_rows);
 
-    // True when K heads are centred and scaled before quantizing (params.rotate and a quantized K,
-    // kv/key_transform.h): calibrate_keys() then matters.
+    // --- The K transform (kv/key_transform.h) ----------------------------------------------------
+    // True when K heads are shaped before quantizing (params.rotate and a quantized K): then the
+    // forward pass calls calibrate_keys() before each store() until needs_key_calibration() is false.
     bool shapes_keys() const;
+    bool needs_key_calibration(int layer) const;
+    // Fits the layer's K transform from the batch about to be stored (sample: its K and Q after
+    // RoPE, and their positions) and the batches before it, once at least kMinKeyRows rows have
+    // come: the query-aware kind on the host, the diagonal one (from K alone) with external
+    // storage, after limit_key_transform(), or when sample.q is nullptr. Until then the rows are
+    // kept (kMinKeyRows - 1 at most); once fitted, every cell the layer already holds is stored
+    // again shaped (from the kept rows where the cell still holds one). The store() of the same
+    // rows follows. Nothing when the transform is fitted already or K is not shaped.
+    static constexpr int kMinKeyRows = 8;
+    void calibrate_keys(int layer, const KeySample& sample);
+    // From now on calibrate_keys() fits the diagonal kind: for a device that attends this pool with
+    // kernels that take per-dimension factors (CUDA). Call before the first calibrate_keys().
+    void limit_key_transform();
 
     // Changes with every call that may change the bookkeeping (place(), the sequence operations,
     // clear(), trim_window()), so a device copying it can tell when to copy it again.
@@ -253,11 +274,14 @@ public:
         quant::GgmlType type_k, type_v;
         int n_head_kv, head_dim_k, head_dim_v;
         bool rotated;  // heads stored Hadamard-rotated: rotate q, un-rotate the output
-        // K heads stored centred and scaled (kv/key_transform.h): multiply q by q_scale (the kv
+        // K heads stored shaped for the queries (kv/key_transform.h's query-aware kind): attention
+        // dots them with key->shape_query(q, g) (rotation included) instead of q; nullptr: not.
+        const KeyTransform* key = nullptr;
+        // K heads stored centred and scaled (the diagonal kind): multiply q by q_scale (the kv
         // head's [head_dim_k] at g * head_dim_k) before rotating it; nullptr: K stored as is.
         const float* q_scale = nullptr;
-        const float* k_center = nullptr;  // the same layout: the centre taken off K (see above)
-        const float* k_scale = nullptr;   // the same layout: K is stored as (k - k_center) * k_scale
+        const float* k_center = nullptr;  // the same layout: the centre taken off K (both kinds)
+        const float* k_scale = nullptr;   // diagonal: K is stored as (k - k_center) * k_scale
         const std::byte* k = nullptr;     // cell c's K row: k + c * k_row_bytes; head h at h * k_head_bytes
         const std::byte* v = nullptr;
         size_t k_row_bytes, k_head_bytes, v_row_bytes, v_head_bytes;

@@ -1,14 +1,43 @@
 #include "kv/key_transform.h"
 
 #include <algorithm>
+#include <array>
 #include <cmath>
+#include <cstring>
+#include <optional>
+
+#include "kv/hadamard.h"
+#include "kv/key_transform_kernels.h"
+#include "quant/block_grid.h"
+#include "quant/dequantize.h"
+#include "quant/ggml_type.h"
 
 namespace fitllm::kv {
 
-void KeyTransform::calibrate(const float* k, int64_t n_rows, int n_head, int d) {
-    if (calibrated_) return;
-    calibrated_ = true;
-    if (n_rows < kMinRows || d % 4 != 0) return;
+void KeyTransform::calibrate(const KeySample& sample, int n_head_kv, int d, int n_positions) {
+    std::vector<Head> heads;
+    const bool rotate = is_power_of_two(d);
+    for (int h = 0; h < n_head_kv; ++h) {
+        std::optional<Head> head = fit_query_aware_head(sample, h, n_head_kv, d, n_positions, rotate);
+        if (!head) return calibrate_diagonal(sample.k, sample.n_rows, n_head_kv, d);
+        heads.push_back(std::move(*head));
+    }
+    kind_ = Kind::QueryAware;
+    d_ = d;
+    rotate_ = rotate;
+    heads_ = std::move(heads);
+    center_.clear();
+    for (const Head& head : heads_) center_.insert(center_.end(), head.center.begin(), head.center.end());
+    scale_.clear();
+    q_scale_.clear();
+}
+
+void KeyTransform::calibrate_diagonal(const float* k, int64_t n_rows, int n_head, int d) {
+    kind_ = Kind::Identity;
+    heads_.clear();
+    if (n_rows < 1 || d % 4 != 0) return;
+    kind_ = Kind::Diagonal;
+    d_ = d;
     const auto n = static_cast<size_t>(n_head) * static_cast<size_t>(d);
     center_.assign(n, 0.0f);
     scale_.assign(n, 1.0f);
@@ -54,7 +83,7 @@ void KeyTransform::calibrate(const float* k, int64_t n_rows, int n_head, int d) 
 }
 
 void KeyTransform::apply(const float* head, int h, int d, float* out) const {
-    if (!active()) {
+    if (kind_ != Kind::Diagonal) {
         std::copy(head, head + d, out);
         return;
     }
@@ -64,10 +93,62 @@ void KeyTransform::apply(const float* head, int h, int d, float* out) const {
 }
 
 void KeyTransform::undo(float* head, int h, int d) const {
-    if (!active()) return;
+    if (kind_ != Kind::Diagonal) return;
     const float* c = center_.data() + static_cast<size_t>(h) * static_cast<size_t>(d);
     const float* qs = q_scale_.data() + static_cast<size_t>(h) * static_cast<size_t>(d);
     for (int i = 0; i < d; ++i) head[i] = head[i] * qs[i] + c[i];
+}
+
+void KeyTransform::encode(const float* const* heads, int n, int h, quant::GgmlType type, std::byte* const* dst,
+                          float* scratch) const {
+    const Head& t = heads_[static_cast<size_t>(h)];
+    float* r = scratch;                                    // the centred keys
+    float* w = scratch + static_cast<size_t>(kRows) * d_;  // the stored values, rounded one by one
+    for (int k = 0; k < n; ++k) {
+        for (int i = 0; i < d_; ++i) r[k * d_ + i] = heads[k][i] - t.center[static_cast<size_t>(i)];
+    }
+    key_kernels::rows_times(r, n, t.t_transposed, w);  // w = T r, row by row
+    if (rotate_) hadamard_transform_rows(w, n, d_);
+    std::array<float, kRows * quant::BlockGrid::kElements> error{};
+    key_kernels::round_with_feedback(w, n, t.u, type, dst, error.data());
+}
+
+void KeyTransform::encode(const float* head, int h, quant::GgmlType type, void* dst, float* scratch) const {
+    std::byte* out = static_cast<std::byte*>(dst);
+    encode(&head, 1, h, type, &out, scratch);
+}
+
+void KeyTransform::decode(const void* src, int h, quant::GgmlType type, float* head) const {
+    const Head& t = heads_[static_cast<size_t>(h)];
+    quant::dequantize_row(type, src, head, d_);
+    if (rotate_) hadamard_transform(head, d_);  // its own inverse
+    for (int j = 0; j < d_; ++j) {  // head = T^-1 head, in place: value j reads values j and after
+        const float* row = t.t_inverse.row(j);
+        float sum = 0.0f;
+        for (int i = j; i < d_; ++i) sum += row[i] * head[i];
+        head[j] = sum + t.center[static_cast<size_t>(j)];
+    }
+}
+
+void KeyTransform::shape_queries(const float* q, int n, int h, float* out) const {
+    const Head& t = heads_[static_cast<size_t>(h)];
+    for (int k0 = 0; k0 < n; k0 += kRows) {
+        const int m = std::min(kRows, n - k0);
+        // Rows: (T^-T q)^T = q^T T^-1.
+        key_kernels::rows_times(q + static_cast<size_t>(k0) * d_, m, t.t_inverse, out + static_cast<size_t>(k0) * d_);
+        if (rotate_) hadamard_transform_rows(out + static_cast<size_t>(k0) * d_, m, d_);
+    }
+}
+
+void KeyTransform::shape_query(const float* q, int h, float* out) const {
+    shape_queries(q, 1, h, out);
+}
+
+size_t KeyTransform::bytes_for(int n_head_kv, int d) {
+    const auto n = static_cast<size_t>(d);
+    // c, then T^T, T^-1 and U as padded triangles (with their row offsets).
+    return static_cast<size_t>(n_head_kv) *
+           (n * sizeof(float) + 3 * (PaddedTriangle::floats_for(d) * sizeof(float) + n * sizeof(ptrdiff_t)));
 }
 
 }  // namespace fitllm::kv

@@ -98,20 +98,23 @@ ModelShape model_shape(const gguf::GgufFile& file) {
 }
 
 uint64_t kv_pool_bytes(int n_layer, int n_head_kv, int head_dim_k, int head_dim_v, int n_cells_rounded, int n_seq,
-                       int block_size, quant::GgmlType type_k, quant::GgmlType type_v) {
-    const uint64_t k_row = row_bytes_or_throw(type_k, head_dim_k, "K head") * static_cast<uint64_t>(n_head_kv);
-    const uint64_t v_row = row_bytes_or_throw(type_v, head_dim_v, "V head") * static_cast<uint64_t>(n_head_kv);
-    const auto cells = static_cast<uint64_t>(n_cells_rounded);
-    const uint64_t blocks = cells / static_cast<uint64_t>(block_size);
-    uint64_t n = (k_row + v_row) * cells * static_cast<uint64_t>(n_layer);
-    n += cells * (sizeof(kv::Pos) * 2 + sizeof(uint64_t));         // position, shift, sequence set
-    n += blocks * (sizeof(uint64_t) + sizeof(int32_t));            // holders, used cells
-    n += static_cast<uint64_t>(n_seq) * blocks * sizeof(int32_t);  // block tables
-    return n;
+                       int block_size, quant::GgmlType type_k, quant::GgmlType type_v, int n_head_q, bool rotate) {
+    row_bytes_or_throw(type_k, head_dim_k, "K head");
+    row_bytes_or_throw(type_v, head_dim_v, "V head");
+    kv::CacheParams cp;
+    cp.n_cells = n_cells_rounded;
+    cp.n_seq_max = n_seq;
+    cp.block_size = block_size;
+    cp.type_k = type_k;
+    cp.type_v = type_v;
+    cp.rotate = rotate;
+    const std::vector<kv::LayerShape> layers(static_cast<size_t>(n_layer),
+                                             {n_head_kv, head_dim_k, head_dim_v, n_head_q});
+    return kv::KvCache::bytes_for(layers, cp);  // the cache's own count: cells, blocks, K/V, K transforms
 }
 
 std::vector<KvPoolPlan> kv_plan(const model::Hparams& hp, int n_cells, int n_seq, int n_batch, quant::GgmlType type_k,
-                                quant::GgmlType type_v, uint64_t resident_limit, int n_device_layers) {
+                                quant::GgmlType type_v, uint64_t resident_limit, int n_device_layers, bool rotate) {
     // Per place (host, device): one pool for the full-attention layers, one per sliding window
     // that is smaller than the full pool (kv::ModelCache).
     kv::CacheParams cp;
@@ -119,6 +122,7 @@ std::vector<KvPoolPlan> kv_plan(const model::Hparams& hp, int n_cells, int n_seq
     cp.n_seq_max = n_seq;
     cp.type_k = type_k;
     cp.type_v = type_v;
+    cp.rotate = rotate;
     const int capacity = static_cast<int>(round_up(static_cast<uint64_t>(n_cells), kBlockSize));
     const int first_device = hp.n_layer - std::clamp(n_device_layers, 0, hp.n_layer);
     std::map<std::pair<bool, int>, int> layers_per_pool;  // (on device, window (0: full)) -> layers
@@ -140,7 +144,7 @@ std::vector<KvPoolPlan> kv_plan(const model::Hparams& hp, int n_cells, int n_seq
                       static_cast<uint64_t>(kv::ModelCache::window_pool_cells(cp, pool.window, n_batch)), kBlockSize))
                 : capacity;
         pool.bytes = kv_pool_bytes(n_layer, hp.n_head_kv, hp.head_dim, hp.head_dim_v, pool.n_cells, n_seq, kBlockSize,
-                                   type_k, type_v);
+                                   type_k, type_v, hp.n_head, rotate);
         pools.push_back(pool);
     }
     // KV spill (kv/cache.h): on the host, the window pools stay in memory; the full-attention pool
@@ -162,7 +166,7 @@ std::vector<KvPoolPlan> kv_plan(const model::Hparams& hp, int n_cells, int n_seq
         fp.spill_dir = "(plan)";  // only whether there is one matters to bytes_for
         fp.resident_limit = resident_limit - window_bytes;
         const std::vector<kv::LayerShape> layers(static_cast<size_t>(full.n_layer),
-                                                 {hp.n_head_kv, hp.head_dim, hp.head_dim_v});
+                                                 {hp.n_head_kv, hp.head_dim, hp.head_dim_v, hp.n_head});
         const uint64_t resident = kv::KvCache::bytes_for(layers, fp);
         full.spilled = full.bytes - std::min(full.bytes, resident);
         full.bytes = std::min(full.bytes, resident);
@@ -232,7 +236,7 @@ Plan plan_for(const ModelShape& shape, const PlanParams& params) {
 
     // KV: kv::ModelCache's pools (see kv/cache.h); the offloaded layers' on the device.
     p.kv_pools = kv_plan(hp, params.n_ctx, params.n_seq, params.n_batch, params.type_k, params.type_v,
-                         params.kv_resident_limit, params.kv_offload ? n_device : 0);
+                         params.kv_resident_limit, params.kv_offload ? n_device : 0, params.kv_rotation);
     for (const KvPoolPlan& pool : p.kv_pools) {
         (pool.on_device ? p.device.kv : p.kv) += pool.bytes;
         if (pool.on_device && unified) p.kv += pool.bytes;  // the host's "kv" pool holds it

@@ -67,6 +67,7 @@ struct PlanParams {
     int n_outputs = 0;  // rows of logits per forward pass; 0: one per sequence
     quant::GgmlType type_k = quant::GgmlType::F16;  // -ctk
     quant::GgmlType type_v = quant::GgmlType::F16;  // -ctv
+    bool kv_rotation = true;                        // --no-kv-rotation: false (kv::CacheParams::rotate)
     int n_threads = 0;                              // for the attention scratch; 0: the physical cores
     uint64_t budget = 0;                            // host bytes
     int n_streamed_layers = 0;                      // the last n layers stream instead of staying resident
@@ -181,12 +182,16 @@ Plan fit_plan(const ModelShape& shape, PlanParams params);
 // resident_limit (KV spill), what stays in memory and what goes to the spill file. Throws
 // std::invalid_argument for a limit the cache refuses.
 // n_device_layers: the last layers whose KV lives on the offload device (pools of their own,
-// on_device); the resident limit applies to the host's pools.
+// on_device); the resident limit applies to the host's pools. rotate: kv::CacheParams::rotate
+// (--no-kv-rotation: false), which with a quantized K adds the K transforms' bytes.
 std::vector<KvPoolPlan> kv_plan(const model::Hparams& hp, int n_cells, int n_seq, int n_batch, quant::GgmlType type_k,
-                                quant::GgmlType type_v, uint64_t resident_limit = 0, int n_device_layers = 0);
+                                quant::GgmlType type_v, uint64_t resident_limit = 0, int n_device_layers = 0,
+                                bool rotate = true);
 
-// The KV bytes of one kv::KvCache pool, as KvCache::bytes() counts them.
+// The KV bytes of one kv::KvCache pool, as KvCache::bytes() counts them (it asks it); n_head_q:
+// the query heads (kv::LayerShape).
 uint64_t kv_pool_bytes(int n_layer, int n_head_kv, int head_dim_k, int head_dim_v, int n_cells_rounded, int n_seq,
-                       int block_size, quant::GgmlType type_k, quant::GgmlType type_v);
+                       int block_size, quant::GgmlType type_k, quant::GgmlType type_v, int n_head_q = 0,
+                       bool rotate = true);
 
 }  // namespace fitllm::memory

@@ -194,10 +194,24 @@ public:
     }
 
     // Writes the batch's K ([n, n_head_kv * head_dim]) and V rows of model layer il into its pool.
-    void store_kv(kv::ModelCache& cache, int il, const float* k_rows, const float* v_rows) {
+    // Until the pool's K transform is fitted (kv::KvCache::calibrate_keys), the batch's K and Q
+    // after RoPE (q_rows: [n, n_head * head_dim]) calibrate it first, where they are in host memory
+    // (a device that holds K/V itself calibrates from its own copies).
+    void store_kv(kv::ModelCache& cache, int il, const float* k_rows, const float* v_rows, const float* q_rows,
+                  const BatchRows& rows, const Hparams& hp, const ops::RopeParams& rope) {
         const int p = cache.pool_of(il);
-        if (dev_) return dev_->kv_store(cache.pool(p), cache.index_in_pool(il), cache.cells(p), k_rows, v_rows);
-        cache.pool(p).store(cache.index_in_pool(il), cache.cells(p), k_rows, v_rows);
+        kv::KvCache& pool = cache.pool(p);
+        const int layer = cache.index_in_pool(il);
+        if (pool.needs_key_calibration(layer) && (dev_ == nullptr || !dev_->holds_kv_storage())) {
+            pool.calibrate_keys(layer, kv::KeySample{.k = k_rows,
+                                                     .q = q_rows,
+                                                     .pos = rows.positions,
+                                                     .n_rows = rows.n,
+                                                     .n_head_q = hp.n_head,
+                                                     .rope = ops::rope_frame(rope, hp.head_dim)});
+        }
+        if (dev_) return dev_->kv_store(pool, layer, cache.cells(p), k_rows, v_rows);
+        pool.store(layer, cache.cells(p), k_rows, v_rows);
     }
 
     // Re-rotates K of layer il by its pending shift (kv::KvCache::apply_k_shift).

@@ -58,7 +58,7 @@ public:
             const ops::RopeParams rope = rope_params(il);
             o.rope(o.q, rows.positions, n, hp.n_head, hp.head_dim, rope);
             o.rope(o.k, rows.positions, n, hp.n_head_kv, hp.head_dim, rope);
-            o.store_kv(cache, il, o.k, o.v);
+            o.store_kv(cache, il, o.k, o.v, o.q, rows, hp, rope);  // q: for the K transform's fit
             // Q is scaled before attention (not the scores), as llama.cpp does: its f16 rounding of
             // Q then sees the same values.
             o.scale(o.q, int64_t{n} * hp.n_head * hp.head_dim, hp.attn_scale);

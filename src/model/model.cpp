@@ -23,7 +23,7 @@ std::unique_ptr<Model> Model::load(const gguf::GgufFile& file, const LoadOptions
 std::vector<kv::LayerShape> Model::cache_layers() const {
     const Hparams& hp = hparams();
     return std::vector<kv::LayerShape>(static_cast<size_t>(hp.n_layer),
-                                       kv::LayerShape{hp.n_head_kv, hp.head_dim, hp.head_dim_v});
+                                       kv::LayerShape{hp.n_head_kv, hp.head_dim, hp.head_dim_v, hp.n_head});
 }
 
 std::vector<int> Model::cache_windows() const {

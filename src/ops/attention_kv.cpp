@@ -282,11 +282,15 @@ float* out_row(const Plan& pl, const Item& it, int r) {
     return pl.out + it.tokens[r / pl.heads] * pl.token_stride + (it.h0 + r % pl.heads) * pl.d;
 }
 
-// Query r of the item as the stored keys want it: multiplied by the kv head's q_scale when K is
-// shaped (kv/key_transform.h), then rotated when the layer is stored rotated, into dst (d floats);
-// the query row itself when neither.
+// Query r of the item as the stored keys want it (kv/key_transform.h): through the query-aware
+// transform, or multiplied by the kv head's q_scale (the diagonal kind) and then rotated when the
+// layer is stored rotated, into dst (d floats); the query row itself when none of these.
 const float* shaped_query(const Plan& pl, const Item& it, int r, float* dst) {
     const float* src = q_row(pl, it, r);
+    if (pl.view.key != nullptr) {  // the query-aware kind: H T^-T q, rotation included
+        pl.view.key->shape_query(src, it.g, dst);
+        return dst;
+    }
     if (pl.view.q_scale == nullptr && !pl.view.rotated) return src;
     if (pl.view.q_scale != nullptr) {
         const float* s = pl.view.q_scale + it.g * pl.d;
@@ -307,6 +311,17 @@ float center_bias(const Plan& pl, const Item& it, int r) {
     float dot = 0.0f;
     for (int64_t i = 0; i < pl.d; ++i) dot += q[i] * c[i];
     return dot * pl.p.scale;
+}
+
+// The query-aware kind (kv/key_transform.h): the item's query rows, gathered into tmp, shaped into
+// out (row r at r * d), all at once (the transform is read once for several rows).
+void shape_all_queries(const Plan& pl, const Item& it, float* tmp, float* out) {
+    const int n_queries = it.n_tokens * pl.heads;
+    for (int r = 0; r < n_queries; ++r) {
+        const float* q = q_row(pl, it, r);
+        std::copy(q, q + pl.d, tmp + r * pl.d);
+    }
+    pl.view.key->shape_queries(tmp, n_queries, it.g, out);
 }
 
 // The item's query rows, shaped into buf (shaped_query).
@@ -719,7 +734,7 @@ void attention_kv(const float* q, const int32_t* q_pos, const kv::SeqId* q_seq, 
         pl.f16_kernel = f16_attention::block_kernel(params.head_dim, scratch.features());
     }
     const ItemFn item = select_item(pl, scratch.features());
-    const bool plain_kv = view.q_scale == nullptr && view.k_center == nullptr && !view.rotated;
+    const bool plain_kv = view.key == nullptr && view.q_scale == nullptr && view.k_center == nullptr && !view.rotated;
     if (view.type_k == view.type_v && (view.type_k == GgmlType::F16 || view.type_k == GgmlType::F32) && plain_kv) {
         const fa_tiled::Isa isa =
             params.head_dim % 16 == 0 ? fa_tiled::best_isa(scratch.features()) : fa_tiled::Isa::Reference;

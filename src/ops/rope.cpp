@@ -1,5 +1,6 @@
 #include "ops/rope.h"
 
+#include <algorithm>
 #include <cmath>
 #include <stdexcept>
 #include <string>
@@ -65,6 +66,19 @@ void rope(float* x, const int32_t* pos, int64_t n_tok, int n_head, int head_dim,
     } else {
         rope_baseline(x, pos, n_tok, n_head, head_dim, params);
     }
+}
+
+kv::RopeFrame rope_frame(const RopeParams& params, int head_dim) {
+    kv::RopeFrame frame;
+    const int half = std::min(params.n_dims, head_dim) / 2;
+    for (int i = 0; i < half; ++i) {
+        frame.first.push_back(params.mode == RopeMode::Normal ? 2 * i : i);
+        frame.second.push_back(params.mode == RopeMode::Normal ? 2 * i + 1 : i + half);
+        double theta = std::pow(static_cast<double>(params.freq_base), -2.0 * i / params.n_dims);
+        if (params.freq_factors != nullptr) theta /= params.freq_factors[i];
+        frame.theta.push_back(theta * params.freq_scale);
+    }
+    return frame;
 }
 
 }  // namespace fitllm::ops

@@ -2,6 +2,8 @@
 // Rotary position embeddings, applied in place to Q or K laid out as [n_tok, n_head, head_dim].
 #include <cstdint>
 
+#include "kv/key_transform.h"
+
 namespace fitllm::ops {
 
 enum class RopeMode {
@@ -25,5 +27,9 @@ struct RopeParams {
 // result matches llama.cpp's to the last bits rather than only to the formula.
 // Throws std::invalid_argument for an odd n_dims or n_dims > head_dim.
 void rope(float* x, const int32_t* pos, int64_t n_tok, int n_head, int head_dim, const RopeParams& params);
+
+// Which dims of a head rope() turns together and by what angle per position (in double: for the
+// KV cache's K transform, kv/key_transform.h, which averages over the rotations).
+kv::RopeFrame rope_frame(const RopeParams& params, int head_dim);
 
 }  // namespace fitllm::ops

@@ -30,6 +30,7 @@ ParallelResult generate_parallel(model::Model& model, const SessionParams& param
     // diverge, each writes into a block of its own).
     kv::CacheParams cp = cache_params(params, n_seq);
     cp.n_cells = params.n_ctx + n_seq * cp.block_size;
+    cp.n_positions = params.n_ctx;
     kv::ModelCache cache = make_charged_cache(model, cp, n_batch, params.device);
     const size_t n_vocab = static_cast<size_t>(model.n_vocab());
     memory::PoolBuffer<float> logits(pool_of(params.device, memory::pool_names::kLogits),

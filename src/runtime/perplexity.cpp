@@ -43,6 +43,7 @@ PerplexityResult perplexity(model::Model& model, std::span<const int32_t> tokens
 
     kv::CacheParams cp;
     cp.n_cells = p.n_ctx * n_seq;
+    cp.n_positions = p.n_ctx;
     cp.n_seq_max = n_seq;
     cp.type_k = p.type_k;
     cp.type_v = p.type_v;

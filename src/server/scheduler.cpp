@@ -54,6 +54,7 @@ kv::ModelCache make_cache(const model::Model& model, const SchedulerOptions& o) 
     kv::CacheParams cp{.n_cells = 0, .n_seq_max = o.n_slots, .type_k = o.type_k, .type_v = o.type_v};
     cp.pool = o.kv_pool;
     cp.n_cells = o.n_ctx + o.n_slots * cp.block_size;
+    cp.n_positions = o.n_ctx;
     return model.make_cache(cp, std::max(o.n_batch, o.n_slots));
 }
 

@@ -209,6 +209,8 @@ TEST(CudaKernels, ShapedKeysAreStoredAsTheHostCacheStoresThem) {
         std::vector<float> k = gaussian(51, static_cast<size_t>(n) * width, 2.0f);
         for (size_t i = 0; i < k.size(); ++i) k[i] += static_cast<float>(i % width) * 0.05f;  // a common part
         const std::vector<float> v = gaussian(52, k.size());
+        cache.limit_key_transform();  // as CudaBackend::attach_kv asks of the pools it attends
+        cache.calibrate_keys(0, kv::KeySample{.k = k.data(), .n_rows = n});
         cache.store(0, cells, k.data(), v.data());
         const kv::KvCache::LayerView view = cache.layer_view(0);
         ASSERT_TRUE(view.rotated);

@@ -132,7 +132,8 @@ TEST(KvExternalStorage, GenerationAndCopiesOnWriteForADeviceToFollow) {
 
 // The K transform a device applies is the host's: calibrate_keys() sets what store() would, and the
 // view gives the scale (k_scale) beside its inverse (q_scale) and the centre.
-TEST(KvExternalStorage, CalibrateKeysGivesTheHostsKeyTransform) {
+// Without queries, a host cache fits the diagonal kind from K alone, as a device does.
+TEST(KvExternalStorage, CalibrateKeysGivesTheHostsDiagonalKeyTransform) {
     const std::vector<kv::LayerShape> layers(1, kv::LayerShape{2, 32, 32});
     kv::KvCache host(layers, params(GgmlType::Q4_0, false));
     kv::KvCache ext(layers, params(GgmlType::Q4_0, true));
@@ -145,9 +146,13 @@ TEST(KvExternalStorage, CalibrateKeysGivesTheHostsKeyTransform) {
     std::vector<int32_t> cells(n);
     host.place(seq, pos, cells);
     const std::vector<float> k = gaussian(n * 64, 3), v = gaussian(n * 64, 4);
+    host.calibrate_keys(0, kv::KeySample{.k = k.data(), .pos = pos.data(), .n_rows = n});
     host.store(0, cells, k.data(), v.data());
     EXPECT_EQ(ext.layer_view(0).k_scale, nullptr);
-    ext.calibrate_keys(0, k.data(), n);
+    EXPECT_TRUE(ext.needs_key_calibration(0));
+    ext.calibrate_keys(0, kv::KeySample{.k = k.data(), .n_rows = n});
+    EXPECT_FALSE(ext.needs_key_calibration(0));
+    EXPECT_EQ(host.layer_view(0).key, nullptr);
     const kv::KvCache::LayerView a = host.layer_view(0), b = ext.layer_view(0);
     ASSERT_NE(a.k_scale, nullptr);
     ASSERT_NE(b.k_scale, nullptr);
@@ -159,7 +164,7 @@ TEST(KvExternalStorage, CalibrateKeysGivesTheHostsKeyTransform) {
     }
     // Once: a later batch changes nothing.
     const std::vector<float> other = gaussian(n * 64, 5);
-    ext.calibrate_keys(0, other.data(), n);
+    ext.calibrate_keys(0, kv::KeySample{.k = other.data(), .n_rows = n});
     EXPECT_EQ(ext.layer_view(0).k_center[0], a.k_center[0]);
 }
 

@@ -26,7 +26,8 @@ std::string tiny(const std::string& name) {
 
 // The KV bytes of the cache the runtime makes for these settings (model::Model::make_cache).
 uint64_t real_kv_bytes(const model::Hparams& hp, const PlanParams& p) {
-    std::vector<kv::LayerShape> layers(static_cast<size_t>(hp.n_layer), {hp.n_head_kv, hp.head_dim, hp.head_dim_v});
+    std::vector<kv::LayerShape> layers(static_cast<size_t>(hp.n_layer),
+                                       {hp.n_head_kv, hp.head_dim, hp.head_dim_v, hp.n_head});
     std::vector<int> windows(static_cast<size_t>(hp.n_layer), 0);
     for (size_t i = 0; i < hp.is_swa.size(); ++i) windows[i] = hp.is_swa[i] ? hp.sliding_window : 0;
     kv::CacheParams cp;
@@ -66,10 +67,19 @@ TEST(Plan, TinyLlamaByHand) {
     EXPECT_TRUE(p.fits());
     EXPECT_EQ(p.kv, real_kv_bytes(shape.hp, p.params));
 
-    // q8_0 K/V: 2 blocks of 34 bytes per head.
+    // q8_0 K/V: 2 blocks of 34 bytes per head; and the K transforms (kv/key_transform.h): per layer
+    // and kv head c (64 floats) and three padded 64 x 64 triangles (2304 floats and 64 row offsets
+    // each), the rows kept until the fit (7 of K and Q: 6 heads of 64 floats, a position and a cell),
+    // and the fit's working memory for 64-value heads.
     const Plan q = make_plan(
         shape, {.n_ctx = 256, .n_batch = 64, .type_k = GgmlType::Q8_0, .type_v = GgmlType::Q8_0, .budget = 1ull << 30});
-    EXPECT_EQ(q.kv, 2u * 256 * 2 * 136 + 256 * 16 + 16 * 12 + 16 * 4);
+    const uint64_t transforms = 2u * (2u * (64 * 4 + 3 * (2304 * 4 + 64 * 8)) + 7u * (6 * 64 * 4 + 8)) +
+                                kv::query_aware_fit_bytes(64);
+    EXPECT_EQ(q.kv, 2u * 256 * 2 * 136 + 256 * 16 + 16 * 12 + 16 * 4 + transforms);
+    // Without the rotation (--no-kv-rotation) K is stored as is: no transforms.
+    const Plan plain = make_plan(shape, {.n_ctx = 256, .n_batch = 64, .type_k = GgmlType::Q8_0, .type_v = GgmlType::Q8_0,
+                                         .kv_rotation = false, .budget = 1ull << 30});
+    EXPECT_EQ(plain.kv, 2u * 256 * 2 * 136 + 256 * 16 + 16 * 12 + 16 * 4);
     EXPECT_EQ(q.kv, real_kv_bytes(shape.hp, q.params));
 }
 

@@ -339,6 +339,8 @@ cuda::KvLayout layout_of(const kv::KvCache::LayerView& view, bool is_k, void* da
 void CudaBackend::attach_kv(kv::KvCache& cache, bool on_device) {
     KvMirror m;
     m.on_device = on_device;
+    // The attention kernels here take per-dimension query factors: the diagonal K transform.
+    cache.limit_key_transform();
     if (on_device) {
         if (cache.holds_kv()) {
             throw std::invalid_argument(name_ +
@@ -410,7 +412,7 @@ void CudaBackend::shape_keys(KvMirror& m, kv::KvCache& cache, int layer, const f
     const int64_t rows = std::min<int64_t>(n_rows, static_cast<int64_t>(kCudaHostStagingBytes / (width * 4)));
     auto* host = reinterpret_cast<float*>(stage_all());
     copy_to_host(host, k, static_cast<size_t>(rows) * width * sizeof(float));
-    cache.calibrate_keys(layer, host, rows);
+    cache.calibrate_keys(layer, kv::KeySample{.k = host, .n_rows = rows});
     restart_staging();
     const kv::KvCache::LayerView view = cache.layer_view(layer);
     if (view.k_center == nullptr) return;  // too few rows: K stays as it is, as on the host
@@ -465,6 +467,7 @@ void CudaBackend::kv_store(kv::KvCache& cache, int layer, std::span<const int32_
         cuda::copy_to_host(k_host, k + static_cast<size_t>(at) * k_width, static_cast<size_t>(rows) * k_width * 4,
                            stream_);
         copy_to_host(v_host, v + static_cast<size_t>(at) * v_width, static_cast<size_t>(rows) * v_width * 4);
+        if (cache.needs_key_calibration(layer)) cache.calibrate_keys(layer, kv::KeySample{.k = k_host, .n_rows = rows});
         cache.store(layer, cells.subspan(static_cast<size_t>(at), static_cast<size_t>(rows)), k_host, v_host);
     }
     restart_staging();
