@@ -19,8 +19,13 @@ double log_prob(std::span<const float> logits, int32_t target) {
     return static_cast<double>(logits[static_cast<size_t>(target)] - max) - std::log(sum);
 }
 
+int perplexity_chunks(int64_t n_tokens, const PerplexityParams& p) {
+    const int64_t n_whole = p.n_ctx > 0 ? n_tokens / p.n_ctx : 0;
+    return static_cast<int>(p.n_chunks < 0 ? n_whole : std::min<int64_t>(p.n_chunks, n_whole));
+}
+
 PerplexityResult perplexity(model::Model& model, std::span<const int32_t> tokens, const PerplexityParams& p,
-                            ops::ThreadPool& pool, const ChunkFn& on_chunk) {
+                            ops::ThreadPool& pool, const ChunkFn& on_chunk, const ScoredTokenFn& on_token) {
     if (p.n_ctx < 4 || p.n_batch < 1 || p.score_batch < 1 || p.n_seq < 1 || p.n_seq > kv::kMaxSequences) {
         throw std::invalid_argument("perplexity: n_ctx = " + std::to_string(p.n_ctx) +
                                     " must be at least 4, the batch sizes positive and n_seq = " +
@@ -32,10 +37,10 @@ PerplexityResult perplexity(model::Model& model, std::span<const int32_t> tokens
                                     " tokens; n_ctx = " + std::to_string(p.n_ctx) + " needs at least " +
                                     std::to_string(2 * p.n_ctx) + " (use a longer text or a smaller -c)");
     }
-    const int64_t n_whole = n_tokens / p.n_ctx;
-    const int n_chunks = static_cast<int>(p.n_chunks < 0 ? n_whole : std::min<int64_t>(p.n_chunks, n_whole));
+    const int n_chunks = perplexity_chunks(n_tokens, p);
     const int n_vocab = model.n_vocab();
     const int first = p.n_ctx / 2;
+    const int scored_per_chunk = perplexity_scored_per_chunk(p.n_ctx);
     const int n_seq = std::min(p.n_seq, std::max(n_chunks, 1));
     // Tokens per sequence per forward pass: n_batch / score_batch rows in all, shared by the sequences.
     const int ctx_batch = std::max(1, p.n_batch / n_seq);
@@ -105,10 +110,12 @@ PerplexityResult perplexity(model::Model& model, std::span<const int32_t> tokens
                     // Scored against the file's token, not the BOS substitute (only chunk[0] differs).
                     const int32_t target = tokens[start + static_cast<size_t>(b + t + 1)];
                     const size_t row = static_cast<size_t>(s) * static_cast<size_t>(n) + static_cast<size_t>(t);
-                    const double lp = log_prob(
-                        std::span<const float>(logits.data() + row * n_vocab, static_cast<size_t>(n_vocab)), target);
+                    const std::span<const float> row_logits(logits.data() + row * n_vocab,
+                                                            static_cast<size_t>(n_vocab));
+                    const double lp = log_prob(row_logits, target);
                     seq_nll[static_cast<size_t>(s)] -= lp;
                     seq_nll2[static_cast<size_t>(s)] += lp * lp;
+                    if (on_token) on_token(int64_t{c0 + s} * scored_per_chunk + (b + t - first), row_logits, lp);
                 }
             }
         }
@@ -116,12 +123,13 @@ PerplexityResult perplexity(model::Model& model, std::span<const int32_t> tokens
         for (int s = 0; s < n_group; ++s) {
             nll += seq_nll[static_cast<size_t>(s)];
             nll2 += seq_nll2[static_cast<size_t>(s)];
-            r.n_scored += p.n_ctx - 1 - first;
+            r.n_scored += scored_per_chunk;
             ++r.n_chunks;
             if (on_chunk) on_chunk(c0 + s + 1, std::exp(nll / static_cast<double>(r.n_scored)));
         }
     }
     const double mean = nll / static_cast<double>(r.n_scored);
+    r.mean_nll = mean;
     r.ppl = std::exp(mean);
     const double var = nll2 / static_cast<double>(r.n_scored) - mean * mean;
     r.ppl_error = var > 0.0 && r.n_scored > 1 ? std::sqrt(var / static_cast<double>(r.n_scored - 1)) * r.ppl : 0.0;

@@ -40,15 +40,28 @@ struct PerplexityResult {
     int64_t n_scored = 0;
     double ppl = 0.0;
     double ppl_error = 0.0;  // standard error, as llama.cpp prints it after "+/-"
+    double mean_nll = 0.0;   // ln(ppl)
 };
 
 // Called after each chunk with its number (1-based) and the running perplexity.
 using ChunkFn = std::function<void(int chunk, double running_ppl)>;
+// Called for every scored token with its number in scoring order (index: chunk by chunk, position
+// by position, 0 .. n_chunks * perplexity_scored_per_chunk(n_ctx) - 1), its n_vocab logits and
+// the log-prob of its target. With n_seq > 1 the calls come out of that order; the index says
+// where each belongs (runtime/kl_divergence.h compares these distributions with a base run's).
+using ScoredTokenFn = std::function<void(int64_t index, std::span<const float> logits, double target_log_prob)>;
 
 // Throws std::invalid_argument when there are fewer than 2 * n_ctx tokens (llama.cpp's rule) or a
 // parameter is out of range, and memory::BudgetError as PerplexityParams::device says.
 PerplexityResult perplexity(model::Model& model, std::span<const int32_t> tokens, const PerplexityParams& params,
-                            ops::ThreadPool& pool, const ChunkFn& on_chunk = {});
+                            ops::ThreadPool& pool, const ChunkFn& on_chunk = {}, const ScoredTokenFn& on_token = {});
+
+// The chunks perplexity() evaluates for n_tokens tokens (params.n_chunks, n_ctx), and the tokens
+// it scores in each: positions n_ctx / 2 .. n_ctx - 2.
+int perplexity_chunks(int64_t n_tokens, const PerplexityParams& params);
+inline int perplexity_scored_per_chunk(int n_ctx) {
+    return n_ctx - 1 - n_ctx / 2;
+}
 
 // log softmax(logits)[target]: float exponentials summed in double, as llama.cpp does.
 double log_prob(std::span<const float> logits, int32_t target);
