@@ -55,6 +55,12 @@ bool is_quantized(GgmlType type) {
     return quant::traits(type).is_quantized;
 }
 
+// K types that get the query-aware transform: 4 and 5 bits. 8-bit keys are at the cache's noise
+// floor with the diagonal kind (README "KV cache"), which needs no fit, no queries and no triangles.
+bool keys_fit_queries(GgmlType type) {
+    return is_quantized(type) && type != GgmlType::Q8_0;
+}
+
 int64_t round_up(int64_t n, int64_t multiple) {
     return (n + multiple - 1) / multiple * multiple;
 }
@@ -162,18 +168,20 @@ struct LayerStorage {
 
 size_t KvCache::key_transform_bytes(const std::vector<LayerShape>& shapes, const CacheParams& p) {
     if (!p.rotate || !is_quantized(p.type_k) || shapes.empty()) return 0;
+    const bool query_aware = keys_fit_queries(p.type_k);
     size_t n = 0;
     int widest = 0;
     for (const LayerShape& shape : shapes) {
-        const int n_head_q = shape.n_head_q > 0 ? shape.n_head_q : shape.n_head_kv;
-        const auto rows = static_cast<size_t>(kMinKeyRows - 1);  // kept until the fit
-        n += KeyTransform::bytes_for(shape.n_head_kv, shape.head_dim_k) +
+        const int n_head_q = query_aware ? (shape.n_head_q > 0 ? shape.n_head_q : shape.n_head_kv) : 0;
+        const auto head = static_cast<size_t>(shape.n_head_kv) * static_cast<size_t>(shape.head_dim_k);
+        const auto rows = static_cast<size_t>(kMinKeyRows - 1);  // K (and Q) kept until the fit
+        n += (query_aware ? KeyTransform::bytes_for(shape.n_head_kv, shape.head_dim_k) : 3 * head * sizeof(float)) +
              rows * (static_cast<size_t>(shape.n_head_kv + n_head_q) * static_cast<size_t>(shape.head_dim_k) *
                          sizeof(float) +
                      2 * sizeof(int32_t));
         widest = std::max(widest, shape.head_dim_k);
     }
-    return n + query_aware_fit_bytes(widest);  // one layer's fit at a time
+    return n + (query_aware && p.charge_key_fit ? query_aware_fit_bytes(widest) : 0);  // one fit at a time
 }
 
 // Where the bytes of a cache go, from its shapes and parameters alone (the constructor and
@@ -395,6 +403,7 @@ KvCache::Impl::Impl(std::vector<LayerShape> shapes, const CacheParams& p) : para
     });
     rotated = p.rotate && quantized && power_of_two_heads;
     shape_keys = p.rotate && is_quantized(p.type_k);
+    limit_keys = !keys_fit_queries(p.type_k);
     n_positions = p.n_positions > 0 ? p.n_positions : p.n_cells;
 
     size_t max_k_row = 0;
@@ -950,7 +959,7 @@ void KvCache::calibrate_keys(int layer, const KeySample& sample) {
     const int64_t k_row = int64_t{s.n_head_kv} * s.head_dim_k;
     const int64_t q_row = int64_t{n_head_q} * s.head_dim_k;
     LayerStorage::Staged& st = L.staged;
-    const bool with_q = st.all_q && sample.q != nullptr && (st.rows() == 0 || st.q.size() == static_cast<size_t>(st.rows() * q_row));
+    const bool with_q = !m.limit_keys && st.all_q && sample.q != nullptr && (st.rows() == 0 || st.q.size() == static_cast<size_t>(st.rows() * q_row));
     const int64_t n = st.rows() + sample.n_rows;
     if (n < kMinKeyRows) {  // too few rows yet: keep them (store() records their cells)
         st.k.insert(st.k.end(), sample.k, sample.k + sample.n_rows * k_row);
@@ -1386,6 +1395,11 @@ PoolSetup plan_pools(const std::vector<LayerShape>& layers, const std::vector<in
     setup.layers.resize(pool_keys.size());
     setup.params.assign(pool_keys.size(), params);
     uint64_t window_pool_bytes = 0;  // the host's
+    // One K fit at a time: its working memory is charged to the pool of the first widest K head.
+    size_t widest = 0;
+    for (size_t il = 1; il < layers.size(); ++il) {
+        if (layers[il].head_dim_k > layers[widest].head_dim_k) widest = il;
+    }
     for (size_t p = 0; p < pool_keys.size(); ++p) {
         const auto [window, device] = pool_keys[p];
         for (size_t il = 0; il < layers.size(); ++il) {
@@ -1397,6 +1411,7 @@ PoolSetup plan_pools(const std::vector<LayerShape>& layers, const std::vector<in
         setup.device.push_back(device);
         CacheParams& pp = setup.params[p];
         pp.window = window;
+        pp.charge_key_fit = keys[widest] == pool_keys[p];
         if (device > 0) {
             // A device's pools charge its "kv" pool and stay in its memory (spill is the host's).
             pp.pool = device_pools[static_cast<size_t>(device - 1)];

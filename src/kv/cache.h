@@ -102,12 +102,16 @@ struct CacheParams {
     // Rotate each head by a normalized Walsh-Hadamard transform before quantizing (K and V), so
     // outliers spread over the head. Only for quantized types (q8_0, q4_0, ...); ignored for
     // f32 / f16 / bf16. Needs head sizes that are powers of two (others are stored unrotated).
-    // With a quantized K it also shapes K heads for the queries (kv/key_transform.h), which is
-    // what makes 4-bit keys cheap; false stores both as llama.cpp does.
+    // With a quantized K it also shapes K heads (kv/key_transform.h): 4- and 5-bit K for the
+    // queries, which is what makes 4-bit keys cheap, q8_0 K by the diagonal kind; false stores
+    // both as llama.cpp does.
     bool rotate = true;
     // The positions a sequence's tokens take at most (0: n_cells), over which the K transform
     // averages RoPE's rotations (kv/key_transform.h). Only the transform's quality depends on it.
     int n_positions = 0;
+    // Charge the working memory of a K transform's fit (kv::query_aware_fit_bytes) with this
+    // cache's. Fits run one layer at a time, so a ModelCache charges it to one of its pools only.
+    bool charge_key_fit = true;
     // The pool charged for bytes() (memory/pool.h, pool_names::kKv); nullptr charges nothing.
     memory::Pool* pool = nullptr;
     // Spill (see above): a directory on disk for the K/V that does not fit, and the bytes of K/V
@@ -203,8 +207,8 @@ public:
     bool needs_key_calibration(int layer) const;
     // Fits the layer's K transform from the batch about to be stored (sample: its K and Q after
     // RoPE, and their positions) and the batches before it, once at least kMinKeyRows rows have
-    // come: the query-aware kind on the host, the diagonal one (from K alone) with external
-    // storage, after limit_key_transform(), or when sample.q is nullptr. Until then the rows are
+    // come: the query-aware kind on the host for 4- and 5-bit K, the diagonal one (from K alone)
+    // for q8_0 K, with external storage, after limit_key_transform(), or when sample.q is nullptr. Until then the rows are
     // kept (kMinKeyRows - 1 at most); once fitted, every cell the layer already holds is stored
     // again shaped (from the kept rows where the cell still holds one). The store() of the same
     // rows follows. Nothing when the transform is fitted already or K is not shaped.

@@ -3,8 +3,8 @@
 // quantization error costs is the error it puts in the scores, q . e, so the cache shapes each K
 // head for the queries that will read it. Two kinds, calibrated once per layer and kv head:
 //
-// Query-aware (caches on the host; kv/key_calibration.cpp fits it from the keys and queries of the
-// first rows the layer stores, see KvCache::calibrate_keys):
+// Query-aware (4- and 5-bit K in caches on the host; kv/key_calibration.cpp fits it from the keys
+// and queries of the first rows the layer stores, see KvCache::calibrate_keys):
 //   stored = Q_U(H T (k - c)), and attention dots the stored head with H T^-T q, so scores are
 //   q . (k - c) up to the rounding (the softmax cancels the q . c every score of a query shares).
 //   - c: the mean key. Keys share a large common part (on Gemma 3 270M 60-90% of a key's energy).
@@ -22,9 +22,10 @@
 //     frame, M = H T^-T Cq T^-1 H; U is the upper Cholesky factor of (M + damping)^-1), each block's
 //     scale picked among a few for the least squared error (quant/block_grid.h).
 //   On Gemma 3 270M this takes the KL divergence that q4_0 keys add to the next-token distribution
-//   from 0.025 (the diagonal kind below) to 0.004, below what q5_0 keys cost (0.007); README "KV cache".
+//   from 0.026 (the diagonal kind below) to 0.005; README "KV cache".
 //
-// Diagonal (devices whose kernels take per-dimension factors, CUDA): stored = Q(H (s * (k - c)))
+// Diagonal (q8_0 K, whose error is at the cache's noise floor with it; devices whose kernels take
+// per-dimension factors, CUDA): stored = Q(H (s * (k - c)))
 //   and attention multiplies q by 1 / s before H. c as above (the mean of the first rows), and
 //   s_i = (r / r_i)^(1/2) where r_i is the RMS of the centred keys over the 4 dimensions
 //   {2j, 2j+1, 2j+d/2, 2j+1+d/2} holding i (both RoPE layouts' pairs get one scale) and r their

@@ -98,7 +98,8 @@ ModelShape model_shape(const gguf::GgufFile& file) {
 }
 
 uint64_t kv_pool_bytes(int n_layer, int n_head_kv, int head_dim_k, int head_dim_v, int n_cells_rounded, int n_seq,
-                       int block_size, quant::GgmlType type_k, quant::GgmlType type_v, int n_head_q, bool rotate) {
+                       int block_size, quant::GgmlType type_k, quant::GgmlType type_v, int n_head_q, bool rotate,
+                       bool charge_key_fit) {
     row_bytes_or_throw(type_k, head_dim_k, "K head");
     row_bytes_or_throw(type_v, head_dim_v, "V head");
     kv::CacheParams cp;
@@ -108,6 +109,7 @@ uint64_t kv_pool_bytes(int n_layer, int n_head_kv, int head_dim_k, int head_dim_
     cp.type_k = type_k;
     cp.type_v = type_v;
     cp.rotate = rotate;
+    cp.charge_key_fit = charge_key_fit;
     const std::vector<kv::LayerShape> layers(static_cast<size_t>(n_layer),
                                              {n_head_kv, head_dim_k, head_dim_v, n_head_q});
     return kv::KvCache::bytes_for(layers, cp);  // the cache's own count: cells, blocks, K/V, K transforms
@@ -126,11 +128,13 @@ std::vector<KvPoolPlan> kv_plan(const model::Hparams& hp, int n_cells, int n_seq
     const int capacity = static_cast<int>(round_up(static_cast<uint64_t>(n_cells), kBlockSize));
     const int first_device = hp.n_layer - std::clamp(n_device_layers, 0, hp.n_layer);
     std::map<std::pair<bool, int>, int> layers_per_pool;  // (on device, window (0: full)) -> layers
+    std::pair<bool, int> first_pool;  // layer 0's, charged for the K transform's fit (kv::ModelCache)
     for (int il = 0; il < hp.n_layer; ++il) {
         const auto i = static_cast<size_t>(il);
         int w = i < hp.is_swa.size() && hp.is_swa[i] ? hp.sliding_window : 0;
         if (w > 0 && kv::ModelCache::window_pool_cells(cp, w, n_batch) >= capacity) w = 0;
         ++layers_per_pool[{il >= first_device, w}];
+        if (il == 0) first_pool = {il >= first_device, w};
     }
     std::vector<KvPoolPlan> pools;
     for (const auto& [where, n_layer] : layers_per_pool) {
@@ -144,7 +148,7 @@ std::vector<KvPoolPlan> kv_plan(const model::Hparams& hp, int n_cells, int n_seq
                       static_cast<uint64_t>(kv::ModelCache::window_pool_cells(cp, pool.window, n_batch)), kBlockSize))
                 : capacity;
         pool.bytes = kv_pool_bytes(n_layer, hp.n_head_kv, hp.head_dim, hp.head_dim_v, pool.n_cells, n_seq, kBlockSize,
-                                   type_k, type_v, hp.n_head, rotate);
+                                   type_k, type_v, hp.n_head, rotate, where == first_pool);
         pools.push_back(pool);
     }
     // KV spill (kv/cache.h): on the host, the window pools stay in memory; the full-attention pool
@@ -165,6 +169,7 @@ std::vector<KvPoolPlan> kv_plan(const model::Hparams& hp, int n_cells, int n_seq
         fp.n_cells = full.n_cells;
         fp.spill_dir = "(plan)";  // only whether there is one matters to bytes_for
         fp.resident_limit = resident_limit - window_bytes;
+        fp.charge_key_fit = pools.front().on_device == first_pool.first && pools.front().window == first_pool.second;
         const std::vector<kv::LayerShape> layers(static_cast<size_t>(full.n_layer),
                                                  {hp.n_head_kv, hp.head_dim, hp.head_dim_v, hp.n_head});
         const uint64_t resident = kv::KvCache::bytes_for(layers, fp);
@@ -395,10 +400,20 @@ Plan fit_plan(const ModelShape& shape, PlanParams params) {
         if (smaller(next.type_k)) next.type_k = t;
         if (smaller(next.type_v)) next.type_v = t;
         Plan q = plan(next);
-        steps.push_back({"KV cache " + type_str(p.params.type_k) + "/" + type_str(p.params.type_v) + " -> " +
-                             type_str(next.type_k) + "/" + type_str(next.type_v),
+        const std::string from = type_str(p.params.type_k) + "/" + type_str(p.params.type_v);
+        const std::string to = type_str(next.type_k) + "/" + type_str(next.type_v);
+        if (q.total() >= p.total()) {
+            // 4-bit keys carry a fixed part per layer (their fitted transform, kv/key_transform.h)
+            // that a short context's cells do not pay back.
+            steps.push_back({"KV cache stays " + from, to + " would take " + util::human_bytes(q.kv) + " against " +
+                                                           util::human_bytes(p.kv) +
+                                                           " (its K transforms outweigh what the cells save at this "
+                                                           "context)"});
+            continue;
+        }
+        steps.push_back({"KV cache " + from + " -> " + to,
                          over(p) + " with the KV cache taking " + util::human_bytes(p.kv) + "; quantizing it saves " +
-                             util::human_bytes(p.kv - q.kv) + " and keeps the context of " +
+                             util::human_bytes(p.total() - q.total()) + " and keeps the context of " +
                              std::to_string(p.params.n_ctx) + " tokens (" + over(q) + ")"});
         p = std::move(q);
     }

@@ -189,9 +189,9 @@ std::vector<KvPoolPlan> kv_plan(const model::Hparams& hp, int n_cells, int n_seq
                                 bool rotate = true);
 
 // The KV bytes of one kv::KvCache pool, as KvCache::bytes() counts them (it asks it); n_head_q:
-// the query heads (kv::LayerShape).
+// the query heads (kv::LayerShape); charge_key_fit: kv::CacheParams's (one pool of a model has it).
 uint64_t kv_pool_bytes(int n_layer, int n_head_kv, int head_dim_k, int head_dim_v, int n_cells_rounded, int n_seq,
                        int block_size, quant::GgmlType type_k, quant::GgmlType type_v, int n_head_q = 0,
-                       bool rotate = true);
+                       bool rotate = true, bool charge_key_fit = true);
 
 }  // namespace fitllm::memory

@@ -8,6 +8,7 @@
 
 #include "kv/cache.h"
 #include "kv/cache_test_support.h"
+#include "kv/key_transform.h"
 #include "memory/device.h"
 #include "memory/pool.h"
 
@@ -89,6 +90,25 @@ TEST(KvCacheBudget, ModelCacheChargesEveryPool) {
         EXPECT_GT(cache.pool(1).bytes(), 0u);
     }
     EXPECT_EQ(kv.live(), 0u);
+}
+
+TEST(KvCacheBudget, ModelCacheChargesTheKeyFitOnce) {
+    // Fits run one layer at a time: of a model's pools only the first layer's holds their working
+    // memory, the other ones their transforms alone.
+    memory::Device host("host", uint64_t{1} << 30);
+    memory::Pool& kv = host.pool(memory::pool_names::kKv);
+    const CacheParams p = charged(kv, 1024, quant::GgmlType::Q4_0);
+    const ModelCache cache(shapes(6), {8, 8, 0, 8, 8, 0}, p, 16);
+    ASSERT_EQ(cache.n_pools(), 2);
+    const int first = cache.pool_of(0), other = 1 - first;  // the window pool (4 layers), the full one (2)
+    EXPECT_TRUE(cache.pool(first).params().charge_key_fit);
+    EXPECT_FALSE(cache.pool(other).params().charge_key_fit);
+    CacheParams full = cache.pool(other).params();
+    full.charge_key_fit = true;
+    EXPECT_EQ(KvCache::bytes_for(shapes(2), full) - cache.pool(other).bytes(),
+              query_aware_fit_bytes(shapes(1)[0].head_dim_k));
+    EXPECT_EQ(kv.live(), cache.bytes());
+    EXPECT_EQ(ModelCache::bytes_for(shapes(6), {8, 8, 0, 8, 8, 0}, p, 16), cache.bytes());
 }
 
 TEST(KvCacheBudget, ModelCacheBytesForIsWhatItCharges) {

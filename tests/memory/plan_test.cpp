@@ -67,15 +67,22 @@ TEST(Plan, TinyLlamaByHand) {
     EXPECT_TRUE(p.fits());
     EXPECT_EQ(p.kv, real_kv_bytes(shape.hp, p.params));
 
-    // q8_0 K/V: 2 blocks of 34 bytes per head; and the K transforms (kv/key_transform.h): per layer
-    // and kv head c (64 floats) and three padded 64 x 64 triangles (2304 floats and 64 row offsets
-    // each), the rows kept until the fit (7 of K and Q: 6 heads of 64 floats, a position and a cell),
-    // and the fit's working memory for 64-value heads.
+    // q8_0 K/V: 2 blocks of 34 bytes per head; and the diagonal K transforms (kv/key_transform.h):
+    // per layer c, s and 1 / s (2 kv heads of 64 floats each) and the K rows kept until the fit
+    // (7: 2 heads of 64 floats, a position and a cell).
     const Plan q = make_plan(
         shape, {.n_ctx = 256, .n_batch = 64, .type_k = GgmlType::Q8_0, .type_v = GgmlType::Q8_0, .budget = 1ull << 30});
+    EXPECT_EQ(q.kv, 2u * 256 * 2 * 136 + 256 * 16 + 16 * 12 + 16 * 4 + 2u * (3 * 2 * 64 * 4 + 7u * (2 * 64 * 4 + 8)));
+    // q4_0 K/V: 2 blocks of 18 bytes per head; the query-aware transforms: per layer and kv head c
+    // (64 floats) and three padded 64 x 64 triangles (2304 floats and 64 row offsets each), the rows
+    // kept until the fit (7 of K and Q: 6 heads of 64 floats, a position and a cell), and the fit's
+    // working memory for 64-value heads.
+    const Plan q4 = make_plan(
+        shape, {.n_ctx = 256, .n_batch = 64, .type_k = GgmlType::Q4_0, .type_v = GgmlType::Q4_0, .budget = 1ull << 30});
     const uint64_t transforms = 2u * (2u * (64 * 4 + 3 * (2304 * 4 + 64 * 8)) + 7u * (6 * 64 * 4 + 8)) +
                                 kv::query_aware_fit_bytes(64);
-    EXPECT_EQ(q.kv, 2u * 256 * 2 * 136 + 256 * 16 + 16 * 12 + 16 * 4 + transforms);
+    EXPECT_EQ(q4.kv, 2u * 256 * 2 * 72 + 256 * 16 + 16 * 12 + 16 * 4 + transforms);
+    EXPECT_EQ(q4.kv, real_kv_bytes(shape.hp, q4.params));
     // Without the rotation (--no-kv-rotation) K is stored as is: no transforms.
     const Plan plain = make_plan(shape, {.n_ctx = 256, .n_batch = 64, .type_k = GgmlType::Q8_0, .type_v = GgmlType::Q8_0,
                                          .kv_rotation = false, .budget = 1ull << 30});
@@ -189,6 +196,22 @@ TEST_F(Fit, QuantizesKvBeforeAnythingElse) {
     EXPECT_EQ(q.params.type_k, GgmlType::Q4_0);
     EXPECT_EQ(q.params.n_ctx, 65536);
     EXPECT_EQ(q.fit_steps.size(), 2u);
+}
+
+TEST_F(Fit, KeepsQ8_0WhereQ4_0KeysCostMore) {
+    // At 256 cells the tiny model's q4_0 cache is larger than its q8_0 one: the query-aware K
+    // transforms and their fit's working memory outweigh the cells' savings.
+    const Plan q8_0 = plan_with(GgmlType::Q8_0, 256, 0);
+    ASSERT_GT(plan_with(GgmlType::Q4_0, 256, 0).kv, q8_0.kv);
+    PlanParams params = base(q8_0.total() - 1);
+    params.n_ctx = 256;
+    const Plan p = fit_plan(shape_, params);
+    EXPECT_EQ(p.params.type_k, GgmlType::Q8_0);
+    EXPECT_EQ(p.params.type_v, GgmlType::Q8_0);
+    ASSERT_GE(p.fit_steps.size(), 2u);
+    EXPECT_NE(p.fit_steps[0].change.find("f16/f16 -> q8_0/q8_0"), std::string::npos) << p.fit_steps[0].change;
+    EXPECT_EQ(p.fit_steps[1].change, "KV cache stays q8_0/q8_0");
+    EXPECT_NE(p.fit_steps[1].reason.find("q4_0/q4_0 would take"), std::string::npos) << p.fit_steps[1].reason;
 }
 
 TEST_F(Fit, ThenStreamsLayersKeepingTheContext) {
