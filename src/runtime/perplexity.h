@@ -24,7 +24,7 @@ struct PerplexityParams {
     int n_chunks = -1;     // < 0: every whole chunk
     int32_t bos = -1;      // >= 0: the first token of each chunk is replaced by it
     int score_batch = 64;  // rows per forward pass in the scored half (logits: score_batch x n_vocab)
-    int n_seq = 1;         // chunks evaluated together, one sequence each (-np); same result
+    int n_seq = 1;         // chunks evaluated together, one sequence each (-np); the same up to rounding
     quant::GgmlType type_k = quant::GgmlType::F16;  // the KV cache's types (-ctk / -ctv)
     quant::GgmlType type_v = quant::GgmlType::F16;
     bool kv_rotation = true;         // Hadamard rotation of quantized K/V (--no-kv-rotation: false)
