@@ -73,8 +73,11 @@ int run_perplexity(const std::vector<std::string>& args) {
     p.option("-b, --batch-size", "N", "tokens per forward pass in the unscored half (default 512)", &n_batch);
     p.option("--chunks", "N", "score at most N chunks (default: all)", &n_chunks);
     p.option("-t, --threads", "N", "threads (default: the physical cores)", &n_threads);
-    p.option("-np, --parallel", "N", "evaluate N chunks at once, one sequence each (default 1; the batches are split between them, which moves the "
-             "result in the last digits: kernels follow llama.cpp's batch-size-dependent arithmetic)", &n_seq);
+    p.option(
+        "-np, --parallel", "N",
+        "evaluate N chunks at once, one sequence each (default 1; the batches are split between them, which moves the "
+        "result in the last digits: kernels follow llama.cpp's batch-size-dependent arithmetic)",
+        &n_seq);
     p.option("--kl-divergence-base", "FILE",
              "write each scored token's top-64 log-probs to FILE (written atomically); with --kl-divergence: read "
              "FILE and compare",

@@ -150,9 +150,9 @@ struct LayerStorage {
     Bytes k_memory, v_memory;
     bool streamed = false;
     uint64_t k_offset = 0, v_offset = 0;
-    std::vector<float> scratch;  // KeyTransform::kScratchRows heads, for store(); per layer (layers may store in parallel)
-    KeyTransform key;            // how K is shaped (kv/key_transform.h), when shape_keys
-    bool key_fitted = false;     // calibrate_keys() has fitted `key` (or, with external storage, given up)
+    std::vector<float> scratch;    // KeyTransform::kScratchRows heads for store() (layers may store in parallel)
+    KeyTransform key;              // how K is shaped (kv/key_transform.h), when shape_keys
+    bool key_fitted = false;       // calibrate_keys() has fitted `key` (or, with external storage, given up)
     bool stored_unshaped = false;  // K was stored before `key` was fitted
     // calibrate_keys()'s rows until the fit (at most KvCache::kMinKeyRows - 1): K and Q after RoPE,
     // their positions, and the cell store() put each K in (-1: not yet, or written over since).
@@ -959,7 +959,8 @@ void KvCache::calibrate_keys(int layer, const KeySample& sample) {
     const int64_t k_row = int64_t{s.n_head_kv} * s.head_dim_k;
     const int64_t q_row = int64_t{n_head_q} * s.head_dim_k;
     LayerStorage::Staged& st = L.staged;
-    const bool with_q = !m.limit_keys && st.all_q && sample.q != nullptr && (st.rows() == 0 || st.q.size() == static_cast<size_t>(st.rows() * q_row));
+    const bool with_q = !m.limit_keys && st.all_q && sample.q != nullptr &&
+                        (st.rows() == 0 || st.q.size() == static_cast<size_t>(st.rows() * q_row));
     const int64_t n = st.rows() + sample.n_rows;
     if (n < kMinKeyRows) {  // too few rows yet: keep them (store() records their cells)
         st.k.insert(st.k.end(), sample.k, sample.k + sample.n_rows * k_row);
@@ -1100,8 +1101,8 @@ void KvCache::store(int layer, std::span<const int32_t> cells, const float* k, c
                 for (int r = 0; r < n; ++r) {
                     const size_t i = i0 + static_cast<size_t>(r);
                     heads[static_cast<size_t>(r)] = k + static_cast<int64_t>(i) * k_row + int64_t{h} * s.head_dim_k;
-                    dst[static_cast<size_t>(r)] = L.k + static_cast<size_t>(cells[i]) * L.k_row_bytes +
-                                                  static_cast<size_t>(h) * L.k_head_bytes;
+                    dst[static_cast<size_t>(r)] =
+                        L.k + static_cast<size_t>(cells[i]) * L.k_row_bytes + static_cast<size_t>(h) * L.k_head_bytes;
                 }
                 key->encode(heads.data(), n, h, m.params.type_k, dst.data(), L.scratch.data());
             }

@@ -208,10 +208,11 @@ public:
     // Fits the layer's K transform from the batch about to be stored (sample: its K and Q after
     // RoPE, and their positions) and the batches before it, once at least kMinKeyRows rows have
     // come: the query-aware kind on the host for 4- and 5-bit K, the diagonal one (from K alone)
-    // for q8_0 K, with external storage, after limit_key_transform(), or when sample.q is nullptr. Until then the rows are
-    // kept (kMinKeyRows - 1 at most); once fitted, every cell the layer already holds is stored
-    // again shaped (from the kept rows where the cell still holds one). The store() of the same
-    // rows follows. Nothing when the transform is fitted already or K is not shaped.
+    // for q8_0 K, with external storage, after limit_key_transform(), or when sample.q is nullptr.
+    // Until then the rows are kept (kMinKeyRows - 1 at most); once fitted, every cell the layer
+    // already holds is stored again shaped (from the kept rows where the cell still holds one). The
+    // store() of the same rows follows. Nothing when the transform is fitted already or K is not
+    // shaped.
     static constexpr int kMinKeyRows = 8;
     void calibrate_keys(int layer, const KeySample& sample);
     // From now on calibrate_keys() fits the diagonal kind: for a device that attends this pool with

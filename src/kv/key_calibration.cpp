@@ -309,7 +309,8 @@ std::vector<double> rotation_mean(const std::vector<double>& m, const RopeFrame&
 std::vector<double> rotation_mean_moment(const std::vector<double>& s, int d, const RopeFrame& rope, int n_positions) {
     using RowMajor = Eigen::Matrix<double, Eigen::Dynamic, Eigen::Dynamic, Eigen::RowMajor>;
     const std::vector<Unit> units = units_of(rope, d);
-    const RowMajor out = RotationMean(units, n_positions).of_moment(RowMajor(Eigen::Map<const RowMajor>(s.data(), d, d)));
+    const RowMajor out =
+        RotationMean(units, n_positions).of_moment(RowMajor(Eigen::Map<const RowMajor>(s.data(), d, d)));
     return {out.data(), out.data() + static_cast<size_t>(d) * static_cast<size_t>(d)};
 }
 

@@ -122,7 +122,7 @@ void KeyTransform::decode(const void* src, int h, quant::GgmlType type, float* h
     const Head& t = heads_[static_cast<size_t>(h)];
     quant::dequantize_row(type, src, head, d_);
     if (rotate_) hadamard_transform(head, d_);  // its own inverse
-    for (int j = 0; j < d_; ++j) {  // head = T^-1 head, in place: value j reads values j and after
+    for (int j = 0; j < d_; ++j) {              // head = T^-1 head, in place: value j reads values j and after
         const float* row = t.t_inverse.row(j);
         float sum = 0.0f;
         for (int i = j; i < d_; ++i) sum += row[i] * head[i];

@@ -113,9 +113,9 @@ public:
 private:
     Kind kind_ = Kind::Identity;
     int d_ = 0;
-    bool rotate_ = false;                      // query-aware: H applied (d a power of two)
+    bool rotate_ = false;                          // query-aware: H applied (d a power of two)
     std::vector<float> center_, scale_, q_scale_;  // [n_head_kv * d] each (scale: diagonal only)
-    std::vector<Head> heads_;                  // query-aware
+    std::vector<Head> heads_;                      // query-aware
 };
 
 // kv/key_calibration.cpp: kv head h's query-aware transform from the sample, or nullopt when the fit

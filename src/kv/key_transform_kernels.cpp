@@ -75,14 +75,22 @@ __attribute__((target("avx2,fma"))) inline void panel_avx2(const float* a, int l
                                                            const PaddedTriangle& b, int i0, int j0, float* c, int ldc,
                                                            float sign) {
     switch (n) {
-        case 1: return panel_avx2_n<1>(a, lda, kn, b, i0, j0, c, ldc, sign);
-        case 2: return panel_avx2_n<2>(a, lda, kn, b, i0, j0, c, ldc, sign);
-        case 3: return panel_avx2_n<3>(a, lda, kn, b, i0, j0, c, ldc, sign);
-        case 4: return panel_avx2_n<4>(a, lda, kn, b, i0, j0, c, ldc, sign);
-        case 5: return panel_avx2_n<5>(a, lda, kn, b, i0, j0, c, ldc, sign);
-        case 6: return panel_avx2_n<6>(a, lda, kn, b, i0, j0, c, ldc, sign);
-        case 7: return panel_avx2_n<7>(a, lda, kn, b, i0, j0, c, ldc, sign);
-        default: return panel_avx2_n<8>(a, lda, kn, b, i0, j0, c, ldc, sign);
+        case 1:
+            return panel_avx2_n<1>(a, lda, kn, b, i0, j0, c, ldc, sign);
+        case 2:
+            return panel_avx2_n<2>(a, lda, kn, b, i0, j0, c, ldc, sign);
+        case 3:
+            return panel_avx2_n<3>(a, lda, kn, b, i0, j0, c, ldc, sign);
+        case 4:
+            return panel_avx2_n<4>(a, lda, kn, b, i0, j0, c, ldc, sign);
+        case 5:
+            return panel_avx2_n<5>(a, lda, kn, b, i0, j0, c, ldc, sign);
+        case 6:
+            return panel_avx2_n<6>(a, lda, kn, b, i0, j0, c, ldc, sign);
+        case 7:
+            return panel_avx2_n<7>(a, lda, kn, b, i0, j0, c, ldc, sign);
+        default:
+            return panel_avx2_n<8>(a, lda, kn, b, i0, j0, c, ldc, sign);
     }
 }
 

@@ -72,7 +72,7 @@ public:
             if (L->bv) o.add_bias(o.v, L->bv, n, kv_dim);
             o.rope(o.q, rows.positions, n, hp.n_head, hp.head_dim, rope);
             o.rope(o.k, rows.positions, n, hp.n_head_kv, hp.head_dim, rope);
-            o.store_kv(cache, il, o.k, o.v, o.q, rows, hp, rope);  // q: for the K transform's fit
+            o.store_kv(cache, il, o.k, o.v, o.q, rows, hp, rope);                      // q: for the K transform's fit
             attend(o, hp, cache, il, o.q, rows, hp.attn_scale, /*window=*/0, o.attn);  // attn: [n, n_head * head_dim]
             o.matmul(L->wo, o.attn, n, o.attn_out, places);                            // attn_out: [n, n_embd]
             if (L->bo) o.add_bias(o.attn_out, L->bo, n, E);

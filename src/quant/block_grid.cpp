@@ -58,12 +58,24 @@ BlockGrid::BlockGrid(GgmlType type, uint16_t d, uint16_t m)
     : type_(type), d_bits_(d), m_bits_(m), d_(fp16_to_fp32(d)), m_(fp16_to_fp32(m)) {
     inv_d_ = d_ != 0.0f && std::isfinite(d_) ? 1.0f / d_ : 0.0f;
     switch (type) {
-        case GgmlType::Q4_0: offset_ = 8, max_code_ = 15; break;
-        case GgmlType::Q5_0: offset_ = 16, max_code_ = 31; break;
-        case GgmlType::Q8_0: offset_ = 128, max_code_ = 255; break;
-        case GgmlType::Q4_1: offset_ = 0, max_code_ = 15; break;
-        case GgmlType::Q5_1: offset_ = 0, max_code_ = 31; break;
-        default: offset_ = 0, max_code_ = 15; break;  // IQ4_NL: an index into kValuesIQ4NL
+        case GgmlType::Q4_0:
+            offset_ = 8, max_code_ = 15;
+            break;
+        case GgmlType::Q5_0:
+            offset_ = 16, max_code_ = 31;
+            break;
+        case GgmlType::Q8_0:
+            offset_ = 128, max_code_ = 255;
+            break;
+        case GgmlType::Q4_1:
+            offset_ = 0, max_code_ = 15;
+            break;
+        case GgmlType::Q5_1:
+            offset_ = 0, max_code_ = 31;
+            break;
+        default:
+            offset_ = 0, max_code_ = 15;
+            break;  // IQ4_NL: an index into kValuesIQ4NL
     }
 }
 

@@ -35,7 +35,9 @@ public:
         // Round to nearest even by adding and taking off 1.5 * 2^23 (the codes are far below 2^22).
         constexpr float kRound = 12582912.0f;
         const float q = ((x - m_) * inv_d_ + kRound) - kRound + static_cast<float>(offset_);
-        return static_cast<int>(q < 0.0f ? 0.0f : q > static_cast<float>(max_code_) ? static_cast<float>(max_code_) : q);
+        return static_cast<int>(q < 0.0f                            ? 0.0f
+                                : q > static_cast<float>(max_code_) ? static_cast<float>(max_code_)
+                                                                    : q);
     }
     float value(int code) const {
         if (type_ == GgmlType::IQ4_NL) return d_ * static_cast<float>(kValuesIQ4NL[code]);
@@ -63,7 +65,7 @@ private:
     GgmlType type_;
     uint16_t d_bits_, m_bits_;  // the fp16 the block stores
     float d_, m_, inv_d_;
-    int offset_, max_code_;     // symmetric types: value = d * (code - offset_)
+    int offset_, max_code_;  // symmetric types: value = d * (code - offset_)
 };
 
 }  // namespace fitllm::quant

@@ -40,8 +40,10 @@ TEST(KvCacheBudget, ChargesItsPoolForItsBytes) {
                 type == quant::GgmlType::F16 ? 2 * 32 * 2 : (type == quant::GgmlType::Q8_0 ? 2 * 34 : 2 * 18);
             EXPECT_GE(cache.bytes(), 3 * 1008 * 2 * row);
             // The K transforms' (kv/key_transform.h) for quantized K.
-            EXPECT_LT(cache.bytes(), 3 * 1008 * 2 * row + 1008 * 64 + KvCache::key_transform_bytes(shapes(3), charged(kv, 1000, type)));
-            EXPECT_EQ(KvCache::key_transform_bytes(shapes(3), charged(kv, 1000, type)) > 0, type != quant::GgmlType::F16);
+            EXPECT_LT(cache.bytes(), 3 * 1008 * 2 * row + 1008 * 64 +
+                                         KvCache::key_transform_bytes(shapes(3), charged(kv, 1000, type)));
+            EXPECT_EQ(KvCache::key_transform_bytes(shapes(3), charged(kv, 1000, type)) > 0,
+                      type != quant::GgmlType::F16);
         }
         EXPECT_EQ(kv.live(), 0u);
     }

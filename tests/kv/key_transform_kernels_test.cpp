@@ -65,7 +65,8 @@ TEST(KeyTransformKernels, RowsTimesATriangleIsTheProductInEveryVariant) {
                         double want = 0.0, size = 0.0;
                         for (int i = 0; i < d; ++i) {
                             want += static_cast<double>(x[r * d + i]) * dense[static_cast<size_t>(i) * d + j];
-                            size += std::fabs(static_cast<double>(x[r * d + i]) * dense[static_cast<size_t>(i) * d + j]);
+                            size +=
+                                std::fabs(static_cast<double>(x[r * d + i]) * dense[static_cast<size_t>(i) * d + j]);
                         }
                         ASSERT_NEAR(ref[r * d + j], want, 1e-5 * size + 1e-6) << "d " << d << " n " << n;
                         ASSERT_NEAR(fast[r * d + j], ref[r * d + j], 1e-5 * size + 1e-6) << "d " << d << " n " << n;
@@ -117,7 +118,8 @@ TEST(KeyTransformKernels, TheFeedbackLowersTheMetricsErrorAndTheVariantsAgree) {
             quant::dequantize_row(type, fast.data() + r * row_bytes, b.data(), d);
             for (int blk = 0; blk < d; blk += 32) {  // each value alone on the searched grid
                 const quant::BlockGrid g = quant::BlockGrid::fit(type, row.data() + blk, true);
-                for (int i = blk; i < blk + 32; ++i) p[static_cast<size_t>(i)] = g.value(g.nearest(row[static_cast<size_t>(i)]));
+                for (int i = blk; i < blk + 32; ++i)
+                    p[static_cast<size_t>(i)] = g.value(g.nearest(row[static_cast<size_t>(i)]));
             }
             for (int i = 0; i < d; ++i) same += a[static_cast<size_t>(i)] == b[static_cast<size_t>(i)];
             e_feedback += metric_error(row, a, m, d);
@@ -125,8 +127,8 @@ TEST(KeyTransformKernels, TheFeedbackLowersTheMetricsErrorAndTheVariantsAgree) {
             EXPECT_NEAR(metric_error(row, b, m, d), metric_error(row, a, m, d), 0.05 * metric_error(row, a, m, d));
         }
         std::cout << "[ kernels ] " << quant::type_name(static_cast<uint32_t>(type)) << " metric error: feedback "
-                  << e_feedback << ", each value alone " << e_plain << "; AVX2 values equal to the reference's: "
-                  << same << " of " << n * d << "\n";
+                  << e_feedback << ", each value alone " << e_plain
+                  << "; AVX2 values equal to the reference's: " << same << " of " << n * d << "\n";
         EXPECT_LT(e_feedback, 0.8 * e_plain);
         EXPECT_GE(same, n * d * 95 / 100);
     }
@@ -151,7 +153,8 @@ TEST(KeyTransformKernels, WithoutAMetricTheFeedbackIsPlainRounding) {
             quant::dequantize_row(GgmlType::Q4_0, out.data() + r * row_bytes, got.data(), d);
             for (int blk = 0; blk < d; blk += 32) {
                 const quant::BlockGrid g = quant::BlockGrid::fit(GgmlType::Q4_0, x.data() + r * d + blk, true);
-                for (int i = blk; i < blk + 32; ++i) ASSERT_EQ(got[static_cast<size_t>(i)], g.value(g.nearest(x[r * d + i])));
+                for (int i = blk; i < blk + 32; ++i)
+                    ASSERT_EQ(got[static_cast<size_t>(i)], g.value(g.nearest(x[r * d + i])));
             }
         }
     }

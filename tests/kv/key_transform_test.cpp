@@ -51,7 +51,8 @@ Rows gemma_like_rows(int n, int first, int d, int n_head_q, uint32_t seed) {
     for (int t = 0; t < n; ++t) {
         r.pos.push_back(first + t);
         for (int i = 0; i < d; ++i) {
-            r.k[static_cast<size_t>(t * d + i)] = common[static_cast<size_t>(i)] + size[static_cast<size_t>(i)] * g(rng);
+            r.k[static_cast<size_t>(t * d + i)] =
+                common[static_cast<size_t>(i)] + size[static_cast<size_t>(i)] * g(rng);
         }
         for (int h = 0; h < n_head_q; ++h) {
             float a[4];
@@ -96,8 +97,8 @@ TEST(KeyTransform, RotationMeansAreTheMeansOverEveryPosition) {
     // Normal (adjacent-pair) RoPE over 12 of 16 dims: pairs and unrotated dims, with freq factors.
     const int d = 16, positions = 37;
     const float factors[6] = {1.0f, 1.5f, 2.0f, 1.0f, 4.0f, 8.0f};
-    ops::RopeParams rope{.mode = ops::RopeMode::Normal, .n_dims = 12, .freq_base = 500.0f, .freq_scale = 0.5f,
-                         .freq_factors = factors};
+    ops::RopeParams rope{
+        .mode = ops::RopeMode::Normal, .n_dims = 12, .freq_base = 500.0f, .freq_scale = 0.5f, .freq_factors = factors};
     std::mt19937 rng(1);
     std::normal_distribution<double> g;
     std::vector<double> x(static_cast<size_t>(d * d)), m(static_cast<size_t>(d));
@@ -135,8 +136,8 @@ TEST(KeyTransform, ShapedQueriesDotStoredKeysAsQueriesDotTheDecodedKeys) {
     t.calibrate(sample_of(cal, n_head_q, d), 1, d, 512);
     ASSERT_TRUE(t.query_aware());
     const Rows test = gemma_like_rows(16, 200, d, n_head_q, 2);
-    for (GgmlType type : {GgmlType::Q4_0, GgmlType::Q4_1, GgmlType::Q5_0, GgmlType::Q5_1, GgmlType::Q8_0,
-                          GgmlType::IQ4_NL}) {
+    for (GgmlType type :
+         {GgmlType::Q4_0, GgmlType::Q4_1, GgmlType::Q5_0, GgmlType::Q5_1, GgmlType::Q8_0, GgmlType::IQ4_NL}) {
         std::vector<std::byte> row(*quant::row_bytes(type, d));
         std::vector<float> scratch(KeyTransform::kScratchRows * d), stored(d), back(d), shaped(d);
         for (int r = 0; r < 16; ++r) {

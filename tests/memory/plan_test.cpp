@@ -79,13 +79,17 @@ TEST(Plan, TinyLlamaByHand) {
     // working memory for 64-value heads.
     const Plan q4 = make_plan(
         shape, {.n_ctx = 256, .n_batch = 64, .type_k = GgmlType::Q4_0, .type_v = GgmlType::Q4_0, .budget = 1ull << 30});
-    const uint64_t transforms = 2u * (2u * (64 * 4 + 3 * (2304 * 4 + 64 * 8)) + 7u * (6 * 64 * 4 + 8)) +
-                                kv::query_aware_fit_bytes(64);
+    const uint64_t transforms =
+        2u * (2u * (64 * 4 + 3 * (2304 * 4 + 64 * 8)) + 7u * (6 * 64 * 4 + 8)) + kv::query_aware_fit_bytes(64);
     EXPECT_EQ(q4.kv, 2u * 256 * 2 * 72 + 256 * 16 + 16 * 12 + 16 * 4 + transforms);
     EXPECT_EQ(q4.kv, real_kv_bytes(shape.hp, q4.params));
     // Without the rotation (--no-kv-rotation) K is stored as is: no transforms.
-    const Plan plain = make_plan(shape, {.n_ctx = 256, .n_batch = 64, .type_k = GgmlType::Q8_0, .type_v = GgmlType::Q8_0,
-                                         .kv_rotation = false, .budget = 1ull << 30});
+    const Plan plain = make_plan(shape, {.n_ctx = 256,
+                                         .n_batch = 64,
+                                         .type_k = GgmlType::Q8_0,
+                                         .type_v = GgmlType::Q8_0,
+                                         .kv_rotation = false,
+                                         .budget = 1ull << 30});
     EXPECT_EQ(plain.kv, 2u * 256 * 2 * 136 + 256 * 16 + 16 * 12 + 16 * 4);
     EXPECT_EQ(q.kv, real_kv_bytes(shape.hp, q.params));
 }

@@ -40,15 +40,19 @@ TEST(BlockGrid, WrittenBlocksReadBackAsTheGridsValues) {
             std::array<uint8_t, 32> codes{};
             std::mt19937 rng(seed);
             for (int i = 0; i < 32; ++i) {
-                codes[static_cast<size_t>(i)] = static_cast<uint8_t>(i % 2 ? grid.nearest(x[static_cast<size_t>(i)])
-                                                                           : rng() % (type == GgmlType::Q8_0 ? 255 : type == GgmlType::Q5_0 || type == GgmlType::Q5_1 ? 32 : 16));
+                codes[static_cast<size_t>(i)] =
+                    static_cast<uint8_t>(i % 2 ? grid.nearest(x[static_cast<size_t>(i)])
+                                               : rng() % (type == GgmlType::Q8_0                             ? 255
+                                                          : type == GgmlType::Q5_0 || type == GgmlType::Q5_1 ? 32
+                                                                                                             : 16));
             }
             std::vector<std::byte> block(*row_bytes(type, 32));
             grid.write(codes.data(), block.data());
             std::vector<float> back(32);
             dequantize_row(type, block.data(), back.data(), 32);
             for (int i = 0; i < 32; ++i)
-                ASSERT_EQ(back[static_cast<size_t>(i)], grid.value(codes[static_cast<size_t>(i)])) << name(type) << " " << i;
+                ASSERT_EQ(back[static_cast<size_t>(i)], grid.value(codes[static_cast<size_t>(i)]))
+                    << name(type) << " " << i;
         }
     }
 }
@@ -61,7 +65,9 @@ TEST(BlockGrid, NearestIsTheClosestAndTheSearchOnlyHelps) {
         for (uint32_t seed = 0; seed < 200; ++seed) {
             const std::vector<float> x = gaussian(32, 1000 + seed);
             const BlockGrid a = BlockGrid::fit(type, x.data(), false), b = BlockGrid::fit(type, x.data(), true);
-            const int n_codes = type == GgmlType::Q8_0 ? 256 : type == GgmlType::Q5_0 || type == GgmlType::Q5_1 ? 32 : 16;
+            const int n_codes = type == GgmlType::Q8_0                             ? 256
+                                : type == GgmlType::Q5_0 || type == GgmlType::Q5_1 ? 32
+                                                                                   : 16;
             double ea = 0.0, eb = 0.0;
             for (float v : x) {
                 const float best = a.value(a.nearest(v));
@@ -74,7 +80,8 @@ TEST(BlockGrid, NearestIsTheClosestAndTheSearchOnlyHelps) {
             quantize_row(type, x.data(), block.data(), 32);
             std::vector<float> back(32);
             dequantize_row(type, block.data(), back.data(), 32);
-            for (int i = 0; i < 32; ++i) reference += std::pow(back[static_cast<size_t>(i)] - x[static_cast<size_t>(i)], 2);
+            for (int i = 0; i < 32; ++i)
+                reference += std::pow(back[static_cast<size_t>(i)] - x[static_cast<size_t>(i)], 2);
             fitted += ea;
             searched += eb;
         }

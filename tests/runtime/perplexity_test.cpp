@@ -155,12 +155,10 @@ TEST(Perplexity, DemoModelQuantizedCacheStaysCloseToF16) {
     p.bos = tok.vocab().special().bos;
     std::vector<runtime::TopKDistribution> base(
         static_cast<size_t>(p.n_chunks * runtime::perplexity_scored_per_chunk(p.n_ctx)));
-    const double f16 = runtime::perplexity(*model, tokens, p, pool, {},
-                                           [&](int64_t i, std::span<const float> logits, double) {
-                                               base[static_cast<size_t>(i)] =
-                                                   runtime::summarize_distribution(logits, runtime::kKlTopK);
-                                           })
-                           .ppl;
+    const double f16 =
+        runtime::perplexity(*model, tokens, p, pool, {}, [&](int64_t i, std::span<const float> logits, double) {
+            base[static_cast<size_t>(i)] = runtime::summarize_distribution(logits, runtime::kKlTopK);
+        }).ppl;
     struct Run {
         double ppl, kl;
     };
@@ -168,11 +166,10 @@ TEST(Perplexity, DemoModelQuantizedCacheStaysCloseToF16) {
         p.type_k = p.type_v = type;
         p.kv_rotation = rotate;
         double kl = 0.0;
-        const double ppl = runtime::perplexity(*model, tokens, p, pool, {},
-                                               [&](int64_t i, std::span<const float> logits, double) {
-                                                   kl += runtime::kl_divergence(base[static_cast<size_t>(i)], logits).kl;
-                                               })
-                               .ppl;
+        const double ppl =
+            runtime::perplexity(*model, tokens, p, pool, {}, [&](int64_t i, std::span<const float> logits, double) {
+                kl += runtime::kl_divergence(base[static_cast<size_t>(i)], logits).kl;
+            }).ppl;
         return Run{ppl, kl / static_cast<double>(base.size())};
     };
     const Run q8_0 = run(quant::GgmlType::Q8_0, true);
@@ -183,7 +180,8 @@ TEST(Perplexity, DemoModelQuantizedCacheStaysCloseToF16) {
     EXPECT_NEAR(q4_0.ppl, f16, 0.025 * f16) << "q4_0 " << q4_0.ppl << " vs f16 " << f16;
     EXPECT_LT(q4_0.kl, 0.02) << "q4_0";
     EXPECT_LT(q4_0.kl, q4_0_plain.kl / 4) << "q4_0 rotated " << q4_0.kl << ", not rotated " << q4_0_plain.kl;
-    EXPECT_LT(q4_0.ppl, q4_0_plain.ppl - 0.05 * f16) << "q4_0 rotated " << q4_0.ppl << ", not rotated " << q4_0_plain.ppl;
+    EXPECT_LT(q4_0.ppl, q4_0_plain.ppl - 0.05 * f16)
+        << "q4_0 rotated " << q4_0.ppl << ", not rotated " << q4_0_plain.ppl;
     std::printf("f16 %.4f; q8_0 %.4f KL %.5f; q4_0 %.4f KL %.5f; q4_0 not rotated %.4f KL %.5f\n", f16, q8_0.ppl,
                 q8_0.kl, q4_0.ppl, q4_0.kl, q4_0_plain.ppl, q4_0_plain.kl);
 }
