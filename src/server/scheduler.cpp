@@ -320,7 +320,12 @@ bool Scheduler::step() {
         for (const int t : take) budget -= t;
         for (size_t i = 0; i < active_.size() && budget > 0; ++i) {
             if (take[i] != 0) continue;
-            take[i] = std::min(active_[i]->unfed(), budget);
+            // A resumed sequence feeds its prompt in chunks, then the tokens it had generated one
+            // a step, as it first did: the kernels' arithmetic depends on how many rows of a
+            // sequence a pass holds, so only that gives back the logits, and the text, it had.
+            const Sequence& s = *active_[i];
+            const int limit = s.n_fed < s.n_prompt ? s.n_prompt - s.n_fed : 1;
+            take[i] = std::min({s.unfed(), budget, limit});
             budget -= take[i];
         }
         for (size_t i = 0; i < active_.size(); ++i) {
