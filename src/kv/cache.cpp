@@ -993,7 +993,7 @@ void KvCache::calibrate_keys(int layer, const KeySample& sample) {
         all.pos = pos_all.data();
         all.n_rows = n;
     }
-    if (with_q && !m.limit_keys) {
+    if (with_q) {  // (false after limit_key_transform() and for q8_0 K)
         L.key.calibrate(all, s.n_head_kv, s.head_dim_k, m.n_positions);
     } else {
         L.key.calibrate_diagonal(all.k, all.n_rows, s.n_head_kv, s.head_dim_k);
