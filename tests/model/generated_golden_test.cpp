@@ -179,8 +179,8 @@ constexpr Generated kGenerated[] = {
 };
 
 INSTANTIATE_TEST_SUITE_P(Generated, GeneratedGolden, ::testing::ValuesIn(kGenerated),
-                         [](const ::testing::TestParamInfo<Generated>& info) {
-                             return std::string(info.param.arch) + "_" + info.param.type;
+                         [](const ::testing::TestParamInfo<Generated>& generated) {
+                             return std::string(generated.param.arch) + "_" + generated.param.type;
                          });
 
 }  // namespace

@@ -113,7 +113,7 @@ TEST(Session, ContextShiftDropsTheOldestTokensAfterKeepAndGoesOn) {
     ops::ThreadPool pool(2);
     // Small contexts and contexts over several blocks of 16 cells, where a shift leaves holes in
     // the blocks at the edges of the dropped range.
-    for (const auto [n_ctx, n_keep] : {std::pair{12, 2}, std::pair{40, 3}, std::pair{70, 0}}) {
+    for (const auto& [n_ctx, n_keep] : {std::pair{12, 2}, std::pair{40, 3}, std::pair{70, 0}}) {
         SCOPED_TRACE(n_ctx);
         runtime::SessionParams p{.n_ctx = n_ctx, .n_batch = 4};
         p.context_shift = true;
