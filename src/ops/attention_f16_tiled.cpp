@@ -146,38 +146,7 @@ using namespace fa_tiled;
 #pragma GCC push_options
 #pragma GCC target("avx512f,avx512vl,avx512bw,avx2,fma,f16c")
 namespace avx512 {
-using Vec = __m512;
-constexpr int kLanes = 16;
-inline Vec load(const float* p) {
-    return _mm512_loadu_ps(p);
-}
-inline void store(float* p, Vec x) {
-    _mm512_storeu_ps(p, x);
-}
-inline Vec set1(float x) {
-    return _mm512_set1_ps(x);
-}
-inline Vec zero() {
-    return _mm512_setzero_ps();
-}
-inline Vec add(Vec a, Vec b) {
-    return _mm512_add_ps(a, b);
-}
-inline Vec sub(Vec a, Vec b) {
-    return _mm512_sub_ps(a, b);
-}
-inline Vec mul(Vec a, Vec b) {
-    return _mm512_mul_ps(a, b);
-}
-inline Vec fma(Vec a, Vec b, Vec c) {
-    return _mm512_fmadd_ps(a, b, c);
-}
-inline Vec max_vec(Vec a, Vec b) {
-    return _mm512_max_ps(a, b);
-}
-inline Vec mask_lanes(Vec x, uint32_t bits, Vec fill) {
-    return _mm512_mask_blend_ps(static_cast<__mmask16>(bits & 0xFFFFu), fill, x);
-}
+#include "ops/lanes_avx512.inc"
 // ggml_v_expf's AVX-512 form: the polynomial's value scaled by 2^n in one rounding (vscalefps);
 // |n| > 192 gives 0 or infinity.
 inline Vec ggml_expf_vec(Vec x) {
@@ -202,41 +171,7 @@ inline Vec ggml_expf_vec(Vec x) {
 #pragma GCC push_options
 #pragma GCC target("avx2,fma,f16c")
 namespace avx2 {
-using Vec = __m256;
-constexpr int kLanes = 8;
-inline Vec load(const float* p) {
-    return _mm256_loadu_ps(p);
-}
-inline void store(float* p, Vec x) {
-    _mm256_storeu_ps(p, x);
-}
-inline Vec set1(float x) {
-    return _mm256_set1_ps(x);
-}
-inline Vec zero() {
-    return _mm256_setzero_ps();
-}
-inline Vec add(Vec a, Vec b) {
-    return _mm256_add_ps(a, b);
-}
-inline Vec sub(Vec a, Vec b) {
-    return _mm256_sub_ps(a, b);
-}
-inline Vec mul(Vec a, Vec b) {
-    return _mm256_mul_ps(a, b);
-}
-inline Vec fma(Vec a, Vec b, Vec c) {
-    return _mm256_fmadd_ps(a, b, c);
-}
-inline Vec max_vec(Vec a, Vec b) {
-    return _mm256_max_ps(a, b);
-}
-inline Vec mask_lanes(Vec x, uint32_t bits, Vec fill) {
-    const __m256i bit = _mm256_setr_epi32(1, 2, 4, 8, 16, 32, 64, 128);
-    const __m256i set =
-        _mm256_cmpeq_epi32(_mm256_and_si256(_mm256_set1_epi32(static_cast<int>(bits & 0xFFu)), bit), bit);
-    return _mm256_blendv_ps(fill, x, _mm256_castsi256_ps(set));
-}
+#include "ops/lanes_avx2.inc"
 // As avx512::ggml_expf_vec. vscalefps is emulated: for -125 <= n <= 127 the product with 2^n is
 // exact and normal; n < -192 (-inf included) gives 0; the few lanes between (a subnormal result
 // or an overflow) are scaled in double and rounded once, as vscalefps rounds.

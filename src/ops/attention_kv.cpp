@@ -497,38 +497,7 @@ void item_exact_tiled(const Plan& pl, int64_t task, float* base) {
 #pragma GCC push_options
 #pragma GCC target("avx512f,avx512vl,avx512bw,avx2,fma,f16c")
 namespace avx512 {
-using Vec = __m512;
-constexpr int kLanes = 16;
-inline Vec load(const float* p) {
-    return _mm512_loadu_ps(p);
-}
-inline void store(float* p, Vec x) {
-    _mm512_storeu_ps(p, x);
-}
-inline Vec set1(float x) {
-    return _mm512_set1_ps(x);
-}
-inline Vec zero() {
-    return _mm512_setzero_ps();
-}
-inline Vec add(Vec a, Vec b) {
-    return _mm512_add_ps(a, b);
-}
-inline Vec sub(Vec a, Vec b) {
-    return _mm512_sub_ps(a, b);
-}
-inline Vec mul(Vec a, Vec b) {
-    return _mm512_mul_ps(a, b);
-}
-inline Vec fma(Vec a, Vec b, Vec c) {
-    return _mm512_fmadd_ps(a, b, c);
-}
-inline Vec max_vec(Vec a, Vec b) {
-    return _mm512_max_ps(a, b);
-}
-inline Vec mask_lanes(Vec x, uint32_t bits, Vec fill) {
-    return _mm512_mask_blend_ps(static_cast<__mmask16>(bits & 0xFFFFu), fill, x);
-}
+#include "ops/lanes_avx512.inc"
 inline Vec finite_or_zero(Vec x) {
     return _mm512_mask_blend_ps(_mm512_cmp_ps_mask(x, set1(kMasked), _CMP_EQ_OQ), x, zero());
 }
@@ -564,41 +533,7 @@ inline void f16_to_floats(const uint16_t* src, float* dst) {
 #pragma GCC push_options
 #pragma GCC target("avx2,fma,f16c")
 namespace avx2 {
-using Vec = __m256;
-constexpr int kLanes = 8;
-inline Vec load(const float* p) {
-    return _mm256_loadu_ps(p);
-}
-inline void store(float* p, Vec x) {
-    _mm256_storeu_ps(p, x);
-}
-inline Vec set1(float x) {
-    return _mm256_set1_ps(x);
-}
-inline Vec zero() {
-    return _mm256_setzero_ps();
-}
-inline Vec add(Vec a, Vec b) {
-    return _mm256_add_ps(a, b);
-}
-inline Vec sub(Vec a, Vec b) {
-    return _mm256_sub_ps(a, b);
-}
-inline Vec mul(Vec a, Vec b) {
-    return _mm256_mul_ps(a, b);
-}
-inline Vec fma(Vec a, Vec b, Vec c) {
-    return _mm256_fmadd_ps(a, b, c);
-}
-inline Vec max_vec(Vec a, Vec b) {
-    return _mm256_max_ps(a, b);
-}
-inline Vec mask_lanes(Vec x, uint32_t bits, Vec fill) {
-    const __m256i bit = _mm256_setr_epi32(1, 2, 4, 8, 16, 32, 64, 128);
-    const __m256i clear = _mm256_cmpeq_epi32(_mm256_and_si256(_mm256_set1_epi32(static_cast<int>(bits & 0xFFu)), bit),
-                                             _mm256_setzero_si256());
-    return _mm256_blendv_ps(x, fill, _mm256_castsi256_ps(clear));
-}
+#include "ops/lanes_avx2.inc"
 inline Vec finite_or_zero(Vec x) {
     return _mm256_blendv_ps(x, zero(), _mm256_cmp_ps(x, set1(kMasked), _CMP_EQ_OQ));
 }
