@@ -15,29 +15,24 @@
 #include <tuple>
 #include <utility>
 
+#include "kv/cache_impl.h"
 #include "kv/hadamard.h"
 #include "kv/key_transform.h"
 #include "kv/spill_file.h"
 #include "memory/pool.h"
 #include "quant/dequantize.h"
 #include "quant/quantize.h"
+#include "util/round.h"
 #include "util/text.h"
 
 namespace fitllm::kv {
 
-using quant::GgmlType;
+using namespace cache_detail;
 
 namespace {
 
-constexpr Pos kFreePos = -1;
-constexpr int kShiftChunk = 32;  // rows handed to apply_k_shift's rerotate per call
-
 constexpr GgmlType kKvTypes[] = {GgmlType::F32,  GgmlType::F16,  GgmlType::BF16, GgmlType::Q8_0,  GgmlType::Q4_0,
                                  GgmlType::Q4_1, GgmlType::Q5_0, GgmlType::Q5_1, GgmlType::IQ4_NL};
-
-uint64_t seq_bit(SeqId seq) {
-    return uint64_t{1} << seq;
-}
 
 // "q8_0", as -ctk spells it.
 std::string kv_type_name(GgmlType type) {
@@ -51,27 +46,6 @@ std::string kv_type_names() {
     for (GgmlType type : kKvTypes) names += (names.empty() ? "" : ", ") + kv_type_name(type);
     return names;
 }
-
-bool is_quantized(GgmlType type) {
-    return quant::traits(type).is_quantized;
-}
-
-// K types that get the query-aware transform: 4 and 5 bits. 8-bit keys are at the cache's noise
-// floor with the diagonal kind (README "KV cache"), which needs no fit, no queries and no triangles.
-bool keys_fit_queries(GgmlType type) {
-    return is_quantized(type) && type != GgmlType::Q8_0;
-}
-
-int64_t round_up(int64_t n, int64_t multiple) {
-    return (n + multiple - 1) / multiple * multiple;
-}
-
-// Zeroed memory from calloc: a large block comes straight from the kernel, so its pages cost
-// nothing until a cell is written, and a never-written cell reads as zeros in every type.
-struct FreeBytes {
-    void operator()(std::byte* p) const { std::free(p); }
-};
-using Bytes = std::unique_ptr<std::byte, FreeBytes>;
 
 Bytes zeroed_bytes(size_t n) {
     void* p = std::calloc(std::max<size_t>(n, 1), 1);
@@ -87,44 +61,6 @@ struct PosRange {
     bool contains(Pos p) const { return p >= p0 && p < p1; }
 };
 
-// One head per row of `type`: shaped by `key` (K of a quantized cache, else nullptr) and rotated
-// first when asked (into scratch, KeyTransform::kScratchRows * head_dim floats; the source stays as
-// it is). The query-aware kind rotates and rounds by itself.
-void write_heads(GgmlType type, const float* row, int n_head, int head_dim, size_t head_bytes, bool rotate,
-                 const KeyTransform* key, float* scratch, std::byte* dst) {
-    for (int h = 0; h < n_head; ++h) {
-        const float* head = row + static_cast<int64_t>(h) * head_dim;
-        if (key != nullptr && key->query_aware()) {
-            key->encode(head, h, type, dst + static_cast<size_t>(h) * head_bytes, scratch);
-            continue;
-        }
-        if (key != nullptr && key->active()) {
-            key->apply(head, h, head_dim, scratch);
-            head = scratch;
-        }
-        if (rotate) {
-            if (head != scratch) std::copy(head, head + head_dim, scratch);
-            hadamard_transform(scratch, head_dim);
-            head = scratch;
-        }
-        quant::quantize_row(type, head, dst + static_cast<size_t>(h) * head_bytes, head_dim);
-    }
-}
-
-void read_heads(GgmlType type, const std::byte* src, int n_head, int head_dim, size_t head_bytes, bool rotated,
-                const KeyTransform* key, float* row) {
-    for (int h = 0; h < n_head; ++h) {
-        float* head = row + static_cast<int64_t>(h) * head_dim;
-        if (key != nullptr && key->query_aware()) {
-            key->decode(src + static_cast<size_t>(h) * head_bytes, h, type, head);
-            continue;
-        }
-        quant::dequantize_row(type, src + static_cast<size_t>(h) * head_bytes, head, head_dim);
-        if (rotated) hadamard_transform(head, head_dim);  // its own inverse
-        if (key != nullptr) key->undo(head, h, head_dim);
-    }
-}
-
 }  // namespace
 
 bool is_kv_type(GgmlType type) {
@@ -139,51 +75,7 @@ GgmlType kv_type_from_name(const std::string& name) {
     return *type;
 }
 
-// ---- Storage and bookkeeping ---------------------------------------------------------------------
-
-struct LayerStorage {
-    LayerShape shape;
-    size_t k_head_bytes = 0, v_head_bytes = 0, k_row_bytes = 0, v_row_bytes = 0;
-    // [capacity][n_head_kv][head], cell c at c * row_bytes: in k_memory / v_memory, or for a
-    // streamed layer in the spill file at k_offset / v_offset.
-    std::byte* k = nullptr;
-    std::byte* v = nullptr;
-    Bytes k_memory, v_memory;
-    bool streamed = false;
-    uint64_t k_offset = 0, v_offset = 0;
-    std::vector<float> scratch;    // KeyTransform::kScratchRows heads for store() (layers may store in parallel)
-    KeyTransform key;              // how K is shaped (kv/key_transform.h), when shape_keys
-    bool key_fitted = false;       // calibrate_keys() has fitted `key` (or, with external storage, given up)
-    bool stored_unshaped = false;  // K was stored before `key` was fitted
-    // calibrate_keys()'s rows until the fit (at most KvCache::kMinKeyRows - 1): K and Q after RoPE,
-    // their positions, and the cell store() put each K in (-1: not yet, or written over since).
-    struct Staged {
-        std::vector<float> k, q;
-        std::vector<int32_t> pos, cell;
-        bool all_q = true;  // every row came with its Q
-        int pending = 0;    // rows of the last calibrate_keys() whose cells the next store() records
-        int64_t rows() const { return static_cast<int64_t>(pos.size()); }
-        void forget_cell(int32_t c) { std::replace(cell.begin(), cell.end(), c, int32_t{-1}); }
-    } staged;
-};
-
-size_t KvCache::key_transform_bytes(const std::vector<LayerShape>& shapes, const CacheParams& p) {
-    if (!p.rotate || !is_quantized(p.type_k) || shapes.empty()) return 0;
-    const bool query_aware = keys_fit_queries(p.type_k);
-    size_t n = 0;
-    int widest = 0;
-    for (const LayerShape& shape : shapes) {
-        const int n_head_q = query_aware ? (shape.n_head_q > 0 ? shape.n_head_q : shape.n_head_kv) : 0;
-        const auto head = static_cast<size_t>(shape.n_head_kv) * static_cast<size_t>(shape.head_dim_k);
-        const auto rows = static_cast<size_t>(kMinKeyRows - 1);  // K (and Q) kept until the fit
-        n += (query_aware ? KeyTransform::bytes_for(shape.n_head_kv, shape.head_dim_k) : 3 * head * sizeof(float)) +
-             rows * (static_cast<size_t>(shape.n_head_kv + n_head_q) * static_cast<size_t>(shape.head_dim_k) *
-                         sizeof(float) +
-                     2 * sizeof(int32_t));
-        widest = std::max(widest, shape.head_dim_k);
-    }
-    return n + (query_aware && p.charge_key_fit ? query_aware_fit_bytes(widest) : 0);  // one fit at a time
-}
+// ---- Layout and construction -------------------------------------------------------------------
 
 // Where the bytes of a cache go, from its shapes and parameters alone (the constructor and
 // bytes_for() agree by using this).
@@ -208,13 +100,9 @@ struct Layout {
     }
 };
 
-uint64_t round_up_u64(uint64_t n, uint64_t multiple) {
-    return (n + multiple - 1) / multiple * multiple;
-}
-
 Layout make_layout(const std::vector<LayerShape>& shapes, const CacheParams& p) {
     Layout l;
-    l.capacity = static_cast<int>(round_up(p.n_cells, p.block_size));
+    l.capacity = static_cast<int>(util::round_up<int64_t>(p.n_cells, p.block_size));
     l.n_blocks = l.capacity / p.block_size;
     const auto cells = static_cast<size_t>(l.capacity);
     const auto blocks = static_cast<size_t>(l.n_blocks);
@@ -247,133 +135,11 @@ Layout make_layout(const std::vector<LayerShape>& shapes, const CacheParams& p) 
     l.n_pinned = static_cast<int>(fit) - l.window;
     const uint64_t page = SpillFile::page_size();
     for (size_t il = static_cast<size_t>(l.n_pinned); il < shapes.size(); ++il) {
-        l.file_bytes += round_up_u64(l.k_row_bytes[il] * cells, page) + round_up_u64(l.v_row_bytes[il] * cells, page);
+        l.file_bytes += util::round_up<uint64_t>(l.k_row_bytes[il] * cells, page) +
+                        util::round_up<uint64_t>(l.v_row_bytes[il] * cells, page);
     }
     return l;
 }
-
-struct KvCache::Impl {
-    CacheParams params;
-    int block_size = 0;
-    int capacity = 0;
-    int n_blocks = 0;
-    bool rotated = false;
-    bool shape_keys = false;  // K quantized and params.rotate: each layer's KeyTransform applies
-    bool limit_keys = false;  // limit_key_transform(): the diagonal kind only
-    int n_positions = 0;      // params.n_positions, or n_cells
-    std::vector<LayerStorage> layers;
-
-    // Memory and spill (kv/cache.h, "Memory" and "Spill").
-    memory::Charge charge;
-    size_t memory_bytes = 0;  // what charge holds (also without a pool)
-    std::unique_ptr<SpillFile> spill;
-    int n_pinned = 0;       // layers [0, n_pinned) in memory; the others streamed
-    int window = 0;         // streamed layers in memory at once
-    int32_t high_cell = 0;  // 1 + the highest cell ever placed: the rows worth reading or writing back
-    // Per layer, for streamed ones: its pages may be in memory (written, read ahead), read-ahead
-    // asked for since its last release, and will_attend's wanted set (kept here, so it allocates nothing).
-    std::vector<uint8_t> in_memory, prefetched, wanted;
-
-    // Cells: position (-1 when free), the sequences using it, the RoPE shift K still needs.
-    std::vector<Pos> pos;
-    std::vector<uint64_t> seqs;
-    std::vector<Pos> shift;
-    bool has_shift = false;
-    int n_used = 0;
-    std::vector<int> seq_cells;  // [n_seq_max]: cells holding each sequence
-
-    // Blocks: the tables holding each block (one bit per sequence; the reference count is the
-    // number of bits), the used cells in it, and the tables themselves. A block no table holds is
-    // free, and then all its cells are. Invariant: a block is in a sequence's table exactly when
-    // one of its cells holds the sequence (between the steps of one operation).
-    std::vector<uint64_t> holders;
-    std::vector<int32_t> used_in_block;
-    std::vector<std::vector<int32_t>> tables;  // capacity n_blocks each: never reallocates
-    int n_free_blocks = 0;
-    int ring_next = 0;  // where the search for a free block starts: after the last one handed out
-
-    // Bumped by every public change of the bookkeeping (KvCache::generation()), and the copies on
-    // write of the last place() (reserved: at most one block per sequence).
-    uint64_t generation = 0;
-    std::vector<CellCopy> cell_copies;
-    void changed() {
-        ++generation;
-        cell_copies.clear();
-    }
-
-    // apply_k_shift's rows, read back to floats, kShiftChunk at a time.
-    std::vector<float> shift_rows;
-    std::array<int32_t, kShiftChunk> shift_cells{}, shift_deltas{};
-
-    Impl(std::vector<LayerShape> shapes, const CacheParams& p);
-
-    // --- Checks ---
-    static void validate(const std::vector<LayerShape>& shapes, const CacheParams& p);
-    void check_seq(SeqId seq, const char* what, bool allow_all = false) const;
-    void check_layer(int layer, const char* what) const;
-    void check_cell(int32_t cell, const char* what) const;
-    void check_storage(const char* what) const;
-
-    // --- Cells ---
-    int block_of(int32_t cell) const { return cell / block_size; }
-    int32_t first_cell(int block) const { return block * block_size; }
-    bool cell_free(int32_t cell) const { return seqs[static_cast<size_t>(cell)] == 0; }
-    bool cell_has(int32_t cell, SeqId seq) const { return (seqs[static_cast<size_t>(cell)] & seq_bit(seq)) != 0; }
-    void occupy_cell(int32_t cell, SeqId seq, Pos p);
-    void add_seq_to_cell(int32_t cell, SeqId seq);
-    void remove_seq_from_cell(int32_t cell, SeqId seq);
-    void free_cell(int32_t cell);
-    void keep_only(int32_t cell, SeqId seq);
-    void release_cell(int32_t cell);
-    void copy_cell_data(int32_t from, int32_t to);
-
-    // --- Blocks and tables ---
-    int ref_count(int block) const { return std::popcount(holders[static_cast<size_t>(block)]); }
-    bool block_free(int block) const { return holders[static_cast<size_t>(block)] == 0; }
-    bool block_has_seq(int block, SeqId seq) const;
-    int seq_cells_in_block(int block, SeqId seq) const;
-    void hold_block(SeqId seq, int block);
-    void release_blocks_without(SeqId seq);
-    void release_blocks_without_each(uint64_t seq_mask);
-    int find_free_run(int n) const;
-    int next_free_block() const;
-    void acquire_blocks(SeqId seq, int n);
-
-    // --- Placing ---
-    struct SeqPlan {
-        int n_tokens = 0;
-        bool copy_last = false;  // the last block is shared: copy it first
-        int room = 0;            // free cells this sequence may fill in its last block (after the copy)
-        int new_blocks = 0;
-        size_t table_index = 0;  // where the fill starts, then the fill's cursor
-        int offset = 0;
-    };
-    using BatchPlan = std::array<SeqPlan, kMaxSequences>;
-    int plan_batch(std::span<const SeqId> seq, BatchPlan& plan) const;
-    void plan_sequence(SeqId seq, SeqPlan& plan) const;
-    [[noreturn]] void throw_full(size_t n_tokens, int blocks_needed) const;
-    void copy_last_block(SeqId seq);
-    void prepare_sequence(SeqId seq, SeqPlan& plan);
-    int32_t fill_next_cell(SeqId seq, Pos p, SeqPlan& plan);
-
-    // --- Sequences ---
-    template <class Fn>
-    void for_seq_cells(SeqId seq, Fn&& fn);  // fn(cell) for each cell holding seq, table order
-    Pos seq_pos_bound(SeqId seq, bool max) const;
-    void shift_cell(int32_t cell, Pos new_pos);
-    void clear();
-
-    size_t bytes() const;
-    // After a layer's K transform is fitted: every cell in use stores its K again, shaped (from the
-    // row calibrate_keys() kept for it when the cell still holds that row, else read back unshaped).
-    void store_shaped_again(int layer);
-
-    // --- Spill ---
-    int next_streamed(int layer) const;  // the first streamed layer after `layer`, cyclic
-    void release_layer(int layer);
-    void prefetch_layer(int layer);
-    void will_attend(int layer);
-};
 
 KvCache::Impl::Impl(std::vector<LayerShape> shapes, const CacheParams& p) : params(p) {
     validate(shapes, p);
@@ -419,8 +185,8 @@ KvCache::Impl::Impl(std::vector<LayerShape> shapes, const CacheParams& p) : para
         } else if (layer.streamed) {
             // Page-aligned regions, so releasing one never touches another's pages.
             layer.k_offset = file_offset;
-            layer.v_offset = file_offset + round_up_u64(k_bytes, SpillFile::page_size());
-            file_offset = layer.v_offset + round_up_u64(v_bytes, SpillFile::page_size());
+            layer.v_offset = file_offset + util::round_up<uint64_t>(k_bytes, SpillFile::page_size());
+            file_offset = layer.v_offset + util::round_up<uint64_t>(v_bytes, SpillFile::page_size());
             layer.k = spill->data() + layer.k_offset;
             layer.v = spill->data() + layer.v_offset;
         } else {
@@ -928,98 +694,6 @@ std::span<const Pos> KvCache::cell_shifts() const {
     return impl_->shift;
 }
 
-bool KvCache::needs_key_calibration(int layer) const {
-    const Impl& m = *impl_;
-    m.check_layer(layer, "needs_key_calibration");
-    return m.shape_keys && !m.layers[static_cast<size_t>(layer)].key_fitted;
-}
-
-void KvCache::limit_key_transform() {
-    impl_->limit_keys = true;
-}
-
-void KvCache::calibrate_keys(int layer, const KeySample& sample) {
-    Impl& m = *impl_;
-    m.check_layer(layer, "calibrate_keys");
-    LayerStorage& L = m.layers[static_cast<size_t>(layer)];
-    if (!m.shape_keys || L.key_fitted || sample.n_rows <= 0) return;
-    const LayerShape& s = L.shape;
-    if (m.params.external_storage) {
-        // The device stores K itself, shaped from its first batch on: fit from that batch or never.
-        L.key_fitted = true;
-        if (sample.n_rows >= kMinKeyRows) L.key.calibrate_diagonal(sample.k, sample.n_rows, s.n_head_kv, s.head_dim_k);
-        return;
-    }
-    const int n_head_q = sample.q != nullptr ? sample.n_head_q : 0;
-    const int64_t k_row = int64_t{s.n_head_kv} * s.head_dim_k;
-    const int64_t q_row = int64_t{n_head_q} * s.head_dim_k;
-    LayerStorage::Staged& st = L.staged;
-    const bool with_q = !m.limit_keys && st.all_q && sample.q != nullptr &&
-                        (st.rows() == 0 || st.q.size() == static_cast<size_t>(st.rows() * q_row));
-    const int64_t n = st.rows() + sample.n_rows;
-    if (n < kMinKeyRows) {  // too few rows yet: keep them (store() records their cells)
-        st.k.insert(st.k.end(), sample.k, sample.k + sample.n_rows * k_row);
-        if (with_q) st.q.insert(st.q.end(), sample.q, sample.q + sample.n_rows * q_row);
-        st.all_q = with_q;
-        if (sample.pos != nullptr) {
-            st.pos.insert(st.pos.end(), sample.pos, sample.pos + sample.n_rows);
-        } else {
-            st.pos.insert(st.pos.end(), static_cast<size_t>(sample.n_rows), Pos{0});  // only the Q fit reads them
-        }
-        st.cell.insert(st.cell.end(), static_cast<size_t>(sample.n_rows), int32_t{-1});
-        st.pending = static_cast<int>(sample.n_rows);
-        return;
-    }
-    KeySample all = sample;
-    std::vector<float> k_all, q_all;
-    std::vector<int32_t> pos_all;
-    if (st.rows() > 0) {  // the kept rows first, then this batch's
-        k_all = st.k;
-        k_all.insert(k_all.end(), sample.k, sample.k + sample.n_rows * k_row);
-        pos_all = st.pos;
-        if (sample.pos != nullptr) pos_all.insert(pos_all.end(), sample.pos, sample.pos + sample.n_rows);
-        pos_all.resize(static_cast<size_t>(n), Pos{0});
-        if (with_q) {
-            q_all = st.q;
-            q_all.insert(q_all.end(), sample.q, sample.q + sample.n_rows * q_row);
-        }
-        all.k = k_all.data();
-        all.q = with_q ? q_all.data() : nullptr;
-        all.pos = pos_all.data();
-        all.n_rows = n;
-    }
-    if (with_q) {  // (false after limit_key_transform() and for q8_0 K)
-        L.key.calibrate(all, s.n_head_kv, s.head_dim_k, m.n_positions);
-    } else {
-        L.key.calibrate_diagonal(all.k, all.n_rows, s.n_head_kv, s.head_dim_k);
-    }
-    L.key_fitted = true;
-    if (L.stored_unshaped) m.store_shaped_again(layer);
-    st = LayerStorage::Staged{};  // gives its memory back
-}
-
-void KvCache::Impl::store_shaped_again(int layer) {
-    LayerStorage& L = layers[static_cast<size_t>(layer)];
-    const LayerShape& s = L.shape;
-    const int64_t k_row = int64_t{s.n_head_kv} * s.head_dim_k;
-    float* row = shift_rows.data();
-    for (int32_t c = 0; c < capacity; ++c) {
-        if (cell_free(c)) continue;
-        std::byte* dst = L.k + static_cast<size_t>(c) * L.k_row_bytes;
-        const auto kept = std::find(L.staged.cell.rbegin(), L.staged.cell.rend(), c);
-        if (kept != L.staged.cell.rend()) {
-            const auto r = static_cast<int64_t>(L.staged.cell.rend() - kept) - 1;
-            std::copy(L.staged.k.begin() + r * k_row, L.staged.k.begin() + (r + 1) * k_row, row);
-        } else {
-            read_heads(params.type_k, dst, s.n_head_kv, s.head_dim_k, L.k_head_bytes, rotated, nullptr, row);
-        }
-        write_heads(params.type_k, row, s.n_head_kv, s.head_dim_k, L.k_head_bytes, rotated, &L.key, L.scratch.data(),
-                    dst);
-    }
-    L.stored_unshaped = false;
-    in_memory[static_cast<size_t>(layer)] = 1;
-}
-
 int KvCache::used_cells() const {
     return impl_->n_used;
 }
@@ -1064,56 +738,6 @@ void KvCache::place(std::span<const SeqId> seq, std::span<const Pos> pos, std::s
     }
     for (size_t i = 0; i < seq.size(); ++i)
         cells_out[i] = m.fill_next_cell(seq[i], pos[i], plan[static_cast<size_t>(seq[i])]);
-}
-
-void KvCache::store(int layer, std::span<const int32_t> cells, const float* k, const float* v) {
-    Impl& m = *impl_;
-    m.check_layer(layer, "store");
-    m.check_storage("store");
-    LayerStorage& L = m.layers[static_cast<size_t>(layer)];
-    const LayerShape& s = L.shape;
-    const int64_t k_row = int64_t{s.n_head_kv} * s.head_dim_k;
-    const int64_t v_row = int64_t{s.n_head_kv} * s.head_dim_v;
-    const KeyTransform* key = m.shape_keys ? &L.key : nullptr;
-    if (m.shape_keys && !L.key_fitted && !cells.empty()) {
-        // Stored unshaped for now; calibrate_keys() stores these cells again once it has fitted.
-        L.stored_unshaped = true;
-        LayerStorage::Staged& st = L.staged;
-        for (int32_t c : cells) st.forget_cell(c);
-        if (static_cast<size_t>(st.pending) == cells.size()) {
-            std::copy(cells.begin(), cells.end(), st.cell.end() - st.pending);
-        }
-        st.pending = 0;
-    }
-    for (int32_t cell : cells) m.check_cell(cell, "store");
-    if (key != nullptr && key->query_aware()) {
-        // K kv head by kv head, KeyTransform::kRows rows at a time (they share its reads of T and U).
-        std::array<const float*, KeyTransform::kRows> heads{};
-        std::array<std::byte*, KeyTransform::kRows> dst{};
-        for (size_t i0 = 0; i0 < cells.size(); i0 += KeyTransform::kRows) {
-            const int n = static_cast<int>(std::min<size_t>(KeyTransform::kRows, cells.size() - i0));
-            for (int h = 0; h < s.n_head_kv; ++h) {
-                for (int r = 0; r < n; ++r) {
-                    const size_t i = i0 + static_cast<size_t>(r);
-                    heads[static_cast<size_t>(r)] = k + static_cast<int64_t>(i) * k_row + int64_t{h} * s.head_dim_k;
-                    dst[static_cast<size_t>(r)] =
-                        L.k + static_cast<size_t>(cells[i]) * L.k_row_bytes + static_cast<size_t>(h) * L.k_head_bytes;
-                }
-                key->encode(heads.data(), n, h, m.params.type_k, dst.data(), L.scratch.data());
-            }
-        }
-    }
-    for (size_t i = 0; i < cells.size(); ++i) {
-        const int32_t cell = cells[i];
-        const auto row = static_cast<int64_t>(i);
-        if (key == nullptr || !key->query_aware()) {
-            write_heads(m.params.type_k, k + row * k_row, s.n_head_kv, s.head_dim_k, L.k_head_bytes, m.rotated, key,
-                        L.scratch.data(), L.k + static_cast<size_t>(cell) * L.k_row_bytes);
-        }
-        write_heads(m.params.type_v, v + row * v_row, s.n_head_kv, s.head_dim_v, L.v_head_bytes, m.rotated, nullptr,
-                    L.scratch.data(), L.v + static_cast<size_t>(cell) * L.v_row_bytes);
-    }
-    if (!cells.empty()) m.in_memory[static_cast<size_t>(layer)] = 1;
 }
 
 void KvCache::seq_rm(SeqId seq, Pos p0, Pos p1) {
@@ -1215,41 +839,6 @@ void KvCache::clear_k_shift() {
     impl_->has_shift = false;
 }
 
-// Reads K of the shifted cells back to floats kShiftChunk at a time, lets fn re-rotate them and
-// stores them again.
-void KvCache::for_shifted_cells(int layer, void (*fn)(void*, float*, const int32_t*, int), void* ctx) {
-    Impl& m = *impl_;
-    m.check_layer(layer, "apply_k_shift");
-    if (!m.has_shift) return;
-    m.check_storage("apply_k_shift");
-    LayerStorage& L = m.layers[static_cast<size_t>(layer)];
-    const LayerShape& s = L.shape;
-    const int64_t row = int64_t{s.n_head_kv} * s.head_dim_k;
-    int n = 0;
-    auto flush = [&] {
-        fn(ctx, m.shift_rows.data(), m.shift_deltas.data(), n);
-        for (int i = 0; i < n; ++i) {
-            write_heads(m.params.type_k, m.shift_rows.data() + i * row, s.n_head_kv, s.head_dim_k, L.k_head_bytes,
-                        m.rotated, m.shape_keys ? &L.key : nullptr, L.scratch.data(),
-                        L.k + static_cast<size_t>(m.shift_cells[static_cast<size_t>(i)]) * L.k_row_bytes);
-        }
-        n = 0;
-    };
-    for (int32_t c = 0; c < m.capacity; ++c) {
-        const Pos delta = m.shift[static_cast<size_t>(c)];
-        if (m.cell_free(c) || delta == 0) continue;
-        L.staged.forget_cell(c);  // its K changes
-        read_heads(m.params.type_k, L.k + static_cast<size_t>(c) * L.k_row_bytes, s.n_head_kv, s.head_dim_k,
-                   L.k_head_bytes, m.rotated, m.shape_keys ? &L.key : nullptr, m.shift_rows.data() + n * row);
-        m.shift_cells[static_cast<size_t>(n)] = c;
-        m.shift_deltas[static_cast<size_t>(n)] = delta;
-        if (++n == kShiftChunk) flush();
-    }
-    if (n > 0) flush();
-    // A shift may touch every row of the layer: a streamed one leaves memory right away.
-    if (L.streamed) m.release_layer(layer);
-}
-
 void KvCache::trim_window() {
     Impl& m = *impl_;
     if (m.params.window <= 0) return;
@@ -1282,48 +871,6 @@ std::span<const Pos> KvCache::cell_positions() const {
 }
 std::span<const uint64_t> KvCache::cell_seq_masks() const {
     return impl_->seqs;
-}
-
-KvCache::LayerView KvCache::layer_view(int layer) const {
-    const Impl& m = *impl_;
-    m.check_layer(layer, "layer_view");
-    const LayerStorage& L = m.layers[static_cast<size_t>(layer)];
-    return LayerView{.type_k = m.params.type_k,
-                     .type_v = m.params.type_v,
-                     .n_head_kv = L.shape.n_head_kv,
-                     .head_dim_k = L.shape.head_dim_k,
-                     .head_dim_v = L.shape.head_dim_v,
-                     .rotated = m.rotated,
-                     .key = m.shape_keys && L.key.query_aware() ? &L.key : nullptr,
-                     .q_scale = m.shape_keys ? L.key.q_scale() : nullptr,
-                     .k_center = m.shape_keys ? L.key.center() : nullptr,
-                     .k_scale = m.shape_keys ? L.key.scale() : nullptr,
-                     .k = L.k,
-                     .v = L.v,
-                     .k_row_bytes = L.k_row_bytes,
-                     .k_head_bytes = L.k_head_bytes,
-                     .v_row_bytes = L.v_row_bytes,
-                     .v_head_bytes = L.v_head_bytes};
-}
-
-void KvCache::read_k(int layer, int32_t cell, float* out) const {
-    const Impl& m = *impl_;
-    m.check_layer(layer, "read_k");
-    m.check_cell(cell, "read_k");
-    m.check_storage("read_k");
-    const LayerStorage& L = m.layers[static_cast<size_t>(layer)];
-    read_heads(m.params.type_k, L.k + static_cast<size_t>(cell) * L.k_row_bytes, L.shape.n_head_kv, L.shape.head_dim_k,
-               L.k_head_bytes, m.rotated, m.shape_keys ? &L.key : nullptr, out);
-}
-
-void KvCache::read_v(int layer, int32_t cell, float* out) const {
-    const Impl& m = *impl_;
-    m.check_layer(layer, "read_v");
-    m.check_cell(cell, "read_v");
-    m.check_storage("read_v");
-    const LayerStorage& L = m.layers[static_cast<size_t>(layer)];
-    read_heads(m.params.type_v, L.v + static_cast<size_t>(cell) * L.v_row_bytes, L.shape.n_head_kv, L.shape.head_dim_v,
-               L.v_head_bytes, m.rotated, nullptr, out);
 }
 
 }  // namespace fitllm::kv

@@ -1,6 +1,7 @@
 // kv::ModelCache (kv/cache.h): the KV pools of one model, which layers each holds, and the calls
 // that go to all of them.
 #include <algorithm>
+#include <climits>
 #include <cstdint>
 #include <functional>
 #include <stdexcept>
@@ -10,6 +11,7 @@
 
 #include "kv/cache.h"
 #include "memory/pool.h"
+#include "util/round.h"
 #include "util/text.h"
 
 namespace fitllm::kv {
@@ -51,8 +53,7 @@ PoolSetup plan_pools(const std::vector<LayerShape>& layers, const std::vector<in
     // Window pools hold fewer cells than the positions their tokens take.
     if (params.n_positions <= 0) params.n_positions = params.n_cells;
     PoolSetup setup;
-    setup.capacity =
-        static_cast<int>((std::max(params.n_cells, 1) + params.block_size - 1) / params.block_size * params.block_size);
+    setup.capacity = static_cast<int>(util::round_up<int64_t>(std::max(params.n_cells, 1), params.block_size));
 
     // The pool of each layer, keyed by its window (0: full attention) and its device (0: the host).
     // A window pool that would be no smaller than the full one is the full one.
