@@ -23,8 +23,9 @@ std::string llama_cpp_lib_dir() {
 void* open_llama_cpp_lib(const std::string& lib) {
     const std::string dir = llama_cpp_lib_dir();
     if (dir.empty()) {
-        std::fprintf(stderr, "llama.cpp not found: run scripts/setup.sh --oracle (installs llama-cpp-python) "
-                             "or set FITLLM_LLAMA_CPP_LIB\n");
+        std::fprintf(stderr,
+                     "llama.cpp not found: run scripts/setup.sh --oracle (installs llama-cpp-python) "
+                     "or set FITLLM_LLAMA_CPP_LIB\n");
         return nullptr;
     }
     void* h = dlopen((dir + "/" + lib).c_str(), RTLD_NOW | RTLD_LOCAL);

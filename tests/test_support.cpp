@@ -14,7 +14,9 @@ namespace fitllm::test {
 
 namespace fs = std::filesystem;
 
-fs::path source_dir() { return FITLLM_SOURCE_DIR; }
+fs::path source_dir() {
+    return FITLLM_SOURCE_DIR;
+}
 
 std::optional<fs::path> demo_model() {
     fs::path p = std::getenv("FITLLM_DEMO_MODEL") ? fs::path(std::getenv("FITLLM_DEMO_MODEL"))

@@ -23,7 +23,8 @@ public:
     // names: "-t, --tensors" or "--json"; a flag takes no value.
     void flag(const std::string& names, bool* out, std::string help);
     // An option taking one value: "-m, --model" with metavar "FILE".
-    void option(const std::string& names, std::string metavar, std::string help, std::function<void(const std::string&)> set);
+    void option(const std::string& names, std::string metavar, std::string help,
+                std::function<void(const std::string&)> set);
     void option(const std::string& names, std::string metavar, std::string help, std::string* out);
     void option(const std::string& names, std::string metavar, std::string help, int* out);
     // Positional arguments, in order.

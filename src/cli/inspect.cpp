@@ -20,11 +20,17 @@ json value_to_json(const gguf::Value& v, size_t max_items) {
     using gguf::ValueType;
     auto scalar = [](ValueType t, const gguf::Value& s) -> json {
         switch (t) {
-            case ValueType::BOOL: return s.get<bool>();
-            case ValueType::FLOAT32: case ValueType::FLOAT64: return s.to_double();
-            case ValueType::UINT64: return s.get<uint64_t>();
-            case ValueType::STRING: return std::string(s.get<std::string_view>());
-            default: return s.to_int();
+            case ValueType::BOOL:
+                return s.get<bool>();
+            case ValueType::FLOAT32:
+            case ValueType::FLOAT64:
+                return s.to_double();
+            case ValueType::UINT64:
+                return s.get<uint64_t>();
+            case ValueType::STRING:
+                return std::string(s.get<std::string_view>());
+            default:
+                return s.to_int();
         }
     };
     if (!v.is_array()) return scalar(v.type(), v);
@@ -32,19 +38,44 @@ json value_to_json(const gguf::Value& v, size_t max_items) {
     const uint64_t n = std::min<uint64_t>(v.array_size(), max_items);
     for (uint64_t i = 0; i < n; ++i) {
         switch (v.array_type()) {
-            case ValueType::STRING: arr.push_back(std::string(v.strings()[i])); break;
-            case ValueType::UINT8: arr.push_back(v.array_at<uint8_t>(i)); break;
-            case ValueType::INT8: arr.push_back(v.array_at<int8_t>(i)); break;
-            case ValueType::UINT16: arr.push_back(v.array_at<uint16_t>(i)); break;
-            case ValueType::INT16: arr.push_back(v.array_at<int16_t>(i)); break;
-            case ValueType::UINT32: arr.push_back(v.array_at<uint32_t>(i)); break;
-            case ValueType::INT32: arr.push_back(v.array_at<int32_t>(i)); break;
-            case ValueType::UINT64: arr.push_back(v.array_at<uint64_t>(i)); break;
-            case ValueType::INT64: arr.push_back(v.array_at<int64_t>(i)); break;
-            case ValueType::FLOAT32: arr.push_back(v.array_at<float>(i)); break;
-            case ValueType::FLOAT64: arr.push_back(v.array_at<double>(i)); break;
-            case ValueType::BOOL: arr.push_back(v.array_at<bool>(i)); break;
-            default: break;
+            case ValueType::STRING:
+                arr.push_back(std::string(v.strings()[i]));
+                break;
+            case ValueType::UINT8:
+                arr.push_back(v.array_at<uint8_t>(i));
+                break;
+            case ValueType::INT8:
+                arr.push_back(v.array_at<int8_t>(i));
+                break;
+            case ValueType::UINT16:
+                arr.push_back(v.array_at<uint16_t>(i));
+                break;
+            case ValueType::INT16:
+                arr.push_back(v.array_at<int16_t>(i));
+                break;
+            case ValueType::UINT32:
+                arr.push_back(v.array_at<uint32_t>(i));
+                break;
+            case ValueType::INT32:
+                arr.push_back(v.array_at<int32_t>(i));
+                break;
+            case ValueType::UINT64:
+                arr.push_back(v.array_at<uint64_t>(i));
+                break;
+            case ValueType::INT64:
+                arr.push_back(v.array_at<int64_t>(i));
+                break;
+            case ValueType::FLOAT32:
+                arr.push_back(v.array_at<float>(i));
+                break;
+            case ValueType::FLOAT64:
+                arr.push_back(v.array_at<double>(i));
+                break;
+            case ValueType::BOOL:
+                arr.push_back(v.array_at<bool>(i));
+                break;
+            default:
+                break;
         }
     }
     return arr;
@@ -62,7 +93,8 @@ json general_section(const gguf::GgufFile& f) {
     copy_if(f, "general.basename", g, "basename");
     copy_if(f, "general.size_label", g, "size_label");
     copy_if(f, "general.license", g, "license");
-    if (const gguf::Value* v = f.find("general.file_type"); v && !v->is_array() && v->type() != gguf::ValueType::STRING) {
+    if (const gguf::Value* v = f.find("general.file_type");
+        v && !v->is_array() && v->type() != gguf::ValueType::STRING) {
         const int64_t id = v->to_int();
         auto name = id >= 0 && id <= UINT32_MAX ? quant::file_type_name(static_cast<uint32_t>(id)) : std::nullopt;
         g["file_type"] = {{"id", id}, {"name", name ? *name : "unknown"}};
@@ -111,8 +143,8 @@ json tokenizer_section(const gguf::GgufFile& f) {
     if (tokens && tokens->is_array()) t["vocab_size"] = tokens->array_size();
     if (const gguf::Value* m = f.find("tokenizer.ggml.merges"); m && m->is_array()) t["merges"] = m->array_size();
     static constexpr std::pair<const char*, const char*> kSpecial[] = {
-        {"bos", "bos_token_id"},     {"eos", "eos_token_id"},         {"eot", "eot_token_id"},
-        {"eom", "eom_token_id"},     {"unk", "unknown_token_id"},     {"pad", "padding_token_id"},
+        {"bos", "bos_token_id"},       {"eos", "eos_token_id"},     {"eot", "eot_token_id"},
+        {"eom", "eom_token_id"},       {"unk", "unknown_token_id"}, {"pad", "padding_token_id"},
         {"sep", "separator_token_id"}, {"mask", "mask_token_id"},
     };
     json special = json::object();
@@ -133,7 +165,8 @@ json tokenizer_section(const gguf::GgufFile& f) {
     copy_if(f, "tokenizer.ggml.add_space_prefix", t, "add_space_prefix");
     const gguf::Value* tmpl = f.find("tokenizer.chat_template");
     t["chat_template"] = tmpl != nullptr;
-    if (tmpl && tmpl->type() == gguf::ValueType::STRING) t["chat_template_bytes"] = tmpl->get<std::string_view>().size();
+    if (tmpl && tmpl->type() == gguf::ValueType::STRING)
+        t["chat_template_bytes"] = tmpl->get<std::string_view>().size();
     return t;
 }
 
@@ -147,16 +180,21 @@ json shape_of(const gguf::TensorInfo& t) {
 
 json inspect_report(const gguf::GgufFile& f, const InspectOptions& options) {
     json r;
-    r["file"] = {{"path", f.source()},           {"size_bytes", f.size()},
-                 {"gguf_version", f.version()},  {"alignment", f.alignment()},
-                 {"data_offset", f.data_offset()}, {"metadata_count", f.metadata().size()},
+    r["file"] = {{"path", f.source()},
+                 {"size_bytes", f.size()},
+                 {"gguf_version", f.version()},
+                 {"alignment", f.alignment()},
+                 {"data_offset", f.data_offset()},
+                 {"metadata_count", f.metadata().size()},
                  {"tensor_count", f.tensors().size()}};
     r["general"] = general_section(f);
     const std::string arch = r["general"].value("architecture", std::string());
     r["hyperparameters"] = hparams_section(f, arch);
     r["tokenizer"] = tokenizer_section(f);
 
-    struct TypeTotal { uint64_t count = 0, elements = 0, bytes = 0; };
+    struct TypeTotal {
+        uint64_t count = 0, elements = 0, bytes = 0;
+    };
     std::map<std::string, TypeTotal> by_type;
     uint64_t elements = 0, bytes = 0;
     for (const gguf::TensorInfo& t : f.tensors()) {
@@ -172,13 +210,19 @@ json inspect_report(const gguf::GgufFile& f, const InspectOptions& options) {
         types.push_back({{"type", name}, {"tensors", tt.count}, {"elements", tt.elements}, {"bytes", tt.bytes}});
     }
     r["tensor_types"] = types;
-    r["totals"] = {{"tensors", f.tensors().size()}, {"elements", elements}, {"bytes", bytes},
-                   {"bits_per_weight", elements ? 8.0 * static_cast<double>(bytes) / static_cast<double>(elements) : 0.0}};
+    r["totals"] = {
+        {"tensors", f.tensors().size()},
+        {"elements", elements},
+        {"bytes", bytes},
+        {"bits_per_weight", elements ? 8.0 * static_cast<double>(bytes) / static_cast<double>(elements) : 0.0}};
     if (options.tensors) {
         json list = json::array();
         for (const gguf::TensorInfo& t : f.tensors()) {
-            list.push_back({{"name", std::string(t.name)}, {"type", std::string(quant::traits(t.type).name)},
-                            {"shape", shape_of(t)}, {"bytes", t.n_bytes}, {"offset", f.data_offset() + t.offset}});
+            list.push_back({{"name", std::string(t.name)},
+                            {"type", std::string(quant::traits(t.type).name)},
+                            {"shape", shape_of(t)},
+                            {"bytes", t.n_bytes},
+                            {"offset", f.data_offset() + t.offset}});
         }
         r["tensors"] = list;
     }
@@ -217,17 +261,21 @@ std::string render_inspect_text(const json& r) {
     const json& file = r["file"];
     out += "file " + file["path"].get<std::string>() + "\n";
     line(out, "size", util::human_bytes(file["size_bytes"]) + " (" + file["size_bytes"].dump() + " bytes)");
-    line(out, "format", "GGUF v" + file["gguf_version"].dump() + ", alignment " + file["alignment"].dump() +
-                            ", data at byte " + file["data_offset"].dump());
-    line(out, "contents", file["metadata_count"].dump() + " metadata keys, " + file["tensor_count"].dump() + " tensors");
+    line(out, "format",
+         "GGUF v" + file["gguf_version"].dump() + ", alignment " + file["alignment"].dump() + ", data at byte " +
+             file["data_offset"].dump());
+    line(out, "contents",
+         file["metadata_count"].dump() + " metadata keys, " + file["tensor_count"].dump() + " tensors");
 
     out += "\nmodel\n";
     const json& g = r["general"];
-    line(out, "architecture", g.contains("architecture") ? scalar_text(g["architecture"]) : "(none: vocab-only or unknown)");
+    line(out, "architecture",
+         g.contains("architecture") ? scalar_text(g["architecture"]) : "(none: vocab-only or unknown)");
     for (const char* k : {"name", "size_label", "license", "quantization_version"}) {
         if (g.contains(k)) line(out, k, scalar_text(g[k]));
     }
-    if (g.contains("file_type")) line(out, "file type", g["file_type"]["name"].get<std::string>() + " (" + g["file_type"]["id"].dump() + ")");
+    if (g.contains("file_type"))
+        line(out, "file type", g["file_type"]["name"].get<std::string>() + " (" + g["file_type"]["id"].dump() + ")");
 
     const json& h = r["hyperparameters"];
     if (!h.empty()) {
@@ -253,9 +301,8 @@ std::string render_inspect_text(const json& r) {
             line(out, (name + " token").c_str(), text);
         }
     }
-    line(out, "chat template", t["chat_template"].get<bool>()
-                                   ? "yes (" + t.value("chat_template_bytes", json(0)).dump() + " bytes)"
-                                   : "no");
+    line(out, "chat template",
+         t["chat_template"].get<bool>() ? "yes (" + t.value("chat_template_bytes", json(0)).dump() + " bytes)" : "no");
 
     out += "\ntensors by type\n";
     char buf[160];
@@ -291,8 +338,8 @@ std::string render_inspect_text(const json& r) {
     if (r.contains("metadata")) {
         out += "\nmetadata\n";
         for (const json& m : r["metadata"]) {
-            out += "  " + m["key"].get<std::string>() + " (" + m["type"].get<std::string>() + ") = " +
-                   m["value"].get<std::string>() + "\n";
+            out += "  " + m["key"].get<std::string>() + " (" + m["type"].get<std::string>() +
+                   ") = " + m["value"].get<std::string>() + "\n";
         }
     }
     return out;

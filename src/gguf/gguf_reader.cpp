@@ -13,10 +13,12 @@ namespace {
 
 // Smallest possible encodings, used to bound counts by the bytes actually left in the file
 // before anything is allocated from them.
-constexpr uint64_t kMinKeyValueBytes = 8 + 4 + 1;             // empty key, type, 1-byte value
-constexpr uint64_t kMinTensorInfoBytes = 8 + 4 + 4 + 8;       // empty name, n_dims=0, type, offset
+constexpr uint64_t kMinKeyValueBytes = 8 + 4 + 1;        // empty key, type, 1-byte value
+constexpr uint64_t kMinTensorInfoBytes = 8 + 4 + 4 + 8;  // empty name, n_dims=0, type, offset
 
-std::string num(uint64_t v) { return std::to_string(v); }
+std::string num(uint64_t v) {
+    return std::to_string(v);
+}
 
 }  // namespace
 
@@ -51,7 +53,8 @@ private:
             fail(pos_, field, "file ends " + num(left()) + " bytes after this point, " + num(n) + " needed");
         }
     }
-    template <class T> T read(const std::string& field) {
+    template <class T>
+    T read(const std::string& field) {
         need(sizeof(T), field);
         T v;
         std::memcpy(&v, bytes_.data() + pos_, sizeof(T));
@@ -62,8 +65,8 @@ private:
         const uint64_t at = pos_;
         const uint64_t len = read<uint64_t>(field + " length");
         if (len > left()) {
-            fail(at, field + " length", "string length " + num(len) + " exceeds the " + num(left()) +
-                                            " bytes left in the file");
+            fail(at, field + " length",
+                 "string length " + num(len) + " exceeds the " + num(left()) + " bytes left in the file");
         }
         std::string_view s(reinterpret_cast<const char*>(bytes_.data() + pos_), len);
         pos_ += len;
@@ -72,28 +75,30 @@ private:
 
     void read_header() {
         if (bytes_.size() < 4 || std::memcmp(bytes_.data(), "GGUF", 4) != 0) {
-            fail(0, "magic", bytes_.size() < 4 ? "file is " + num(bytes_.size()) + " bytes, too short for a GGUF header"
-                                               : "not a GGUF file (magic is not \"GGUF\")");
+            fail(0, "magic",
+                 bytes_.size() < 4 ? "file is " + num(bytes_.size()) + " bytes, too short for a GGUF header"
+                                   : "not a GGUF file (magic is not \"GGUF\")");
         }
         pos_ = 4;
         const uint32_t version = read<uint32_t>("version");
         if (version == 1) fail(4, "version", "unsupported version 1 (GGUF v1 is obsolete; convert the file to v3)");
         if ((version & 0xFFFF) == 0 && (version >> 16) != 0) {
-            fail(4, "version", "file looks big-endian (version reads as " + num(version) +
-                                   "); only little-endian GGUF is supported");
+            fail(4, "version",
+                 "file looks big-endian (version reads as " + num(version) + "); only little-endian GGUF is supported");
         }
-        if (version != 2 && version != 3) fail(4, "version", "unsupported version " + num(version) + " (supported: 2, 3)");
+        if (version != 2 && version != 3)
+            fail(4, "version", "unsupported version " + num(version) + " (supported: 2, 3)");
         f_.version_ = version;
         n_tensors_ = read<uint64_t>("tensor count");
         n_kv_ = read<uint64_t>("metadata count");
         // Counts are bounded by what could possibly fit in the rest of the file.
         if (n_kv_ > left() / kMinKeyValueBytes) {
-            fail(16, "metadata count", "metadata count " + num(n_kv_) + " cannot fit in the " + num(left()) +
-                                           " bytes left in the file");
+            fail(16, "metadata count",
+                 "metadata count " + num(n_kv_) + " cannot fit in the " + num(left()) + " bytes left in the file");
         }
         if (n_tensors_ > (left() - n_kv_ * kMinKeyValueBytes) / kMinTensorInfoBytes) {
-            fail(8, "tensor count", "tensor count " + num(n_tensors_) + " cannot fit in the " + num(left()) +
-                                        " bytes left in the file");
+            fail(8, "tensor count",
+                 "tensor count " + num(n_tensors_) + " cannot fit in the " + num(left()) + " bytes left in the file");
         }
     }
 
@@ -129,8 +134,9 @@ private:
         const uint64_t count = read<uint64_t>(field + " array length");
         if (elem_type == ValueType::STRING) {
             if (count > left() / 8) {
-                fail(count_at, field + " array length", "array of " + num(count) + " strings cannot fit in the " +
-                                                            num(left()) + " bytes left in the file");
+                fail(
+                    count_at, field + " array length",
+                    "array of " + num(count) + " strings cannot fit in the " + num(left()) + " bytes left in the file");
             }
             std::vector<std::string_view> strings;
             strings.reserve(count);
@@ -139,10 +145,9 @@ private:
         }
         const size_t size = scalar_size(elem_type);
         if (count > left() / size) {
-            fail(count_at, field + " array length", "array of " + num(count) + " " +
-                                                        std::string(value_type_name(elem_type)) + " (" +
-                                                        num(size) + " bytes each) exceeds the " + num(left()) +
-                                                        " bytes left in the file");
+            fail(count_at, field + " array length",
+                 "array of " + num(count) + " " + std::string(value_type_name(elem_type)) + " (" + num(size) +
+                     " bytes each) exceeds the " + num(left()) + " bytes left in the file");
         }
         const std::byte* data = bytes_.data() + pos_;
         if (elem_type == ValueType::BOOL) {
@@ -163,7 +168,8 @@ private:
 
     void check_bool(std::byte b, uint64_t at, const std::string& field) const {
         // Any other byte would not survive a round trip; refuse it rather than guess.
-        if (b != std::byte{0} && b != std::byte{1}) fail(at, field, "bool value " + num(std::to_integer<int>(b)) + " is neither 0 nor 1");
+        if (b != std::byte{0} && b != std::byte{1})
+            fail(at, field, "bool value " + num(std::to_integer<int>(b)) + " is neither 0 nor 1");
     }
 
     void read_alignment() {
@@ -187,7 +193,8 @@ private:
             const std::string field = "tensor '" + std::string(t.name) + "'";
             const uint64_t dims_at = pos_;
             t.n_dims = read<uint32_t>(field + " n_dims");
-            if (t.n_dims > kMaxDims) fail(dims_at, field + " n_dims", num(t.n_dims) + " dimensions, at most 4 supported");
+            if (t.n_dims > kMaxDims)
+                fail(dims_at, field + " n_dims", num(t.n_dims) + " dimensions, at most 4 supported");
             for (uint32_t d = 0; d < t.n_dims; ++d) {
                 const uint64_t at = pos_;
                 const uint64_t ne = read<uint64_t>(field + " ne[" + num(d) + "]");
@@ -200,16 +207,17 @@ private:
             const uint32_t type = read<uint32_t>(field + " type");
             if (!quant::traits_of(type)) fail(type_at, field + " type", "unknown ggml type id " + num(type));
             if (!quant::is_supported(type)) {
-                fail(type_at, field + " type", "ggml type " + std::string(quant::type_name(type)) + " (id " + num(type) +
-                                                   ") was removed from ggml and is not supported; requantize the model");
+                fail(type_at, field + " type",
+                     "ggml type " + std::string(quant::type_name(type)) + " (id " + num(type) +
+                         ") was removed from ggml and is not supported; requantize the model");
             }
             t.type = static_cast<quant::GgmlType>(type);
             size_tensor(t, field, dims_at);
             const uint64_t offset_at = pos_;
             t.offset = read<uint64_t>(field + " offset");
             if (t.offset % f_.alignment_ != 0) {
-                fail(offset_at, field + " offset", "offset " + num(t.offset) + " is not a multiple of the alignment " +
-                                                       num(f_.alignment_));
+                fail(offset_at, field + " offset",
+                     "offset " + num(t.offset) + " is not a multiple of the alignment " + num(f_.alignment_));
             }
             if (!f_.tensor_index_.emplace(t.name, f_.tensors_.size()).second) {
                 fail(t.info_offset, field, "duplicate tensor name '" + std::string(t.name) + "'");
@@ -229,8 +237,9 @@ private:
         }
         const quant::TypeTraits& tt = quant::traits(t.type);
         if (static_cast<uint64_t>(t.ne[0]) % tt.block_elements != 0) {
-            fail(dims_at, field + " shape", "row length " + num(t.ne[0]) + " is not a multiple of the block size " +
-                                                num(tt.block_elements) + " of " + std::string(tt.name));
+            fail(dims_at, field + " shape",
+                 "row length " + num(t.ne[0]) + " is not a multiple of the block size " + num(tt.block_elements) +
+                     " of " + std::string(tt.name));
         }
         const uint64_t blocks = n / tt.block_elements;
         if (blocks > kMax / tt.block_bytes) fail(dims_at, field + " shape", "byte size overflows 63 bits");
@@ -243,8 +252,8 @@ private:
         f_.data_offset_ = (pos_ + a - 1) / a * a;  // pos_ <= file size < 2^63: cannot overflow
         // A file without tensors (vocab-only) may end before the padding.
         if (n_tensors_ > 0 && f_.data_offset_ > bytes_.size()) {
-            fail(pos_, "data section", "file ends at byte " + num(bytes_.size()) + ", before the data section at " +
-                                           num(f_.data_offset_));
+            fail(pos_, "data section",
+                 "file ends at byte " + num(bytes_.size()) + ", before the data section at " + num(f_.data_offset_));
         }
     }
 
@@ -270,8 +279,8 @@ private:
             const TensorInfo& cur = *by_offset[i];
             if (prev.offset + prev.n_bytes > cur.offset) {
                 fail(cur.info_offset, "tensor '" + std::string(cur.name) + "' data",
-                     "bytes from offset " + num(cur.offset) + " overlap tensor '" + std::string(prev.name) +
-                         "' at [" + num(prev.offset) + ", " + num(prev.offset + prev.n_bytes) + ")");
+                     "bytes from offset " + num(cur.offset) + " overlap tensor '" + std::string(prev.name) + "' at [" +
+                         num(prev.offset) + ", " + num(prev.offset + prev.n_bytes) + ")");
             }
         }
     }
@@ -301,7 +310,9 @@ GgufFile GgufFile::parse(std::span<const std::byte> bytes, std::string source) {
     return f;
 }
 
-void GgufFile::parse_all() { Parser(*this).run(); }
+void GgufFile::parse_all() {
+    Parser(*this).run();
+}
 
 const Value* GgufFile::find(std::string_view key) const {
     auto it = key_index_.find(key);

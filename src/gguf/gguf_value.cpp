@@ -8,9 +8,9 @@
 namespace fitllm::gguf {
 
 std::string_view value_type_name(ValueType type) {
-    static constexpr std::string_view kNames[kValueTypeCount] = {
-        "uint8", "int8", "uint16", "int16", "uint32", "int32", "float32",
-        "bool",  "string", "array", "uint64", "int64", "float64"};
+    static constexpr std::string_view kNames[kValueTypeCount] = {"uint8",  "int8",    "uint16", "int16",  "uint32",
+                                                                 "int32",  "float32", "bool",   "string", "array",
+                                                                 "uint64", "int64",   "float64"};
     const auto id = static_cast<uint32_t>(type);
     return id < kValueTypeCount ? kNames[id] : std::string_view("unknown");
 }
@@ -23,11 +23,24 @@ std::string value_type_name(ValueType type, ValueType elem_type) {
 
 size_t scalar_size(ValueType type) {
     switch (type) {
-        case ValueType::UINT8: case ValueType::INT8: case ValueType::BOOL: return 1;
-        case ValueType::UINT16: case ValueType::INT16: return 2;
-        case ValueType::UINT32: case ValueType::INT32: case ValueType::FLOAT32: return 4;
-        case ValueType::UINT64: case ValueType::INT64: case ValueType::FLOAT64: return 8;
-        case ValueType::STRING: case ValueType::ARRAY: return 0;
+        case ValueType::UINT8:
+        case ValueType::INT8:
+        case ValueType::BOOL:
+            return 1;
+        case ValueType::UINT16:
+        case ValueType::INT16:
+            return 2;
+        case ValueType::UINT32:
+        case ValueType::INT32:
+        case ValueType::FLOAT32:
+            return 4;
+        case ValueType::UINT64:
+        case ValueType::INT64:
+        case ValueType::FLOAT64:
+            return 8;
+        case ValueType::STRING:
+        case ValueType::ARRAY:
+            return 0;
     }
     return 0;
 }
@@ -70,28 +83,36 @@ Value Value::string_array(std::string_view key, std::vector<std::string_view> st
 
 void Value::expect(ValueType want) const {
     if (type_ != want) {
-        throw KeyError("key '" + std::string(key_) + "': expected " + std::string(value_type_name(want)) +
-                       ", found " + type_name());
+        throw KeyError("key '" + std::string(key_) + "': expected " + std::string(value_type_name(want)) + ", found " +
+                       type_name());
     }
 }
 
 void Value::expect_array(ValueType want_elem) const {
     if (type_ != ValueType::ARRAY || elem_type_ != want_elem) {
-        throw KeyError("key '" + std::string(key_) + "': expected " +
-                       value_type_name(ValueType::ARRAY, want_elem) + ", found " + type_name());
+        throw KeyError("key '" + std::string(key_) + "': expected " + value_type_name(ValueType::ARRAY, want_elem) +
+                       ", found " + type_name());
     }
 }
 
 int64_t Value::to_int() const {
     switch (type_) {
-        case ValueType::UINT8: return get<uint8_t>();
-        case ValueType::INT8: return get<int8_t>();
-        case ValueType::UINT16: return get<uint16_t>();
-        case ValueType::INT16: return get<int16_t>();
-        case ValueType::UINT32: return get<uint32_t>();
-        case ValueType::INT32: return get<int32_t>();
-        case ValueType::INT64: return get<int64_t>();
-        case ValueType::BOOL: return get<bool>() ? 1 : 0;
+        case ValueType::UINT8:
+            return get<uint8_t>();
+        case ValueType::INT8:
+            return get<int8_t>();
+        case ValueType::UINT16:
+            return get<uint16_t>();
+        case ValueType::INT16:
+            return get<int16_t>();
+        case ValueType::UINT32:
+            return get<uint32_t>();
+        case ValueType::INT32:
+            return get<int32_t>();
+        case ValueType::INT64:
+            return get<int64_t>();
+        case ValueType::BOOL:
+            return get<bool>() ? 1 : 0;
         case ValueType::UINT64: {
             const uint64_t u = get<uint64_t>();
             if (u > static_cast<uint64_t>(std::numeric_limits<int64_t>::max()))
@@ -105,12 +126,18 @@ int64_t Value::to_int() const {
 
 double Value::to_double() const {
     switch (type_) {
-        case ValueType::FLOAT32: return get<float>();
-        case ValueType::FLOAT64: return get<double>();
-        case ValueType::UINT64: return static_cast<double>(get<uint64_t>());
-        case ValueType::STRING: case ValueType::ARRAY: case ValueType::BOOL:
+        case ValueType::FLOAT32:
+            return get<float>();
+        case ValueType::FLOAT64:
+            return get<double>();
+        case ValueType::UINT64:
+            return static_cast<double>(get<uint64_t>());
+        case ValueType::STRING:
+        case ValueType::ARRAY:
+        case ValueType::BOOL:
             throw KeyError("key '" + std::string(key_) + "': expected a number, found " + type_name());
-        default: return static_cast<double>(to_int());
+        default:
+            return static_cast<double>(to_int());
     }
 }
 
@@ -129,14 +156,18 @@ std::string quote(std::string_view s, size_t max_chars) {
             out += "...";
             break;
         }
-        if (c == '\n') out += "\\n";
-        else if (c == '"') out += "\\\"";
-        else if (c == '\\') out += "\\\\";
+        if (c == '\n')
+            out += "\\n";
+        else if (c == '"')
+            out += "\\\"";
+        else if (c == '\\')
+            out += "\\\\";
         else if (static_cast<unsigned char>(c) < 0x20) {
             char buf[8];
             std::snprintf(buf, sizeof buf, "\\x%02x", static_cast<unsigned char>(c));
             out += buf;
-        } else out += c;
+        } else
+            out += c;
     }
     return out + "\"";
 }
@@ -148,18 +179,32 @@ std::string number_text(ValueType type, const std::byte* raw) {
         return v;
     };
     switch (type) {
-        case ValueType::UINT8: return std::to_string(load(uint8_t{}));
-        case ValueType::INT8: return std::to_string(load(int8_t{}));
-        case ValueType::UINT16: return std::to_string(load(uint16_t{}));
-        case ValueType::INT16: return std::to_string(load(int16_t{}));
-        case ValueType::UINT32: return std::to_string(load(uint32_t{}));
-        case ValueType::INT32: return std::to_string(load(int32_t{}));
-        case ValueType::UINT64: return std::to_string(load(uint64_t{}));
-        case ValueType::INT64: return std::to_string(load(int64_t{}));
-        case ValueType::BOOL: return load(uint8_t{}) ? "true" : "false";
-        case ValueType::FLOAT32: std::snprintf(buf, sizeof buf, "%g", static_cast<double>(load(float{}))); return buf;
-        case ValueType::FLOAT64: std::snprintf(buf, sizeof buf, "%g", load(double{})); return buf;
-        default: return "?";
+        case ValueType::UINT8:
+            return std::to_string(load(uint8_t{}));
+        case ValueType::INT8:
+            return std::to_string(load(int8_t{}));
+        case ValueType::UINT16:
+            return std::to_string(load(uint16_t{}));
+        case ValueType::INT16:
+            return std::to_string(load(int16_t{}));
+        case ValueType::UINT32:
+            return std::to_string(load(uint32_t{}));
+        case ValueType::INT32:
+            return std::to_string(load(int32_t{}));
+        case ValueType::UINT64:
+            return std::to_string(load(uint64_t{}));
+        case ValueType::INT64:
+            return std::to_string(load(int64_t{}));
+        case ValueType::BOOL:
+            return load(uint8_t{}) ? "true" : "false";
+        case ValueType::FLOAT32:
+            std::snprintf(buf, sizeof buf, "%g", static_cast<double>(load(float{})));
+            return buf;
+        case ValueType::FLOAT64:
+            std::snprintf(buf, sizeof buf, "%g", load(double{}));
+            return buf;
+        default:
+            return "?";
     }
 }
 

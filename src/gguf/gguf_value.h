@@ -18,12 +18,23 @@
 namespace fitllm::gguf {
 
 enum class ValueType : uint32_t {
-    UINT8 = 0, INT8 = 1, UINT16 = 2, INT16 = 3, UINT32 = 4, INT32 = 5, FLOAT32 = 6,
-    BOOL = 7, STRING = 8, ARRAY = 9, UINT64 = 10, INT64 = 11, FLOAT64 = 12,
+    UINT8 = 0,
+    INT8 = 1,
+    UINT16 = 2,
+    INT16 = 3,
+    UINT32 = 4,
+    INT32 = 5,
+    FLOAT32 = 6,
+    BOOL = 7,
+    STRING = 8,
+    ARRAY = 9,
+    UINT64 = 10,
+    INT64 = 11,
+    FLOAT64 = 12,
 };
 inline constexpr uint32_t kValueTypeCount = 13;
 
-std::string_view value_type_name(ValueType type);   // "uint32", "string", ...
+std::string_view value_type_name(ValueType type);                  // "uint32", "string", ...
 std::string value_type_name(ValueType type, ValueType elem_type);  // "array[string]" for arrays
 // Bytes of a fixed-size scalar type; 0 for STRING and ARRAY.
 size_t scalar_size(ValueType type);
@@ -35,19 +46,56 @@ public:
 };
 
 // Maps a C++ type to the GGUF type it must have: get<uint32_t> wants UINT32 exactly.
-template <class T> struct ValueTypeOf;
-template <> struct ValueTypeOf<uint8_t> { static constexpr ValueType value = ValueType::UINT8; };
-template <> struct ValueTypeOf<int8_t> { static constexpr ValueType value = ValueType::INT8; };
-template <> struct ValueTypeOf<uint16_t> { static constexpr ValueType value = ValueType::UINT16; };
-template <> struct ValueTypeOf<int16_t> { static constexpr ValueType value = ValueType::INT16; };
-template <> struct ValueTypeOf<uint32_t> { static constexpr ValueType value = ValueType::UINT32; };
-template <> struct ValueTypeOf<int32_t> { static constexpr ValueType value = ValueType::INT32; };
-template <> struct ValueTypeOf<float> { static constexpr ValueType value = ValueType::FLOAT32; };
-template <> struct ValueTypeOf<bool> { static constexpr ValueType value = ValueType::BOOL; };
-template <> struct ValueTypeOf<std::string_view> { static constexpr ValueType value = ValueType::STRING; };
-template <> struct ValueTypeOf<uint64_t> { static constexpr ValueType value = ValueType::UINT64; };
-template <> struct ValueTypeOf<int64_t> { static constexpr ValueType value = ValueType::INT64; };
-template <> struct ValueTypeOf<double> { static constexpr ValueType value = ValueType::FLOAT64; };
+template <class T>
+struct ValueTypeOf;
+template <>
+struct ValueTypeOf<uint8_t> {
+    static constexpr ValueType value = ValueType::UINT8;
+};
+template <>
+struct ValueTypeOf<int8_t> {
+    static constexpr ValueType value = ValueType::INT8;
+};
+template <>
+struct ValueTypeOf<uint16_t> {
+    static constexpr ValueType value = ValueType::UINT16;
+};
+template <>
+struct ValueTypeOf<int16_t> {
+    static constexpr ValueType value = ValueType::INT16;
+};
+template <>
+struct ValueTypeOf<uint32_t> {
+    static constexpr ValueType value = ValueType::UINT32;
+};
+template <>
+struct ValueTypeOf<int32_t> {
+    static constexpr ValueType value = ValueType::INT32;
+};
+template <>
+struct ValueTypeOf<float> {
+    static constexpr ValueType value = ValueType::FLOAT32;
+};
+template <>
+struct ValueTypeOf<bool> {
+    static constexpr ValueType value = ValueType::BOOL;
+};
+template <>
+struct ValueTypeOf<std::string_view> {
+    static constexpr ValueType value = ValueType::STRING;
+};
+template <>
+struct ValueTypeOf<uint64_t> {
+    static constexpr ValueType value = ValueType::UINT64;
+};
+template <>
+struct ValueTypeOf<int64_t> {
+    static constexpr ValueType value = ValueType::INT64;
+};
+template <>
+struct ValueTypeOf<double> {
+    static constexpr ValueType value = ValueType::FLOAT64;
+};
 
 class Value {
 public:
@@ -60,12 +108,13 @@ public:
     std::string_view key() const { return key_; }
     ValueType type() const { return type_; }
     bool is_array() const { return type_ == ValueType::ARRAY; }
-    ValueType array_type() const { return elem_type_; }   // meaningful for arrays only
+    ValueType array_type() const { return elem_type_; }  // meaningful for arrays only
     uint64_t array_size() const { return count_; }
     std::string type_name() const { return value_type_name(type_, elem_type_); }
 
     // The value as T; the GGUF type must match T exactly, else KeyError naming key and types.
-    template <class T> T get() const {
+    template <class T>
+    T get() const {
         expect(ValueTypeOf<T>::value);
         if constexpr (std::is_same_v<T, std::string_view>) {
             return text_;
@@ -81,14 +130,16 @@ public:
     double to_double() const;
 
     // Element i of a numeric array of element type T (exact match required).
-    template <class T> T array_at(uint64_t i) const {
+    template <class T>
+    T array_at(uint64_t i) const {
         expect_array(ValueTypeOf<T>::value);
         if (i >= count_) throw KeyError(std::string("key '") + std::string(key_) + "': index out of range");
         T v;
         std::memcpy(&v, data_ + i * sizeof(T), sizeof(T));
         return v;
     }
-    template <class T> std::vector<T> array() const {
+    template <class T>
+    std::vector<T> array() const {
         expect_array(ValueTypeOf<T>::value);
         std::vector<T> out(count_);
         if constexpr (std::is_same_v<T, bool>) {  // vector<bool> is packed: no memcpy

@@ -20,12 +20,14 @@ public:
     explicit GgufWriter(uint32_t version = 3);
 
     // Scalars; T is one of the GGUF scalar types (uint8_t ... double, bool).
-    template <class T> void add(std::string_view key, T value) {
+    template <class T>
+    void add(std::string_view key, T value) {
         static_assert(!std::is_same_v<T, std::string_view>, "use add_string");
         add_raw_scalar(key, ValueTypeOf<T>::value, &value, sizeof(T));
     }
     void add_string(std::string_view key, std::string_view value);
-    template <class T> void add_array(std::string_view key, std::span<const T> values) {
+    template <class T>
+    void add_array(std::string_view key, std::span<const T> values) {
         add_raw_array(key, ValueTypeOf<T>::value, values.size(), values.data(), values.size_bytes());
     }
     void add_string_array(std::string_view key, std::span<const std::string> values);
@@ -56,10 +58,14 @@ private:
     void begin_key(std::string_view key, ValueType type);
     void add_raw_scalar(std::string_view key, ValueType type, const void* value, size_t size);
     void add_raw_array(std::string_view key, ValueType elem, uint64_t count, const void* data, size_t bytes);
-    template <class Strings> void add_strings(std::string_view key, const Strings& values);
+    template <class Strings>
+    void add_strings(std::string_view key, const Strings& values);
     void put(const void* p, size_t n) { put(metadata_, p, n); }
     static void put(std::vector<std::byte>& out, const void* p, size_t n);
-    template <class T> void put_le(T v) { put(&v, sizeof v); }
+    template <class T>
+    void put_le(T v) {
+        put(&v, sizeof v);
+    }
     void put_string(std::string_view s);
 
     uint32_t version_;

@@ -1,6 +1,4 @@
 // POSIX (with Linux extensions: MAP_POPULATE, /proc/self/status) implementation of MappedFile.
-#include "io/mapped_file.h"
-
 #include <fcntl.h>
 #include <sys/mman.h>
 #include <sys/resource.h>
@@ -15,6 +13,8 @@
 #include <system_error>
 #include <utility>
 #include <vector>
+
+#include "io/mapped_file.h"
 
 namespace fitllm::io {
 namespace {
@@ -36,8 +36,12 @@ std::string range_text(std::size_t offset, std::size_t length) {
     return "bytes [" + std::to_string(offset) + ", " + std::to_string(offset + length) + ")";
 }
 
-std::size_t round_down(std::size_t x, std::size_t page) { return x / page * page; }
-std::size_t round_up(std::size_t x, std::size_t page) { return (x + page - 1) / page * page; }
+std::size_t round_down(std::size_t x, std::size_t page) {
+    return x / page * page;
+}
+std::size_t round_up(std::size_t x, std::size_t page) {
+    return (x + page - 1) / page * page;
+}
 
 std::size_t overlap_bytes(const std::vector<ByteRange>& ranges, ByteRange r) {
     std::size_t total = 0;
@@ -98,33 +102,48 @@ std::size_t process_locked_bytes() {
 
 int to_madvise(Advice advice) {
     switch (advice) {
-        case Advice::normal: return MADV_NORMAL;
-        case Advice::willneed: return MADV_WILLNEED;
-        case Advice::sequential: return MADV_SEQUENTIAL;
-        case Advice::random: return MADV_RANDOM;
-        case Advice::dontneed: return MADV_DONTNEED;
+        case Advice::normal:
+            return MADV_NORMAL;
+        case Advice::willneed:
+            return MADV_WILLNEED;
+        case Advice::sequential:
+            return MADV_SEQUENTIAL;
+        case Advice::random:
+            return MADV_RANDOM;
+        case Advice::dontneed:
+            return MADV_DONTNEED;
     }
     return MADV_NORMAL;
 }
 
 int to_fadvise(Advice advice) {
     switch (advice) {
-        case Advice::normal: return POSIX_FADV_NORMAL;
-        case Advice::willneed: return POSIX_FADV_WILLNEED;
-        case Advice::sequential: return POSIX_FADV_SEQUENTIAL;
-        case Advice::random: return POSIX_FADV_RANDOM;
-        case Advice::dontneed: return POSIX_FADV_DONTNEED;
+        case Advice::normal:
+            return POSIX_FADV_NORMAL;
+        case Advice::willneed:
+            return POSIX_FADV_WILLNEED;
+        case Advice::sequential:
+            return POSIX_FADV_SEQUENTIAL;
+        case Advice::random:
+            return POSIX_FADV_RANDOM;
+        case Advice::dontneed:
+            return POSIX_FADV_DONTNEED;
     }
     return POSIX_FADV_NORMAL;
 }
 
 const char* advice_name(Advice advice) {
     switch (advice) {
-        case Advice::normal: return "normal";
-        case Advice::willneed: return "willneed";
-        case Advice::sequential: return "sequential";
-        case Advice::random: return "random";
-        case Advice::dontneed: return "dontneed";
+        case Advice::normal:
+            return "normal";
+        case Advice::willneed:
+            return "willneed";
+        case Advice::sequential:
+            return "sequential";
+        case Advice::random:
+            return "random";
+        case Advice::dontneed:
+            return "dontneed";
     }
     return "?";
 }
@@ -133,8 +152,8 @@ const char* advice_name(Advice advice) {
 
 struct MappedFile::Impl {
     std::string path;
-    int fd = -1;                   // kept open in mmap mode: posix_fadvise needs it
-    std::byte* base = nullptr;     // page aligned; null for an empty file
+    int fd = -1;                // kept open in mmap mode: posix_fadvise needs it
+    std::byte* base = nullptr;  // page aligned; null for an empty file
     std::size_t size = 0;
     bool file_mapping = true;
     std::vector<ByteRange> locked;  // sorted, disjoint, page-aligned offsets from base
@@ -243,10 +262,18 @@ MappedFile MappedFile::open(const std::string& path, MapOptions options) {
     return MappedFile(std::move(impl));
 }
 
-const std::string& MappedFile::path() const { return impl_->path; }
-std::size_t MappedFile::size() const { return impl_->size; }
-std::span<const std::byte> MappedFile::bytes() const { return {impl_->base, impl_->size}; }
-bool MappedFile::is_file_mapping() const { return impl_->file_mapping; }
+const std::string& MappedFile::path() const {
+    return impl_->path;
+}
+std::size_t MappedFile::size() const {
+    return impl_->size;
+}
+std::span<const std::byte> MappedFile::bytes() const {
+    return {impl_->base, impl_->size};
+}
+bool MappedFile::is_file_mapping() const {
+    return impl_->file_mapping;
+}
 
 std::size_t MappedFile::page_size() {
     static const std::size_t page = static_cast<std::size_t>(sysconf(_SC_PAGESIZE));
@@ -269,8 +296,10 @@ void MappedFile::advise(std::size_t offset, std::size_t length, Advice advice) {
     if (madvise(impl_->base + pages.begin, pages.end - pages.begin, to_madvise(advice)) != 0) {
         impl_->fail_os(what, errno);
     }
-    const int err = posix_fadvise(impl_->fd, static_cast<off_t>(offset), static_cast<off_t>(length), to_fadvise(advice));
-    if (err != 0) impl_->fail_os(std::string("posix_fadvise(") + advice_name(advice) + ") of " + range_text(offset, length), err);
+    const int err =
+        posix_fadvise(impl_->fd, static_cast<off_t>(offset), static_cast<off_t>(length), to_fadvise(advice));
+    if (err != 0)
+        impl_->fail_os(std::string("posix_fadvise(") + advice_name(advice) + ") of " + range_text(offset, length), err);
 }
 
 std::size_t MappedFile::release(std::size_t offset, std::size_t length) {
@@ -342,7 +371,8 @@ void MappedFile::lock(std::size_t offset, std::size_t length) {
         for (const ByteRange& part : uncovered_parts(impl_->locked, pages)) {
             munlock(impl_->base + part.begin, part.end - part.begin);
         }
-        impl_->fail_os("mlock of " + range_text(offset, length) + " (" + std::to_string(new_bytes) + " new bytes)", err);
+        impl_->fail_os("mlock of " + range_text(offset, length) + " (" + std::to_string(new_bytes) + " new bytes)",
+                       err);
     }
     add_range(impl_->locked, pages);
 }

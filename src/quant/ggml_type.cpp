@@ -1,6 +1,7 @@
 #include "quant/ggml_type.h"
 
 #include <array>
+
 #include "util/text.h"
 
 namespace fitllm::quant {
@@ -55,7 +56,6 @@ constexpr std::array<TypeTraits, kGgmlTypeIdEnd> kTable = {{
     {"Q1_0", 128, 2 + 16, true},
 }};
 
-
 }  // namespace
 
 std::optional<TypeTraits> traits_of(uint32_t type_id) {
@@ -63,7 +63,9 @@ std::optional<TypeTraits> traits_of(uint32_t type_id) {
     return kTable[type_id];
 }
 
-const TypeTraits& traits(GgmlType type) { return kTable.at(static_cast<uint32_t>(type)); }
+const TypeTraits& traits(GgmlType type) {
+    return kTable.at(static_cast<uint32_t>(type));
+}
 
 bool is_supported(uint32_t type_id) {
     auto t = traits_of(type_id);

@@ -70,7 +70,10 @@ std::string Detokenizer::release_complete_utf8() {
     if (start < pending_.size()) {
         const auto lead = static_cast<uint8_t>(pending_[start]);
         const size_t have = pending_.size() - start;
-        const size_t want = lead >= 0xF0 && lead <= 0xF4 ? 4 : lead >= 0xE0 && lead <= 0xEF ? 3 : lead >= 0xC2 && lead <= 0xDF ? 2 : 1;
+        const size_t want = lead >= 0xF0 && lead <= 0xF4   ? 4
+                            : lead >= 0xE0 && lead <= 0xEF ? 3
+                            : lead >= 0xC2 && lead <= 0xDF ? 2
+                                                           : 1;
         bool continuations_ok = true;
         for (size_t i = start + 1; i < pending_.size(); ++i)
             continuations_ok = continuations_ok && (static_cast<uint8_t>(pending_[i]) & 0xC0) == 0x80;

@@ -11,7 +11,9 @@ namespace fitllm::tokenizer {
 namespace {
 
 // C isspace() in the "C" locale, which is what llama.cpp's LSTRIP/RSTRIP test.
-bool is_c_space(char c) { return c == ' ' || c == '\t' || c == '\n' || c == '\v' || c == '\f' || c == '\r'; }
+bool is_c_space(char c) {
+    return c == ' ' || c == '\t' || c == '\n' || c == '\v' || c == '\f' || c == '\r';
+}
 
 }  // namespace
 
@@ -56,7 +58,8 @@ std::vector<uint8_t> SpecialTokenMatcher::occurring_ranks(std::string_view text,
             node = child(node, static_cast<uint8_t>(text[i]));
             if (node < 0) break;
             const int32_t rank = nodes_[static_cast<size_t>(node)].rank;
-            if (rank >= 0 && (parse_special || always_[static_cast<size_t>(rank)])) occurs[static_cast<size_t>(rank)] = 1;
+            if (rank >= 0 && (parse_special || always_[static_cast<size_t>(rank)]))
+                occurs[static_cast<size_t>(rank)] = 1;
         }
     }
     return occurs;

@@ -29,7 +29,7 @@ public:
 private:
     struct Node {
         std::vector<std::pair<uint8_t, int32_t>> children;  // sorted by byte
-        int32_t rank = -1;  // index into partition order when a token ends here
+        int32_t rank = -1;                                  // index into partition order when a token ends here
     };
     int32_t child(int32_t node, uint8_t byte) const;
     // Marks which partition tokens occur anywhere in text, so that only those are tried.
@@ -37,7 +37,7 @@ private:
     void split_at(std::string_view text, TokenId id, std::vector<Fragment>& fragments) const;
 
     const Vocab& vocab_;
-    std::vector<TokenId> order_;  // vocab.partition_tokens()
+    std::vector<TokenId> order_;   // vocab.partition_tokens()
     std::vector<uint8_t> always_;  // per rank: matched even without parse_special (user-defined)
     std::vector<Node> nodes_;      // nodes_[0] is the root
     bool first_byte_[256] = {};

@@ -96,8 +96,9 @@ public:
             if (!all_bytes) {
                 out.resize(first_byte);
                 if (vocab_.special().unk == kNoToken)
-                    throw VocabError("SPM: the vocabulary has neither byte tokens (<0xNN>) nor an unknown token "
-                                     "for a character it lacks");
+                    throw VocabError(
+                        "SPM: the vocabulary has neither byte tokens (<0xNN>) nor an unknown token "
+                        "for a character it lacks");
                 out.push_back(vocab_.special().unk);
             }
         }
@@ -109,6 +110,8 @@ private:
 
 }  // namespace
 
-std::unique_ptr<Segmenter> make_spm_segmenter(const Vocab& vocab) { return std::make_unique<SpmSegmenter>(vocab); }
+std::unique_ptr<Segmenter> make_spm_segmenter(const Vocab& vocab) {
+    return std::make_unique<SpmSegmenter>(vocab);
+}
 
 }  // namespace fitllm::tokenizer

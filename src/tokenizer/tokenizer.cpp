@@ -89,10 +89,17 @@ Tokenizer Tokenizer::from_gguf(const gguf::GgufFile& file) {
 Tokenizer::Tokenizer(Vocab vocab) : vocab_(std::make_unique<const Vocab>(std::move(vocab))) {
     const Vocab& v = *vocab_;
     switch (v.type()) {
-        case VocabType::spm: segmenter_ = make_spm_segmenter(v); break;
-        case VocabType::bpe: segmenter_ = make_bpe_segmenter(v); break;
-        case VocabType::wpm: segmenter_ = make_wpm_segmenter(v); break;
-        case VocabType::none: break;
+        case VocabType::spm:
+            segmenter_ = make_spm_segmenter(v);
+            break;
+        case VocabType::bpe:
+            segmenter_ = make_bpe_segmenter(v);
+            break;
+        case VocabType::wpm:
+            segmenter_ = make_wpm_segmenter(v);
+            break;
+        case VocabType::none:
+            break;
         case VocabType::ugm:
         case VocabType::rwkv:
             throw VocabError("tokenizer.ggml.model: '" + v.model_name() + "' vocabularies are not supported yet");
@@ -186,7 +193,9 @@ void Tokenizer::check_id(TokenId id) const {
                          std::to_string(vocab_->size()) + " tokens)");
 }
 
-std::string Tokenizer::token_to_piece(TokenId id, bool special) const { return token_to_piece(id, special, 0); }
+std::string Tokenizer::token_to_piece(TokenId id, bool special) const {
+    return token_to_piece(id, special, 0);
+}
 
 std::string Tokenizer::token_to_piece(TokenId id, bool special, int lstrip) const {
     check_id(id);

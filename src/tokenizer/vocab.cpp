@@ -9,7 +9,6 @@
 #include <optional>
 #include <span>
 
-
 namespace fitllm::tokenizer {
 namespace {
 
@@ -42,24 +41,58 @@ struct PreFlags {
 };
 
 constexpr PreFlags kPreFlags[] = {
-    {"llama3", true, true, true},       {"llama-v3", true, true, true},   {"llama-bpe", true, true, true},
-    {"falcon3", true, true, true},      {"falcon-h1", true, true, true},  {"pixtral", true, true, true},
-    {"midm-2.0", true, true, true},     {"lfm2", true, true, true},       {"jina-v5-nano", true, true, true},
-    {"minicpm5", true, false, true},    {"tekken", false, true, true},    {"chameleon", false, true, false},
-    {"youtu", false, false, true},      {"granite-embed-multi-97m", false, false, true},
-    {"deepseek-llm", false},            {"deepseek-coder", false},        {"deepseek-v3", false},
-    {"spark2_5", false},                {"command-r", false},             {"qwen2", false},
-    {"deepseek-r1-qwen", false},        {"kormo", false},                 {"f2llmv2", false},
-    {"qwen35", false},                  {"poro-chat", false},             {"viking", false},
-    {"smollm", false},                  {"gpt-4o", false},                {"llama4", false},
-    {"kanana2", false},                 {"talkie", false},                {"tiny_aya", false},
-    {"cohere2moe", false},              {"superbpe", false},              {"trillion", false},
-    {"granite-docling", false},         {"bailingmoe", false},            {"bailingmoe2", false},
-    {"llada-moe", false},               {"seed-coder", false},            {"hunyuan", false},
-    {"hunyuan-dense", false},           {"hy_v4", false},                 {"joyai-llm", false},
-    {"kimi-k2", false},                 {"ufakzeka", false},              {"grok-2", false},
-    {"afmoe", false},                   {"laguna", false},                {"minimax-m2", false},
-    {"solar-open", false},              {"gemma4", true, false, false, true},
+    {"llama3", true, true, true},
+    {"llama-v3", true, true, true},
+    {"llama-bpe", true, true, true},
+    {"falcon3", true, true, true},
+    {"falcon-h1", true, true, true},
+    {"pixtral", true, true, true},
+    {"midm-2.0", true, true, true},
+    {"lfm2", true, true, true},
+    {"jina-v5-nano", true, true, true},
+    {"minicpm5", true, false, true},
+    {"tekken", false, true, true},
+    {"chameleon", false, true, false},
+    {"youtu", false, false, true},
+    {"granite-embed-multi-97m", false, false, true},
+    {"deepseek-llm", false},
+    {"deepseek-coder", false},
+    {"deepseek-v3", false},
+    {"spark2_5", false},
+    {"command-r", false},
+    {"qwen2", false},
+    {"deepseek-r1-qwen", false},
+    {"kormo", false},
+    {"f2llmv2", false},
+    {"qwen35", false},
+    {"poro-chat", false},
+    {"viking", false},
+    {"smollm", false},
+    {"gpt-4o", false},
+    {"llama4", false},
+    {"kanana2", false},
+    {"talkie", false},
+    {"tiny_aya", false},
+    {"cohere2moe", false},
+    {"superbpe", false},
+    {"trillion", false},
+    {"granite-docling", false},
+    {"bailingmoe", false},
+    {"bailingmoe2", false},
+    {"llada-moe", false},
+    {"seed-coder", false},
+    {"hunyuan", false},
+    {"hunyuan-dense", false},
+    {"hy_v4", false},
+    {"joyai-llm", false},
+    {"kimi-k2", false},
+    {"ufakzeka", false},
+    {"grok-2", false},
+    {"afmoe", false},
+    {"laguna", false},
+    {"minimax-m2", false},
+    {"solar-open", false},
+    {"gemma4", true, false, false, true},
     {"granite-embed-multi-311m", true, false, false, true},
     {"sarvam-moe", false, false, false, true},
 };
@@ -67,30 +100,82 @@ constexpr PreFlags kPreFlags[] = {
 // Texts llama.cpp recognizes as end-of-turn etc. when the file names no id (llama-vocab.cpp:
 // "auto-detect special tokens by text"). The first match in the id map's iteration wins.
 constexpr std::string_view kEotTexts[] = {
-    "<|eot_id|>", "<|im_end|>", "<|end|>", "<end_of_turn>", "<|endoftext|>", "<|end_of_text|>", "<EOT>",
-    "_<EOT>", "[EOT]", "<\xef\xbd\x9c" "end\xe2\x96\x81of\xe2\x96\x81sentence\xef\xbd\x9c>", "<end_of_utterance>",
+    "<|eot_id|>",
+    "<|im_end|>",
+    "<|end|>",
+    "<end_of_turn>",
+    "<|endoftext|>",
+    "<|end_of_text|>",
+    "<EOT>",
+    "_<EOT>",
+    "[EOT]",
+    "<\xef\xbd\x9c"
+    "end\xe2\x96\x81of\xe2\x96\x81sentence\xef\xbd\x9c>",
+    "<end_of_utterance>",
 };
 constexpr std::string_view kEomTexts[] = {"<|eom_id|>"};
 constexpr std::string_view kFimPreTexts[] = {
-    "<|fim_prefix|>", "<fim-prefix>", "<fim_prefix>", "<\xef\xbd\x9c" "fim\xe2\x96\x81" "begin\xef\xbd\x9c>",
-    "<PRE>", "\xe2\x96\x81<PRE>", "<|code_prefix|>", "<|prefix|>",
+    "<|fim_prefix|>",
+    "<fim-prefix>",
+    "<fim_prefix>",
+    "<\xef\xbd\x9c"
+    "fim\xe2\x96\x81"
+    "begin\xef\xbd\x9c>",
+    "<PRE>",
+    "\xe2\x96\x81<PRE>",
+    "<|code_prefix|>",
+    "<|prefix|>",
 };
 constexpr std::string_view kFimSufTexts[] = {
-    "<|fim_suffix|>", "<fim-suffix>", "<fim_suffix>", "<\xef\xbd\x9c" "fim\xe2\x96\x81hole\xef\xbd\x9c>",
-    "<SUF>", "\xe2\x96\x81<SUF>", "<|code_suffix|>", "<|suffix|>",
+    "<|fim_suffix|>",
+    "<fim-suffix>",
+    "<fim_suffix>",
+    "<\xef\xbd\x9c"
+    "fim\xe2\x96\x81hole\xef\xbd\x9c>",
+    "<SUF>",
+    "\xe2\x96\x81<SUF>",
+    "<|code_suffix|>",
+    "<|suffix|>",
 };
 constexpr std::string_view kFimMidTexts[] = {
-    "<|fim_middle|>", "<fim-middle>", "<fim_middle>", "<\xef\xbd\x9c" "fim\xe2\x96\x81" "end\xef\xbd\x9c>",
-    "<MID>", "\xe2\x96\x81<MID>", "<|code_middle|>", "<|middle|>",
+    "<|fim_middle|>",
+    "<fim-middle>",
+    "<fim_middle>",
+    "<\xef\xbd\x9c"
+    "fim\xe2\x96\x81"
+    "end\xef\xbd\x9c>",
+    "<MID>",
+    "\xe2\x96\x81<MID>",
+    "<|code_middle|>",
+    "<|middle|>",
 };
 constexpr std::string_view kFimPadTexts[] = {"<|fim_pad|>", "<fim-pad>", "<fim_pad>", "<PAD>", "[PAD]"};
 constexpr std::string_view kFimRepTexts[] = {"<|fim_repo|>", "<|repo_name|>", "<fim-repo>", "<REPO>", "<reponame>"};
 constexpr std::string_view kFimSepTexts[] = {"<|file_sep|>"};
 constexpr std::string_view kEogTexts[] = {
-    "<|eot_id|>", "<|im_end|>", "<|end|>", "<|return|>", "<|call|>", "<|flush|>", "<|calls|>",
-    "<end_of_turn>", "<|endoftext|>", "</s>", "<|eom_id|>", "<EOT>", "_<EOT>", "[EOT]", "[EOS]",
-    "<|end_of_text|>", "<end_of_utterance>", "<eos>", "<turn|>", "<|tool_response>",
-    "<\xef\xbd\x9c" "end\xe2\x96\x81of\xe2\x96\x81sentence\xef\xbd\x9c>", "[e~[",
+    "<|eot_id|>",
+    "<|im_end|>",
+    "<|end|>",
+    "<|return|>",
+    "<|call|>",
+    "<|flush|>",
+    "<|calls|>",
+    "<end_of_turn>",
+    "<|endoftext|>",
+    "</s>",
+    "<|eom_id|>",
+    "<EOT>",
+    "_<EOT>",
+    "[EOT]",
+    "[EOS]",
+    "<|end_of_text|>",
+    "<end_of_utterance>",
+    "<eos>",
+    "<turn|>",
+    "<|tool_response>",
+    "<\xef\xbd\x9c"
+    "end\xe2\x96\x81of\xe2\x96\x81sentence\xef\xbd\x9c>",
+    "[e~[",
 };
 
 template <size_t N>
@@ -100,13 +185,20 @@ bool one_of(std::string_view text, const std::string_view (&list)[N]) {
 
 uint32_t attr_from_type(int32_t type) {
     switch (static_cast<TokenType>(type)) {
-        case TokenType::unknown: return kAttrUnknown;
-        case TokenType::unused: return kAttrUnused;
-        case TokenType::normal: return kAttrNormal;
-        case TokenType::control: return kAttrControl;
-        case TokenType::user_defined: return kAttrUserDefined;
-        case TokenType::byte: return kAttrByte;
-        default: return kAttrUndefined;
+        case TokenType::unknown:
+            return kAttrUnknown;
+        case TokenType::unused:
+            return kAttrUnused;
+        case TokenType::normal:
+            return kAttrNormal;
+        case TokenType::control:
+            return kAttrControl;
+        case TokenType::user_defined:
+            return kAttrUserDefined;
+        case TokenType::byte:
+            return kAttrByte;
+        default:
+            return kAttrUndefined;
     }
 }
 
@@ -168,8 +260,9 @@ void Vocab::load_type_and_flags(const gguf::GgufFile& file) {
     } else if (model_name_ == "rwkv") {
         type_ = VocabType::rwkv;
     } else {
-        throw VocabError(key_error(file, kModelKey, "unknown tokenizer model '" + model_name_ +
-                                                        "' (known: llama, gpt2, bert, t5, rwkv, no_vocab)"));
+        throw VocabError(
+            key_error(file, kModelKey,
+                      "unknown tokenizer model '" + model_name_ + "' (known: llama, gpt2, bert, t5, rwkv, no_vocab)"));
     }
 
     escape_whitespaces_ = true;
@@ -223,8 +316,9 @@ void Vocab::load_tokens(const gguf::GgufFile& file) {
             (scores->array_type() != gguf::ValueType::FLOAT32 && scores->array_type() != gguf::ValueType::INT32))
             throw VocabError(key_error(file, kScoresKey, "expected array[float32], found " + scores->type_name()));
         if (scores->array_size() != n)
-            throw VocabError(key_error(file, kScoresKey, std::to_string(scores->array_size()) + " scores for " +
-                                                             std::to_string(n) + " tokens"));
+            throw VocabError(
+                key_error(file, kScoresKey,
+                          std::to_string(scores->array_size()) + " scores for " + std::to_string(n) + " tokens"));
         if (scores->array_type() == gguf::ValueType::FLOAT32) {
             scores_ = scores->array<float>();
         } else {
@@ -238,8 +332,8 @@ void Vocab::load_tokens(const gguf::GgufFile& file) {
         if (!types->is_array() || types->array_type() != gguf::ValueType::INT32)
             throw VocabError(key_error(file, kTypesKey, "expected array[int32], found " + types->type_name()));
         if (types->array_size() != n)
-            throw VocabError(key_error(file, kTypesKey, std::to_string(types->array_size()) + " types for " +
-                                                            std::to_string(n) + " tokens"));
+            throw VocabError(key_error(
+                file, kTypesKey, std::to_string(types->array_size()) + " types for " + std::to_string(n) + " tokens"));
         raw_types = types->array<int32_t>();
     }
 
@@ -260,8 +354,9 @@ void Vocab::load_tokens(const gguf::GgufFile& file) {
     for (size_t i = 0; i < n; ++i) {
         const auto [it, inserted] = ids_.emplace(texts_[i], static_cast<TokenId>(i));
         if (!inserted)
-            throw VocabError(key_error(file, kTokensKey, "duplicate token '" + texts_[i] + "' at ids " +
-                                                             std::to_string(it->second) + " and " + std::to_string(i)));
+            throw VocabError(key_error(file, kTokensKey,
+                                       "duplicate token '" + texts_[i] + "' at ids " + std::to_string(it->second) +
+                                           " and " + std::to_string(i)));
     }
 }
 
@@ -309,10 +404,10 @@ void Vocab::find_linefeed() {
 
 void Vocab::load_special_ids(const gguf::GgufFile& file) {
     const std::pair<std::string_view, TokenId*> keys[] = {
-        {"tokenizer.ggml.bos_token_id", &special_.bos},        {"tokenizer.ggml.eos_token_id", &special_.eos},
-        {"tokenizer.ggml.eot_token_id", &special_.eot},        {"tokenizer.ggml.eom_token_id", &special_.eom},
-        {"tokenizer.ggml.unknown_token_id", &special_.unk},    {"tokenizer.ggml.seperator_token_id", &special_.sep},
-        {"tokenizer.ggml.padding_token_id", &special_.pad},    {"tokenizer.ggml.mask_token_id", &special_.mask},
+        {"tokenizer.ggml.bos_token_id", &special_.bos},         {"tokenizer.ggml.eos_token_id", &special_.eos},
+        {"tokenizer.ggml.eot_token_id", &special_.eot},         {"tokenizer.ggml.eom_token_id", &special_.eom},
+        {"tokenizer.ggml.unknown_token_id", &special_.unk},     {"tokenizer.ggml.seperator_token_id", &special_.sep},
+        {"tokenizer.ggml.padding_token_id", &special_.pad},     {"tokenizer.ggml.mask_token_id", &special_.mask},
         {"tokenizer.ggml.fim_pre_token_id", &special_.fim_pre}, {"tokenizer.ggml.fim_suf_token_id", &special_.fim_suf},
         {"tokenizer.ggml.fim_mid_token_id", &special_.fim_mid}, {"tokenizer.ggml.fim_pad_token_id", &special_.fim_pad},
         {"tokenizer.ggml.fim_rep_token_id", &special_.fim_rep}, {"tokenizer.ggml.fim_sep_token_id", &special_.fim_sep},
@@ -331,8 +426,9 @@ void Vocab::load_special_ids(const gguf::GgufFile& file) {
             throw VocabError(key_error(file, key, "expected an integer token id, found " + v->type_name()));
         }
         if (value < 0 || static_cast<uint64_t>(value) >= size())
-            throw VocabError(key_error(file, key, "token id " + std::to_string(value) + " is out of range (vocabulary of " +
-                                                      std::to_string(size()) + " tokens)"));
+            throw VocabError(key_error(file, key,
+                                       "token id " + std::to_string(value) + " is out of range (vocabulary of " +
+                                           std::to_string(size()) + " tokens)"));
         *id = static_cast<TokenId>(value);
     }
 
@@ -421,7 +517,8 @@ void Vocab::apply_text_patches(const gguf::GgufFile& file) {
     const std::string name = to_lower_ascii(string_key("general.name"));
     const std::string arch = string_key("general.architecture");
     auto contains_any = [](const std::string& s, std::initializer_list<std::string_view> parts) {
-        return std::any_of(parts.begin(), parts.end(), [&](std::string_view p) { return s.find(p) != std::string::npos; });
+        return std::any_of(parts.begin(), parts.end(),
+                           [&](std::string_view p) { return s.find(p) != std::string::npos; });
     };
     auto set_attr = [&](std::string_view text, TokenAttr attr, bool on) {
         const TokenId id = find(text);
@@ -447,7 +544,8 @@ void Vocab::apply_text_patches(const gguf::GgufFile& file) {
 void Vocab::build_partition_tokens() {
     partition_tokens_.clear();
     for (size_t i = 0; i < attrs_.size(); ++i) {
-        if (attrs_[i] & (kAttrControl | kAttrUserDefined | kAttrUnknown)) partition_tokens_.push_back(static_cast<TokenId>(i));
+        if (attrs_[i] & (kAttrControl | kAttrUserDefined | kAttrUnknown))
+            partition_tokens_.push_back(static_cast<TokenId>(i));
     }
     // std::sort (not stable_sort) on ids in ascending order, exactly as llama.cpp sorts them:
     // with the same standard library, tokens of equal length end up in the same order.
@@ -466,7 +564,9 @@ TokenId Vocab::find(std::string_view text) const {
     return it == ids_.end() ? kNoToken : it->second;
 }
 
-bool Vocab::is_eog(TokenId id) const { return std::binary_search(eog_.begin(), eog_.end(), id); }
+bool Vocab::is_eog(TokenId id) const {
+    return std::binary_search(eog_.begin(), eog_.end(), id);
+}
 
 TokenId Vocab::byte_token(uint8_t byte) const {
     static constexpr char kHex[] = "0123456789ABCDEF";

@@ -30,7 +30,15 @@ public:
 enum class VocabType { none, spm, bpe, wpm, ugm, rwkv };
 
 // tokenizer.ggml.token_type values (llama.cpp's llama_token_type).
-enum class TokenType : int32_t { undefined = 0, normal = 1, unknown = 2, control = 3, user_defined = 4, unused = 5, byte = 6 };
+enum class TokenType : int32_t {
+    undefined = 0,
+    normal = 1,
+    unknown = 2,
+    control = 3,
+    user_defined = 4,
+    unused = 5,
+    byte = 6
+};
 
 // What llama.cpp derives from a token's type plus its load-time patches (llama_token_attr):
 // a bit set, because a token can be e.g. control and unused, or user-defined and rstrip.
@@ -85,7 +93,7 @@ public:
     bool is_byte(TokenId id) const { return has_attr(id, kAttrByte); }
     bool is_unused(TokenId id) const { return has_attr(id, kAttrUnused); }
     bool is_normal(TokenId id) const { return has_attr(id, kAttrNormal); }
-    TokenId find(std::string_view text) const;  // kNoToken when absent
+    TokenId find(std::string_view text) const;                     // kNoToken when absent
     size_t max_token_length() const { return max_token_length_; }  // bytes of the longest text
 
     // The token of one raw byte: "<0x0A>" (SPM byte fallback), else the one-byte text itself;

@@ -64,8 +64,8 @@ CharClass classify(char32_t cp) {
 char32_t decompose_first(char32_t cp) {
     utf8proc_int32_t buffer[8];
     int boundclass = 0;
-    const utf8proc_ssize_t n = utf8proc_decompose_char(static_cast<utf8proc_int32_t>(cp), buffer, 8,
-                                                       UTF8PROC_DECOMPOSE, &boundclass);
+    const utf8proc_ssize_t n =
+        utf8proc_decompose_char(static_cast<utf8proc_int32_t>(cp), buffer, 8, UTF8PROC_DECOMPOSE, &boundclass);
     return n >= 1 ? static_cast<char32_t>(buffer[0]) : cp;
 }
 
@@ -89,7 +89,8 @@ public:
             const CharClass cls = classify(cp);
             if (cp == 0 || cp == kReplacementChar || cls == CharClass::control) continue;
             if (vocab_.strip_accents() && cls == CharClass::accent_mark) continue;
-            const char32_t cased = vocab_.lowercase() ? static_cast<char32_t>(utf8proc_tolower(static_cast<utf8proc_int32_t>(cp))) : cp;
+            const char32_t cased =
+                vocab_.lowercase() ? static_cast<char32_t>(utf8proc_tolower(static_cast<utf8proc_int32_t>(cp))) : cp;
             if (cls == CharClass::punctuation || (cp < 0x7F && cls == CharClass::symbol) || is_cjk_ideograph(cp)) {
                 finish_word(word, out);
                 utf8_append(word, cased);
@@ -133,7 +134,8 @@ private:
 }  // namespace
 
 std::unique_ptr<Segmenter> make_wpm_segmenter(const Vocab& vocab) {
-    if (vocab.special().unk == kNoToken) throw VocabError("WPM vocabulary without an unknown token (tokenizer.ggml.unknown_token_id)");
+    if (vocab.special().unk == kNoToken)
+        throw VocabError("WPM vocabulary without an unknown token (tokenizer.ggml.unknown_token_id)");
     return std::make_unique<WpmSegmenter>(vocab);
 }
 

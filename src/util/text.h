@@ -1,8 +1,8 @@
 #pragma once
 // Small text helpers shared by modules; header-only on purpose.
 #include <cctype>
-#include <cstdio>
 #include <cstdint>
+#include <cstdio>
 #include <string>
 #include <string_view>
 
@@ -27,8 +27,10 @@ inline std::string human_bytes(uint64_t bytes) {
         ++unit;
     }
     char buf[32];
-    if (unit == 0) std::snprintf(buf, sizeof buf, "%llu B", static_cast<unsigned long long>(bytes));
-    else std::snprintf(buf, sizeof buf, v < 10 ? "%.2f %s" : (v < 100 ? "%.1f %s" : "%.0f %s"), v, kUnits[unit]);
+    if (unit == 0)
+        std::snprintf(buf, sizeof buf, "%llu B", static_cast<unsigned long long>(bytes));
+    else
+        std::snprintf(buf, sizeof buf, v < 10 ? "%.2f %s" : (v < 100 ? "%.1f %s" : "%.0f %s"), v, kUnits[unit]);
     return buf;
 }
 

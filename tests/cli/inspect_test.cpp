@@ -9,7 +9,9 @@
 namespace fitllm::cli {
 namespace {
 
-std::string fitllm_exe() { return std::string(FITLLM_BINARY_DIR) + "/fitllm"; }
+std::string fitllm_exe() {
+    return std::string(FITLLM_BINARY_DIR) + "/fitllm";
+}
 
 // A small llama-shaped file with a tokenizer.
 std::string write_tiny_llama(const test::TempDir& dir) {

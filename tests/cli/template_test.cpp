@@ -6,13 +6,16 @@
 namespace fitllm::cli {
 namespace {
 
-std::string fitllm_exe() { return std::string(FITLLM_BINARY_DIR) + "/fitllm"; }
+std::string fitllm_exe() {
+    return std::string(FITLLM_BINARY_DIR) + "/fitllm";
+}
 
 TEST(TemplateCommand, RendersTheDemoModelsConversation) {
     const auto model = test::demo_model();
     if (!model) GTEST_SKIP() << "demo model not found (run scripts/setup.sh)";
     const std::string m = " -m '" + model->string() + "'";
-    auto r = test::run_command(fitllm_exe() + " template" + m + " --user 'Hi' --assistant 'Hello!' --user 'Bye' 2>/dev/null");
+    auto r = test::run_command(fitllm_exe() + " template" + m +
+                               " --user 'Hi' --assistant 'Hello!' --user 'Bye' 2>/dev/null");
     ASSERT_EQ(r.status, 0) << r.output;
     EXPECT_EQ(r.output,
               "<bos><start_of_turn>user\nHi<end_of_turn>\n<start_of_turn>model\nHello!<end_of_turn>\n"

@@ -9,11 +9,17 @@
 namespace fitllm::cli {
 namespace {
 
-std::string fitllm_exe() { return std::string(FITLLM_BINARY_DIR) + "/fitllm"; }
+std::string fitllm_exe() {
+    return std::string(FITLLM_BINARY_DIR) + "/fitllm";
+}
 
 // <unk> <s> </s>, byte tokens, "▁a" (id 259), "a" (260), "<|x|>" (261, control).
 std::string write_tiny_spm(const test::TempDir& dir) {
-    tokenizer::tiny::TinyVocabSpec spec = tokenizer::tiny::spm_spec({{"\xE2\x96\x81" "a", -1}, {"a", -2}, {"<|x|>", 0}});
+    tokenizer::tiny::TinyVocabSpec spec = tokenizer::tiny::spm_spec({{"\xE2\x96\x81"
+                                                                      "a",
+                                                                      -1},
+                                                                     {"a", -2},
+                                                                     {"<|x|>", 0}});
     spec.types.back() = 3;
     gguf::GgufWriter w;
     w.add_string("general.architecture", "llama");

@@ -10,8 +10,8 @@
 namespace fitllm::gguf {
 namespace {
 
-#define REQUIRE_DEMO_MODEL(path)                                                                        \
-    const auto path##_opt = test::demo_model();                                                         \
+#define REQUIRE_DEMO_MODEL(path)                                                                             \
+    const auto path##_opt = test::demo_model();                                                              \
     if (!path##_opt) GTEST_SKIP() << "demo model not found (run scripts/setup.sh or set FITLLM_DEMO_MODEL)"; \
     const std::string path = path##_opt->string()
 
@@ -59,7 +59,8 @@ TEST(DemoModel, RewritesByteExact) {
     const GgufFile f = GgufFile::open(path);
     GgufWriter w(f.version());
     for (const Value& v : f.metadata()) w.add_value(v);
-    for (const TensorInfo& t : f.tensors()) w.add_tensor(t.name, t.type, std::span<const int64_t>(t.ne.data(), t.n_dims), t.data);
+    for (const TensorInfo& t : f.tensors())
+        w.add_tensor(t.name, t.type, std::span<const int64_t>(t.ne.data(), t.n_dims), t.data);
     const std::vector<std::byte> out = w.to_bytes();
     ASSERT_EQ(out.size(), f.size());
     EXPECT_TRUE(std::equal(out.begin(), out.end(), f.bytes().begin()));

@@ -168,7 +168,8 @@ TEST(GgufRoundTrip, EveryTensorTypeByteExactWithViewsIntoTheFile) {
         EXPECT_EQ(t.n_bytes, 2u * 3 * tt.block_bytes);
         EXPECT_EQ(t.offset % f.alignment(), 0u);
         EXPECT_EQ(t.data.data(), bytes.data() + f.data_offset() + t.offset);  // a view, not a copy
-        EXPECT_TRUE(std::equal(t.data.begin(), t.data.end(), random_bytes(t.n_bytes, static_cast<uint32_t>(t.type)).begin()));
+        EXPECT_TRUE(
+            std::equal(t.data.begin(), t.data.end(), random_bytes(t.n_bytes, static_cast<uint32_t>(t.type)).begin()));
         EXPECT_EQ(f.find_tensor(t.name), &t);
     }
     EXPECT_EQ(rewrite(f), bytes);
@@ -217,7 +218,7 @@ TEST(GgufRoundTrip, WriterRefusesBadInput) {
     const int64_t dims[] = {100};
     EXPECT_THROW(w.add_tensor("t", quant::GgmlType::Q4_K, dims, random_bytes(144, 1)), Error);  // 100 % 256
     const int64_t ok[] = {256};
-    EXPECT_THROW(w.add_tensor("t", quant::GgmlType::Q4_K, ok, random_bytes(143, 1)), Error);   // wrong size
+    EXPECT_THROW(w.add_tensor("t", quant::GgmlType::Q4_K, ok, random_bytes(143, 1)), Error);  // wrong size
     w.add_tensor("t", quant::GgmlType::Q4_K, ok, random_bytes(144, 1));
     EXPECT_THROW(w.add_tensor("t", quant::GgmlType::Q4_K, ok, random_bytes(144, 1)), Error);  // duplicate
     EXPECT_THROW(GgufWriter(1), Error);

@@ -1,11 +1,10 @@
 #include "io/mapped_file.h"
 
 #include <fcntl.h>
+#include <gtest/gtest.h>
 #include <sys/resource.h>
 #include <sys/stat.h>
 #include <unistd.h>
-
-#include <gtest/gtest.h>
 
 #include <atomic>
 #include <chrono>
@@ -39,7 +38,9 @@ constexpr bool kMlockReallyLocks = true;
 #endif
 
 // Different in every byte position and every page, so a page read from the wrong place shows.
-std::byte pattern_at(std::size_t i) { return static_cast<std::byte>((i * 131 + i / 4096 * 7 + 3) & 0xff); }
+std::byte pattern_at(std::size_t i) {
+    return static_cast<std::byte>((i * 131 + i / 4096 * 7 + 3) & 0xff);
+}
 
 std::string unique_temp_path(const char* tag) {
     static std::atomic<int> counter{0};
@@ -128,8 +129,8 @@ std::string thrown_message(const std::function<void()>& action) {
 
 // On a file system that cannot drop clean pages (tmpfs keeps them: they are the file) the
 // residency tests cannot observe anything, so they skip rather than fail.
-#define SKIP_UNLESS_COLD(file)                                                                   \
-    if ((file).resident_bytes(0, (file).size()) != 0) {                                          \
+#define SKIP_UNLESS_COLD(file)                                                                       \
+    if ((file).resident_bytes(0, (file).size()) != 0) {                                              \
         GTEST_SKIP() << "the page cache of " << (file).path() << " cannot be dropped here (tmpfs?)"; \
     }
 

@@ -1,10 +1,11 @@
 // The ggml type table and file-type names, checked against PyPI's gguf package.
+#include "quant/ggml_type.h"
+
 #include <gtest/gtest.h>
 
 #include <nlohmann/json.hpp>
 
 #include "quant/file_type.h"
-#include "quant/ggml_type.h"
 #include "test_support.h"
 
 namespace fitllm::quant {
@@ -13,7 +14,8 @@ namespace {
 nlohmann::json gguf_py_types() {
     const auto py = test::python();
     if (!py) return nullptr;
-    const auto r = test::run_command(py->string() + " " + (test::source_dir() / "tools/gguf_py_facts.py").string() + " types");
+    const auto r =
+        test::run_command(py->string() + " " + (test::source_dir() / "tools/gguf_py_facts.py").string() + " types");
     if (r.status != 0) return nullptr;
     return nlohmann::json::parse(r.output);
 }
@@ -27,8 +29,8 @@ TEST(GgmlType, KnownSizes) {
     EXPECT_EQ(traits(GgmlType::Q8_1).block_bytes, 36u);  // f16 d + f16 s + 32 int8, as ggml has it
     EXPECT_EQ(row_bytes(GgmlType::Q8_0, 64), 68u);
     EXPECT_EQ(row_bytes(GgmlType::Q8_0, 63), std::nullopt);
-    EXPECT_FALSE(is_supported(4));    // Q4_2, removed
-    EXPECT_FALSE(is_supported(31));   // Q4_0_4_4, removed
+    EXPECT_FALSE(is_supported(4));   // Q4_2, removed
+    EXPECT_FALSE(is_supported(31));  // Q4_0_4_4, removed
     EXPECT_FALSE(traits_of(kGgmlTypeIdEnd).has_value());
     EXPECT_EQ(type_name(4), "Q4_2");
     EXPECT_EQ(type_name(1000), "unknown");

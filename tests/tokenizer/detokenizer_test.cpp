@@ -23,7 +23,12 @@ std::string stream_all(const Tokenizer& tok, const Ids& ids, bool remove_special
 }
 
 Tokenizer tiny_spm_with_eos() {
-    tiny::TinyVocabSpec spec = tiny::spm_spec({{"\xE2\x96\x81" "a", -1}, {"a", -2}, {".", -3}, {"\xE2\x96\x81", -4}});
+    tiny::TinyVocabSpec spec = tiny::spm_spec({{"\xE2\x96\x81"
+                                                "a",
+                                                -1},
+                                               {"a", -2},
+                                               {".", -3},
+                                               {"\xE2\x96\x81", -4}});
     spec.extra = [](gguf::GgufWriter& w) { w.add<bool>("tokenizer.ggml.add_eos_token", true); };
     const tiny::TinyGguf gguf(spec);
     return Tokenizer::from_gguf(gguf.file());
@@ -32,7 +37,7 @@ Tokenizer tiny_spm_with_eos() {
 TEST(Detokenizer, HoldsBackAnEmojiSplitAcrossByteTokens) {
     const Tokenizer tok = tiny_spm_with_eos();
     const Ids ids = tok.tokenize("a \xF0\x9F\xA6\x99.", false, false);  // "a 🦙."
-    ASSERT_GE(ids.size(), 6u);  // the emoji is four byte tokens
+    ASSERT_GE(ids.size(), 6u);                                          // the emoji is four byte tokens
     Detokenizer stream(tok, false, false);
     std::vector<std::string> outputs;
     for (TokenId id : ids) outputs.push_back(stream.feed(id));
@@ -103,8 +108,24 @@ TEST(Detokenizer, CleanSpacesRules) {
 Tokenizer char_bpe() {
     tiny::TinyVocabSpec spec;
     spec.model = "gpt2";
-    spec.tokens = {"<|endoftext|>", "\xC4\xA0" /* Ġ: space */, "'", "?", "!", ".", ",", "s", "m", "r", "e",
-                   "v",             "t",       "d",           "l", "x", "\xC3\x83" /* byte C3 */, "\xC2\xA9" /* byte A9 */};
+    spec.tokens = {"<|endoftext|>",
+                   "\xC4\xA0" /* Ġ: space */,
+                   "'",
+                   "?",
+                   "!",
+                   ".",
+                   ",",
+                   "s",
+                   "m",
+                   "r",
+                   "e",
+                   "v",
+                   "t",
+                   "d",
+                   "l",
+                   "x",
+                   "\xC3\x83" /* byte C3 */,
+                   "\xC2\xA9" /* byte A9 */};
     spec.types = std::vector<int32_t>(spec.tokens.size(), 1);
     spec.types[0] = 3;
     spec.merges = {"x x"};

@@ -21,7 +21,9 @@ using Strings = std::vector<std::string>;
 Tokenizer tiny_spm(const std::vector<std::pair<std::string, float>>& pieces, bool byte_tokens = true,
                    bool add_space_prefix = false) {
     tiny::TinyVocabSpec spec = tiny::spm_spec(pieces, byte_tokens);
-    spec.extra = [add_space_prefix](gguf::GgufWriter& w) { w.add<bool>("tokenizer.ggml.add_space_prefix", add_space_prefix); };
+    spec.extra = [add_space_prefix](gguf::GgufWriter& w) {
+        w.add<bool>("tokenizer.ggml.add_space_prefix", add_space_prefix);
+    };
     const TinyGguf gguf(spec);
     return Tokenizer::from_gguf(gguf.file());  // the Tokenizer copies what it needs
 }
@@ -42,24 +44,48 @@ TEST(Spm, MergesTheHighestScoringPairFirst) {
 TEST(Spm, UnknownCharactersFallBackToBytes) {
     const Tokenizer tok = tiny_spm({{"a", -1}});
     // "é" is C3 A9 in UTF-8.
-    EXPECT_EQ(texts(tok, tok.tokenize("a\xC3\xA9" "a", false, false)), (Strings{"a", "<0xC3>", "<0xA9>", "a"}));
-    EXPECT_EQ(tok.detokenize(tok.tokenize("a\xC3\xA9" "a", false, false), false, false), "a\xC3\xA9" "a");
+    EXPECT_EQ(texts(tok, tok.tokenize("a\xC3\xA9"
+                                      "a",
+                                      false, false)),
+              (Strings{"a", "<0xC3>", "<0xA9>", "a"}));
+    EXPECT_EQ(tok.detokenize(tok.tokenize("a\xC3\xA9"
+                                          "a",
+                                          false, false),
+                             false, false),
+              "a\xC3\xA9"
+              "a");
     // A truncated sequence at the end still becomes its bytes.
     EXPECT_EQ(texts(tok, tok.tokenize("\xF0\x9F", false, false)), (Strings{"<0xF0>", "<0x9F>"}));
 }
 
 TEST(Spm, WithoutByteTokensUnknownCharactersBecomeUnk) {
     const Tokenizer tok = tiny_spm({{"a", -1}}, /*byte_tokens=*/false);
-    EXPECT_EQ(texts(tok, tok.tokenize("a\xC3\xA9" "a", false, false)), (Strings{"a", "<unk>", "a"}));
+    EXPECT_EQ(texts(tok, tok.tokenize("a\xC3\xA9"
+                                      "a",
+                                      false, false)),
+              (Strings{"a", "<unk>", "a"}));
 }
 
 TEST(Spm, SpacesAreEscapedAndPrefixedAfterSpecialTokens) {
-    const Tokenizer tok = tiny_spm({{"\xE2\x96\x81", -3}, {"a", -2}, {"\xE2\x96\x81" "a", -1}}, true, true);
-    EXPECT_EQ(texts(tok, tok.tokenize("a a", false, false)), (Strings{"\xE2\x96\x81" "a", "\xE2\x96\x81" "a"}));
-    EXPECT_EQ(texts(tok, tok.tokenize("a", true, false)), (Strings{"<s>", "\xE2\x96\x81" "a"}));
+    const Tokenizer tok = tiny_spm({{"\xE2\x96\x81", -3},
+                                    {"a", -2},
+                                    {"\xE2\x96\x81"
+                                     "a",
+                                     -1}},
+                                   true, true);
+    EXPECT_EQ(texts(tok, tok.tokenize("a a", false, false)), (Strings{"\xE2\x96\x81"
+                                                                      "a",
+                                                                      "\xE2\x96\x81"
+                                                                      "a"}));
+    EXPECT_EQ(texts(tok, tok.tokenize("a", true, false)), (Strings{"<s>",
+                                                                   "\xE2\x96\x81"
+                                                                   "a"}));
     // After a special token the text gets the space prefix again.
-    EXPECT_EQ(texts(tok, tok.tokenize("a</s>a", false, true)),
-              (Strings{"\xE2\x96\x81" "a", "</s>", "\xE2\x96\x81" "a"}));
+    EXPECT_EQ(texts(tok, tok.tokenize("a</s>a", false, true)), (Strings{"\xE2\x96\x81"
+                                                                        "a",
+                                                                        "</s>",
+                                                                        "\xE2\x96\x81"
+                                                                        "a"}));
     EXPECT_EQ(tok.detokenize(tok.tokenize("a a", false, false), false, false), "a a");
     EXPECT_TRUE(tok.tokenize("", false, false).empty());
     EXPECT_EQ(texts(tok, tok.tokenize("", true, false)), (Strings{"<s>"}));
@@ -102,12 +128,14 @@ TEST(Spm, DemoModelParsesSpecialTokensOnlyWhenAsked) {
     const Tokenizer tok = Tokenizer::from_gguf(file);
     const std::string text = "Hello world, <start_of_turn>user  hi";
     // From llama-cpp-python 0.3.36.
-    EXPECT_EQ(tok.tokenize(text, true, true), (std::vector<TokenId>{2, 9259, 1902, 236764, 236743, 105, 2364, 138, 2202}));
-    EXPECT_EQ(tok.tokenize(text, true, false),
-              (std::vector<TokenId>{2, 9259, 1902, 236764, 655, 3041, 236779, 1340, 236779, 887, 236813, 2364, 138, 2202}));
+    EXPECT_EQ(tok.tokenize(text, true, true),
+              (std::vector<TokenId>{2, 9259, 1902, 236764, 236743, 105, 2364, 138, 2202}));
+    EXPECT_EQ(tok.tokenize(text, true, false), (std::vector<TokenId>{2, 9259, 1902, 236764, 655, 3041, 236779, 1340,
+                                                                     236779, 887, 236813, 2364, 138, 2202}));
     // "  " is a user-defined token: matched even without parse_special.
     EXPECT_EQ(tok.tokenize("<start_of_turn>", false, true), (std::vector<TokenId>{105}));
-    EXPECT_EQ(tok.detokenize(std::vector<TokenId>{2, 105, 2364, 138, 2202}, false, true), "<bos><start_of_turn>user  hi");
+    EXPECT_EQ(tok.detokenize(std::vector<TokenId>{2, 105, 2364, 138, 2202}, false, true),
+              "<bos><start_of_turn>user  hi");
     EXPECT_EQ(tok.detokenize(std::vector<TokenId>{2, 105, 2364, 138, 2202}, true, false), "user  hi");
 }
 

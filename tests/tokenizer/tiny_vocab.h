@@ -13,8 +13,8 @@ namespace fitllm::tokenizer::tiny {
 struct TinyVocabSpec {
     std::string model = "llama";
     std::vector<std::string> tokens;
-    std::vector<float> scores;     // empty: no scores key
-    std::vector<int32_t> types;    // empty: no token_type key
+    std::vector<float> scores;        // empty: no scores key
+    std::vector<int32_t> types;       // empty: no token_type key
     std::vector<std::string> merges;  // empty: no merges key
     // Anything else (special ids, flags), written after the arrays.
     std::function<void(gguf::GgufWriter&)> extra;
@@ -23,7 +23,8 @@ struct TinyVocabSpec {
 // Owns the bytes the parsed file points into.
 class TinyGguf {
 public:
-    explicit TinyGguf(const TinyVocabSpec& spec) : bytes_(write(spec)), file_(gguf::GgufFile::parse(bytes_, "tiny.gguf")) {}
+    explicit TinyGguf(const TinyVocabSpec& spec)
+        : bytes_(write(spec)), file_(gguf::GgufFile::parse(bytes_, "tiny.gguf")) {}
     const gguf::GgufFile& file() const { return file_; }
 
 private:
@@ -34,7 +35,8 @@ private:
         w.add_string_array("tokenizer.ggml.tokens", std::span<const std::string>(spec.tokens));
         if (!spec.scores.empty()) w.add_array<float>("tokenizer.ggml.scores", spec.scores);
         if (!spec.types.empty()) w.add_array<int32_t>("tokenizer.ggml.token_type", spec.types);
-        if (!spec.merges.empty()) w.add_string_array("tokenizer.ggml.merges", std::span<const std::string>(spec.merges));
+        if (!spec.merges.empty())
+            w.add_string_array("tokenizer.ggml.merges", std::span<const std::string>(spec.merges));
         if (spec.extra) spec.extra(w);
         return w.to_bytes();
     }

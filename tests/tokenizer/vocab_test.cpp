@@ -77,7 +77,7 @@ TEST(Vocab, DemoModel) {
     EXPECT_FALSE(vocab.clean_spaces());
     EXPECT_EQ(vocab.special().bos, 2);
     EXPECT_EQ(vocab.special().eos, 1);
-    EXPECT_EQ(vocab.special().eot, 106);  // "<end_of_turn>", found by its text
+    EXPECT_EQ(vocab.special().eot, 106);       // "<end_of_turn>", found by its text
     EXPECT_EQ(vocab.special().linefeed, 248);  // <0x0A>
     EXPECT_EQ(vocab.eog_tokens(), (std::vector<TokenId>{1, 106, 212}));
     EXPECT_EQ(vocab.find("<start_of_turn>"), 105);
@@ -127,7 +127,7 @@ TEST(Vocab, DefaultsPerType) {
     EXPECT_EQ(b.type(), VocabType::bpe);
     EXPECT_FALSE(b.add_bos());
     EXPECT_FALSE(b.add_space_prefix());
-    EXPECT_FALSE(b.clean_spaces());  // qwen2 keeps spaces as they are
+    EXPECT_FALSE(b.clean_spaces());        // qwen2 keeps spaces as they are
     EXPECT_EQ(b.special().bos, kNoToken);  // the default (11) is past this vocabulary's end
     EXPECT_EQ(b.merge_count(), 1u);
     EXPECT_EQ(b.merge_rank("a", "b"), 0);

@@ -35,15 +35,23 @@ TEST_F(Wpm, AddSpecialFramesWithClsAndSep) {
 }
 
 TEST_F(Wpm, StripsAccentsKeepingTheFirstCodePointOfTheDecomposition) {
-    EXPECT_EQ(tok().tokenize("Cr\xC3\xA8me br\xC3\xBBl\xC3\xA9" "e", false, false), (Ids{13675, 21382, 7987, 9307, 2063}));
+    EXPECT_EQ(tok().tokenize("Cr\xC3\xA8me br\xC3\xBBl\xC3\xA9"
+                             "e",
+                             false, false),
+              (Ids{13675, 21382, 7987, 9307, 2063}));
     EXPECT_EQ(tok().tokenize("na\xC3\xAFve caf\xC3\xA9", false, false), (Ids{15743, 7668}));
-    EXPECT_EQ(tok().tokenize("a\xCC\x81" "b", false, false), (Ids{11113}));  // combining acute dropped
+    EXPECT_EQ(tok().tokenize("a\xCC\x81"
+                             "b",
+                             false, false),
+              (Ids{11113}));  // combining acute dropped
     // Hangul syllables keep only their leading consonant, as llama.cpp's table does.
     EXPECT_EQ(tok().tokenize("\xED\x95\x9C\xEA\xB5\xAD\xEC\x96\xB4", false, false), (Ids{1469, 29991, 29999}));
 }
 
 TEST_F(Wpm, CjkCharactersAreWordsAndUncoverableWordsAreUnknown) {
-    EXPECT_EQ(tok().tokenize("\xE6\x88\x91\xE6\x83\xB3\xE5\x9C\xA8" "apple\xE5\xB7\xA5\xE4\xBD\x9C", false, false),
+    EXPECT_EQ(tok().tokenize("\xE6\x88\x91\xE6\x83\xB3\xE5\x9C\xA8"
+                             "apple\xE5\xB7\xA5\xE4\xBD\x9C",
+                             false, false),
               (Ids{1855, 100, 100, 6207, 100, 100}));
 }
 
@@ -67,7 +75,13 @@ TEST_F(Wpm, SpecialTokensAndDetokenize) {
 TEST(WpmOptions, NormalizerKeysTurnLowercasingOff) {
     tiny::TinyVocabSpec spec;
     spec.model = "bert";
-    spec.tokens = {"[PAD]", "[UNK]", "\xE2\x96\x81" "Ab", "\xE2\x96\x81" "ab", "\xE2\x96\x81" "\xC3\xA9"};
+    spec.tokens = {"[PAD]", "[UNK]",
+                   "\xE2\x96\x81"
+                   "Ab",
+                   "\xE2\x96\x81"
+                   "ab",
+                   "\xE2\x96\x81"
+                   "\xC3\xA9"};
     spec.extra = [](gguf::GgufWriter& w) {
         w.add<uint32_t>("tokenizer.ggml.unknown_token_id", 1);
         w.add<uint32_t>("tokenizer.ggml.bos_token_id", 0);
