@@ -3,12 +3,14 @@
 #   1. the GoogleTest suite (ctest) on the Release build,
 #   2. the same suite built with AddressSanitizer + UndefinedBehaviorSanitizer,
 #   3. the GGUF reader fuzzer for a bounded time (FITLLM_FUZZ_SECONDS, default 60).
+# Before them, every C/C++/CUDA file must be clang-formatted (scripts/check_format.sh).
 # FITLLM_TEST_QUICK=1 runs step 1 only.
 set -euo pipefail
 ROOT="$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)"
 cd "$ROOT"
 JOBS="$(nproc)"
 "$ROOT/scripts/setup.sh" --browser   # chromium for the server page test
+"$ROOT/scripts/check_format.sh"
 
 PASSED=0
 FAILED=0
