@@ -25,11 +25,8 @@ std::optional<fs::path> demo_model() {
     return std::nullopt;
 }
 
-std::optional<fs::path> vocab_dir() {
-    fs::path p = std::getenv("FITLLM_VOCAB_DIR") ? fs::path(std::getenv("FITLLM_VOCAB_DIR"))
-                                                 : source_dir().parent_path() / "shared" / "data" / "vocab";
-    if (fs::is_directory(p)) return p;
-    return std::nullopt;
+fs::path vocab_dir() {
+    return source_dir() / "tests" / "data" / "vocab";
 }
 
 std::optional<fs::path> python() {

@@ -13,8 +13,8 @@ std::filesystem::path source_dir();
 // The demo model (Gemma 3 270M Q4_K_M) as set up by scripts/setup.sh; nullopt when absent.
 // FITLLM_DEMO_MODEL overrides the location.
 std::optional<std::filesystem::path> demo_model();
-// ../shared/data/vocab beside the checkout (FITLLM_VOCAB_DIR overrides); nullopt when absent.
-std::optional<std::filesystem::path> vocab_dir();
+// The tokenizer test vocabularies and their vectors (tests/data/vocab/, from llama.cpp).
+std::filesystem::path vocab_dir();
 // The project venv's python (FITLLM_PYTHON overrides); nullopt when absent.
 std::optional<std::filesystem::path> python();
 

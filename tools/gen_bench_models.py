@@ -5,7 +5,7 @@
 
 --shape 1b (the default) writes llama-1b-f16.gguf (22 layers, n_embd 2048, 32 heads of 64, 4 KV heads, n_ff 5632: the
 TinyLlama 1.1B shape; 1-D tensors F32; about 2.2 GB) with the 32000-token SPM vocabulary of
-../shared/data/vocab/ggml-vocab-llama-spm.gguf (its tokenizer.* metadata copied), then quantizes
+tests/data/vocab/ggml-vocab-llama-spm.gguf (its tokenizer.* metadata copied), then quantizes
 it with llama.cpp's own quantizer (llama-cpp-python, `scripts/setup.sh --oracle`) into
 llama-1b-q4_k_m.gguf and llama-1b-q8_0.gguf. Tensors are generated and written one at a time, so
 memory stays at about one tensor (under 0.5 GB). Files that exist are kept unless --force. The weights
@@ -28,7 +28,7 @@ import gguf
 import numpy as np
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
-VOCAB = os.path.join(ROOT, "..", "shared", "data", "vocab", "ggml-vocab-llama-spm.gguf")
+VOCAB = os.path.join(ROOT, "tests", "data", "vocab", "ggml-vocab-llama-spm.gguf")
 
 
 

@@ -15,7 +15,7 @@ CJK, emoji, accents, punctuation, code) it records two kinds of expectations:
    ignore_merges and the handling of malformed UTF-8 are checked end to end against llama.cpp.
 
 Needs `pip install regex llama-cpp-python` in the venv and the vocab files of
-../shared/data/vocab (FITLLM_VOCAB_DIR overrides). Texts are stored as hex bytes (so malformed
+tests/data/vocab (FITLLM_VOCAB_DIR overrides). Texts are stored as hex bytes (so malformed
 UTF-8 fits in JSON) where they are not UTF-8, as text otherwise.
 """
 import ctypes
@@ -29,7 +29,7 @@ import llama_cpp
 import regex
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
-VOCAB_DIR = os.environ.get("FITLLM_VOCAB_DIR", os.path.join(ROOT, "..", "shared", "data", "vocab"))
+VOCAB_DIR = os.environ.get("FITLLM_VOCAB_DIR", os.path.join(ROOT, "tests", "data", "vocab"))
 BASE_VOCAB = "ggml-vocab-gpt-2.gguf"
 
 # llama.cpp's patterns (llama-vocab.cpp). Python's `regex` \s is the Unicode White_Space set,

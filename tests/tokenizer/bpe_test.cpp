@@ -95,8 +95,7 @@ class BpeVectors : public ::testing::TestWithParam<std::string> {};
 
 TEST_P(BpeVectors, SegmenterMatchesLlamaCpp) {
     const auto dir = test::vocab_dir();
-    if (!dir) GTEST_SKIP() << "../shared/data/vocab not found";
-    const auto base = *dir / ("ggml-vocab-" + GetParam() + ".gguf");
+    const auto base = dir / ("ggml-vocab-" + GetParam() + ".gguf");
     const Vocab vocab = load_vocab(base);
     ASSERT_EQ(vocab.type(), VocabType::bpe);
     const auto segmenter = make_bpe_segmenter(vocab);
@@ -135,11 +134,10 @@ INSTANTIATE_TEST_SUITE_P(Bpe, BpeVectors,
 
 TEST(BpeLlamaCppGoldens, EveryPreTokenizerMatchesLlamaCpp) {
     const auto dir = test::vocab_dir();
-    if (!dir) GTEST_SKIP() << "../shared/data/vocab not found";
     std::ifstream in(test::source_dir() / "tests" / "tokenizer" / "goldens" / "pre_tokenizer_splits.json");
     ASSERT_TRUE(in) << "missing tests/tokenizer/goldens/pre_tokenizer_splits.json";
     const nlohmann::json goldens = nlohmann::json::parse(in);
-    const auto base = *dir / goldens.at("vocab").get<std::string>();
+    const auto base = dir / goldens.at("vocab").get<std::string>();
     const auto& first_case = goldens.at("cases").at(0).at("llama_cpp_ids");
     ASSERT_GE(first_case.size(), 10u);
     for (const auto& [pre, unused] : first_case.items()) {
@@ -155,8 +153,7 @@ TEST(BpeLlamaCppGoldens, EveryPreTokenizerMatchesLlamaCpp) {
 
 TEST(BpeSegmenter, UnknownPreTokenizerIsAVocabError) {
     const auto dir = test::vocab_dir();
-    if (!dir) GTEST_SKIP() << "../shared/data/vocab not found";
-    const Vocab vocab = load_vocab_with_pre(*dir / "ggml-vocab-gpt-2.gguf", "made-up-pre");
+    const Vocab vocab = load_vocab_with_pre(dir / "ggml-vocab-gpt-2.gguf", "made-up-pre");
     EXPECT_THROW(make_bpe_segmenter(vocab), VocabError);
 }
 
@@ -227,8 +224,7 @@ TEST(BpeSegmenter, SpacesAndNewlinesUseGpt2CodePoints) {
 
 TEST(BpeSegmenter, LongInputIsFast) {
     const auto dir = test::vocab_dir();
-    if (!dir) GTEST_SKIP() << "../shared/data/vocab not found";
-    const Vocab vocab = load_vocab_with_pre(*dir / "ggml-vocab-gpt-2.gguf", "llama-bpe");
+    const Vocab vocab = load_vocab_with_pre(dir / "ggml-vocab-gpt-2.gguf", "llama-bpe");
     const auto segmenter = make_bpe_segmenter(vocab);
     std::string text;
     while (text.size() < 1'000'000) text += "The quick brown fox, 12345 times: jumps over the lazy dog!\n\t";

@@ -94,8 +94,7 @@ TEST(Spm, SpacesAreEscapedAndPrefixedAfterSpecialTokens) {
 // Facts checked against llama-cpp-python 0.3.36 on the llama-spm vocabulary.
 TEST(Spm, LlamaLeadingSpaceRules) {
     const auto dir = test::vocab_dir();
-    if (!dir) GTEST_SKIP() << "../shared/data/vocab not found";
-    const auto file = gguf::GgufFile::open((*dir / "ggml-vocab-llama-spm.gguf").string());
+    const auto file = gguf::GgufFile::open((dir / "ggml-vocab-llama-spm.gguf").string());
     const Tokenizer tok = Tokenizer::from_gguf(file);
     EXPECT_EQ(tok.tokenize("Hello", true, false), (std::vector<TokenId>{1, 15043}));
     EXPECT_EQ(tok.tokenize("<s>Hello</s> world", true, true), (std::vector<TokenId>{1, 1, 15043, 2, 29871, 3186}));

@@ -1,4 +1,4 @@
-// llama.cpp's tokenizer test vectors (../shared/data/vocab/ggml-vocab-NAME.gguf.inp/.out):
+// llama.cpp's tokenizer test vectors (tests/data/vocab/ggml-vocab-NAME.gguf.inp/.out):
 // every input must give exactly the expected ids with add_special = false and
 // parse_special = false, as llama.cpp's test-tokenizer-0 checks. One test per family.
 #include <gtest/gtest.h>
@@ -56,8 +56,7 @@ class VocabVectors : public ::testing::TestWithParam<std::string> {};
 
 TEST_P(VocabVectors, TokenizeMatchesLlamaCpp) {
     const auto dir = test::vocab_dir();
-    if (!dir) GTEST_SKIP() << "../shared/data/vocab not found";
-    const auto base = *dir / ("ggml-vocab-" + GetParam() + ".gguf");
+    const auto base = dir / ("ggml-vocab-" + GetParam() + ".gguf");
     const auto file = gguf::GgufFile::open(base.string());
     const Tokenizer tok = Tokenizer::from_gguf(file);
     const auto cases = read_cases(base);
@@ -73,8 +72,7 @@ TEST_P(VocabVectors, TokenizeMatchesLlamaCpp) {
 // WPM lowercases and drops accents and whitespace, so it has nothing to round-trip.
 TEST_P(VocabVectors, DetokenizeRoundTrips) {
     const auto dir = test::vocab_dir();
-    if (!dir) GTEST_SKIP() << "../shared/data/vocab not found";
-    const auto base = *dir / ("ggml-vocab-" + GetParam() + ".gguf");
+    const auto base = dir / ("ggml-vocab-" + GetParam() + ".gguf");
     const auto file = gguf::GgufFile::open(base.string());
     const Tokenizer tok = Tokenizer::from_gguf(file);
     if (tok.vocab().type() == VocabType::wpm) GTEST_SKIP() << "WPM normalizes its input";
@@ -88,8 +86,7 @@ TEST_P(VocabVectors, DetokenizeRoundTrips) {
 // The streaming detokenizer gives the same text as detokenize(), token by token.
 TEST_P(VocabVectors, StreamingDetokenizerMatchesDetokenize) {
     const auto dir = test::vocab_dir();
-    if (!dir) GTEST_SKIP() << "../shared/data/vocab not found";
-    const auto base = *dir / ("ggml-vocab-" + GetParam() + ".gguf");
+    const auto base = dir / ("ggml-vocab-" + GetParam() + ".gguf");
     const auto file = gguf::GgufFile::open(base.string());
     const Tokenizer tok = Tokenizer::from_gguf(file);
     for (const VectorCase& c : read_cases(base)) {
