@@ -1,5 +1,5 @@
 #pragma once
-// Pieces the decoder-only forward passes (gemma3.cpp, llama.cpp) share: their working memory
+// Pieces the decoder-only forward passes (gemma3.cpp, llama.cpp) share: their base class, working memory
 // (charged to a device), the streamed layers, the layers on an offload device (Exec: the ops of a
 // layer wherever it runs; activations cross at the first device layer and before the output), the
 // checks and cache bookkeeping around a batch (K shifts, placing, window trimming), attention over
@@ -408,6 +408,26 @@ private:
     int n_tok_ = 0;
     int64_t row_floats_ = 0;
     bool x_on_device_ = false;
+};
+
+// What every decoder-only model is besides its weights and its forward pass: its hyper-parameters
+// and the memory of its passes (streamed and offloaded layers). An architecture binds its weights
+// in its constructor, points the offloaded layers' at the device (mem_.place_weights) and writes
+// forward().
+class DecoderModel : public Model {
+public:
+    const Hparams& hparams() const final { return hp_; }
+    int n_streamed_layers() const final { return mem_.n_streamed_layers(); }
+    std::vector<FileRange> streamed_ranges() const final { return mem_.streamed_ranges(); }
+    std::vector<FileRange> offloaded_ranges() const final { return mem_.offloaded_ranges(); }
+    CachePlacement cache_placement() const final { return mem_.cache_placement(hp_); }
+
+protected:
+    DecoderModel(const gguf::GgufFile& file, Hparams hp, const LoadOptions& options)
+        : hp_(std::move(hp)), mem_(file, hp_, options) {}
+
+    Hparams hp_;
+    DecoderMemory mem_;
 };
 
 // Throws std::invalid_argument unless the batch has tokens, one position per token, one sequence

@@ -4,6 +4,7 @@
 #include <algorithm>
 #include <cmath>
 
+#include "model/architecture.h"
 #include "model/decoder.h"
 #include "model/model.h"
 #include "model/weights.h"
@@ -17,18 +18,98 @@
 namespace fitllm::model {
 namespace {
 
-class Gemma3 final : public Model {
+// Gemma 3 (llama.cpp's LLM_ARCH_GEMMA3): five sliding-window layers, then one global layer;
+// local layers rotate with base 10000 and no position scaling (global layers of the 4B and larger
+// models scale linearly, by 1/8); Q is scaled by 1/sqrt(head_dim) (27B: by
+// 1/sqrt(n_embd / n_head), which its 62 layers identify).
+void read_gemma3_hparams(const HparamReader& r, Hparams& hp) {
+    hp.sliding_window = r.count_or("attention.sliding_window", 0);
+    hp.is_swa.assign(static_cast<size_t>(hp.n_layer), false);
+    if (hp.sliding_window > 0) {
+        constexpr int kPattern = 6;  // layers il % 6 < 5 are local
+        for (int il = 0; il < hp.n_layer; ++il) hp.is_swa[static_cast<size_t>(il)] = il % kPattern < kPattern - 1;
+    }
+    hp.rope_base_swa = 10000.0f;
+    hp.rope_freq_scale = r.rope_freq_scale();
+    hp.final_logit_softcap = r.number_or("final_logit_softcapping", 0.0f);
+    hp.attn_scale = hp.n_layer == 62 ? 1.0f / std::sqrt(static_cast<float>(hp.n_embd / hp.n_head))
+                                     : 1.0f / std::sqrt(static_cast<float>(hp.head_dim));
+}
+
+// Gemma 3, one block. Shapes as [rows (outputs), cols (inputs)].
+struct Gemma3Layer {
+    const float* attn_norm = nullptr;       // [n_embd]
+    ops::WeightView wq;                     // [n_head * head_dim, n_embd]
+    ops::WeightView wk;                     // [n_head_kv * head_dim, n_embd]
+    ops::WeightView wv;                     // [n_head_kv * head_dim_v, n_embd]
+    const float* q_norm = nullptr;          // [head_dim]
+    const float* k_norm = nullptr;          // [head_dim]
+    ops::WeightView wo;                     // [n_embd, n_head * head_dim_v]
+    const float* post_attn_norm = nullptr;  // [n_embd]
+    const float* ffn_norm = nullptr;        // [n_embd]
+    ops::WeightView ffn_gate;               // [n_ff, n_embd]
+    ops::WeightView ffn_up;                 // [n_ff, n_embd]
+    ops::WeightView ffn_down;               // [n_embd, n_ff]
+    const float* post_ffn_norm = nullptr;   // [n_embd]
+};
+
+// Calls f on every pointer into the file that a layer holds (LayerRef moves them into a stream
+// buffer). A field added to a layer must be added here: the static_assert is the reminder.
+template <class F>
+void for_each_weight(Gemma3Layer& L, F&& f) {
+    static_assert(sizeof(Gemma3Layer) == 6 * sizeof(const float*) + 7 * sizeof(ops::WeightView),
+                  "a Gemma3Layer field is missing from for_each_weight");
+    for (const float** p : {&L.attn_norm, &L.q_norm, &L.k_norm, &L.post_attn_norm, &L.ffn_norm, &L.post_ffn_norm})
+        f(*p);
+    for (ops::WeightView* w : {&L.wq, &L.wk, &L.wv, &L.wo, &L.ffn_gate, &L.ffn_up, &L.ffn_down}) f(w->data);
+}
+
+struct Gemma3Weights {
+    ops::WeightView token_embd;          // [n_vocab, n_embd]
+    std::vector<Gemma3Layer> layers;     // n_layer
+    const float* output_norm = nullptr;  // [n_embd]
+    ops::WeightView output;              // [n_vocab, n_embd]; token_embd when tied
+};
+
+// Throws ModelError naming the first missing or misshapen tensor.
+Gemma3Weights bind_gemma3_weights(const gguf::GgufFile& file, const Hparams& hp) {
+    const TensorBinder b(file);
+    Gemma3Weights w;
+    w.token_embd = b.matrix("token_embd.weight", hp.n_vocab, hp.n_embd);
+    w.output_norm = b.vector("output_norm.weight", hp.n_embd);
+    w.output = b.optional_matrix("output.weight", hp.n_vocab, hp.n_embd);
+    if (!w.output.data) w.output = w.token_embd;  // tied
+    const int64_t q_dim = int64_t{hp.n_head} * hp.head_dim;
+    const int64_t k_dim = int64_t{hp.n_head_kv} * hp.head_dim;
+    const int64_t v_dim = int64_t{hp.n_head_kv} * hp.head_dim_v;
+    const int64_t o_dim = int64_t{hp.n_head} * hp.head_dim_v;
+    for (int il = 0; il < hp.n_layer; ++il) {
+        const std::string p = "blk." + std::to_string(il) + ".";
+        Gemma3Layer L;
+        L.attn_norm = b.vector(p + "attn_norm.weight", hp.n_embd);
+        L.wq = b.matrix(p + "attn_q.weight", q_dim, hp.n_embd);
+        L.wk = b.matrix(p + "attn_k.weight", k_dim, hp.n_embd);
+        L.wv = b.matrix(p + "attn_v.weight", v_dim, hp.n_embd);
+        L.q_norm = b.vector(p + "attn_q_norm.weight", hp.head_dim);
+        L.k_norm = b.vector(p + "attn_k_norm.weight", hp.head_dim);
+        L.wo = b.matrix(p + "attn_output.weight", hp.n_embd, o_dim);
+        L.post_attn_norm = b.vector(p + "post_attention_norm.weight", hp.n_embd);
+        L.ffn_norm = b.vector(p + "ffn_norm.weight", hp.n_embd);
+        L.ffn_gate = b.matrix(p + "ffn_gate.weight", hp.n_ff, hp.n_embd);
+        L.ffn_up = b.matrix(p + "ffn_up.weight", hp.n_ff, hp.n_embd);
+        L.ffn_down = b.matrix(p + "ffn_down.weight", hp.n_embd, hp.n_ff);
+        L.post_ffn_norm = b.vector(p + "post_ffw_norm.weight", hp.n_embd);
+        w.layers.push_back(L);
+    }
+    return w;
+}
+
+class Gemma3 final : public DecoderModel {
 public:
     Gemma3(const gguf::GgufFile& file, Hparams hp, const LoadOptions& options)
-        : hp_(std::move(hp)), w_(bind_gemma3_weights(file, hp_)), mem_(file, hp_, options) {
+        : DecoderModel(file, std::move(hp), options), w_(bind_gemma3_weights(file, hp_)) {
         mem_.place_weights(w_);  // the offloaded layers' views point at the device's copies
     }
-
-    const Hparams& hparams() const override { return hp_; }
-    int n_streamed_layers() const override { return mem_.n_streamed_layers(); }
-    std::vector<FileRange> streamed_ranges() const override { return mem_.streamed_ranges(); }
-    std::vector<FileRange> offloaded_ranges() const override { return mem_.offloaded_ranges(); }
-    CachePlacement cache_placement() const override { return mem_.cache_placement(hp_); }
 
     void forward(const Batch& batch, kv::ModelCache& cache, float* logits_out, ops::ThreadPool& pool) override {
         const Hparams& hp = hp_;
@@ -105,15 +186,15 @@ private:
         return rope;
     }
 
-    Hparams hp_;
     Gemma3Weights w_;
-    DecoderMemory mem_;
 };
+
+std::unique_ptr<Model> load_gemma3(const gguf::GgufFile& file, Hparams hp, const LoadOptions& options) {
+    return std::make_unique<Gemma3>(file, std::move(hp), options);
+}
 
 }  // namespace
 
-std::unique_ptr<Model> make_gemma3(const gguf::GgufFile& file, Hparams hp, const LoadOptions& options) {
-    return std::make_unique<Gemma3>(file, std::move(hp), options);
-}
+extern const Architecture kGemma3{"gemma3", read_gemma3_hparams, load_gemma3};
 
 }  // namespace fitllm::model

@@ -44,11 +44,32 @@ struct Hparams {
     float final_logit_softcap = 0.0f;  // > 0: logits = cap * tanh(logits / cap)
 };
 
-// The architectures fitllm has a forward pass for.
-inline constexpr const char* kSupportedArchitectures = "gemma3, llama, qwen2";
-
-// Reads and checks the hyper-parameters. Throws ModelError naming the key (and the file) for a
-// missing or inconsistent value and naming the architecture when fitllm does not support it.
+// Reads and checks the hyper-parameters: the keys every architecture has, then the architecture's
+// own (model/architecture.h). Throws ModelError naming the key (and the file) for a missing or
+// inconsistent value and naming the architecture when fitllm does not support it.
 Hparams read_hparams(const gguf::GgufFile& file);
+
+// An architecture's metadata keys ("<arch>.<key>"), read with ModelErrors that name the file and
+// the key: for the architectures' read_hparams functions.
+class HparamReader {
+public:
+    HparamReader(const gguf::GgufFile& file, const std::string& arch) : file_(file), prefix_(arch + ".") {}
+    const gguf::GgufFile& file() const { return file_; }
+    std::string key(const std::string& name) const { return prefix_ + name; }
+    bool has(const std::string& name) const { return file_.has(key(name)); }
+    // A count in 1..2^30; ModelError when missing or out of range.
+    int count(const std::string& name) const;
+    int count_or(const std::string& name, int fallback) const { return has(name) ? count(name) : fallback; }
+    float number_or(const std::string& name, float fallback) const;
+    // Linear RoPE scaling: 1 / rope.scaling.factor (or the older rope.scale_linear), 1 for none;
+    // other scaling types (yarn, longrope) are refused by name.
+    float rope_freq_scale() const;
+    // A ModelError "<file>: '<arch>.<name>' = <value>: <why>".
+    [[noreturn]] void refuse(const std::string& name, const std::string& value, const std::string& why) const;
+
+private:
+    const gguf::GgufFile& file_;
+    std::string prefix_;
+};
 
 }  // namespace fitllm::model

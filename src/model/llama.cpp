@@ -5,7 +5,9 @@
 // Reference: the Llama papers, the Qwen2 technical report; llama.cpp's llama and qwen2 graphs for
 // the exact order of ops.
 #include <algorithm>
+#include <cmath>
 
+#include "model/architecture.h"
 #include "model/decoder.h"
 #include "model/model.h"
 #include "model/weights.h"
@@ -19,30 +21,124 @@
 namespace fitllm::model {
 namespace {
 
+// Llama (2, 3, 3.x, Mistral, TinyLlama, SmolLM2) and Qwen2 (llama.cpp's LLM_ARCH_LLAMA and
+// LLM_ARCH_QWEN2): every layer attends globally; the first n_rot dims of each head rotate.
+// Llama 3.1's frequency factors come as a tensor (rope_freqs.weight), bound with the weights.
+void read_llama_hparams(const HparamReader& r, Hparams& hp) {
+    if (r.has("expert_count") && r.file().get_int(r.key("expert_count")) > 0) {
+        r.refuse("expert_count", std::to_string(r.file().get_int(r.key("expert_count"))),
+                 "mixture-of-experts models (Mixtral) are not supported");
+    }
+    hp.is_swa.assign(static_cast<size_t>(hp.n_layer), false);
+    hp.rope_base_swa = hp.rope_base;
+    if (hp.head_dim_v != hp.head_dim) {
+        r.refuse("attention.value_length", std::to_string(hp.head_dim_v),
+                 "differs from '" + r.key("attention.key_length") + "' = " + std::to_string(hp.head_dim) + "; " +
+                     hp.arch + " needs equal K and V head sizes");
+    }
+    hp.n_rot = r.count_or("rope.dimension_count", hp.head_dim);
+    if (hp.n_rot % 2 != 0 || hp.n_rot > hp.head_dim) {
+        r.refuse("rope.dimension_count", std::to_string(hp.n_rot),
+                 "must be even and at most the head size " + std::to_string(hp.head_dim));
+    }
+    hp.rope_freq_scale = r.rope_freq_scale();
+    // attention.scale (Granite-style Llamas) replaces 1/sqrt(head_dim) when present.
+    const float scale = r.number_or("attention.scale", 0.0f);
+    hp.attn_scale = scale != 0.0f ? scale : 1.0f / std::sqrt(static_cast<float>(hp.head_dim));
+}
+
+// Llama and Qwen2, one block: pre-norm attention and SwiGLU feed-forward. Biases are nullptr when
+// the file has none.
+struct LlamaLayer {
+    const float* attn_norm = nullptr;  // [n_embd]
+    ops::WeightView wq;                // [n_head * head_dim, n_embd]
+    ops::WeightView wk;                // [n_head_kv * head_dim, n_embd]
+    ops::WeightView wv;                // [n_head_kv * head_dim, n_embd]
+    const float* bq = nullptr;         // [n_head * head_dim]     (Qwen2: required)
+    const float* bk = nullptr;         // [n_head_kv * head_dim]  (Qwen2: required)
+    const float* bv = nullptr;         // [n_head_kv * head_dim]  (Qwen2: required)
+    ops::WeightView wo;                // [n_embd, n_head * head_dim]
+    const float* bo = nullptr;         // [n_embd]
+    const float* ffn_norm = nullptr;   // [n_embd]
+    ops::WeightView ffn_gate;          // [n_ff, n_embd]
+    ops::WeightView ffn_up;            // [n_ff, n_embd]
+    ops::WeightView ffn_down;          // [n_embd, n_ff]
+};
+
+template <class F>
+void for_each_weight(LlamaLayer& L, F&& f) {
+    static_assert(sizeof(LlamaLayer) == 6 * sizeof(const float*) + 7 * sizeof(ops::WeightView),
+                  "a LlamaLayer field is missing from for_each_weight");
+    for (const float** p : {&L.attn_norm, &L.bq, &L.bk, &L.bv, &L.bo, &L.ffn_norm}) f(*p);
+    for (ops::WeightView* w : {&L.wq, &L.wk, &L.wv, &L.wo, &L.ffn_gate, &L.ffn_up, &L.ffn_down}) f(w->data);
+}
+
+struct LlamaWeights {
+    ops::WeightView token_embd;          // [n_vocab, n_embd]
+    std::vector<LlamaLayer> layers;      // n_layer
+    const float* output_norm = nullptr;  // [n_embd]
+    ops::WeightView output;              // [n_vocab, n_embd]; token_embd when tied
+    const float* rope_freqs = nullptr;   // [n_rot / 2] divisors of the RoPE frequencies (Llama 3.1), or nullptr
+};
+
+enum class QkvBias { Optional, Required };
+
+// Binds a "llama" or "qwen2" file (Qwen2 passes QkvBias::Required). Throws ModelError naming the
+// first missing or misshapen tensor, or a tensor the forward pass does not use (FFN biases).
+LlamaWeights bind_llama_weights(const gguf::GgufFile& file, const Hparams& hp, QkvBias qkv_bias, bool rope_freqs) {
+    const TensorBinder b(file);
+    LlamaWeights w;
+    w.token_embd = b.matrix("token_embd.weight", hp.n_vocab, hp.n_embd);
+    w.output_norm = b.vector("output_norm.weight", hp.n_embd);
+    w.output = b.optional_matrix("output.weight", hp.n_vocab, hp.n_embd);
+    if (!w.output.data) w.output = w.token_embd;  // tied
+    if (rope_freqs) w.rope_freqs = b.optional_vector("rope_freqs.weight", hp.n_rot / 2);
+    const int64_t q_dim = int64_t{hp.n_head} * hp.head_dim;
+    const int64_t kv_dim = int64_t{hp.n_head_kv} * hp.head_dim;
+    const auto bias = [&](const std::string& name, int64_t n) {
+        return qkv_bias == QkvBias::Required ? b.vector(name, n) : b.optional_vector(name, n);
+    };
+    for (int il = 0; il < hp.n_layer; ++il) {
+        const std::string p = "blk." + std::to_string(il) + ".";
+        LlamaLayer L;
+        L.attn_norm = b.vector(p + "attn_norm.weight", hp.n_embd);
+        L.wq = b.matrix(p + "attn_q.weight", q_dim, hp.n_embd);
+        L.wk = b.matrix(p + "attn_k.weight", kv_dim, hp.n_embd);
+        L.wv = b.matrix(p + "attn_v.weight", kv_dim, hp.n_embd);
+        L.bq = bias(p + "attn_q.bias", q_dim);
+        L.bk = bias(p + "attn_k.bias", kv_dim);
+        L.bv = bias(p + "attn_v.bias", kv_dim);
+        L.wo = b.matrix(p + "attn_output.weight", hp.n_embd, q_dim);
+        L.bo = b.optional_vector(p + "attn_output.bias", hp.n_embd);
+        L.ffn_norm = b.vector(p + "ffn_norm.weight", hp.n_embd);
+        L.ffn_gate = b.matrix(p + "ffn_gate.weight", hp.n_ff, hp.n_embd);
+        L.ffn_up = b.matrix(p + "ffn_up.weight", hp.n_ff, hp.n_embd);
+        L.ffn_down = b.matrix(p + "ffn_down.weight", hp.n_embd, hp.n_ff);
+        for (const char* t : {"ffn_gate.bias", "ffn_up.bias", "ffn_down.bias"}) {
+            b.refuse(p + t, "feed-forward biases are not implemented for " + hp.arch);
+        }
+        w.layers.push_back(L);
+    }
+    return w;
+}
+
 // What tells Qwen2 from Llama.
 struct Variant {
     QkvBias qkv_bias;
     ops::RopeMode rope_mode;
     bool rope_freqs;  // Llama 3.1+'s per-pair frequency divisors, when the file has them
 };
-constexpr Variant kLlama{QkvBias::Optional, ops::RopeMode::Normal, true};  // adjacent pairs (x[2i], x[2i+1])
-constexpr Variant kQwen2{QkvBias::Required, ops::RopeMode::Neox, false};   // pairs (x[i], x[i + n_rot/2])
+constexpr Variant kLlamaVariant{QkvBias::Optional, ops::RopeMode::Normal, true};  // adjacent pairs (x[2i], x[2i+1])
+constexpr Variant kQwen2Variant{QkvBias::Required, ops::RopeMode::Neox, false};   // pairs (x[i], x[i + n_rot/2])
 
-class Llama final : public Model {
+class Llama final : public DecoderModel {
 public:
     Llama(const gguf::GgufFile& file, Hparams hp, Variant variant, const LoadOptions& options)
-        : variant_(variant),
-          hp_(std::move(hp)),
-          w_(bind_llama_weights(file, hp_, variant.qkv_bias)),
-          mem_(file, hp_, options) {
+        : DecoderModel(file, std::move(hp), options),
+          variant_(variant),
+          w_(bind_llama_weights(file, hp_, variant.qkv_bias, variant.rope_freqs)) {
         mem_.place_weights(w_);  // the offloaded layers' views point at the device's copies
     }
-
-    const Hparams& hparams() const override { return hp_; }
-    int n_streamed_layers() const override { return mem_.n_streamed_layers(); }
-    std::vector<FileRange> streamed_ranges() const override { return mem_.streamed_ranges(); }
-    std::vector<FileRange> offloaded_ranges() const override { return mem_.offloaded_ranges(); }
-    CachePlacement cache_placement() const override { return mem_.cache_placement(hp_); }
 
     void forward(const Batch& batch, kv::ModelCache& cache, float* logits_out, ops::ThreadPool& pool) override {
         const Hparams& hp = hp_;
@@ -113,19 +209,20 @@ private:
     }
 
     Variant variant_;
-    Hparams hp_;
     LlamaWeights w_;
-    DecoderMemory mem_;
 };
+
+std::unique_ptr<Model> load_llama(const gguf::GgufFile& file, Hparams hp, const LoadOptions& options) {
+    return std::make_unique<Llama>(file, std::move(hp), kLlamaVariant, options);
+}
+
+std::unique_ptr<Model> load_qwen2(const gguf::GgufFile& file, Hparams hp, const LoadOptions& options) {
+    return std::make_unique<Llama>(file, std::move(hp), kQwen2Variant, options);
+}
 
 }  // namespace
 
-std::unique_ptr<Model> make_llama(const gguf::GgufFile& file, Hparams hp, const LoadOptions& options) {
-    return std::make_unique<Llama>(file, std::move(hp), kLlama, options);
-}
-
-std::unique_ptr<Model> make_qwen2(const gguf::GgufFile& file, Hparams hp, const LoadOptions& options) {
-    return std::make_unique<Llama>(file, std::move(hp), kQwen2, options);
-}
+extern const Architecture kLlama{"llama", read_llama_hparams, load_llama};
+extern const Architecture kQwen2{"qwen2", read_llama_hparams, load_qwen2};
 
 }  // namespace fitllm::model

@@ -6,6 +6,7 @@
 
 #include "backend/backend.h"
 #include "memory/pool.h"
+#include "model/architecture.h"
 
 namespace fitllm::model {
 
@@ -15,9 +16,7 @@ std::unique_ptr<Model> Model::load(const gguf::GgufFile& file, const LoadOptions
         throw std::invalid_argument(file.source() + ": cannot stream " + std::to_string(options.n_streamed_layers) +
                                     " layers of " + std::to_string(hp.n_layer));
     }
-    if (hp.arch == "llama") return make_llama(file, std::move(hp), options);
-    if (hp.arch == "qwen2") return make_qwen2(file, std::move(hp), options);
-    return make_gemma3(file, std::move(hp), options);
+    return find_architecture(hp.arch)->load(file, std::move(hp), options);
 }
 
 std::vector<kv::LayerShape> Model::cache_layers() const {

@@ -11,7 +11,7 @@
 //
 //   memory::Device host("host", budget_bytes);
 //   auto model = model::Model::load(file, {.device = &host, .n_streamed_layers = 6});
-//   runtime::prefault(file, *model);  // the resident part only; streamed layers stay on disk
+//   engine::prefault(file, *model);  // the resident part only; streamed layers stay on disk
 #include <cstdint>
 #include <memory>
 #include <span>
@@ -47,7 +47,7 @@ struct LoadOptions {
     // Stream with O_DIRECT where the filesystem allows; false: buffered reads, whose page cache
     // is dropped after each read (POSIX_FADV_DONTNEED).
     bool stream_direct_io = true;
-    // Layers on a device (DESIGN.md, idea 6; llama.cpp's -ngl): the last n_offload_layers layers
+    // Layers on a device (docs/architecture.md, idea 6; llama.cpp's -ngl): the last n_offload_layers layers
     // run on `offload` (backend/backend.h; open_device("virtual" | "cuda0", capacity)); more than
     // n_layer also puts the output layer (output norm and matrix) there; the token embedding stays
     // on the host. Their weights are copied to the device at load (its "weights" pool) and their
@@ -93,7 +93,7 @@ public:
     int n_vocab() const { return hparams().n_vocab; }
 
     // The number of streamed layers (the last ones), and their tensors' bytes in the file: never
-    // touched through the mapping (runtime::prefault skips them). Empty when none stream.
+    // touched through the mapping (engine::prefault skips them). Empty when none stream.
     virtual int n_streamed_layers() const = 0;
     virtual std::vector<FileRange> streamed_ranges() const = 0;
     // The tensors copied to the offload device, whose mapped pages were given back: prefault
@@ -139,10 +139,5 @@ public:
         forward(Batch{.tokens = tokens, .positions = positions, .all_logits = all_logits}, cache, logits_out, pool);
     }
 };
-
-// The forward pass of each architecture (one file each).
-std::unique_ptr<Model> make_gemma3(const gguf::GgufFile& file, Hparams hp, const LoadOptions& options);
-std::unique_ptr<Model> make_llama(const gguf::GgufFile& file, Hparams hp, const LoadOptions& options);
-std::unique_ptr<Model> make_qwen2(const gguf::GgufFile& file, Hparams hp, const LoadOptions& options);
 
 }  // namespace fitllm::model

@@ -55,7 +55,8 @@ std::vector<std::string> device_tensor_names(const gguf::GgufFile& file, const H
         names.emplace_back("output_norm.weight");
         names.emplace_back(file.find_tensor("output.weight") ? "output.weight" : "token_embd.weight");
     }
-    if (hp.arch == "llama" && file.find_tensor("rope_freqs.weight")) names.emplace_back("rope_freqs.weight");
+    // Global tensors the layers read (Llama 3.1's RoPE frequency factors).
+    if (file.find_tensor("rope_freqs.weight")) names.emplace_back("rope_freqs.weight");
     return names;
 }
 

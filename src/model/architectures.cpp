@@ -1,0 +1,28 @@
+// The registry of architectures: one line each (model/architecture.h).
+#include "model/architecture.h"
+
+namespace fitllm::model {
+
+// One per file of model/.
+extern const Architecture kGemma3, kLlama, kQwen2;
+
+namespace {
+
+constexpr const Architecture* kArchitectures[] = {&kGemma3, &kLlama, &kQwen2};
+
+}  // namespace
+
+const Architecture* find_architecture(std::string_view name) {
+    for (const Architecture* a : kArchitectures) {
+        if (a->name == name) return a;
+    }
+    return nullptr;
+}
+
+std::string architecture_names() {
+    std::string names;
+    for (const Architecture* a : kArchitectures) names += (names.empty() ? "" : ", ") + std::string(a->name);
+    return names;
+}
+
+}  // namespace fitllm::model
