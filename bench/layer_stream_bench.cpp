@@ -14,12 +14,12 @@
 #include <string>
 #include <vector>
 
+#include "engine/prefault.h"
 #include "gguf/gguf_reader.h"
 #include "memory/device.h"
 #include "model/layer_stream.h"
 #include "model/model.h"
 #include "ops/thread_pool.h"
-#include "runtime/prefault.h"
 #include "util/text.h"
 
 using namespace fitllm;
@@ -64,7 +64,7 @@ int main(int argc, char** argv) {
         const auto t_load = std::chrono::steady_clock::now();
         auto model =
             model::Model::load(file, {.device = &host, .n_streamed_layers = n_streamed, .stream_direct_io = direct});
-        const uint64_t prefaulted = runtime::prefault(file, *model);
+        const uint64_t prefaulted = engine::prefault(file, *model);
         const double load_s = seconds_since(t_load);
         ops::ThreadPool pool(n_threads);
         kv::ModelCache cache = model->make_cache({.n_cells = n_prompt + n_gen + 16}, n_prompt);

@@ -17,7 +17,7 @@ controller; exits 77 saying why when they are missing.
 llama.cpp: PyPI's llama-cpp-python (scripts/setup.sh --oracle) in a child Python, through the C
 API with default model params (mmap, as the llama.cpp tools): load, one llama_decode of p random
 tokens (pp, which also pages the weights in), then n single-token llama_decode calls (tg).
-fitllm under the cap streams its last layers (DESIGN.md idea 5, model::LoadOptions). By default
+fitllm under the cap streams its last layers (docs/architecture.md idea 5, model::LoadOptions). By default
 (--stream-layers fit) it runs `fitllm bench -m MODEL -p P -n N -r 1 -t T -o json --mem CAP --fit`:
 the plan picks how many layers to stream (it prefaults the resident part and runs one uncounted
 warm-up of each test first; the uncapped row is plain `fitllm bench`, everything resident).

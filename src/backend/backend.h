@@ -1,5 +1,5 @@
 #pragma once
-// Devices that run ops (DESIGN.md, idea 6): a memory::Device (capacity and pools) plus buffers in
+// Devices that run ops (docs/architecture.md, idea 6): a memory::Device (capacity and pools) plus buffers in
 // the device's own memory, copies between it and the host, and the ops the forward passes of
 // llama / qwen2 / gemma3 need. The model places its last layers on a device (model::LoadOptions::
 // offload, -ngl); activations cross only at layer boundaries.
@@ -220,6 +220,7 @@ public:
     void bind_host(memory::Device& host);
     void unbind_host() { host_charge_ = memory::Charge(); }  // gives the charge back
     uint64_t host_charged_bytes() const { return host_charge_.bytes(); }
+    bool host_bound() const { return host_charge_.pool() != nullptr; }
 
 protected:
     Backend(std::string device_name, uint64_t capacity)

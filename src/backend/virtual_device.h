@@ -1,5 +1,5 @@
 #pragma once
-// The virtual device (DESIGN.md, idea 6): a Backend executed on the CPU with the ops:: kernels, but
+// The virtual device (docs/architecture.md, idea 6): a Backend executed on the CPU with the ops:: kernels, but
 // with a capacity and pools of its own, buffers allocated apart from the host's and explicit copies
 // in and out, so that every placement of layers and KV can be tested (and budgets enforced) on a
 // machine without a GPU. Its results are bit-identical to the CPU path: the same kernels run on the

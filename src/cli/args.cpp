@@ -108,6 +108,12 @@ bool ArgParser::parse(const std::vector<std::string>& args) {
     return true;
 }
 
+std::vector<ArgParser::OptionInfo> ArgParser::options() const {
+    std::vector<OptionInfo> out;
+    for (const Option& o : options_) out.push_back({o.names, o.metavar});
+    return out;
+}
+
 std::string ArgParser::help() const {
     std::string out = "usage: " + usage_ + "\n\n" + summary_ + "\n";
     if (!positionals_.empty()) {

@@ -35,6 +35,13 @@ public:
     bool parse(const std::vector<std::string>& args);
     std::string help() const;
 
+    // The options declared (--help first): their names and, for those taking one, the value's name.
+    struct OptionInfo {
+        std::vector<std::string> names;
+        std::string metavar;  // empty: a flag
+    };
+    std::vector<OptionInfo> options() const;
+
 private:
     struct Option {
         std::vector<std::string> names;

@@ -15,14 +15,13 @@
 
 #include "cli/args.h"
 #include "cli/commands.h"
-#include "cli/generation_options.h"
-#include "cli/run_budget.h"
+#include "cli/engine_options.h"
+#include "engine/session.h"
 #include "gguf/gguf_reader.h"
 #include "kv/cache.h"
 #include "model/model.h"
 #include "ops/thread_pool.h"
 #include "quant/file_type.h"
-#include "runtime/session.h"
 #include "util/text.h"
 
 namespace fitllm::cli {
@@ -54,60 +53,65 @@ double seconds_since(std::chrono::steady_clock::time_point t0) {
 
 }  // namespace
 
-int run_bench(const std::vector<std::string>& args) {
-    std::string model_path;
-    int n_prompt = 512;
-    int n_gen = 128;
-    int n_threads = 0;
-    int repetitions = 5;
-    int n_batch = 512;
-    std::string output = "md";
-    int n_parallel = 1;
-    runtime::SessionParams kv_params;  // the KV options' target
+ArgParser bench_parser(BenchOptions& o) {
+    ContextConfig& c = o.engine.context;
+    c.n_batch = 512;
     ArgParser p(
         "fitllm bench -m MODEL [-p 512] [-n 128] [-t N] [-r 5] [-o md|json] [-ctk TYPE] [-ctv TYPE] "
         "[--no-kv-rotation] [-np N] [--mem SIZE] [--fit] [--mlock] [--stream-layers N]",
         "Measure prompt processing (pp) and token generation (tg) speed, like llama-bench:\n"
         "tokens/s, mean and standard deviation over repetitions. Token ids are random; each\n"
         "repetition starts from an empty KV cache. -p 0 or -n 0 skips that test.");
-    p.option("-m, --model", "MODEL", "the GGUF model", &model_path);
-    p.option("-p, --n-prompt", "N", "prompt tokens for the pp test (default 512)", &n_prompt);
-    p.option("-n, --n-gen", "N", "tokens to generate for the tg test (default 128)", &n_gen);
-    p.option("-t, --threads", "N", "threads (default: physical cores)", &n_threads);
-    p.option("-b, --batch-size", "N", "prompt tokens per forward pass (default 512)", &n_batch);
-    p.option("-r, --repetitions", "N", "repetitions of each test (default 5)", &repetitions);
-    p.option("-o, --output", "md|json", "output format (default md)", &output);
+    p.option("-m, --model", "MODEL", "the GGUF model", &o.engine.load.model_path);
+    p.option("-p, --n-prompt", "N", "prompt tokens for the pp test (default 512)", &o.n_prompt);
+    p.option("-n, --n-gen", "N", "tokens to generate for the tg test (default 128)", &o.n_gen);
+    add_threads_option(p, c);
+    p.option("-b, --batch-size", "N", "prompt tokens per forward pass (default 512)", &c.n_batch);
+    p.option("-r, --repetitions", "N", "repetitions of each test (default 5)", &o.repetitions);
+    p.option("-o, --output", "md|json", "output format (default md)", &o.output);
     p.option("-np, --parallel", "N",
-             "also a tg test of N sequences decoded together (one token of each per pass; default 1: none)",
-             &n_parallel);
-    add_kv_options(p, kv_params);
-    MemoryOptions memory_options;
-    add_memory_options(p, memory_options);
-    if (!p.parse(args)) return 0;
-    if (n_parallel < 1 || n_parallel > kv::kMaxSequences) {
-        throw UsageError("-np: " + std::to_string(n_parallel) + " must be in 1.." + std::to_string(kv::kMaxSequences));
-    }
-    if (model_path.empty()) throw UsageError("missing -m MODEL (see --help)");
-    if (n_prompt < 0 || n_gen < 0 || repetitions < 1 || n_batch < 1)
-        throw UsageError("-p, -n must be >= 0; -r, -b >= 1");
-    if (output != "md" && output != "json") throw UsageError("-o: expected md or json, got '" + output + "'");
+             "also a tg test of N sequences decoded together (one token of each per pass; default 1: none)", &c.n_seq);
+    add_kv_options(p, c);
+    add_memory_options(p, o.engine);
+    return p;
+}
 
-    auto file = gguf::GgufFile::open(model_path);
-    runtime::SessionParams sp = kv_params;
-    sp.n_ctx = std::max(1, n_prompt + n_gen + 1);
-    sp.n_batch = n_batch;
-    // Planned for the session of the pp and tg tests; the -np test's cache comes after it.
-    memory::PlanParams planned = session_plan_params(sp, n_threads);
-    planned.n_ctx = sp.n_ctx;
-    planned.n_batch = n_batch;
-    std::optional<RunBudget> budget = RunBudget::prepare("bench", file, planned, memory_options, ContextMayShrink::no);
-    if (!budget) return kExitDoesNotFit;
-    sp.type_k = kv_params.type_k = budget->plan().params.type_k;
-    sp.type_v = kv_params.type_v = budget->plan().params.type_v;
-    sp.device = &budget->device();
-    auto model = budget->load_model(file);  // as llama-bench, time the model in memory, not the disk
-    ops::ThreadPool pool(n_threads);
-    auto session = std::make_unique<runtime::Session>(*model, sp, pool);
+void validate(const BenchOptions& o) {
+    const ContextConfig& c = o.engine.context;
+    if (c.n_seq < 1 || c.n_seq > kv::kMaxSequences) {
+        throw UsageError("-np: " + std::to_string(c.n_seq) + " must be in 1.." + std::to_string(kv::kMaxSequences));
+    }
+    if (o.engine.load.model_path.empty()) throw UsageError("missing -m MODEL (see --help)");
+    if (o.n_prompt < 0 || o.n_gen < 0 || o.repetitions < 1 || c.n_batch < 1)
+        throw UsageError("-p, -n must be >= 0; -r, -b >= 1");
+    if (o.output != "md" && o.output != "json") throw UsageError("-o: expected md or json, got '" + o.output + "'");
+}
+
+namespace {
+
+// The pp and tg tests' session: one sequence of the prompt and the generated tokens.
+ContextConfig session_context(const ContextConfig& planned, const BenchOptions& o) {
+    ContextConfig c = planned;
+    c.n_seq = 1;
+    c.n_outputs = 0;
+    c.n_ctx = std::max(1, o.n_prompt + o.n_gen + 1);
+    return c;
+}
+
+// The -np test's context: n_seq sequences of n_gen tokens each.
+ContextConfig parallel_context(const ContextConfig& planned, const BenchOptions& o) {
+    ContextConfig c = planned;
+    c.n_ctx = c.n_seq * o.n_gen;
+    c.n_outputs = c.n_seq;
+    return c;
+}
+
+int measure(engine::Engine& e, const BenchOptions& o) {
+    const int n_prompt = o.n_prompt, n_gen = o.n_gen, repetitions = o.repetitions;
+    const int n_parallel = e.context().n_seq;
+    model::Model* model = &e.model();
+    ops::ThreadPool& pool = e.threads();
+    auto session = std::make_unique<engine::Session>(e.model(), session_context(e.context(), o), pool, &e.host());
     std::mt19937 rng(42);
     std::uniform_int_distribution<int32_t> token(0, model->n_vocab() - 1);
 
@@ -141,15 +145,11 @@ int run_bench(const std::vector<std::string>& args) {
     if (n_gen > 0 && n_parallel > 1) {
         // tgN x P: P sequences decoded together, one token of each per forward pass (tokens/s of
         // all of them), in a cache of P sequences.
-        kv::CacheParams cp = runtime::cache_params(sp, n_parallel);
-        cp.n_cells = n_parallel * (n_gen + 16);
-        kv::ModelCache cache = runtime::make_charged_cache(*model, cp, n_parallel, sp.device);
+        kv::ModelCache cache = e.make_cache(parallel_context(e.context(), o));
         std::vector<int32_t> tokens(static_cast<size_t>(n_parallel)), pos(static_cast<size_t>(n_parallel));
         std::vector<kv::SeqId> seq(static_cast<size_t>(n_parallel));
         for (int s = 0; s < n_parallel; ++s) seq[static_cast<size_t>(s)] = s;
-        memory::PoolBuffer<float> logits(runtime::pool_of(sp.device, memory::pool_names::kLogits),
-                                         static_cast<size_t>(n_parallel) * static_cast<size_t>(model->n_vocab()),
-                                         "logits");
+        memory::PoolBuffer<float> logits = e.make_logits(n_parallel);
         std::vector<double> seconds;
         for (int r = -1; r < repetitions; ++r) {
             cache.clear();
@@ -166,12 +166,15 @@ int run_bench(const std::vector<std::string>& args) {
             summarize("tg" + std::to_string(n_gen) + " x" + std::to_string(n_parallel), n_gen * n_parallel, seconds));
     }
 
+    const gguf::GgufFile& file = e.file();
+    const std::string& model_path = o.engine.load.model_path;
+    const std::string& output = o.output;
     const std::string arch(file.get<std::string_view>("general.architecture"));
     std::string ftype = "?";
     if (const auto* v = file.find("general.file_type"); v && !v->is_array() && v->type() != gguf::ValueType::STRING) {
         ftype = quant::file_type_name(static_cast<uint32_t>(v->to_int())).value_or("?");
     }
-    std::fprintf(stderr, "peak RSS %.1f MiB | %s\n", peak_rss_kib() / 1024.0, budget->peak_summary().c_str());
+    std::fprintf(stderr, "peak RSS %.1f MiB | %s\n", peak_rss_kib() / 1024.0, e.peak_summary().c_str());
     uint64_t weight_bytes = 0;
     for (const auto& t : file.tensors()) weight_bytes += t.n_bytes;
     if (output == "json") {
@@ -182,7 +185,7 @@ int run_bench(const std::vector<std::string>& args) {
                          {"file_type", ftype},
                          {"weight_bytes", weight_bytes},
                          {"threads", pool.size()},
-                         {"kv_cache", describe_kv(kv_params)},
+                         {"kv_cache", engine::describe_kv(e.context())},
                          {"test", r.test},
                          {"n_tokens", r.n_tokens},
                          {"avg_ts", r.mean_tps},
@@ -192,13 +195,29 @@ int run_bench(const std::vector<std::string>& args) {
         std::printf("%s\n", j.dump(2).c_str());
         return 0;
     }
-    std::printf("KV cache: %s\n\n", describe_kv(kv_params).c_str());
+    std::printf("KV cache: %s\n\n", engine::describe_kv(e.context()).c_str());
     std::printf("| model | size | threads | test | t/s |\n|---|---:|---:|---:|---:|\n");
     for (const Result& r : results) {
         std::printf("| %s %s | %s | %d | %s | %.2f ± %.2f |\n", arch.c_str(), ftype.c_str(),
                     util::human_bytes(weight_bytes).c_str(), pool.size(), r.test.c_str(), r.mean_tps, r.stdev_tps);
     }
     return 0;
+}
+
+}  // namespace
+
+int run_bench(const std::vector<std::string>& args) {
+    return parse_and_run(args, bench_parser, [](const BenchOptions& o) {
+        // Planned for the larger of the two contexts it makes one after the other: the pp / tg tests'
+        // session, and the -np test's sequences. Measuring a shorter context than asked would change
+        // what is measured: --fit may not shorten it.
+        EngineOptions eo = o.engine;
+        eo.context.n_ctx = std::max(session_context(eo.context, o).n_ctx,
+                                    eo.context.n_seq > 1 ? parallel_context(eo.context, o).n_ctx : 0);
+        eo.context.n_outputs = eo.context.n_seq;
+        eo.load.fit_may_shorten_context = false;
+        return with_engine("bench", eo, [&](engine::Engine& e) { return measure(e, o); });
+    });
 }
 
 }  // namespace fitllm::cli

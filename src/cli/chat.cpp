@@ -17,13 +17,12 @@
 #include "chat/chat_template.h"
 #include "cli/args.h"
 #include "cli/commands.h"
-#include "cli/generation_options.h"
-#include "cli/run_budget.h"
+#include "cli/engine_options.h"
+#include "engine/session.h"
 #include "gguf/gguf_reader.h"
 #include "kv/cache.h"
 #include "model/model.h"
 #include "ops/thread_pool.h"
-#include "runtime/session.h"
 #include "sampling/sampler.h"
 #include "tokenizer/detokenizer.h"
 #include "tokenizer/tokenizer.h"
@@ -76,14 +75,10 @@ void context_full(int n_ctx) {
 
 }  // namespace
 
-int run_chat(const std::vector<std::string>& args) {
-    std::string model_path;
-    std::string system_prompt;
-    int n_predict = 512;
-    int n_threads = 0;
-    sampling::SamplingParams sp;
-    runtime::SessionParams session_params{.n_ctx = 4096, .n_batch = 512};
-    int& n_ctx = session_params.n_ctx;
+ArgParser chat_parser(ChatOptions& o) {
+    o.engine.context.n_ctx = 4096;
+    o.engine.context.n_batch = 512;
+    ContextConfig& c = o.engine.context;
     ArgParser p(
         "fitllm chat -m MODEL [-c CTX] [-t N] [--temp T] [--top-k K] [--top-p P] [--min-p P] [--seed S] "
         "[-ctk TYPE] [-ctv TYPE] [--no-kv-rotation] [--context-shift] [--keep N] [--system TEXT] [-n N] [--mem SIZE] "
@@ -91,57 +86,50 @@ int run_chat(const std::vector<std::string>& args) {
         "Talk with a model: each line read from stdin is a user message; the reply, rendered through\n"
         "the model's chat template, streams to stdout. /exit, Ctrl-D or Ctrl-C at the prompt ends\n"
         "the conversation; Ctrl-C during a reply stops that reply.");
-    p.option("-m, --model", "MODEL", "the GGUF model to talk with", &model_path);
-    p.option("-c, --ctx-size", "N", "context size in tokens, the whole conversation (default 4096)", &n_ctx);
-    p.option("-t, --threads", "N", "threads (default: the physical cores)", &n_threads);
-    p.option("-n, --n-predict", "N", "tokens per reply at most (default 512)", &n_predict);
-    p.option("--system", "TEXT", "a system message opening the conversation", &system_prompt);
-    add_sampling_options(p, sp);
-    add_kv_options(p, session_params);
-    add_context_shift_options(p, session_params);
-    MemoryOptions memory_options;
-    add_memory_options(p, memory_options);
-    if (!p.parse(args)) return 0;
+    p.option("-m, --model", "MODEL", "the GGUF model to talk with", &o.engine.load.model_path);
+    p.option("-c, --ctx-size", "N", "context size in tokens, the whole conversation (default 4096)", &c.n_ctx);
+    p.option("-b, --batch-size", "N", "prompt tokens per forward pass (default 512)", &c.n_batch);
+    add_threads_option(p, c);
+    p.option("-n, --n-predict", "N", "tokens per reply at most (default 512)", &o.n_predict);
+    p.option("--system", "TEXT", "a system message opening the conversation", &o.system_prompt);
+    add_sampling_options(p, o.sampling);
+    add_kv_options(p, c);
+    add_context_shift_options(p, c);
+    add_memory_options(p, o.engine);
+    return p;
+}
 
-    if (model_path.empty()) throw UsageError("-m MODEL is required");
-    if (n_predict <= 0) throw UsageError("-n: " + std::to_string(n_predict) + " must be positive");
-    if (n_ctx <= 0) throw UsageError("-c: " + std::to_string(n_ctx) + " must be positive");
-    validate_sampling_options(sp);
-    validate_context_shift_options(session_params);
-    const bool shift = session_params.context_shift;
+void validate(const ChatOptions& o) {
+    const ContextConfig& c = o.engine.context;
+    if (o.engine.load.model_path.empty()) throw UsageError("-m MODEL is required");
+    if (o.n_predict <= 0) throw UsageError("-n: " + std::to_string(o.n_predict) + " must be positive");
+    if (c.n_ctx <= 0) throw UsageError("-c: " + std::to_string(c.n_ctx) + " must be positive");
+    if (c.n_batch <= 0) throw UsageError("-b: " + std::to_string(c.n_batch) + " must be positive");
+    validate_sampling_options(o.sampling);
+}
 
-    gguf::GgufFile file = gguf::GgufFile::open(model_path);
-    const int extra_cells = shift ? 2 * kv::CacheParams{}.block_size : 0;  // as runtime::Session
-    memory::PlanParams planned = session_plan_params(session_params, n_threads);
-    planned.n_ctx = n_ctx + extra_cells;
-    planned.n_batch = session_params.n_batch;
-    std::optional<RunBudget> budget = RunBudget::prepare("chat", file, planned, memory_options, ContextMayShrink::yes);
-    if (!budget) return kExitDoesNotFit;
-    n_ctx = budget->plan().params.n_ctx - extra_cells;
-    session_params.type_k = budget->plan().params.type_k;
-    session_params.type_v = budget->plan().params.type_v;
-    session_params.device = &budget->device();
-    const tokenizer::Tokenizer tokenizer = tokenizer::Tokenizer::from_gguf(file);
+namespace {
+
+int converse(engine::Engine& e, const ChatOptions& o) {
+    const ContextConfig& context = e.context();
+    const int n_ctx = context.n_ctx;
+    const int n_predict = o.n_predict;
+    const bool shift = context.context_shift;
+    const tokenizer::Tokenizer& tokenizer = e.tokenizer();
     const tokenizer::Vocab& vocab = tokenizer.vocab();
-    const chat::ResolvedTemplate resolved = chat::template_for_model(file);
-    chat::RenderOptions options;
-    options.add_generation_prompt = true;
-    if (vocab.valid(vocab.special().bos)) options.bos_token = vocab.text(vocab.special().bos);
-    if (vocab.valid(vocab.special().eos)) options.eos_token = vocab.text(vocab.special().eos);
-    const auto model = budget->load_model(file);
-
-    ops::ThreadPool pool(n_threads);
-    runtime::Session session(*model, session_params, pool);
-    sampling::Sampler sampler(sp, model->n_vocab());
+    const chat::ResolvedTemplate& resolved = e.chat_template();
+    const chat::RenderOptions& options = e.render_options();
+    engine::Session session(e.model(), context, e.threads(), &e.host());
+    sampling::Sampler sampler(o.sampling, e.model().n_vocab());
     tokenizer::Detokenizer detok(tokenizer, /*remove_special=*/false, /*unparse_special=*/false);
 
     std::fprintf(stderr, "template: %s\n", resolved.source_description.c_str());
-    std::fprintf(stderr, "context: %d tokens, KV cache %s%s\n", n_ctx, describe_kv(session_params).c_str(),
+    std::fprintf(stderr, "context: %d tokens, KV cache %s%s\n", n_ctx, engine::describe_kv(context).c_str(),
                  shift ? ", context shift on" : "");
     std::fprintf(stderr, "/exit or Ctrl-D to quit; Ctrl-C stops a reply\n");
 
     nlohmann::ordered_json messages = nlohmann::ordered_json::array();
-    if (!system_prompt.empty()) messages.push_back({{"role", "system"}, {"content", system_prompt}});
+    if (!o.system_prompt.empty()) messages.push_back({{"role", "system"}, {"content", o.system_prompt}});
     std::vector<int32_t> fed;  // the tokens the KV cache holds, in order
 
     const SigintGuard guard;
@@ -218,6 +206,14 @@ int run_chat(const std::vector<std::string>& args) {
         messages.push_back({{"role", "assistant"}, {"content", reply}});
     }
     return 0;
+}
+
+}  // namespace
+
+int run_chat(const std::vector<std::string>& args) {
+    return parse_and_run(args, chat_parser, [](const ChatOptions& o) {
+        return with_engine("chat", o.engine, [&](engine::Engine& e) { return converse(e, o); });
+    });
 }
 
 }  // namespace fitllm::cli

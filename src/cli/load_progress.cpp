@@ -4,7 +4,7 @@
 
 #include <utility>
 
-#include "runtime/prefault.h"
+#include "engine/prefault.h"
 
 namespace fitllm::cli {
 namespace {
@@ -35,7 +35,7 @@ void LoadProgress::update(uint64_t done, uint64_t total) {
 
 void prefault_with_progress(gguf::GgufFile& file, const model::Model& model) {
     LoadProgress progress(stderr, base_name(file.source()), isatty(fileno(stderr)) != 0);
-    runtime::prefault(file, model, [&](uint64_t done, uint64_t total) { progress.update(done, total); });
+    engine::prefault(file, model, [&](uint64_t done, uint64_t total) { progress.update(done, total); });
 }
 
 }  // namespace fitllm::cli

@@ -31,7 +31,7 @@ private:
     bool printed_ = false;
 };
 
-// Reads the weights `model` reads through the mapping of `file` into memory (runtime::prefault:
+// Reads the weights `model` reads through the mapping of `file` into memory (engine::prefault:
 // not its streamed layers) with a LoadProgress on stderr when it is a terminal.
 void prefault_with_progress(gguf::GgufFile& file, const model::Model& model);
 

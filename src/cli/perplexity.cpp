@@ -1,6 +1,6 @@
 // fitllm perplexity -m MODEL -f TEXT [-c 512] [-b 512] [--chunks N] [-t N] [-np N] [KV options]
 //                   [--kl-divergence-base FILE [--kl-divergence]]
-#include "runtime/perplexity.h"
+#include "engine/perplexity.h"
 
 #include <algorithm>
 #include <cmath>
@@ -12,20 +12,19 @@
 
 #include "cli/args.h"
 #include "cli/commands.h"
-#include "cli/generation_options.h"
-#include "cli/run_budget.h"
+#include "cli/engine_options.h"
+#include "engine/kl_divergence.h"
 #include "gguf/gguf_reader.h"
 #include "kv/cache.h"
 #include "model/model.h"
 #include "ops/thread_pool.h"
-#include "runtime/kl_divergence.h"
 #include "tokenizer/tokenizer.h"
 
 namespace fitllm::cli {
 namespace {
 
 // As llama-perplexity --kl-divergence ends.
-void print_kl_stats(const runtime::KlStats& s, const runtime::PerplexityResult& r, int top_k) {
+void print_kl_stats(const engine::KlStats& s, const engine::PerplexityResult& r, int top_k) {
     std::printf("\n====== Perplexity statistics ======\n");
     std::printf("Mean PPL(Q)                   : %10.6f \u00b1 %10.6f\n", r.ppl, r.ppl_error);
     std::printf("Mean PPL(base)                : %10.6f\n", s.base_ppl);
@@ -43,17 +42,9 @@ void print_kl_stats(const runtime::KlStats& s, const runtime::PerplexityResult& 
 
 }  // namespace
 
-int run_perplexity(const std::vector<std::string>& args) {
-    std::string model_path;
-    std::string text_path;
-    int n_ctx = 512;
-    int n_batch = 512;
-    int n_chunks = -1;
-    int n_threads = 0;
-    int n_seq = 1;
-    std::string kl_base_path;
-    bool kl_compare = false;
-    runtime::SessionParams kv_params;  // the KV options' target
+ArgParser perplexity_parser(PerplexityOptions& o) {
+    ContextConfig& c = o.engine.context;
+    c.n_batch = 512;
     ArgParser p(
         "fitllm perplexity -m MODEL -f TEXT [-c 512] [-b 512] [--chunks N] [-t N] [-np N] [-ctk TYPE] [-ctv TYPE] "
         "[--no-kv-rotation] [--mem SIZE] [--fit] [--mlock] [--stream-layers N] [--kl-divergence-base FILE "
@@ -67,105 +58,91 @@ int run_perplexity(const std::vector<std::string>& args) {
         "and the rest of the mass, ~0.8 KiB a token), then again with the same -f, -c and --chunks\n"
         "(other KV types, -np, ...) plus --kl-divergence to compare: mean / median / 99% / max KL,\n"
         "'Same top p' and the PPL ratio.");
-    p.option("-m, --model", "MODEL", "the GGUF model", &model_path);
-    p.option("-f, --file", "TEXT", "the text file to score", &text_path);
-    p.option("-c, --ctx-size", "N", "tokens per chunk (default 512)", &n_ctx);
-    p.option("-b, --batch-size", "N", "tokens per forward pass in the unscored half (default 512)", &n_batch);
-    p.option("--chunks", "N", "score at most N chunks (default: all)", &n_chunks);
-    p.option("-t, --threads", "N", "threads (default: the physical cores)", &n_threads);
+    p.option("-m, --model", "MODEL", "the GGUF model", &o.engine.load.model_path);
+    p.option("-f, --file", "TEXT", "the text file to score", &o.text_path);
+    p.option("-c, --ctx-size", "N", "tokens per chunk (default 512)", &o.n_ctx);
+    p.option("-b, --batch-size", "N", "tokens per forward pass in the unscored half (default 512)", &c.n_batch);
+    p.option("--chunks", "N", "score at most N chunks (default: all)", &o.n_chunks);
+    add_threads_option(p, c);
     p.option(
         "-np, --parallel", "N",
         "evaluate N chunks at once, one sequence each (default 1; the batches are split between them, which moves the "
         "result in the last digits: kernels follow llama.cpp's batch-size-dependent arithmetic)",
-        &n_seq);
+        &o.n_seq);
     p.option("--kl-divergence-base", "FILE",
              "write each scored token's top-64 log-probs to FILE (written atomically); with --kl-divergence: read "
              "FILE and compare",
-             &kl_base_path);
-    p.flag("--kl-divergence", &kl_compare,
+             &o.kl_base_path);
+    p.flag("--kl-divergence", &o.kl_compare,
            "compare this run's distributions with --kl-divergence-base FILE's: KL divergence, same top token, PPL "
            "ratio");
-    add_kv_options(p, kv_params);
-    MemoryOptions memory_options;
-    add_memory_options(p, memory_options);
-    if (!p.parse(args)) return 0;
-    if (model_path.empty()) throw UsageError("-m MODEL is required");
-    if (text_path.empty()) throw UsageError("-f TEXT is required");
-    if (n_ctx < 4) throw UsageError("-c: " + std::to_string(n_ctx) + " must be at least 4");
-    if (n_batch < 1) throw UsageError("-b: " + std::to_string(n_batch) + " must be positive");
-    if (n_seq < 1 || n_seq > kv::kMaxSequences) {
-        throw UsageError("-np: " + std::to_string(n_seq) + " must be in 1.." + std::to_string(kv::kMaxSequences));
+    add_kv_options(p, c);
+    add_memory_options(p, o.engine);
+    return p;
+}
+
+void validate(const PerplexityOptions& o) {
+    if (o.engine.load.model_path.empty()) throw UsageError("-m MODEL is required");
+    if (o.text_path.empty()) throw UsageError("-f TEXT is required");
+    if (o.n_ctx < 4) throw UsageError("-c: " + std::to_string(o.n_ctx) + " must be at least 4");
+    if (o.engine.context.n_batch < 1) {
+        throw UsageError("-b: " + std::to_string(o.engine.context.n_batch) + " must be positive");
     }
-    if (kl_compare && kl_base_path.empty()) {
+    if (o.n_seq < 1 || o.n_seq > kv::kMaxSequences) {
+        throw UsageError("-np: " + std::to_string(o.n_seq) + " must be in 1.." + std::to_string(kv::kMaxSequences));
+    }
+    if (o.kl_compare && o.kl_base_path.empty()) {
         throw UsageError("--kl-divergence needs --kl-divergence-base FILE (the base run's file to compare with)");
     }
-    // Read before loading anything, so a foreign or truncated file is refused at once.
-    std::optional<runtime::KlBaseReader> kl_base;
-    if (kl_compare) kl_base.emplace(runtime::KlBaseReader::open(kl_base_path));
+}
 
-    std::ifstream in(text_path, std::ios::binary);
-    if (!in) throw UsageError("-f: cannot open '" + text_path + "'");
-    std::stringstream text;
-    text << in.rdbuf();
+namespace {
 
-    gguf::GgufFile file = gguf::GgufFile::open(model_path);
-    runtime::PerplexityParams pp;
-    pp.n_ctx = n_ctx;
-    pp.n_batch = n_batch;
-    pp.n_chunks = n_chunks;
-    pp.n_seq = n_seq;
-    // The cache and logits runtime::perplexity() makes (at most n_seq chunks at once).
-    const int ctx_batch = std::max(1, n_batch / n_seq);
-    const int score_batch = std::max(1, std::min(pp.score_batch / n_seq, n_ctx - n_ctx / 2));
-    memory::PlanParams planned = session_plan_params(kv_params, n_threads);
-    planned.n_ctx = n_ctx * n_seq;
-    planned.n_seq = n_seq;
-    planned.n_batch = n_seq * std::max(ctx_batch, score_batch);
-    planned.n_outputs = n_seq * score_batch;
-    std::optional<RunBudget> budget =
-        RunBudget::prepare("perplexity", file, planned, memory_options, ContextMayShrink::no);
-    if (!budget) return kExitDoesNotFit;
-    kv_params.type_k = budget->plan().params.type_k;
-    kv_params.type_v = budget->plan().params.type_v;
-    pp.device = &budget->device();
-    const tokenizer::Tokenizer tokenizer = tokenizer::Tokenizer::from_gguf(file);
-    const auto model = budget->load_model(file);
-    const std::vector<tokenizer::TokenId> tokens = tokenizer.tokenize(text.str(), /*add_special=*/true, false);
-    if (static_cast<int64_t>(tokens.size()) < 2 * int64_t{n_ctx}) {
-        throw UsageError(text_path + " has " + std::to_string(tokens.size()) + " tokens; -c " + std::to_string(n_ctx) +
-                         " needs at least " + std::to_string(2 * n_ctx) + " (a longer text or a smaller -c)");
+engine::PerplexityParams perplexity_params(const PerplexityOptions& o) {
+    engine::PerplexityParams pp;
+    pp.n_ctx = o.n_ctx;
+    pp.n_batch = o.engine.context.n_batch;
+    pp.n_chunks = o.n_chunks;
+    pp.n_seq = o.n_seq;
+    return pp;
+}
+
+int score(engine::Engine& e, const PerplexityOptions& o, std::optional<engine::KlBaseReader>& kl_base,
+          const std::string& text) {
+    engine::PerplexityParams pp = perplexity_params(o);
+    const tokenizer::Tokenizer& tokenizer = e.tokenizer();
+    const std::vector<tokenizer::TokenId> tokens = tokenizer.tokenize(text, /*add_special=*/true, false);
+    if (static_cast<int64_t>(tokens.size()) < 2 * int64_t{o.n_ctx}) {
+        throw UsageError(o.text_path + " has " + std::to_string(tokens.size()) + " tokens; -c " +
+                         std::to_string(o.n_ctx) + " needs at least " + std::to_string(2 * o.n_ctx) +
+                         " (a longer text or a smaller -c)");
     }
-
-    pp.type_k = kv_params.type_k;
-    pp.type_v = kv_params.type_v;
-    pp.kv_rotation = kv_params.kv_rotation;
-    pp.kv_spill_dir = kv_params.kv_spill_dir;
-    pp.kv_resident_limit = kv_params.kv_resident_limit;
     const tokenizer::Vocab& vocab = tokenizer.vocab();
     if (vocab.add_bos() && vocab.valid(vocab.special().bos)) pp.bos = vocab.special().bos;
 
-    const runtime::KlHeader kl_header = runtime::kl_header(model->n_vocab(), tokens, pp);
-    std::optional<runtime::KlBaseWriter> kl_writer;
-    std::optional<runtime::KlComparison> kl_comparison;
-    runtime::ScoredTokenFn on_token;
+    const engine::KlHeader kl_header = engine::kl_header(e.model().n_vocab(), tokens, pp);
+    std::optional<engine::KlBaseWriter> kl_writer;
+    std::optional<engine::KlComparison> kl_comparison;
+    engine::ScoredTokenFn on_token;
     if (kl_base) {
         kl_base->check(kl_header);
         kl_comparison.emplace(*kl_base);
         on_token = [&](int64_t index, std::span<const float> logits, double lp) {
             kl_comparison->add(index, logits, lp);
         };
-    } else if (!kl_base_path.empty()) {
-        kl_writer.emplace(kl_base_path, kl_header);
+    } else if (!o.kl_base_path.empty()) {
+        kl_writer.emplace(o.kl_base_path, kl_header);
         on_token = [&](int64_t index, std::span<const float> logits, double lp) { kl_writer->add(index, logits, lp); };
     }
 
-    ops::ThreadPool pool(n_threads);
-    const int64_t n_avail = static_cast<int64_t>(tokens.size()) / n_ctx;
+    ops::ThreadPool& pool = e.threads();
+    const int64_t n_avail = static_cast<int64_t>(tokens.size()) / o.n_ctx;
     std::fprintf(stderr, "perplexity: %zu tokens, %lld chunks of %d, threads %d, KV cache %s, %d at once\n",
-                 tokens.size(), static_cast<long long>(n_chunks < 0 ? n_avail : std::min<int64_t>(n_chunks, n_avail)),
-                 n_ctx, pool.size(), describe_kv(kv_params).c_str(), n_seq);
-    const runtime::PerplexityResult r = runtime::perplexity(
-        *model, tokens, pp, pool,
+                 tokens.size(),
+                 static_cast<long long>(o.n_chunks < 0 ? n_avail : std::min<int64_t>(o.n_chunks, n_avail)), o.n_ctx,
+                 pool.size(), engine::describe_kv(e.context()).c_str(), o.n_seq);
+    const engine::PerplexityResult r = engine::perplexity(
+        e.model(), tokens, pp, e.context(), pool, &e.host(),
         [](int chunk, double ppl) {
             std::printf("[%d]%.4f,", chunk, ppl);
             std::fflush(stdout);
@@ -175,11 +152,32 @@ int run_perplexity(const std::vector<std::string>& args) {
     if (kl_writer) {
         kl_writer->finish(r.mean_nll);
         std::fprintf(stderr, "KL base: %lld scored tokens' top %d written to %s\n",
-                     static_cast<long long>(kl_header.n_scored), kl_header.top_k, kl_base_path.c_str());
+                     static_cast<long long>(kl_header.n_scored), kl_header.top_k, o.kl_base_path.c_str());
     }
     if (kl_comparison) print_kl_stats(kl_comparison->stats(), r, kl_header.top_k);
-    std::fprintf(stderr, "peak RSS %.1f MiB | %s\n", peak_rss_kib() / 1024.0, budget->peak_summary().c_str());
+    std::fprintf(stderr, "peak RSS %.1f MiB | %s\n", peak_rss_kib() / 1024.0, e.peak_summary().c_str());
     return 0;
+}
+
+}  // namespace
+
+int run_perplexity(const std::vector<std::string>& args) {
+    return parse_and_run(args, perplexity_parser, [](const PerplexityOptions& o) {
+        // Read before loading anything, so a foreign or truncated file is refused at once.
+        std::optional<engine::KlBaseReader> kl_base;
+        if (o.kl_compare) kl_base.emplace(engine::KlBaseReader::open(o.kl_base_path));
+        std::ifstream in(o.text_path, std::ios::binary);
+        if (!in) throw UsageError("-f: cannot open '" + o.text_path + "'");
+        std::stringstream text;
+        text << in.rdbuf();
+
+        // Planned for the cache and logits engine::perplexity() makes (at most n_seq chunks at once);
+        // a shorter chunk would change what is measured: --fit may not shorten it.
+        EngineOptions eo = o.engine;
+        eo.context = engine::perplexity_context(perplexity_params(o), eo.context);
+        eo.load.fit_may_shorten_context = false;
+        return with_engine("perplexity", eo, [&](engine::Engine& e) { return score(e, o, kl_base, text.str()); });
+    });
 }
 
 }  // namespace fitllm::cli

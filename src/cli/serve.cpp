@@ -13,84 +13,85 @@
 
 #include "cli/args.h"
 #include "cli/commands.h"
-#include "cli/generation_options.h"
-#include "cli/run_budget.h"
+#include "cli/engine_options.h"
+#include "kv/cache.h"
 #include "memory/budget.h"
 #include "server/http_server.h"
 #include "server/model_registry.h"
 
 namespace fitllm::cli {
 
-int run_serve(const std::vector<std::string>& args) {
-    std::string model_path, models_dir, host = "127.0.0.1", mem, api_key;
-    int port = 8080;
-    int n_threads = 0;
-    int ttl = 300;
-    bool fit = false;
-    server::SchedulerOptions so{.n_slots = 4, .n_ctx = 4096, .n_batch = 256, .max_queue = 64};
-    runtime::SessionParams kv;  // -ctk / -ctv
+ArgParser serve_parser(ServeOptions& o) {
+    ContextConfig& c = o.engine.context;
+    c.n_seq = 4;
+    c.n_ctx = 4096;
+    c.n_batch = 256;
     ArgParser p(
         "fitllm serve [-m MODEL | --models-dir DIR] [--host H] [--port P] [-np N] [-c N] [-b N] [-t N] "
-        "[--mem SIZE] [--fit] [--ttl SECONDS] [--api-key KEY] [--max-queue N] [-ctk TYPE] [-ctv TYPE] "
-        "[--device NAME] [-ngl N] [--vram SIZE] [--no-kv-offload]",
+        "[--mem SIZE] [--fit] [--mlock] [--stream-layers N] [--ttl SECONDS] [--api-key KEY] [--max-queue N] "
+        "[-ctk TYPE] [-ctv TYPE] [--no-kv-rotation] [--kv-spill-dir DIR] [--kv-resident SIZE] [--device NAME] "
+        "[-ngl N] [--vram SIZE] [--no-kv-offload] [--unified]",
         "Serve models over HTTP with an OpenAI-compatible API: POST /v1/chat/completions and\n"
         "/v1/completions (streamed as server-sent events with \"stream\": true), GET /v1/models,\n"
         "POST /tokenize and /detokenize, GET /health, /metrics (Prometheus), /v1/memory, and a chat\n"
-        "page at /. Requests share one KV cache per model (-c cells for -np sequences decoded\n"
+        "page at /. Requests share one KV cache per model (-c tokens for -np sequences decoded\n"
         "together); with --models-dir each DIR/NAME.gguf is the model NAME, loaded when a request\n"
         "names it and unloaded after --ttl idle seconds, all within the --mem budget.");
-    p.option("-m, --model", "MODEL", "serve this GGUF model (loaded at start)", &model_path);
-    p.option("--models-dir", "DIR", "serve every *.gguf in DIR, each loaded on first use", &models_dir);
-    p.option("--host", "HOST", "address to listen on (default 127.0.0.1)", &host);
-    p.option("--port", "PORT", "port to listen on; 0 picks a free one (default 8080)", &port);
-    p.option("-np, --parallel", "N", "sequences decoded together per model (default 4)", &so.n_slots);
+    p.option("-m, --model", "MODEL", "serve this GGUF model (loaded at start)", &o.engine.load.model_path);
+    p.option("--models-dir", "DIR", "serve every *.gguf in DIR, each loaded on first use", &o.models_dir);
+    p.option("--host", "HOST", "address to listen on (default 127.0.0.1)", &o.host);
+    p.option("--port", "PORT", "port to listen on; 0 picks a free one (default 8080)", &o.port);
+    p.option("-np, --parallel", "N", "sequences decoded together per model (default 4)", &c.n_seq);
     p.option("-c, --ctx-size", "N",
-             "KV cache cells per model, shared by its sequences; also the most one request may use (default 4096)",
-             &so.n_ctx);
+             "KV cache tokens per model, shared by its sequences; also the most one request may use (default 4096)",
+             &c.n_ctx);
     p.option("-b, --batch-size", "N",
-             "tokens per forward pass: one per decoding sequence, the rest prompt chunks (default 256)", &so.n_batch);
-    p.option("-t, --threads", "N", "threads (default: the physical cores)", &n_threads);
-    p.option("--mem", "SIZE", "memory budget for all models, e.g. 2G (default: what the system offers less a margin)",
-             &mem);
-    p.flag("--fit", &fit,
-           "a model whose plan does not fit --mem gets a quantized KV cache, streamed layers or a shorter context "
-           "(in that order) instead of a refusal; what changed is printed");
+             "tokens per forward pass: one per decoding sequence, the rest prompt chunks (default 256)", &c.n_batch);
+    add_threads_option(p, c);
     p.option("--ttl", "SECONDS", "unload a --models-dir model after this many idle seconds; 0: never (default 300)",
-             &ttl);
-    p.option("--api-key", "KEY", "require 'Authorization: Bearer KEY' on every endpoint but / and /health", &api_key);
+             &o.ttl);
+    p.option("--api-key", "KEY", "require 'Authorization: Bearer KEY' on every endpoint but / and /health", &o.api_key);
     p.option("--max-queue", "N", "requests that may wait for a slot per model; more get HTTP 429 (default 64)",
-             &so.max_queue);
-    add_kv_options(p, kv);
-    MemoryOptions offload_options;
-    add_offload_options(p, offload_options);
-    if (!p.parse(args)) return 0;
+             &o.max_queue);
+    add_kv_options(p, c);
+    add_memory_options(p, o.engine);
+    return p;
+}
 
-    if (model_path.empty() == models_dir.empty()) throw UsageError("give one of -m MODEL and --models-dir DIR");
-    if (port < 0 || port > 65535) throw UsageError("--port: " + std::to_string(port) + " is not a port (0..65535)");
-    if (so.n_slots < 1 || so.n_slots > kv::kMaxSequences)
-        throw UsageError("-np: " + std::to_string(so.n_slots) + " must be in 1.." + std::to_string(kv::kMaxSequences));
-    if (so.n_ctx < 1) throw UsageError("-c: " + std::to_string(so.n_ctx) + " must be positive");
-    if (so.n_batch < 1) throw UsageError("-b: " + std::to_string(so.n_batch) + " must be positive");
-    if (so.max_queue < 0) throw UsageError("--max-queue: " + std::to_string(so.max_queue) + " must not be negative");
-    if (ttl < 0) throw UsageError("--ttl: " + std::to_string(ttl) + " must not be negative");
-    so.type_k = kv.type_k;
-    so.type_v = kv.type_v;
-
-    uint64_t budget = 0;
-    std::string budget_source;
-    if (!mem.empty()) {
-        try {
-            budget = memory::parse_size(mem);
-        } catch (const memory::SizeError& e) {
-            throw UsageError(std::string("--mem: ") + e.what());
-        }
-        budget_source = "--mem";
-    } else {
-        const memory::HostBudget hb = memory::host_budget();
-        budget = hb.budget;
-        budget_source = hb.source + " less a margin";
+void validate(const ServeOptions& o) {
+    const ContextConfig& c = o.engine.context;
+    if (o.engine.load.model_path.empty() == o.models_dir.empty()) {
+        throw UsageError("give one of -m MODEL and --models-dir DIR");
     }
+    if (o.port < 0 || o.port > 65535)
+        throw UsageError("--port: " + std::to_string(o.port) + " is not a port (0..65535)");
+    if (c.n_seq < 1 || c.n_seq > kv::kMaxSequences) {
+        throw UsageError("-np: " + std::to_string(c.n_seq) + " must be in 1.." + std::to_string(kv::kMaxSequences));
+    }
+    if (c.n_ctx < 1) throw UsageError("-c: " + std::to_string(c.n_ctx) + " must be positive");
+    if (c.n_batch < 1) throw UsageError("-b: " + std::to_string(c.n_batch) + " must be positive");
+    if (o.max_queue < 0) throw UsageError("--max-queue: " + std::to_string(o.max_queue) + " must not be negative");
+    if (o.ttl < 0) throw UsageError("--ttl: " + std::to_string(o.ttl) + " must not be negative");
+    try {
+        engine::check(c);
+    } catch (const ConfigError& e) {
+        throw UsageError(e.what());
+    }
+}
 
+server::RegistryOptions registry_options(const ServeOptions& o) {
+    return {.model_path = o.engine.load.model_path,
+            .models_dir = o.models_dir,
+            .ttl_seconds = static_cast<double>(o.ttl),
+            .load = o.engine.load,
+            .context = o.engine.context,
+            .scheduler = {.max_queue = o.max_queue},
+            .mem_label = o.engine.mem_label};
+}
+
+namespace {
+
+int serve(const ServeOptions& o) {
     // SIGINT / SIGTERM are waited for by this thread (sigwait), blocked everywhere else; a client
     // that goes away must not kill the server with SIGPIPE.
     std::signal(SIGPIPE, SIG_IGN);
@@ -100,35 +101,35 @@ int run_serve(const std::vector<std::string>& args) {
     sigaddset(&signals, SIGTERM);
     pthread_sigmask(SIG_BLOCK, &signals, nullptr);
 
-    // The offload device, shared by the models (each plans its share against the room left).
-    memory::PlanParams offload_params;
-    // (A unified one is opened by the registry, on its host budget.)
-    const std::unique_ptr<backend::Backend> offload_device =
-        apply_offload_options(offload_options, offload_params, /*host=*/nullptr);
-    server::ModelRegistry registry({.model_path = model_path,
-                                    .models_dir = models_dir,
-                                    .budget = budget,
-                                    .ttl_seconds = static_cast<double>(ttl),
-                                    .scheduler = so,
-                                    .n_threads = n_threads,
-                                    .fit = fit,
-                                    .offload = {.device = offload_device.get(),
-                                                .unified_device = offload_params.unified ? offload_params.device : "",
-                                                .n_gpu_layers = offload_params.n_gpu_layers,
-                                                .kv_offload = offload_params.kv_offload}});
-    server::HttpServer http(registry, {.api_key = api_key});
-    if (!http.bind(host, port)) {
-        throw Error("cannot listen on " + host + ":" + std::to_string(port) + " (in use, or not an address here)");
+    std::unique_ptr<server::ModelRegistry> registry_ptr;
+    try {
+        registry_ptr =
+            std::make_unique<server::ModelRegistry>(server::RegistryOptions{.model_path = o.engine.load.model_path,
+                                                                            .models_dir = o.models_dir,
+                                                                            .ttl_seconds = static_cast<double>(o.ttl),
+                                                                            .load = o.engine.load,
+                                                                            .context = o.engine.context,
+                                                                            .scheduler = {.max_queue = o.max_queue},
+                                                                            .mem_label = o.engine.mem_label});
+    } catch (const ConfigError& e) {
+        throw UsageError(e.what());
     }
-    std::fprintf(
-        stderr, "fitllm serve: listening on http://%s:%d (memory budget %s from %s; %d slots, %d KV cells per model)\n",
-        host.c_str(), http.bound_port(), memory::format_size(budget).c_str(), budget_source.c_str(), so.n_slots,
-        so.n_ctx);
+    server::ModelRegistry& registry = *registry_ptr;
+    server::HttpServer http(registry, {.api_key = o.api_key});
+    if (!http.bind(o.host, o.port)) {
+        throw Error("cannot listen on " + o.host + ":" + std::to_string(o.port) + " (in use, or not an address here)");
+    }
+    const memory::Device& budget = registry.device();
+    std::fprintf(stderr,
+                 "fitllm serve: listening on http://%s:%d (memory budget %s from %s; %d slots, %d KV tokens per "
+                 "model)\n",
+                 o.host.c_str(), http.bound_port(), memory::format_size(budget.capacity()).c_str(),
+                 registry.budget_source().c_str(), o.engine.context.n_seq, o.engine.context.n_ctx);
     std::fflush(stderr);
     std::thread listener([&] { http.listen_after_bind(); });
 
     int status = 0;
-    if (!model_path.empty()) {
+    if (!o.engine.load.model_path.empty()) {
         try {
             registry.load_startup_model();
             const auto models = registry.models();
@@ -140,7 +141,7 @@ int run_serve(const std::vector<std::string>& args) {
         }
     } else {
         std::fprintf(stderr, "fitllm serve: %zu models in %s, loaded on first use; ready\n", registry.models().size(),
-                     models_dir.c_str());
+                     o.models_dir.c_str());
     }
     std::fflush(stderr);
     if (status == 0) {
@@ -155,6 +156,12 @@ int run_serve(const std::vector<std::string>& args) {
     http.stop();
     listener.join();
     return status;
+}
+
+}  // namespace
+
+int run_serve(const std::vector<std::string>& args) {
+    return parse_and_run(args, serve_parser, serve);
 }
 
 }  // namespace fitllm::cli

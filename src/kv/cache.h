@@ -1,5 +1,5 @@
 #pragma once
-// The KV cache (DESIGN.md, idea 4): a preallocated pool of cells that several sequences share,
+// The KV cache (docs/architecture.md, idea 4): a preallocated pool of cells that several sequences share,
 // grouped in fixed-size blocks that sequences own through block tables (PagedAttention), with
 // K/V stored in f32, f16, bf16 or a quantized type, optionally after a Hadamard rotation of each
 // head. The pool never grows: its size is fixed at construction from -c.
@@ -23,7 +23,7 @@
 // allocates anything, so a cache over budget throws memory::BudgetError naming the pool and the
 // bytes, and gives the bytes back when it goes.
 //
-// Spill (DESIGN.md, idea 5): with params.spill_dir set and params.resident_limit below the K/V
+// Spill (docs/architecture.md, idea 5): with params.spill_dir set and params.resident_limit below the K/V
 // storage (every layer's K and V rows for every cell), the layers that do not fit live in a file
 // in spill_dir (kv/spill_file.h: anonymous, blocks reserved up front, mapped shared) and stream
 // through memory one layer at a time, in the order the forward pass attends them:
@@ -331,7 +331,7 @@ public:
     // Throws like KvCache, and std::invalid_argument when the lists differ in length or n_batch < 1,
     // or when params.resident_limit (with spill) does not exceed the window pools' bytes.
     //
-    // Devices (DESIGN.md, idea 6): layer_device[il] == 0 (or an empty list): the host, whose pools
+    // Devices (docs/architecture.md, idea 6): layer_device[il] == 0 (or an empty list): the host, whose pools
     // charge params.pool; d > 0: device d, whose pools charge device_kv_pools[d - 1] (its "kv"
     // pool) and never spill. Pools are grouped by (window, device) and ordered by window, then
     // device: each pool is a whole KvCache (bookkeeping and K/V) charged to its device, and

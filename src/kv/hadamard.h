@@ -3,7 +3,7 @@
 // Sylvester's Hadamard matrix (H[i][j] = (-1)^popcount(i & j)). Scaled so it is orthonormal and its
 // own inverse: rotating q and k keeps q . k, and rotating V's rows means un-rotating the output.
 //
-// The KV cache rotates each head before quantizing it (DESIGN.md, idea 4), so that a few large
+// The KV cache rotates each head before quantizing it (docs/architecture.md, idea 4), so that a few large
 // values (outliers) spread over the whole head instead of setting one block's scale.
 #include <cstdint>
 

@@ -1,5 +1,5 @@
 #pragma once
-// The file that holds spilled K/V (DESIGN.md, idea 5): an anonymous file in a directory on disk,
+// The file that holds spilled K/V (docs/architecture.md, idea 5): an anonymous file in a directory on disk,
 // its blocks reserved up front, mapped shared so the cache reads and writes it like memory, and
 // ranges of it sent to disk and out of memory on request (kv::KvCache decides which; see
 // kv/cache.h, "Spill").

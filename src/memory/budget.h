@@ -1,5 +1,5 @@
 #pragma once
-// How much memory fitllm may use (DESIGN.md, idea 2): sizes as users write them ("900M",
+// How much memory fitllm may use (docs/architecture.md, idea 2): sizes as users write them ("900M",
 // "1.5G", "2GiB") and the default budget of this process, read from its memory cgroup or
 // /proc/meminfo.
 //

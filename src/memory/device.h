@@ -1,5 +1,5 @@
 #pragma once
-// A device's memory (DESIGN.md, idea 2): a capacity, and the named pools that charge it. Every
+// A device's memory (docs/architecture.md, idea 2): a capacity, and the named pools that charge it. Every
 // large allocation asks its pool first; a request that would take the device past its capacity
 // is refused with a BudgetError before the OS is asked, so the process lives on.
 //
@@ -23,21 +23,9 @@ namespace fitllm::memory {
 
 class Pool;
 
-// A request the device has no room for. what() names the pool, what it was for, the bytes asked
-// for, the device and its capacity, and what each pool holds.
-class BudgetError : public Error {
-public:
-    BudgetError(const std::string& message, std::string pool, uint64_t requested, uint64_t capacity, uint64_t in_use)
-        : Error(message), pool_(std::move(pool)), requested_(requested), capacity_(capacity), in_use_(in_use) {}
-    const std::string& pool() const { return pool_; }
-    uint64_t requested() const { return requested_; }
-    uint64_t capacity() const { return capacity_; }
-    uint64_t in_use() const { return in_use_; }
-
-private:
-    std::string pool_;
-    uint64_t requested_, capacity_, in_use_;
-};
+// A request the device has no room for (fitllm/error.h): what() names the pool, what it was for,
+// the bytes asked for, the device and its capacity, and what each pool holds.
+using BudgetError = fitllm::BudgetError;
 
 struct PoolStats {
     std::string name;

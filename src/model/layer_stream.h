@@ -1,5 +1,5 @@
 #pragma once
-// Streaming the last layers of a model from its file (DESIGN.md, idea 5): when the weights do not
+// Streaming the last layers of a model from its file (docs/architecture.md, idea 5): when the weights do not
 // fit, the first layers stay mapped and the last ones are read, layer by layer, into a few
 // staging buffers by a background thread that reads ahead while the forward pass computes.
 //

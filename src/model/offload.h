@@ -1,5 +1,5 @@
 #pragma once
-// Layers on a device (DESIGN.md, idea 6; model::LoadOptions::offload): which layers run where, the
+// Layers on a device (docs/architecture.md, idea 6; model::LoadOptions::offload): which layers run where, the
 // device's copies of their weights, and the bytes a plan must count for them. Internal to model/,
 // except the *_bytes functions, which memory::plan mirrors.
 //

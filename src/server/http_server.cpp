@@ -125,9 +125,9 @@ json whole_answer(const Completion& c, const Job::Update& u, const std::string& 
 
 HttpServer::HttpServer(ModelRegistry& registry, HttpOptions options)
     : registry_(registry), options_(std::move(options)), http_(std::make_unique<httplib::Server>()) {
-    const SchedulerOptions& so = registry_.options().scheduler;
-    const int n_threads =
-        options_.n_threads > 0 ? options_.n_threads : std::clamp(so.n_slots + so.max_queue + 8, 16, 512);
+    const RegistryOptions& ro = registry_.options();
+    const int n_threads = options_.n_threads > 0 ? options_.n_threads
+                                                 : std::clamp(ro.context.n_seq + ro.scheduler.max_queue + 8, 16, 512);
     http_->new_task_queue = [n_threads] { return new httplib::ThreadPool(static_cast<size_t>(n_threads)); };
     http_->set_payload_max_length(uint64_t{32} << 20);
     http_->set_read_timeout(30);
@@ -340,7 +340,7 @@ void HttpServer::routes() {
                 prompt = m.tokenizer().tokenize(c->request.prompt, /*add_special=*/true, /*parse_special=*/true);
             }
             if (prompt.empty()) throw ApiError::invalid("prompt: no tokens to start from", "invalid_value");
-            const int n_ctx = m.scheduler().options().n_ctx;
+            const int n_ctx = m.scheduler().n_ctx();
             const int n_prompt = static_cast<int>(prompt.size());
             if (n_prompt >= n_ctx) {
                 throw ApiError::invalid("the prompt has " + std::to_string(n_prompt) +

@@ -129,7 +129,7 @@ nlohmann::json memory_report(ModelRegistry& registry) {
                        {"used", dev.live()},
                        {"peak", dev.peak()},
                        {"pools", pools}});
-    if (backend::Backend* offload = registry.options().offload.device; offload && offload->unified()) {
+    if (backend::Backend* offload = registry.offload(); offload && offload->unified()) {
         // One memory: its charges are in the host's pools above.
         devices[0]["unified_devices"] = json::array({offload->name()});
     } else if (offload) {
@@ -147,7 +147,7 @@ nlohmann::json memory_report(ModelRegistry& registry) {
     for (const ModelInfo& m : registry.models()) {
         json entry = {{"id", m.id}, {"loaded", m.loaded}};
         if (m.model) {
-            const memory::Plan& p = m.model->plan();
+            const engine::Plan& p = m.model->plan();
             const SchedulerStats st = m.model->scheduler().stats();
             entry["plan"] = {{"weights", p.weights()}, {"kv", p.kv},
                              {"scratch", p.scratch},   {"logits", p.logits},

@@ -5,20 +5,10 @@
 #include <stdexcept>
 
 #include "memory/budget.h"
-#include "runtime/prefault.h"
 #include "server/api_error.h"
 
 namespace fitllm::server {
 namespace {
-
-std::string mib(uint64_t bytes) {
-    return memory::format_size(bytes);
-}
-
-std::string describe_plan(const memory::Plan& p) {
-    return mib(p.total()) + " (weights " + mib(p.weights()) + ", KV cache " + mib(p.kv) + ", scratch " +
-           mib(p.scratch) + ", logits " + mib(p.logits) + ", overhead " + mib(p.overhead) + ")";
-}
 
 double seconds_since(std::chrono::steady_clock::time_point t) {
     return std::chrono::duration<double>(std::chrono::steady_clock::now() - t).count();
@@ -26,109 +16,37 @@ double seconds_since(std::chrono::steady_clock::time_point t) {
 
 }  // namespace
 
-LoadedModel::LoadedModel(std::string id, const std::filesystem::path& path, const SchedulerOptions& options,
-                         memory::Device& device, Compute& compute, bool fit, const Offload& offload)
+LoadedModel::LoadedModel(std::string id, const std::filesystem::path& path, const RegistryOptions& options,
+                         std::shared_ptr<engine::Resources> resources)
     : id_(std::move(id)), path_(path) {
     const auto start = std::chrono::steady_clock::now();
-    file_ = std::make_unique<gguf::GgufFile>(gguf::GgufFile::open(path.string()));
-    const memory::ModelShape shape = memory::model_shape(*file_);
-    const int block = kv::CacheParams{}.block_size;
-    const int extra_cells = options.n_slots * block;  // a partly used block per sequence
-    memory::PlanParams params{.n_ctx = options.n_ctx + extra_cells,
-                              .n_seq = options.n_slots,
-                              .n_batch = std::max(options.n_batch, options.n_slots),
-                              .n_outputs = options.n_slots,
-                              .type_k = options.type_k,
-                              .type_v = options.type_v,
-                              .budget = device.capacity()};
-    memory::Device* gpu = offload.device ? &offload.device->memory() : nullptr;
-    if (gpu) {
-        params.device = offload.device->name();
-        params.n_gpu_layers = offload.n_gpu_layers;
-        params.kv_offload = offload.kv_offload;
-        params.unified = offload.device->unified();  // its share is in the host's plan
-        // The room the other models leave (an unlimited device: no limit).
-        params.vram = gpu->capacity() == UINT64_MAX || params.unified ? 0 : gpu->available();
-    }
-    plan_ = memory::make_plan(shape, params);
-    SchedulerOptions so = options;
-    if (fit && !plan_.fits()) {
-        memory::Plan fitted = memory::fit_plan(shape, params);
-        if (fitted.fits() && fitted.params.n_ctx > extra_cells) {
-            plan_ = std::move(fitted);
-            so.n_ctx = plan_.params.n_ctx - extra_cells;
-            so.type_k = plan_.params.type_k;
-            so.type_v = plan_.params.type_v;
-            for (const memory::FitStep& step : plan_.fit_steps) {
-                std::fprintf(stderr, "fitllm serve: model '%s' --fit: %s (%s)\n", id_.c_str(), step.change.c_str(),
-                             step.reason.c_str());
-            }
-        }
-    }
-    if (plan_.total() > device.capacity()) {
+    LoadConfig load = options.load;
+    load.model_path = path.string();
+    const std::string model = "model '" + id_ + "': ";
+    try {
+        engine_ = engine::Engine::load(load, options.context, resources);
+    } catch (const DoesNotFitError& e) {
         throw ApiError(507, "insufficient_memory", "model_too_large",
-                       "model '" + id_ + "' needs " + describe_plan(plan_) + " with -c " +
-                           std::to_string(options.n_ctx) + " and -np " + std::to_string(options.n_slots) +
-                           ", but the memory budget is " + mib(device.capacity()));
+                       "model '" + id_ + "' needs " + memory::format_size(e.needed()) + " on " + e.device() +
+                           ", but the memory budget is " + memory::format_size(e.budget()) + ": " + e.what());
+    } catch (const engine::BudgetBusyError& e) {
+        throw ApiError(503, "insufficient_memory", "budget_busy", model + e.what());
     }
-    auto busy = [&] {
-        return ApiError(503, "insufficient_memory", "budget_busy",
-                        "model '" + id_ + "' needs " + describe_plan(plan_) + "; the budget is " +
-                            mib(device.capacity()) + " and " + mib(device.live()) +
-                            " of it is held by models in use (" + device.breakdown() + ")");
-    };
-    if (plan_.total() > device.available()) throw busy();
-    if (gpu && !plan_.device.fits()) {
-        const memory::DevicePlan& d = plan_.device;
-        const std::string needs = "model '" + id_ + "' needs " + mib(d.total()) + " on " + d.name + " for -ngl " +
-                                  std::to_string(plan_.params.n_gpu_layers) + " (weights " + mib(d.weights) +
-                                  ", KV cache " + mib(d.kv) + ", scratch " + mib(d.scratch) + ")";
-        if (d.total() > gpu->capacity()) {
-            throw ApiError(507, "insufficient_memory", "model_too_large",
-                           needs + ", but the device's budget is " + mib(gpu->capacity()));
-        }
-        throw ApiError(503, "insufficient_memory", "budget_busy",
-                       needs + "; " + mib(gpu->live()) + " of its " + mib(gpu->capacity()) +
-                           " is held by models in use (" + gpu->breakdown() + ")");
+    const engine::Plan& plan = engine_->plan();
+    for (const engine::FitStep& step : plan.fit_steps) {
+        std::fprintf(stderr, "fitllm serve: model '%s' --fit: %s (%s)\n", id_.c_str(), step.change.c_str(),
+                     step.reason.c_str());
     }
-    // The plan's bytes for what has no pool of its own yet (weights mapped and read in, logits,
-    // tokenizer); the KV cache and the model's working memory charge their pools themselves.
-    try {
-        const std::string what = "model '" + id_ + "'";
-        // The stream buffers of streamed layers are charged by the model (staging).
-        charges_.push_back(
-            device.pool(memory::pool_names::kWeights).charge(plan_.weights_resident, what + " resident weights"));
-        charges_.push_back(device.pool(memory::pool_names::kLogits).charge(plan_.logits, what + " logits"));
-        charges_.push_back(
-            device.pool(memory::pool_names::kOverhead).charge(plan_.overhead, what + " tokenizer and runtime"));
-    } catch (const memory::BudgetError&) {
-        throw busy();
-    }
-    tokenizer_ = std::make_unique<tokenizer::Tokenizer>(tokenizer::Tokenizer::from_gguf(*file_));
-    template_ = std::make_unique<chat::ResolvedTemplate>(chat::template_for_model(*file_));
-    const tokenizer::Vocab& vocab = tokenizer_->vocab();
-    render_options_.add_generation_prompt = true;
-    if (vocab.valid(vocab.special().bos)) render_options_.bos_token = vocab.text(vocab.special().bos);
-    if (vocab.valid(vocab.special().eos)) render_options_.eos_token = vocab.text(vocab.special().eos);
-    // The model charges its working memory (scratch) itself, as it grows: the scheduler's first
-    // pass, a full batch, takes it to its largest.
-    const int n_gpu_layers = gpu ? plan_.params.n_gpu_layers : 0;
-    model_ = model::Model::load(*file_, {.device = &device,
-                                         .n_streamed_layers = plan_.params.n_streamed_layers,
-                                         .offload = n_gpu_layers > 0 ? offload.device : nullptr,
-                                         .n_offload_layers = n_gpu_layers,
-                                         .offload_kv = plan_.params.kv_offload});
-    if (n_gpu_layers > 0) {
+    if (plan.device.n_layer > 0) {
         std::fprintf(stderr, "fitllm serve: model '%s': %d of %d layers%s on %s (%s planned there)\n", id_.c_str(),
-                     plan_.device.n_layer, plan_.shape.hp.n_layer, plan_.device.output ? " and the output" : "",
-                     plan_.device.name.c_str(), mib(plan_.device.total()).c_str());
+                     plan.device.n_layer, plan.shape.hp.n_layer, plan.device.output ? " and the output" : "",
+                     plan.device.name.c_str(), memory::format_size(plan.device.total()).c_str());
     }
-    runtime::prefault(*file_, *model_);
-    so.kv_pool = &device.pool(memory::pool_names::kKv);
     try {
-        scheduler_ = std::make_unique<Scheduler>(*model_, *tokenizer_, so, compute);
-    } catch (const memory::BudgetError&) {
-        throw busy();
+        scheduler_ = std::make_unique<engine::Scheduler>(engine_->model(), engine_->tokenizer(), engine_->context(),
+                                                         options.scheduler, engine_->compute(), &engine_->host());
+    } catch (const memory::BudgetError& e) {
+        throw ApiError(503, "insufficient_memory", "budget_busy", model + e.what());
     }
     load_seconds_ = seconds_since(start);
 }
@@ -138,20 +56,16 @@ LoadedModel::~LoadedModel() {
 }
 
 uint64_t LoadedModel::used_bytes() const {
-    const SchedulerStats st = scheduler_->stats();
+    const engine::SchedulerStats st = scheduler_->stats();
     const uint64_t kv = scheduler_->kv_bytes();
     const uint64_t kv_used =
         st.kv_cells_total > 0 ? kv * static_cast<uint64_t>(st.kv_cells_used) / static_cast<uint64_t>(st.kv_cells_total)
                               : 0;
-    return plan_.weights() + plan_.scratch + plan_.logits + plan_.overhead + kv_used;
+    const engine::Plan& p = engine_->plan();
+    return p.weights() + p.scratch + p.logits + p.overhead + kv_used;
 }
 
-ModelRegistry::ModelRegistry(RegistryOptions options)
-    : options_(std::move(options)), device_("host", options_.budget), compute_(options_.n_threads) {
-    if (!options_.offload.unified_device.empty()) {
-        unified_device_ = backend::open_unified_device(options_.offload.unified_device, device_);
-        options_.offload.device = unified_device_.get();
-    }
+ModelRegistry::ModelRegistry(RegistryOptions options) : options_(std::move(options)) {
     if (options_.model_path.empty() == options_.models_dir.empty()) {
         throw std::invalid_argument("give one of -m MODEL and --models-dir DIR");
     }
@@ -161,14 +75,10 @@ ModelRegistry::ModelRegistry(RegistryOptions options)
     if (!options_.model_path.empty() && !std::filesystem::is_regular_file(options_.model_path)) {
         throw std::invalid_argument("-m: " + options_.model_path.string() + " is not a file");
     }
+    resources_ = engine::Resources::open(options_.load, options_.context.n_threads, options_.mem_label);
     {
         std::lock_guard lock(mutex_);
         scan_locked();
-    }
-    // The offload device's host-side buffers (a CUDA device's pinned staging), charged to this
-    // budget while the registry lives (the models' plans count them too).
-    if (options_.offload.device != nullptr && options_.offload.n_gpu_layers != 0) {
-        options_.offload.device->bind_host(device_);
     }
     reaper_ = std::thread([this] { reaper(); });
 }
@@ -182,7 +92,6 @@ ModelRegistry::~ModelRegistry() {
     reaper_.join();
     std::lock_guard lock(mutex_);
     entries_.clear();
-    if (options_.offload.device != nullptr) options_.offload.device->unbind_host();  // device_ goes first
 }
 
 void ModelRegistry::scan_locked() const {
@@ -280,8 +189,7 @@ std::shared_ptr<LoadedModel> ModelRegistry::acquire(const std::string& requested
     }
     while (true) {
         try {
-            auto m = std::make_shared<LoadedModel>(id, path, options_.scheduler, device_, compute_, options_.fit,
-                                                   options_.offload);
+            auto m = std::make_shared<LoadedModel>(id, path, options_, resources_);
             std::lock_guard lock(mutex_);
             Entry& e = entries_[id];
             e.loaded = m;

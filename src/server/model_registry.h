@@ -2,12 +2,13 @@
 // The models a server offers and the ones it has loaded, under one memory budget (a
 // memory::Device). With a models directory, each *.gguf file is a model (id: the file name without
 // .gguf), loaded on first use (JIT), unloaded after ttl idle seconds, and evicted least recently
-// used when another needs its room. A model is admitted with the bytes of its plan
-// (memory::make_plan: weights, KV cache for n_ctx cells and n_slots sequences, scratch, logits,
-// overhead) charged to the device's pools; one that cannot fit even alone, or not while the
-// others are busy, gets an ApiError with the numbers instead of an out-of-memory kill.
+// used when another needs its room. Each model is loaded by engine::Engine::load on resources the
+// models share (one budget, offload device and thread pool): planned for the context its scheduler
+// runs (weights, KV cache, scratch, logits, overhead), charged as it loads; one that cannot fit even
+// alone, or not while the others are busy, gets an ApiError with the numbers instead of an
+// out-of-memory kill.
 //
-//   ModelRegistry reg({.models_dir = "models/", .budget = memory::parse_size("2G"), .ttl_seconds = 300});
+//   ModelRegistry reg({.models_dir = "models/", .ttl_seconds = 300, .load = {.mem = 2 << 30}});
 //   std::shared_ptr<LoadedModel> m = reg.acquire("gemma-3-270m-q4_k_m");  // loads it if needed
 //   m->scheduler().submit(...);
 #include <atomic>
@@ -23,47 +24,54 @@
 
 #include "backend/backend.h"
 #include "chat/chat_template.h"
-#include "gguf/gguf_reader.h"
+#include "engine/engine.h"
+#include "engine/resources.h"
+#include "engine/scheduler.h"
+#include "fitllm/config.h"
 #include "memory/device.h"
-#include "memory/plan.h"
-#include "memory/pool.h"
 #include "model/model.h"
-#include "server/scheduler.h"
 #include "tokenizer/tokenizer.h"
 
 namespace fitllm::server {
 
-// Layers on a device for every model (-ngl, --device, --no-kv-offload): the last n_gpu_layers
-// of each model (-1: as many as the device has room for when the model loads).
-struct Offload {
-    backend::Backend* device = nullptr;  // outlives the registry; nullptr: host only
-    // A unified device (shares the host's memory) to open on the registry's host budget
-    // (backend::open_unified_device) instead of `device`: "virtual-unified", "cuda0".
-    std::string unified_device;
-    int n_gpu_layers = -1;
-    bool kv_offload = true;
+// The engine's request types, as the server's handlers name them.
+using engine::finish_reason_name;
+using engine::FinishReason;
+using engine::Job;
+using engine::QueueFullError;
+using engine::SchedulerStats;
+
+// How every model is loaded and the context its scheduler runs (the serve command's flags).
+struct RegistryOptions {
+    std::filesystem::path model_path;  // -m: one model, loaded at start and never unloaded
+    std::filesystem::path models_dir;  // --models-dir: every *.gguf in it, loaded on demand
+    double ttl_seconds = 300;          // idle time before a models-dir model is unloaded; <= 0: never
+    LoadConfig load;                   // model_path is set per model; mem, fit, mlock, offload for all
+    ContextConfig context;             // each model's: n_seq slots sharing n_ctx tokens, n_batch, K/V
+    engine::SchedulerOptions scheduler;
+    std::string mem_label;  // "--mem 2G" when given, for messages
 };
 
+// A model the registry has loaded: its engine and the scheduler that serves it.
 class LoadedModel {
 public:
-    // Opens, plans, charges and loads; throws ApiError (507 / 503) when the plan does not fit
-    // `device` as it stands (the registry evicts and retries), and what loading throws. With fit,
-    // a plan over the device's capacity is changed by memory::fit_plan (KV type, streamed layers,
-    // context) before it is refused, and what it changed is printed on stderr.
-    // With offload.device, the model's share there is planned against the device's room left and
-    // refused (507 / 503) like the host's.
-    LoadedModel(std::string id, const std::filesystem::path& path, const SchedulerOptions& options,
-                memory::Device& device, Compute& compute, bool fit = false, const Offload& offload = {});
+    // Loads the model through engine::Engine::load on the registry's resources; throws ApiError
+    // 507 when its plan cannot fit the budget even alone, 503 when it could but the room is held
+    // by models in use (the registry evicts and retries), and 500 for what loading throws. With
+    // --fit the engine changes the settings first; what it changed is printed on stderr.
+    LoadedModel(std::string id, const std::filesystem::path& path, const RegistryOptions& options,
+                std::shared_ptr<engine::Resources> resources);
     ~LoadedModel();
 
     const std::string& id() const { return id_; }
     const std::filesystem::path& path() const { return path_; }
-    const tokenizer::Tokenizer& tokenizer() const { return *tokenizer_; }
-    const chat::ResolvedTemplate& chat_template() const { return *template_; }
-    const chat::RenderOptions& render_options() const { return render_options_; }
-    model::Model& model() { return *model_; }
-    Scheduler& scheduler() { return *scheduler_; }
-    const memory::Plan& plan() const { return plan_; }
+    engine::Engine& engine() { return *engine_; }
+    const tokenizer::Tokenizer& tokenizer() const { return engine_->tokenizer(); }
+    const chat::ResolvedTemplate& chat_template() const { return engine_->chat_template(); }
+    const chat::RenderOptions& render_options() const { return engine_->render_options(); }
+    model::Model& model() { return engine_->model(); }
+    engine::Scheduler& scheduler() { return *scheduler_; }
+    const engine::Plan& plan() const { return engine_->plan(); }
     // Bytes in use now: the plan's weights, scratch, logits and overhead, and the KV cells in use.
     uint64_t used_bytes() const;
     double load_seconds() const { return load_seconds_; }
@@ -71,26 +79,9 @@ public:
 private:
     std::string id_;
     std::filesystem::path path_;
-    memory::Plan plan_;
-    std::vector<memory::Charge> charges_;
-    std::unique_ptr<gguf::GgufFile> file_;
-    std::unique_ptr<tokenizer::Tokenizer> tokenizer_;
-    std::unique_ptr<chat::ResolvedTemplate> template_;
-    chat::RenderOptions render_options_;
-    std::unique_ptr<model::Model> model_;
-    std::unique_ptr<Scheduler> scheduler_;
+    std::unique_ptr<engine::Engine> engine_;
+    std::unique_ptr<engine::Scheduler> scheduler_;
     double load_seconds_ = 0.0;
-};
-
-struct RegistryOptions {
-    std::filesystem::path model_path;  // -m: one model, loaded at start and never unloaded
-    std::filesystem::path models_dir;  // --models-dir: every *.gguf in it, loaded on demand
-    uint64_t budget = 0;               // bytes of the host device
-    double ttl_seconds = 300;          // idle time before a models-dir model is unloaded; <= 0: never
-    SchedulerOptions scheduler;
-    int n_threads = 0;
-    bool fit = false;  // --fit: LoadedModel's fit
-    Offload offload;
 };
 
 struct ModelInfo {
@@ -122,8 +113,12 @@ public:
     void shutdown();
 
     std::vector<ModelInfo> models() const;  // offered models, sorted by id (the directory rescanned)
-    memory::Device& device() { return device_; }
-    Compute& compute() { return compute_; }
+    memory::Device& device() { return resources_->host(); }
+    // The offload device every model's last layers run on, or nullptr.
+    backend::Backend* offload() { return resources_->offload(); }
+    engine::Compute& compute() { return resources_->compute(); }
+    // "--mem 2G", or where the default budget comes from.
+    const std::string& budget_source() const { return resources_->budget_source(); }
     const RegistryOptions& options() const { return options_; }
     uint64_t n_loads() const;
     uint64_t n_unloads() const;
@@ -139,11 +134,9 @@ private:
     void reaper();
 
     RegistryOptions options_;
-    memory::Device device_;
-    std::unique_ptr<backend::Backend> unified_device_;  // Offload::unified_device, charging device_
-    Compute compute_;
-    mutable std::mutex mutex_;  // the entries
-    std::mutex load_mutex_;     // one load at a time
+    std::shared_ptr<engine::Resources> resources_;  // the budget, offload device and threads all models share
+    mutable std::mutex mutex_;                      // the entries
+    std::mutex load_mutex_;                         // one load at a time
     mutable std::map<std::string, Entry> entries_;
     std::atomic<bool> loading_{false};
     uint64_t n_loads_ = 0, n_unloads_ = 0;

@@ -8,9 +8,11 @@
 #include <string>
 #include <vector>
 
-#include "server/scheduler.h"
+#include "engine/scheduler.h"
 
 namespace fitllm::server {
+
+using engine::GenerationParams;
 
 struct CompletionRequest {
     bool chat = false;

@@ -2,7 +2,7 @@
 // attaches to its device is detached when the cache goes (Backend::detach_kv, ModelCache::on_close),
 // so a server making and dropping caches keeps nothing; and a device's host-side buffers are
 // charged to the host's "staging" pool (Backend::bind_host) as the plan counts them
-// (backend::host_bytes_for, memory::Plan::device_host), fixed whatever the context.
+// (backend::host_bytes_for, engine::Plan::device_host), fixed whatever the context.
 // The same on a CUDA device is in CudaDeviceKv (skips without one, saying why).
 #include <gtest/gtest.h>
 
@@ -14,10 +14,10 @@
 
 #include "backend/backend.h"
 #include "backend/virtual_device.h"
+#include "engine/plan.h"
 #include "gguf/gguf_reader.h"
 #include "kv/cache.h"
 #include "memory/device.h"
-#include "memory/plan.h"
 #include "memory/pool.h"
 #include "model/model.h"
 #include "model/tiny_gemma3.h"
@@ -160,25 +160,25 @@ TEST(DeviceHostBytes, ThePlanCountsThemForACudaDeviceAndTheyStayFlat) {
     EXPECT_EQ(backend::host_bytes_for("cuda"), backend::kCudaHostStagingBytes);
     EXPECT_EQ(backend::host_bytes_for("virtual"), 0u);
     const auto file = gguf::GgufFile::open((test::source_dir() / "tests/model/data/tiny-llama-q8_0.gguf").string());
-    const memory::ModelShape shape = memory::model_shape(file);
-    memory::PlanParams q{.n_ctx = 256, .n_batch = 64, .n_threads = 2, .budget = 1ull << 30};
+    const engine::ModelShape shape = engine::model_shape(file);
+    engine::PlanParams q{.n_ctx = 256, .n_batch = 64, .n_threads = 2, .budget = 1ull << 30};
     q.device = "virtual";
     q.n_gpu_layers = 3;
-    const memory::Plan virt = memory::make_plan(shape, q);
+    const engine::Plan virt = engine::make_plan(shape, q);
     EXPECT_EQ(virt.device_host, 0u);
     q.device = "cuda0";  // planned, not opened
-    const memory::Plan cuda = memory::make_plan(shape, q);
+    const engine::Plan cuda = engine::make_plan(shape, q);
     EXPECT_EQ(cuda.device_host, backend::kCudaHostStagingBytes);
     EXPECT_EQ(cuda.total(), virt.total() + backend::kCudaHostStagingBytes);
     for (const int n_ctx : {4096, 65536}) {
         q.n_ctx = n_ctx;
-        const memory::Plan longer = memory::make_plan(shape, q);
+        const engine::Plan longer = engine::make_plan(shape, q);
         EXPECT_EQ(longer.device_host, cuda.device_host);
         EXPECT_EQ(longer.total(), cuda.total()) << "-c " << n_ctx;  // everything else is on the device
         EXPECT_GT(longer.device.kv, cuda.device.kv);
     }
     q.n_gpu_layers = 0;  // nothing offloaded: nothing staged
-    EXPECT_EQ(memory::make_plan(shape, q).device_host, 0u);
+    EXPECT_EQ(engine::make_plan(shape, q).device_host, 0u);
 }
 
 TEST(DeviceHostBytes, FitllmPlanShowsTheStagingOfACudaDevice) {

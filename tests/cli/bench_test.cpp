@@ -3,6 +3,7 @@
 
 #include <string>
 
+#include "engine/engine.h"
 #include "model/tiny_llama.h"
 #include "test_support.h"
 
@@ -25,6 +26,27 @@ TEST(BenchCommand, RunsWithKvOptionsAndParallelSequences) {
     }
     const test::CommandResult bad = test::run_command(fitllm_exe() + " bench -m x.gguf -np 0 2>&1");
     EXPECT_EQ(bad.status, 2) << bad.output;
+}
+
+// The -np test's cache and logits are planned: a budget that holds the pp / tg tests' session but
+// not the -np test's sequences is refused before loading (exit 3), where bench used to plan the
+// session alone and fail half-way through with a budget error (exit 1).
+TEST(BenchCommand, TheParallelTestIsPlannedToo) {
+    const std::string model = (test::source_dir() / "tests/model/data/tiny-llama-q8_0.gguf").string();
+    const LoadConfig load{.model_path = model};
+    // The session: -p 8 -n 512, one sequence.
+    const uint64_t session =
+        engine::plan_only(load, {.n_ctx = 8 + 512 + 1, .n_batch = 512, .n_threads = 1}).plan.total();
+    const uint64_t parallel =
+        engine::plan_only(load, {.n_ctx = 16 * 512, .n_seq = 16, .n_batch = 512, .n_threads = 1}).plan.total();
+    ASSERT_GT(parallel, session + (1u << 20));
+    const std::string base = fitllm_exe() + " bench -m " + model + " -p 8 -n 512 -r 1 -t 1 -np 16 --mem ";
+    const test::CommandResult refused = test::run_command(base + std::to_string(session + (512u << 10)) + " 2>&1");
+    EXPECT_EQ(refused.status, 3) << refused.output;
+    EXPECT_NE(refused.output.find("does not fit"), std::string::npos) << refused.output;
+    const test::CommandResult ran = test::run_command(base + std::to_string(parallel + (512u << 10)) + " 2>&1");
+    EXPECT_EQ(ran.status, 0) << ran.output;
+    EXPECT_NE(ran.output.find("| tg512 x16 |"), std::string::npos) << ran.output;
 }
 
 }  // namespace

@@ -6,9 +6,9 @@
 #include <string>
 #include <thread>
 
+#include "engine/prefault.h"
 #include "gguf/gguf_writer.h"
 #include "io/mapped_file.h"
-#include "runtime/prefault.h"
 #include "test_support.h"
 
 namespace fitllm {
@@ -83,7 +83,7 @@ TEST(Prefault, TouchesEveryPageOfTheTensorDataAndReportsProgress) {
     file.mapping()->release(begin, file.size() - begin);  // out of memory, as after a cold start
 
     std::vector<std::pair<uint64_t, uint64_t>> calls;
-    const uint64_t total = runtime::prefault(file, [&](uint64_t done, uint64_t t) { calls.emplace_back(done, t); });
+    const uint64_t total = engine::prefault(file, [&](uint64_t done, uint64_t t) { calls.emplace_back(done, t); });
     EXPECT_EQ(total, file.size() - begin);
     ASSERT_GE(calls.size(), 3u);
     for (size_t i = 1; i < calls.size(); ++i) EXPECT_GT(calls[i].first, calls[i - 1].first);
@@ -100,11 +100,11 @@ TEST(Prefault, ParsedBytesReportOnceAtTheEnd) {
     const std::vector<std::byte> bytes = w.to_bytes();
     gguf::GgufFile file = gguf::GgufFile::parse(bytes, "memory");
     int calls = 0;
-    EXPECT_EQ(runtime::prefault(file,
-                                [&](uint64_t done, uint64_t total) {
-                                    ++calls;
-                                    EXPECT_EQ(done, total);
-                                }),
+    EXPECT_EQ(engine::prefault(file,
+                               [&](uint64_t done, uint64_t total) {
+                                   ++calls;
+                                   EXPECT_EQ(done, total);
+                               }),
               file.size() - file.data_offset());
     EXPECT_EQ(calls, 1);
 }

@@ -243,13 +243,11 @@ TEST(OffloadOptions, UnifiedDoesNotDoubleTheResidentSetOnTheDemoModel) {
 // its share, unified.
 TEST(OffloadOptions, ServeReportsAUnifiedDevice) {
     server::ModelRegistry registry({.model_path = tiny("tiny-llama-q8_0.gguf"),
-                                    .budget = 256ull << 20,
-                                    .scheduler = {.n_slots = 1, .n_ctx = 256, .n_batch = 16},
-                                    .n_threads = 1,
-                                    .offload = {.unified_device = "virtual-unified", .n_gpu_layers = -1}});
-    ASSERT_NE(registry.options().offload.device, nullptr);
-    EXPECT_TRUE(registry.options().offload.device->unified());
-    EXPECT_EQ(&registry.options().offload.device->memory(), &registry.device());
+                                    .load = {.mem = 256ull << 20, .offload = {.device = "virtual-unified"}},
+                                    .context = {.n_ctx = 256, .n_seq = 1, .n_batch = 16, .n_threads = 1}});
+    ASSERT_NE(registry.offload(), nullptr);
+    EXPECT_TRUE(registry.offload()->unified());
+    EXPECT_EQ(&registry.offload()->memory(), &registry.device());
     registry.load_startup_model();
     const nlohmann::json report = server::memory_report(registry);
     // One memory, one device entry: the host's, naming the device that shares it.

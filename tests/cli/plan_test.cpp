@@ -1,5 +1,5 @@
 // `fitllm plan`: the executable end to end, text and JSON, --fit, bad input.
-#include "memory/plan.h"
+#include "engine/plan.h"
 
 #include <gtest/gtest.h>
 
@@ -33,7 +33,7 @@ TEST(PlanCommand, JsonHasTheSameNumbersAsThePlan) {
     ASSERT_EQ(r.status, 0) << r.output;
     const auto j = nlohmann::json::parse(r.output);
     const auto file = gguf::GgufFile::open(tiny_llama());
-    const memory::Plan p = memory::make_plan(memory::model_shape(file), {.n_ctx = 300,
+    const engine::Plan p = engine::make_plan(engine::model_shape(file), {.n_ctx = 300,
                                                                          .n_seq = 2,
                                                                          .n_batch = 32,
                                                                          .type_k = quant::GgmlType::Q8_0,
@@ -57,12 +57,12 @@ TEST(PlanCommand, JsonHasTheSameNumbersAsThePlan) {
 
 TEST(PlanCommand, FitSaysWhatItChoseAndWhy) {
     const auto file = gguf::GgufFile::open(tiny_llama());
-    memory::PlanParams q8{.n_ctx = 65536,
+    engine::PlanParams q8{.n_ctx = 65536,
                           .n_batch = 64,
                           .type_k = quant::GgmlType::Q8_0,
                           .type_v = quant::GgmlType::Q8_0,
                           .n_threads = 2};
-    const uint64_t budget = memory::make_plan(memory::model_shape(file), q8).total();
+    const uint64_t budget = engine::make_plan(engine::model_shape(file), q8).total();
     const std::string cmd =
         fitllm_exe() + " plan -m " + tiny_llama() + " -c 65536 -b 64 -t 2 --mem " + std::to_string(budget);
     const auto without = test::run_command(cmd);

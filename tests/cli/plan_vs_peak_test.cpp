@@ -1,9 +1,12 @@
 // The runtime matches its plan (issue 6): `fitllm run` as a child process over a matrix of
-// models, contexts and KV types; its peak resident set (VmHWM, from wait4's ru_maxrss) and, where
-// a cgroup v1 memory controller is writable, its own cgroup's peak (memory.max_usage_in_bytes:
-// RSS plus the page cache it brought in) are within max(5%, 32 MiB) of `fitllm plan`'s total.
+// models, contexts and KV types, and `fitllm serve` under 16 concurrent streamed clients; their
+// peak resident set (VmHWM, from wait4's ru_maxrss) and, where a cgroup v1 memory controller is
+// writable, their own cgroup's peak (memory.max_usage_in_bytes: RSS plus the page cache it brought
+// in) are within max(5%, 32 MiB) of `fitllm plan`'s total for the same flags.
 #include <fcntl.h>
 #include <gtest/gtest.h>
+#include <httplib.h>
+#include <signal.h>
 #include <sys/mman.h>
 #include <sys/resource.h>
 #include <sys/stat.h>
@@ -20,6 +23,7 @@
 #include <nlohmann/json.hpp>
 #include <optional>
 #include <string>
+#include <thread>
 #include <vector>
 
 #include "test_support.h"
@@ -124,10 +128,8 @@ struct Measured {
     std::string output;
 };
 
-// Runs argv as a child (in the cgroup when given), stdout and stderr into a file; wait4 gives
-// its peak resident set.
-Measured run_measured(const std::vector<std::string>& argv, const ChildCgroup* cgroup, const fs::path& out_file) {
-    Measured m;
+// Starts argv as a child (in the cgroup when given), stdout and stderr into a file.
+pid_t start_child(const std::vector<std::string>& argv, const ChildCgroup* cgroup, const fs::path& out_file) {
     const pid_t pid = fork();
     if (pid == 0) {
         if (cgroup) {
@@ -142,6 +144,12 @@ Measured run_measured(const std::vector<std::string>& argv, const ChildCgroup* c
         execv(args[0], args.data());
         _exit(127);
     }
+    return pid;
+}
+
+// Waits for the child; wait4 gives its peak resident set.
+Measured wait_child(pid_t pid, const fs::path& out_file) {
+    Measured m;
     int status = 0;
     rusage ru{};
     if (pid > 0 && wait4(pid, &status, 0, &ru) == pid) {
@@ -151,6 +159,10 @@ Measured run_measured(const std::vector<std::string>& argv, const ChildCgroup* c
     std::ifstream in(out_file);
     m.output.assign(std::istreambuf_iterator<char>(in), {});
     return m;
+}
+
+Measured run_measured(const std::vector<std::string>& argv, const ChildCgroup* cgroup, const fs::path& out_file) {
+    return wait_child(start_child(argv, cgroup, out_file), out_file);
 }
 
 // Drops the model file's pages from the page cache, so that the child's cgroup is charged for
@@ -176,6 +188,32 @@ bool evict_from_page_cache(const fs::path& path) {
     }
     close(fd);
     return evicted;
+}
+
+// Expects a child's peak resident set, and its cgroup's peak when it ran in one, within the
+// tolerance of its plan, and prints them. A page is charged to the cgroup that first reads it:
+// when another process read the model between the eviction and the child (tests running side by
+// side), the child's cgroup was not charged for it and its peak says nothing about the plan.
+// Returns whether the cgroup's peak was compared.
+bool check_peaks(const std::string& what, uint64_t plan, uint64_t max_rss, const ChildCgroup* cgroup,
+                 uint64_t resident_weights) {
+    const auto diff = [](uint64_t a, uint64_t b) { return a > b ? a - b : b - a; };
+    EXPECT_LE(diff(max_rss, plan), tolerance(plan)) << what << ", VmHWM " << mib(max_rss);
+    std::printf("  %s: VmHWM %s", what.c_str(), mib(max_rss).c_str());
+    bool compared = false;
+    if (cgroup && cgroup->cache() + (uint64_t{4} << 20) < resident_weights) {
+        std::printf("  (cgroup peak not compared: the model's pages were read by another process)");
+    } else if (cgroup) {
+        const std::optional<uint64_t> peak = cgroup->peak();
+        EXPECT_TRUE(peak.has_value()) << what;
+        if (peak) {
+            EXPECT_LE(diff(*peak, plan), tolerance(plan)) << what << ", cgroup peak " << mib(*peak);
+            std::printf(", cgroup peak %s", mib(*peak).c_str());
+            compared = true;
+        }
+    }
+    std::printf("\n");
+    return compared;
 }
 
 struct Case {
@@ -246,29 +284,103 @@ TEST(PlanVsPeak, RunStaysWithinToleranceOfItsPlan) {
                                  mib(plan) + ", tolerance " + mib(tolerance(plan));
         ASSERT_EQ(run.status, 0) << what << "\n" << run.output;
         EXPECT_NE(run.output.find("plan "), std::string::npos) << run.output;
-        const auto diff = [](uint64_t a, uint64_t b) { return a > b ? a - b : b - a; };
-        EXPECT_LE(diff(run.max_rss, plan), tolerance(plan)) << what << ", VmHWM " << mib(run.max_rss);
-        std::printf("  %s: VmHWM %s", what.c_str(), mib(run.max_rss).c_str());
-        // A page is charged to the cgroup that first reads it: when another process read the model
-        // in between the eviction and the child (tests running side by side), the child's cgroup
-        // was not charged for it and its peak says nothing about the plan.
-        if (use_cgroup && cgroup->cache() + (uint64_t{4} << 20) < resident_weights) {
-            std::printf("  (cgroup peak not compared: the model's pages were read by another process)");
-            use_cgroup = false;
-        }
-        if (use_cgroup) {
-            const std::optional<uint64_t> peak = cgroup->peak();
-            ASSERT_TRUE(peak.has_value());
-            EXPECT_LE(diff(*peak, plan), tolerance(plan)) << what << ", cgroup peak " << mib(*peak);
-            std::printf(", cgroup peak %s", mib(*peak).c_str());
-            ++cgroup_checked;
-        }
-        std::printf("\n");
+        if (check_peaks(what, plan, run.max_rss, use_cgroup ? &*cgroup : nullptr, resident_weights)) ++cgroup_checked;
     }
     if (!demo) GTEST_SKIP() << "checked the tiny models only: the demo model is absent (scripts/setup.sh)";
     if (cgroup_checked == 0) {
         GTEST_SKIP() << "VmHWM checked; the cgroup's peak not: "
                      << (cgroup ? "the model files stay in the page cache (another process maps or reads them)"
+                                : no_cgroup);
+    }
+}
+
+// `fitllm serve` with 4 slots under 16 concurrent streamed clients (two requests each) peaks
+// within the tolerance of the plan of its model: `fitllm plan` with the same -c, -np, -b and -t.
+TEST(PlanVsPeak, ServeStaysWithinToleranceOfItsPlan) {
+    if (FITLLM_ASAN) {
+        GTEST_SKIP() << "built with AddressSanitizer: its shadow memory and quarantine are not part of the plan";
+    }
+    const auto demo = test::demo_model();
+    const fs::path model = demo ? *demo : test::source_dir() / "tests/model/data/tiny-llama-q8_0.gguf";
+    const std::vector<std::string> settings = {"-m", model.string(), "-c", "2048", "-np", "4", "-b", "256", "-t", "2"};
+    const test::TempDir tmp;
+    std::vector<std::string> plan_argv = {fitllm_exe(), "plan", "--json"};
+    plan_argv.insert(plan_argv.end(), settings.begin(), settings.end());
+    const Measured plan_run = run_measured(plan_argv, nullptr, tmp / "plan.json");
+    ASSERT_EQ(plan_run.status, 0) << plan_run.output;
+    const auto host = nlohmann::json::parse(plan_run.output)["devices"][0];
+    const uint64_t plan = host["total"].get<uint64_t>();
+    const uint64_t resident_weights = host["weights_resident"].get<uint64_t>();
+
+    std::string no_cgroup;
+    std::optional<ChildCgroup> cgroup = ChildCgroup::make(no_cgroup);
+    bool use_cgroup = cgroup.has_value();
+    if (use_cgroup) {
+        cgroup->reset_peak();
+        use_cgroup = evict_from_page_cache(model);
+    }
+    std::vector<std::string> serve_argv = {fitllm_exe(), "serve", "--port", "0"};
+    serve_argv.insert(serve_argv.end(), settings.begin(), settings.end());
+    const fs::path log = tmp / "serve.txt";
+    const pid_t pid = start_child(serve_argv, use_cgroup ? &*cgroup : nullptr, log);
+    ASSERT_GT(pid, 0);
+    // The port from "listening on http://127.0.0.1:PORT", then "ready" once the model is loaded.
+    int port = 0;
+    bool ready = false;
+    for (int i = 0; i < 600 && !ready; ++i) {
+        std::this_thread::sleep_for(std::chrono::milliseconds(100));
+        std::ifstream in(log);
+        const std::string text((std::istreambuf_iterator<char>(in)), {});
+        const size_t at = text.find("listening on http://127.0.0.1:");
+        if (at != std::string::npos) port = std::atoi(text.c_str() + at + 30);
+        ready = port > 0 && text.find("; ready") != std::string::npos;
+        if (text.find("error") != std::string::npos) break;
+    }
+    if (!ready) {
+        kill(pid, SIGKILL);
+        const Measured failed = wait_child(pid, log);
+        FAIL() << "fitllm serve did not become ready:\n" << failed.output;
+    }
+
+    std::string prompt = "Once upon a time";
+    for (int i = 0; i < 20; ++i) prompt += " the story went on";
+    const nlohmann::json body = {{"prompt", prompt}, {"max_tokens", 24}, {"temperature", 0.7}, {"stream", true}};
+    std::vector<std::thread> clients;
+    std::vector<int> events(16, 0), failures(16, 0);
+    for (int c = 0; c < 16; ++c) {
+        clients.emplace_back([&, c] {
+            httplib::Client client("127.0.0.1", port);
+            client.set_read_timeout(120);
+            for (int r = 0; r < 2; ++r) {
+                httplib::Request req;
+                req.method = "POST";
+                req.path = "/v1/completions";
+                req.body = body.dump();
+                req.set_header("Content-Type", "application/json");
+                req.content_receiver = [&](const char* data, size_t n, uint64_t, uint64_t) {
+                    for (size_t i = 0; i + 5 < n; ++i) events[size_t(c)] += std::string_view(data + i, 6) == "data: ";
+                    return true;
+                };
+                const httplib::Result res = client.send(req);
+                if (!res || res->status != 200) ++failures[size_t(c)];
+            }
+        });
+    }
+    for (std::thread& t : clients) t.join();
+    kill(pid, SIGTERM);
+    const Measured served = wait_child(pid, log);
+    ASSERT_EQ(served.status, 0) << served.output;
+    for (int c = 0; c < 16; ++c) {
+        EXPECT_EQ(failures[size_t(c)], 0) << "client " << c;
+        EXPECT_GT(events[size_t(c)], 2 * 2) << "client " << c;  // each stream: tokens, the end, [DONE]
+    }
+    const std::string what = model.filename().string() + " serve -c 2048 -np 4, 16 clients: plan " + mib(plan) +
+                             ", tolerance " + mib(tolerance(plan));
+    use_cgroup = check_peaks(what, plan, served.max_rss, use_cgroup ? &*cgroup : nullptr, resident_weights);
+    if (!demo) GTEST_SKIP() << "checked the tiny model only: the demo model is absent (scripts/setup.sh)";
+    if (!use_cgroup) {
+        GTEST_SKIP() << "VmHWM checked; the cgroup's peak not: "
+                     << (cgroup ? "the model file stays in the page cache (another process maps or reads it)"
                                 : no_cgroup);
     }
 }

@@ -10,12 +10,12 @@
 #include <string>
 #include <vector>
 
+#include "engine/session.h"
 #include "gguf/gguf_reader.h"
 #include "model/model.h"
 #include "ops/thread_pool.h"
 #include "quant/cpu_features.h"
 #include "quant/dot.h"
-#include "runtime/session.h"
 #include "test_support.h"
 
 namespace fitllm {
@@ -73,8 +73,8 @@ TEST(Gemma3Golden, MatchesLlamaCppTopLogitsAndGreedyContinuation) {
         SCOPED_TRACE("prompt: " + prompt.substr(0, 60));
         const auto ids = c.at("prompt_ids").get<std::vector<int32_t>>();
         const auto greedy = c.at("greedy_ids").get<std::vector<int32_t>>();
-        runtime::Session session(*model, {.n_ctx = static_cast<int>(ids.size() + greedy.size() + 8), .n_batch = 512},
-                                 pool);
+        engine::Session session(*model, {.n_ctx = static_cast<int>(ids.size() + greedy.size() + 8), .n_batch = 512},
+                                pool);
         std::span<const float> logits = session.feed(ids);
 
         float case_diff = 0.0f;

@@ -18,11 +18,11 @@
 #include <string>
 #include <vector>
 
+#include "engine/session.h"
 #include "gguf/gguf_reader.h"
 #include "model/hparams.h"
 #include "model/model.h"
 #include "ops/thread_pool.h"
-#include "runtime/session.h"
 #include "test_support.h"
 #include "tokenizer/tokenizer.h"
 
@@ -112,8 +112,8 @@ TEST_P(GeneratedGolden, MatchesLlamaCppTopLogitsAndGreedyContinuation) {
         const auto margins = c.at("greedy_margins").get<std::vector<float>>();
         SCOPED_TRACE(name + ", prompt of " + std::to_string(ids.size()) +
                      " tokens: " + c.at("prompt").get<std::string>().substr(0, 40));
-        runtime::Session session(*model, {.n_ctx = static_cast<int>(ids.size() + greedy.size() + 8), .n_batch = 512},
-                                 pool);
+        engine::Session session(*model, {.n_ctx = static_cast<int>(ids.size() + greedy.size() + 8), .n_batch = 512},
+                                pool);
         std::span<const float> logits = session.feed(ids);
         ASSERT_EQ(logits.size(), static_cast<size_t>(model->n_vocab()));
 

@@ -15,6 +15,7 @@
 #include <string>
 #include <vector>
 
+#include "engine/prefault.h"
 #include "gguf/gguf_reader.h"
 #include "gguf/gguf_writer.h"
 #include "io/mapped_file.h"
@@ -22,7 +23,6 @@
 #include "memory/pool.h"
 #include "model/model.h"
 #include "ops/thread_pool.h"
-#include "runtime/prefault.h"
 #include "test_support.h"
 
 namespace fitllm {
@@ -188,7 +188,7 @@ TEST(LayerStream, StreamedLayersStayOutOfThePageCache) {
         }
         // All but the streamed layers and the token embedding (the output is not tied to it), to
         // the page.
-        const uint64_t prefaulted = runtime::prefault(file, *model);
+        const uint64_t prefaulted = engine::prefault(file, *model);
         uint64_t skipped = file.find_tensor("token_embd.weight")->n_bytes;
         for (const model::FileRange& r : streamed) skipped += r.length;
         const uint64_t page = io::MappedFile::page_size();

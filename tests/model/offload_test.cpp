@@ -20,6 +20,7 @@
 #include <vector>
 
 #include "backend/virtual_device.h"
+#include "engine/prefault.h"
 #include "gguf/gguf_reader.h"
 #include "io/mapped_file.h"
 #include "kv/cache.h"
@@ -29,7 +30,6 @@
 #include "model/tiny_llama.h"
 #include "ops/thread_pool.h"
 #include "quant/ggml_type.h"
-#include "runtime/prefault.h"
 #include "test_support.h"
 
 namespace fitllm {
@@ -401,7 +401,7 @@ TEST(ModelOffload, CopiedLayersGiveTheirMappedPagesBack) {
     fs::copy_file(test::source_dir() / "tests/model/data/tiny-llama-f16.gguf", path);
     gguf::GgufFile file = gguf::GgufFile::open(path.string());
     ASSERT_TRUE(file.mapping()->is_file_mapping());
-    runtime::prefault(file);
+    engine::prefault(file);
     const int64_t rss_before = mapping_rss(file.bytes().data());
     if (rss_before < 0) GTEST_SKIP() << "/proc/self/smaps cannot be read here";
     ops::ThreadPool pool(1);
@@ -430,7 +430,7 @@ TEST(ModelOffload, CopiedLayersGiveTheirMappedPagesBack) {
         }
     };
     expect_gone();
-    runtime::prefault(file, *m);
+    engine::prefault(file, *m);
     kv::ModelCache cache = m->make_cache(cache_params(1, 64, quant::GgmlType::F16), 16);
     std::vector<int32_t> tokens = {1, 2, 3}, pos = {0, 1, 2};
     std::vector<float> logits(static_cast<size_t>(m->n_vocab()));

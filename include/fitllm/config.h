@@ -1,0 +1,76 @@
+#pragma once
+// What a front end asks of the engine: how to load a model (LoadConfig) and the context it runs
+// in (ContextConfig). The CLI, the server, the C API and the Python bindings turn their flags,
+// fields and arguments into these two and nothing else.
+//
+//   fitllm::LoadConfig load{.model_path = "model.gguf", .mem = fitllm::parse_size("2G"), .fit = true};
+//   fitllm::ContextConfig context{.n_ctx = 8192, .type_k = fitllm::KvType::q8_0, .type_v = fitllm::KvType::q8_0};
+//   fitllm::Engine engine = fitllm::Engine::load(load, context);  // fitllm/fitllm.h
+#include <cstdint>
+#include <functional>
+#include <string>
+#include <string_view>
+
+#include "fitllm/export.h"
+
+namespace fitllm {
+
+// How K and V are stored in the KV cache (-ctk / -ctv).
+enum class KvType { f32, f16, bf16, q8_0, q4_0, q4_1, q5_0, q5_1, iq4_nl };
+
+// "q8_0" for KvType::q8_0.
+FITLLM_API std::string_view kv_type_name(KvType type);
+// The type of that name ("f16", "q4_0", ...); throws fitllm::Error listing the names it accepts.
+FITLLM_API KvType parse_kv_type(std::string_view name);
+
+// Bytes from "900M", "1.5G", "2GiB", "1073741824" (binary units, case-insensitive); throws
+// fitllm::Error quoting the text for anything else.
+FITLLM_API uint64_t parse_size(std::string_view text);
+
+// Layers on a device other than the CPU (llama.cpp's -ngl).
+struct OffloadConfig {
+    // "cuda0" (cuda1, ...), "virtual" (runs the CPU's kernels on a memory of its own: every placement
+    // testable without a GPU), "virtual-unified"; empty: the first CUDA device when n_gpu_layers > 0.
+    std::string device;
+    // The last n_gpu_layers layers run there; more than the model's layers: the output layer too.
+    // kAllThatFit: as many as fit `vram`. kNotSet: none without a device, kAllThatFit with one.
+    int n_gpu_layers = kNotSet;
+    uint64_t vram = 0;       // the device's budget in bytes; 0: its free memory (virtual: no limit)
+    bool kv_offload = true;  // the offloaded layers' KV cache on the device (false: in host memory)
+    bool unified = false;    // the device shares the host's memory (integrated GPUs): one budget, `mem`
+    static constexpr int kNotSet = -2;
+    static constexpr int kAllThatFit = -1;
+};
+
+struct LoadConfig {
+    std::string model_path;  // a GGUF file
+    // The host memory budget in bytes; 0: what this process may use (its memory cgroup's limit, else
+    // MemAvailable), less a safety margin. Everything the engine allocates is charged to it first.
+    uint64_t mem = 0;
+    // When the plan does not fit `mem`: quantize the KV cache, stream the last layers' weights from
+    // the file and, only if fit_may_shorten_context, shorten the context, until it does.
+    bool fit = false;
+    bool fit_may_shorten_context = true;
+    bool mlock = false;      // lock the resident weights in RAM (within mem and RLIMIT_MEMLOCK)
+    int stream_layers = -1;  // stream the last N layers' weights from the file; -1: none (or what fit picks)
+    OffloadConfig offload;
+    // Called while the resident weights are read in: bytes done and total.
+    std::function<void(uint64_t done, uint64_t total)> on_load_progress;
+};
+
+struct ContextConfig {
+    int n_ctx = 2048;   // tokens the KV cache holds, all sequences together; 0: the model's training context
+    int n_seq = 1;      // sequences decoding together (-np)
+    int n_batch = 512;  // tokens per forward pass
+    int n_outputs = 0;  // rows of logits one forward pass returns; 0: one per sequence
+    KvType type_k = KvType::f16;
+    KvType type_v = KvType::f16;
+    bool kv_rotation = true;     // Hadamard-rotate (and shape) quantized K/V heads
+    std::string kv_spill_dir;    // a directory where K/V that does not fit kv_resident spills
+    uint64_t kv_resident = 0;    // with kv_spill_dir: the K/V bytes that may stay in memory; 0: all
+    bool context_shift = false;  // a full context drops its oldest tokens (after n_keep) and goes on
+    int n_keep = 0;
+    int n_threads = 0;  // 0: the physical cores
+};
+
+}  // namespace fitllm

@@ -1,0 +1,215 @@
+#include "cli/engine_options.h"
+
+#include <unistd.h>
+
+#include <cstdint>
+#include <cstdio>
+#include <exception>
+#include <fstream>
+#include <string>
+
+#include "cli/load_progress.h"
+#include "engine/plan_report.h"
+#include "fitllm/error.h"
+#include "kv/cache.h"
+#include "memory/budget.h"
+#include "sampling/sampler.h"
+#include "util/text.h"
+
+namespace fitllm::cli {
+
+float parse_float(const std::string& name, const std::string& text) {
+    size_t used = 0;
+    float v = 0.0f;
+    try {
+        v = std::stof(text, &used);
+    } catch (const std::exception&) {
+        used = 0;
+    }
+    if (used == 0 || used != text.size()) throw UsageError(name + ": '" + text + "' is not a number");
+    return v;
+}
+
+uint64_t parse_size_option(const std::string& name, const std::string& text) {
+    try {
+        return memory::parse_size(text);
+    } catch (const memory::SizeError& e) {
+        throw UsageError(name + ": " + e.what());
+    }
+}
+
+void add_sampling_options(ArgParser& p, sampling::SamplingParams& sp) {
+    p.option("--temp", "T", "temperature; 0 or less: greedy (default 0.8)",
+             [&sp](const std::string& v) { sp.temperature = parse_float("--temp", v); });
+    p.option("--top-k", "K", "keep the K most likely tokens; 0: off (default 40)",
+             [&sp](const std::string& v) { sp.top_k = static_cast<int32_t>(parse_integer("--top-k", v)); });
+    p.option("--top-p", "P", "nucleus sampling; 1: off (default 0.95)",
+             [&sp](const std::string& v) { sp.top_p = parse_float("--top-p", v); });
+    p.option("--min-p", "P", "drop tokens below P times the most likely; 0: off (default 0.05)",
+             [&sp](const std::string& v) { sp.min_p = parse_float("--min-p", v); });
+    p.option("--seed", "S", "random seed (default: random)", [&sp](const std::string& v) {
+        const long long s = parse_integer("--seed", v);
+        if (s < 0) throw UsageError("--seed: '" + v + "' must not be negative");
+        sp.seed = static_cast<uint64_t>(s);
+    });
+    p.option("--repeat-penalty", "R", "penalize repeats of the last 64 tokens; 1: off (default 1)",
+             [&sp](const std::string& v) { sp.repeat_penalty = parse_float("--repeat-penalty", v); });
+}
+
+void validate_sampling_options(const sampling::SamplingParams& sp) {
+    try {
+        sampling::validate_sampling_params(sp);
+    } catch (const sampling::SamplingError& e) {
+        throw UsageError(e.what());
+    }
+}
+
+void add_threads_option(ArgParser& p, ContextConfig& context) {
+    p.option("-t, --threads", "N", "threads (default: the physical cores)", [&context](const std::string& v) {
+        const long long n = parse_integer("-t", v);
+        if (n < 0 || n > 4096) throw UsageError("-t: '" + v + "' must be in 0..4096 (0: the physical cores)");
+        context.n_threads = static_cast<int>(n);
+    });
+}
+
+void add_kv_options(ArgParser& p, ContextConfig& context) {
+    const auto kv_type = [](const std::string& option, const std::string& value) {
+        try {
+            return parse_kv_type(value);
+        } catch (const ConfigError& e) {
+            throw UsageError(option + ": " + e.what());
+        }
+    };
+    p.option("-ctk, --cache-type-k", "TYPE",
+             "KV cache type of K: f32, f16, bf16, q8_0, q4_0, q4_1, q5_0, q5_1, iq4_nl (default f16)",
+             [&context, kv_type](const std::string& v) { context.type_k = kv_type("-ctk", v); });
+    p.option("-ctv, --cache-type-v", "TYPE", "KV cache type of V, as -ctk (default f16)",
+             [&context, kv_type](const std::string& v) { context.type_v = kv_type("-ctv", v); });
+    p.option("--no-kv-rotation", "", "store quantized K/V heads without the Hadamard rotation",
+             [&context](const std::string&) { context.kv_rotation = false; });
+    p.option("--kv-spill-dir", "DIR",
+             "a directory on disk where the KV cache spills the layers that do not fit in --kv-resident: they "
+             "stream through memory around their attention (slower decoding, same results)",
+             &context.kv_spill_dir);
+    p.option("--kv-resident", "SIZE", "with --kv-spill-dir: the K/V bytes that may stay in memory (900M, 1.5G)",
+             [&context](const std::string& v) { context.kv_resident = parse_size_option("--kv-resident", v); });
+}
+
+void add_context_shift_options(ArgParser& p, ContextConfig& context) {
+    p.option("--context-shift", "",
+             "when the context is full, drop the oldest half of the tokens after --keep and go on "
+             "(default: stop)",
+             [&context](const std::string&) { context.context_shift = true; });
+    p.option("--keep", "N", "with --context-shift: the first N tokens always stay (default 0)", &context.n_keep);
+}
+
+int parse_count(const std::string& name, const std::string& text) {
+    const long long n = parse_integer(name, text);
+    if (n < 0 || n > 1'000'000) throw UsageError(name + ": '" + text + "' must be in 0..1000000");
+    return static_cast<int>(n);
+}
+
+void add_budget_options(ArgParser& p, EngineOptions& o) {
+    p.option("--mem", "SIZE",
+             "host memory budget: 900M, 1.5G, 2GiB, bytes (default: the cgroup limit, else MemAvailable, "
+             "less 5% or 64 MiB); a plan over it is refused before loading",
+             [&o](const std::string& v) {
+                 o.load.mem = parse_size_option("--mem", v);
+                 o.mem_label = "--mem " + v;
+             });
+    p.flag("--fit", &o.load.fit,
+           "when the plan does not fit --mem: quantize the KV cache, stream weights, shorten the context (in "
+           "that order) until it does, and say why");
+    p.option("--stream-layers", "N",
+             "stream the weights of the last N layers from the file instead of keeping them "
+             "resident (default: none, or what --fit picks)",
+             [&o](const std::string& v) { o.load.stream_layers = parse_count("--stream-layers", v); });
+    add_offload_options(p, o.load.offload);
+}
+
+void add_memory_options(ArgParser& p, EngineOptions& o) {
+    add_budget_options(p, o);
+    p.flag("--mlock", &o.load.mlock, "lock the resident weights in RAM (within --mem and RLIMIT_MEMLOCK, or refused)");
+}
+
+void add_offload_options(ArgParser& p, OffloadConfig& offload) {
+    p.option("--device", "NAME",
+             "the device offloaded layers run on: cuda0 (cuda1, ...), or virtual (CPU-executed, with its own "
+             "--vram budget, for testing placements), or virtual-unified (virtual with --unified); default: the "
+             "first CUDA device when -ngl asks for one",
+             &offload.device);
+    p.option("-ngl, --n-gpu-layers", "N",
+             "run the last N layers on the device (more than the model's layers: the output layer too; "
+             "default with --device: as many as fit --vram)",
+             [&offload](const std::string& v) { offload.n_gpu_layers = parse_count("-ngl", v); });
+    p.option("--vram", "SIZE",
+             "the device's memory budget (default: its free memory; the virtual device: no limit; a unified "
+             "device has none of its own: --mem)",
+             [&offload](const std::string& v) { offload.vram = parse_size_option("--vram", v); });
+    p.option("--no-kv-offload", "", "keep the KV cache of offloaded layers in host memory",
+             [&offload](const std::string&) { offload.kv_offload = false; });
+    p.flag("--unified", &offload.unified,
+           "the device shares the host's memory (integrated GPUs; automatic for a CUDA device that reports itself "
+           "integrated): offloaded layers read their weights in place from the mapped file, no copies, and the "
+           "device's KV cache and activations come out of --mem (one budget; default with it: every layer)");
+}
+
+namespace {
+
+std::string base_name(const std::string& path) {
+    const size_t slash = path.find_last_of('/');
+    return slash == std::string::npos ? path : path.substr(slash + 1);
+}
+
+}  // namespace
+
+int with_engine(const char* command, const EngineOptions& options, const std::function<int(engine::Engine&)>& body) {
+    LoadConfig load = options.load;
+    LoadProgress progress(stderr, base_name(load.model_path), isatty(fileno(stderr)) != 0);
+    load.on_load_progress = [&progress](uint64_t done, uint64_t total) { progress.update(done, total); };
+    std::unique_ptr<engine::Engine> e;
+    try {
+        e = engine::Engine::load(load, options.context,
+                                 engine::Resources::open(load, options.context.n_threads, options.mem_label));
+    } catch (const DoesNotFitError& err) {
+        std::fprintf(stderr, "fitllm %s: %s\n", command, err.what());
+        if (!err.plan_text().empty()) {
+            std::fprintf(stderr, "\n%s\n", err.plan_text().c_str());
+            std::fprintf(stderr, "fitllm %s: %s\n", command,
+                         load.fit ? "nothing fits even with --fit: raise --mem or use a smaller model"
+                                  : "use --fit to let fitllm choose settings that fit (quantized KV cache, streamed "
+                                    "layers, then a shorter context), or raise --mem");
+        }
+        return kExitDoesNotFit;
+    } catch (const ConfigError& err) {
+        throw UsageError(err.what());
+    }
+    const engine::Plan& plan = e->plan();
+    if (load.fit) {
+        for (const engine::FitStep& s : plan.fit_steps) {
+            std::fprintf(stderr, "fitllm %s --fit: %s\n    why: %s\n", command, s.change.c_str(), s.reason.c_str());
+        }
+        std::fprintf(stderr, "fitllm %s --fit: %s%s: %s planned of the %s budget\n", command,
+                     plan.fit_steps.empty() ? "fits as asked, " : "", engine::settings_text(plan).c_str(),
+                     util::human_bytes(plan.total()).c_str(), util::human_bytes(plan.params.budget).c_str());
+    }
+    if (e->locked_bytes() > 0) {
+        std::fprintf(stderr, "mlock: %s of resident weights locked\n", util::human_bytes(e->locked_bytes()).c_str());
+    }
+    try {
+        return body(*e);
+    } catch (const ConfigError& err) {
+        throw UsageError(err.what());
+    }
+}
+
+long peak_rss_kib() {
+    std::ifstream status("/proc/self/status");
+    std::string line;
+    while (std::getline(status, line)) {
+        if (line.rfind("VmHWM:", 0) == 0) return std::stol(line.substr(6));
+    }
+    return -1;
+}
+
+}  // namespace fitllm::cli

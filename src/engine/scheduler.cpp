@@ -1,0 +1,406 @@
+#include "engine/scheduler.h"
+
+#include <algorithm>
+#include <chrono>
+#include <stdexcept>
+
+#include "engine/context.h"
+#include "engine/text_stream.h"
+#include "fitllm/error.h"
+#include "sampling/sampler.h"
+#include "tokenizer/detokenizer.h"
+
+namespace fitllm::engine {
+
+struct Scheduler::Sequence {
+    Sequence(std::shared_ptr<Job> job_, std::vector<int32_t> prompt, GenerationParams params,
+             const tokenizer::Tokenizer& tokenizer, int n_vocab)
+        : job(std::move(job_)),
+          tokens(std::move(prompt)),
+          n_prompt(static_cast<int>(tokens.size())),
+          max_tokens(params.max_tokens),
+          sampler(params.sampling, n_vocab),
+          text(tokenizer, std::move(params.stop)) {
+        for (const int32_t id : tokens) sampler.accept(id);
+    }
+
+    std::shared_ptr<Job> job;
+    std::vector<int32_t> tokens;  // prompt, then every sampled token; the cache holds the first n_fed
+    int n_prompt = 0;
+    int n_fed = 0;
+    int n_generated = 0;
+    int max_tokens = 0;
+    sampling::Sampler sampler;
+    TextStream text;     // what is not sent yet may be the start of a stop string
+    uint64_t order = 0;  // admission order: lower is older and keeps its slot longer
+    kv::SeqId seq = -1;
+    bool finished = false;
+
+    int unfed() const { return static_cast<int>(tokens.size()) - n_fed; }
+};
+
+namespace {
+
+ContextConfig checked(ContextConfig c, const SchedulerOptions& o) {
+    check(c);
+    if (c.n_ctx < 1) throw ConfigError("scheduler: a context of " + std::to_string(c.n_ctx) + " tokens");
+    if (c.context_shift) throw ConfigError("scheduler: a context shift (--context-shift) is not supported");
+    if (o.max_queue < 0) {
+        throw std::invalid_argument("scheduler: max_queue " + std::to_string(o.max_queue) + " (>= 0)");
+    }
+    c.n_batch = std::max(c.n_batch, c.n_seq);
+    return c;
+}
+
+}  // namespace
+
+Scheduler::Scheduler(model::Model& model, const tokenizer::Tokenizer& tokenizer, const ContextConfig& context,
+                     SchedulerOptions options, Compute& compute, memory::Device* device)
+    : model_(model),
+      tokenizer_(tokenizer),
+      context_(checked(context, options)),
+      options_(options),
+      compute_(compute),
+      cache_(make_cache(model, context_, device)),
+      logits_(make_logits(model, context_.n_seq, device)) {
+    kv_bytes_ = cache_.bytes();
+    for (int s = context_.n_seq - 1; s >= 0; --s) free_ids_.push_back(s);
+    stats_.kv_cells_total = context_.n_ctx;
+    warm_up();
+    thread_ = std::thread([this] { loop(); });
+}
+
+void Scheduler::warm_up() {
+    // One pass of the largest batch a step makes: n_batch tokens over the slots, each slot's last
+    // token wanting logits. The model's working memory grows to its largest now, charged to the
+    // budget (memory::BudgetError here, at load, rather than in the middle of serving).
+    // (A step never holds more tokens than the cache: n_ctx bounds them.)
+    const int n_tokens = std::min(context_.n_batch, context_.n_ctx);
+    const int per_slot = n_tokens / context_.n_seq;
+    for (int s = 0; s < context_.n_seq; ++s) {
+        const int n = per_slot + (s < n_tokens % context_.n_seq ? 1 : 0);
+        if (n == 0) continue;
+        for (int t = 0; t < n; ++t) {
+            batch_tokens_.push_back(0);
+            batch_pos_.push_back(t);
+            batch_seq_.push_back(s);
+            batch_output_.push_back(t + 1 == n ? 1 : 0);
+        }
+    }
+    std::lock_guard lock(compute_.mutex);
+    model_.forward({.tokens = batch_tokens_, .positions = batch_pos_, .seq_ids = batch_seq_, .output = batch_output_},
+                   cache_, logits_.data(), compute_.pool);
+    cache_.clear();
+}
+
+Scheduler::~Scheduler() {
+    shutdown();
+}
+
+void Scheduler::shutdown() {
+    {
+        std::lock_guard lock(mutex_);
+        if (stopping_) return;
+        stopping_ = true;
+    }
+    cv_.notify_all();
+    thread_.join();
+    for (auto& s : active_) s->job->finish(FinishReason::cancelled);
+    for (auto& s : preempted_) s->job->finish(FinishReason::cancelled);
+    for (auto& s : queue_) s->job->finish(FinishReason::cancelled);
+    active_.clear();
+    preempted_.clear();
+    queue_.clear();
+}
+
+std::shared_ptr<Job> Scheduler::submit(std::vector<int32_t> prompt, GenerationParams params) {
+    const int n_prompt = static_cast<int>(prompt.size());
+    if (n_prompt == 0) throw std::invalid_argument("the prompt has no tokens");
+    if (params.max_tokens < 1) throw std::invalid_argument("max_tokens must be at least 1");
+    if (static_cast<int64_t>(n_prompt) + params.max_tokens > context_.n_ctx) {
+        throw std::invalid_argument(
+            "this model's context is " + std::to_string(context_.n_ctx) + " tokens; the request asks for " +
+            std::to_string(static_cast<int64_t>(n_prompt) + params.max_tokens) + " (" + std::to_string(n_prompt) +
+            " in the prompt, " + std::to_string(params.max_tokens) + " to generate)");
+    }
+    for (const std::string& s : params.stop) {
+        if (s.empty()) throw std::invalid_argument("stop: an empty stop string");
+    }
+    auto job = std::make_shared<Job>(n_prompt);
+    auto seq = std::make_unique<Sequence>(job, std::move(prompt), std::move(params), tokenizer_, model_.n_vocab());
+    {
+        std::lock_guard lock(mutex_);
+        if (stopping_) throw QueueFullError("the server is stopping");
+        const int n_waiting = static_cast<int>(queue_.size()) + n_waiting_;
+        if (n_waiting >= options_.max_queue) {
+            throw QueueFullError("the request queue is full (" + std::to_string(n_waiting) +
+                                 " requests wait for a slot, at most " + std::to_string(options_.max_queue) +
+                                 "); try again later");
+        }
+        seq->order = next_order_++;
+        queue_.push_back(std::move(seq));
+        stats_.n_queued = static_cast<int>(queue_.size() + preempted_.size());
+    }
+    cv_.notify_all();
+    return job;
+}
+
+SchedulerStats Scheduler::stats() const {
+    std::lock_guard lock(mutex_);
+    return stats_;
+}
+
+bool Scheduler::idle() const {
+    std::lock_guard lock(mutex_);
+    return queue_.empty() && stats_.n_active == 0 && stats_.n_queued == 0;
+}
+
+void Scheduler::loop() {
+    while (true) {
+        {
+            std::unique_lock lock(mutex_);
+            const bool work = cv_.wait_for(lock, std::chrono::seconds(1), [&] {
+                return stopping_ || !queue_.empty() || !active_.empty() || !preempted_.empty();
+            });
+            if (stopping_) return;
+            if (!work) {
+                lock.unlock();
+                publish_stats();  // the throughput window moves on while idle
+                continue;
+            }
+        }
+        admit();
+        if (!step()) {
+            // Nothing could run (everything waits for room that only a finishing request frees,
+            // which cannot happen): should not occur; avoid spinning.
+            std::this_thread::sleep_for(std::chrono::milliseconds(1));
+        }
+        publish_stats();
+    }
+}
+
+void Scheduler::finish(Sequence& s, FinishReason reason, std::string error) {
+    if (reason != FinishReason::cancelled) {
+        const std::string rest = s.text.finish();
+        if (!rest.empty()) s.job->append(rest, s.n_generated);
+    }
+    s.finished = true;
+    s.job->finish(reason, std::move(error));
+}
+
+void Scheduler::admit() {
+    // New requests, oldest first, behind the preempted ones (which are older still).
+    {
+        std::lock_guard lock(mutex_);
+        while (!queue_.empty()) {
+            preempted_.push_back(std::move(queue_.front()));
+            queue_.pop_front();
+            ++n_waiting_;
+        }
+    }
+    std::stable_sort(preempted_.begin(), preempted_.end(),
+                     [](const auto& a, const auto& b) { return a->order < b->order; });
+    // Drop the cancelled ones while they wait.
+    for (auto it = preempted_.begin(); it != preempted_.end();) {
+        if ((*it)->job->cancelled()) {
+            finish(**it, FinishReason::cancelled);
+            it = preempted_.erase(it);
+            std::lock_guard lock(mutex_);
+            --n_waiting_;
+        } else {
+            ++it;
+        }
+    }
+    // Admission: a free slot, and free cells for all of the request's tokens on top of what the
+    // running prompts still need and a block per sequence for partly used blocks.
+    const int block = cache_.pool(0).params().block_size;
+    while (!preempted_.empty() && !free_ids_.empty()) {
+        Sequence& s = *preempted_.front();
+        int reserved = 0;
+        for (const auto& a : active_) reserved += a->unfed() + block;
+        const int need = static_cast<int>(s.tokens.size()) + block;
+        if (!active_.empty() && need + reserved > cache_.pool(0).free_cells()) break;
+        s.seq = free_ids_.back();
+        free_ids_.pop_back();
+        s.n_fed = 0;
+        active_.push_back(std::move(preempted_.front()));
+        preempted_.pop_front();
+        std::lock_guard lock(mutex_);
+        --n_waiting_;
+    }
+}
+
+void Scheduler::preempt(size_t i) {
+    std::unique_ptr<Sequence> s = std::move(active_[i]);
+    active_.erase(active_.begin() + static_cast<std::ptrdiff_t>(i));
+    cache_.seq_rm(s->seq, -1, -1);
+    free_ids_.push_back(s->seq);
+    s->seq = -1;
+    s->n_fed = 0;
+    s->job->note_preempted();
+    {
+        std::lock_guard lock(mutex_);
+        ++stats_.n_preemptions;
+        ++n_waiting_;
+    }
+    preempted_.push_front(std::move(s));
+}
+
+void Scheduler::accept_token(Sequence& s, int32_t id) {
+    s.sampler.accept(id);
+    s.tokens.push_back(id);
+    ++s.n_generated;
+    if (tokenizer_.vocab().is_eog(id)) {
+        finish(s, FinishReason::stop);
+        return;
+    }
+    const std::string ready = s.text.feed(id);
+    if (!ready.empty()) s.job->append(ready, s.n_generated);
+    if (s.text.stopped()) {
+        finish(s, FinishReason::stop);
+    } else if (s.n_generated >= s.max_tokens || static_cast<int>(s.tokens.size()) >= context_.n_ctx) {
+        finish(s, FinishReason::length);
+    }
+}
+
+bool Scheduler::step() {
+    // Cancelled requests leave first: their cells are free for this step.
+    for (size_t i = 0; i < active_.size();) {
+        if (active_[i]->job->cancelled()) {
+            cache_.seq_rm(active_[i]->seq, -1, -1);
+            free_ids_.push_back(active_[i]->seq);
+            finish(*active_[i], FinishReason::cancelled);
+            active_.erase(active_.begin() + static_cast<std::ptrdiff_t>(i));
+        } else {
+            ++i;
+        }
+    }
+    if (active_.empty()) return !preempted_.empty() ? false : true;
+    std::sort(active_.begin(), active_.end(), [](const auto& a, const auto& b) { return a->order < b->order; });
+
+    // The batch: one token of each decoding sequence, then prompt chunks, oldest first, up to
+    // n_batch tokens. When the cache cannot hold it, the youngest sequence gives its cells back.
+    std::vector<int> take(active_.size());
+    while (true) {
+        batch_tokens_.clear();
+        batch_pos_.clear();
+        batch_seq_.clear();
+        batch_output_.clear();
+        int budget = context_.n_batch;
+        for (size_t i = 0; i < active_.size(); ++i) take[i] = active_[i]->unfed() == 1 ? 1 : 0;
+        for (const int t : take) budget -= t;
+        for (size_t i = 0; i < active_.size() && budget > 0; ++i) {
+            if (take[i] != 0) continue;
+            // A resumed sequence feeds its prompt in chunks, then the tokens it had generated one
+            // a step, as it first did: the kernels' arithmetic depends on how many rows of a
+            // sequence a pass holds, so only that gives back the logits, and the text, it had.
+            const Sequence& s = *active_[i];
+            const int limit = s.n_fed < s.n_prompt ? s.n_prompt - s.n_fed : 1;
+            take[i] = std::min({s.unfed(), budget, limit});
+            budget -= take[i];
+        }
+        for (size_t i = 0; i < active_.size(); ++i) {
+            Sequence& s = *active_[i];
+            for (int t = 0; t < take[i]; ++t) {
+                const int p = s.n_fed + t;
+                batch_tokens_.push_back(s.tokens[static_cast<size_t>(p)]);
+                batch_pos_.push_back(p);
+                batch_seq_.push_back(s.seq);
+                batch_output_.push_back(p + 1 == static_cast<int>(s.tokens.size()) ? 1 : 0);
+            }
+        }
+        if (cache_.has_room(batch_seq_)) break;
+        if (active_.size() == 1) {
+            // Alone and still no room: its tokens outgrew the cache (n_ctx bounds prompt + max_tokens,
+            // so only the window pools' rounding could do this).
+            Sequence& s = *active_[0];
+            cache_.seq_rm(s.seq, -1, -1);
+            free_ids_.push_back(s.seq);
+            finish(s, FinishReason::length);
+            active_.clear();
+            return true;
+        }
+        preempt(active_.size() - 1);
+        take.resize(active_.size());
+    }
+    if (batch_tokens_.empty()) return false;
+
+    const auto start = std::chrono::steady_clock::now();
+    try {
+        std::lock_guard lock(compute_.mutex);
+        model_.forward(
+            {.tokens = batch_tokens_, .positions = batch_pos_, .seq_ids = batch_seq_, .output = batch_output_}, cache_,
+            logits_.data(), compute_.pool);
+    } catch (const std::exception& e) {
+        // The pass failed (working memory over budget, ...): the batch's requests get the error,
+        // the server goes on.
+        for (size_t i = 0; i < active_.size(); ++i) {
+            if (take[i] > 0) finish(*active_[i], FinishReason::error, e.what());
+        }
+        release_finished();
+        return true;
+    }
+    const double seconds = std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();
+
+    // Sample every sequence whose last token was fed (counted first, so that a request's end is
+    // never seen before its tokens are counted); then pass the tokens on and drop the finished.
+    const auto n_vocab = static_cast<size_t>(model_.n_vocab());
+    size_t row = 0;
+    uint64_t n_prompt_fed = 0, n_sampled = 0;
+    std::vector<std::pair<Sequence*, int32_t>> sampled;
+    for (size_t i = 0; i < active_.size(); ++i) {
+        Sequence& s = *active_[i];
+        if (take[i] == 0) continue;
+        if (s.n_fed < s.n_prompt) n_prompt_fed += static_cast<uint64_t>(std::min(take[i], s.n_prompt - s.n_fed));
+        s.n_fed += take[i];
+        if (s.unfed() != 0) continue;
+        const std::span<const float> logits(logits_.data() + row * n_vocab, n_vocab);
+        ++row;
+        try {
+            sampled.emplace_back(&s, s.sampler.sample(logits));
+            ++n_sampled;
+        } catch (const std::exception& e) {
+            finish(s, FinishReason::error, e.what());
+        }
+    }
+    recent_.emplace_back(std::chrono::steady_clock::now(), static_cast<int>(n_sampled));
+    {
+        std::lock_guard lock(mutex_);
+        stats_.n_prompt_tokens += n_prompt_fed;
+        stats_.n_generated_tokens += n_sampled;
+        ++stats_.n_steps;
+        stats_.busy_seconds += seconds;
+    }
+    for (const auto& [seq, id] : sampled) accept_token(*seq, id);
+    release_finished();
+    return true;
+}
+
+void Scheduler::release_finished() {
+    for (size_t i = 0; i < active_.size();) {
+        if (active_[i]->finished) {
+            cache_.seq_rm(active_[i]->seq, -1, -1);
+            free_ids_.push_back(active_[i]->seq);
+            active_.erase(active_.begin() + static_cast<std::ptrdiff_t>(i));
+        } else {
+            ++i;
+        }
+    }
+}
+
+void Scheduler::publish_stats() {
+    // Throughput over the last kWindow seconds (0 when nothing ran in them).
+    constexpr double kWindow = 5.0;
+    const auto now = std::chrono::steady_clock::now();
+    while (!recent_.empty() && std::chrono::duration<double>(now - recent_.front().first).count() > kWindow)
+        recent_.pop_front();
+    int n_recent = 0;
+    for (const auto& r : recent_) n_recent += r.second;
+    std::lock_guard lock(mutex_);
+    stats_.tokens_per_second = n_recent / kWindow;
+    stats_.n_active = static_cast<int>(active_.size());
+    stats_.n_queued = static_cast<int>(queue_.size() + preempted_.size());
+    stats_.kv_cells_used = cache_.pool(0).used_cells();
+}
+
+}  // namespace fitllm::engine

@@ -1,0 +1,142 @@
+#pragma once
+// Continuous batching for one model (no HTTP here): requests are sequences in one shared
+// kv::ModelCache; one thread runs forward passes that mix them. Every step decodes one token of
+// each sequence that is generating and feeds the next chunk of the prompts still coming in (up to
+// n_batch tokens per step in all), so a long prompt does not stall the others. A request joins the
+// running batch at the next step; a cancelled one leaves it (its cells freed) at the next step.
+//
+// KV pressure: a request is admitted only when the cache's free cells cover its tokens on top of
+// what the running prompts still need. When a step does not fit anyway (decoding sequences grow),
+// the youngest sequence is preempted: its cells are freed, its tokens (prompt and generated) kept,
+// and it waits first in line to be fed again (recomputed) when room returns, then goes on where
+// it stopped (its sampler state kept).
+//
+//   Scheduler sched(model, tokenizer, {.n_ctx = 4096, .n_seq = 4, .n_batch = 256}, {.max_queue = 64}, compute, &host);
+//   std::shared_ptr<Job> job = sched.submit(prompt_ids, {.max_tokens = 64, .sampling = sp});
+//   Job::Update u = job->wait_all();
+#include <atomic>
+#include <chrono>
+#include <condition_variable>
+#include <cstdint>
+#include <deque>
+#include <memory>
+#include <mutex>
+#include <string>
+#include <thread>
+#include <vector>
+
+#include "engine/job.h"
+#include "engine/resources.h"
+#include "fitllm/config.h"
+#include "kv/cache.h"
+#include "memory/pool.h"
+#include "model/model.h"
+#include "ops/thread_pool.h"
+#include "quant/ggml_type.h"
+#include "sampling/sampling_params.h"
+#include "tokenizer/tokenizer.h"
+
+namespace fitllm::engine {
+
+struct SchedulerOptions {
+    int max_queue = 64;  // requests that may wait for a slot; more get QueueFullError
+};
+
+struct GenerationParams {
+    int max_tokens = 0;  // > 0
+    sampling::SamplingParams sampling;
+    std::vector<std::string> stop;  // generation ends before the first of these (not sent)
+};
+
+// submit() when max_queue requests already wait.
+class QueueFullError : public Error {
+public:
+    using Error::Error;
+};
+
+struct SchedulerStats {
+    int n_active = 0;  // sequences holding a slot
+    int n_queued = 0;  // waiting for a slot (new and preempted)
+    int kv_cells_used = 0;
+    int kv_cells_total = 0;
+    uint64_t n_prompt_tokens = 0;     // prompt tokens fed (recomputed ones included)
+    uint64_t n_generated_tokens = 0;  // tokens sampled
+    uint64_t n_preemptions = 0;
+    uint64_t n_steps = 0;
+    double busy_seconds = 0.0;       // in forward passes
+    double tokens_per_second = 0.0;  // tokens sampled per second over the last few seconds
+};
+
+class Scheduler {
+public:
+    // The context's slots (n_seq sequences) share one cache of n_ctx tokens (engine/context.h),
+    // which is also the most one request may hold; a forward pass holds at most n_batch tokens:
+    // one per decoding sequence, the rest prompt chunks. The cache and the logits are made here,
+    // charged to device's pools (nullptr: uncharged). model, tokenizer, compute and the device must
+    // outlive the scheduler. Runs one forward pass of a full batch first, so that a model loaded with
+    // a device charges its largest working memory now. Throws ConfigError for a context check()
+    // refuses (or n_ctx 0), std::invalid_argument for bad options, memory::BudgetError when the
+    // cache or the working memory does not fit the device (and what kv::ModelCache throws).
+    Scheduler(model::Model& model, const tokenizer::Tokenizer& tokenizer, const ContextConfig& context,
+              SchedulerOptions options, Compute& compute, memory::Device* device = nullptr);
+    ~Scheduler();  // shutdown()
+    // Stops the thread and finishes every request as cancelled; submit() then throws
+    // QueueFullError. Idempotent.
+    void shutdown();
+    Scheduler(const Scheduler&) = delete;
+    Scheduler& operator=(const Scheduler&) = delete;
+
+    // Queues a request. Throws std::invalid_argument for an empty prompt, a prompt plus
+    // max_tokens over n_ctx (the message has the numbers), sampling::SamplingError for bad
+    // sampling parameters, QueueFullError when the queue is full.
+    std::shared_ptr<Job> submit(std::vector<int32_t> prompt, GenerationParams params);
+
+    SchedulerStats stats() const;
+    bool idle() const;  // nothing running or waiting
+    const ContextConfig& context() const { return context_; }
+    // The KV cache every request shares (its bookkeeping belongs to the scheduler thread).
+    const kv::ModelCache& cache() const { return cache_; }
+    int n_ctx() const { return context_.n_ctx; }
+    size_t kv_bytes() const { return kv_bytes_; }
+
+private:
+    struct Sequence;
+    void warm_up();
+    void loop();
+    void admit();
+    bool step();
+    void finish(Sequence& s, FinishReason reason, std::string error = {});
+    void preempt(size_t active_index);
+    void release_finished();  // finished sequences leave their slots and cells
+    void accept_token(Sequence& s, int32_t id);
+    void publish_stats();
+
+    model::Model& model_;
+    const tokenizer::Tokenizer& tokenizer_;
+    ContextConfig context_;  // n_batch at least n_seq
+    SchedulerOptions options_;
+    Compute& compute_;
+    kv::ModelCache cache_;
+    size_t kv_bytes_ = 0;
+
+    // Only the scheduler thread touches these.
+    std::vector<std::unique_ptr<Sequence>> active_;    // holding a sequence id
+    std::deque<std::unique_ptr<Sequence>> preempted_;  // oldest first
+    std::vector<kv::SeqId> free_ids_;
+    memory::PoolBuffer<float> logits_;  // a row per slot
+    std::vector<int32_t> batch_tokens_, batch_pos_;
+    std::vector<kv::SeqId> batch_seq_;
+    std::vector<uint8_t> batch_output_;
+    std::deque<std::pair<std::chrono::steady_clock::time_point, int>> recent_;  // (step end, tokens sampled)
+
+    mutable std::mutex mutex_;  // guards the fields below
+    std::condition_variable cv_;
+    std::deque<std::unique_ptr<Sequence>> queue_;  // new requests
+    int n_waiting_ = 0;  // requests in preempted_ (the scheduler's waiting line), for the queue bound
+    bool stopping_ = false;
+    uint64_t next_order_ = 0;
+    SchedulerStats stats_;
+    std::thread thread_;
+};
+
+}  // namespace fitllm::engine

@@ -1,0 +1,83 @@
+#pragma once
+// One conversation with a model: its KV cache (sequence 0 of a kv::ModelCache), the prompt fed in
+// batches, then a decode loop that allocates nothing per token. When the context is full it
+// either stops (default) or, with context_shift, forgets the oldest tokens after the first n_keep
+// and goes on.
+//
+//   engine::Session session(engine.model(), engine.context(), engine.threads(), &engine.host());
+//   const auto stats = session.generate(prompt_ids, 64, sampler, is_eog, [&](TokenId id) {
+//       std::fputs(detok.feed(id).c_str(), stdout);
+//       return true;  // false stops early
+//   });
+#include <cstdint>
+#include <functional>
+#include <span>
+#include <vector>
+
+#include "fitllm/config.h"
+#include "kv/cache.h"
+#include "memory/pool.h"
+#include "model/model.h"
+#include "ops/thread_pool.h"
+#include "quant/ggml_type.h"
+#include "sampling/sampler.h"
+
+namespace fitllm::engine {
+
+struct GenerationStats {
+    int n_prompt = 0;
+    double prompt_seconds = 0.0;
+    int n_generated = 0;
+    double generate_seconds = 0.0;  // from the first sampled token to the last
+    bool context_full = false;      // stopped because the context was full (no context shift)
+    int n_shifts = 0;               // context shifts done
+};
+
+class Session {
+public:
+    // A cache of context.n_ctx tokens (engine/context.h; n_seq is 1) and one row of logits,
+    // charged to device's pools (nullptr: uncharged). Throws ConfigError for what check() refuses
+    // or an n_ctx of 0, and memory::BudgetError when the device has no room for the cache or the
+    // logits (nothing is left charged then). The model, the pool and the device must outlive the
+    // session.
+    Session(model::Model& model, const ContextConfig& context, ops::ThreadPool& pool, memory::Device* device = nullptr);
+
+    // The tokens the context holds: the position the next token gets.
+    int n_past() const { return n_past_; }
+    int n_ctx() const { return context_.n_ctx; }
+    const kv::ModelCache& cache() const { return cache_; }
+
+    // Feeds tokens after those already seen, n_batch at a time, and returns the logits
+    // (n_vocab floats) after the last one; valid until the next call. When the context is full:
+    // throws kv::KvCacheError ("context full ...", nothing fed) or, with context_shift, shifts
+    // the context as often as needed.
+    std::span<const float> feed(std::span<const int32_t> tokens);
+    // Forgets everything fed so far.
+    void reset();
+    // Forgets the tokens at positions n and after: the next ones are fed after the first n.
+    void truncate(int n);
+    // Context shifts done since the session began.
+    int n_shifts() const { return n_shifts_; }
+    // The context shift (llama.cpp's): keeps the first n_keep tokens, drops the next
+    // (n_past - n_keep) / 2 and moves the rest back over them (their K re-rotated on the next
+    // forward pass). Returns the number of tokens dropped (0 when there is nothing to drop).
+    int shift_context();
+
+    // Feeds the prompt, then samples up to n_predict tokens, calling on_token for each (it may
+    // return false to stop). Stops after a token for which is_eog is true (that token is still
+    // passed to on_token), or when the context is full (stats.context_full) unless context_shift.
+    GenerationStats generate(std::span<const int32_t> prompt, int n_predict, sampling::Sampler& sampler,
+                             const std::function<bool(int32_t)>& is_eog, const std::function<bool(int32_t)>& on_token);
+
+private:
+    model::Model& model_;
+    ContextConfig context_;
+    ops::ThreadPool& pool_;
+    kv::ModelCache cache_;
+    int n_past_ = 0;
+    int n_shifts_ = 0;
+    memory::PoolBuffer<float> logits_;  // [n_vocab]
+    std::vector<int32_t> positions_;    // [n_batch]
+};
+
+}  // namespace fitllm::engine
