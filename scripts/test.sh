@@ -9,7 +9,7 @@ set -euo pipefail
 ROOT="$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)"
 cd "$ROOT"
 JOBS="$(nproc)"
-"$ROOT/scripts/setup.sh" --browser   # chromium for the server page test
+"$ROOT/scripts/setup.sh" --browser --python   # chromium for the server page test; the Python bindings
 "$ROOT/scripts/check_format.sh"
 
 PASSED=0
