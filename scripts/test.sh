@@ -21,9 +21,10 @@ run_ctest() {
   shift
   log="$(mktemp)"
   set +e
-  ctest --test-dir "$dir" --output-on-failure -j "$JOBS" "$@" 2>&1 | tee "$log"
+  ctest --test-dir "$dir" --output-on-failure -j "$JOBS" --output-junit "$dir/ctest-junit.xml" "$@" 2>&1 | tee "$log"
   local rc=${PIPESTATUS[0]}
   set -e
+  python3 "$ROOT/scripts/ctest_skips.py" "$dir/ctest-junit.xml" || true
   local summary total failed skipped
   summary="$(grep -E 'tests passed, [0-9]+ tests failed out of [0-9]+' "$log" | tail -1)"
   skipped="$(grep -cE '\*\*\*Skipped|Not Run' "$log" || true)"
