@@ -336,11 +336,20 @@ TEST_F(TransportTest, BodyAndHeaderLimitsBeforeTheBodyIsRead) {
 TEST_F(TransportTest, TheBodyIsChargedBeforeItIsRead) {
     start({.max_body = 1 << 20}, /*budget=*/256 << 10);
     memory::Pool& pool = device_->pool("requests");
-    Client c(port());
+    Client c(port());  // more than the whole budget: 413
     c.send("POST /echo HTTP/1.1\r\nHost: x\r\nContent-Length: 300000\r\n\r\n");
-    const std::string r = c.response();
-    EXPECT_NE(r.find("503"), std::string::npos) << r;
-    EXPECT_NE(r.find("over_budget"), std::string::npos);
+    std::string r = c.response();
+    EXPECT_NE(r.find("413"), std::string::npos) << r;
+    EXPECT_NE(r.find("request_too_large"), std::string::npos);
+    {
+        const memory::Charge other = pool.charge(150000, "another request");  // the room is taken: 503
+        Client e(port());
+        e.send("POST /echo HTTP/1.1\r\nHost: x\r\nContent-Length: 100000\r\n\r\n");
+        r = e.response();
+        EXPECT_NE(r.find("503"), std::string::npos) << r;
+        EXPECT_NE(r.find("over_budget"), std::string::npos);
+        EXPECT_NE(r.find("Retry-After"), std::string::npos);
+    }
     Client d(port());
     d.send(post("/echo", std::string(100000, 'z')));
     EXPECT_NE(d.response().find("zzzz"), std::string::npos);
