@@ -61,6 +61,51 @@ int run_serve(const std::vector<std::string>& args) {
     p.option("--max-queue", "N", "requests that may wait for a slot per model; more get HTTP 429 (default 64)",
              &so.max_queue);
     add_kv_options(p, kv);
+    // The HTTP side: request and connection limits, web safety (server::HttpOptions).
+    server::HttpOptions http_options;
+    auto positive = [](const char* name, const std::string& v, int* out) {
+        const long long n = parse_integer(name, v);
+        if (n < 1 || n > 1'000'000) throw UsageError(std::string(name) + ": " + v + " must be in 1..1000000");
+        *out = static_cast<int>(n);
+    };
+    auto list = [](const std::string& v, std::vector<std::string>* out) {
+        for (size_t begin = 0; begin <= v.size();) {
+            const size_t end = std::min(v.find(',', begin), v.size());
+            if (end > begin) out->push_back(v.substr(begin, end - begin));
+            begin = end + 1;
+        }
+    };
+    p.option("--max-body", "SIZE",
+             "the largest request body, e.g. 4M; larger ones get HTTP 413 before they are read (default: 256 bytes "
+             "per context token, at least 1M)",
+             [&](const std::string& v) {
+                 try {
+                     http_options.max_body = memory::parse_size(v);
+                 } catch (const memory::SizeError& e) {
+                     throw UsageError(std::string("--max-body: ") + e.what());
+                 }
+                 if (http_options.max_body == 0) throw UsageError("--max-body: must be positive");
+             });
+    p.option("--request-timeout", "SECONDS",
+             "a request's headers and body must arrive within this many seconds, or the connection closes "
+             "(default 30)",
+             [&](const std::string& v) { positive("--request-timeout", v, &http_options.request_timeout); });
+    p.option("--max-connections", "N",
+             "open connections at most; one more closes the oldest still waiting for its request, or gets HTTP 503 "
+             "(default 1024)",
+             [&](const std::string& v) { positive("--max-connections", v, &http_options.max_connections); });
+    p.option("--max-connections-per-client", "N", "open connections at most per client address (default 256)",
+             [&](const std::string& v) {
+                 positive("--max-connections-per-client", v, &http_options.max_connections_per_client);
+             });
+    p.option("--allowed-hosts", "NAMES",
+             "comma-separated names that the Host header may carry besides the addresses served (a web page whose "
+             "name was re-resolved to this machine is refused); '*': any",
+             [&](const std::string& v) { list(v, &http_options.allowed_hosts); });
+    p.option("--cors-origin", "ORIGINS",
+             "comma-separated web origins (http://host:port) whose pages may call the API, answered with CORS "
+             "headers; other origins get HTTP 403; '*': any",
+             [&](const std::string& v) { list(v, &http_options.cors_origins); });
     MemoryOptions offload_options;
     add_offload_options(p, offload_options);
     if (!p.parse(args)) return 0;
@@ -116,7 +161,8 @@ int run_serve(const std::vector<std::string>& args) {
                                                 .unified_device = offload_params.unified ? offload_params.device : "",
                                                 .n_gpu_layers = offload_params.n_gpu_layers,
                                                 .kv_offload = offload_params.kv_offload}});
-    server::HttpServer http(registry, {.api_key = api_key});
+    http_options.api_key = api_key;
+    server::HttpServer http(registry, http_options);
     if (!http.bind(host, port)) {
         throw Error("cannot listen on " + host + ":" + std::to_string(port) + " (in use, or not an address here)");
     }
