@@ -1,7 +1,8 @@
 #!/usr/bin/env bash
-# Builds the libFuzzer target gguf_reader_fuzz with clang in build-fuzz/ and fuzzes the GGUF
-# reader for SECONDS (default 60), starting from a scratch copy of fuzz/corpus/ so the
-# checked-in seeds stay as they are. Extra arguments go to libFuzzer (e.g. -jobs=2).
+# Builds the libFuzzer targets with clang in build-fuzz/ and fuzzes the GGUF reader, then the
+# OpenAI request parser, for SECONDS (default 60) each, starting from scratch copies of
+# fuzz/corpus/ and fuzz/corpus_request/ so the checked-in seeds stay as they are. Extra arguments
+# go to libFuzzer (e.g. -jobs=2).
 #
 #   scripts/fuzz.sh [SECONDS] [LIBFUZZER_ARGS...]
 #
@@ -25,7 +26,7 @@ build="$root/build-fuzz"
 
 cmake -S "$root" -B "$build" -G Ninja -DCMAKE_CXX_COMPILER="$cxx" -DCMAKE_BUILD_TYPE=RelWithDebInfo \
     -DFITLLM_FUZZ=ON -DFITLLM_BUILD_TESTS=OFF -DFITLLM_BUILD_BENCH=OFF >/dev/null
-ninja -C "$build" gguf_reader_fuzz make_seed_corpus
+ninja -C "$build" gguf_reader_fuzz make_seed_corpus request_parser_fuzz
 
 scratch="$(mktemp -d "${TMPDIR:-/tmp}/fitllm-fuzz-XXXXXX")"
 if [ "${FITLLM_FUZZ_KEEP:-0}" = 1 ]; then
@@ -56,6 +57,26 @@ if [ "$rc" -ne 0 ]; then
     echo "--- fuzzer failed (exit $rc) ---"
     grep -E 'ERROR:|SUMMARY:|invariant broken|does not parse|refuses what|Test unit written' "$log" | head -n 20
     echo "full log: $root/fuzz/findings/last-failure.log"
+    cp "$log" "$root/fuzz/findings/last-failure.log"
+    exit "$rc"
+fi
+
+# Then the OpenAI request parser (fuzz/request_parser_fuzz.cpp) for as long, from fuzz/corpus_request/.
+mkdir -p "$scratch/corpus_request"
+cp "$root"/fuzz/corpus_request/* "$scratch/corpus_request/"
+log="$scratch/fuzz_request.log"
+set +e
+"$build/fuzz/request_parser_fuzz" "$scratch/corpus_request" -dict="$root/fuzz/request.dict" \
+    -max_total_time="$seconds" -max_len=65536 -rss_limit_mb=2048 -timeout=10 \
+    -artifact_prefix="$root/fuzz/findings/" -print_final_stats=1 "$@" 2>&1 | tee "$log" |
+    grep -E '^#[0-9]+[[:space:]]+(INITED|pulse)' --line-buffered
+rc=${PIPESTATUS[0]}
+set -e
+echo "--- final stats (request parser) ---"
+grep -E '^#[0-9]+[[:space:]]+DONE|^Done [0-9]+ runs|^stat::' "$log" || tail -n 5 "$log"
+if [ "$rc" -ne 0 ]; then
+    echo "--- request parser fuzzer failed (exit $rc) ---"
+    grep -E 'ERROR:|SUMMARY:|invariant broken|uncaught|Test unit written' "$log" | head -n 20
     cp "$log" "$root/fuzz/findings/last-failure.log"
     exit "$rc"
 fi

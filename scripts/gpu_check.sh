@@ -59,7 +59,7 @@ say "GPU: $(nvidia-smi --query-gpu=name,memory.total,driver_version --format=csv
 
 # ---- 1. Build ------------------------------------------------------------------------------------
 DEPS=/tmp/fitllm-deps
-if ls .gpu/debs/*.deb >/dev/null 2>&1 && ! pkg-config --exists libpcre2-8 libutf8proc cpp-httplib 2>/dev/null; then
+if ls .gpu/debs/*.deb >/dev/null 2>&1 && { ! pkg-config --exists libpcre2-8 libutf8proc 2>/dev/null || [ ! -f /usr/include/boost/beast.hpp ]; }; then
     mkdir -p "$DEPS"
     for f in .gpu/debs/*.deb; do dpkg -x "$f" "$DEPS"; done
     # The packages' .pc files say prefix=/usr: point them at the unpacked tree.

@@ -15,8 +15,7 @@ EXCLUDE=$(git rev-parse --git-common-dir)/info/exclude
 grep -qx '/.gpu/' "$EXCLUDE" 2>/dev/null || echo '/.gpu/' >>"$EXCLUDE"
 mkdir -p .gpu/debs
 PACKAGES=(pkgconf pkgconf-bin libpkgconf3 libpcre2-dev libpcre2-8-0 libutf8proc-dev libutf8proc2
-    nlohmann-json3-dev libgtest-dev libcpp-httplib-dev libcpp-httplib0.11 libssl-dev libssl3 zlib1g-dev zlib1g
-    libbrotli-dev libbrotli1)
+    nlohmann-json3-dev libgtest-dev libboost-dev libboost1.74-dev)
 (cd .gpu/debs && apt-get download "${PACKAGES[@]}")
 echo "gpu_prepare: $(ls .gpu/debs | wc -l) packages in .gpu/debs ($(du -sh .gpu/debs | cut -f1))"
 

@@ -23,7 +23,7 @@ say() { printf '\033[1m[setup]\033[0m %s\n' "$*"; }
 # 1. Debian packages.
 APT_PACKAGES=(build-essential cmake ninja-build clang clang-format libclang-rt-14-dev libgtest-dev libgmock-dev
               libpcre2-dev libutf8proc-dev pkg-config
-              libbenchmark-dev nlohmann-json3-dev libcpp-httplib-dev libeigen3-dev python3 python3-venv)
+              libbenchmark-dev nlohmann-json3-dev libboost-dev libeigen3-dev python3 python3-venv)
 if ((WITH_BROWSER)); then APT_PACKAGES+=(chromium); fi
 missing=()
 for p in "${APT_PACKAGES[@]}"; do

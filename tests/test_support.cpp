@@ -1,5 +1,9 @@
 #include "test_support.h"
 
+#include <arpa/inet.h>
+#include <netinet/in.h>
+#include <poll.h>
+#include <sys/socket.h>
 #include <sys/wait.h>
 #include <unistd.h>
 
@@ -34,6 +38,38 @@ std::optional<fs::path> python() {
                                               : source_dir() / ".venv" / "bin" / "python";
     if (fs::exists(p)) return p;
     return std::nullopt;
+}
+
+HttpResult http_request(int port, const std::string& method, const std::string& path, const std::string& body,
+                        int timeout_ms) {
+    HttpResult r;
+    const int fd = ::socket(AF_INET, SOCK_STREAM, 0);
+    if (fd < 0) return r;
+    sockaddr_in addr{};
+    addr.sin_family = AF_INET;
+    addr.sin_port = htons(static_cast<uint16_t>(port));
+    addr.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
+    if (::connect(fd, reinterpret_cast<const sockaddr*>(&addr), sizeof addr) == 0) {
+        const std::string request = method + " " + path + " HTTP/1.1\r\nHost: 127.0.0.1\r\nConnection: close\r\n" +
+                                    "Content-Type: application/json\r\nContent-Length: " + std::to_string(body.size()) +
+                                    "\r\n\r\n" + body;
+        size_t sent = 0;
+        while (sent < request.size()) {
+            const ssize_t n = ::send(fd, request.data() + sent, request.size() - sent, MSG_NOSIGNAL);
+            if (n <= 0) break;
+            sent += static_cast<size_t>(n);
+        }
+        char buf[4096];
+        pollfd p{fd, POLLIN, 0};
+        while (::poll(&p, 1, timeout_ms) > 0) {
+            const ssize_t n = ::recv(fd, buf, sizeof buf, 0);
+            if (n <= 0) break;
+            r.response.append(buf, static_cast<size_t>(n));
+        }
+    }
+    ::close(fd);
+    if (r.response.rfind("HTTP/1.1 ", 0) == 0) r.status = std::atoi(r.response.c_str() + 9);
+    return r;
 }
 
 TempDir::TempDir() {

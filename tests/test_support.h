@@ -35,6 +35,16 @@ private:
 void write_file(const std::filesystem::path& path, std::span<const std::byte> bytes);
 std::vector<std::byte> read_file(const std::filesystem::path& path);
 
+// One HTTP/1.1 request to 127.0.0.1:port over a fresh connection ("Connection: close"): the
+// status code (0 when there was no answer within timeout_ms) and the whole response as it came,
+// headers and body (a stream's events included).
+struct HttpResult {
+    int status = 0;
+    std::string response;
+};
+HttpResult http_request(int port, const std::string& method, const std::string& path, const std::string& body = {},
+                        int timeout_ms = 120000);
+
 // Runs a shell command; returns its exit status and stdout.
 struct CommandResult {
     int status;

@@ -12,6 +12,7 @@
 #include "cli/args.h"
 #include "cli/engine_options.h"
 #include "sampling/sampling_params.h"
+#include "server/http_server.h"
 #include "server/model_registry.h"
 
 namespace fitllm::cli {
@@ -80,7 +81,7 @@ struct ServeOptions {
     int port = 8080;
     int ttl = 300;
     int max_queue = 64;
-    std::string api_key;
+    server::HttpOptions http;  // the API key, request and connection limits, web safety
 };
 ArgParser serve_parser(ServeOptions& o);
 void validate(const ServeOptions& o);

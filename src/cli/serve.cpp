@@ -4,6 +4,7 @@
 // model, models loaded on demand under one memory budget.
 #include <pthread.h>
 
+#include <algorithm>
 #include <chrono>
 #include <csignal>
 #include <cstdio>
@@ -20,6 +21,54 @@
 #include "server/model_registry.h"
 
 namespace fitllm::cli {
+namespace {
+
+// The HTTP side: request and connection limits, web safety (server::HttpOptions).
+void add_http_options(ArgParser& p, server::HttpOptions& http) {
+    const auto positive = [](const char* name, const std::string& v, int* out) {
+        const long long n = parse_integer(name, v);
+        if (n < 1 || n > 1'000'000) throw UsageError(std::string(name) + ": " + v + " must be in 1..1000000");
+        *out = static_cast<int>(n);
+    };
+    const auto list = [](const std::string& v, std::vector<std::string>* out) {
+        for (size_t begin = 0; begin <= v.size();) {
+            const size_t end = std::min(v.find(',', begin), v.size());
+            if (end > begin) out->push_back(v.substr(begin, end - begin));
+            begin = end + 1;
+        }
+    };
+    p.option("--api-key", "KEY", "require 'Authorization: Bearer KEY' on every endpoint but / and /health",
+             &http.api_key);
+    p.option("--max-body", "SIZE",
+             "the largest request body, e.g. 4M; larger ones get HTTP 413 before they are read (default: 256 bytes "
+             "per context token, at least 1M)",
+             [&http](const std::string& v) {
+                 http.max_body = parse_size_option("--max-body", v);
+                 if (http.max_body == 0) throw UsageError("--max-body: must be positive");
+             });
+    p.option("--request-timeout", "SECONDS",
+             "a request's headers and body must arrive within this many seconds, or the connection closes "
+             "(default 30)",
+             [&http, positive](const std::string& v) { positive("--request-timeout", v, &http.request_timeout); });
+    p.option("--max-connections", "N",
+             "open connections at most; one more closes the oldest still waiting for its request, or gets HTTP 503 "
+             "(default 1024)",
+             [&http, positive](const std::string& v) { positive("--max-connections", v, &http.max_connections); });
+    p.option("--max-connections-per-client", "N", "open connections at most per client address (default 256)",
+             [&http, positive](const std::string& v) {
+                 positive("--max-connections-per-client", v, &http.max_connections_per_client);
+             });
+    p.option("--allowed-hosts", "NAMES",
+             "comma-separated names that the Host header may carry besides the addresses served (a web page whose "
+             "name was re-resolved to this machine is refused); '*': any",
+             [&http, list](const std::string& v) { list(v, &http.allowed_hosts); });
+    p.option("--cors-origin", "ORIGINS",
+             "comma-separated web origins (http://host:port) whose pages may call the API, answered with CORS "
+             "headers; other origins get HTTP 403; '*': any",
+             [&http, list](const std::string& v) { list(v, &http.cors_origins); });
+}
+
+}  // namespace
 
 ArgParser serve_parser(ServeOptions& o) {
     ContextConfig& c = o.engine.context;
@@ -30,7 +79,8 @@ ArgParser serve_parser(ServeOptions& o) {
         "fitllm serve [-m MODEL | --models-dir DIR] [--host H] [--port P] [-np N] [-c N] [-b N] [-t N] "
         "[--mem SIZE] [--fit] [--mlock] [--stream-layers N] [--ttl SECONDS] [--api-key KEY] [--max-queue N] "
         "[-ctk TYPE] [-ctv TYPE] [--no-kv-rotation] [--kv-spill-dir DIR] [--kv-resident SIZE] [--device NAME] "
-        "[-ngl N] [--vram SIZE] [--no-kv-offload] [--unified]",
+        "[-ngl N] [--vram SIZE] [--no-kv-offload] [--unified] [--max-body SIZE] [--request-timeout SECONDS] "
+        "[--max-connections N] [--max-connections-per-client N] [--allowed-hosts NAMES] [--cors-origin ORIGINS]",
         "Serve models over HTTP with an OpenAI-compatible API: POST /v1/chat/completions and\n"
         "/v1/completions (streamed as server-sent events with \"stream\": true), GET /v1/models,\n"
         "POST /tokenize and /detokenize, GET /health, /metrics (Prometheus), /v1/memory, and a chat\n"
@@ -50,11 +100,11 @@ ArgParser serve_parser(ServeOptions& o) {
     add_threads_option(p, c);
     p.option("--ttl", "SECONDS", "unload a --models-dir model after this many idle seconds; 0: never (default 300)",
              &o.ttl);
-    p.option("--api-key", "KEY", "require 'Authorization: Bearer KEY' on every endpoint but / and /health", &o.api_key);
     p.option("--max-queue", "N", "requests that may wait for a slot per model; more get HTTP 429 (default 64)",
              &o.max_queue);
     add_kv_options(p, c);
     add_memory_options(p, o.engine);
+    add_http_options(p, o.http);
     return p;
 }
 
@@ -115,7 +165,7 @@ int serve(const ServeOptions& o) {
         throw UsageError(e.what());
     }
     server::ModelRegistry& registry = *registry_ptr;
-    server::HttpServer http(registry, {.api_key = o.api_key});
+    server::HttpServer http(registry, o.http);
     if (!http.bind(o.host, o.port)) {
         throw Error("cannot listen on " + o.host + ":" + std::to_string(o.port) + " (in use, or not an address here)");
     }
@@ -150,9 +200,6 @@ int serve(const ServeOptions& o) {
         std::fprintf(stderr, "fitllm serve: %s, stopping\n", sig == SIGINT ? "interrupted" : "terminated");
     }
     registry.shutdown();  // running requests end (cancelled), so the HTTP workers can finish
-    // cpp-httplib's stop() does nothing before its listen loop runs, which a model that fails to
-    // load at once can beat: wait for it (bounded) so the process ends instead of serving on.
-    for (int i = 0; i < 5000 && !http.is_running(); ++i) std::this_thread::sleep_for(std::chrono::milliseconds(1));
     http.stop();
     listener.join();
     return status;

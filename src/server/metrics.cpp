@@ -41,7 +41,7 @@ void Metrics::count_rejection(const std::string& reason) {
     ++rejections_[reason];
 }
 
-std::string Metrics::prometheus_text(ModelRegistry& registry) const {
+std::string Metrics::prometheus_text(ModelRegistry& registry, const TransportStats& connections) const {
     std::ostringstream o;
     {
         std::lock_guard lock(mutex_);
@@ -59,6 +59,23 @@ std::string Metrics::prometheus_text(ModelRegistry& registry) const {
         header(o, "fitllm_generated_tokens_total", "counter", "tokens generated for finished completion requests");
         o << "fitllm_generated_tokens_total " << generated_tokens_ << '\n';
     }
+    header(o, "fitllm_connections_open", "gauge", "HTTP connections open now");
+    o << "fitllm_connections_open " << connections.open_connections << '\n';
+    header(o, "fitllm_connections_total", "counter", "HTTP connections accepted");
+    o << "fitllm_connections_total " << connections.accepted << '\n';
+    header(o, "fitllm_connections_refused_total", "counter",
+           "connections refused at the connection caps (every open one busy) or the memory budget");
+    o << "fitllm_connections_refused_total " << connections.refused << '\n';
+    header(o, "fitllm_connections_evicted_total", "counter",
+           "connections closed at a cap to make room: the oldest still waiting for its request");
+    o << "fitllm_connections_evicted_total " << connections.evicted << '\n';
+    header(o, "fitllm_timeouts_total", "counter",
+           "requests not in within --request-timeout and answers not taken within the write timeout");
+    o << "fitllm_timeouts_total " << connections.timed_out << '\n';
+    header(o, "fitllm_workers_busy", "gauge", "worker threads running a request");
+    o << "fitllm_workers_busy " << connections.busy_workers << '\n';
+    header(o, "fitllm_requests_waiting", "gauge", "requests read and waiting for a worker thread");
+    o << "fitllm_requests_waiting " << connections.waiting_requests << '\n';
 
     const std::vector<ModelInfo> models = registry.models();
     int n_loaded = 0;

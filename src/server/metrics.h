@@ -9,6 +9,7 @@
 #include <nlohmann/json.hpp>
 #include <string>
 
+#include "server/http_transport.h"
 #include "server/model_registry.h"
 
 namespace fitllm::server {
@@ -20,8 +21,9 @@ public:
     void count_tokens(uint64_t n_prompt, uint64_t n_generated);
     void count_rejection(const std::string& reason);  // "queue_full", "over_budget", ...
 
-    // The Prometheus exposition text of everything: these counters and the registry's state.
-    std::string prometheus_text(ModelRegistry& registry) const;
+    // The Prometheus exposition text of everything: these counters, the connections and the
+    // registry's state.
+    std::string prometheus_text(ModelRegistry& registry, const TransportStats& connections) const;
 
 private:
     mutable std::mutex mutex_;

@@ -134,7 +134,16 @@ Fields fields(const ServeOptions& o) {
     f["port"] = str(o.port);
     f["ttl"] = str(o.ttl);
     f["max_queue"] = str(o.max_queue);
-    f["api_key"] = o.api_key;
+    f["http.api_key"] = o.http.api_key;
+    f["http.max_body"] = str(o.http.max_body);
+    f["http.request_timeout"] = str(o.http.request_timeout);
+    f["http.max_connections"] = str(o.http.max_connections);
+    f["http.max_connections_per_client"] = str(o.http.max_connections_per_client);
+    std::string hosts, origins;
+    for (const std::string& h : o.http.allowed_hosts) hosts += h + ";";
+    for (const std::string& h : o.http.cors_origins) origins += h + ";";
+    f["http.allowed_hosts"] = hosts;
+    f["http.cors_origins"] = origins;
     return f;
 }
 
@@ -182,6 +191,12 @@ const std::map<std::string, std::string> kSamples = {
     {"--port", "9000"},
     {"--ttl", "5"},
     {"--api-key", "secret"},
+    {"--max-body", "2M"},
+    {"--request-timeout", "7"},
+    {"--max-connections", "9"},
+    {"--max-connections-per-client", "3"},
+    {"--allowed-hosts", "box.local,other"},
+    {"--cors-origin", "http://localhost:3000"},
     {"--max-queue", "3"},
 };
 
@@ -228,7 +243,13 @@ const std::map<std::string, std::set<std::string>> kSets = {
     {"--host", {"host"}},
     {"--port", {"port"}},
     {"--ttl", {"ttl"}},
-    {"--api-key", {"api_key"}},
+    {"--api-key", {"http.api_key"}},
+    {"--max-body", {"http.max_body"}},
+    {"--request-timeout", {"http.request_timeout"}},
+    {"--max-connections", {"http.max_connections"}},
+    {"--max-connections-per-client", {"http.max_connections_per_client"}},
+    {"--allowed-hosts", {"http.allowed_hosts"}},
+    {"--cors-origin", {"http.cors_origins"}},
     {"--max-queue", {"max_queue"}},
 };
 

@@ -5,7 +5,6 @@
 // in) are within max(5%, 32 MiB) of `fitllm plan`'s total for the same flags.
 #include <fcntl.h>
 #include <gtest/gtest.h>
-#include <httplib.h>
 #include <signal.h>
 #include <sys/mman.h>
 #include <sys/resource.h>
@@ -349,20 +348,13 @@ TEST(PlanVsPeak, ServeStaysWithinToleranceOfItsPlan) {
     std::vector<int> events(16, 0), failures(16, 0);
     for (int c = 0; c < 16; ++c) {
         clients.emplace_back([&, c] {
-            httplib::Client client("127.0.0.1", port);
-            client.set_read_timeout(120);
             for (int r = 0; r < 2; ++r) {
-                httplib::Request req;
-                req.method = "POST";
-                req.path = "/v1/completions";
-                req.body = body.dump();
-                req.set_header("Content-Type", "application/json");
-                req.content_receiver = [&](const char* data, size_t n, uint64_t, uint64_t) {
-                    for (size_t i = 0; i + 5 < n; ++i) events[size_t(c)] += std::string_view(data + i, 6) == "data: ";
-                    return true;
-                };
-                const httplib::Result res = client.send(req);
-                if (!res || res->status != 200) ++failures[size_t(c)];
+                const test::HttpResult res = test::http_request(port, "POST", "/v1/completions", body.dump());
+                if (res.status != 200) ++failures[size_t(c)];
+                for (size_t at = res.response.find("data: "); at != std::string::npos;
+                     at = res.response.find("data: ", at + 1)) {
+                    ++events[size_t(c)];
+                }
             }
         });
     }

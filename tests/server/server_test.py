@@ -250,7 +250,7 @@ class OneModel(unittest.TestCase):
         for _ in range(2):
             s = socket.create_connection(("127.0.0.1", self.srv.port))
             body = json.dumps({"prompt": "Once upon a time", "max_tokens": 450, "stream": True, "temperature": 0})
-            s.sendall((f"POST /v1/completions HTTP/1.1\r\nHost: x\r\nContent-Type: application/json\r\n"
+            s.sendall((f"POST /v1/completions HTTP/1.1\r\nHost: 127.0.0.1\r\nContent-Type: application/json\r\n"
                        f"Content-Length: {len(body)}\r\n\r\n{body}").encode())
             socks.append(s)
         for s in socks:
@@ -303,6 +303,9 @@ class OneModel(unittest.TestCase):
             self.assertIn(k, pools)
         self.assertEqual(dev["used"], sum(p["used"] for p in dev["pools"]))
         self.assertLessEqual(dev["used"], dev["capacity"])
+        # Requests charge their own pool (this one's connection at least); the rest is the model's.
+        self.assertGreater(pools["requests"]["used"], 0)
+        model_used = dev["used"] - pools["requests"]["used"]
         m = mem["models"][0]
         self.assertEqual((m["id"], m["loaded"]), (self.model, True))
         plan = m["plan"]
@@ -310,8 +313,8 @@ class OneModel(unittest.TestCase):
                          plan["overhead"])
         # Charged: the plan's weights, logits and overhead, the cache's own KV bytes (as planned, byte
         # for byte) and the model's working memory after a full batch (at most the plan's scratch).
-        self.assertLessEqual(dev["used"], plan["total"])
-        self.assertGreater(dev["used"], plan["total"] - plan["scratch"])
+        self.assertLessEqual(model_used, plan["total"])
+        self.assertGreater(model_used, plan["total"] - plan["scratch"])
         self.assertEqual(pools["kv"]["used"], plan["kv"])
         self.assertLessEqual(m["used"], plan["total"])
 
@@ -431,7 +434,8 @@ class ModelsDir(unittest.TestCase):
                 time.sleep(0.1)
             self.assertEqual(srv.metric("fitllm_model_unloads_total"), 2)
             _, mem = srv.get("/v1/memory")
-            self.assertEqual(mem["devices"][0]["used"], 0)
+            requests = {p["name"]: p["used"] for p in mem["devices"][0]["pools"]}["requests"]
+            self.assertEqual(mem["devices"][0]["used"] - requests, 0)  # only this request's connection
         finally:
             srv.stop()
 
@@ -487,20 +491,22 @@ class DemoModel(unittest.TestCase):
 
     def test_whole_answer_client_gone_stops_generating(self):
         # A request that is not streamed, whose client goes away, stops generating and frees its
-        # slot at once (the server writes a space now and then while the job runs; the write that
-        # fails cancels it). The demo model, as the tiny ones would finish before anyone noticed.
+        # slot at once (the server notices the closed connection while the job runs). The demo
+        # model, as the tiny ones would finish before anyone noticed.
         srv = Server("-m", DEMO, "-c", "512", "-np", "1")
         try:
-            # While a whole answer runs, spaces come before its JSON; both clients still parse it.
+            # A whole answer is one JSON body with its length, sent when the job ends.
             status, text = srv.request("POST", "/v1/completions", raw=json.dumps(
                 {"prompt": "1, 2, 3, 4, 5,", "max_tokens": 40, "temperature": 0}))
             self.assertEqual(status, 200)
             self.assertTrue(isinstance(text, dict) and text["usage"]["completion_tokens"] == 40, text)
             conn = http.client.HTTPConnection("127.0.0.1", srv.port, timeout=60)
             conn.request("POST", "/v1/completions", body=json.dumps({"prompt": "1, 2, 3,", "max_tokens": 40}))
-            raw = conn.getresponse().read().decode()
+            r = conn.getresponse()
+            raw = r.read().decode()
             conn.close()
-            self.assertTrue(raw.startswith(" ") and json.loads(raw)["object"] == "text_completion", raw[:200])
+            self.assertEqual(int(r.getheader("Content-Length")), len(raw.encode()))
+            self.assertTrue(raw.startswith("{") and json.loads(raw)["object"] == "text_completion", raw[:200])
             r = srv.client().chat.completions.create(model="gemma-3-270m-q4_k_m", max_tokens=40, temperature=0,
                                                      messages=[{"role": "user", "content": "Count to 50."}])
             self.assertEqual(r.usage.completion_tokens, 40)
@@ -509,9 +515,8 @@ class DemoModel(unittest.TestCase):
             steps0 = srv.metric("fitllm_forward_steps_total")
             s = socket.create_connection(("127.0.0.1", srv.port))
             body = json.dumps({"prompt": "1, 2, 3, 4, 5,", "max_tokens": max_tokens, "temperature": 0})
-            s.sendall((f"POST /v1/completions HTTP/1.1\r\nHost: x\r\nContent-Type: application/json\r\n"
+            s.sendall((f"POST /v1/completions HTTP/1.1\r\nHost: 127.0.0.1\r\nContent-Type: application/json\r\n"
                        f"Content-Length: {len(body)}\r\n\r\n{body}").encode())
-            self.assertTrue(s.recv(4096).startswith(b"HTTP/1.1 200"))
             deadline = time.time() + 30
             while srv.metric("fitllm_forward_steps_total") < steps0 + 5:
                 self.assertLess(time.time(), deadline, "the request does not run")

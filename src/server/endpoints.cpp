@@ -1,0 +1,359 @@
+#include "server/endpoints.h"
+
+#include <atomic>
+#include <chrono>
+#include <ctime>
+#include <random>
+
+#include "chat/template_error.h"
+#include "server/api_error.h"
+#include "server/json_body.h"
+#include "server/prompt_bounds.h"
+#include "server/request.h"
+#include "server/request_memory.h"
+
+namespace fitllm::server {
+namespace {
+
+using nlohmann::json;
+
+std::string random_id(const char* prefix) {
+    static std::atomic<uint64_t> counter{0};
+    thread_local std::mt19937_64 rng(std::random_device{}());
+    char buf[40];
+    std::snprintf(buf, sizeof buf, "%s%012llx%04llx", prefix,
+                  static_cast<unsigned long long>(rng() & 0xffffffffffffULL),
+                  static_cast<unsigned long long>(counter.fetch_add(1) & 0xffff));
+    return buf;
+}
+
+// The body of a request as JSON, its memory charged to `memory` while `charge` lives.
+json parse_charged(const HttpRequest& req, RequestMemory& memory, memory::Charge& charge) {
+    const JsonBody text(req.body);
+    charge = memory.charge(text.memory_bound(), "the request's JSON");
+    return text.parse();
+}
+
+// A chat or text completion, ready to run: the model and the job.
+struct Completion {
+    std::shared_ptr<LoadedModel> model;
+    bool chat = false;
+    bool stream = false;
+    bool include_usage = false;
+    std::shared_ptr<Job> job;
+    std::string id;
+    int64_t created = 0;
+};
+
+json usage_json(const Job::Update& u) {
+    return {{"prompt_tokens", u.n_prompt},
+            {"completion_tokens", u.n_generated},
+            {"total_tokens", u.n_prompt + u.n_generated}};
+}
+
+json finish_reason_json(FinishReason r) {
+    if (r == FinishReason::stop || r == FinishReason::length) return finish_reason_name(r);
+    return nullptr;
+}
+
+// One event of a stream: the text so far in this update, or the end.
+json stream_chunk(const Completion& c, const std::string& text, bool first, const json& finish) {
+    json choice = {{"index", 0}, {"finish_reason", finish}};
+    if (c.chat) {
+        json delta = json::object();
+        if (first) delta["role"] = "assistant";
+        if (!text.empty() || (first && finish.is_null())) delta["content"] = text;
+        choice["delta"] = delta;
+    } else {
+        choice["text"] = text;
+        choice["logprobs"] = nullptr;
+    }
+    return {{"id", c.id},
+            {"object", c.chat ? "chat.completion.chunk" : "text_completion"},
+            {"created", c.created},
+            {"model", c.model->id()},
+            {"choices", json::array({choice})}};
+}
+
+std::string sse(const json& event) {
+    return "data: " + dump_json(event) + "\n\n";
+}
+
+// How often a running request looks whether its client is still there.
+constexpr std::chrono::milliseconds kPoll{100};
+
+json whole_answer(const Completion& c, const Job::Update& u, const std::string& text) {
+    json choice = {{"index", 0}, {"finish_reason", finish_reason_json(u.reason)}};
+    if (c.chat) {
+        choice["message"] = {{"role", "assistant"}, {"content", text}};
+    } else {
+        choice["text"] = text;
+        choice["logprobs"] = nullptr;
+    }
+    return {{"id", c.id},
+            {"object", c.chat ? "chat.completion" : "text_completion"},
+            {"created", c.created},
+            {"model", c.model->id()},
+            {"choices", json::array({choice})},
+            {"usage", usage_json(u)}};
+}
+
+ApiError context_exceeded(const BoundedTokens& t, size_t text_bytes, size_t longest, int n_ctx) {
+    std::string what;
+    if (t.by_size) {
+        what = "the prompt has " + std::to_string(text_bytes) + " bytes of text, so at least " +
+               std::to_string(t.at_least) + " tokens (no token of this model stands for more than " +
+               std::to_string(longest) + " bytes)";
+    } else {
+        what = "the prompt has " + std::string(t.counted_in_pieces ? "about " : "") + std::to_string(t.at_least) +
+               " tokens";
+    }
+    return ApiError::invalid(
+        what + "; this model's context is " + std::to_string(n_ctx) + " tokens, which leaves no room to generate",
+        "context_length_exceeded");
+}
+
+}  // namespace
+
+std::string dump_json(const json& j) {
+    return j.dump(-1, ' ', false, json::error_handler_t::replace);
+}
+
+void set_json(HttpResponse& res, int status, const json& body) {
+    res.status = status;
+    res.content_type = "application/json";
+    res.body = dump_json(body);
+}
+
+size_t LongestTokens::of(const std::shared_ptr<LoadedModel>& model) {
+    std::lock_guard lock(mutex_);
+    auto& [weak, longest] = known_[model->id()];
+    if (weak.lock() != model) {
+        weak = model;
+        longest = longest_token_bytes(model->tokenizer());
+    }
+    return longest;
+}
+
+memory::Pool* Endpoints::request_pool() {
+    return &registry_.device().pool(kRequestPool);
+}
+
+void Endpoints::tokenize(HttpRequest& req, HttpResponse& res) {
+    RequestMemory memory(request_pool());
+    memory.note(req.body.size());
+    memory::Charge json_charge;
+    const json body = parse_charged(req, memory, json_charge);
+    if (!body.is_object()) throw ApiError::invalid("the request body: expected a JSON object", "invalid_type");
+    const auto content = body.find("content");
+    if (content == body.end() || !content->is_string()) {
+        throw ApiError::invalid("content: required, a string", "invalid_type");
+    }
+    auto boolean = [&](const char* name, bool fallback) {
+        const auto it = body.find(name);
+        if (it == body.end() || it->is_null()) return fallback;
+        if (!it->is_boolean()) throw ApiError::invalid(std::string(name) + ": expected a boolean", "invalid_type");
+        return it->get<bool>();
+    };
+    const bool add_special = boolean("add_special", false);
+    const bool parse_special = boolean("parse_special", true);
+    const std::shared_ptr<LoadedModel> m = registry_.acquire(model_field(body));
+    const std::string& text = content->get_ref<const std::string&>();
+    // Bounded by the body's size; the tokenizer's work and the answer's text are charged.
+    const BoundedTokens t =
+        tokenize_within(m->tokenizer(), text, add_special, parse_special, SIZE_MAX, /*longest_token=*/0, &memory);
+    const memory::Charge answer = memory.charge(t.ids.size() * 12 + 64, "the answer");
+    std::string out = "{\"tokens\":[";
+    for (size_t i = 0; i < t.ids.size(); ++i) {
+        if (i) out += ',';
+        out += std::to_string(t.ids[i]);
+    }
+    out += "]}";
+    res.status = 200;
+    res.body = std::move(out);
+}
+
+void Endpoints::detokenize(HttpRequest& req, HttpResponse& res) {
+    RequestMemory memory(request_pool());
+    memory.note(req.body.size());
+    memory::Charge json_charge;
+    const json body = parse_charged(req, memory, json_charge);
+    if (!body.is_object()) throw ApiError::invalid("the request body: expected a JSON object", "invalid_type");
+    const auto tokens = body.find("tokens");
+    if (tokens == body.end() || !tokens->is_array()) {
+        throw ApiError::invalid("tokens: required, an array of token ids", "invalid_type");
+    }
+    const std::shared_ptr<LoadedModel> m = registry_.acquire(model_field(body));
+    const int n_vocab = m->model().n_vocab();
+    // The text is at most the longest token per id, and its JSON escaped at most 6 bytes per byte.
+    const size_t longest = std::max<size_t>(longest_.of(m), 64);
+    const memory::Charge answer = memory.charge(tokens->size() * (4 + 7 * longest), "the detokenized text");
+    std::vector<int32_t> ids;
+    ids.reserve(tokens->size());
+    for (size_t i = 0; i < tokens->size(); ++i) {
+        const json& t = (*tokens)[i];
+        if (!t.is_number_integer() || t.get<int64_t>() < 0 || t.get<int64_t>() >= n_vocab) {
+            throw ApiError::invalid("tokens[" + std::to_string(i) + "]: " + dump_json(t) +
+                                        " is not a token id of this model (0.." + std::to_string(n_vocab - 1) + ")",
+                                    "invalid_value");
+        }
+        ids.push_back(static_cast<int32_t>(t.get<int64_t>()));
+    }
+    set_json(res, 200, {{"content", m->tokenizer().detokenize(ids, false, false)}});
+}
+
+void Endpoints::completion(bool chat, HttpRequest& req, HttpResponse& res) {
+    auto c = std::make_shared<Completion>();
+    c->chat = chat;
+    {
+        // What the request makes the server hold until its job is submitted, charged.
+        RequestMemory memory(request_pool());
+        memory.note(req.body.size());
+        CompletionRequest request;
+        memory::Charge request_charge;
+        {
+            const JsonBody text(req.body);
+            const memory::Charge dom = memory.charge(text.memory_bound(), "the request's JSON");
+            request_charge = memory.charge(text.memory_bound(), "the request's fields");  // its copies of the strings
+            request = parse_completion_request(text.parse(), chat);
+        }
+        req.free_body();
+        c->stream = request.stream;
+        c->include_usage = request.include_usage;
+        c->model = registry_.acquire(request.model);
+        c->id = random_id(chat ? "chatcmpl-" : "cmpl-");
+        c->created = static_cast<int64_t>(std::time(nullptr));
+        LoadedModel& m = *c->model;
+        const int n_ctx = m.scheduler().n_ctx();
+        const size_t max_prompt = static_cast<size_t>(n_ctx - 1);
+        const size_t longest = longest_.of(c->model);
+
+        std::vector<int32_t> prompt;
+        if (chat) {
+            // Refused by the messages' size before the template renders them.
+            size_t bytes = 0;
+            for (const auto& message : request.messages)
+                bytes += message["content"].get_ref<const std::string&>().size();
+            if (longest > 0 && (bytes + longest - 1) / longest > max_prompt) {
+                BoundedTokens t;
+                t.over = t.by_size = true;
+                t.at_least = (bytes + longest - 1) / longest;
+                throw context_exceeded(t, bytes, longest, n_ctx);
+            }
+            std::string text;
+            try {
+                text = m.chat_template().tmpl.render(request.messages, m.render_options());
+            } catch (const chat::TemplateError& e) {
+                throw ApiError::invalid(std::string("messages: the model's chat template refused them: ") + e.what(),
+                                        "template_error");
+            }
+            request.messages = {};
+            const memory::Charge rendered = memory.charge(text.size(), "the rendered prompt");
+            BoundedTokens t = tokenize_within(m.tokenizer(), text, /*add_special=*/false, /*parse_special=*/true,
+                                              max_prompt, longest, &memory);
+            if (t.over) throw context_exceeded(t, text.size(), longest, n_ctx);
+            prompt = std::move(t.ids);
+        } else if (request.prompt_is_tokens) {
+            prompt = std::move(request.prompt_tokens);
+            for (const int32_t id : prompt) {
+                if (id >= m.model().n_vocab()) {
+                    throw ApiError::invalid("prompt: token id " + std::to_string(id) + " is outside the vocabulary (" +
+                                                std::to_string(m.model().n_vocab()) + " tokens)",
+                                            "invalid_value");
+                }
+            }
+            if (prompt.size() > max_prompt) {
+                BoundedTokens t;
+                t.over = true;
+                t.at_least = prompt.size();
+                throw context_exceeded(t, 0, longest, n_ctx);
+            }
+        } else {
+            BoundedTokens t = tokenize_within(m.tokenizer(), request.prompt, /*add_special=*/true,
+                                              /*parse_special=*/true, max_prompt, longest, &memory);
+            if (t.over) throw context_exceeded(t, request.prompt.size(), longest, n_ctx);
+            prompt = std::move(t.ids);
+        }
+        if (prompt.empty()) throw ApiError::invalid("prompt: no tokens to start from", "invalid_value");
+        const int n_prompt = static_cast<int>(prompt.size());
+        GenerationParams params = std::move(request.params);
+        params.max_tokens = request.max_tokens.value_or(n_ctx - n_prompt);
+        try {
+            c->job = m.scheduler().submit(std::move(prompt), std::move(params));
+        } catch (const QueueFullError& e) {
+            throw ApiError(429, "server_busy", "queue_full", e.what());
+        } catch (const std::invalid_argument& e) {
+            throw ApiError::invalid(e.what(), "context_length_exceeded");
+        } catch (const sampling::SamplingError& e) {
+            throw ApiError::invalid(e.what(), "invalid_value");
+        }
+    }
+
+    if (!c->stream) {
+        // The whole answer once the job ends; a client that hangs up meanwhile cancels it, which
+        // frees its slot before the scheduler's next step.
+        std::string text;
+        while (true) {
+            const Job::Update u = c->job->wait(kPoll);
+            text += u.text;
+            if (u.finished) {
+                registry_.touch(c->model->id());
+                metrics_.count_tokens(static_cast<uint64_t>(u.n_prompt), static_cast<uint64_t>(u.n_generated));
+                if (u.reason == FinishReason::error) {
+                    throw ApiError(500, "server_error", "generation_failed", "generation failed: " + u.error);
+                }
+                if (u.reason == FinishReason::cancelled) {
+                    throw ApiError(503, "server_error", "cancelled", "the request was cancelled (server stopping)");
+                }
+                set_json(res, 200, whole_answer(*c, u, text));
+                return;
+            }
+            if (req.client_gone()) {
+                c->job->cancel();
+                res.status = 499;  // nobody to answer
+                return;
+            }
+        }
+    }
+
+    // Streaming: one event per piece of text as it comes; a client that goes away cancels the
+    // job, which frees its slot before the scheduler's next step.
+    res.status = 200;
+    res.content_type = "text/event-stream";
+    res.headers.emplace_back("Cache-Control", "no-cache");
+    res.stream = [this, c](BodyWriter& out) {
+        bool first = true;
+        while (true) {
+            if (out.client_gone()) return c->job->cancel();
+            Job::Update u = c->job->wait(kPoll);
+            std::string events;
+            if (first && u.pieces.empty()) u.pieces.emplace_back();  // the role comes first
+            for (const std::string& piece : u.pieces) {
+                events += sse(stream_chunk(*c, piece, first, nullptr));
+                first = false;
+            }
+            if (u.finished) {
+                registry_.touch(c->model->id());
+                metrics_.count_tokens(static_cast<uint64_t>(u.n_prompt), static_cast<uint64_t>(u.n_generated));
+                if (u.reason == FinishReason::error || u.reason == FinishReason::cancelled) {
+                    events += sse(error_body("generation " + std::string(finish_reason_name(u.reason)) +
+                                                 (u.error.empty() ? "" : ": " + u.error),
+                                             "server_error", "generation_failed"));
+                } else {
+                    events += sse(stream_chunk(*c, "", false, finish_reason_json(u.reason)));
+                }
+                if (c->include_usage) {
+                    json usage = stream_chunk(*c, "", false, nullptr);
+                    usage["choices"] = json::array();
+                    usage["usage"] = usage_json(u);
+                    events += sse(usage);
+                }
+                events += "data: [DONE]\n\n";
+            }
+            if (!events.empty() && !out.write(events)) return c->job->cancel();
+            if (u.finished) return;
+        }
+    };
+}
+
+}  // namespace fitllm::server

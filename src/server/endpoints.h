@@ -1,0 +1,50 @@
+#pragma once
+// The endpoints that do the work, private to server/ (http_server.cpp routes to them): each
+// reads an HttpRequest and fills an HttpResponse, or throws ApiError. What a request makes the
+// server hold is bounded before it is built and charged to the registry's host device:
+// the parsed JSON (json_body.h), the prompt (refused by its size before it is tokenized whole,
+// prompt_bounds.h) and the tokenizer's work (request_memory.h).
+#include <map>
+#include <memory>
+#include <mutex>
+#include <nlohmann/json.hpp>
+#include <string>
+
+#include "server/http_transport.h"
+#include "server/metrics.h"
+#include "server/model_registry.h"
+
+namespace fitllm::server {
+
+// The longest token of each loaded model's vocabulary (prompt_bounds.h), found once per load.
+class LongestTokens {
+public:
+    size_t of(const std::shared_ptr<LoadedModel>& model);
+
+private:
+    std::mutex mutex_;
+    std::map<std::string, std::pair<std::weak_ptr<LoadedModel>, size_t>> known_;
+};
+
+class Endpoints {
+public:
+    Endpoints(ModelRegistry& registry, Metrics& metrics) : registry_(registry), metrics_(metrics) {}
+
+    void tokenize(HttpRequest& req, HttpResponse& res);
+    void detokenize(HttpRequest& req, HttpResponse& res);
+    // POST /v1/chat/completions (chat) and /v1/completions, whole or streamed.
+    void completion(bool chat, HttpRequest& req, HttpResponse& res);
+
+private:
+    memory::Pool* request_pool();
+
+    ModelRegistry& registry_;
+    Metrics& metrics_;
+    LongestTokens longest_;
+};
+
+// JSON text the way every answer writes it (invalid UTF-8 replaced, never thrown on).
+std::string dump_json(const nlohmann::json& j);
+void set_json(HttpResponse& res, int status, const nlohmann::json& body);
+
+}  // namespace fitllm::server
