@@ -216,8 +216,9 @@ std::unique_ptr<Engine> Engine::load(const LoadConfig& load, const ContextConfig
     const int n_layer = plan.shape.hp.n_layer;
     const std::string resident = std::to_string(n_layer - plan.params.n_streamed_layers) + " of " +
                                  std::to_string(n_layer) + " layers, embeddings and output";
-    e->overhead_ = host.pool(memory::pool_names::kOverhead)
-                       .charge(plan.overhead, "the runtime, the GGUF metadata and the tokenizer (planned)");
+    e->overhead_ =
+        host.pool(memory::pool_names::kOverhead)
+            .charge(plan.overhead, "the runtime, the GGUF metadata, the tokenizer and the samplers (planned)");
     e->weights_ = host.pool(memory::pool_names::kWeights)
                       .charge(plan.weights_resident, "the resident weights (" + resident + ")");
     if (load.mlock) e->locked_bytes_ = lock_resident_weights(*e->file_, plan, host, e->lock_rounding_);

@@ -16,6 +16,7 @@
 #include "ops/attention_kv.h"
 #include "ops/thread_pool.h"
 #include "quant/dot.h"
+#include "sampling/sampler.h"
 #include "util/text.h"
 
 namespace fitllm::engine {
@@ -275,7 +276,8 @@ Plan plan_for(const ModelShape& shape, const PlanParams& params) {
     p.scratch = p.activations + std::max(p.matmul_scratch, p.attention_scratch) + 64;
 
     p.logits = uint64_t(hp.n_vocab) * sizeof(float) * static_cast<uint64_t>(params.n_outputs);
-    p.overhead = kFixedOverhead + kMetadataFactor * shape.metadata_bytes;
+    p.samplers = static_cast<uint64_t>(params.n_seq) * sampling::Sampler::workspace_bytes(hp.n_vocab);
+    p.overhead = kFixedOverhead + kMetadataFactor * shape.metadata_bytes + p.samplers;
 
     if (!params.device.empty()) {
         p.device.name = params.device;

@@ -146,6 +146,7 @@ struct Plan {
     uint64_t scratch = 0;            // activations + max(matmul, attention) scratch
     uint64_t logits = 0;             // n_vocab floats per output row
     uint64_t overhead = 0;           // see kFixedOverhead
+    uint64_t samplers = 0;           // of the overhead: the sequences' samplers' candidate lists
     // Host memory the offload device's path keeps (backend::host_bytes_for: a CUDA device's pinned
     // staging buffer), charged to the host's "staging" pool; fixed, whatever the context.
     uint64_t device_host = 0;
@@ -163,7 +164,9 @@ struct Plan {
 
 // What the plan adds besides weights, KV, scratch and outputs: kFixedOverhead for the executable,
 // the C++ runtime and the thread pool's stacks, plus kMetadataFactor times the GGUF metadata
-// bytes (mapped, and the tokenizer's vocabulary, merges and lookup tables built from it).
+// bytes (mapped, and the tokenizer's vocabulary, merges and lookup tables built from it), plus
+// a sampler's candidate list per sequence (sampling::Sampler::workspace_bytes: n_vocab
+// candidates each).
 // Measured with `fitllm run` / `fitllm tokenize` under /usr/bin/time: the tiny test model's whole
 // run peaks at 6.4 MiB; the demo model's tokenizer (262144 tokens, 6.2 MiB of metadata) adds
 // 38 MiB over `fitllm inspect`, about 6x its metadata.

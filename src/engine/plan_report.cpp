@@ -77,6 +77,7 @@ nlohmann::ordered_json plan_json(const Plan& p, const std::string& budget_source
                                   {"attention_scratch", p.attention_scratch},
                                   {"logits", p.logits},
                                   {"overhead", p.overhead},
+                                  {"samplers", p.samplers},
                                   {"device_staging", p.device_host},
                                   {"total", p.total()},
                                   {"budget", q.budget},
@@ -155,7 +156,8 @@ std::string plan_text(const Plan& p, const std::string& budget_source) {
         "logits: " + std::to_string(q.n_outputs) + " x " + std::to_string(p.shape.hp.n_vocab) + " floats");
     row("overhead", p.overhead,
         "runtime " + util::human_bytes(kFixedOverhead) + ", metadata and tokenizer " +
-            util::human_bytes(kMetadataFactor * p.shape.metadata_bytes));
+            util::human_bytes(kMetadataFactor * p.shape.metadata_bytes) + ", samplers " +
+            util::human_bytes(p.samplers));
     if (p.device_host > 0) {
         row("device staging", p.device_host, "pinned buffer of " + p.device.name + "'s copies (fixed)");
     }

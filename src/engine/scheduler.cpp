@@ -237,6 +237,7 @@ void Scheduler::preempt(size_t i) {
     free_ids_.push_back(s->seq);
     s->seq = -1;
     s->n_fed = 0;
+    s->sampler.release_workspace();  // only the slots' samplers hold candidate lists (the plan's)
     s->job->note_preempted();
     {
         std::lock_guard lock(mutex_);

@@ -78,7 +78,7 @@ void compute_softmax(CandidateList& list) {
     for (Candidate& c : list.items) c.prob *= inverse;
 }
 
-void apply_penalties(CandidateList& list, std::span<const int32_t> counts, std::span<const TokenId> window_tokens,
+void apply_penalties(CandidateList& list, std::span<const TokenId> window_tokens, std::span<const int32_t> counts,
                      float repeat_penalty, float frequency_penalty, float presence_penalty) {
     if (repeat_penalty == 1.0f && frequency_penalty == 0.0f && presence_penalty == 0.0f) return;
     const auto penalize = [&](Candidate& c, int32_t count) {
@@ -89,17 +89,16 @@ void apply_penalties(CandidateList& list, std::span<const int32_t> counts, std::
         }
         c.logit -= static_cast<float>(count) * frequency_penalty + presence_penalty;
     };
-    if (list.in_id_order) {
-        for (TokenId id : window_tokens) {
-            const auto index = static_cast<size_t>(id);
-            assert(index < list.items.size() && index < counts.size() && counts[index] > 0);
-            penalize(list.items[index], counts[index]);
-        }
-    } else {
-        for (Candidate& c : list.items) {
-            assert(static_cast<size_t>(c.id) < counts.size());
-            const int32_t count = counts[static_cast<size_t>(c.id)];
-            if (count > 0) penalize(c, count);
+    assert(window_tokens.size() == counts.size());
+    for (size_t i = 0; i < window_tokens.size(); ++i) {
+        const TokenId id = window_tokens[i];
+        if (list.in_id_order) {
+            assert(static_cast<size_t>(id) < list.items.size() && counts[i] > 0);
+            penalize(list.items[static_cast<size_t>(id)], counts[i]);
+        } else {
+            const auto it =
+                std::find_if(list.items.begin(), list.items.end(), [id](const Candidate& c) { return c.id == id; });
+            if (it != list.items.end()) penalize(*it, counts[i]);
         }
     }
     list.sorted_prefix = 0;

@@ -44,12 +44,12 @@ struct CandidateList {
 // Sets prob to softmax(logit) over the list (the logits stay as they are).
 void compute_softmax(CandidateList& list);
 
-// counts[id]: how often id occurs in the penalty window; window_tokens: the distinct ids with a
-// nonzero count. Positive logits are divided by repeat_penalty and negative ones multiplied (so
-// both move toward "less likely"); then count * frequency + (count > 0) * presence is
-// subtracted. While the list is in id order only the window's tokens are visited, not the
-// whole vocabulary.
-void apply_penalties(CandidateList& list, std::span<const int32_t> counts, std::span<const TokenId> window_tokens,
+// window_tokens: the distinct ids in the penalty window; counts[i]: how often window_tokens[i]
+// occurs there (> 0). Positive logits are divided by repeat_penalty and negative ones multiplied
+// (so both move toward "less likely"); then count * frequency + (count > 0) * presence is
+// subtracted. Only the window's tokens are visited: through their ids while the list is in id
+// order, else by finding each in the list.
+void apply_penalties(CandidateList& list, std::span<const TokenId> window_tokens, std::span<const int32_t> counts,
                      float repeat_penalty, float frequency_penalty, float presence_penalty);
 
 // Keeps the k best (k <= 0 or k >= size: no-op).

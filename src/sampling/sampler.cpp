@@ -27,21 +27,21 @@ Sampler::Sampler(SamplingParams params, int32_t vocab_size)
         throw SamplingError("sampling: vocab_size = " + std::to_string(vocab_size) + " must be positive");
     validate_sampling_params(params_);
     seed_generator(rng_, seed_);
-    candidates_.items.reserve(static_cast<size_t>(vocab_size));
     window_.assign(static_cast<size_t>(params_.penalty_last_n), 0);
-    window_counts_.assign(static_cast<size_t>(vocab_size), 0);
     window_distinct_.reserve(window_.size());
+    window_counts_.reserve(window_.size());
 }
 
 TokenId Sampler::sample(std::span<const float> logits) {
     if (logits.size() != static_cast<size_t>(vocab_size_))
         throw SamplingError("sampling: got " + std::to_string(logits.size()) + " logits for a vocabulary of " +
                             std::to_string(vocab_size_) + " tokens");
+    if (candidates_.items.capacity() < logits.size()) candidates_.items.reserve(logits.size());  // once, warm after
     candidates_.assign(logits);
     for (SamplerStep step : params_.chain) {
         switch (step) {
             case SamplerStep::penalties:
-                apply_penalties(candidates_, window_counts_, window_distinct_, params_.repeat_penalty,
+                apply_penalties(candidates_, window_distinct_, window_counts_, params_.repeat_penalty,
                                 params_.frequency_penalty, params_.presence_penalty);
                 break;
             case SamplerStep::top_k:
@@ -69,28 +69,45 @@ void Sampler::accept(TokenId token) {
         throw SamplingError("sampling: accepted token " + std::to_string(token) + " is outside the vocabulary [0, " +
                             std::to_string(vocab_size_) + ")");
     if (window_.empty()) return;
+    // At most penalty_last_n distinct tokens: a linear search is cheaper than any index.
+    const auto slot = [this](TokenId id) {
+        return static_cast<size_t>(std::find(window_distinct_.begin(), window_distinct_.end(), id) -
+                                   window_distinct_.begin());
+    };
     if (window_filled_ == window_.size()) {
-        const TokenId leaving = window_[window_next_];
-        if (--window_counts_[static_cast<size_t>(leaving)] == 0) {
-            // At most penalty_last_n entries: a linear search is cheaper than any index.
-            const auto it = std::find(window_distinct_.begin(), window_distinct_.end(), leaving);
-            *it = window_distinct_.back();
+        const size_t i = slot(window_[window_next_]);
+        if (--window_counts_[i] == 0) {
+            window_distinct_[i] = window_distinct_.back();
+            window_counts_[i] = window_counts_.back();
             window_distinct_.pop_back();
+            window_counts_.pop_back();
         }
     } else {
         ++window_filled_;
     }
     window_[window_next_] = token;
-    if (window_counts_[static_cast<size_t>(token)]++ == 0) window_distinct_.push_back(token);
+    if (const size_t i = slot(token); i < window_distinct_.size()) {
+        ++window_counts_[i];
+    } else {
+        window_distinct_.push_back(token);
+        window_counts_.push_back(1);
+    }
     window_next_ = (window_next_ + 1) % window_.size();
 }
 
 void Sampler::reset() {
-    for (size_t i = 0; i < window_filled_; ++i) window_counts_[static_cast<size_t>(window_[i])] = 0;
     window_distinct_.clear();
+    window_counts_.clear();
     window_next_ = 0;
     window_filled_ = 0;
     seed_generator(rng_, seed_);
+}
+
+void Sampler::release_workspace() {
+    candidates_.items.clear();
+    candidates_.items.shrink_to_fit();
+    candidates_.sorted_prefix = 0;
+    candidates_.in_id_order = false;
 }
 
 double Sampler::next_uniform() {

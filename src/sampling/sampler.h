@@ -35,6 +35,12 @@ public:
 
     // Forgets the penalty window and restarts the random sequence from the seed.
     void reset();
+    // Gives back the candidate list's memory (n_vocab candidates, workspace_bytes()) until the next
+    // sample(): for a sequence that waits (the scheduler's preempted ones). Its state stays.
+    void release_workspace();
+    // The bytes of the candidate list one sample() fills: all a Sampler holds that grows with the
+    // vocabulary (its penalty window holds penalty_last_n tokens).
+    static uint64_t workspace_bytes(int32_t vocab_size) { return uint64_t(vocab_size) * sizeof(Candidate); }
 
     const SamplingParams& params() const { return params_; }
     // The seed in use: params().seed, or the one drawn when that asked for a random seed.
@@ -51,13 +57,14 @@ private:
     uint64_t seed_;
     std::mt19937 rng_;
     CandidateList candidates_;
-    // The penalty window as a ring of the last penalty_last_n accepted tokens, and how often each
-    // token occurs in it, kept up to date on accept() so that sample() never recounts.
+    // The penalty window as a ring of the last penalty_last_n accepted tokens, and its distinct
+    // tokens with how often each occurs (parallel, in no order), kept up to date on accept() so
+    // that sample() never recounts.
     std::vector<TokenId> window_;
     size_t window_next_ = 0;
     size_t window_filled_ = 0;
+    std::vector<TokenId> window_distinct_;
     std::vector<int32_t> window_counts_;
-    std::vector<TokenId> window_distinct_;  // the tokens with a nonzero count, in no order
 };
 
 }  // namespace fitllm::sampling

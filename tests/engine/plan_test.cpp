@@ -63,7 +63,9 @@ TEST(Plan, TinyLlamaByHand) {
     EXPECT_EQ(p.matmul_scratch, 64u * 272);  // a Q8_0 activation row of 256 values: 8 blocks of 34 bytes
     EXPECT_EQ(p.scratch, p.activations + std::max(p.matmul_scratch, p.attention_scratch) + 64);
     EXPECT_EQ(p.logits, 450u * 4);
-    EXPECT_EQ(p.overhead, kFixedOverhead + kMetadataFactor * 11584u);
+    // A sampler's candidate list: 450 candidates of 12 bytes (id, logit, probability).
+    EXPECT_EQ(p.samplers, 450u * 12);
+    EXPECT_EQ(p.overhead, kFixedOverhead + kMetadataFactor * 11584u + p.samplers);
     EXPECT_EQ(p.total(), p.weights_resident + p.kv + p.scratch + p.logits + p.overhead);
     EXPECT_TRUE(p.fits());
     EXPECT_EQ(p.kv, real_kv_bytes(shape.hp, p.params));

@@ -219,8 +219,8 @@ TEST(SamplingSteps, ZeroOrNegativeTemperatureKeepsOnlyTheBestLowestIdOnTies) {
 
 TEST(SamplingSteps, PenaltiesFollowLlamaCppSemantics) {
     const std::vector<float> logits = {2.0f, -2.0f, 1.0f, 0.5f, 0.0f};
-    const std::vector<int32_t> counts = {1, 2, 0, 3, 1};
     const std::vector<TokenId> window_tokens = {3, 0, 4, 1};
+    const std::vector<int32_t> counts = {3, 1, 1, 2};  // of the window's tokens
     const auto expect_penalized = [](const Candidate& c) {
         const float expected[] = {
             2.0f / 2.0f - (1 * 0.1f + 0.5f),   // positive: divided
@@ -234,13 +234,13 @@ TEST(SamplingSteps, PenaltiesFollowLlamaCppSemantics) {
     // In id order (penalties first in the chain): only the window's tokens are visited.
     CandidateList list = list_of(logits);
     ASSERT_TRUE(list.in_id_order);
-    apply_penalties(list, counts, window_tokens, /*repeat=*/2.0f, /*frequency=*/0.1f, /*presence=*/0.5f);
+    apply_penalties(list, window_tokens, counts, /*repeat=*/2.0f, /*frequency=*/0.1f, /*presence=*/0.5f);
     for (const Candidate& c : list.items) expect_penalized(c);
     // Reordered by an earlier step: every candidate is looked up.
     list = list_of(logits);
     apply_top_k(list, 4);
     ASSERT_FALSE(list.in_id_order);
-    apply_penalties(list, counts, window_tokens, 2.0f, 0.1f, 0.5f);
+    apply_penalties(list, window_tokens, counts, 2.0f, 0.1f, 0.5f);
     EXPECT_EQ(list.size(), 4u);
     for (const Candidate& c : list.items) expect_penalized(c);
 }
