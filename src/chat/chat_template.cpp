@@ -31,24 +31,42 @@ jinja::Value messages_value(const Json& messages, const std::string& template_na
     return jinja::from_json(messages);
 }
 
-std::string render_with(const jinja::Template& tmpl, jinja::Value messages, const RenderOptions& options) {
-    // What HF's render_jinja_template passes: messages, tools and documents (None unless
-    // given), add_generation_prompt, the special tokens, then the caller's extra variables.
-    jinja::RenderEnvironment env;
-    env.variables.set(jinja::Value::string("messages"), std::move(messages));
-    env.variables.set(jinja::Value::string("tools"), jinja::Value::none());
-    env.variables.set(jinja::Value::string("documents"), jinja::Value::none());
-    env.variables.set(jinja::Value::string("add_generation_prompt"),
-                      jinja::Value::boolean(options.add_generation_prompt));
-    env.variables.set(jinja::Value::string("bos_token"), jinja::Value::string(options.bos_token));
-    env.variables.set(jinja::Value::string("eos_token"), jinja::Value::string(options.eos_token));
+// The render's inputs become template values under its budget too (a 20 MiB message is over
+// max_value_bytes); what goes wrong there is the input's fault, so the error has no position.
+template <class MakeMessages>
+std::string render_with(const jinja::Template& tmpl, const MakeMessages& make_messages, const RenderOptions& options) {
     if (!options.extra_context.is_object())
         throw Error(tmpl.name + ": RenderOptions::extra_context must be a JSON object, got " +
                     options.extra_context.type_name());
-    for (auto it = options.extra_context.begin(); it != options.extra_context.end(); ++it)
-        env.variables.set(jinja::Value::string(it.key()), jinja::from_json(it.value()));
+    const jinja::RenderBudget budget(options.limits, options.pool);
+    // What HF's render_jinja_template passes: messages, tools and documents (None unless
+    // given), add_generation_prompt, the special tokens, then the caller's extra variables.
+    jinja::RenderEnvironment env;
+    try {
+        env.variables.set(jinja::Value::string("messages"), make_messages());
+        env.variables.set(jinja::Value::string("tools"), jinja::Value::none());
+        env.variables.set(jinja::Value::string("documents"), jinja::Value::none());
+        env.variables.set(jinja::Value::string("add_generation_prompt"),
+                          jinja::Value::boolean(options.add_generation_prompt));
+        env.variables.set(jinja::Value::string("bos_token"), jinja::Value::string(options.bos_token));
+        env.variables.set(jinja::Value::string("eos_token"), jinja::Value::string(options.eos_token));
+        for (auto it = options.extra_context.begin(); it != options.extra_context.end(); ++it)
+            env.variables.set(jinja::Value::string(it.key()), jinja::from_json(it.value()));
+    } catch (const jinja::EvalError& e) {
+        const std::string detail = std::string("the messages and context as template values: ") + e.what();
+        if (const memory::BudgetError* refused = e.budget_error())
+            throw memory::BudgetError(tmpl.name + ": " + detail, refused->pool(), refused->requested(),
+                                      refused->capacity(), refused->in_use());
+        throw TemplateError(e.is_fatal() ? TemplateError::Kind::limit : TemplateError::Kind::runtime, tmpl.name,
+                            detail);
+    }
     env.now = options.now;
-    return jinja::render(tmpl, env);
+    try {
+        return jinja::render(tmpl, env);
+    } catch (const jinja::EvalError& e) {  // every node turns these into TemplateErrors; in case one did not
+        throw TemplateError(e.is_fatal() ? TemplateError::Kind::limit : TemplateError::Kind::runtime, tmpl.name,
+                            e.what());
+    }
 }
 
 // The token texts of the vocabulary, to recognise a chat format by its special tokens.
@@ -68,20 +86,28 @@ std::string string_or(const gguf::GgufFile& file, std::string_view key, std::str
 }  // namespace
 
 ChatTemplate ChatTemplate::parse(std::string_view source, std::string name) {
-    auto tmpl = jinja::parse_template(source, name);
+    std::shared_ptr<const jinja::Template> tmpl;
+    try {
+        tmpl = jinja::parse_template(source, name);
+    } catch (const jinja::EvalError& e) {  // the parser and checker turn these into TemplateErrors; in case
+        throw TemplateError(e.is_fatal() ? TemplateError::Kind::limit : TemplateError::Kind::runtime, name, e.what());
+    }
     return ChatTemplate(std::move(name), std::string(source), std::move(tmpl));
 }
 
 std::string ChatTemplate::render(const std::vector<ChatMessage>& messages, const RenderOptions& options) const {
-    return render_with(*tmpl_, messages_value(messages), options);
+    return render_with(
+        *tmpl_, [&] { return messages_value(messages); }, options);
 }
 
 std::string ChatTemplate::render(const nlohmann::ordered_json& messages, const RenderOptions& options) const {
-    return render_with(*tmpl_, messages_value(messages, name_), options);
+    return render_with(
+        *tmpl_, [&] { return messages_value(messages, name_); }, options);
 }
 
 std::string ChatTemplate::render(const nlohmann::json& messages, const RenderOptions& options) const {
-    return render_with(*tmpl_, messages_value(messages, name_), options);
+    return render_with(
+        *tmpl_, [&] { return messages_value(messages, name_); }, options);
 }
 
 ResolvedTemplate template_for_model(const gguf::GgufFile& file) {

@@ -15,10 +15,14 @@
 #include <string_view>
 #include <vector>
 
+#include "chat/render_budget.h"
 #include "chat/template_error.h"
 
 namespace fitllm::gguf {
 class GgufFile;
+}
+namespace fitllm::memory {
+class Pool;
 }
 
 namespace fitllm::chat {
@@ -41,6 +45,13 @@ struct RenderOptions {
     nlohmann::ordered_json extra_context = nlohmann::ordered_json::object();
     // The clock strftime_now() reads (Llama 3.2 prints today's date); unset: the local time now.
     std::optional<std::tm> now;
+    // What one render may use (depth, steps, bytes; chat/render_budget.h has the defaults and
+    // README.md the reasons). Going past them is a TemplateError of Kind::limit.
+    RenderLimits limits;
+    // When set, the bytes the render's values hold (the messages as template values included)
+    // are charged to this pool while it runs, so that rendering counts against the model's
+    // budget; a pool that refuses ends the render with memory::BudgetError.
+    memory::Pool* pool = nullptr;
 };
 
 class ChatTemplate {
@@ -50,7 +61,8 @@ public:
     static ChatTemplate parse(std::string_view source, std::string name = "chat_template");
 
     // Renders the conversation. Throws TemplateError when rendering fails, including the
-    // template's own raise_exception (Kind::raised, detail() is the template's message).
+    // template's own raise_exception (Kind::raised, detail() is the template's message) and
+    // the render limits (Kind::limit), and memory::BudgetError when options.pool refuses.
     std::string render(const std::vector<ChatMessage>& messages, const RenderOptions& options) const;
     // Messages as JSON objects, for fields beyond role and content (tool_calls, name, content
     // parts). ordered_json keeps key order as Python does; plain json has sorted keys.

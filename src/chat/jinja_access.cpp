@@ -8,6 +8,7 @@
 
 #include "chat/jinja_args.h"
 #include "chat/py_text.h"
+#include "chat/render_budget.h"
 #include "chat/template_error.h"
 
 namespace fitllm::chat::jinja {
@@ -83,8 +84,10 @@ SliceRange adjust_slice(int64_t length, const Value& start, const Value& stop, c
 template <class Seq>
 Seq take_slice(const Seq& items, const SliceRange& r) {
     Seq out;
-    for (int64_t i = r.start; r.step > 0 ? i < r.stop : i > r.stop; i += r.step)
+    for (int64_t i = r.start; r.step > 0 ? i < r.stop : i > r.stop;) {
         out.push_back(items[static_cast<size_t>(i)]);
+        if (__builtin_add_overflow(i, r.step, &i)) break;  // s[1::2**63 - 1]: past the end either way
+    }
     return out;
 }
 
@@ -113,6 +116,7 @@ bool affix_matches(const std::string& s, const Value& affix, bool at_end, std::s
 std::string pad(const std::string& s, int64_t width, const std::string& fill, char align) {
     const int64_t len = static_cast<int64_t>(py::length(s));
     if (width <= len) return s;
+    check_value_size(width, fill.size(), "width");
     const int64_t total = width - len;
     int64_t left = align == '>' ? total : align == '^' ? total / 2 : 0;
     if (align == '^' && (total % 2) && (width % 2)) left = total / 2 + 1;  // str.center puts the odd space left
@@ -128,8 +132,13 @@ Value string_method(const Value& self, const std::string& name, const CallArgs& 
     const bool markup = self.is_markup();
     auto str = [&](std::string r) { return Value::string(std::move(r), markup); };
     auto plain = [](std::string r) { return Value::string(std::move(r)); };
+    // A list of strings is at most max_value_bytes / sizeof(Value) items long: the splits stop
+    // one past that, and list_of refuses them.
+    const size_t max_pieces = active_limits().max_value_bytes / sizeof(Value);
     auto list_of = [](const std::vector<std::string>& parts) {
+        check_value_size(static_cast<uint64_t>(parts.size()) * sizeof(Value), "list");
         ValueList out;
+        out.reserve(parts.size());
         for (const auto& p : parts) out.push_back(Value::string(p));
         return Value::list(std::move(out));
     };
@@ -142,11 +151,12 @@ Value string_method(const Value& self, const std::string& name, const CallArgs& 
         const auto sep = optional_str(a[0], "sep");
         if (sep && sep->empty()) throw EvalError("empty separator");
         const int64_t maxsplit = require_int(a[1], name);
-        return list_of(name == "split" ? py::split(s, sep, maxsplit) : py::rsplit(s, sep, maxsplit));
+        return list_of(name == "split" ? py::split(s, sep, maxsplit, max_pieces)
+                                       : py::rsplit(s, sep, maxsplit, max_pieces));
     }
     if (name == "splitlines") {
         BoundArgs a(name, args, {{"keepends", Value::boolean(false)}});
-        return list_of(py::splitlines(s, truthy(a[0])));
+        return list_of(py::splitlines(s, truthy(a[0]), max_pieces));
     }
     if (name == "startswith" || name == "endswith") {
         BoundArgs a(name, args, {{"prefix", std::nullopt}, {"start", Value::none()}, {"end", Value::none()}});
@@ -159,7 +169,10 @@ Value string_method(const Value& self, const std::string& name, const CallArgs& 
     if (name == "swapcase") return str(py::swapcase(s));
     if (name == "replace") {
         BoundArgs a(name, args, {{"old", std::nullopt}, {"new", std::nullopt}, {"count", Value::integer(-1)}});
-        return str(py::replace(s, require_str(a[0], name), require_str(a[1], name), require_int(a[2], name)));
+        const std::string &old_text = require_str(a[0], name), &new_text = require_str(a[1], name);
+        const int64_t count = require_int(a[2], name);
+        check_value_size(py::replaced_size(s, old_text, new_text, count), "string");
+        return str(py::replace(s, old_text, new_text, count));
     }
     if (name == "find" || name == "rfind" || name == "index" || name == "rindex" || name == "count") {
         BoundArgs a(name, args, {{"sub", std::nullopt}, {"start", Value::none()}, {"end", Value::none()}});
@@ -178,13 +191,13 @@ Value string_method(const Value& self, const std::string& name, const CallArgs& 
     if (name == "join") {
         BoundArgs a(name, args, {{"iterable", std::nullopt}});
         std::string out;
-        const ValueList items = iterate(a[0]);
+        const Items items = iterate(a[0]);
         for (size_t i = 0; i < items.size(); ++i) {
             if (!items[i].is_string())
                 throw EvalError("sequence item " + std::to_string(i) + ": expected str instance, " +
                                 type_name(items[i]) + " found");
-            if (i) out += s;
-            out += items[i].as_string();
+            if (i) append_within_limit(out, s);
+            append_within_limit(out, items[i].as_string());
         }
         return str(std::move(out));
     }
@@ -210,6 +223,7 @@ Value string_method(const Value& self, const std::string& name, const CallArgs& 
         const int64_t width = require_int(a[0], name);
         const int64_t len = static_cast<int64_t>(py::length(s));
         if (width <= len) return str(s);
+        check_value_size(width, 1, "width");
         const bool sign = !s.empty() && (s[0] == '+' || s[0] == '-');
         return str((sign ? s.substr(0, 1) : "") + std::string(static_cast<size_t>(width - len), '0') +
                    s.substr(sign ? 1 : 0));
@@ -218,7 +232,7 @@ Value string_method(const Value& self, const std::string& name, const CallArgs& 
         BoundArgs a(name, args, {{"sep", std::nullopt}});
         const std::string& sep = require_str(a[0], name);
         if (sep.empty()) throw EvalError("empty separator");
-        const size_t at = name == "partition" ? s.find(sep) : s.rfind(sep);
+        const size_t at = name == "partition" ? py::find_bytes(s, sep) : py::rfind_bytes(s, sep);
         if (at == std::string::npos)
             return name == "partition" ? Value::tuple({plain(s), plain(""), plain("")})
                                        : Value::tuple({plain(""), plain(""), plain(s)});
@@ -279,6 +293,7 @@ Value sequence_method(const Value& self, const std::string& name, const CallArgs
 class BoundMethod : public Callable {
 public:
     BoundMethod(Value receiver, std::string name) : receiver_(std::move(receiver)), name_(std::move(name)) {}
+    ~BoundMethod() override { dispose(receiver_); }
     std::string describe() const override {
         return "built-in method " + name_ + " of " + type_name(receiver_) + " object";
     }

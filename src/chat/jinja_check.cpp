@@ -2,12 +2,25 @@
 
 #include "chat/jinja_eval.h"
 #include "chat/jinja_filters.h"
+#include "chat/render_budget.h"
 
 namespace fitllm::chat::jinja {
 namespace {
 
-// jinja2's has_safe_repr: values its compiler can write back into code as literals.
+// jinja2's has_safe_repr: values its compiler can write back into code as literals (and,
+// here, that nest within the depth limit: deeper ones stay as they are, to fail when rendered).
+bool has_safe_repr(const Value& v);
+
+bool safe_repr_within_limits(const Value& v) {
+    try {
+        return has_safe_repr(v);
+    } catch (const EvalError&) {
+        return false;
+    }
+}
+
 bool has_safe_repr(const Value& v) {
+    const ValueWalk level;
     switch (v.kind()) {
         case Value::Kind::none:
         case Value::Kind::boolean:
@@ -40,7 +53,17 @@ public:
     }
 
 private:
+    // The parser bounds how deep it recursed; this counts every node, as the evaluator will.
+    Nesting::Level enter(SourcePos pos) {
+        try {
+            return nesting_.enter();
+        } catch (const EvalError& e) {
+            throw TemplateError(TemplateError::Kind::limit, name_, pos, e.what());
+        }
+    }
+
     void stmt(Stmt& s, bool soft) {
+        const Nesting::Level level = enter(s.pos);
         switch (s.kind) {
             case Stmt::Kind::text:
             case Stmt::Kind::loop_control:
@@ -49,7 +72,7 @@ private:
                 // jinja2 prints a constant {{ }} expression from its compile-time value even when
                 // that value would not fold (an undefined from a failed slice prints as "").
                 ExprPtr& slot = static_cast<OutputStmt&>(s).expr;
-                expr(slot, soft);
+                if (expr(slot, soft)) return;
                 if (slot->kind != Expr::Kind::literal)
                     if (auto value = evaluate_constant(*slot))
                         slot = std::make_unique<LiteralExpr>(slot->pos, std::move(*value));
@@ -106,94 +129,116 @@ private:
     }
 
     // Checks the names under `slot` and then folds it, like jinja2's optimizer: a constant
-    // subexpression whose value prints back as a literal becomes that literal.
-    void expr(ExprPtr& slot, bool soft) {
-        if (!slot) return;
-        visit(slot.get(), soft);
-        if (slot->kind == Expr::Kind::literal || slot->kind == Expr::Kind::slice) return;
-        if (auto value = evaluate_constant(*slot); value && has_safe_repr(*value))
+    // subexpression whose value prints back as a literal becomes that literal. Returns whether
+    // the expression needs the render context (a name, a call), which it passes up: a parent
+    // with such a child is not evaluated to find that out again (each try costs an exception,
+    // 100,000 of them for a template that lists 100,000 names), unless it may short-circuit.
+    bool expr(ExprPtr& slot, bool soft) {
+        if (!slot) return false;
+        const Nesting::Level level = enter(slot->pos);
+        const bool child_needs_context = visit(slot.get(), soft);
+        switch (slot->kind) {
+            case Expr::Kind::literal:
+            case Expr::Kind::slice:  // evaluated with its subscript
+                return child_needs_context;
+            case Expr::Kind::name:
+            case Expr::Kind::call:
+                return true;
+            case Expr::Kind::logical:  // `false and x`, `x if true else 1`, `2 < 1 < x` are constant
+            case Expr::Kind::conditional:
+            case Expr::Kind::compare:
+                break;
+            default:
+                if (child_needs_context) return true;
+        }
+        bool needs_context = false;
+        if (auto value = evaluate_constant(*slot, &needs_context); value && safe_repr_within_limits(*value))
             slot = std::make_unique<LiteralExpr>(slot->pos, std::move(*value));
+        return needs_context;
     }
 
-    void visit(Expr* e, bool soft) {
+    bool visit(Expr* e, bool soft) {
+        bool needs = false;
+        auto sub = [&](ExprPtr& slot, bool sub_soft) { needs = expr(slot, sub_soft) || needs; };
         switch (e->kind) {
             case Expr::Kind::literal:
             case Expr::Kind::name:
-                return;
+                break;
             case Expr::Kind::list:
             case Expr::Kind::tuple:
-                for (ExprPtr& item : static_cast<SequenceExpr*>(e)->items) expr(item, soft);
-                return;
+                for (ExprPtr& item : static_cast<SequenceExpr*>(e)->items) sub(item, soft);
+                break;
             case Expr::Kind::dict:
                 for (auto& [k, v] : static_cast<DictExpr*>(e)->entries) {
-                    expr(k, soft);
-                    expr(v, soft);
+                    sub(k, soft);
+                    sub(v, soft);
                 }
-                return;
+                break;
             case Expr::Kind::attribute:
-                expr(static_cast<AttributeExpr*>(e)->object, soft);
-                return;
+                sub(static_cast<AttributeExpr*>(e)->object, soft);
+                break;
             case Expr::Kind::subscript: {
                 auto* node = static_cast<SubscriptExpr*>(e);
-                expr(node->object, soft);
-                expr(node->index, soft);
-                return;
+                sub(node->object, soft);
+                sub(node->index, soft);
+                break;
             }
             case Expr::Kind::slice: {
                 auto* node = static_cast<SliceExpr*>(e);
-                expr(node->start, soft);
-                expr(node->stop, soft);
-                expr(node->step, soft);
-                return;
+                sub(node->start, soft);
+                sub(node->stop, soft);
+                sub(node->step, soft);
+                break;
             }
             case Expr::Kind::call: {
                 auto* node = static_cast<CallExpr*>(e);
-                expr(node->callee, soft);
-                for (ExprPtr& a : node->args) expr(a, soft);
-                for (KeywordArg& k : node->kwargs) expr(k.value, soft);
-                return;
+                sub(node->callee, soft);
+                for (ExprPtr& a : node->args) sub(a, soft);
+                for (KeywordArg& k : node->kwargs) sub(k.value, soft);
+                break;
             }
             case Expr::Kind::filter:
             case Expr::Kind::test: {
                 auto* node = static_cast<FilterExpr*>(e);
                 check_name(*node, soft);
-                expr(node->operand, soft);
-                for (ExprPtr& a : node->args) expr(a, soft);
-                for (KeywordArg& k : node->kwargs) expr(k.value, soft);
-                return;
+                sub(node->operand, soft);
+                for (ExprPtr& a : node->args) sub(a, soft);
+                for (KeywordArg& k : node->kwargs) sub(k.value, soft);
+                break;
             }
             case Expr::Kind::unary:
-                expr(static_cast<UnaryExpr*>(e)->operand, soft);
-                return;
+                sub(static_cast<UnaryExpr*>(e)->operand, soft);
+                break;
             case Expr::Kind::binary: {
                 auto* node = static_cast<BinaryExpr*>(e);
-                expr(node->left, soft);
-                expr(node->right, soft);
-                return;
+                sub(node->left, soft);
+                sub(node->right, soft);
+                break;
             }
             case Expr::Kind::logical: {
                 auto* node = static_cast<LogicalExpr*>(e);
-                expr(node->left, soft);
-                expr(node->right, soft);
-                return;
+                sub(node->left, soft);
+                sub(node->right, soft);
+                break;
             }
             case Expr::Kind::concat:
-                for (ExprPtr& item : static_cast<ConcatExpr*>(e)->items) expr(item, soft);
-                return;
+                for (ExprPtr& item : static_cast<ConcatExpr*>(e)->items) sub(item, soft);
+                break;
             case Expr::Kind::compare: {
                 auto* node = static_cast<CompareExpr*>(e);
-                expr(node->first, soft);
-                for (auto& [op, operand] : node->rest) expr(operand, soft);
-                return;
+                sub(node->first, soft);
+                for (auto& [op, operand] : node->rest) sub(operand, soft);
+                break;
             }
             case Expr::Kind::conditional: {
                 auto* node = static_cast<ConditionalExpr*>(e);
-                expr(node->then_value, true);
-                expr(node->condition, true);
-                expr(node->else_value, true);
-                return;
+                sub(node->then_value, true);
+                sub(node->condition, true);
+                sub(node->else_value, true);
+                break;
             }
         }
+        return needs;
     }
 
     void check_name(FilterExpr& node, bool soft) {
@@ -215,11 +260,17 @@ private:
     }
 
     const std::string& name_;
+    Nesting nesting_{RenderLimits{}.max_depth};
 };
 
 }  // namespace
 
 void check_template(Template& tmpl) {
+    // Constant folding runs built-ins on literals, so it gets a budget of its own, smaller than
+    // a render's: what would go past it is left unfolded, to run (or fail) when the template
+    // renders, rather than hold up the load of its model or stay in memory with the template.
+    const RenderBudget folding(RenderLimits{
+        .max_steps = 1'000'000, .max_value_bytes = uint64_t{1} << 20, .max_live_bytes = uint64_t{4} << 20});
     Checker(tmpl.name).body(tmpl.body, false);
 }
 

@@ -1,49 +1,20 @@
 #include "chat/jinja_eval.h"
 
 #include <memory>
+#include <optional>
 #include <set>
 
 #include "chat/jinja_access.h"
 #include "chat/jinja_filters.h"
 #include "chat/jinja_objects.h"
 #include "chat/jinja_operators.h"
+#include "chat/jinja_scope.h"
+#include "chat/py_text.h"
+#include "chat/render_budget.h"
 #include "chat/template_error.h"
 
 namespace fitllm::chat::jinja {
 namespace {
-
-// Variables of one scope; lookups fall back to the enclosing scope.
-class Scope {
-public:
-    explicit Scope(std::shared_ptr<Scope> parent) : parent_(std::move(parent)) {}
-    const Value* find(std::string_view name) const {
-        for (const Scope* s = this; s; s = s->parent_.get())
-            for (const auto& [n, v] : s->vars_)
-                if (n == name) return &v;
-        return nullptr;
-    }
-    void set(const std::string& name, Value value) {
-        for (auto& [n, v] : vars_) {
-            if (n == name) {
-                v = std::move(value);
-                return;
-            }
-        }
-        vars_.emplace_back(name, std::move(value));
-    }
-
-    // Drops everything the scope holds: a macro keeps its defining scope alive and a scope
-    // keeps its macros, so the renderer breaks these cycles when it is done.
-    void clear() {
-        vars_.clear();
-        parent_.reset();
-    }
-
-private:
-    std::shared_ptr<Scope> parent_;
-    std::vector<std::pair<std::string, Value>> vars_;
-};
-using ScopePtr = std::shared_ptr<Scope>;
 
 TemplateError::Kind error_kind(const EvalError& e) {
     switch (e.kind()) {
@@ -51,6 +22,9 @@ TemplateError::Kind error_kind(const EvalError& e) {
             return TemplateError::Kind::raised;
         case EvalError::Kind::unsupported:
             return TemplateError::Kind::unsupported;
+        case EvalError::Kind::limit:
+        case EvalError::Kind::budget:
+            return TemplateError::Kind::limit;
         default:
             return TemplateError::Kind::runtime;
     }
@@ -59,49 +33,157 @@ TemplateError::Kind error_kind(const EvalError& e) {
 // Thrown in constant mode when an expression needs the render context (a name, a call).
 struct NotConstant {};
 
+// How a limit error names the construct it stopped: "{% for %}", "|center(10000000000)",
+// ".ljust(...)", "operator *". Arguments are shown when they are known, each cut short.
+std::string statement_name(const Stmt& stmt) {
+    switch (stmt.kind) {
+        case Stmt::Kind::text:
+            return "template text";
+        case Stmt::Kind::output:
+            return "{{ ... }}";
+        case Stmt::Kind::if_:
+            return "{% if %}";
+        case Stmt::Kind::for_:
+            return "{% for %}";
+        case Stmt::Kind::set:
+        case Stmt::Kind::set_block:
+            return "{% set %}";
+        case Stmt::Kind::macro:
+            return "{% macro %}";
+        case Stmt::Kind::filter_block:
+            return "{% filter %}";
+        case Stmt::Kind::with:
+            return "{% with %}";
+        case Stmt::Kind::loop_control:
+            return "{% break %}";
+        case Stmt::Kind::generation:
+            return "{% generation %}";
+    }
+    return "statement";
+}
+
+// An argument as an error message shows it: its repr, cut after about 24 characters.
+std::string short_repr(const Value& v) {
+    constexpr size_t kMax = 24;
+    std::string text;
+    if (v.is_string()) {  // the repr of its start, not of all of a string that may be 16 MiB long
+        const std::u32string start = py::decode(std::string_view(v.as_string()).substr(0, 4 * kMax));
+        text = py::repr(py::encode(start.substr(0, kMax)));
+        if (start.size() > kMax) text += "...";
+    } else {
+        try {
+            const RenderBudget scratch(RenderLimits{.max_value_bytes = 4096});  // no huge repr for a message
+            text = to_repr(v);
+        } catch (const EvalError&) {
+            return "...";
+        }
+    }
+    return text.size() <= kMax + 3 ? text : text.substr(0, kMax) + "...";
+}
+
+std::string call_text(const CallArgs* args) {
+    if (!args) return "(...)";
+    std::string text = "(";
+    for (const Value& a : args->positional) text += (text.size() > 1 ? ", " : "") + short_repr(a);
+    for (const auto& [name, value] : args->keyword)
+        text += (text.size() > 1 ? ", " : "") + name + "=" + short_repr(value);
+    return text + ")";
+}
+
+std::string expression_name(const Expr& expr, const CallArgs* args) {
+    switch (expr.kind) {
+        case Expr::Kind::filter: {
+            const bool shown = args && (!args->positional.empty() || !args->keyword.empty());
+            return "|" + static_cast<const FilterExpr&>(expr).name + (shown ? call_text(args) : "");
+        }
+        case Expr::Kind::test:
+            return "is " + static_cast<const FilterExpr&>(expr).name;
+        case Expr::Kind::call: {
+            const Expr& callee = *static_cast<const CallExpr&>(expr).callee;
+            if (callee.kind == Expr::Kind::attribute)
+                return "." + static_cast<const AttributeExpr&>(callee).attribute + call_text(args);
+            if (callee.kind == Expr::Kind::name) return static_cast<const NameExpr&>(callee).name + call_text(args);
+            return "a call";
+        }
+        case Expr::Kind::binary: {
+            static const char* kSymbols[] = {"+", "-", "*", "/", "//", "%", "**"};
+            return std::string("operator ") + kSymbols[static_cast<int>(static_cast<const BinaryExpr&>(expr).op)];
+        }
+        case Expr::Kind::concat:
+            return "operator ~";
+        case Expr::Kind::compare:
+            return "a comparison";
+        case Expr::Kind::attribute:
+            return "." + static_cast<const AttributeExpr&>(expr).attribute;
+        case Expr::Kind::subscript:
+            return "[...]";
+        case Expr::Kind::list:
+            return "a list literal";
+        case Expr::Kind::tuple:
+            return "a tuple";
+        case Expr::Kind::dict:
+            return "a dict literal";
+        default:
+            return "an expression";
+    }
+}
+
 class Evaluator;
 
 // A {% macro %}: calling it renders its body with the arguments bound, in a scope whose
-// parent is the scope the macro was defined in.
+// parent is the scope the macro was defined in. The renderer keeps that scope alive until the
+// render ends (Evaluator::macro_scopes_), so the macro needs no owning reference to it, and a
+// scope holding its own macro is no reference cycle.
 class Macro : public Callable {
 public:
-    Macro(Evaluator& evaluator, const MacroStmt& node, ScopePtr closure)
-        : evaluator_(evaluator), node_(node), closure_(std::move(closure)) {}
+    Macro(Evaluator& evaluator, const MacroStmt& node, const ScopePtr& closure)
+        : evaluator_(evaluator), node_(node), closure_(closure) {}
     std::string describe() const override { return "Macro '" + node_.name + "'"; }
     Value call(CallArgs args, CallContext& context) const override;
 
 private:
     Evaluator& evaluator_;
     const MacroStmt& node_;
-    ScopePtr closure_;
+    std::weak_ptr<Scope> closure_;
 };
 
 class Evaluator : public CallContext {
 public:
-    Evaluator(const Template& tmpl, const RenderEnvironment& env)
-        : tmpl_(tmpl), env_(env), globals_(builtin_globals()) {}
+    Evaluator(const Template& tmpl, const RenderEnvironment& env, RenderBudget& budget)
+        : tmpl_(tmpl), env_(env), budget_(budget), nesting_(budget.limits().max_depth) {}
     Evaluator(const Evaluator&) = delete;
     Evaluator& operator=(const Evaluator&) = delete;
+    // Namespaces may hold themselves, directly or not; clearing them breaks such cycles. Then
+    // the scopes kept for macros go, and the macros with them.
     ~Evaluator() override {
-        for (const auto& weak : scopes_)
-            if (const ScopePtr scope = weak.lock()) scope->clear();
+        for (const auto& weak : objects_)
+            if (const std::shared_ptr<Object> object = weak.lock()) object->clear();
+        macro_scopes_.clear();
     }
 
     // jinja2's Node.as_const: the value if the expression needs nothing from the render.
-    std::optional<Value> constant(const Expr& expr) {
+    std::optional<Value> constant(const Expr& expr, bool* needs_context) {
         constant_mode_ = true;
         try {
-            return eval(expr, child_of(nullptr));
+            return eval(expr, std::make_shared<Scope>(nullptr));
         } catch (const NotConstant&) {
+            if (needs_context) *needs_context = true;
         } catch (const TemplateError&) {  // jinja2 leaves failing expressions to run time
+        } catch (const EvalError&) {      // the folding budget is spent: leave the rest to run time too
         }
         return std::nullopt;
     }
 
     std::string run() {
-        std::string out;
-        exec_body(tmpl_.body, child_of(nullptr), out);
-        return out;
+        Output out;
+        ScopePtr top;
+        try {
+            top = std::make_shared<Scope>(nullptr);
+        } catch (const EvalError& e) {  // not even a scope fits the budget
+            rethrow_at(e, SourcePos{}, "the template");
+        }
+        exec_body(tmpl_.body, top, out);
+        return out.take();
     }
 
     std::tm now() const override {
@@ -112,10 +194,17 @@ public:
         return local;
     }
 
-    Value call_macro(const MacroStmt& node, const ScopePtr& closure, CallArgs args) {
-        constexpr int kMaxDepth = 200;
-        if (depth_ >= kMaxDepth) throw EvalError("maximum recursion depth exceeded in macro '" + node.name + "'");
-        const ScopePtr scope = child_of(closure);
+    void adopt(const std::shared_ptr<Object>& object) override {
+        // Forget the objects that are gone whenever the list has doubled since it was last pruned.
+        if (objects_.size() >= 2 * objects_kept_ + 16) {
+            std::erase_if(objects_, [](const std::weak_ptr<Object>& o) { return o.expired(); });
+            objects_kept_ = objects_.size();
+        }
+        objects_.push_back(object);
+    }
+
+    Value call_macro(const MacroStmt& node, const std::weak_ptr<Scope>& closure, CallArgs args) {
+        const ScopePtr scope = std::make_shared<Scope>(closure.lock());
         const size_t n_params = node.params.size();
         size_t given = std::min(args.positional.size(), n_params);
         for (size_t i = 0; i < given; ++i) scope->set(node.params[i].name, args.positional[i]);
@@ -148,32 +237,28 @@ public:
             throw EvalError("macro '" + node.name + "' takes not more than " + std::to_string(n_params) +
                             " argument(s)");
         }
-        std::string out;
-        ++depth_;
-        try {
-            exec_body(node.body, scope, out);
-        } catch (...) {
-            --depth_;
-            throw;
-        }
-        --depth_;
-        return Value::string(std::move(out));
+        Output out;
+        exec_body(node.body, scope, out);
+        return Value::string(out.take());
     }
 
 private:
     enum class Flow { normal, break_loop, continue_loop };
 
-    ScopePtr child_of(const ScopePtr& parent) {
-        ScopePtr scope = std::make_shared<Scope>(parent);
-        scopes_.push_back(scope);
-        return scope;
+    // An error that escaped a statement or an expression, as the TemplateError (or, for a pool
+    // that refused, the memory::BudgetError) the caller sees: at the node's position, and for
+    // limits naming the construct.
+    [[noreturn]] void rethrow_at(const EvalError& e, SourcePos pos, const std::string& construct) const {
+        if (!e.is_fatal()) throw TemplateError(error_kind(e), tmpl_.name, pos, e.what());
+        const std::string detail = construct + ": " + e.what();
+        if (const memory::BudgetError* refused = e.budget_error())
+            throw memory::BudgetError(
+                tmpl_.name + ":" + std::to_string(pos.line) + ":" + std::to_string(pos.column) + ": " + detail,
+                refused->pool(), refused->requested(), refused->capacity(), refused->in_use());
+        throw TemplateError(TemplateError::Kind::limit, tmpl_.name, pos, detail);
     }
 
-    [[noreturn]] void rethrow_at(const EvalError& e, SourcePos pos) const {
-        throw TemplateError(error_kind(e), tmpl_.name, pos, e.what());
-    }
-
-    Flow exec_body(const Body& body, const ScopePtr& scope, std::string& out) {
+    Flow exec_body(const Body& body, const ScopePtr& scope, Output& out) {
         for (const StmtPtr& stmt : body) {
             const Flow flow = exec(*stmt, scope, out);
             if (flow != Flow::normal) return flow;
@@ -181,22 +266,30 @@ private:
         return Flow::normal;
     }
 
-    Flow exec(const Stmt& stmt, const ScopePtr& scope, std::string& out) {
+    Flow exec(const Stmt& stmt, const ScopePtr& scope, Output& out) {
         try {
+            const Nesting::Level level = nesting_.enter();
+            budget_.step();
             return exec_node(stmt, scope, out);
         } catch (const EvalError& e) {
-            rethrow_at(e, stmt.pos);
+            rethrow_at(e, stmt.pos, statement_name(stmt));
         }
     }
 
-    Flow exec_node(const Stmt& stmt, const ScopePtr& scope, std::string& out) {
+    // A block's own scope: a child of the enclosing one, gone when the block ends.
+    static ScopePtr child_of(const ScopePtr& parent) { return std::make_shared<Scope>(parent); }
+
+    Flow exec_node(const Stmt& stmt, const ScopePtr& scope, Output& out) {
         switch (stmt.kind) {
             case Stmt::Kind::text:
-                out += static_cast<const TextStmt&>(stmt).text;
+                out.append(static_cast<const TextStmt&>(stmt).text);
                 return Flow::normal;
-            case Stmt::Kind::output:
-                out += to_str(eval(*static_cast<const OutputStmt&>(stmt).expr, scope));
+            case Stmt::Kind::output: {
+                const Value value = eval(*static_cast<const OutputStmt&>(stmt).expr, scope);
+                budget_.step(read_cost(value));
+                out.append(value.is_string() ? value.as_string() : to_str(value));
                 return Flow::normal;
+            }
             case Stmt::Kind::if_: {
                 const auto& node = static_cast<const IfStmt&>(stmt);
                 for (const auto& [test, body] : node.branches)
@@ -212,24 +305,29 @@ private:
             }
             case Stmt::Kind::set_block: {
                 const auto& node = static_cast<const SetBlockStmt&>(stmt);
-                std::string body;
+                Output body;
                 exec_body(node.body, child_of(scope), body);
-                Value value = Value::string(std::move(body));
+                Value value = Value::string(body.take());
                 if (node.filter) value = eval_filter(*node.filter, &value, scope);
                 assign(node.target, std::move(value), scope);
                 return Flow::normal;
             }
             case Stmt::Kind::macro: {
                 const auto& node = static_cast<const MacroStmt&>(stmt);
+                if (!scope->holds_macros) {
+                    scope->holds_macros = true;
+                    macro_scopes_.push_back(scope);
+                }
                 scope->set(node.name, Value::callable(std::make_shared<Macro>(*this, node, scope)));
                 return Flow::normal;
             }
             case Stmt::Kind::filter_block: {
                 const auto& node = static_cast<const FilterBlockStmt&>(stmt);
-                std::string body;
+                Output body;
                 exec_body(node.body, child_of(scope), body);
-                const Value input = Value::string(std::move(body));
-                out += to_str(eval_filter(*node.filter, &input, scope));
+                const Value input = Value::string(body.take());
+                const Value result = eval_filter(*node.filter, &input, scope);
+                out.append(result.is_string() ? result.as_string() : to_str(result));
                 return Flow::normal;
             }
             case Stmt::Kind::with: {
@@ -247,16 +345,18 @@ private:
         return Flow::normal;
     }
 
-    Flow exec_for(const ForStmt& node, const ScopePtr& scope, std::string& out) {
-        ValueList items = iterate(eval(*node.iterable, scope));
+    Flow exec_for(const ForStmt& node, const ScopePtr& scope, Output& out) {
+        const Value iterable = eval(*node.iterable, scope);
+        Items items = iterate(iterable);
         if (node.filter) {
             ValueList kept;
-            for (Value& item : items) {
+            for (const Value& item : items) {
+                budget_.step();
                 const ScopePtr probe = child_of(scope);
                 assign(node.target, item, probe);
-                if (truthy(eval(*node.filter, probe))) kept.push_back(std::move(item));
+                if (truthy(eval(*node.filter, probe))) kept.push_back(item);
             }
-            items = std::move(kept);
+            items = Items(Value::list(std::move(kept)));
         }
         if (items.empty()) {
             exec_body(node.else_body, child_of(scope), out);
@@ -265,6 +365,7 @@ private:
         const auto loop = std::make_shared<LoopObject>(items);
         const Value loop_value = Value::object(loop);
         for (size_t i = 0; i < items.size(); ++i, loop->advance()) {
+            budget_.step();
             const ScopePtr iteration = child_of(scope);  // fresh per iteration, as in jinja2
             iteration->set("loop", loop_value);
             assign(node.target, items[i], iteration);
@@ -279,7 +380,7 @@ private:
                 scope->set(target.name, std::move(value));
                 return;
             case AssignTarget::Kind::tuple: {
-                const ValueList items = iterate(value);
+                const Items items = iterate(value);
                 if (items.size() > target.items.size())
                     throw EvalError("too many values to unpack (expected " + std::to_string(target.items.size()) + ")");
                 if (items.size() < target.items.size())
@@ -297,20 +398,27 @@ private:
         }
     }
 
-    Value lookup(const std::string& name, const ScopePtr& scope) const {
+    const Dict& globals() {
+        if (!globals_) globals_ = builtin_globals();
+        return *globals_;
+    }
+
+    Value lookup(const std::string& name, const ScopePtr& scope) {
         if (constant_mode_) throw NotConstant();
         if (const Value* v = scope->find(name)) return *v;
         if (const Value* v = env_.variables.find(name)) return *v;
-        if (const Value* v = globals_.find(name)) return *v;
+        if (const Value* v = globals().find(name)) return *v;
         return Value::undefined("'" + name + "' is undefined");
     }
 
 public:
     Value eval(const Expr& expr, const ScopePtr& scope) {
         try {
+            const Nesting::Level level = nesting_.enter();
+            budget_.step();
             return eval_node(expr, scope);
         } catch (const EvalError& e) {
-            rethrow_at(e, expr.pos);
+            rethrow_at(e, expr.pos, expression_name(expr, nullptr));
         }
     }
 
@@ -319,7 +427,16 @@ private:
         CallArgs call;
         for (const ExprPtr& a : args) call.positional.push_back(eval(*a, scope));
         for (const KeywordArg& k : kwargs) call.keyword.emplace_back(k.name, eval(*k.value, scope));
+        for (const Value& v : call.positional) budget_.step(read_cost(v));
+        for (const auto& [name, v] : call.keyword) budget_.step(read_cost(v));
         return call;
+    }
+
+    // x|f|g: the filters of a chain are evaluated one inside the other, a level each.
+    Value eval_chained_filter(const Expr& expr, const Value* block, const ScopePtr& scope) {
+        const Nesting::Level level = nesting_.enter();
+        budget_.step();
+        return eval_filter(expr, block, scope);
     }
 
     // A filter whose innermost operand is null takes `block` (the rendered body) instead.
@@ -332,15 +449,17 @@ private:
             if (!node.operand || !node.deferred_error.empty() || kNeedContext.count(node.name)) throw NotConstant();
         }
         fail_if_deferred(node);
-        const Value input = node.operand
-                                ? (node.operand->kind == Expr::Kind::filter ? eval_filter(*node.operand, block, scope)
-                                                                            : eval(*node.operand, scope))
-                                : *block;
-        const CallArgs args = eval_args(node.args, node.kwargs, scope);
+        std::optional<CallArgs> args;
         try {
-            return apply_filter(node.name, input, args);
+            const Value input = !node.operand ? *block
+                                : node.operand->kind == Expr::Kind::filter
+                                    ? eval_chained_filter(*node.operand, block, scope)
+                                    : eval(*node.operand, scope);
+            args = eval_args(node.args, node.kwargs, scope);
+            budget_.step(1 + read_cost(input));
+            return apply_filter(node.name, input, *args);
         } catch (const EvalError& e) {
-            rethrow_at(e, expr.pos);
+            rethrow_at(e, expr.pos, expression_name(expr, args ? &*args : nullptr));
         }
     }
 
@@ -367,11 +486,14 @@ private:
             }
             case Expr::Kind::attribute: {
                 const auto& node = static_cast<const AttributeExpr&>(expr);
-                return get_attribute(eval(*node.object, scope), node.attribute);
+                const Value object = eval(*node.object, scope);
+                if (object.is_string()) budget_.step(read_cost(object));  // its methods read all of it
+                return get_attribute(object, node.attribute);
             }
             case Expr::Kind::subscript: {
                 const auto& node = static_cast<const SubscriptExpr&>(expr);
                 const Value object = eval(*node.object, scope);
+                if (object.is_string()) budget_.step(read_cost(object));  // indexing decodes it
                 if (node.index->kind == Expr::Kind::slice) {
                     const auto& s = static_cast<const SliceExpr&>(*node.index);
                     auto bound = [&](const ExprPtr& e) { return e ? eval(*e, scope) : Value::none(); };
@@ -382,7 +504,7 @@ private:
                         return get_slice(object, start, stop, step);
                     } catch (const EvalError& e) {
                         // jinja2's getitem catches TypeError and LookupError, not ValueError
-                        if (std::string_view(e.what()) == "slice step cannot be zero") throw;
+                        if (e.is_fatal() || std::string_view(e.what()) == "slice step cannot be zero") throw;
                         return Value::undefined(object_type_repr(object) + " has no element slice(" + to_repr(start) +
                                                 ", " + to_repr(stop) + ", " + to_repr(step) + ")");
                     }
@@ -395,10 +517,14 @@ private:
                 if (constant_mode_) throw NotConstant();
                 const auto& node = static_cast<const CallExpr&>(expr);
                 const Value callee = eval(*node.callee, scope);
-                CallArgs args = eval_args(node.args, node.kwargs, scope);
+                const CallArgs args = eval_args(node.args, node.kwargs, scope);
                 if (callee.is_undefined()) fail_undefined(callee);
                 if (!callee.is_callable()) throw EvalError("'" + type_name(callee) + "' object is not callable");
-                return callee.as_callable().call(std::move(args), *this);
+                try {
+                    return callee.as_callable().call(args, *this);  // a copy: args stay for the message
+                } catch (const EvalError& e) {
+                    rethrow_at(e, expr.pos, expression_name(expr, &args));
+                }
             }
             case Expr::Kind::filter:
                 return eval_filter(expr, nullptr, scope);
@@ -407,6 +533,7 @@ private:
                 if (constant_mode_ && !node.deferred_error.empty()) throw NotConstant();
                 fail_if_deferred(node);
                 const Value input = eval(*node.operand, scope);
+                budget_.step(read_cost(input));
                 return Value::boolean(apply_test(node.name, input, eval_args(node.args, node.kwargs, scope)));
             }
             case Expr::Kind::unary: {
@@ -416,7 +543,9 @@ private:
             case Expr::Kind::binary: {
                 const auto& node = static_cast<const BinaryExpr&>(expr);
                 const Value left = eval(*node.left, scope);
-                return binary_op(node.op, left, eval(*node.right, scope));
+                const Value right = eval(*node.right, scope);
+                budget_.step(read_cost(left) + read_cost(right));
+                return binary_op(node.op, left, right);
             }
             case Expr::Kind::logical: {
                 const auto& node = static_cast<const LogicalExpr&>(expr);
@@ -426,7 +555,11 @@ private:
             }
             case Expr::Kind::concat: {
                 std::string out;
-                for (const ExprPtr& e : static_cast<const ConcatExpr&>(expr).items) out += to_str(eval(*e, scope));
+                for (const ExprPtr& e : static_cast<const ConcatExpr&>(expr).items) {
+                    const Value item = eval(*e, scope);
+                    budget_.step(read_cost(item));
+                    append_within_limit(out, item.is_string() ? item.as_string() : to_str(item));
+                }
                 return Value::string(std::move(out));
             }
             case Expr::Kind::compare:
@@ -454,6 +587,7 @@ private:
         Value left = eval(*node.first, scope);
         for (const auto& [op, operand] : node.rest) {
             Value right = eval(*operand, scope);
+            budget_.step(read_cost(left) + read_cost(right));
             bool ok = false;
             switch (op) {
                 case CompareExpr::Op::eq:
@@ -489,9 +623,14 @@ private:
 
     const Template& tmpl_;
     const RenderEnvironment& env_;
-    Dict globals_;
-    std::vector<std::weak_ptr<Scope>> scopes_;
-    int depth_ = 0;
+    RenderBudget& budget_;
+    Nesting nesting_;
+    std::optional<Dict> globals_;
+    // Scopes that macros were defined in, kept until the render ends (see Macro).
+    std::vector<ScopePtr> macro_scopes_;
+    // Objects that may end up in reference cycles (namespaces), cleared when the render ends.
+    std::vector<std::weak_ptr<Object>> objects_;
+    size_t objects_kept_ = 0;
     bool constant_mode_ = false;  // evaluate_constant: jinja2's Node.as_const rules
 };
 
@@ -502,13 +641,19 @@ Value Macro::call(CallArgs args, CallContext&) const {
 }  // namespace
 
 std::string render(const Template& tmpl, const RenderEnvironment& environment) {
-    return Evaluator(tmpl, environment).run();
+    std::optional<RenderBudget> own;
+    RenderBudget* budget = RenderBudget::active();
+    if (!budget) budget = &own.emplace();
+    return Evaluator(tmpl, environment, *budget).run();
 }
 
-std::optional<Value> evaluate_constant(const Expr& expr) {
+std::optional<Value> evaluate_constant(const Expr& expr, bool* needs_context) {
     static const Template kNoTemplate;
     static const RenderEnvironment kNoEnvironment;
-    return Evaluator(kNoTemplate, kNoEnvironment).constant(expr);
+    std::optional<RenderBudget> own;
+    RenderBudget* budget = RenderBudget::active();
+    if (!budget) budget = &own.emplace();
+    return Evaluator(kNoTemplate, kNoEnvironment, *budget).constant(expr, needs_context);
 }
 
 }  // namespace fitllm::chat::jinja

@@ -25,6 +25,8 @@ std::string render(const Template& tmpl, const RenderEnvironment& environment);
 // expression built only from literals, or nullopt when it needs names, calls, the render
 // context, or fails (jinja2 then leaves it to run time). One difference from rendering: a
 // slice that fails gives an undefined value here, as jinja2's getitem does.
-std::optional<Value> evaluate_constant(const Expr& expr);
+// needs_context, when given, is set when the answer is nullopt because the expression needs
+// the render (rather than because it fails).
+std::optional<Value> evaluate_constant(const Expr& expr, bool* needs_context = nullptr);
 
 }  // namespace fitllm::chat::jinja

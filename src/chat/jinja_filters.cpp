@@ -1,6 +1,7 @@
 #include "chat/jinja_filters.h"
 
 #include <algorithm>
+#include <charconv>
 #include <cmath>
 #include <cstdio>
 #include <cstdlib>
@@ -13,6 +14,7 @@
 #include "chat/jinja_args.h"
 #include "chat/jinja_operators.h"
 #include "chat/py_text.h"
+#include "chat/render_budget.h"
 #include "chat/template_error.h"
 
 namespace fitllm::chat::jinja {
@@ -40,7 +42,10 @@ Value lookup_path(const Value& item, const Value& attribute) {
     for (const std::string& part : py::split(to_str(attribute), std::string("."), -1)) {
         const bool numeric =
             !part.empty() && std::all_of(part.begin(), part.end(), [](char c) { return c >= '0' && c <= '9'; });
-        out = get_item(out, numeric ? Value::integer(std::stoll(part)) : Value::string(part));
+        int64_t index = 0;
+        const auto [end, error] = std::from_chars(part.data(), part.data() + part.size(), index);
+        // An index past int64 finds nothing either way; as a string it fails the same.
+        out = get_item(out, numeric && error == std::errc() ? Value::integer(index) : Value::string(part));
     }
     return out;
 }
@@ -154,8 +159,9 @@ Value python_round(const Value& v, int64_t precision, const std::string& method)
     }
     if (!v.is_float()) {  // round(int, n) stays an int
         if (precision >= 0) return Value::integer(v.as_int());
+        if (precision < -18) return Value::integer(0);  // 10**19 is past every int64
         const double p = std::pow(10.0, static_cast<double>(-precision));
-        return Value::integer(static_cast<int64_t>(std::nearbyint(static_cast<double>(v.as_int()) / p) * p));
+        return Value::integer(truncate_to_int(std::nearbyint(static_cast<double>(v.as_int()) / p) * p));
     }
     const double x = v.as_double();
     if (!std::isfinite(x)) return v;
@@ -170,6 +176,7 @@ Value python_round(const Value& v, int64_t precision, const std::string& method)
 }
 
 Value indent(const Value& input, const Value& width, bool first, bool blank) {
+    if (!width.is_string()) check_value_size(width.as_int(), 1, "width");
     const std::string indention = width.is_string()
                                       ? width.as_string()
                                       : std::string(static_cast<size_t>(std::max<int64_t>(0, width.as_int())), ' ');
@@ -178,15 +185,16 @@ Value indent(const Value& input, const Value& width, bool first, bool blank) {
     if (input.is_list()) throw EvalError("'list' object has no attribute 'splitlines'");
     if (!input.is_string()) throw EvalError("unsupported operand type(s) for +=: '" + type_name(input) + "' and 'str'");
     const std::string s = to_str(input) + "\n";  // jinja2's quirk, so that splitlines sees the last line
-    std::vector<std::string> lines = py::splitlines(s, false);
+    // Every line gets the indention: the lines count is checked first, then the text as it grows.
+    const std::vector<std::string> lines = py::splitlines(s, false, active_limits().max_value_bytes / sizeof(Value));
+    check_value_size(static_cast<uint64_t>(lines.size()) * sizeof(Value), "list of lines");
     std::string out;
-    if (blank) {
-        for (size_t i = 0; i < lines.size(); ++i) out += (i ? "\n" + indention : "") + lines[i];
-    } else {
-        out = lines.empty() ? "" : lines[0];
-        for (size_t i = 1; i < lines.size(); ++i) out += "\n" + (lines[i].empty() ? "" : indention + lines[i]);
+    if (first) append_within_limit(out, indention);
+    for (size_t i = 0; i < lines.size(); ++i) {
+        if (i) append_within_limit(out, "\n");
+        if (i && (blank || !lines[i].empty())) append_within_limit(out, indention);
+        append_within_limit(out, lines[i]);
     }
-    if (first) out = indention + out;
     return Value::string(std::move(out), input.is_markup());
 }
 
@@ -195,7 +203,9 @@ Value truncate(const Value& input, int64_t length, bool killwords, const std::st
     if (length < end_len)
         throw EvalError("expected length >= " + std::to_string(end_len) + ", got " + std::to_string(length));
     if (leeway < 0) throw EvalError("expected leeway >= 0, got " + std::to_string(leeway));
-    if (length_of(input) <= length + leeway) return input;  // anything with a length, as in jinja2
+    int64_t longest = 0;  // length + leeway, which a template can make overflow
+    if (__builtin_add_overflow(length, leeway, &longest)) longest = std::numeric_limits<int64_t>::max();
+    if (length_of(input) <= longest) return input;  // anything with a length, as in jinja2
     if (!input.is_string()) {
         if (killwords)
             throw EvalError("can only concatenate " + type_name(input) + " (not \"str\") to " + type_name(input));
@@ -279,12 +289,13 @@ Value map_items(const Value& input, const CallArgs& args) {
     if (filter_support(filter) != Support::supported) throw EvalError("No filter named '" + filter + "'.");
     const CallArgs rest = shift(args, 1);
     for (const Value& item : iterate(input)) out.push_back(apply_filter(filter, item, rest));
+    check_value_size(static_cast<uint64_t>(out.size()) * sizeof(Value), "list");
     return Value::iterator(Value::IteratorKind::generator, std::move(out));
 }
 
 Value min_or_max(const Value& input, const CallArgs& args, bool want_max, std::string_view name) {
     BoundArgs a(name, args, {{"case_sensitive", Value::boolean(false)}, {"attribute", Value::none()}});
-    const ValueList items = iterate(input);
+    const Items items = iterate(input);
     if (items.empty()) return Value::undefined("No aggregated item, sequence was empty.");
     const bool cs = truthy(a[0]);
     auto key = [&](const Value& v) {
@@ -311,6 +322,7 @@ Value lazily(F&& compute) {
     try {
         return compute();
     } catch (const EvalError& e) {
+        if (e.is_fatal()) throw;  // a render limit ends the render now
         return Value::failed_generator(e.what());
     }
 }
@@ -324,7 +336,11 @@ const std::map<std::string_view, FilterFn>& filters() {
              BoundArgs a("abs", args, {});
              if (v.is_undefined()) fail_undefined(v);
              if (v.is_float()) return Value::floating(std::fabs(v.as_double()));
-             if (v.is_number()) return Value::integer(std::llabs(v.as_int()));
+             if (v.is_number()) {
+                 if (v.as_int() == std::numeric_limits<int64_t>::min())
+                     throw EvalError("integer overflow: fitllm's template integers are 64-bit");
+                 return Value::integer(std::llabs(v.as_int()));
+             }
              throw EvalError("bad operand type for abs(): '" + type_name(v) + "'");
          }},
         {"attr",
@@ -337,6 +353,7 @@ const std::map<std::string_view, FilterFn>& filters() {
              return lazily([&] {
                  BoundArgs a("batch", args, {{"linecount", std::nullopt}, {"fill_with", Value::none()}});
                  const int64_t n = a[0].as_int();
+                 if (!a[1].is_none()) check_value_size(n, sizeof(Value), "batch size");
                  ValueList out, row;
                  for (const Value& item : iterate(v)) {
                      if (static_cast<int64_t>(row.size()) == n) out.push_back(Value::list(std::exchange(row, {})));
@@ -362,6 +379,7 @@ const std::map<std::string_view, FilterFn>& filters() {
              const int64_t width = a[0].as_int();
              const int64_t margin = width - static_cast<int64_t>(py::length(s));
              if (margin <= 0) return soft_str(v);
+             check_value_size(width, 1, "width");
              const int64_t left = margin / 2 + (margin & width & 1);  // CPython's str.center
              return Value::string(
                  std::string(static_cast<size_t>(left), ' ') + s + std::string(static_cast<size_t>(margin - left), ' '),
@@ -403,7 +421,7 @@ const std::map<std::string_view, FilterFn>& filters() {
         {"first",
          [](const Value& v, const CallArgs& args) {
              BoundArgs a("first", args, {});
-             const ValueList items = iterate(v);
+             const Items items = iterate(v);
              return items.empty() ? Value::undefined("No first item, sequence was empty.") : items.front();
          }},
         {"float",
@@ -461,9 +479,10 @@ const std::map<std::string_view, FilterFn>& filters() {
              std::string out;
              bool first = true;
              for (const Value& item : iterate(v)) {
-                 if (!first) out += sep;
+                 if (!first) append_within_limit(out, sep);
                  first = false;
-                 out += to_str(lookup_path(item, a[1]));
+                 const Value part = lookup_path(item, a[1]);
+                 append_within_limit(out, part.is_string() ? part.as_string() : to_str(part));
              }
              return Value::string(std::move(out));
          }},
@@ -472,7 +491,7 @@ const std::map<std::string_view, FilterFn>& filters() {
              BoundArgs a("last", args, {});
              if (v.is_iterator() && !v.is_dict_view())
                  throw EvalError("'" + type_name(v) + "' object is not reversible");
-             const ValueList items = iterate(v);
+             const Items items = iterate(v);
              return items.empty() ? Value::undefined("No last item, sequence was empty.") : items.back();
          }},
         {"length",
@@ -483,7 +502,7 @@ const std::map<std::string_view, FilterFn>& filters() {
         {"list",
          [](const Value& v, const CallArgs& args) {
              BoundArgs a("list", args, {});
-             return Value::list(iterate(v));
+             return iterate(v).as_list();
          }},
         {"lower",
          [](const Value& v, const CallArgs& args) {
@@ -501,14 +520,16 @@ const std::map<std::string_view, FilterFn>& filters() {
          [](const Value& v, const CallArgs& args) {
              BoundArgs a("replace", args, {{"old", std::nullopt}, {"new", std::nullopt}, {"count", Value::none()}});
              const int64_t count = a[2].is_none() ? -1 : a[2].as_int();
-             return Value::string(py::replace(to_str(v), to_str(a[0]), to_str(a[1]), count));
+             const std::string text = to_str(v), old_text = to_str(a[0]), new_text = to_str(a[1]);
+             check_value_size(py::replaced_size(text, old_text, new_text, count), "string");
+             return Value::string(py::replace(text, old_text, new_text, count));
          }},
         {"reverse",
          [](const Value& v, const CallArgs& args) {
              BoundArgs a("reverse", args, {});
              if (v.is_string()) return get_slice(v, Value::none(), Value::none(), Value::integer(-1));
              const bool reversible = !v.is_iterator() || v.is_dict_view();
-             ValueList items = iterate(v);
+             ValueList items = iterate(v).copy();
              std::reverse(items.begin(), items.end());
              // reversed() where Python can, else jinja2 falls back to a reversed list
              return reversible ? Value::iterator(Value::IteratorKind::reversed, std::move(items))
@@ -537,7 +558,7 @@ const std::map<std::string_view, FilterFn>& filters() {
              const bool cs = truthy(a[1]);
              const Value attribute = a[2];
              return Value::list(sorted(
-                 iterate(v), [&](const Value& item) { return sort_key(item, attribute, cs); }, truthy(a[0])));
+                 iterate(v).copy(), [&](const Value& item) { return sort_key(item, attribute, cs); }, truthy(a[0])));
          }},
         {"string",
          [](const Value& v, const CallArgs& args) {
@@ -585,12 +606,13 @@ const std::map<std::string_view, FilterFn>& filters() {
              format.ensure_ascii = truthy(a[0]);
              if (a[1].is_string())
                  format.indent = a[1].as_string();
-             else if (a[1].is_number())
+             else if (a[1].is_number()) {
+                 check_value_size(a[1].as_int(), 1, "indent");
                  format.indent = std::string(static_cast<size_t>(std::max<int64_t>(0, a[1].as_int())), ' ');
-             else if (!a[1].is_none())
+             } else if (!a[1].is_none())
                  throw EvalError("indent must be an int, a str or None");
              if (!a[2].is_none()) {
-                 const ValueList seps = iterate(a[2]);
+                 const Items seps = iterate(a[2]);
                  if (seps.size() != 2) throw EvalError("separators must be an (item_separator, key_separator) pair");
                  format.separators = std::make_pair(to_str(seps[0]), to_str(seps[1]));
              }
@@ -617,13 +639,14 @@ const std::map<std::string_view, FilterFn>& filters() {
          [](const Value& v, const CallArgs& args) {
              return lazily([&] {
                  BoundArgs a("unique", args, {{"case_sensitive", Value::boolean(false)}, {"attribute", Value::none()}});
-                 ValueList out, seen;
+                 ValueList out;
+                 Dict seen;  // hashed, as Python's set is: unique over 100,000 items is no n * n
                  for (const Value& item : iterate(v)) {
                      const Value k = lookup_path(item, a[1]);
-                     const Value key = truthy(a[0]) ? k : ignore_case(k);
+                     Value key = truthy(a[0]) ? k : ignore_case(k);
                      if (key.is_list() || key.is_dict()) throw EvalError("unhashable type: '" + type_name(key) + "'");
-                     if (std::none_of(seen.begin(), seen.end(), [&](const Value& s) { return equals(s, key); })) {
-                         seen.push_back(key);
+                     if (!seen.find(key)) {
+                         seen.set(std::move(key), Value::none());
                          out.push_back(item);
                      }
                  }

@@ -1,12 +1,14 @@
 // Python's two string-formatting mini-languages, for `"%s" % x` and "{}".format(x) in
 // templates: the common conversions, flags, widths and precisions; the rest fails clearly.
 #include <algorithm>
+#include <charconv>
 #include <cmath>
 #include <cstdio>
 #include <string>
 
 #include "chat/jinja_access.h"
 #include "chat/py_text.h"
+#include "chat/render_budget.h"
 #include "chat/template_error.h"
 
 namespace fitllm::chat::jinja {
@@ -16,22 +18,50 @@ bool is_digit(char c) {
     return c >= '0' && c <= '9';
 }
 
-std::string c_format(const std::string& spec, double v) {
-    char buf[512];
-    std::snprintf(buf, sizeof buf, spec.c_str(), v);
-    return buf;
-}
-std::string c_format(const std::string& spec, long long v) {
-    char buf[512];
-    std::snprintf(buf, sizeof buf, spec.c_str(), v);
-    return buf;
+// printf of one number; the width and precision in spec are within the render limit, so the
+// text is sized first and then written whole ('%.500f' is longer than any fixed buffer).
+template <class T>
+std::string c_format(const std::string& spec, T v) {
+    char buf[128];
+    const int n = std::snprintf(buf, sizeof buf, spec.c_str(), v);
+    if (n < 0) throw EvalError("cannot format " + spec);
+    if (static_cast<size_t>(n) < sizeof buf) return std::string(buf, static_cast<size_t>(n));
+    check_value_size(static_cast<uint64_t>(n), "formatted number");
+    std::string out(static_cast<size_t>(n) + 1, '\0');
+    std::snprintf(out.data(), out.size(), spec.c_str(), v);
+    out.resize(static_cast<size_t>(n));
+    return out;
 }
 
 std::string justify(std::string s, int64_t width, bool left) {
     const int64_t len = static_cast<int64_t>(py::length(s));
     if (width <= len) return s;
+    check_value_size(width, 1, "width");
     const std::string fill(static_cast<size_t>(width - len), ' ');
     return left ? s + fill : fill + s;
+}
+
+// Digits of a width or precision in a format: read without overflow, and at most the render
+// limit (printf takes an int; Python would try to allocate it).
+int64_t parse_count(const std::string& format, size_t& i, std::string_view what) {
+    const size_t start = i;
+    int64_t n = 0;
+    const int64_t limit = static_cast<int64_t>(active_limits().max_value_bytes);
+    while (i < format.size() && is_digit(format[i])) {
+        n = n * 10 + (format[i++] - '0');
+        if (n > limit) {
+            while (i < format.size() && is_digit(format[i])) ++i;
+            fail_value_size(what, std::string_view(format).substr(start, i - start));
+        }
+    }
+    return n;
+}
+
+// A width or precision given as an argument ('%*d'): an int within the render limit.
+int64_t count_argument(const Value& v, std::string_view what) {
+    if (!v.is_int() && !v.is_bool()) throw EvalError("* wants int");
+    check_value_size(v.as_int() < 0 ? -(v.as_int() + 1) : v.as_int(), 1, what);
+    return v.as_int();
 }
 
 // One %-conversion of value (already looked up) per Python's rules.
@@ -50,6 +80,8 @@ std::string percent_convert(const Value& v, const std::string& flags, int64_t wi
             std::string s;
             if (v.is_string() && py::length(v.as_string()) == 1)
                 s = v.as_string();
+            else if (v.is_int() && (v.as_int() < 0 || v.as_int() > 0x10FFFF))
+                throw EvalError("%c arg not in range(0x110000)");
             else if (v.is_int())
                 py::append_utf8(s, static_cast<char32_t>(v.as_int()));
             else
@@ -121,22 +153,24 @@ std::string percent_format(const std::string& format, const Value& args) {
         std::string flags;
         while (i < format.size() && std::string_view("-+ #0").find(format[i]) != std::string_view::npos)
             flags += format[i++];
-        auto take_number = [&]() -> int64_t {
+        auto take_number = [&](std::string_view what) -> int64_t {
             if (i < format.size() && format[i] == '*') {
                 ++i;
                 if (next_arg >= positional.size()) throw EvalError("not enough arguments for format string");
-                return positional[next_arg++].as_int();
+                return count_argument(positional[next_arg++], what);
             }
             if (i >= format.size() || !is_digit(format[i])) return -1;
-            int64_t n = 0;
-            while (i < format.size() && is_digit(format[i])) n = n * 10 + (format[i++] - '0');
-            return n;
+            return parse_count(format, i, what);
         };
-        const int64_t width = take_number();
+        int64_t width = take_number("width");
+        if (width < -1) {  // '%*d' % (-5, x): a negative width left-justifies
+            flags += '-';
+            width = -width;
+        }
         int64_t precision = -1;
         if (i < format.size() && format[i] == '.') {
             ++i;
-            precision = std::max<int64_t>(0, take_number());
+            precision = std::max<int64_t>(0, take_number("precision"));
         }
         while (i < format.size() && (format[i] == 'h' || format[i] == 'l' || format[i] == 'L')) ++i;
         if (i >= format.size()) throw EvalError("incomplete format");
@@ -150,7 +184,7 @@ std::string percent_format(const std::string& format, const Value& args) {
                 throw EvalError("not enough arguments for format string");
             value = positional[next_arg++];
         }
-        out += percent_convert(value, flags, width, precision, type);
+        append_within_limit(out, percent_convert(value, flags, width, precision, type));
     }
     if (!mapping && next_arg < positional.size())
         throw EvalError("not all arguments converted during string formatting");
@@ -184,15 +218,13 @@ std::string apply_format_spec(const Value& v, const std::string& spec) {
         }
         ++i;
     }
-    int64_t width = 0;
-    while (i < spec.size() && is_digit(spec[i])) width = width * 10 + (spec[i++] - '0');
+    const int64_t width = parse_count(spec, i, "width");
     char grouping = 0;
     if (i < spec.size() && (spec[i] == ',' || spec[i] == '_')) grouping = spec[i++];
     int64_t precision = -1;
     if (i < spec.size() && spec[i] == '.') {
         ++i;
-        precision = 0;
-        while (i < spec.size() && is_digit(spec[i])) precision = precision * 10 + (spec[i++] - '0');
+        precision = parse_count(spec, i, "precision");
     }
     const char type = i < spec.size() ? spec[i++] : 0;
     if (i != spec.size()) throw EvalError("Invalid format specifier '" + spec + "'");
@@ -206,10 +238,13 @@ std::string apply_format_spec(const Value& v, const std::string& spec) {
         if (precision >= 0) body = py::encode(py::decode(body).substr(0, static_cast<size_t>(precision)));
         if (!align) align = '<';
     } else if (v.is_number()) {
-        const bool integral =
-            !v.is_float() && (type == 0 || type == 'd' || type == 'x' || type == 'X' || type == 'o' || type == 'b');
+        const bool integral = !v.is_float() && (type == 0 || type == 'd' || type == 'n' || type == 'x' || type == 'X' ||
+                                                type == 'o' || type == 'b' || type == 'c');
         double d = v.as_double();
-        if (integral) {
+        if (integral && type == 'c') {  // the character of that code point
+            if (v.as_int() < 0 || v.as_int() > 0x10FFFF) throw EvalError("%c arg not in range(0x110000)");
+            py::append_utf8(body, static_cast<char32_t>(v.as_int()));
+        } else if (integral) {
             long long n = v.as_int();
             if (n < 0)
                 sign_text = "-";
@@ -250,7 +285,11 @@ std::string apply_format_spec(const Value& v, const std::string& spec) {
                 sign_text = " ";
             d = std::fabs(d);
             if (type == '%') d *= 100;
-            const char t = type == 0 ? 'r' : type == '%' ? 'f' : type;
+            const char t = type == 0 ? 'r' : type == '%' ? 'f' : type == 'n' ? 'g' : type;  // n: g in the C locale
+            // t goes into a printf format: only the float conversions (never %n, %s or %p).
+            if (std::string_view("reEfFgG").find(t) == std::string_view::npos)
+                throw EvalError("Unknown format code '" + std::string(1, type) + "' for object of type '" +
+                                type_name(v) + "'");
             if (t == 'r') {
                 body = precision < 0 ? py::float_repr(d) : c_format("%." + std::to_string(precision) + "g", d);
             } else {
@@ -264,6 +303,7 @@ std::string apply_format_spec(const Value& v, const std::string& spec) {
     }
     const int64_t len = static_cast<int64_t>(py::length(sign_text + body));
     if (width <= len) return sign_text + body;
+    check_value_size(width, fill.size(), "width");
     std::string padding;
     for (int64_t k = 0; k < width - len; ++k) padding += fill;
     switch (align) {
@@ -325,7 +365,7 @@ std::string brace_format(const std::string& format, const CallArgs& args) {
         const std::string arg_name = field.substr(0, end);
         Value value;
         if (arg_name.empty() || std::all_of(arg_name.begin(), arg_name.end(), is_digit)) {
-            size_t index;
+            size_t index = 0;
             if (arg_name.empty()) {
                 if (used_manual)
                     throw EvalError("cannot switch from manual field specification to automatic field numbering");
@@ -335,7 +375,9 @@ std::string brace_format(const std::string& format, const CallArgs& args) {
                 if (used_auto)
                     throw EvalError("cannot switch from automatic field numbering to manual field specification");
                 used_manual = true;
-                index = std::stoul(arg_name);
+                const auto [end_of_digits, error] =
+                    std::from_chars(arg_name.data(), arg_name.data() + arg_name.size(), index);
+                if (error != std::errc()) throw EvalError("Too many decimal digits in format string");
             }
             if (index >= args.positional.size())
                 throw EvalError("Replacement index " + std::to_string(index) +
@@ -361,8 +403,10 @@ std::string brace_format(const std::string& format, const CallArgs& args) {
                 const size_t stop = field.find(']', end);
                 if (stop == std::string::npos) throw EvalError("Missing ']' in format string");
                 const std::string key = field.substr(end + 1, stop - end - 1);
-                const bool numeric = !key.empty() && std::all_of(key.begin(), key.end(), is_digit);
-                value = get_item(value, numeric ? Value::integer(std::stoll(key)) : Value::string(key));
+                int64_t number = 0;
+                const bool numeric = !key.empty() && std::all_of(key.begin(), key.end(), is_digit) &&
+                                     std::from_chars(key.data(), key.data() + key.size(), number).ec == std::errc();
+                value = get_item(value, numeric ? Value::integer(number) : Value::string(key));
                 end = stop + 1;
             }
         }
@@ -372,7 +416,7 @@ std::string brace_format(const std::string& format, const CallArgs& args) {
             value = Value::string(to_str(value));
         else if (!conversion.empty())
             throw EvalError("Unknown conversion specifier " + conversion);
-        out += apply_format_spec(value, spec);
+        append_within_limit(out, apply_format_spec(value, spec));
     }
     return out;
 }

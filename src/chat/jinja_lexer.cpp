@@ -30,13 +30,12 @@ bool is_ascii_name_start(char c) {
 std::string normalize_newlines(std::string_view source) {
     std::string out;
     out.reserve(source.size());
-    for (size_t i = 0; i < source.size(); ++i) {
-        if (source[i] == '\r') {
-            out += '\n';
-            if (i + 1 < source.size() && source[i + 1] == '\n') ++i;
-        } else {
-            out += source[i];
-        }
+    for (size_t i = 0; i < source.size();) {
+        const size_t cr = source.find('\r', i);
+        out.append(source.substr(i, cr == std::string_view::npos ? source.npos : cr - i));
+        if (cr == std::string_view::npos) break;
+        out += '\n';
+        i = cr + (cr + 1 < source.size() && source[cr + 1] == '\n' ? 2 : 1);
     }
     if (!out.empty() && out.back() == '\n') out.pop_back();
     return out;
@@ -82,12 +81,19 @@ public:
     }
 
 private:
+    // Tokens are made in source order, so the column is counted on from the position asked for
+    // last; counting from the start of the line each time made a long line quadratic.
     SourcePos pos_at(size_t offset) const {
         const auto it = std::upper_bound(line_starts_.begin(), line_starts_.end(), offset);
-        const size_t line_start = *(it - 1);
-        return SourcePos{
-            static_cast<uint32_t>(it - line_starts_.begin()),
-            static_cast<uint32_t>(py::length(std::string_view(src_).substr(line_start, offset - line_start)) + 1)};
+        const size_t line = static_cast<size_t>(it - line_starts_.begin());
+        if (line != cursor_line_ || offset < cursor_offset_) {
+            cursor_line_ = line;
+            cursor_offset_ = *(it - 1);
+            cursor_column_ = 1;
+        }
+        cursor_column_ += py::length(std::string_view(src_).substr(cursor_offset_, offset - cursor_offset_));
+        cursor_offset_ = offset;
+        return SourcePos{static_cast<uint32_t>(line), static_cast<uint32_t>(cursor_column_)};
     }
 
     [[noreturn]] void fail(size_t offset, const std::string& message) const {
@@ -396,10 +402,14 @@ private:
     // Python's unicode-escape decoding of a literal's body (what jinja2 applies).
     std::string decode_string(size_t begin, size_t end) const {
         std::string out;
+        out.reserve(end - begin);
         for (size_t i = begin; i < end; ++i) {
             const char c = src_[i];
             if (c != '\\' || i + 1 >= end) {
-                out += c;
+                // The run up to the next backslash as it is, in one piece.
+                const size_t run_end = std::min(end, src_.find('\\', i + 1));
+                out.append(src_, i, run_end - i);
+                i = run_end - 1;
                 continue;
             }
             const char e = src_[++i];
@@ -510,6 +520,7 @@ private:
     LexerOptions options_;
     std::vector<size_t> line_starts_;
     std::vector<Token> tokens_;
+    mutable size_t cursor_line_ = 0, cursor_offset_ = 0, cursor_column_ = 1;  // pos_at's last answer
 };
 
 }  // namespace

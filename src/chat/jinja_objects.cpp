@@ -4,6 +4,7 @@
 
 #include "chat/jinja_args.h"
 #include "chat/py_text.h"
+#include "chat/render_budget.h"
 #include "chat/template_error.h"
 
 namespace fitllm::chat::jinja {
@@ -48,12 +49,19 @@ Value range(const CallArgs& args) {
     const int64_t stop = range_int(p.size() == 1 ? p[0] : p[1]);
     const int64_t step = p.size() == 3 ? range_int(p[2]) : 1;
     if (step == 0) throw EvalError("range() arg 3 must not be zero");
-    const int64_t count = step > 0 ? (stop > start ? (stop - start + step - 1) / step : 0)
-                                   : (start > stop ? (start - stop - step - 1) / -step : 0);
-    constexpr int64_t kMaxRange = 100000;  // jinja2's sandbox limit
+    // Unsigned: stop - start overflows int64 for range(-2**63, 2**63 - 1), never uint64.
+    const bool up = step > 0;
+    const uint64_t span = up ? (stop > start ? static_cast<uint64_t>(stop) - static_cast<uint64_t>(start) : 0)
+                             : (start > stop ? static_cast<uint64_t>(start) - static_cast<uint64_t>(stop) : 0);
+    const uint64_t stride = up ? static_cast<uint64_t>(step) : 0 - static_cast<uint64_t>(step);
+    const uint64_t count = span / stride + (span % stride != 0);
+    constexpr uint64_t kMaxRange = 100000;  // jinja2's sandbox limit
     if (count > kMaxRange) throw EvalError("Range too big. The sandbox blocks ranges larger than MAX_RANGE (100000).");
     ValueList out;
-    for (int64_t i = 0; i < count; ++i) out.push_back(Value::integer(start + i * step));
+    out.reserve(static_cast<size_t>(count));
+    for (uint64_t i = 0; i < count; ++i)  // start + i * step, in modular arithmetic: always within [start, stop)
+        out.push_back(
+            Value::integer(static_cast<int64_t>(static_cast<uint64_t>(start) + i * static_cast<uint64_t>(step))));
     return Value::list(std::move(out));
 }
 
@@ -70,7 +78,7 @@ Dict make_dict(const CallArgs& args, std::string_view function_name) {
             d = source.as_dict();
         } else {
             for (const Value& pair : iterate(source)) {
-                const ValueList kv = iterate(pair);
+                const Items kv = iterate(pair);
                 if (kv.size() != 2)
                     throw EvalError("dictionary update sequence element has length " + std::to_string(kv.size()) +
                                     "; 2 is required");
@@ -144,10 +152,12 @@ Dict builtin_globals() {
     g.set(Value::string("range"), function("range", [](const CallArgs& args, CallContext&) { return range(args); }));
     g.set(Value::string("dict"),
           function("dict", [](const CallArgs& args, CallContext&) { return Value::dict(make_dict(args, "dict")); }));
-    g.set(Value::string("namespace"), function("namespace", [](const CallArgs& args, CallContext&) {
+    g.set(Value::string("namespace"), function("namespace", [](const CallArgs& args, CallContext& context) {
               Dict attributes = make_dict(args, "namespace");
               for (const auto& entry : attributes.entries()) check_namespace_name(entry.first);
-              return Value::object(std::make_shared<NamespaceObject>(std::move(attributes)));
+              auto object = std::make_shared<NamespaceObject>(std::move(attributes));
+              context.adopt(object);
+              return Value::object(std::move(object));
           }));
     g.set(Value::string("raise_exception"),
           function("raise_exception", [](const CallArgs& args, CallContext&) -> Value {
@@ -158,6 +168,7 @@ Dict builtin_globals() {
               BoundArgs a("strftime_now", args, {{"format", std::nullopt}});
               const std::string format = to_str(a[0]);
               const std::tm now = context.now();
+              check_value_size(256 + format.size() * 8, "strftime_now's buffer");
               std::string out(256 + format.size() * 8, '\0');
               const size_t n = format.empty() ? 0 : std::strftime(out.data(), out.size(), format.c_str(), &now);
               out.resize(n);

@@ -16,6 +16,10 @@ public:
     std::optional<Value> attribute(std::string_view name) const override;
     bool set_attribute(std::string_view name, Value value) override;
     std::string repr() const override { return "<Namespace " + to_repr(Value::dict(attributes_)) + ">"; }
+    void clear() override {
+        const Dict dropped = std::move(attributes_);  // destroyed here, its values disposed of
+        attributes_ = Dict();
+    }
 
 private:
     Dict attributes_;
@@ -24,7 +28,7 @@ private:
 // jinja2's LoopContext for one pass over `items`; the evaluator moves it along with advance().
 class LoopObject : public Object, public std::enable_shared_from_this<LoopObject> {
 public:
-    explicit LoopObject(ValueList items) : items_(std::move(items)) {}
+    explicit LoopObject(Items items) : items_(std::move(items)) {}
     void advance() { ++index_; }
     std::string type_name() const override { return "jinja2.runtime.LoopContext"; }
     std::optional<Value> attribute(std::string_view name) const override;
@@ -32,7 +36,7 @@ public:
 
 private:
     friend class LoopChanged;
-    ValueList items_;
+    Items items_;
     size_t index_ = 0;
     mutable std::optional<Value> last_changed_;
 };

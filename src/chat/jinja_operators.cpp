@@ -4,6 +4,8 @@
 #include <limits>
 
 #include "chat/jinja_access.h"
+#include "chat/py_text.h"
+#include "chat/render_budget.h"
 #include "chat/template_error.h"
 
 namespace fitllm::chat::jinja {
@@ -41,17 +43,17 @@ void check_overflow(bool overflowed) {
 }
 
 Value repeat(const Value& seq, int64_t times) {
-    // A template must not be able to exhaust memory with 'x' * 10**12.
-    constexpr size_t kMaxBytes = size_t{64} << 20;
+    // A template must not be able to exhaust memory with 'x' * 10**12: the size is checked first.
     const size_t unit = seq.is_string() ? seq.as_string().size() : seq.items().size() * sizeof(Value);
-    if (times > 0 && unit > 0 && static_cast<uint64_t>(times) > kMaxBytes / unit)
-        throw EvalError("repetition result too large (fitllm limits it to 64 MiB)");
+    check_value_size(times, unit, "repeat count");
     if (seq.is_string()) {
         std::string out;
+        out.reserve(unit * static_cast<size_t>(std::max<int64_t>(0, times)));
         for (int64_t i = 0; i < times; ++i) out += seq.as_string();
         return Value::string(std::move(out), seq.is_markup());
     }
     ValueList out;
+    out.reserve(seq.items().size() * static_cast<size_t>(std::max<int64_t>(0, times)));
     for (int64_t i = 0; i < times; ++i) out.insert(out.end(), seq.items().begin(), seq.items().end());
     return seq.is_list() ? Value::list(std::move(out)) : Value::tuple(std::move(out));
 }
@@ -109,12 +111,14 @@ Value numeric(BinaryExpr::Op op, const Value& a, const Value& b) {
             return Value::floating(static_cast<double>(x) / static_cast<double>(y));
         case BinaryExpr::Op::floordiv: {
             if (y == 0) throw EvalError("integer division or modulo by zero");
+            check_overflow(x == std::numeric_limits<int64_t>::min() && y == -1);  // -2**63 // -1 traps
             int64_t q = x / y;
             if ((x % y != 0) && ((x < 0) != (y < 0))) --q;
             return Value::integer(q);
         }
         case BinaryExpr::Op::mod: {
             if (y == 0) throw EvalError("integer modulo by zero");
+            if (y == -1) return Value::integer(0);  // and -2**63 % -1 would trap
             int64_t m = x % y;
             if (m != 0 && ((m < 0) != (y < 0))) m += y;
             return Value::integer(m);
@@ -150,6 +154,7 @@ Value binary_op(BinaryExpr::Op op, const Value& a, const Value& b) {
         case BinaryExpr::Op::add:
             if (a.is_string() && b.is_string()) {
                 // Markup escapes the plain string it is added to (markupsafe.Markup.__add__/__radd__).
+                check_value_size(a.as_string().size() + b.as_string().size(), "string");
                 if (a.is_markup() || b.is_markup()) {
                     const std::string x = a.is_markup() ? a.as_string() : html_escape(a.as_string());
                     const std::string y = b.is_markup() ? b.as_string() : html_escape(b.as_string());
@@ -158,7 +163,10 @@ Value binary_op(BinaryExpr::Op op, const Value& a, const Value& b) {
                 return Value::string(a.as_string() + b.as_string());
             }
             if ((a.is_list() && b.is_list()) || (a.is_tuple() && b.is_tuple())) {
-                ValueList out = a.items();
+                check_value_size((a.items().size() + b.items().size()) * sizeof(Value), "list");
+                ValueList out;
+                out.reserve(a.items().size() + b.items().size());
+                out.insert(out.end(), a.items().begin(), a.items().end());
                 out.insert(out.end(), b.items().begin(), b.items().end());
                 return a.is_list() ? Value::list(std::move(out)) : Value::tuple(std::move(out));
             }
@@ -189,7 +197,7 @@ bool contains(const Value& container, const Value& item) {
     if (container.is_string()) {
         if (item.is_undefined()) fail_undefined(item);
         if (!item.is_string()) throw EvalError("'in <string>' requires string as left operand, not " + type_name(item));
-        return container.as_string().find(item.as_string()) != std::string::npos;
+        return py::find_bytes(container.as_string(), item.as_string()) != std::string::npos;
     }
     if (container.is_dict()) {
         if (item.is_list() || item.is_dict()) throw EvalError("unhashable type: '" + type_name(item) + "'");

@@ -5,6 +5,7 @@
 
 #include "chat/jinja_check.h"
 #include "chat/jinja_lexer.h"
+#include "chat/render_budget.h"
 
 namespace fitllm::chat::jinja {
 namespace {
@@ -49,6 +50,25 @@ private:
                            TemplateError::Kind kind = TemplateError::Kind::syntax) const {
         throw TemplateError(kind, name_, at.pos, message);
     }
+    // One more level of nesting (a block, an expression in brackets, a `not` or a `-`), counted
+    // as the checker and the evaluator count it; a TemplateError (Kind::limit) past the limit,
+    // so that a template nested 10,000 deep is refused here instead of exhausting the stack.
+    Nesting::Level nest(const Token& at, std::string_view construct = "expression") {
+        try {
+            return nesting_.enter();
+        } catch (const EvalError& e) {
+            fail(at, std::string(construct) + ": " + e.what(), TemplateError::Kind::limit);
+        }
+    }
+    // The same for each link of a chain a loop builds: a.b.c, x|f|g, 1 + 2 + 3, f()().
+    void deepen(Nesting::Chain& chain, const Token& at) {
+        try {
+            chain.add();
+        } catch (const EvalError& e) {
+            fail(at, std::string("expression: ") + e.what(), TemplateError::Kind::limit);
+        }
+    }
+
     [[noreturn]] void unsupported(const Token& at, const std::string& what) const {
         fail(at, what + " is not supported by fitllm's template engine", TemplateError::Kind::unsupported);
     }
@@ -141,6 +161,7 @@ private:
         static const std::set<std::string> kNotImplemented = {"block", "extends",    "include", "import",
                                                               "from",  "autoescape", "call"};
         if (kNotImplemented.count(tag)) unsupported(t, "the '{% " + tag + " %}' tag");
+        const Nesting::Level level = nest(t, "{% " + tag + " %}");
         tag_stack_.push_back(tag);
         if (tag == "for")
             body.push_back(parse_for());
@@ -313,8 +334,9 @@ private:
         fail_at(e.pos, std::string("can't assign to '") + kNames[static_cast<int>(e.kind)] + "'");
     }
 
-    [[noreturn]] void fail_at(SourcePos pos, const std::string& message) const {
-        throw TemplateError(TemplateError::Kind::syntax, name_, pos, message);
+    [[noreturn]] void fail_at(SourcePos pos, const std::string& message,
+                              TemplateError::Kind kind = TemplateError::Kind::syntax) const {
+        throw TemplateError(kind, name_, pos, message);
     }
 
     // ---- expressions ----
@@ -359,17 +381,15 @@ private:
     }
 
     ExprPtr parse_expression(bool with_condexpr) {
-        // Templates come from model files: bound the nesting so that "((((..." cannot exhaust the stack.
-        constexpr int kMaxNesting = 200;
-        if (++nesting_ > kMaxNesting) fail(current(), "expression nested too deeply (more than 200 levels)");
-        ExprPtr e = with_condexpr ? parse_condexpr() : parse_or();
-        --nesting_;
-        return e;
+        const Nesting::Level level = nest(current());
+        return with_condexpr ? parse_condexpr() : parse_or();
     }
 
     ExprPtr parse_condexpr() {
         ExprPtr expr = parse_or();
+        Nesting::Chain chain(nesting_);
         while (current().is_name("if")) {
+            deepen(chain, current());
             const SourcePos pos = next().pos;
             ExprPtr condition = parse_or();
             ExprPtr otherwise = skip_name("else") ? parse_condexpr() : nullptr;
@@ -380,7 +400,9 @@ private:
 
     ExprPtr parse_or() {
         ExprPtr left = parse_and();
+        Nesting::Chain chain(nesting_);
         while (current().is_name("or")) {
+            deepen(chain, current());
             const SourcePos pos = next().pos;
             left = std::make_unique<LogicalExpr>(pos, false, std::move(left), parse_and());
         }
@@ -389,7 +411,9 @@ private:
 
     ExprPtr parse_and() {
         ExprPtr left = parse_not();
+        Nesting::Chain chain(nesting_);
         while (current().is_name("and")) {
+            deepen(chain, current());
             const SourcePos pos = next().pos;
             left = std::make_unique<LogicalExpr>(pos, true, std::move(left), parse_not());
         }
@@ -398,10 +422,9 @@ private:
 
     ExprPtr parse_not() {
         if (current().is_name("not")) {
+            const Nesting::Level level = nest(current());
             const SourcePos pos = next().pos;
-            if (++nesting_ > 200) fail(current(), "expression nested too deeply (more than 200 levels)");
             ExprPtr operand = parse_not();
-            --nesting_;
             return std::make_unique<UnaryExpr>(pos, UnaryExpr::Op::logical_not, std::move(operand));
         }
         return parse_compare();
@@ -451,7 +474,9 @@ private:
 
     ExprPtr parse_math1() {
         ExprPtr left = parse_concat();
+        Nesting::Chain chain(nesting_);
         while (current().is_op("+") || current().is_op("-")) {
+            deepen(chain, current());
             const Token& t = next();
             const auto op = t.text == "+" ? BinaryExpr::Op::add : BinaryExpr::Op::sub;
             left = std::make_unique<BinaryExpr>(t.pos, op, std::move(left), parse_concat());
@@ -471,6 +496,7 @@ private:
 
     ExprPtr parse_math2() {
         ExprPtr left = parse_pow();
+        Nesting::Chain chain(nesting_);
         while (true) {
             const Token& t = current();
             BinaryExpr::Op op;
@@ -484,6 +510,7 @@ private:
                 op = BinaryExpr::Op::mod;
             else
                 break;
+            deepen(chain, current());
             const SourcePos pos = next().pos;
             left = std::make_unique<BinaryExpr>(pos, op, std::move(left), parse_pow());
         }
@@ -492,7 +519,9 @@ private:
 
     ExprPtr parse_pow() {
         ExprPtr left = parse_unary(true);
+        Nesting::Chain chain(nesting_);
         while (current().is_op("**")) {
+            deepen(chain, current());
             const SourcePos pos = next().pos;
             left = std::make_unique<BinaryExpr>(pos, BinaryExpr::Op::pow, std::move(left), parse_unary(true));
         }
@@ -501,14 +530,12 @@ private:
 
     ExprPtr parse_unary(bool with_filter) {
         const Token& t = current();
-        if (nesting_ > 200) fail(t, "expression nested too deeply (more than 200 levels)");
         ExprPtr node;
         if (t.is_op("-") || t.is_op("+")) {
+            const Nesting::Level level = nest(t);
             const auto op = t.text == "-" ? UnaryExpr::Op::negate : UnaryExpr::Op::plus;
             const SourcePos pos = next().pos;
-            ++nesting_;
             node = std::make_unique<UnaryExpr>(pos, op, parse_unary(false));
-            --nesting_;
         } else {
             node = parse_primary();
         }
@@ -534,7 +561,11 @@ private:
                 std::string text;
                 const SourcePos pos = t.pos;
                 while (current().type == TokenType::string) text += next().text;  // "a" "b" is "ab"
-                return std::make_unique<LiteralExpr>(pos, Value::string(std::move(text)));
+                try {
+                    return std::make_unique<LiteralExpr>(pos, Value::string(std::move(text)));
+                } catch (const EvalError& e) {  // a literal over the value limit
+                    fail_at(pos, std::string("string literal: ") + e.what(), TemplateError::Kind::limit);
+                }
             }
             case TokenType::integer:
                 next();
@@ -582,7 +613,9 @@ private:
     }
 
     ExprPtr parse_postfix(ExprPtr node) {
+        Nesting::Chain chain(nesting_);
         while (true) {
+            if (current().is_op(".") || current().is_op("[") || current().is_op("(")) deepen(chain, current());
             if (current().is_op(".") || current().is_op("["))
                 node = parse_subscript(std::move(node));
             else if (current().is_op("("))
@@ -593,7 +626,9 @@ private:
     }
 
     ExprPtr parse_filter_expr(ExprPtr node) {
+        Nesting::Chain chain(nesting_);
         while (true) {
+            if (current().is_op("|") || current().is_name("is") || current().is_op("(")) deepen(chain, current());
             if (current().is_op("|"))
                 node = parse_filter(std::move(node), false);
             else if (current().is_name("is"))
@@ -680,7 +715,9 @@ private:
     }
 
     ExprPtr parse_filter(ExprPtr node, bool start_inline) {
+        Nesting::Chain chain(nesting_);
         while (current().is_op("|") || start_inline) {
+            deepen(chain, current());
             if (!start_inline) next();
             start_inline = false;
             const Token& name_token = current();
@@ -719,7 +756,7 @@ private:
     std::vector<std::string> tag_stack_;
     std::vector<std::set<std::string>> macro_names_;
     int loop_depth_ = 0;
-    int nesting_ = 0;
+    Nesting nesting_{RenderLimits{}.max_depth};
 };
 
 }  // namespace

@@ -6,13 +6,60 @@
 #include <limits>
 
 #include "chat/py_text.h"
+#include "chat/render_budget.h"
 #include "chat/template_error.h"
 
 namespace fitllm::chat::jinja {
 
+namespace {
+
+// Heap bytes of a payload beside its contents: the shared_ptr's control block, the payload's
+// own members, the allocator's rounding.
+constexpr uint64_t kPayloadOverhead = 96;
+
+uint64_t string_heap_bytes(const std::string& s) {
+    return s.capacity() > 15 ? s.capacity() + 1 : 0;
+}
+
+struct TextPayload {  // a string's text, or an undefined value's reason
+    explicit TextPayload(std::string t) : text(std::move(t)) { charge.add(kPayloadOverhead + string_heap_bytes(text)); }
+    std::string text;
+    MeteredBytes charge;
+};
+
+struct ItemsPayload {  // a list's, tuple's or iterator's items
+    ItemsPayload(ValueList i, std::string e) : items(std::move(i)), error(std::move(e)) {
+        charge.add(kPayloadOverhead + items.capacity() * sizeof(Value) + string_heap_bytes(error));
+    }
+    ~ItemsPayload() { dispose(items); }
+    ValueList items;
+    std::string error;  // a failed generator's error, raised when it is iterated
+    MeteredBytes charge;
+};
+
+struct DictPayload {
+    explicit DictPayload(Dict d) : dict(std::move(d)) { charge.add(kPayloadOverhead + dict.heap_bytes()); }
+    Dict dict;
+    MeteredBytes charge;
+};
+
+std::shared_ptr<ItemsPayload> items_payload(ValueList items, std::string error = {}) {
+    check_value_size(static_cast<uint64_t>(items.size()) * sizeof(Value), "list");
+    return std::make_shared<ItemsPayload>(std::move(items), std::move(error));
+}
+
+// Values that wait to be destroyed while another one is (see dispose()).
+struct Disposal {
+    bool running = false;
+    std::vector<Value> pending;
+};
+thread_local Disposal t_disposal;
+
+}  // namespace
+
 Value Value::undefined(std::string reason) {
     Value v;
-    v.ptr_ = std::make_shared<std::string>(std::move(reason));
+    v.ptr_ = std::make_shared<TextPayload>(std::move(reason));
     return v;
 }
 Value Value::none() {
@@ -39,28 +86,30 @@ Value Value::floating(double f) {
     return v;
 }
 Value Value::string(std::string s, bool markup) {
+    check_value_size(s.size(), "string");
     Value v;
     v.kind_ = Kind::string;
     v.markup_ = markup;
-    v.ptr_ = std::make_shared<std::string>(std::move(s));
+    v.ptr_ = std::make_shared<TextPayload>(std::move(s));
     return v;
 }
 Value Value::list(ValueList items) {
     Value v;
     v.kind_ = Kind::list;
-    v.ptr_ = std::make_shared<ValueList>(std::move(items));
+    v.ptr_ = items_payload(std::move(items));
     return v;
 }
 Value Value::tuple(ValueList items) {
     Value v;
     v.kind_ = Kind::tuple;
-    v.ptr_ = std::make_shared<ValueList>(std::move(items));
+    v.ptr_ = items_payload(std::move(items));
     return v;
 }
 Value Value::dict(Dict d) {
+    check_value_size(d.heap_bytes(), "dict");
     Value v;
     v.kind_ = Kind::dict;
-    v.ptr_ = std::make_shared<Dict>(std::move(d));
+    v.ptr_ = std::make_shared<DictPayload>(std::move(d));
     return v;
 }
 Value Value::object(std::shared_ptr<Object> o) {
@@ -76,18 +125,11 @@ Value Value::callable(std::shared_ptr<const Callable> c) {
     return v;
 }
 
-namespace {
-struct IteratorPayload {
-    ValueList items;
-    std::string error;  // a failed generator's error, raised when it is iterated
-};
-}  // namespace
-
 Value Value::iterator(IteratorKind kind, ValueList items) {
     Value v;
     v.kind_ = Kind::iterator;
     v.int_ = static_cast<int64_t>(kind);
-    v.ptr_ = std::make_shared<IteratorPayload>(IteratorPayload{std::move(items), {}});
+    v.ptr_ = items_payload(std::move(items));
     return v;
 }
 
@@ -95,13 +137,13 @@ Value Value::failed_generator(std::string error) {
     Value v;
     v.kind_ = Kind::iterator;
     v.int_ = static_cast<int64_t>(IteratorKind::generator);
-    v.ptr_ = std::make_shared<IteratorPayload>(IteratorPayload{{}, std::move(error)});
+    v.ptr_ = items_payload({}, std::move(error));
     return v;
 }
 
 const std::string& Value::pending_error() const {
     static const std::string kNone;
-    return kind_ == Kind::iterator ? static_cast<const IteratorPayload*>(ptr_.get())->error : kNone;
+    return kind_ == Kind::iterator ? static_cast<const ItemsPayload*>(ptr_.get())->error : kNone;
 }
 
 double Value::as_double() const {
@@ -115,14 +157,13 @@ double Value::as_double() const {
     }
 }
 const std::string& Value::as_string() const {
-    return *static_cast<const std::string*>(ptr_.get());
+    return static_cast<const TextPayload*>(ptr_.get())->text;
 }
 const ValueList& Value::items() const {
-    if (kind_ == Kind::iterator) return static_cast<const IteratorPayload*>(ptr_.get())->items;
-    return *static_cast<const ValueList*>(ptr_.get());
+    return static_cast<const ItemsPayload*>(ptr_.get())->items;
 }
 const Dict& Value::as_dict() const {
-    return *static_cast<const Dict*>(ptr_.get());
+    return static_cast<const DictPayload*>(ptr_.get())->dict;
 }
 Object& Value::as_object() const {
     return *static_cast<Object*>(ptr_.get());
@@ -132,7 +173,7 @@ const Callable& Value::as_callable() const {
 }
 const std::string& Value::undefined_reason() const {
     static const std::string kNoReason;
-    return ptr_ ? *static_cast<const std::string*>(ptr_.get()) : kNoReason;
+    return ptr_ ? static_cast<const TextPayload*>(ptr_.get())->text : kNoReason;
 }
 
 bool Value::is_same(const Value& other) const {
@@ -154,24 +195,214 @@ bool Value::is_same(const Value& other) const {
     }
 }
 
+bool Value::owns_nested() const {
+    switch (kind_) {
+        case Kind::list:
+        case Kind::tuple:
+        case Kind::dict:
+        case Kind::iterator:
+        case Kind::object:
+        case Kind::callable:
+            return ptr_.use_count() == 1;
+        default:
+            return false;
+    }
+}
+
+void dispose(Value& value) noexcept {
+    if (!value.owns_nested()) return;  // strings and shared values go the ordinary way
+    Disposal& d = t_disposal;
+    if (d.running) {
+        try {
+            d.pending.push_back(std::move(value));
+        } catch (...) {  // no memory for the queue: destroy it here after all
+            value = Value();
+        }
+        return;
+    }
+    d.running = true;
+    value = Value();  // what it held that nests deeper lands in d.pending
+    while (!d.pending.empty()) {
+        Value next = std::move(d.pending.back());
+        d.pending.pop_back();
+    }
+    d.pending.shrink_to_fit();
+    d.running = false;
+}
+
+void dispose(ValueList& values) noexcept {
+    for (Value& v : values) dispose(v);
+}
+
+namespace {
+
+// Dicts at least this large get hash indexes of their string and integer keys.
+constexpr size_t kIndexFrom = 16;
+
+// The integer a key equals under Python's == (1 == 1.0 == True), if it is one.
+std::optional<int64_t> integer_key(const Value& key) {
+    if (key.is_bool() || key.is_int()) return key.as_int();
+    if (key.is_float()) {
+        const double d = key.as_double();
+        if (d >= -9223372036854775808.0 && d < 9223372036854775808.0 && d == std::trunc(d))
+            return static_cast<int64_t>(d);
+    }
+    return std::nullopt;
+}
+
+}  // namespace
+
+Dict::Dict(const Dict& other) : entries_(other.entries_), indexed_(other.indexed_) {
+    if (indexed_) index_from(0);
+}
+
+Dict& Dict::operator=(const Dict& other) {
+    if (this != &other) {
+        Dict copy(other);
+        *this = std::move(copy);
+    }
+    return *this;
+}
+
+Dict::~Dict() {
+    string_index_.clear();
+    for (auto& [k, v] : entries_) {
+        dispose(k);
+        dispose(v);
+    }
+}
+
+void Dict::index_from(size_t first) {
+    for (size_t i = first; i < entries_.size(); ++i) {
+        const Value& key = entries_[i].first;
+        if (key.is_string())
+            string_index_.emplace(key.as_string(), i);
+        else if (const auto n = integer_key(key))
+            number_index_.emplace(*n, i);
+    }
+}
+
+uint64_t Dict::heap_bytes() const {
+    return entries_.capacity() * sizeof(entries_[0]) + (string_index_.size() + number_index_.size()) * 48 +
+           (string_index_.bucket_count() + number_index_.bucket_count()) * 8;
+}
+
+std::optional<size_t> Dict::position(const Value& key) const {
+    if (key.is_string()) {
+        const std::string_view text = key.as_string();
+        if (indexed_) {
+            const auto it = string_index_.find(text);
+            return it == string_index_.end() ? std::nullopt : std::optional<size_t>(it->second);
+        }
+        for (size_t i = 0; i < entries_.size(); ++i)
+            if (entries_[i].first.is_string() && entries_[i].first.as_string() == text) return i;
+        return std::nullopt;
+    }
+    if (indexed_) {
+        if (const auto n = integer_key(key)) {
+            const auto it = number_index_.find(*n);
+            return it == number_index_.end() ? std::nullopt : std::optional<size_t>(it->second);
+        }
+    }
+    for (size_t i = 0; i < entries_.size(); ++i)
+        if (equals(entries_[i].first, key)) return i;
+    return std::nullopt;
+}
+
 const Value* Dict::find(const Value& key) const {
-    for (const auto& [k, v] : entries_)
-        if (equals(k, key)) return &v;
-    return nullptr;
+    const auto at = position(key);
+    return at ? &entries_[*at].second : nullptr;
 }
 const Value* Dict::find(std::string_view key) const {
+    if (indexed_) {
+        const auto it = string_index_.find(key);
+        return it == string_index_.end() ? nullptr : &entries_[it->second].second;
+    }
     for (const auto& [k, v] : entries_)
         if (k.is_string() && k.as_string() == key) return &v;
     return nullptr;
 }
 void Dict::set(Value key, Value value) {
-    for (auto& [k, v] : entries_) {
-        if (equals(k, key)) {
-            v = std::move(value);
-            return;
-        }
+    if (const auto at = position(key)) {
+        entries_[*at].second = std::move(value);
+        return;
     }
     entries_.emplace_back(std::move(key), std::move(value));
+    if (indexed_) {
+        index_from(entries_.size() - 1);
+    } else if (entries_.size() >= kIndexFrom) {
+        indexed_ = true;
+        index_from(0);
+    }
+}
+
+const Value* Items::begin() const {
+    switch (holder_.kind()) {
+        case Value::Kind::list:
+        case Value::Kind::tuple:
+        case Value::Kind::iterator:
+            return holder_.items().data();
+        default:
+            return nullptr;
+    }
+}
+
+size_t Items::size() const {
+    switch (holder_.kind()) {
+        case Value::Kind::list:
+        case Value::Kind::tuple:
+        case Value::Kind::iterator:
+            return holder_.items().size();
+        default:
+            return 0;
+    }
+}
+
+Value Items::as_list() const {
+    return holder_.is_list() ? holder_ : Value::list(copy());
+}
+
+namespace {
+
+thread_local uint32_t t_walk_depth = 0;
+
+// repr() of a value that holds no other values (and of objects and callables, which print
+// themselves).
+std::string scalar_repr(const Value& v) {
+    switch (v.kind()) {
+        case Value::Kind::undefined:
+            return "Undefined";
+        case Value::Kind::none:
+            return "None";
+        case Value::Kind::boolean:
+            return v.as_bool() ? "True" : "False";
+        case Value::Kind::integer:
+            return std::to_string(v.as_int());
+        case Value::Kind::floating:
+            return py::float_repr(v.as_double());
+        case Value::Kind::string:
+            return v.is_markup() ? "Markup(" + py::repr(v.as_string()) + ")" : py::repr(v.as_string());
+        case Value::Kind::object:
+            return v.as_object().repr();
+        case Value::Kind::callable:
+            return "<" + v.as_callable().describe() + ">";
+        case Value::Kind::iterator:
+            return "<" + type_name(v) + " object>";
+        default:
+            return "";
+    }
+}
+
+}  // namespace
+
+ValueWalk::ValueWalk() {
+    const uint32_t max_depth = active_limits().max_depth;
+    if (t_walk_depth >= max_depth) throw EvalError(depth_message("value", max_depth), EvalError::Kind::limit);
+    ++t_walk_depth;
+}
+
+ValueWalk::~ValueWalk() {
+    --t_walk_depth;
 }
 
 bool truthy(const Value& v) {
@@ -201,13 +432,51 @@ bool truthy(const Value& v) {
 
 namespace {
 
-std::string join_repr(const ValueList& items) {
-    std::string out;
+void repr_into(std::string& out, const Value& v);
+
+void items_repr_into(std::string& out, const ValueList& items) {
     for (size_t i = 0; i < items.size(); ++i) {
-        if (i) out += ", ";
-        out += to_repr(items[i]);
+        if (i) append_within_limit(out, ", ");
+        repr_into(out, items[i]);
     }
-    return out;
+}
+
+void repr_into(std::string& out, const Value& v) {
+    const ValueWalk level;
+    switch (v.kind()) {
+        case Value::Kind::list:
+            append_within_limit(out, "[");
+            items_repr_into(out, v.items());
+            append_within_limit(out, "]");
+            return;
+        case Value::Kind::tuple:
+            append_within_limit(out, "(");
+            items_repr_into(out, v.items());
+            append_within_limit(out, v.items().size() == 1 ? ",)" : ")");
+            return;
+        case Value::Kind::dict: {
+            append_within_limit(out, "{");
+            bool first = true;
+            for (const auto& [k, val] : v.as_dict().entries()) {
+                if (!first) append_within_limit(out, ", ");
+                first = false;
+                repr_into(out, k);
+                append_within_limit(out, ": ");
+                repr_into(out, val);
+            }
+            append_within_limit(out, "}");
+            return;
+        }
+        case Value::Kind::iterator:
+            if (!v.is_dict_view()) break;
+            append_within_limit(out, type_name(v) + "([");
+            items_repr_into(out, v.items());
+            append_within_limit(out, "])");
+            return;
+        default:
+            break;
+    }
+    append_within_limit(out, scalar_repr(v));
 }
 
 }  // namespace
@@ -224,42 +493,9 @@ std::string to_str(const Value& v) {
 }
 
 std::string to_repr(const Value& v) {
-    switch (v.kind()) {
-        case Value::Kind::undefined:
-            return "Undefined";
-        case Value::Kind::none:
-            return "None";
-        case Value::Kind::boolean:
-            return v.as_bool() ? "True" : "False";
-        case Value::Kind::integer:
-            return std::to_string(v.as_int());
-        case Value::Kind::floating:
-            return py::float_repr(v.as_double());
-        case Value::Kind::string:
-            return v.is_markup() ? "Markup(" + py::repr(v.as_string()) + ")" : py::repr(v.as_string());
-        case Value::Kind::list:
-            return "[" + join_repr(v.items()) + "]";
-        case Value::Kind::tuple:
-            return "(" + join_repr(v.items()) + (v.items().size() == 1 ? ",)" : ")");
-        case Value::Kind::dict: {
-            std::string out = "{";
-            bool first = true;
-            for (const auto& [k, val] : v.as_dict().entries()) {
-                if (!first) out += ", ";
-                first = false;
-                out += to_repr(k) + ": " + to_repr(val);
-            }
-            return out + "}";
-        }
-        case Value::Kind::object:
-            return v.as_object().repr();
-        case Value::Kind::callable:
-            return "<" + v.as_callable().describe() + ">";
-        case Value::Kind::iterator:
-            return v.is_dict_view() ? type_name(v) + "([" + join_repr(v.items()) + "])"
-                                    : "<" + type_name(v) + " object>";
-    }
-    return "";
+    std::string out;
+    repr_into(out, v);
+    return out;
 }
 
 std::string type_name(const Value& v) {
@@ -337,6 +573,7 @@ bool equals(const Value& a, const Value& b) {
         case Value::Kind::tuple: {
             const auto &x = a.items(), &y = b.items();
             if (x.size() != y.size()) return false;
+            const ValueWalk level;
             for (size_t i = 0; i < x.size(); ++i)
                 if (!equals(x[i], y[i])) return false;
             return true;
@@ -344,6 +581,7 @@ bool equals(const Value& a, const Value& b) {
         case Value::Kind::dict: {
             const Dict &x = a.as_dict(), &y = b.as_dict();
             if (x.size() != y.size()) return false;
+            const ValueWalk level;
             for (const auto& [k, val] : x.entries()) {
                 const Value* other = y.find(k);
                 if (!other || !equals(val, *other)) return false;
@@ -373,6 +611,7 @@ int compare(const Value& a, const Value& b, std::string_view op) {
     }
     if (a.kind() == b.kind() && a.is_sequence()) {
         const auto &x = a.items(), &y = b.items();
+        const ValueWalk level;
         for (size_t i = 0; i < x.size() && i < y.size(); ++i) {
             if (equals(x[i], y[i])) continue;
             return compare(x[i], y[i], op);
@@ -388,7 +627,7 @@ void fail_undefined(const Value& v) {
     throw EvalError(reason.empty() ? "value is undefined" : reason);
 }
 
-ValueList iterate(const Value& v) {
+Items iterate(const Value& v) {
     switch (v.kind()) {
         case Value::Kind::undefined:
             return {};
@@ -396,23 +635,44 @@ ValueList iterate(const Value& v) {
         case Value::Kind::tuple:
         case Value::Kind::iterator:
             if (!v.pending_error().empty()) throw EvalError(v.pending_error());
-            return v.items();
+            return Items(v);
         case Value::Kind::dict: {
+            const Dict& d = v.as_dict();
+            check_value_size(static_cast<uint64_t>(d.size()) * sizeof(Value), "list of the keys");
             ValueList keys;
-            for (const auto& entry : v.as_dict().entries()) keys.push_back(entry.first);
-            return keys;
+            keys.reserve(d.size());
+            for (const auto& entry : d.entries()) keys.push_back(entry.first);
+            return Items(Value::list(std::move(keys)));
         }
         case Value::Kind::string: {
+            const std::string& s = v.as_string();
+            check_value_size(static_cast<uint64_t>(py::length(s)) * sizeof(Value), "list of the characters");
             ValueList chars;
-            for (char32_t cp : py::decode(v.as_string())) {
+            chars.reserve(py::length(s));
+            for (char32_t cp : py::decode(s)) {
                 std::string one;
                 py::append_utf8(one, cp);
                 chars.push_back(Value::string(std::move(one)));  // iterating a Markup yields plain str
             }
-            return chars;
+            return Items(Value::list(std::move(chars)));
         }
         default:
             throw EvalError("'" + type_name(v) + "' object is not iterable");
+    }
+}
+
+uint64_t read_cost(const Value& v) {
+    switch (v.kind()) {
+        case Value::Kind::string:
+            return v.as_string().size() / 64;
+        case Value::Kind::list:
+        case Value::Kind::tuple:
+        case Value::Kind::iterator:
+            return v.items().size() / 8;
+        case Value::Kind::dict:
+            return v.as_dict().size() / 8;
+        default:
+            return 0;
     }
 }
 
@@ -436,9 +696,11 @@ int64_t length_of(const Value& v) {
 }
 
 std::string html_escape(std::string_view s) {
+    const uint64_t limit = active_limits().max_value_bytes;
     std::string out;
     out.reserve(s.size());
     for (char c : s) {
+        if (out.size() > limit) check_value_size(out.size(), "escaped string");  // throws
         switch (c) {
             case '&':
                 out += "&amp;";
@@ -460,207 +722,6 @@ std::string html_escape(std::string_view s) {
         }
     }
     return out;
-}
-
-namespace {
-
-template <class Json>
-Value value_from_json(const Json& j) {
-    switch (j.type()) {
-        case nlohmann::json::value_t::null:
-            return Value::none();
-        case nlohmann::json::value_t::boolean:
-            return Value::boolean(j.template get<bool>());
-        case nlohmann::json::value_t::number_integer:
-            return Value::integer(j.template get<int64_t>());
-        case nlohmann::json::value_t::number_unsigned: {
-            const auto u = j.template get<uint64_t>();
-            if (u <= static_cast<uint64_t>(std::numeric_limits<int64_t>::max()))
-                return Value::integer(static_cast<int64_t>(u));
-            return Value::floating(static_cast<double>(u));
-        }
-        case nlohmann::json::value_t::number_float:
-            return Value::floating(j.template get<double>());
-        case nlohmann::json::value_t::string:
-            return Value::string(j.template get<std::string>());
-        case nlohmann::json::value_t::array: {
-            ValueList items;
-            items.reserve(j.size());
-            for (const auto& item : j) items.push_back(value_from_json(item));
-            return Value::list(std::move(items));
-        }
-        case nlohmann::json::value_t::object: {
-            Dict d;
-            for (auto it = j.begin(); it != j.end(); ++it) d.set(Value::string(it.key()), value_from_json(it.value()));
-            return Value::dict(std::move(d));
-        }
-        default:
-            throw EvalError("JSON value of type " + std::string(j.type_name()) + " cannot be used in a template");
-    }
-}
-
-void json_string(std::string& out, std::string_view s, bool ensure_ascii) {
-    out += '"';
-    char buf[16];
-    for (char32_t cp : py::decode(s)) {
-        switch (cp) {
-            case U'"':
-                out += "\\\"";
-                continue;
-            case U'\\':
-                out += "\\\\";
-                continue;
-            case U'\n':
-                out += "\\n";
-                continue;
-            case U'\r':
-                out += "\\r";
-                continue;
-            case U'\t':
-                out += "\\t";
-                continue;
-            case U'\b':
-                out += "\\b";
-                continue;
-            case U'\f':
-                out += "\\f";
-                continue;
-            default:
-                break;
-        }
-        if (cp < 0x20 || (ensure_ascii && cp > 0x7E)) {
-            if (cp > 0xFFFF) {
-                const char32_t v = cp - 0x10000;
-                std::snprintf(buf, sizeof buf, "\\u%04x\\u%04x", static_cast<unsigned>(0xD800 + (v >> 10)),
-                              static_cast<unsigned>(0xDC00 + (v & 0x3FF)));
-            } else {
-                std::snprintf(buf, sizeof buf, "\\u%04x", static_cast<unsigned>(cp));
-            }
-            out += buf;
-        } else {
-            py::append_utf8(out, cp);
-        }
-    }
-    out += '"';
-}
-
-std::string json_float(double f) {
-    if (std::isnan(f)) return "NaN";
-    if (std::isinf(f)) return f < 0 ? "-Infinity" : "Infinity";
-    return py::float_repr(f);
-}
-
-std::string json_key(const Value& key) {
-    switch (key.kind()) {
-        case Value::Kind::string:
-            return key.as_string();
-        case Value::Kind::none:
-            return "null";
-        case Value::Kind::boolean:
-            return key.as_bool() ? "true" : "false";
-        case Value::Kind::integer:
-            return std::to_string(key.as_int());
-        case Value::Kind::floating:
-            return json_float(key.as_double());
-        default:
-            throw EvalError("keys must be str, int, float, bool or None, not " + type_name(key));
-    }
-}
-
-struct JsonWriter {
-    const JsonFormat& format;
-    std::string item_separator;
-    std::string key_separator;
-    std::string out;
-    int level = 0;
-
-    void newline() {
-        out += '\n';
-        for (int i = 0; i < level; ++i) out += *format.indent;
-    }
-
-    void write(const Value& v) {
-        switch (v.kind()) {
-            case Value::Kind::none:
-                out += "null";
-                return;
-            case Value::Kind::boolean:
-                out += v.as_bool() ? "true" : "false";
-                return;
-            case Value::Kind::integer:
-                out += std::to_string(v.as_int());
-                return;
-            case Value::Kind::floating:
-                out += json_float(v.as_double());
-                return;
-            case Value::Kind::string:
-                json_string(out, v.as_string(), format.ensure_ascii);
-                return;
-            case Value::Kind::list:
-            case Value::Kind::tuple: {
-                const ValueList& items = v.items();
-                if (items.empty()) {
-                    out += "[]";
-                    return;
-                }
-                out += '[';
-                ++level;
-                for (size_t i = 0; i < items.size(); ++i) {
-                    if (i) out += item_separator;
-                    if (format.indent) newline();
-                    write(items[i]);
-                }
-                --level;
-                if (format.indent) newline();
-                out += ']';
-                return;
-            }
-            case Value::Kind::dict: {
-                std::vector<std::pair<Value, Value>> entries = v.as_dict().entries();
-                if (entries.empty()) {
-                    out += "{}";
-                    return;
-                }
-                if (format.sort_keys)
-                    std::stable_sort(entries.begin(), entries.end(),
-                                     [](const auto& a, const auto& b) { return compare(a.first, b.first) < 0; });
-                out += '{';
-                ++level;
-                for (size_t i = 0; i < entries.size(); ++i) {
-                    if (i) out += item_separator;
-                    if (format.indent) newline();
-                    json_string(out, json_key(entries[i].first), format.ensure_ascii);
-                    out += key_separator;
-                    write(entries[i].second);
-                }
-                --level;
-                if (format.indent) newline();
-                out += '}';
-                return;
-            }
-            default:
-                throw EvalError("Object of type " + type_name(v) + " is not JSON serializable");
-        }
-    }
-};
-
-}  // namespace
-
-Value from_json(const nlohmann::ordered_json& j) {
-    return value_from_json(j);
-}
-Value from_json(const nlohmann::json& j) {
-    return value_from_json(j);
-}
-
-std::string to_json(const Value& v, const JsonFormat& format) {
-    JsonWriter writer{format, format.indent ? "," : ", ", ": ", {}, 0};
-    if (format.separators) {
-        writer.item_separator = format.separators->first;
-        writer.key_separator = format.separators->second;
-    }
-    writer.write(v);
-    return std::move(writer.out);
 }
 
 }  // namespace fitllm::chat::jinja

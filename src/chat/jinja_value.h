@@ -3,6 +3,11 @@
 // is true, how values print (str and repr), compare, iterate and turn into JSON. HF's sandbox
 // forbids changing a list or dict in place, so containers are immutable and shared: copying
 // a Value is cheap. Only namespace() objects change, through `{% set ns.attr = ... %}`.
+//
+// Templates are untrusted, so values keep to the render's budget (chat/render_budget.h): a
+// string, list or dict is checked against max_value_bytes and charged to the render's meter
+// when it is made, and released when its last copy goes; walks over values (repr, ==, tojson)
+// stop at max_depth; destroying a deeply nested value does not recurse.
 #include <cstdint>
 #include <ctime>
 #include <memory>
@@ -10,6 +15,7 @@
 #include <optional>
 #include <string>
 #include <string_view>
+#include <unordered_map>
 #include <utility>
 #include <vector>
 
@@ -98,6 +104,8 @@ public:
     const std::string& undefined_reason() const;
     // Python's `is`: the same object (or equal singletons and small scalars).
     bool is_same(const Value& other) const;
+    // The last reference to a container, object or callable (its destruction may cascade).
+    bool owns_nested() const;
 
 private:
     Kind kind_ = Kind::undefined;
@@ -108,9 +116,17 @@ private:
     std::shared_ptr<void> ptr_;  // string/reason, ValueList, Dict, Object or Callable by kind_
 };
 
-// A Python dict: insertion-ordered, keys compared with Python's ==.
+// A Python dict: insertion-ordered, keys compared with Python's ==. String keys (nearly all)
+// are found through a hash index once the dict is large enough for scanning to cost.
 class Dict {
 public:
+    Dict() = default;
+    Dict(const Dict& other);
+    Dict& operator=(const Dict& other);
+    Dict(Dict&&) = default;
+    Dict& operator=(Dict&&) = default;
+    ~Dict();
+
     const Value* find(const Value& key) const;
     const Value* find(std::string_view key) const;
     // Replaces the value of an existing key in place (keeping its position), else appends.
@@ -118,10 +134,48 @@ public:
     size_t size() const { return entries_.size(); }
     bool empty() const { return entries_.empty(); }
     const std::vector<std::pair<Value, Value>>& entries() const { return entries_; }
+    // Heap bytes of the entries and the index, for the render's meter.
+    uint64_t heap_bytes() const;
 
 private:
+    std::optional<size_t> position(const Value& key) const;
+    void index_from(size_t first);
+
     std::vector<std::pair<Value, Value>> entries_;
+    // Once indexed: key text -> position (views into the keys' own, immutable, strings), and
+    // the integer a number key equals -> position. Other keys are compared one by one.
+    bool indexed_ = false;
+    std::unordered_map<std::string_view, size_t> string_index_;
+    std::unordered_map<int64_t, size_t> number_index_;
 };
+
+// What a for loop (and every filter that walks a value) sees: the items of a list, tuple or
+// iterator, shared rather than copied, or the characters of a string and the keys of a dict,
+// made for the occasion (and charged like any list).
+class Items {
+public:
+    Items() = default;
+    explicit Items(Value holder) : holder_(std::move(holder)) {}
+    const Value* begin() const;
+    const Value* end() const { return begin() + size(); }
+    size_t size() const;
+    bool empty() const { return size() == 0; }
+    const Value& operator[](size_t i) const { return begin()[i]; }
+    const Value& front() const { return *begin(); }
+    const Value& back() const { return end()[-1]; }
+    ValueList copy() const { return ValueList(begin(), end()); }
+    // A list of the items (the same list when they are one).
+    Value as_list() const;
+
+private:
+    Value holder_;  // a list, tuple or iterator; undefined for no items
+};
+
+// Destroys values without recursing as deep as they nest: a value whose last reference goes
+// while another is being destroyed waits in a queue that the outermost destruction empties.
+// Payloads and objects that hold values call these from their destructors.
+void dispose(ValueList& values) noexcept;
+void dispose(Value& value) noexcept;
 
 // Positional then keyword arguments of a call, in source order.
 struct CallArgs {
@@ -135,6 +189,9 @@ public:
     virtual ~CallContext() = default;
     // strftime_now's clock reading, as local broken-down time.
     virtual std::tm now() const = 0;
+    // An object the call made that may come to hold itself (namespace()): the renderer clears
+    // it (Object::clear) when the render ends, so that such a cycle does not outlive it.
+    virtual void adopt(const std::shared_ptr<Object>& /*object*/) {}
 };
 
 class Callable {
@@ -156,6 +213,20 @@ public:
     // `{% set obj.name = value %}`; false when the object does not allow it.
     virtual bool set_attribute(std::string_view /*name*/, Value /*value*/) { return false; }
     virtual std::string repr() const = 0;
+    // Drops the values it holds: objects can form reference cycles (a namespace holding
+    // itself), which the renderer breaks this way when the render ends.
+    virtual void clear() {}
+};
+
+// One level of a walk over a value (repr, ==, ordering, tojson) for as long as it lives, on a
+// counter of the thread's: EvalError (Kind::limit) past the render's max_depth, however the
+// walks nest (a namespace's repr prints its attributes through to_repr).
+class ValueWalk {
+public:
+    ValueWalk();
+    ~ValueWalk();
+    ValueWalk(const ValueWalk&) = delete;
+    ValueWalk& operator=(const ValueWalk&) = delete;
 };
 
 // Python truthiness (undefined is false).
@@ -175,7 +246,10 @@ int compare(const Value& a, const Value& b, std::string_view op = "<");
 // Throws EvalError with the reason an undefined value carries.
 [[noreturn]] void fail_undefined(const Value& v);
 // The items a for loop sees: list/tuple items, dict keys, string characters, nothing for undefined.
-ValueList iterate(const Value& v);
+Items iterate(const Value& v);
+// A measure of the work of reading v, for the render's step count: one per 64 bytes of a
+// string, one per 8 items of a container.
+uint64_t read_cost(const Value& v);
 // len(v); EvalError for values without a length.
 int64_t length_of(const Value& v);
 // HTML escaping as markupsafe.escape does it, for |escape and Markup arithmetic.

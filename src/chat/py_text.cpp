@@ -7,6 +7,7 @@
 #include <charconv>
 #include <cmath>
 #include <cstdio>
+#include <cstring>
 
 #include "util/utf8.h"
 
@@ -114,8 +115,13 @@ void append_lower(std::u32string& out, const std::u32string& text, size_t i) {
         out += static_cast<char32_t>(utf8proc_tolower(static_cast<utf8proc_int32_t>(cp)));
 }
 
-bool in_chars(char32_t cp, const std::u32string& chars) {
-    return chars.find(cp) != std::u32string::npos;
+// chars sorted, so that a long set of characters to strip costs log n a character.
+bool in_chars(char32_t cp, const std::u32string& sorted_chars) {
+    return std::binary_search(sorted_chars.begin(), sorted_chars.end(), cp);
+}
+
+std::string reversed(std::string_view s) {
+    return std::string(s.rbegin(), s.rend());
 }
 
 }  // namespace
@@ -182,7 +188,8 @@ bool is_printable(char32_t cp) {
 
 std::string strip(std::string_view s, const std::optional<std::string>& chars, bool left, bool right) {
     const std::u32string text = decode(s);
-    const std::u32string set = chars ? decode(*chars) : std::u32string{};
+    std::u32string set = chars ? decode(*chars) : std::u32string{};
+    std::sort(set.begin(), set.end());
     auto strippable = [&](char32_t cp) { return chars ? in_chars(cp, set) : is_space(cp); };
     size_t begin = 0, end = text.size();
     if (left)
@@ -192,12 +199,29 @@ std::string strip(std::string_view s, const std::optional<std::string>& chars, b
     return encode(std::u32string_view(text).substr(begin, end - begin));
 }
 
-std::vector<std::string> split(std::string_view s, const std::optional<std::string>& sep, int64_t maxsplit) {
+size_t find_bytes(std::string_view s, std::string_view needle, size_t from) {
+    if (from > s.size()) return std::string_view::npos;
+    if (needle.empty()) return from;
+    // glibc's memmem is the two-way algorithm: linear time whatever the input.
+    const void* hit = memmem(s.data() + from, s.size() - from, needle.data(), needle.size());
+    return hit ? static_cast<size_t>(static_cast<const char*>(hit) - s.data()) : std::string_view::npos;
+}
+
+size_t rfind_bytes(std::string_view s, std::string_view needle) {
+    if (needle.size() > s.size()) return std::string_view::npos;
+    if (needle.empty()) return s.size();
+    // The last occurrence is the first of the reversed needle in the reversed text.
+    const size_t hit = find_bytes(reversed(s), reversed(needle));
+    return hit == std::string_view::npos ? hit : s.size() - hit - needle.size();
+}
+
+std::vector<std::string> split(std::string_view s, const std::optional<std::string>& sep, int64_t maxsplit,
+                               size_t max_pieces) {
     std::vector<std::string> out;
     if (sep) {
         size_t pos = 0;
-        while (maxsplit < 0 || static_cast<int64_t>(out.size()) < maxsplit) {
-            const size_t hit = s.find(*sep, pos);
+        while ((maxsplit < 0 || static_cast<int64_t>(out.size()) < maxsplit) && out.size() <= max_pieces) {
+            const size_t hit = find_bytes(s, *sep, pos);
             if (hit == std::string_view::npos) break;
             out.emplace_back(s.substr(pos, hit - pos));
             pos = hit + sep->size();
@@ -207,7 +231,7 @@ std::vector<std::string> split(std::string_view s, const std::optional<std::stri
     }
     const std::u32string text = decode(s);
     size_t i = 0;
-    while (true) {
+    while (out.size() <= max_pieces) {
         while (i < text.size() && is_space(text[i])) ++i;
         if (i == text.size()) break;
         if (maxsplit >= 0 && static_cast<int64_t>(out.size()) == maxsplit) {
@@ -224,24 +248,19 @@ std::vector<std::string> split(std::string_view s, const std::optional<std::stri
     return out;
 }
 
-std::vector<std::string> rsplit(std::string_view s, const std::optional<std::string>& sep, int64_t maxsplit) {
+std::vector<std::string> rsplit(std::string_view s, const std::optional<std::string>& sep, int64_t maxsplit,
+                                size_t max_pieces) {
     std::vector<std::string> out;
     if (sep) {
-        size_t end = s.size();
-        while (maxsplit < 0 || static_cast<int64_t>(out.size()) < maxsplit) {
-            if (end < sep->size()) break;
-            const size_t hit = s.rfind(*sep, end - sep->size());
-            if (hit == std::string_view::npos) break;
-            out.emplace_back(s.substr(hit + sep->size(), end - hit - sep->size()));
-            end = hit;
-        }
-        out.emplace_back(s.substr(0, end));
+        // Splitting from the right is splitting the reversed text by the reversed separator.
+        out = split(reversed(s), reversed(*sep), maxsplit, max_pieces);
+        for (std::string& piece : out) std::reverse(piece.begin(), piece.end());
         std::reverse(out.begin(), out.end());
         return out;
     }
     const std::u32string text = decode(s);
     size_t j = text.size();
-    while (true) {
+    while (out.size() <= max_pieces) {
         while (j > 0 && is_space(text[j - 1])) --j;
         if (j == 0) break;
         if (maxsplit >= 0 && static_cast<int64_t>(out.size()) == maxsplit) {
@@ -259,11 +278,11 @@ std::vector<std::string> rsplit(std::string_view s, const std::optional<std::str
     return out;
 }
 
-std::vector<std::string> splitlines(std::string_view s, bool keepends) {
+std::vector<std::string> splitlines(std::string_view s, bool keepends, size_t max_pieces) {
     const std::u32string text = decode(s);
     std::vector<std::string> out;
     size_t start = 0, i = 0;
-    while (i < text.size()) {
+    while (i < text.size() && out.size() <= max_pieces) {
         const char32_t c = text[i];
         const bool is_break = c == U'\n' || c == U'\r' || c == 0x0B || c == 0x0C || (c >= 0x1C && c <= 0x1E) ||
                               c == 0x85 || c == 0x2028 || c == 0x2029;
@@ -276,8 +295,15 @@ std::vector<std::string> splitlines(std::string_view s, bool keepends) {
         out.push_back(encode(std::u32string_view(text).substr(start, (keepends ? eol : i) - start)));
         start = i = eol;
     }
-    if (start < text.size()) out.push_back(encode(std::u32string_view(text).substr(start)));
+    if (start < text.size() && out.size() <= max_pieces) out.push_back(encode(std::u32string_view(text).substr(start)));
     return out;
+}
+
+uint64_t replaced_size(std::string_view s, std::string_view old_text, std::string_view new_text, int64_t count) {
+    const uint64_t hits =
+        static_cast<uint64_t>(old_text.empty() ? static_cast<int64_t>(length(s)) + 1 : py::count(s, old_text));
+    const uint64_t done = count < 0 ? hits : std::min<uint64_t>(hits, static_cast<uint64_t>(count));
+    return s.size() - done * old_text.size() + done * new_text.size();
 }
 
 std::string replace(std::string_view s, std::string_view old_text, std::string_view new_text, int64_t count) {
@@ -299,7 +325,7 @@ std::string replace(std::string_view s, std::string_view old_text, std::string_v
     size_t pos = 0;
     int64_t done = 0;
     while (count < 0 || done < count) {
-        const size_t hit = s.find(old_text, pos);
+        const size_t hit = find_bytes(s, old_text, pos);
         if (hit == std::string_view::npos) break;
         out += s.substr(pos, hit - pos);
         out += new_text;
@@ -313,12 +339,13 @@ std::string replace(std::string_view s, std::string_view old_text, std::string_v
 int64_t count(std::string_view s, std::string_view sub) {
     if (sub.empty()) return static_cast<int64_t>(length(s)) + 1;
     int64_t n = 0;
-    for (size_t pos = s.find(sub); pos != std::string_view::npos; pos = s.find(sub, pos + sub.size())) ++n;
+    for (size_t pos = find_bytes(s, sub); pos != std::string_view::npos; pos = find_bytes(s, sub, pos + sub.size()))
+        ++n;
     return n;
 }
 
 int64_t find(std::string_view s, std::string_view sub, bool from_right) {
-    const size_t hit = from_right ? s.rfind(sub) : s.find(sub);
+    const size_t hit = from_right ? rfind_bytes(s, sub) : find_bytes(s, sub);
     if (hit == std::string_view::npos) return -1;
     return static_cast<int64_t>(length(s.substr(0, hit)));
 }

@@ -25,13 +25,23 @@ bool is_printable(char32_t cp);
 
 // str.strip/lstrip/rstrip; chars unset means whitespace.
 std::string strip(std::string_view s, const std::optional<std::string>& chars, bool left, bool right);
-// str.split(sep, maxsplit) and str.rsplit; sep unset means runs of whitespace.
-std::vector<std::string> split(std::string_view s, const std::optional<std::string>& sep, int64_t maxsplit);
-std::vector<std::string> rsplit(std::string_view s, const std::optional<std::string>& sep, int64_t maxsplit);
-// str.splitlines(keepends): \n, \r, \r\n, \v, \f, \x1c-\x1e, \x85, \u2028, \u2029.
-std::vector<std::string> splitlines(std::string_view s, bool keepends);
-// str.replace(old, new, count); count < 0 replaces all.
+// str.split(sep, maxsplit) and str.rsplit; sep unset means runs of whitespace. They stop after
+// max_pieces + 1 pieces, so a caller with a limit sees that it was passed without the cost of
+// a million small strings.
+std::vector<std::string> split(std::string_view s, const std::optional<std::string>& sep, int64_t maxsplit,
+                               size_t max_pieces = SIZE_MAX);
+std::vector<std::string> rsplit(std::string_view s, const std::optional<std::string>& sep, int64_t maxsplit,
+                                size_t max_pieces = SIZE_MAX);
+// str.splitlines(keepends): \n, \r, \r\n, \v, \f, \x1c-\x1e, \x85, \u2028, \u2029; stops as split does.
+std::vector<std::string> splitlines(std::string_view s, bool keepends, size_t max_pieces = SIZE_MAX);
+// str.replace(old, new, count); count < 0 replaces all. replaced_size() is the size of the
+// result, for a caller that must know it before building it.
 std::string replace(std::string_view s, std::string_view old_text, std::string_view new_text, int64_t count);
+uint64_t replaced_size(std::string_view s, std::string_view old_text, std::string_view new_text, int64_t count);
+// Byte offset of the first (last) occurrence of needle in s, npos if none, in time linear in
+// the sizes (std::string_view::find may take |s| * |needle|, which a template can make huge).
+size_t find_bytes(std::string_view s, std::string_view needle, size_t from = 0);
+size_t rfind_bytes(std::string_view s, std::string_view needle);
 // str.count(sub) and str.find/rfind(sub) (code point index, -1 if absent) over s[start:end].
 int64_t count(std::string_view s, std::string_view sub);
 int64_t find(std::string_view s, std::string_view sub, bool from_right);

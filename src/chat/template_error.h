@@ -2,12 +2,16 @@
 // Errors of the chat-template engine. A TemplateError always names the template and the
 // line:column of the construct that failed, whether it was found while parsing (a syntax
 // error, a construct fitllm does not support) or while rendering (a type error, an undefined
-// value used, or the template's own raise_exception).
+// value used, a render limit reached, or the template's own raise_exception). When the memory
+// pool a render is charged to refuses, the render ends with a memory::BudgetError instead,
+// its message prefixed with the same location.
 #include <cstdint>
+#include <memory>
 #include <stdexcept>
 #include <string>
 
 #include "fitllm/error.h"
+#include "memory/device.h"
 
 namespace fitllm::chat {
 
@@ -24,6 +28,7 @@ public:
         unsupported,  // valid Jinja that fitllm does not implement
         runtime,      // rendering failed (jinja2 would raise too)
         raised,       // the template called raise_exception(message)
+        limit,        // a render limit (chat/render_budget.h): too deep, too many steps, too large
     };
 
     TemplateError(Kind kind, std::string template_name, SourcePos pos, std::string detail)
@@ -32,6 +37,15 @@ public:
           kind_(kind),
           template_name_(std::move(template_name)),
           pos_(pos),
+          detail_(std::move(detail)) {}
+
+    // An error in what a render was given (the messages, the extra context) rather than in the
+    // template itself: no position, line() and column() are 0.
+    TemplateError(Kind kind, std::string template_name, std::string detail)
+        : Error(template_name + ": " + detail),
+          kind_(kind),
+          template_name_(std::move(template_name)),
+          pos_{0, 0},
           detail_(std::move(detail)) {}
 
     Kind kind() const { return kind_; }
@@ -55,13 +69,23 @@ namespace jinja {
 // catches it at the innermost node and rethrows it as a TemplateError with that node's position.
 class EvalError : public std::runtime_error {
 public:
-    enum class Kind { runtime, unsupported, raised };
+    // limit: a render limit; budget: the memory pool refused (budget_error() says how).
+    enum class Kind { runtime, unsupported, raised, limit, budget };
     explicit EvalError(const std::string& message, Kind kind = Kind::runtime)
         : std::runtime_error(message), kind_(kind) {}
+    explicit EvalError(const memory::BudgetError& refused)
+        : std::runtime_error(refused.what()),
+          kind_(Kind::budget),
+          budget_error_(std::make_shared<memory::BudgetError>(refused)) {}
     Kind kind() const { return kind_; }
+    // Errors the template cannot catch or defer (a generator's error waits until it is
+    // iterated; these end the render where they happen).
+    bool is_fatal() const { return kind_ == Kind::limit || kind_ == Kind::budget; }
+    const memory::BudgetError* budget_error() const { return budget_error_.get(); }
 
 private:
     Kind kind_;
+    std::shared_ptr<const memory::BudgetError> budget_error_;
 };
 
 }  // namespace jinja

@@ -5,6 +5,8 @@
 
 #include <gtest/gtest.h>
 
+#include <chrono>
+
 #include "chat/chat_template.h"
 
 namespace fitllm::chat::jinja {
@@ -146,6 +148,23 @@ TEST(JinjaLexerErrors, UnterminatedStringAndUnbalancedBrackets) {
 TEST(JinjaLexerErrors, BadEscapesAreSyntaxErrors) {
     EXPECT_EQ(syntax_error_of(R"({{ '\x4' }})").detail(), "truncated \\xXX escape");
     EXPECT_EQ(syntax_error_of(R"({{ '\N{DASH}' }})").kind(), TemplateError::Kind::unsupported);
+}
+
+TEST(JinjaLexer, ALongLineLexesInLinearTime) {
+    // Every token's column was counted from the start of its line: 400 KB on one line took 8.4 s
+    // (the model-load lock held all along). Linear, it takes a fraction of a second; the bound is
+    // loose for busy and sanitized builds.
+    std::string source = "\n{{ ";
+    for (int i = 0; i < 100000; ++i) source += "x ~ ";  // 400 KB, 200,000 tokens on line 2
+    source += "y }}";
+    const auto start = std::chrono::steady_clock::now();
+    const std::vector<Token> tokens = tokenize(source, "t");
+    const double seconds = std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();
+    ASSERT_EQ(tokens.size(), 200005u);  // the newline, {{, 100,000 times x and ~, y, }}, the end
+    EXPECT_EQ(tokens[200002].text, "y");
+    EXPECT_EQ(tokens[200002].pos.line, 2u);
+    EXPECT_EQ(tokens[200002].pos.column, 400004u);
+    EXPECT_LT(seconds, 5.0);
 }
 
 }  // namespace
