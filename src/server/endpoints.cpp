@@ -241,11 +241,17 @@ void Endpoints::completion(bool chat, HttpRequest& req, HttpResponse& res) {
                 throw context_exceeded(t, bytes, longest, n_ctx);
             }
             std::string text;
+            // The render's values are this request's memory too, charged as they grow.
+            chat::RenderOptions options = m.render_options();
+            options.pool = memory.pool();
             try {
-                text = m.chat_template().tmpl.render(request.messages, m.render_options());
+                text = m.chat_template().tmpl.render(request.messages, options);
             } catch (const chat::TemplateError& e) {
                 throw ApiError::invalid(std::string("messages: the model's chat template refused them: ") + e.what(),
                                         "template_error");
+            } catch (const memory::BudgetError& e) {
+                throw ApiError(503, "server_busy", "over_budget",
+                               std::string("messages: rendering the chat template: ") + e.what() + "; try again");
             }
             request.messages = {};
             const memory::Charge rendered = memory.charge(text.size(), "the rendered prompt");

@@ -31,6 +31,8 @@ public:
     // (request_too_large) when they are more than the budget holds besides the models, 503
     // (over_budget, try again) when other requests hold the room now.
     memory::Charge charge(uint64_t bytes, const std::string& what);
+    // The pool it charges (nullptr: none), for what charges as it grows (a chat template's render).
+    memory::Pool* pool() const { return pool_; }
     // Counts bytes charged elsewhere (the body, by the transport) towards the trim.
     void note(uint64_t bytes) { total_ += bytes; }
 
