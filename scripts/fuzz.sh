@@ -1,17 +1,21 @@
 #!/usr/bin/env bash
-# Builds the libFuzzer targets with clang in build-fuzz/ and fuzzes the GGUF reader, then the
-# OpenAI request parser, for SECONDS (default 60) each, starting from scratch copies of
-# fuzz/corpus/ and fuzz/corpus_request/ so the checked-in seeds stay as they are. Extra arguments
-# go to libFuzzer (e.g. -jobs=2).
+# Builds the libFuzzer targets with clang in build-fuzz/ and runs each for SECONDS (default 60):
+#   gguf_reader_fuzz     the GGUF reader and writer             seeds: fuzz/corpus/
+#   jinja_fuzz           the Jinja engine: parse, check, render seeds: the chat fixtures (fuzz/make_corpus.py)
+#   tokenizer_fuzz       the tokenizers of every test vocabulary seeds: llama.cpp's tokenizer test texts
+#   request_parser_fuzz  the OpenAI request parser (JSON -> request) seeds: fuzz/corpus_request/
+# Each starts from a scratch copy of its seeds, so nothing checked in changes. Extra arguments go
+# to libFuzzer (e.g. -jobs=2).
 #
 #   scripts/fuzz.sh [SECONDS] [LIBFUZZER_ARGS...]
 #
-# FITLLM_FUZZ_KEEP=1 keeps the scratch directory (the grown corpus and the full log) and prints
-# where it is.
+# FITLLM_FUZZ_TARGETS="jinja_fuzz tokenizer_fuzz" runs only those; FITLLM_FUZZ_KEEP=1 keeps the
+# scratch directory (the grown corpora and the full logs) and prints where it is.
 #
-# Exits non-zero when the fuzzer finds a crash, a leak, a timeout or an out-of-memory; the
-# input that triggered it is kept under fuzz/findings/ (gitignored). Reproduce one with
-#   build-fuzz/fuzz/gguf_reader_fuzz fuzz/findings/crash-...
+# Runs every target, then exits non-zero if any found a crash, a leak, a timeout or an
+# out-of-memory; the input that triggered it is kept under fuzz/findings/TARGET/ (gitignored).
+# Reproduce one with
+#   build-fuzz/fuzz/TARGET fuzz/findings/TARGET/crash-...
 set -euo pipefail
 
 root="$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)"
@@ -21,62 +25,74 @@ if ! [[ "$seconds" =~ ^[0-9]+$ ]]; then
     echo "usage: scripts/fuzz.sh [SECONDS] [LIBFUZZER_ARGS...]" >&2
     exit 2
 fi
+targets=(${FITLLM_FUZZ_TARGETS:-gguf_reader_fuzz jinja_fuzz tokenizer_fuzz request_parser_fuzz})
 cxx="${FITLLM_FUZZ_CXX:-clang++}"
 build="$root/build-fuzz"
 
 cmake -S "$root" -B "$build" -G Ninja -DCMAKE_CXX_COMPILER="$cxx" -DCMAKE_BUILD_TYPE=RelWithDebInfo \
     -DFITLLM_FUZZ=ON -DFITLLM_BUILD_TESTS=OFF -DFITLLM_BUILD_BENCH=OFF >/dev/null
-ninja -C "$build" gguf_reader_fuzz make_seed_corpus request_parser_fuzz
+ninja -C "$build" "${targets[@]}" make_seed_corpus
 
 scratch="$(mktemp -d "${TMPDIR:-/tmp}/fitllm-fuzz-XXXXXX")"
 if [ "${FITLLM_FUZZ_KEEP:-0}" = 1 ]; then
-    trap 'echo "kept: $scratch (corpus/, fuzz.log)"' EXIT
+    trap 'echo "kept: $scratch (TARGET/corpus/, TARGET/fuzz.log)"' EXIT
 else
     trap 'rm -rf "$scratch"' EXIT
 fi
-mkdir -p "$scratch/corpus" "$root/fuzz/findings"
-cp "$root"/fuzz/corpus/* "$scratch/corpus/" 2>/dev/null || true
-if [ -z "$(ls -A "$scratch/corpus")" ]; then
-    # No checked-in seeds (a fresh checkout without them): generate them.
-    "$build/fuzz/make_seed_corpus" "$scratch/corpus"
-fi
 
-log="$scratch/fuzz.log"
-set +e
-"$build/fuzz/gguf_reader_fuzz" "$scratch/corpus" \
-    -dict="$root/fuzz/gguf.dict" \
-    -max_total_time="$seconds" -max_len=65536 -rss_limit_mb=2048 -timeout=10 \
-    -artifact_prefix="$root/fuzz/findings/" -print_final_stats=1 "$@" 2>&1 | tee "$log" |
-    grep -E '^#[0-9]+[[:space:]]+(INITED|pulse)' --line-buffered
-rc=${PIPESTATUS[0]}
-set -e
+# The seeds and libFuzzer options of a target.
+seed() {
+    local target="$1" corpus="$2"
+    case "$target" in
+        gguf_reader_fuzz)
+            cp "$root"/fuzz/corpus/* "$corpus/" 2>/dev/null || true
+            # No checked-in seeds (a fresh checkout without them): generate them.
+            [ -n "$(ls -A "$corpus")" ] || "$build/fuzz/make_seed_corpus" "$corpus" ;;
+        jinja_fuzz) python3 "$root/fuzz/make_corpus.py" jinja "$corpus" >/dev/null ;;
+        tokenizer_fuzz) python3 "$root/fuzz/make_corpus.py" tokenizer "$corpus" >/dev/null ;;
+        request_parser_fuzz) cp "$root"/fuzz/corpus_request/* "$corpus/" ;;
+    esac
+}
+options() {
+    case "$1" in
+        gguf_reader_fuzz) echo "-dict=$root/fuzz/gguf.dict -max_len=65536" ;;
+        jinja_fuzz) echo "-dict=$root/fuzz/jinja.dict -max_len=16384" ;;
+        tokenizer_fuzz) echo "-max_len=4096" ;;
+        request_parser_fuzz) echo "-dict=$root/fuzz/request.dict -max_len=65536" ;;
+    esac
+}
 
-echo "--- final stats ---"
-grep -E '^#[0-9]+[[:space:]]+DONE|^Done [0-9]+ runs|^stat::' "$log" || tail -n 5 "$log"
-if [ "$rc" -ne 0 ]; then
-    echo "--- fuzzer failed (exit $rc) ---"
-    grep -E 'ERROR:|SUMMARY:|invariant broken|does not parse|refuses what|Test unit written' "$log" | head -n 20
-    echo "full log: $root/fuzz/findings/last-failure.log"
-    cp "$log" "$root/fuzz/findings/last-failure.log"
-    exit "$rc"
-fi
+failed=()
+for target in "${targets[@]}"; do
+    echo "=== $target: $seconds s ==="
+    dir="$scratch/$target"
+    findings="$root/fuzz/findings/$target"
+    mkdir -p "$dir/corpus" "$findings"
+    seed "$target" "$dir/corpus"
+    log="$dir/fuzz.log"
+    set +e
+    # shellcheck disable=SC2046  # options() gives several words on purpose
+    "$build/fuzz/$target" "$dir/corpus" $(options "$target") \
+        -max_total_time="$seconds" -rss_limit_mb=2048 -timeout=10 \
+        -artifact_prefix="$findings/" -print_final_stats=1 "$@" 2>&1 | tee "$log" |
+        grep -E '^#[0-9]+[[:space:]]+(INITED|pulse)' --line-buffered
+    rc=${PIPESTATUS[0]}
+    set -e
+    echo "--- $target: final stats ---"
+    grep -E '^#[0-9]+[[:space:]]+DONE|^Done [0-9]+ runs|^stat::number_of_executed_units|^stat::peak_rss_mb' "$log" ||
+        tail -n 5 "$log"
+    if [ "$rc" -ne 0 ]; then
+        echo "--- $target: fuzzer failed (exit $rc) ---"
+        grep -E 'ERROR:|SUMMARY:|invariant broken|uncaught|jinja_fuzz:|tokenizer_fuzz:|does not parse|refuses what|Test unit written' \
+            "$log" | head -n 20
+        cp "$log" "$findings/last-failure.log"
+        echo "full log: $findings/last-failure.log"
+        failed+=("$target")
+    fi
+done
 
-# Then the OpenAI request parser (fuzz/request_parser_fuzz.cpp) for as long, from fuzz/corpus_request/.
-mkdir -p "$scratch/corpus_request"
-cp "$root"/fuzz/corpus_request/* "$scratch/corpus_request/"
-log="$scratch/fuzz_request.log"
-set +e
-"$build/fuzz/request_parser_fuzz" "$scratch/corpus_request" -dict="$root/fuzz/request.dict" \
-    -max_total_time="$seconds" -max_len=65536 -rss_limit_mb=2048 -timeout=10 \
-    -artifact_prefix="$root/fuzz/findings/" -print_final_stats=1 "$@" 2>&1 | tee "$log" |
-    grep -E '^#[0-9]+[[:space:]]+(INITED|pulse)' --line-buffered
-rc=${PIPESTATUS[0]}
-set -e
-echo "--- final stats (request parser) ---"
-grep -E '^#[0-9]+[[:space:]]+DONE|^Done [0-9]+ runs|^stat::' "$log" || tail -n 5 "$log"
-if [ "$rc" -ne 0 ]; then
-    echo "--- request parser fuzzer failed (exit $rc) ---"
-    grep -E 'ERROR:|SUMMARY:|invariant broken|uncaught|Test unit written' "$log" | head -n 20
-    cp "$log" "$root/fuzz/findings/last-failure.log"
-    exit "$rc"
+if [ "${#failed[@]}" -ne 0 ]; then
+    echo "=== findings in: ${failed[*]} (under fuzz/findings/) ==="
+    exit 1
 fi
+echo "=== no findings: ${targets[*]} ==="
