@@ -2,7 +2,7 @@
 # Sets everything up and runs every test:
 #   1. the GoogleTest suite (ctest) on the Release build,
 #   2. the same suite built with AddressSanitizer + UndefinedBehaviorSanitizer,
-#   3. the GGUF reader fuzzer for a bounded time (FITLLM_FUZZ_SECONDS, default 60).
+#   3. the libFuzzer targets, each for a bounded time (FITLLM_FUZZ_SECONDS, default 40).
 # Before them, every C/C++/CUDA file must be clang-formatted (scripts/check_format.sh).
 # FITLLM_TEST_QUICK=1 runs step 1 only.
 set -euo pipefail
@@ -20,11 +20,12 @@ run_ctest() {
   local log dir="$1"
   shift
   log="$(mktemp)"
+  local junit="$ROOT/$dir/ctest-junit.xml" # absolute: ctest reads a relative one from inside $dir
   set +e
-  ctest --test-dir "$dir" --output-on-failure -j "$JOBS" --output-junit "$dir/ctest-junit.xml" "$@" 2>&1 | tee "$log"
+  ctest --test-dir "$dir" --output-on-failure -j "$JOBS" --output-junit "$junit" "$@" 2>&1 | tee "$log"
   local rc=${PIPESTATUS[0]}
   set -e
-  python3 "$ROOT/scripts/ctest_skips.py" "$dir/ctest-junit.xml" || true
+  python3 "$ROOT/scripts/ctest_skips.py" "$junit" || true
   local summary total failed skipped
   summary="$(grep -E 'tests passed, [0-9]+ tests failed out of [0-9]+' "$log" | tail -1)"
   skipped="$(grep -cE '\*\*\*Skipped|Not Run' "$log" || true)"
@@ -36,14 +37,14 @@ run_ctest() {
   SKIPPED=$((SKIPPED + ${skipped:-0}))
   return "$rc"
 }
-summary() { echo "tests: $PASSED passed, $FAILED failed, $SKIPPED skipped"; }
+summary() { echo "tests: $PASSED passed, $FAILED failed, $SKIPPED skipped (${SECONDS} s in all)"; }
 trap summary EXIT
 
-echo "== tests (Release) =="
+echo "== tests (Release) == (at ${SECONDS} s)"
 run_ctest build
 [[ "${FITLLM_TEST_QUICK:-0}" == 1 ]] && exit 0
 
-echo "== tests (ASan + UBSan) =="
+echo "== tests (ASan + UBSan) == (at ${SECONDS} s)"
 # Without the CUDA backend (nothing of it runs without a GPU; the Release build compiles it), and
 # with line tables only for debug information (what the sanitizers' reports print; -g costs more
 # compile time). Not -O1: the kernels' bit-exactness tests count on -O2's FMA contraction.
@@ -59,5 +60,5 @@ echo "(left out under the sanitizers, run above: tests matching $ASAN_EXCLUDED)"
 ASAN_OPTIONS=detect_leaks=1:abort_on_error=1 UBSAN_OPTIONS=print_stacktrace=1:halt_on_error=1 \
   run_ctest build-asan -E "$ASAN_EXCLUDED"
 
-echo "== fuzzing the GGUF reader (${FITLLM_FUZZ_SECONDS:-60} s) =="
-"$ROOT/scripts/fuzz.sh" "${FITLLM_FUZZ_SECONDS:-60}"
+echo "== fuzzing (${FITLLM_FUZZ_SECONDS:-40} s a target) == (at ${SECONDS} s)"
+"$ROOT/scripts/fuzz.sh" "${FITLLM_FUZZ_SECONDS:-40}"

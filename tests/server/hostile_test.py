@@ -213,6 +213,8 @@ class Oversized(unittest.TestCase):
 
 class MemoryGivenBack(unittest.TestCase):
     def test_a_large_request_leaves_nothing_resident(self):
+        if os.environ.get("FITLLM_SANITIZED"):
+            self.skipTest("AddressSanitizer's quarantine keeps freed memory resident; the Release run checks this")
         srv = Server("-c", "512", "--max-body", "64M", "--mem", "2G")
         try:
             body = json.dumps({"prompt": "a" * (30 << 20)})  # 30 MB: parsed, refused by its size
