@@ -2,7 +2,7 @@
 # Sets everything up and runs every test:
 #   1. the GoogleTest suite (ctest) on the Release build,
 #   2. the same suite built with AddressSanitizer + UndefinedBehaviorSanitizer,
-#   3. the libFuzzer targets, each for a bounded time (FITLLM_FUZZ_SECONDS, default 40).
+#   3. the libFuzzer targets, each for a bounded time (FITLLM_FUZZ_SECONDS, default 30).
 # Before them, every C/C++/CUDA file must be clang-formatted (scripts/check_format.sh).
 # FITLLM_TEST_QUICK=1 runs step 1 only.
 set -euo pipefail
@@ -60,5 +60,5 @@ echo "(left out under the sanitizers, run above: tests matching $ASAN_EXCLUDED)"
 ASAN_OPTIONS=detect_leaks=1:abort_on_error=1 UBSAN_OPTIONS=print_stacktrace=1:halt_on_error=1 \
   run_ctest build-asan -E "$ASAN_EXCLUDED"
 
-echo "== fuzzing (${FITLLM_FUZZ_SECONDS:-40} s a target) == (at ${SECONDS} s)"
-"$ROOT/scripts/fuzz.sh" "${FITLLM_FUZZ_SECONDS:-40}"
+echo "== fuzzing (${FITLLM_FUZZ_SECONDS:-30} s a target) == (at ${SECONDS} s)"
+"$ROOT/scripts/fuzz.sh" "${FITLLM_FUZZ_SECONDS:-30}"
