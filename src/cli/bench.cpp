@@ -20,6 +20,7 @@
 #include "gguf/gguf_reader.h"
 #include "kv/cache.h"
 #include "model/model.h"
+#include "ops/read_bandwidth.h"
 #include "ops/thread_pool.h"
 #include "quant/file_type.h"
 #include "util/text.h"
@@ -29,15 +30,16 @@ namespace fitllm::cli {
 namespace {
 
 struct Result {
-    std::string test;  // "pp512", "tg128"
+    std::string test;         // "pp512", "tg128"
+    int tokens_per_pass = 0;  // tg tests: tokens decoded by one forward pass (one per sequence); 0: pp
     int n_tokens;
     double mean_tps;
     double stdev_tps;
     std::vector<double> samples_tps;
 };
 
-Result summarize(std::string test, int n_tokens, std::vector<double> seconds) {
-    Result r{std::move(test), n_tokens, 0.0, 0.0, {}};
+Result summarize(std::string test, int tokens_per_pass, int n_tokens, std::vector<double> seconds) {
+    Result r{std::move(test), tokens_per_pass, n_tokens, 0.0, 0.0, {}};
     for (double s : seconds) r.samples_tps.push_back(n_tokens / s);
     for (double t : r.samples_tps) r.mean_tps += t;
     r.mean_tps /= static_cast<double>(r.samples_tps.size());
@@ -49,6 +51,39 @@ Result summarize(std::string test, int n_tokens, std::vector<double> seconds) {
 
 double seconds_since(std::chrono::steady_clock::time_point t0) {
     return std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
+}
+
+// The weight bytes one decoded token reads: every tensor but the token embeddings, of which it
+// reads one row, unless the output projection is tied to them (no output.weight) and reads them
+// whole. Dense models: a mixture of experts reads only its chosen experts.
+uint64_t weights_read_per_token(const gguf::GgufFile& file) {
+    const bool tied = file.find_tensor("output.weight") == nullptr;
+    uint64_t bytes = 0;
+    for (const auto& t : file.tensors()) {
+        if (t.name != "token_embd.weight" || tied) bytes += t.n_bytes;
+    }
+    return bytes;
+}
+
+// The machine's read bandwidth over the model's mapped weights (ops::measure_read_bandwidth), and
+// what one decoded token reads; none where weights stream from the file or run on a device,
+// whose decode the host's memory does not bound.
+struct Bandwidth {
+    ops::ReadBandwidth measured;
+    uint64_t bytes_per_token = 0;
+    // The share of the bandwidth that tokens_per_pass tokens per forward pass at `tps` tokens/s use.
+    double share(double tps, int tokens_per_pass) const {
+        return measured.bytes_per_second > 0 ? bytes_per_token * (tps / tokens_per_pass) / measured.bytes_per_second
+                                             : 0.0;
+    }
+};
+
+std::optional<Bandwidth> measure_bandwidth(engine::Engine& e) {
+    const engine::PlanParams& p = e.plan().params;
+    if (p.n_streamed_layers > 0 || (!p.device.empty() && p.n_gpu_layers != 0)) return std::nullopt;
+    std::vector<std::span<const std::byte>> ranges;
+    for (const auto& t : e.file().tensors()) ranges.push_back(t.data);
+    return Bandwidth{ops::measure_read_bandwidth(ranges, e.threads()), weights_read_per_token(e.file())};
 }
 
 }  // namespace
@@ -126,7 +161,7 @@ int measure(engine::Engine& e, const BenchOptions& o) {
             session->feed(prompt);
             if (r >= 0) seconds.push_back(seconds_since(t0));
         }
-        results.push_back(summarize("pp" + std::to_string(n_prompt), n_prompt, seconds));
+        results.push_back(summarize("pp" + std::to_string(n_prompt), 0, n_prompt, seconds));
     }
     if (n_gen > 0) {
         std::vector<double> seconds;
@@ -139,7 +174,7 @@ int measure(engine::Engine& e, const BenchOptions& o) {
             }
             if (r >= 0) seconds.push_back(seconds_since(t0));
         }
-        results.push_back(summarize("tg" + std::to_string(n_gen), n_gen, seconds));
+        results.push_back(summarize("tg" + std::to_string(n_gen), 1, n_gen, seconds));
     }
     session.reset();  // its cache and logits go back to the budget before the -np test's
     if (n_gen > 0 && n_parallel > 1) {
@@ -162,9 +197,11 @@ int measure(engine::Engine& e, const BenchOptions& o) {
             }
             if (r >= 0) seconds.push_back(seconds_since(t0));
         }
-        results.push_back(
-            summarize("tg" + std::to_string(n_gen) + " x" + std::to_string(n_parallel), n_gen * n_parallel, seconds));
+        results.push_back(summarize("tg" + std::to_string(n_gen) + " x" + std::to_string(n_parallel), n_parallel,
+                                    n_gen * n_parallel, seconds));
     }
+
+    const std::optional<Bandwidth> bandwidth = n_gen > 0 ? measure_bandwidth(e) : std::nullopt;
 
     const gguf::GgufFile& file = e.file();
     const std::string& model_path = o.engine.load.model_path;
@@ -180,26 +217,49 @@ int measure(engine::Engine& e, const BenchOptions& o) {
     if (output == "json") {
         nlohmann::ordered_json j = nlohmann::ordered_json::array();
         for (const Result& r : results) {
-            j.push_back({{"model", model_path},
-                         {"arch", arch},
-                         {"file_type", ftype},
-                         {"weight_bytes", weight_bytes},
-                         {"threads", pool.size()},
-                         {"kv_cache", engine::describe_kv(e.context())},
-                         {"test", r.test},
-                         {"n_tokens", r.n_tokens},
-                         {"avg_ts", r.mean_tps},
-                         {"stddev_ts", r.stdev_tps},
-                         {"samples_ts", r.samples_tps}});
+            nlohmann::ordered_json row = {{"model", model_path},
+                                          {"arch", arch},
+                                          {"file_type", ftype},
+                                          {"weight_bytes", weight_bytes},
+                                          {"threads", pool.size()},
+                                          {"kv_cache", engine::describe_kv(e.context())},
+                                          {"test", r.test},
+                                          {"n_tokens", r.n_tokens},
+                                          {"avg_ts", r.mean_tps},
+                                          {"stddev_ts", r.stdev_tps},
+                                          {"samples_ts", r.samples_tps}};
+            if (bandwidth) {
+                row["read_bandwidth_bps"] = bandwidth->measured.bytes_per_second;
+                if (r.tokens_per_pass > 0) {
+                    row["weights_read_per_token"] = bandwidth->bytes_per_token;
+                    row["bandwidth_share"] = bandwidth->share(r.mean_tps, r.tokens_per_pass);
+                }
+            }
+            j.push_back(std::move(row));
         }
         std::printf("%s\n", j.dump(2).c_str());
         return 0;
     }
     std::printf("KV cache: %s\n\n", engine::describe_kv(e.context()).c_str());
-    std::printf("| model | size | threads | test | t/s |\n|---|---:|---:|---:|---:|\n");
+    if (bandwidth) {
+        std::printf(
+            "read bandwidth: %.1f GB/s (best of %d passes over %s of weights, %d threads); "
+            "a token reads %s of weights\n\n",
+            bandwidth->measured.bytes_per_second / 1e9, bandwidth->measured.passes,
+            util::human_bytes(bandwidth->measured.bytes).c_str(), pool.size(),
+            util::human_bytes(bandwidth->bytes_per_token).c_str());
+    }
+    std::printf("| model | size | threads | test | t/s | of bandwidth |\n|---|---:|---:|---:|---:|---:|\n");
     for (const Result& r : results) {
-        std::printf("| %s %s | %s | %d | %s | %.2f ± %.2f |\n", arch.c_str(), ftype.c_str(),
-                    util::human_bytes(weight_bytes).c_str(), pool.size(), r.test.c_str(), r.mean_tps, r.stdev_tps);
+        std::string share;
+        if (bandwidth && r.tokens_per_pass > 0) {
+            share =
+                std::to_string(static_cast<int>(std::lround(100.0 * bandwidth->share(r.mean_tps, r.tokens_per_pass)))) +
+                "%";
+        }
+        std::printf("| %s %s | %s | %d | %s | %.2f ± %.2f | %s |\n", arch.c_str(), ftype.c_str(),
+                    util::human_bytes(weight_bytes).c_str(), pool.size(), r.test.c_str(), r.mean_tps, r.stdev_tps,
+                    share.c_str());
     }
     return 0;
 }
