@@ -117,10 +117,6 @@ const RenderLimits& active_limits() {
     return t_active ? t_active->limits() : default_limits();
 }
 
-void charge_steps(uint64_t n) {
-    if (t_active) t_active->step(n);
-}
-
 void check_value_size(uint64_t bytes, std::string_view what) {
     if (bytes > active_limits().max_value_bytes) fail_value_size(what, "of " + limit_text(bytes));
 }

@@ -116,8 +116,6 @@ private:
 
 // The limits in force on this thread: the active budget's, or the defaults.
 const RenderLimits& active_limits();
-// Counts steps on the active budget (none: free).
-void charge_steps(uint64_t n);
 // One value (or a width, fill or repeat count) of `bytes`: EvalError (Kind::limit) when it is
 // over max_value_bytes. `what` names it: "width", "string", "list", "repeat count", ...
 void check_value_size(uint64_t bytes, std::string_view what);
@@ -135,7 +133,6 @@ class Nesting {
 public:
     explicit Nesting(uint32_t max_depth) : max_depth_(max_depth) {}
     uint32_t depth() const { return depth_; }
-    uint32_t max_depth() const { return max_depth_; }
 
     // One level deeper while it lives.
     class Level {
