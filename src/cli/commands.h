@@ -81,7 +81,9 @@ struct ServeOptions {
     int port = 8080;
     int ttl = 300;
     int max_queue = 64;
-    server::HttpOptions http;  // the API key, request and connection limits, web safety
+    std::string alias;                // --alias: the -m model's id
+    bool strict_model_names = false;  // --strict-model-names
+    server::HttpOptions http;         // the API key, request and connection limits, web safety
 };
 ArgParser serve_parser(ServeOptions& o);
 void validate(const ServeOptions& o);

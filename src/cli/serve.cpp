@@ -76,7 +76,8 @@ ArgParser serve_parser(ServeOptions& o) {
     c.n_ctx = 4096;
     c.n_batch = 256;
     ArgParser p(
-        "fitllm serve [-m MODEL | --models-dir DIR] [--host H] [--port P] [-np N] [-c N] [-b N] [-t N] "
+        "fitllm serve [-m MODEL | --models-dir DIR] [--alias NAME] [--strict-model-names] [--host H] [--port P] [-np "
+        "N] [-c N] [-b N] [-t N] "
         "[--mem SIZE] [--fit] [--mlock] [--stream-layers N] [--ttl SECONDS] [--api-key KEY] [--max-queue N] "
         "[-ctk TYPE] [-ctv TYPE] [--no-kv-rotation] [--kv-spill-dir DIR] [--kv-resident SIZE] [--device NAME] "
         "[-ngl N] [--vram SIZE] [--no-kv-offload] [--unified] [--max-body SIZE] [--request-timeout SECONDS] "
@@ -89,6 +90,11 @@ ArgParser serve_parser(ServeOptions& o) {
         "names it and unloaded after --ttl idle seconds, all within the --mem budget.");
     p.option("-m, --model", "MODEL", "serve this GGUF model (loaded at start)", &o.engine.load.model_path);
     p.option("--models-dir", "DIR", "serve every *.gguf in DIR, each loaded on first use", &o.models_dir);
+    p.option("--alias", "NAME", "the -m model's id in /v1/models and answers (default: its file name without .gguf)",
+             &o.alias);
+    p.flag("--strict-model-names", &o.strict_model_names,
+           "with -m, answer HTTP 404 to a request naming another model (default: the one model answers to any "
+           "name, as clients send their own default)");
     p.option("--host", "HOST", "address to listen on (default 127.0.0.1)", &o.host);
     p.option("--port", "PORT", "port to listen on; 0 picks a free one (default 8080)", &o.port);
     p.option("-np, --parallel", "N", "sequences decoded together per model (default 4)", &c.n_seq);
@@ -122,6 +128,9 @@ void validate(const ServeOptions& o) {
     if (c.n_batch < 1) throw UsageError("-b: " + std::to_string(c.n_batch) + " must be positive");
     if (o.max_queue < 0) throw UsageError("--max-queue: " + std::to_string(o.max_queue) + " must not be negative");
     if (o.ttl < 0) throw UsageError("--ttl: " + std::to_string(o.ttl) + " must not be negative");
+    if (!o.alias.empty() && !o.models_dir.empty()) {
+        throw UsageError("--alias names the -m model; with --models-dir each file's name is its id");
+    }
     try {
         engine::check(c);
     } catch (const ConfigError& e) {
@@ -136,7 +145,9 @@ server::RegistryOptions registry_options(const ServeOptions& o) {
             .load = o.engine.load,
             .context = o.engine.context,
             .scheduler = {.max_queue = o.max_queue},
-            .mem_label = o.engine.mem_label};
+            .mem_label = o.engine.mem_label,
+            .alias = o.alias,
+            .strict_model_names = o.strict_model_names};
 }
 
 namespace {
@@ -153,14 +164,7 @@ int serve(const ServeOptions& o) {
 
     std::unique_ptr<server::ModelRegistry> registry_ptr;
     try {
-        registry_ptr =
-            std::make_unique<server::ModelRegistry>(server::RegistryOptions{.model_path = o.engine.load.model_path,
-                                                                            .models_dir = o.models_dir,
-                                                                            .ttl_seconds = static_cast<double>(o.ttl),
-                                                                            .load = o.engine.load,
-                                                                            .context = o.engine.context,
-                                                                            .scheduler = {.max_queue = o.max_queue},
-                                                                            .mem_label = o.engine.mem_label});
+        registry_ptr = std::make_unique<server::ModelRegistry>(registry_options(o));
     } catch (const ConfigError& e) {
         throw UsageError(e.what());
     }

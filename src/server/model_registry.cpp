@@ -75,6 +75,9 @@ ModelRegistry::ModelRegistry(RegistryOptions options) : options_(std::move(optio
     if (!options_.model_path.empty() && !std::filesystem::is_regular_file(options_.model_path)) {
         throw std::invalid_argument("-m: " + options_.model_path.string() + " is not a file");
     }
+    if (!options_.alias.empty() && options_.model_path.empty()) {
+        throw std::invalid_argument("--alias names the -m model; with --models-dir each file's name is its id");
+    }
     resources_ = engine::Resources::open(options_.load, options_.context.n_threads, options_.mem_label);
     {
         std::lock_guard lock(mutex_);
@@ -96,7 +99,10 @@ ModelRegistry::~ModelRegistry() {
 
 void ModelRegistry::scan_locked() const {
     if (!options_.model_path.empty()) {
-        if (entries_.empty()) entries_[options_.model_path.stem().string()].path = options_.model_path;
+        if (entries_.empty()) {
+            entries_[options_.alias.empty() ? options_.model_path.stem().string() : options_.alias].path =
+                options_.model_path;
+        }
         return;
     }
     std::error_code ec;
@@ -144,7 +150,9 @@ std::shared_ptr<LoadedModel> ModelRegistry::acquire(const std::string& requested
     std::string id = requested;
     {
         std::lock_guard lock(mutex_);
-        if (id.empty()) {
+        if (!options_.model_path.empty() && !options_.strict_model_names) {
+            id = entries_.begin()->first;  // the one model answers to any name
+        } else if (id.empty()) {
             if (!options_.model_path.empty()) {
                 id = entries_.begin()->first;
             } else {
@@ -169,8 +177,12 @@ std::shared_ptr<LoadedModel> ModelRegistry::acquire(const std::string& requested
             it = entries_.find(id);
         }
         if (it == entries_.end()) {
-            throw ApiError(404, "invalid_request_error", "model_not_found",
-                           "model '" + id + "' does not exist (GET /v1/models lists the models)");
+            throw ApiError(
+                404, "invalid_request_error", "model_not_found",
+                "model '" + id + "' does not exist (GET /v1/models lists the models" +
+                    (options_.model_path.empty() ? std::string(")")
+                                                 : "; this server serves '" + entries_.begin()->first +
+                                                       "' and answers to no other name: --strict-model-names)"));
         }
         it->second.last_used = std::chrono::steady_clock::now();
         if (it->second.loaded) return it->second.loaded;

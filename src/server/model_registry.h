@@ -50,6 +50,11 @@ struct RegistryOptions {
     ContextConfig context;             // each model's: n_seq slots sharing n_ctx tokens, n_batch, K/V
     engine::SchedulerOptions scheduler;
     std::string mem_label;  // "--mem 2G" when given, for messages
+    // The -m model's id (--alias); "" takes the file name without .gguf. Only with model_path.
+    std::string alias;
+    // With model_path, a request naming another model gets 404 (--strict-model-names) instead of
+    // the one model (clients send their own default name). --models-dir is always strict.
+    bool strict_model_names = false;
 };
 
 // A model the registry has loaded: its engine and the scheduler that serves it.
@@ -102,7 +107,8 @@ public:
     void load_startup_model();
     bool loading() const { return loading_; }
 
-    // The model of that id, loaded if needed. "" picks the only model there is (or the -m one).
+    // The model of that id, loaded if needed. "" picks the only model there is (or the -m one);
+    // so does any other name with -m unless strict_model_names.
     // Throws ApiError: 404 for an id that is not offered, 400 when "" is ambiguous, 507 when the
     // model cannot fit the budget even alone, 503 when it could but busy models hold the room.
     std::shared_ptr<LoadedModel> acquire(const std::string& id);

@@ -222,9 +222,9 @@ class OneModel(unittest.TestCase):
         assert_error(self, self.srv.post(chat, {"messages": msgs, "stop": [1]}), 400, "invalid_type")
         assert_error(self, self.srv.post(chat, {"messages": msgs, "stream": "yes"}), 400, "invalid_type")
         assert_error(self, self.srv.post(chat, {"messages": msgs, "n": 3}), 400, "invalid_value")
-        msg = assert_error(self, self.srv.post(chat, {"messages": msgs, "model": "no-such-model"}), 404,
-                           "model_not_found")
-        self.assertIn("no-such-model", msg)
+        # One model answers to any name (clients send their own default): see ModelNames.
+        s, r = self.srv.post(chat, {"messages": msgs, "model": "no-such-model", "max_tokens": 2})
+        self.assertEqual((s, r["model"]), (200, self.model), r)
         msg = assert_error(self, self.srv.post(chat, {"messages": msgs, "max_tokens": 10**6}), 400,
                            "context_length_exceeded")
         self.assertIn("512", msg)
@@ -237,8 +237,6 @@ class OneModel(unittest.TestCase):
         # The openai client sees these as exceptions of the right class.
         with self.assertRaises(openai.BadRequestError):
             self.srv.client().chat.completions.create(model=self.model, messages=msgs, max_tokens=10**6)
-        with self.assertRaises(openai.NotFoundError):
-            self.srv.client().chat.completions.create(model="nope", messages=msgs)
         # And the server still serves.
         r = self.srv.client().chat.completions.create(model=self.model, messages=msgs, max_tokens=3)
         self.assertEqual(r.usage.completion_tokens, 3)
@@ -317,6 +315,46 @@ class OneModel(unittest.TestCase):
         self.assertGreater(model_used, plan["total"] - plan["scratch"])
         self.assertEqual(pools["kv"]["used"], plan["kv"])
         self.assertLessEqual(m["used"], plan["total"])
+
+
+class ModelNames(unittest.TestCase):
+    """-m answers to any model name unless --strict-model-names; --alias sets its id."""
+
+    def test_any_name_and_alias(self):
+        srv = Server("-m", TINY_QWEN, "-c", "256", "--alias", "my-model")
+        try:
+            self.assertEqual([m.id for m in srv.client().models.list().data], ["my-model"])
+            for name in ("gpt-4o-mini", "my-model", "tiny-qwen2-q8_0"):
+                r = srv.client().chat.completions.create(model=name, max_tokens=2,
+                                                         messages=[{"role": "user", "content": "hi"}])
+                self.assertEqual((r.model, r.usage.completion_tokens), ("my-model", 2))
+            s, r = srv.post("/tokenize", {"content": "hi", "model": "llama3"})
+            self.assertEqual(s, 200, r)
+        finally:
+            srv.stop()
+
+    def test_strict_model_names(self):
+        srv = Server("-m", TINY_QWEN, "-c", "256", "--alias", "my-model", "--strict-model-names")
+        try:
+            r = srv.client().completions.create(model="my-model", prompt="hi", max_tokens=2)
+            self.assertEqual(r.model, "my-model")
+            s, r = srv.post("/v1/completions", {"prompt": "hi", "max_tokens": 2})  # no name: the one model
+            self.assertEqual((s, r["model"]), (200, "my-model"))
+            for name in ("gpt-4o-mini", "tiny-qwen2-q8_0"):  # the file's name is not the id any more
+                msg = assert_error(self, srv.post("/v1/completions", {"model": name, "prompt": "hi"}), 404,
+                                   "model_not_found")
+                self.assertIn(name, msg)
+                self.assertIn("my-model", msg)
+            with self.assertRaises(openai.NotFoundError):
+                srv.client().chat.completions.create(model="nope", messages=[{"role": "user", "content": "hi"}])
+        finally:
+            srv.stop()
+
+    def test_alias_needs_one_model(self):
+        proc = subprocess.run([FITLLM, "serve", "--port", "0", "--models-dir", DATA, "--alias", "x"],
+                              capture_output=True, text=True, timeout=30)
+        self.assertNotEqual(proc.returncode, 0)
+        self.assertIn("--alias", proc.stderr)
 
 
 class Preemption(unittest.TestCase):
@@ -428,6 +466,10 @@ class ModelsDir(unittest.TestCase):
             state = self.loaded(srv)
             self.assertTrue(state["tiny-llama-q8_0"] and state["tiny-qwen2-q8_0"])
             assert_error(self, srv.post("/v1/completions", {"prompt": "x"}), 400, "model_required")
+            # Several models: a name none of them has is refused.
+            msg = assert_error(self, srv.post("/v1/completions", {"model": "gpt-4o-mini", "prompt": "x"}), 404,
+                               "model_not_found")
+            self.assertIn("gpt-4o-mini", msg)
             deadline = time.time() + 6
             while any(self.loaded(srv).values()):
                 self.assertLess(time.time(), deadline, "models still loaded after the TTL")
