@@ -1,11 +1,15 @@
 #include "sampling/sampler.h"
 
 #include <algorithm>
+#include <limits>
 #include <string>
 #include <utility>
 
 namespace fitllm::sampling {
 namespace {
+
+// A logit_bias at or below this bans the token (OpenAI: "-100 should result in a ban").
+constexpr float kBanBias = -100.0f;
 
 uint64_t resolve_seed(uint64_t requested) {
     if (requested != kRandomSeed) return requested;
@@ -26,6 +30,16 @@ Sampler::Sampler(SamplingParams params, int32_t vocab_size)
     if (vocab_size <= 0)
         throw SamplingError("sampling: vocab_size = " + std::to_string(vocab_size) + " must be positive");
     validate_sampling_params(params_);
+    std::vector<TokenId> banned;
+    for (const auto& [id, bias] : params_.logit_bias) {
+        if (id < 0 || id >= vocab_size)
+            throw SamplingError("sampling: logit_bias names token " + std::to_string(id) +
+                                ", outside the vocabulary [0, " + std::to_string(vocab_size) + ")");
+        if (bias <= kBanBias) banned.push_back(id);
+    }
+    std::sort(banned.begin(), banned.end());
+    if (std::unique(banned.begin(), banned.end()) - banned.begin() == vocab_size)
+        throw SamplingError("sampling: logit_bias bans every token of the vocabulary");
     seed_generator(rng_, seed_);
     window_.assign(static_cast<size_t>(params_.penalty_last_n), 0);
     window_distinct_.reserve(window_.size());
@@ -38,6 +52,10 @@ TokenId Sampler::sample(std::span<const float> logits) {
                             std::to_string(vocab_size_) + " tokens");
     if (candidates_.items.capacity() < logits.size()) candidates_.items.reserve(logits.size());  // once, warm after
     candidates_.assign(logits);
+    for (const auto& [id, bias] : params_.logit_bias) {  // in id order after assign()
+        float& logit = candidates_.items[static_cast<size_t>(id)].logit;
+        logit = bias <= kBanBias ? -std::numeric_limits<float>::infinity() : logit + bias;
+    }
     for (SamplerStep step : params_.chain) {
         switch (step) {
             case SamplerStep::penalties:

@@ -23,7 +23,8 @@ namespace fitllm::sampling {
 
 class Sampler {
 public:
-    // Throws SamplingError when a parameter is out of range or vocab_size is not positive.
+    // Throws SamplingError when a parameter is out of range, vocab_size is not positive, a
+    // logit_bias id is outside the vocabulary or the biases ban every token.
     Sampler(SamplingParams params, int32_t vocab_size);
 
     // Throws SamplingError when logits.size() != vocab_size or a logit is NaN.

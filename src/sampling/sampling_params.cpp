@@ -57,6 +57,9 @@ void validate_sampling_params(const SamplingParams& params) {
     require_finite("repeat_penalty", params.repeat_penalty);
     if (!(params.repeat_penalty > 0.0f))
         throw_out_of_range("repeat_penalty", params.repeat_penalty, "a value > 0 (1 turns it off)");
+    for (const auto& [id, bias] : params.logit_bias) {
+        if (std::isnan(bias)) throw_out_of_range("logit_bias[" + std::to_string(id) + "]", bias, "a number");
+    }
     require_finite("frequency_penalty", params.frequency_penalty);
     require_finite("presence_penalty", params.presence_penalty);
     if (params.penalty_last_n < 0)

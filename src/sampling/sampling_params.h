@@ -5,6 +5,7 @@
 #include <cstdint>
 #include <limits>
 #include <string_view>
+#include <utility>
 #include <vector>
 
 #include "fitllm/error.h"
@@ -42,6 +43,9 @@ struct SamplingParams {
     int32_t penalty_last_n = 64;     // window of accepted tokens the penalties look at; 0: off
     uint64_t seed = kRandomSeed;
     std::vector<SamplerStep> chain = default_sampler_chain();
+    // Added to a token's logit before the chain (OpenAI's logit_bias); a bias of -100 or less
+    // bans the token (its logit becomes -inf). Ids must be in the vocabulary (Sampler checks).
+    std::vector<std::pair<int32_t, float>> logit_bias;
 };
 
 // Throws SamplingError for the first parameter out of range, e.g.

@@ -98,7 +98,7 @@ json whole_answer(const Completion& c, const Job::Update& u, const std::string& 
             {"usage", usage_json(u)}};
 }
 
-ApiError context_exceeded(const BoundedTokens& t, size_t text_bytes, size_t longest, int n_ctx) {
+ApiError context_exceeded(const BoundedTokens& t, size_t text_bytes, size_t longest, int n_ctx, bool chat) {
     std::string what;
     if (t.by_size) {
         what = "the prompt has " + std::to_string(text_bytes) + " bytes of text, so at least " +
@@ -110,7 +110,7 @@ ApiError context_exceeded(const BoundedTokens& t, size_t text_bytes, size_t long
     }
     return ApiError::invalid(
         what + "; this model's context is " + std::to_string(n_ctx) + " tokens, which leaves no room to generate",
-        "context_length_exceeded");
+        "context_length_exceeded", chat ? "messages" : "prompt");
 }
 
 }  // namespace
@@ -147,12 +147,14 @@ void Endpoints::tokenize(HttpRequest& req, HttpResponse& res) {
     if (!body.is_object()) throw ApiError::invalid("the request body: expected a JSON object", "invalid_type");
     const auto content = body.find("content");
     if (content == body.end() || !content->is_string()) {
-        throw ApiError::invalid("content: required, a string", "invalid_type");
+        throw ApiError::invalid("content: required, a string", "invalid_type", "content");
     }
     auto boolean = [&](const char* name, bool fallback) {
         const auto it = body.find(name);
         if (it == body.end() || it->is_null()) return fallback;
-        if (!it->is_boolean()) throw ApiError::invalid(std::string(name) + ": expected a boolean", "invalid_type");
+        if (!it->is_boolean()) {
+            throw ApiError::invalid(std::string(name) + ": expected a boolean", "invalid_type", name);
+        }
         return it->get<bool>();
     };
     const bool add_special = boolean("add_special", false);
@@ -181,7 +183,7 @@ void Endpoints::detokenize(HttpRequest& req, HttpResponse& res) {
     if (!body.is_object()) throw ApiError::invalid("the request body: expected a JSON object", "invalid_type");
     const auto tokens = body.find("tokens");
     if (tokens == body.end() || !tokens->is_array()) {
-        throw ApiError::invalid("tokens: required, an array of token ids", "invalid_type");
+        throw ApiError::invalid("tokens: required, an array of token ids", "invalid_type", "tokens");
     }
     const std::shared_ptr<LoadedModel> m = registry_.acquire(model_field(body));
     const int n_vocab = m->model().n_vocab();
@@ -195,7 +197,7 @@ void Endpoints::detokenize(HttpRequest& req, HttpResponse& res) {
         if (!t.is_number_integer() || t.get<int64_t>() < 0 || t.get<int64_t>() >= n_vocab) {
             throw ApiError::invalid("tokens[" + std::to_string(i) + "]: " + dump_json(t) +
                                         " is not a token id of this model (0.." + std::to_string(n_vocab - 1) + ")",
-                                    "invalid_value");
+                                    "invalid_value", "tokens[" + std::to_string(i) + "]");
         }
         ids.push_back(static_cast<int32_t>(t.get<int64_t>()));
     }
@@ -238,7 +240,7 @@ void Endpoints::completion(bool chat, HttpRequest& req, HttpResponse& res) {
                 BoundedTokens t;
                 t.over = t.by_size = true;
                 t.at_least = (bytes + longest - 1) / longest;
-                throw context_exceeded(t, bytes, longest, n_ctx);
+                throw context_exceeded(t, bytes, longest, n_ctx, chat);
             }
             std::string text;
             // The render's values are this request's memory too, charged as they grow.
@@ -248,7 +250,7 @@ void Endpoints::completion(bool chat, HttpRequest& req, HttpResponse& res) {
                 text = m.chat_template().tmpl.render(request.messages, options);
             } catch (const chat::TemplateError& e) {
                 throw ApiError::invalid(std::string("messages: the model's chat template refused them: ") + e.what(),
-                                        "template_error");
+                                        "template_error", "messages");
             } catch (const memory::BudgetError& e) {
                 throw ApiError(503, "server_busy", "over_budget",
                                std::string("messages: rendering the chat template: ") + e.what() + "; try again");
@@ -257,7 +259,7 @@ void Endpoints::completion(bool chat, HttpRequest& req, HttpResponse& res) {
             const memory::Charge rendered = memory.charge(text.size(), "the rendered prompt");
             BoundedTokens t = tokenize_within(m.tokenizer(), text, /*add_special=*/false, /*parse_special=*/true,
                                               max_prompt, longest, &memory);
-            if (t.over) throw context_exceeded(t, text.size(), longest, n_ctx);
+            if (t.over) throw context_exceeded(t, text.size(), longest, n_ctx, chat);
             prompt = std::move(t.ids);
         } else if (request.prompt_is_tokens) {
             prompt = std::move(request.prompt_tokens);
@@ -265,22 +267,31 @@ void Endpoints::completion(bool chat, HttpRequest& req, HttpResponse& res) {
                 if (id >= m.model().n_vocab()) {
                     throw ApiError::invalid("prompt: token id " + std::to_string(id) + " is outside the vocabulary (" +
                                                 std::to_string(m.model().n_vocab()) + " tokens)",
-                                            "invalid_value");
+                                            "invalid_value", "prompt");
                 }
             }
             if (prompt.size() > max_prompt) {
                 BoundedTokens t;
                 t.over = true;
                 t.at_least = prompt.size();
-                throw context_exceeded(t, 0, longest, n_ctx);
+                throw context_exceeded(t, 0, longest, n_ctx, chat);
             }
         } else {
             BoundedTokens t = tokenize_within(m.tokenizer(), request.prompt, /*add_special=*/true,
                                               /*parse_special=*/true, max_prompt, longest, &memory);
-            if (t.over) throw context_exceeded(t, request.prompt.size(), longest, n_ctx);
+            if (t.over) throw context_exceeded(t, request.prompt.size(), longest, n_ctx, chat);
             prompt = std::move(t.ids);
         }
-        if (prompt.empty()) throw ApiError::invalid("prompt: no tokens to start from", "invalid_value");
+        if (prompt.empty()) {
+            throw ApiError::invalid("prompt: no tokens to start from", "invalid_value", chat ? "messages" : "prompt");
+        }
+        for (const auto& [id, bias] : request.params.sampling.logit_bias) {
+            if (id >= m.model().n_vocab()) {
+                throw ApiError::invalid("logit_bias: token id " + std::to_string(id) + " is outside the vocabulary (" +
+                                            std::to_string(m.model().n_vocab()) + " tokens)",
+                                        "invalid_value", "logit_bias");
+            }
+        }
         const int n_prompt = static_cast<int>(prompt.size());
         GenerationParams params = std::move(request.params);
         params.max_tokens = request.max_tokens.value_or(n_ctx - n_prompt);
@@ -289,7 +300,7 @@ void Endpoints::completion(bool chat, HttpRequest& req, HttpResponse& res) {
         } catch (const QueueFullError& e) {
             throw ApiError(429, "server_busy", "queue_full", e.what());
         } catch (const std::invalid_argument& e) {
-            throw ApiError::invalid(e.what(), "context_length_exceeded");
+            throw ApiError::invalid(e.what(), "context_length_exceeded", "max_tokens");
         } catch (const sampling::SamplingError& e) {
             throw ApiError::invalid(e.what(), "invalid_value");
         }

@@ -167,7 +167,7 @@ std::shared_ptr<LoadedModel> ModelRegistry::acquire(const std::string& requested
                 } else {
                     throw ApiError::invalid("model: required (this server offers " + std::to_string(entries_.size()) +
                                                 " models; GET /v1/models lists them)",
-                                            "model_required");
+                                            "model_required", "model");
                 }
             }
         }
@@ -182,7 +182,8 @@ std::shared_ptr<LoadedModel> ModelRegistry::acquire(const std::string& requested
                 "model '" + id + "' does not exist (GET /v1/models lists the models" +
                     (options_.model_path.empty() ? std::string(")")
                                                  : "; this server serves '" + entries_.begin()->first +
-                                                       "' and answers to no other name: --strict-model-names)"));
+                                                       "' and answers to no other name: --strict-model-names)"),
+                "model");
         }
         it->second.last_used = std::chrono::steady_clock::now();
         if (it->second.loaded) return it->second.loaded;
@@ -194,7 +195,8 @@ std::shared_ptr<LoadedModel> ModelRegistry::acquire(const std::string& requested
         std::lock_guard lock(mutex_);
         auto it = entries_.find(id);
         if (it == entries_.end()) {
-            throw ApiError(404, "invalid_request_error", "model_not_found", "model '" + id + "' does not exist");
+            throw ApiError(404, "invalid_request_error", "model_not_found", "model '" + id + "' does not exist",
+                           "model");
         }
         if (it->second.loaded) return it->second.loaded;
         path = it->second.path;

@@ -1,7 +1,12 @@
 #include "server/request.h"
 
+#include <algorithm>
+#include <cctype>
 #include <cmath>
+#include <cstdlib>
+#include <iterator>
 #include <limits>
+#include <utility>
 
 #include "sampling/sampling_params.h"
 #include "server/api_error.h"
@@ -22,7 +27,11 @@ std::string type_name(const json& v) {
 }
 
 [[noreturn]] void wrong_type(const std::string& field, const char* expected, const json& v) {
-    throw ApiError::invalid(std::string(field) + ": expected " + expected + ", got " + type_name(v), "invalid_type");
+    throw ApiError::invalid(field + ": expected " + expected + ", got " + type_name(v), "invalid_type", field);
+}
+
+[[noreturn]] void invalid_value(const std::string& field, const std::string& why) {
+    throw ApiError::invalid(field + ": " + why, "invalid_value", field);
 }
 
 // The field when present and not null.
@@ -38,9 +47,7 @@ std::optional<double> number_field(const json& body, const char* name, double lo
     if (!v->is_number()) wrong_type(name, "a number", *v);
     const double x = v->get<double>();
     if (!std::isfinite(x) || x < lo || x > hi) {
-        throw ApiError::invalid(std::string(name) + ": " + v->dump() + " is out of range [" + json(lo).dump() + ", " +
-                                    json(hi).dump() + "]",
-                                "invalid_value");
+        invalid_value(name, v->dump() + " is out of range [" + json(lo).dump() + ", " + json(hi).dump() + "]");
     }
     return x;
 }
@@ -58,9 +65,7 @@ std::optional<int64_t> integer_field(const json& body, const char* name, int64_t
     }
     const double x = v->get<double>();
     if (x < static_cast<double>(lo) || x > static_cast<double>(hi)) {
-        throw ApiError::invalid(std::string(name) + ": " + v->dump() + " is out of range [" + std::to_string(lo) +
-                                    ", " + std::to_string(hi) + "]",
-                                "invalid_value");
+        invalid_value(name, v->dump() + " is out of range [" + std::to_string(lo) + ", " + std::to_string(hi) + "]");
     }
     return v->is_number_unsigned() ? static_cast<int64_t>(v->get<uint64_t>()) : v->get<int64_t>();
 }
@@ -84,13 +89,162 @@ std::string message_content(const json& content, const std::string& where) {
         if (!part.is_object()) wrong_type(at, "an object", part);
         const json* type = field(part, "type");
         if (!type || !type->is_string() || type->get<std::string>() != "text") {
-            throw ApiError::invalid(at + ".type: only \"text\" parts are supported", "unsupported_content");
+            throw ApiError::invalid(at + ".type: only \"text\" parts are supported", "unsupported_content",
+                                    at + ".type");
         }
         const json* t = field(part, "text");
         if (!t || !t->is_string()) wrong_type(at + ".text", "a string", t ? *t : json());
         text += t->get<std::string>();
     }
     return text;
+}
+
+// Every field a completion request may carry. A field fitllm does not implement is refused
+// (400 unsupported_parameter naming it), never ignored: a client that asked for JSON output,
+// tool calls or several choices must not get prose and one choice as if it had been honoured.
+// Fields whose default value asks for nothing (n: 1, tools: [], response_format {type: text},
+// ...) pass; identifiers that change nothing in the output (user, metadata) are accepted.
+enum class Fields { common, chat, completions };
+
+constexpr std::pair<const char*, Fields> kKnownFields[] = {
+    {"model", Fields::common},
+    {"stream", Fields::common},
+    {"stream_options", Fields::common},
+    {"max_tokens", Fields::common},
+    {"temperature", Fields::common},
+    {"top_p", Fields::common},
+    {"top_k", Fields::common},
+    {"min_p", Fields::common},
+    {"typical_p", Fields::common},
+    {"presence_penalty", Fields::common},
+    {"frequency_penalty", Fields::common},
+    {"repeat_penalty", Fields::common},
+    {"repeat_last_n", Fields::common},
+    {"seed", Fields::common},
+    {"stop", Fields::common},
+    {"logit_bias", Fields::common},
+    {"n", Fields::common},
+    {"logprobs", Fields::common},
+    {"user", Fields::common},
+    {"messages", Fields::chat},
+    {"max_completion_tokens", Fields::chat},
+    {"top_logprobs", Fields::chat},
+    {"response_format", Fields::chat},
+    {"tools", Fields::chat},
+    {"tool_choice", Fields::chat},
+    {"parallel_tool_calls", Fields::chat},
+    {"functions", Fields::chat},
+    {"function_call", Fields::chat},
+    {"store", Fields::chat},
+    {"metadata", Fields::chat},
+    {"service_tier", Fields::chat},
+    {"modalities", Fields::chat},
+    {"audio", Fields::chat},
+    {"prediction", Fields::chat},
+    {"reasoning_effort", Fields::chat},
+    {"verbosity", Fields::chat},
+    {"web_search_options", Fields::chat},
+    {"prompt_cache_key", Fields::chat},
+    {"safety_identifier", Fields::chat},
+    {"prompt", Fields::completions},
+    {"echo", Fields::completions},
+    {"best_of", Fields::completions},
+    {"suffix", Fields::completions},
+};
+
+bool is_empty_value(const json& v) {
+    return v.is_null() || (v.is_array() && v.empty()) || (v.is_object() && v.empty());
+}
+
+void check_fields(const json& body, bool chat) {
+    const std::string endpoint = chat ? "/v1/chat/completions" : "/v1/completions";
+    for (const auto& [key, value] : body.items()) {
+        const auto known = std::find_if(std::begin(kKnownFields), std::end(kKnownFields),
+                                        [&key](const auto& f) { return key == f.first; });
+        if (known == std::end(kKnownFields) || known->second == (chat ? Fields::completions : Fields::chat)) {
+            throw ApiError::unsupported(key, "not a field of POST " + endpoint + " that fitllm knows");
+        }
+    }
+    // n and best_of: one choice per request.
+    if (const auto n = integer_field(body, "n", 1, std::numeric_limits<int32_t>::max()); n && *n > 1) {
+        throw ApiError::unsupported("n", "one choice per request (n > 1 is not implemented)");
+    }
+    if (const auto n = integer_field(body, "best_of", 1, std::numeric_limits<int32_t>::max()); n && *n > 1) {
+        throw ApiError::unsupported("best_of", "one choice per request (best_of > 1 is not implemented)");
+    }
+    // Log probabilities are not returned.
+    if (const json* lp = field(body, "logprobs")) {
+        if (chat && !lp->is_boolean()) wrong_type("logprobs", "a boolean", *lp);
+        if (!chat && !lp->is_number_integer() && !lp->is_boolean()) wrong_type("logprobs", "an integer", *lp);
+        if (*lp != false) throw ApiError::unsupported("logprobs", "log probabilities are not implemented");
+    }
+    if (field(body, "top_logprobs")) {
+        throw ApiError::unsupported("top_logprobs", "log probabilities are not implemented");
+    }
+    if (const json* rf = field(body, "response_format")) {
+        if (!rf->is_object()) wrong_type("response_format", "an object", *rf);
+        const json* type = field(*rf, "type");
+        if (!type || !type->is_string()) wrong_type("response_format.type", "a string", type ? *type : json());
+        const std::string t = type->get<std::string>();
+        if (t == "json_object" || t == "json_schema") {
+            throw ApiError::unsupported("response_format",
+                                        "structured output (" + t + ") is not implemented; only {\"type\": \"text\"}");
+        }
+        if (t != "text") invalid_value("response_format.type", "\"" + t + "\" is not text, json_object or json_schema");
+    }
+    // Tool calling.
+    for (const char* name : {"tools", "functions"}) {
+        if (const json* v = field(body, name); v && !is_empty_value(*v)) {
+            throw ApiError::unsupported(name, "tool calling is not implemented");
+        }
+    }
+    for (const char* name : {"tool_choice", "function_call"}) {
+        const json* v = field(body, name);
+        if (v && !(v->is_string() && (*v == "none" || *v == "auto"))) {
+            throw ApiError::unsupported(name,
+                                        "tool calling is not implemented (only \"none\" or \"auto\" with no "
+                                        "tools)");
+        }
+    }
+    if (const json* v = field(body, "parallel_tool_calls"); v && !v->is_boolean()) {
+        wrong_type("parallel_tool_calls", "a boolean", *v);
+    }
+    // Identifiers and hints that change nothing in the answer.
+    for (const char* name : {"user", "prompt_cache_key", "safety_identifier"}) {
+        if (const json* v = field(body, name); v && !v->is_string()) wrong_type(name, "a string", *v);
+    }
+    if (const json* v = field(body, "metadata"); v && !v->is_object()) wrong_type("metadata", "an object", *v);
+    if (const json* v = field(body, "store"); v && *v != false) {
+        throw ApiError::unsupported("store", "completions are not stored");
+    }
+    if (const json* v = field(body, "service_tier"); v && !(*v == "auto" || *v == "default")) {
+        throw ApiError::unsupported("service_tier", "one tier (\"auto\" or \"default\")");
+    }
+    if (const json* v = field(body, "modalities"); v && *v != json::array({"text"})) {
+        throw ApiError::unsupported("modalities", "text only ([\"text\"])");
+    }
+    // Asks for what fitllm does not do.
+    for (const char* name : {"audio", "prediction", "reasoning_effort", "verbosity", "web_search_options"}) {
+        if (field(body, name)) throw ApiError::unsupported(name, "not implemented");
+    }
+    if (const json* v = field(body, "echo"); v && *v != false) {
+        throw ApiError::unsupported("echo", "echoing the prompt is not implemented");
+    }
+    if (const json* v = field(body, "suffix"); v && *v != "") {
+        throw ApiError::unsupported("suffix", "insertion (a suffix) is not implemented");
+    }
+}
+
+// A chat message's fields: role, content and name; tool calls and the like are refused.
+void check_message_fields(const json& m, const std::string& at) {
+    for (const auto& [key, value] : m.items()) {
+        if (key == "role" || key == "content" || key == "name") continue;
+        if ((key == "tool_calls" || key == "refusal" || key == "function_call") && is_empty_value(value)) continue;
+        if (key == "tool_calls" || key == "tool_call_id" || key == "function_call") {
+            throw ApiError::unsupported(at + "." + key, "tool calling is not implemented");
+        }
+        throw ApiError::unsupported(at + "." + key, "not a message field that fitllm knows");
+    }
 }
 
 }  // namespace
@@ -105,30 +259,36 @@ std::string model_field(const json& body) {
 
 CompletionRequest parse_completion_request(const json& body, bool chat) {
     if (!body.is_object()) wrong_type("the request body", "a JSON object", body);
+    check_fields(body, chat);
     CompletionRequest r;
     r.chat = chat;
     r.model = model_field(body);
 
     if (chat) {
         const json* messages = field(body, "messages");
-        if (!messages) throw ApiError::invalid("messages: required", "missing_field");
+        if (!messages) throw ApiError::invalid("messages: required", "missing_field", "messages");
         if (!messages->is_array()) wrong_type("messages", "an array", *messages);
-        if (messages->empty()) throw ApiError::invalid("messages: at least one message is required", "invalid_value");
+        if (messages->empty()) invalid_value("messages", "at least one message is required");
         r.messages = nlohmann::ordered_json::array();
         for (size_t i = 0; i < messages->size(); ++i) {
             const json& m = (*messages)[i];
             const std::string at = "messages[" + std::to_string(i) + "]";
             if (!m.is_object()) wrong_type(at, "an object", m);
+            check_message_fields(m, at);
             const json* role = field(m, "role");
-            if (!role) throw ApiError::invalid(at + ".role: required", "missing_field");
+            if (!role) throw ApiError::invalid(at + ".role: required", "missing_field", at + ".role");
             if (!role->is_string()) wrong_type(at + ".role", "a string", *role);
             const auto content = m.find("content");
             const std::string text = message_content(content == m.end() ? json() : *content, at + ".content");
             r.messages.push_back({{"role", role->get<std::string>()}, {"content", text}});
+            if (const json* name = field(m, "name")) {  // the template may show it
+                if (!name->is_string()) wrong_type(at + ".name", "a string", *name);
+                r.messages.back()["name"] = name->get<std::string>();
+            }
         }
     } else {
         const json* prompt = field(body, "prompt");
-        if (!prompt) throw ApiError::invalid("prompt: required", "missing_field");
+        if (!prompt) throw ApiError::invalid("prompt: required", "missing_field", "prompt");
         const json* p = prompt;
         if (p->is_array() && p->size() == 1 && (*p)[0].is_string()) p = &(*p)[0];
         if (p->is_string()) {
@@ -139,26 +299,26 @@ CompletionRequest parse_completion_request(const json& body, bool chat) {
             for (const json& t : *p) {
                 const int64_t id = t.get<int64_t>();
                 if (id < 0 || id > std::numeric_limits<int32_t>::max()) {
-                    throw ApiError::invalid("prompt: token id " + std::to_string(id) + " is out of range",
-                                            "invalid_value");
+                    invalid_value("prompt", "token id " + std::to_string(id) + " is out of range");
                 }
                 r.prompt_tokens.push_back(static_cast<int32_t>(id));
             }
         } else if (p->is_array()) {
-            throw ApiError::invalid(
-                "prompt: one string or an array of token ids (batches of prompts are not supported)", "invalid_type");
+            throw ApiError::unsupported("prompt",
+                                        "one string or an array of token ids (batches of prompts are not supported)");
         } else {
             wrong_type("prompt", "a string or an array of token ids", *p);
         }
     }
 
-    if (const auto n = integer_field(body, "n", 1, 1)) (void)n;  // one choice per request
-    if (const json* lp = field(body, "logprobs"); lp && !(lp->is_boolean() && !lp->get<bool>())) {
-        throw ApiError::invalid("logprobs: not supported", "unsupported_parameter");
-    }
     r.stream = bool_field(body, "stream").value_or(false);
     if (const json* so = field(body, "stream_options")) {
         if (!so->is_object()) wrong_type("stream_options", "an object", *so);
+        for (const auto& [key, value] : so->items()) {
+            if (key == "include_usage") continue;
+            if (key == "include_obfuscation" && (value.is_null() || value == false)) continue;
+            throw ApiError::unsupported("stream_options." + key, "not supported");
+        }
         r.include_usage = bool_field(*so, "include_usage").value_or(false);
     }
     const int64_t kMaxTokens = std::numeric_limits<int32_t>::max();
@@ -172,17 +332,36 @@ CompletionRequest parse_completion_request(const json& body, bool chat) {
     if (const auto v = integer_field(body, "top_k", 0, std::numeric_limits<int32_t>::max()))
         sp.top_k = static_cast<int32_t>(*v);
     if (const auto v = number_field(body, "min_p", 0.0, 1.0)) sp.min_p = static_cast<float>(*v);
+    if (const auto v = number_field(body, "typical_p", 0.0, 1.0)) {
+        if (*v <= 0.0) invalid_value("typical_p", "must be > 0 (1 turns it off)");
+        sp.typical_p = static_cast<float>(*v);
+    }
     if (const auto v = number_field(body, "presence_penalty", -2.0, 2.0)) sp.presence_penalty = static_cast<float>(*v);
     if (const auto v = number_field(body, "frequency_penalty", -2.0, 2.0))
         sp.frequency_penalty = static_cast<float>(*v);
     if (const auto v = number_field(body, "repeat_penalty", 0.0, 10.0)) {
-        if (*v <= 0.0) throw ApiError::invalid("repeat_penalty: must be > 0 (1 turns it off)", "invalid_value");
+        if (*v <= 0.0) invalid_value("repeat_penalty", "must be > 0 (1 turns it off)");
         sp.repeat_penalty = static_cast<float>(*v);
     }
     if (const auto v = integer_field(body, "repeat_last_n", 0, 1 << 20)) sp.penalty_last_n = static_cast<int32_t>(*v);
     if (const auto v =
             integer_field(body, "seed", std::numeric_limits<int64_t>::min(), std::numeric_limits<int64_t>::max())) {
         sp.seed = static_cast<uint64_t>(*v);  // -1 asks for a random seed, as in llama.cpp
+    }
+    if (const json* bias = field(body, "logit_bias")) {
+        if (!bias->is_object()) wrong_type("logit_bias", "an object of token ids to numbers", *bias);
+        for (const auto& [key, value] : bias->items()) {
+            const std::string at = "logit_bias[\"" + key + "\"]";
+            char* end = nullptr;
+            const long long id = key.empty() || key.size() > 10 ? -1 : std::strtoll(key.c_str(), &end, 10);
+            if (id < 0 || id > std::numeric_limits<int32_t>::max() || *end != '\0' || !std::isdigit(key[0])) {
+                invalid_value("logit_bias", "the key \"" + key + "\" is not a token id");
+            }
+            if (!value.is_number()) wrong_type(at, "a number", value);
+            const double b = value.get<double>();
+            if (!(b >= -100.0 && b <= 100.0)) invalid_value(at, value.dump() + " is out of range [-100, 100]");
+            sp.logit_bias.emplace_back(static_cast<int32_t>(id), static_cast<float>(b));
+        }
     }
     try {
         sampling::validate_sampling_params(sp);
@@ -194,7 +373,7 @@ CompletionRequest parse_completion_request(const json& body, bool chat) {
         if (stop->is_string()) {
             r.params.stop.push_back(stop->get<std::string>());
         } else if (stop->is_array()) {
-            if (stop->size() > 16) throw ApiError::invalid("stop: at most 16 strings", "invalid_value");
+            if (stop->size() > 16) invalid_value("stop", "at most 16 strings");
             for (size_t i = 0; i < stop->size(); ++i) {
                 if (!(*stop)[i].is_string()) wrong_type("stop[" + std::to_string(i) + "]", "a string", (*stop)[i]);
                 r.params.stop.push_back((*stop)[i].get<std::string>());
@@ -203,7 +382,7 @@ CompletionRequest parse_completion_request(const json& body, bool chat) {
             wrong_type("stop", "a string or an array of strings", *stop);
         }
         for (const std::string& s : r.params.stop) {
-            if (s.empty()) throw ApiError::invalid("stop: an empty string would stop before anything", "invalid_value");
+            if (s.empty()) invalid_value("stop", "an empty string would stop before anything");
         }
     }
     return r;

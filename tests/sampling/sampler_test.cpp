@@ -235,6 +235,28 @@ TEST(Sampler, EmptyChainDrawsFromTheRawLogits) {
     EXPECT_EQ(sampler.last_candidates().size(), 4u);
 }
 
+TEST(Sampler, LogitBiasShiftsAndBans) {
+    SamplingParams params;
+    params.temperature = 0.0f;
+    const std::vector<float> logits{0.1f, 2.0f, -1.0f, 1.5f};
+    params.logit_bias = {{3, 1.0f}};  // 2.5 beats 2.0
+    EXPECT_EQ(Sampler(params, 4).sample(logits), 3);
+    params.logit_bias = {{1, -100.0f}, {3, -100.0f}};  // banned: the best of the rest
+    EXPECT_EQ(Sampler(params, 4).sample(logits), 0);
+    params.logit_bias = {{2, 5.0f}};
+    EXPECT_EQ(Sampler(params, 4).sample(logits), 2);
+    // A banned token is never drawn, whatever the temperature.
+    SamplingParams hot = plain_params(3);
+    hot.temperature = 2.0f;
+    hot.logit_bias = {{1, -100.0f}};
+    Sampler sampler(hot, 4);
+    for (int i = 0; i < 200; ++i) EXPECT_NE(sampler.sample(logits), 1);
+    params.logit_bias = {{4, 1.0f}};
+    EXPECT_THROW(Sampler(params, 4), SamplingError);
+    params.logit_bias = {{0, -100.0f}, {1, -100.0f}, {2, -100.0f}, {3, -101.0f}};
+    EXPECT_THROW(Sampler(params, 4), SamplingError);
+}
+
 TEST(Sampler, WrongLogitCountAndForeignTokensAreErrors) {
     Sampler sampler(SamplingParams{}, 4);
     EXPECT_THROW(sampler.sample(std::vector<float>{0.0f, 1.0f}), SamplingError);

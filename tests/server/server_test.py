@@ -101,15 +101,18 @@ class Server:
         self.proc.stderr.close()
 
 
-def assert_error(test, status_body, status, code=None):
+def assert_error(test, status_body, status, code=None, param=False):
+    """The error's message; param: the field it must name (None: null), False: not checked."""
     s, body = status_body
     test.assertEqual(s, status, body)
     test.assertIsInstance(body, dict, body)
     test.assertIn("error", body)
-    for k in ("message", "type", "code"):
+    for k in ("message", "type", "param", "code"):  # param is null when no field is at fault
         test.assertIn(k, body["error"])
     if code is not None:
         test.assertEqual(body["error"]["code"], code, body)
+    if param is not False:
+        test.assertEqual(body["error"]["param"], param, body)
     return body["error"]["message"]
 
 
@@ -221,7 +224,7 @@ class OneModel(unittest.TestCase):
         assert_error(self, self.srv.post(chat, {"messages": msgs, "top_p": "high"}), 400, "invalid_type")
         assert_error(self, self.srv.post(chat, {"messages": msgs, "stop": [1]}), 400, "invalid_type")
         assert_error(self, self.srv.post(chat, {"messages": msgs, "stream": "yes"}), 400, "invalid_type")
-        assert_error(self, self.srv.post(chat, {"messages": msgs, "n": 3}), 400, "invalid_value")
+        assert_error(self, self.srv.post(chat, {"messages": msgs, "n": 0}), 400, "invalid_value")
         # One model answers to any name (clients send their own default): see ModelNames.
         s, r = self.srv.post(chat, {"messages": msgs, "model": "no-such-model", "max_tokens": 2})
         self.assertEqual((s, r["model"]), (200, self.model), r)
@@ -240,6 +243,117 @@ class OneModel(unittest.TestCase):
         # And the server still serves.
         r = self.srv.client().chat.completions.create(model=self.model, messages=msgs, max_tokens=3)
         self.assertEqual(r.usage.completion_tokens, 3)
+
+    def test_unsupported_fields_are_refused(self):
+        # What fitllm does not implement is a 400 unsupported_parameter naming the field, never ignored.
+        chat, comp = "/v1/chat/completions", "/v1/completions"
+        msgs = [{"role": "user", "content": "hi"}]
+        tool = {"type": "function", "function": {"name": "f", "parameters": {"type": "object"}}}
+        refused = [
+            (chat, {"response_format": {"type": "json_object"}}, "response_format"),
+            (chat, {"response_format": {"type": "json_schema", "json_schema": {"name": "x", "schema": {}}}},
+             "response_format"),
+            (chat, {"tools": [tool]}, "tools"),
+            (chat, {"tool_choice": "required"}, "tool_choice"),
+            (chat, {"tool_choice": {"type": "function", "function": {"name": "f"}}}, "tool_choice"),
+            (chat, {"functions": [tool["function"]]}, "functions"),
+            (chat, {"n": 2}, "n"),
+            (chat, {"logprobs": True}, "logprobs"),
+            (chat, {"logprobs": True, "top_logprobs": 3}, "logprobs"),
+            (chat, {"top_logprobs": 3}, "top_logprobs"),
+            (chat, {"audio": {"voice": "alloy", "format": "wav"}}, "audio"),
+            (chat, {"modalities": ["text", "audio"]}, "modalities"),
+            (chat, {"reasoning_effort": "high"}, "reasoning_effort"),
+            (chat, {"prediction": {"type": "content", "content": "x"}}, "prediction"),
+            (chat, {"store": True}, "store"),
+            (chat, {"service_tier": "flex"}, "service_tier"),
+            (chat, {"stream_options": {"include_usage": True, "other": 1}}, "stream_options.other"),
+            (chat, {"mirostat": 2}, "mirostat"),  # a field nobody defined here
+            (chat, {"prompt": "x"}, "prompt"),  # a completions field
+            (comp, {"messages": msgs}, "messages"),  # and the other way round
+            (comp, {"n": 3}, "n"),
+            (comp, {"best_of": 2}, "best_of"),
+            (comp, {"logprobs": 2}, "logprobs"),
+            (comp, {"echo": True}, "echo"),
+            (comp, {"suffix": "end"}, "suffix"),
+            (comp, {"prompt": ["a", "b"]}, "prompt"),  # a batch of prompts
+        ]
+        for path, extra, param in refused:
+            body = {"messages": msgs} if path == chat else {"prompt": "hi"}
+            body.update(extra)
+            with self.subTest(path=path, field=param):
+                msg = assert_error(self, self.srv.post(path, body), 400, "unsupported_parameter", param)
+                self.assertTrue(msg.startswith(param + ":"), msg)
+                self.assertEqual(self.srv.post(path, body)[1]["error"]["type"], "invalid_request_error")
+        # A message's tool calls too.
+        tool_msgs = msgs + [{"role": "assistant", "content": None, "tool_calls": [
+            {"id": "c1", "type": "function", "function": {"name": "f", "arguments": "{}"}}]}]
+        assert_error(self, self.srv.post(chat, {"messages": tool_msgs}), 400, "unsupported_parameter",
+                     "messages[1].tool_calls")
+        # The openai client raises BadRequestError with the field in it.
+        with self.assertRaises(openai.BadRequestError) as e:
+            self.srv.client().chat.completions.create(model=self.model, messages=msgs,
+                                                      response_format={"type": "json_object"})
+        self.assertEqual(e.exception.body["param"], "response_format")
+        self.assertEqual(e.exception.body["code"], "unsupported_parameter")
+        # Values that ask for nothing more pass, and an error with no field at fault has param null.
+        accepted = {"response_format": {"type": "text"}, "tools": [], "tool_choice": "none", "n": 1,
+                    "logprobs": False, "user": "u-1", "metadata": {"k": "v"}, "store": False,
+                    "parallel_tool_calls": True, "service_tier": "auto", "modalities": ["text"], "typical_p": 0.9,
+                    "stream_options": None, "max_completion_tokens": 2}
+        s, r = self.srv.post(chat, {"messages": [{"role": "user", "content": "hi", "name": "ann"}], **accepted})
+        self.assertEqual((s, r["usage"]["completion_tokens"]), (200, 2), r)
+        s, r = self.srv.post(comp, {"prompt": "hi", "max_tokens": 2, "n": 1, "best_of": 1, "echo": False,
+                                    "logprobs": None, "suffix": None})
+        self.assertEqual((s, r["usage"]["completion_tokens"]), (200, 2), r)
+        assert_error(self, self.srv.post(chat, raw="{not json"), 400, "invalid_json", None)
+        assert_error(self, self.srv.post(chat, {"messages": msgs, "temperature": -1}), 400, "invalid_value",
+                     "temperature")
+        assert_error(self, self.srv.post(chat, {"messages": msgs, "max_tokens": 10**6}), 400,
+                     "context_length_exceeded", "max_tokens")
+
+    def test_logit_bias(self):
+        c = self.srv.client()
+        prompt = "Once upon a time"
+        ask = lambda **kw: c.completions.create(model=self.model, prompt=prompt, max_tokens=1, temperature=0,
+                                                **kw).choices[0].text
+        natural = ask()
+        # +100 on a token makes greedy pick it; -100 bans it: greedy's own choice is never picked.
+        _, tok = self.srv.post("/tokenize", {"content": " castle"})
+        forced = tok["tokens"][-1]
+        _, piece = self.srv.post("/detokenize", {"tokens": [forced]})
+        self.assertEqual(ask(logit_bias={str(forced): 100}), piece["content"])
+        # Every token whose text is greedy's choice, banned: greedy picks another text. (The tiny
+        # model's vocabulary spells some texts with several tokens, byte tokens among them.)
+        same, i = [], 0
+        while True:
+            s, piece_i = self.srv.post("/detokenize", {"tokens": [i]})
+            if s != 200:
+                break
+            if piece_i["content"] == natural:
+                same.append(i)
+            i += 1
+        self.assertGreater(i, 100)
+        self.assertTrue(same, natural)
+        ban = {str(t): -100 for t in same}
+        self.assertNotEqual(ask(logit_bias=ban), natural)
+        self.assertEqual(ask(logit_bias={str(t): 0 for t in same}), natural)
+        # Sampled (the same seeds): it comes without the ban, never with it.
+        sample = lambda bias: [c.completions.create(model=self.model, prompt=prompt, max_tokens=1, temperature=1.5,
+                                                    seed=i, logit_bias=bias, extra_body={"top_k": 3}).choices[0].text
+                               for i in range(8)]
+        self.assertIn(natural, sample({}))
+        self.assertNotIn(natural, sample(ban))
+        chat = "/v1/chat/completions"
+        msgs = [{"role": "user", "content": "hi"}]
+        assert_error(self, self.srv.post(chat, {"messages": msgs, "logit_bias": {"10": 101}}), 400, "invalid_value",
+                     'logit_bias["10"]')
+        assert_error(self, self.srv.post(chat, {"messages": msgs, "logit_bias": {"x1": 1}}), 400, "invalid_value",
+                     "logit_bias")
+        assert_error(self, self.srv.post(chat, {"messages": msgs, "logit_bias": {str(10**8): 1}}), 400,
+                     "invalid_value", "logit_bias")
+        assert_error(self, self.srv.post(chat, {"messages": msgs, "logit_bias": [1]}), 400, "invalid_type",
+                     "logit_bias")
 
     def test_disconnect_frees_the_slot(self):
         # Two long streams fill both slots; dropping them mid-stream must free the slots at once,
