@@ -839,13 +839,14 @@ void KvCache::clear_k_shift() {
     impl_->has_shift = false;
 }
 
-void KvCache::trim_window() {
+void KvCache::trim_window(int slack) {
     Impl& m = *impl_;
     if (m.params.window <= 0) return;
+    if (slack < 0) throw std::invalid_argument("trim_window: slack " + std::to_string(slack) + " is negative");
     m.changed();
     for (SeqId seq = 0; seq < m.params.n_seq_max; ++seq) {
         if (m.seq_cells[static_cast<size_t>(seq)] == 0) continue;
-        const Pos newest_unseen = m.seq_pos_bound(seq, true) - m.params.window;
+        const Pos newest_unseen = m.seq_pos_bound(seq, true) - m.params.window - slack;
         m.for_seq_cells(seq, [&](int32_t c) {
             if (m.pos[static_cast<size_t>(c)] <= newest_unseen) m.remove_seq_from_cell(c, seq);
         });

@@ -260,9 +260,10 @@ public:
     void clear_k_shift();
 
     // Sliding-window pools: frees the cells of each sequence whose position is at or below
-    // seq_pos_max(seq) - window, i.e. those no later token can see. The model calls it after
-    // each batch.
-    void trim_window();
+    // seq_pos_max(seq) - window - slack, i.e. those no later token can see (slack 0), or that
+    // one could see again once the sequence's last `slack` tokens are taken back (seq_rm), as
+    // speculative decoding does with rejected drafts. The model calls it after each batch.
+    void trim_window(int slack = 0);
 
     // --- Reading (attention) -------------------------------------------------------------------
     // A token of sequence `seq` sees the cells of the blocks in seq_blocks(seq) whose sequence set
@@ -373,8 +374,18 @@ public:
     std::span<const int32_t> cells(int pool) const;
     // Whether place() would find room for a batch of these sequences in every pool.
     bool has_room(std::span<const SeqId> seq) const;
-    // After the forward pass of a batch: trims the sliding-window pools.
+    // After the forward pass of a batch: trims the sliding-window pools, keeping window_slack()
+    // positions more than the window.
     void end_batch();
+    // Speculative decoding feeds drafts and takes back the rejected ones (seq_rm): the window
+    // pools must then still hold what a token after the last accepted one sees. With a slack of
+    // n, end_batch() keeps n positions more than the window (up to n cells more per sequence).
+    // A window pool has room for them while 2 * n + 1 tokens fit in its n_batch (batches of at
+    // most n + 1 tokens, as drafts of n and the token before them); set it back to 0 (and call
+    // end_batch()) before feeding longer batches. Attention still masks by the window, so the
+    // slack changes no result.
+    void set_window_slack(int n) { window_slack_ = n; }
+    int window_slack() const { return window_slack_; }
 
     void seq_rm(SeqId seq, Pos p0, Pos p1);
     void seq_cp(SeqId src, SeqId dst, Pos p0, Pos p1);
@@ -417,6 +428,7 @@ private:
     std::vector<int> pool_of_, index_in_pool_, pool_device_;
     std::vector<std::vector<int32_t>> cells_;
     int capacity_ = 0;
+    int window_slack_ = 0;
 };
 
 }  // namespace fitllm::kv

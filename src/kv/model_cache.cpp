@@ -232,7 +232,7 @@ bool ModelCache::has_room(std::span<const SeqId> seq) const {
 }
 
 void ModelCache::end_batch() {
-    for (KvCache& p : pools_) p.trim_window();
+    for (KvCache& p : pools_) p.trim_window(window_slack_);
 }
 
 void ModelCache::seq_rm(SeqId seq, Pos p0, Pos p1) {

@@ -134,6 +134,50 @@ TEST(ModelCache, WindowPoolHoldsAFullBatchPerStep) {
     expect_consistent(cache.pool(1));
 }
 
+// Speculative decoding feeds drafts and takes back the rejected ones: with a slack of n, the
+// window pool keeps n positions more, so that after seq_rm of the last n tokens the next token
+// still finds its whole window; drafts of n tokens and the token before them keep fitting.
+TEST(ModelCache, WindowSlackKeepsWhatTakingBackDraftsUncovers) {
+    const int window = 4, n_batch = 16, slack = 7;
+    ModelCache cache(model_shapes(2), {0, window}, small_params(1024, 1, 4), n_batch);
+    ASSERT_EQ(cache.n_pools(), 2);
+    std::vector<Pos> pos;
+    for (Pos p = 0; p < 20; ++p) pos.push_back(p);
+    place(cache, std::vector<SeqId>(16, 0), std::vector<Pos>(pos.begin(), pos.begin() + 16));
+    cache.end_batch();
+    place(cache, std::vector<SeqId>(4, 0), std::vector<Pos>(pos.begin() + 16, pos.end()));
+    cache.end_batch();
+    EXPECT_EQ(positions(cache.pool(1), 0), (std::multiset<Pos>{16, 17, 18, 19}));
+
+    cache.set_window_slack(slack);
+    Pos next = 20;
+    for (int step = 0; step < 100; ++step) {
+        // The last token and up to `slack` drafts, then all but `keep` of them taken back.
+        const int n = 1 + (step * 5) % (slack + 1);
+        const int keep = 1 + (step * 3) % n;
+        std::vector<Pos> batch;
+        for (int i = 0; i < n; ++i) batch.push_back(next + i);
+        ASSERT_NO_THROW(place(cache, std::vector<SeqId>(static_cast<size_t>(n), 0), batch)) << "step " << step;
+        cache.end_batch();
+        cache.seq_rm(0, next + keep, -1);
+        next += keep;
+        // The next token (at `next`) sees positions next - window + 1 .. next - 1.
+        const std::multiset<Pos> held = positions(cache.pool(1), 0);
+        for (Pos p = next - window + 1; p < next; ++p) EXPECT_EQ(held.count(p), 1u) << "step " << step << " pos " << p;
+        EXPECT_LE(cache.pool(1).allocated_cells(), cache.pool(1).capacity());
+        expect_consistent(cache.pool(1));
+    }
+    // Without the slack the same take-back loses them: after 8 tokens to 27, positions up to 23 go.
+    cache.set_window_slack(0);
+    cache.end_batch();
+    std::vector<Pos> batch;
+    for (int i = 0; i < 8; ++i) batch.push_back(next + i);
+    place(cache, std::vector<SeqId>(8, 0), batch);
+    cache.end_batch();
+    cache.seq_rm(0, next + 1, -1);
+    EXPECT_EQ(positions(cache.pool(1), 0), (std::multiset<Pos>{}));
+}
+
 TEST(ModelCache, PlaceIsAllOrNothingAcrossPools) {
     // The window pool holds 4 blocks of 4 here, the full pool 16: a batch of 20 fits only the latter.
     ModelCache cache(model_shapes(2), {0, 4}, small_params(64, 1, 4), 1);
