@@ -256,4 +256,35 @@ TokenId draw_from(CandidateList& list, double uniform) {
     return list.items.back().id;
 }
 
+double draft_probability(CandidateList& list, TokenId draft) {
+    if (list.items.empty()) return 0.0;
+    compute_softmax(list);
+    double total = 0.0;
+    double p = 0.0;
+    for (const Candidate& c : list.items) {
+        total += c.prob;
+        if (c.id == draft) p = c.prob;
+    }
+    return total > 0.0 ? p / total : 0.0;
+}
+
+TokenId draw_without(const CandidateList& list, TokenId excluded, double uniform) {
+    double total = 0.0;
+    for (const Candidate& c : list.items) {
+        if (c.id != excluded) total += c.prob;
+    }
+    if (!(total > 0.0)) return excluded;
+    const double target = uniform * total;
+    double cumulative = 0.0;
+    for (const Candidate& c : list.items) {
+        if (c.id == excluded) continue;
+        cumulative += c.prob;
+        if (target < cumulative) return c.id;
+    }
+    for (auto it = list.items.rbegin(); it != list.items.rend(); ++it) {
+        if (it->id != excluded && it->prob > 0.0f) return it->id;
+    }
+    return excluded;
+}
+
 }  // namespace fitllm::sampling

@@ -72,4 +72,15 @@ void apply_temperature(CandidateList& list, float temperature);
 // Draws one candidate from softmax(logits), with uniform in [0, 1) as the random number.
 TokenId draw_from(CandidateList& list, double uniform);
 
+// Speculative decoding with a draft that proposes one token for sure (a point mass q, as prompt
+// lookup does) checks it against the target p = softmax(logits) of the list: accept it with
+// probability min(1, p(d) / q(d)) = p(d), else draw from the residual max(0, p - q) renormalised,
+// which is p with d taken out. Then the token has distribution p whatever the draft was:
+// P(d) = p(d), and P(x) = (1 - p(d)) * p(x) / (1 - p(d)) for x != d.
+// draft_probability: p(d) (0 when d is not in the list). Computes the softmax.
+double draft_probability(CandidateList& list, TokenId draft);
+// Draws from p with `excluded` taken out, with uniform in [0, 1); the list's probabilities must
+// be computed (draft_probability did). Returns `excluded` only when nothing else can occur.
+TokenId draw_without(const CandidateList& list, TokenId excluded, double uniform);
+
 }  // namespace fitllm::sampling

@@ -46,7 +46,7 @@ Sampler::Sampler(SamplingParams params, int32_t vocab_size)
     window_counts_.reserve(window_.size());
 }
 
-TokenId Sampler::sample(std::span<const float> logits) {
+void Sampler::narrow(std::span<const float> logits) {
     if (logits.size() != static_cast<size_t>(vocab_size_))
         throw SamplingError("sampling: got " + std::to_string(logits.size()) + " logits for a vocabulary of " +
                             std::to_string(vocab_size_) + " tokens");
@@ -79,7 +79,22 @@ TokenId Sampler::sample(std::span<const float> logits) {
                 break;
         }
     }
+}
+
+TokenId Sampler::sample(std::span<const float> logits) {
+    narrow(logits);
     return draw_from(candidates_, next_uniform());
+}
+
+Sampler::DraftVerdict Sampler::sample_draft(std::span<const float> logits, TokenId draft) {
+    if (draft < 0 || draft >= vocab_size_)
+        throw SamplingError("sampling: draft token " + std::to_string(draft) + " is outside the vocabulary [0, " +
+                            std::to_string(vocab_size_) + ")");
+    narrow(logits);
+    const double p = draft_probability(candidates_, draft);
+    if (next_uniform() < p) return {draft, true};
+    const TokenId token = draw_without(candidates_, draft, next_uniform());
+    return {token, token == draft};
 }
 
 void Sampler::accept(TokenId token) {

@@ -30,6 +30,18 @@ public:
     // Throws SamplingError when logits.size() != vocab_size or a logit is NaN.
     TokenId sample(std::span<const float> logits);
 
+    // Speculative decoding: the token for these logits, given a draft that proposed `draft` (a
+    // point mass). The chain narrows the candidates as sample() does; the draft is accepted with
+    // the probability the result gives it, else a token is drawn from that distribution without
+    // the draft (candidates.h, draft_probability), so the token has sample()'s distribution. Greedy
+    // (temperature <= 0): the best candidate, accepted when it is the draft. Draws one or two
+    // random numbers. Throws as sample() does, and SamplingError for a draft outside the vocabulary.
+    struct DraftVerdict {
+        TokenId token;
+        bool accepted;  // token == the draft, taken as proposed
+    };
+    DraftVerdict sample_draft(std::span<const float> logits, TokenId draft);
+
     // Records a token generated or taken from the prompt, for the penalties.
     // Throws SamplingError when the token is outside the vocabulary.
     void accept(TokenId token);
@@ -52,6 +64,7 @@ public:
 
 private:
     double next_uniform();
+    void narrow(std::span<const float> logits);  // candidates_ = the chain applied to logits
 
     SamplingParams params_;
     int32_t vocab_size_;
