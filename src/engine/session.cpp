@@ -31,7 +31,8 @@ Session::Session(model::Model& model, const ContextConfig& context, ops::ThreadP
       context_(checked(context)),
       pool_(pool),
       cache_(make_cache(model, context_, device)),
-      logits_(make_logits(model, 1, device)),
+      n_logit_rows_(std::max(1, context_.n_outputs)),
+      logits_(make_logits(model, n_logit_rows_, device)),
       positions_(static_cast<size_t>(context_.n_batch)) {}
 
 int Session::shift_context() {
@@ -72,7 +73,25 @@ std::span<const float> Session::feed(std::span<const int32_t> tokens) {
         }
         n_past_ += static_cast<int>(n);
     }
-    return logits_.span();
+    return {logits_.data(), static_cast<size_t>(model_.n_vocab())};
+}
+
+std::span<const float> Session::feed_all(std::span<const int32_t> tokens) {
+    const size_t most = static_cast<size_t>(std::min(n_logit_rows_, context_.n_batch));
+    if (tokens.empty() || tokens.size() > most) {
+        throw std::invalid_argument("session: feed_all() takes 1 to " + std::to_string(most) + " tokens, not " +
+                                    std::to_string(tokens.size()));
+    }
+    if (tokens.size() > static_cast<size_t>(context_.n_ctx - n_past_)) {
+        throw kv::KvCacheError("context full: " + std::to_string(tokens.size()) + " tokens after " +
+                               std::to_string(n_past_) + " do not fit in n_ctx = " + std::to_string(context_.n_ctx));
+    }
+    const size_t n = tokens.size();
+    for (size_t t = 0; t < n; ++t) positions_[t] = n_past_ + static_cast<int32_t>(t);
+    model_.forward(tokens, std::span<const int32_t>(positions_.data(), n), cache_, logits_.data(), /*all_logits=*/true,
+                   pool_);
+    n_past_ += static_cast<int>(n);
+    return {logits_.data(), n * static_cast<size_t>(model_.n_vocab())};
 }
 
 void Session::reset() {

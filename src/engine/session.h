@@ -14,6 +14,7 @@
 #include <span>
 #include <vector>
 
+#include "engine/lookup.h"
 #include "fitllm/config.h"
 #include "kv/cache.h"
 #include "memory/pool.h"
@@ -31,6 +32,11 @@ struct GenerationStats {
     double generate_seconds = 0.0;  // from the first sampled token to the last
     bool context_full = false;      // stopped because the context was full (no context shift)
     int n_shifts = 0;               // context shifts done
+    // Speculative decoding (generate_lookup): forward passes that checked a draft, the tokens
+    // drafted, and those the model accepted (each an emitted token that cost no pass of its own).
+    int n_draft_passes = 0;
+    int n_drafted = 0;
+    int n_accepted = 0;
 };
 
 class Session {
@@ -47,11 +53,18 @@ public:
     int n_ctx() const { return context_.n_ctx; }
     const kv::ModelCache& cache() const { return cache_; }
 
+    // The most tokens feed_all() takes: context.n_outputs rows of logits (at least 1).
+    int n_logit_rows() const { return n_logit_rows_; }
+
     // Feeds tokens after those already seen, n_batch at a time, and returns the logits
     // (n_vocab floats) after the last one; valid until the next call. When the context is full:
     // throws kv::KvCacheError ("context full ...", nothing fed) or, with context_shift, shifts
     // the context as often as needed.
     std::span<const float> feed(std::span<const int32_t> tokens);
+    // Feeds at most min(n_logit_rows(), n_batch) tokens in one forward pass and returns every
+    // token's logits (tokens.size() rows of n_vocab floats). Never shifts the context: throws
+    // kv::KvCacheError when the tokens do not fit (nothing fed).
+    std::span<const float> feed_all(std::span<const int32_t> tokens);
     // Forgets everything fed so far.
     void reset();
     // Forgets the tokens at positions n and after: the next ones are fed after the first n.
@@ -69,6 +82,27 @@ public:
     GenerationStats generate(std::span<const int32_t> prompt, int n_predict, sampling::Sampler& sampler,
                              const std::function<bool(int32_t)>& is_eog, const std::function<bool(int32_t)>& on_token);
 
+    // generate() with speculative decoding by prompt lookup (engine/lookup.h): before each
+    // forward pass, up to max_draft() tokens are drafted from the prompt and what was generated,
+    // fed after the last token in one pass (feed_all), and checked left to right with
+    // Sampler::sample_draft; the first one rejected is replaced by the model's token, and when
+    // all are accepted the pass's last row gives one more. The rejected drafts' cells are taken
+    // back (truncate). The tokens are generate()'s distribution when sampling, and generate()'s
+    // tokens when greedy as far as a pass of several tokens gives each the logits a one-token pass
+    // does: the batch kernels some weight types take for runs of tokens (ops::matmul's places:
+    // the repacked Q4_K / Q2_K gemm from 4 tokens, the tiled k-quant kernels from 8, F16 from 2)
+    // sum in another float order, which can turn a near-tie the other way (with
+    // FITLLM_NO_BATCH_ORDER=1 every token takes the one-token order and the text is the same).
+    // Context full and shifts happen at generate()'s tokens: no draft is fed that would need a
+    // shift. Without room for a draft (max_draft() 0) it is generate().
+    GenerationStats generate_lookup(std::span<const int32_t> prompt, int n_predict, sampling::Sampler& sampler,
+                                    const LookupParams& lookup, const std::function<bool(int32_t)>& is_eog,
+                                    const std::function<bool(int32_t)>& on_token);
+    // The drafts one pass of generate_lookup checks at most: lookup.n_draft, within the rows of
+    // logits and half the batch (the sliding-window pools keep that many positions more,
+    // kv::ModelCache::set_window_slack).
+    int max_draft(const LookupParams& lookup) const;
+
 private:
     model::Model& model_;
     ContextConfig context_;
@@ -76,7 +110,8 @@ private:
     kv::ModelCache cache_;
     int n_past_ = 0;
     int n_shifts_ = 0;
-    memory::PoolBuffer<float> logits_;  // [n_vocab]
+    int n_logit_rows_;
+    memory::PoolBuffer<float> logits_;  // [n_logit_rows, n_vocab]
     std::vector<int32_t> positions_;    // [n_batch]
 };
 
