@@ -32,6 +32,7 @@ struct RunOptions {
     std::string prompt;
     int n_predict = 64;
     sampling::SamplingParams sampling;
+    LookupOptions lookup;
 };
 ArgParser run_parser(RunOptions& o);
 void validate(const RunOptions& o);

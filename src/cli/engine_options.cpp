@@ -2,6 +2,7 @@
 
 #include <unistd.h>
 
+#include <algorithm>
 #include <cstdint>
 #include <cstdio>
 #include <exception>
@@ -101,6 +102,32 @@ void add_context_shift_options(ArgParser& p, ContextConfig& context) {
              "(default: stop)",
              [&context](const std::string&) { context.context_shift = true; });
     p.option("--keep", "N", "with --context-shift: the first N tokens always stay (default 0)", &context.n_keep);
+}
+
+void add_lookup_options(ArgParser& p, LookupOptions& lookup) {
+    p.flag("--lookup", &lookup.enabled,
+           "speculative decoding by prompt lookup: draft the tokens that followed the last few tokens where they "
+           "occurred before (prompt or output), check them in one forward pass, keep what the model agrees with; "
+           "the same text (greedy) or distribution (sampling), faster when the output repeats the prompt");
+    p.option("--draft-max", "N", "with --lookup: tokens drafted per forward pass at most (default 10)",
+             &lookup.params.n_draft);
+    p.option("--lookup-ngram-min", "N", "with --lookup: the shortest run of last tokens looked up (default 1)",
+             &lookup.params.ngram_min);
+    p.option("--lookup-ngram-max", "N",
+             "with --lookup: the longest run of last tokens looked up, tried first (default 3)",
+             &lookup.params.ngram_max);
+}
+
+void validate_lookup_options(const LookupOptions& lookup) {
+    try {
+        engine::check(lookup.params);
+    } catch (const ConfigError& e) {
+        throw UsageError(e.what());
+    }
+}
+
+void apply_lookup_options(const LookupOptions& lookup, ContextConfig& context) {
+    if (lookup.enabled) context.n_outputs = std::max(context.n_outputs, lookup.params.n_draft + 1);
 }
 
 int parse_count(const std::string& name, const std::string& text) {

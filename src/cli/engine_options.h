@@ -15,6 +15,7 @@
 
 #include "cli/args.h"
 #include "engine/engine.h"
+#include "engine/lookup.h"
 #include "fitllm/config.h"
 #include "sampling/sampling_params.h"
 
@@ -47,6 +48,19 @@ void add_threads_option(ArgParser& parser, ContextConfig& context);
 void add_kv_options(ArgParser& parser, ContextConfig& context);
 // --context-shift, --keep N.
 void add_context_shift_options(ArgParser& parser, ContextConfig& context);
+// Speculative decoding by prompt lookup (engine/lookup.h), as `run` and `chat` take it.
+struct LookupOptions {
+    bool enabled = false;  // --lookup
+    engine::LookupParams params;
+};
+// --lookup, --draft-max N, --lookup-ngram-min N, --lookup-ngram-max N.
+void add_lookup_options(ArgParser& parser, LookupOptions& lookup);
+// Throws UsageError for parameters out of range (whether --lookup is on or not).
+void validate_lookup_options(const LookupOptions& lookup);
+// With --lookup: the rows of logits a forward pass returns (drafts + 1), set in the context
+// before it is planned, so that the plan charges them.
+void apply_lookup_options(const LookupOptions& lookup, ContextConfig& context);
+
 // A count for option `name` (0..1000000), with a UsageError naming it on bad input.
 int parse_count(const std::string& name, const std::string& text);
 

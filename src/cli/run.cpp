@@ -20,6 +20,17 @@ double per_second(int n, double seconds) {
     return seconds > 0.0 ? n / seconds : 0.0;
 }
 
+// --lookup: how many drafts the model accepted, and what that saved.
+void print_lookup_stats(const engine::GenerationStats& s, int max_draft) {
+    const int plain_passes = s.n_generated - s.n_accepted;  // forward passes of the generated tokens
+    std::fprintf(stderr,
+                 "lookup: %d drafted, %d accepted (%.1f%%) in %d draft passes of up to %d | %d tokens in %d forward "
+                 "passes (%.2f tokens/pass)\n",
+                 s.n_drafted, s.n_accepted, s.n_drafted > 0 ? 100.0 * s.n_accepted / s.n_drafted : 0.0,
+                 s.n_draft_passes, max_draft, s.n_generated, plain_passes,
+                 plain_passes > 0 ? static_cast<double>(s.n_generated) / plain_passes : 0.0);
+}
+
 // -np N: the continuations decoded together, printed one after the other.
 int run_parallel(engine::Engine& e, const RunOptions& o, const std::vector<tokenizer::TokenId>& ids) {
     const int n_parallel = e.context().n_seq;
@@ -75,15 +86,17 @@ int generate(engine::Engine& e, const RunOptions& o) {
 
     std::fputs(o.prompt.c_str(), stdout);
     std::fflush(stdout);
-    const engine::GenerationStats stats = session.generate(
-        ids, o.n_predict, sampler, [&](int32_t id) { return vocab.is_eog(id); },
-        [&](int32_t id) {
-            if (!vocab.is_eog(id)) {
-                std::fputs(detok.feed(id).c_str(), stdout);
-                std::fflush(stdout);
-            }
-            return true;
-        });
+    const auto is_eog = [&](int32_t id) { return vocab.is_eog(id); };
+    const auto on_token = [&](int32_t id) {
+        if (!vocab.is_eog(id)) {
+            std::fputs(detok.feed(id).c_str(), stdout);
+            std::fflush(stdout);
+        }
+        return true;
+    };
+    const engine::GenerationStats stats =
+        o.lookup.enabled ? session.generate_lookup(ids, o.n_predict, sampler, o.lookup.params, is_eog, on_token)
+                         : session.generate(ids, o.n_predict, sampler, is_eog, on_token);
     std::fputs(detok.flush().c_str(), stdout);
     std::fputs("\n", stdout);
     std::fflush(stdout);
@@ -100,6 +113,7 @@ int generate(engine::Engine& e, const RunOptions& o) {
                  stats.n_prompt, per_second(stats.n_prompt, stats.prompt_seconds), stats.n_generated,
                  per_second(stats.n_generated, stats.generate_seconds), e.threads().size(), peak_rss_kib() / 1024.0,
                  e.peak_summary().c_str());
+    if (o.lookup.enabled) print_lookup_stats(stats, session.max_draft(o.lookup.params));
     return 0;
 }
 
@@ -111,7 +125,8 @@ ArgParser run_parser(RunOptions& o) {
     ArgParser p(
         "fitllm run -m MODEL -p PROMPT [-n N] [-c CTX] [-t N] [--temp T] [--top-k K] [--top-p P] "
         "[--min-p P] [--seed S] [--repeat-penalty R] [-ctk TYPE] [-ctv TYPE] [--no-kv-rotation] "
-        "[--context-shift] [--keep N] [-np N] [--mem SIZE] [--fit] [--mlock] [--stream-layers N]",
+        "[--context-shift] [--keep N] [-np N] [--lookup [--draft-max N]] [--mem SIZE] [--fit] [--mlock] "
+        "[--stream-layers N]",
         "Generate text after PROMPT on the CPU, streaming it as it comes, then print a summary\n"
         "line (tokens and speed of prompt and generation, peak resident memory) to stderr.\n"
         "Control tokens spelled in the prompt (\"<start_of_turn>\") are parsed as such.\n"
@@ -119,6 +134,8 @@ ArgParser run_parser(RunOptions& o) {
         "drops the oldest half of the tokens after the first --keep N and goes on.\n"
         "With -np N, N continuations of the prompt are decoded together (the prompt's KV cache\n"
         "shared, one token of each per forward pass) and printed one after the other at the end.\n"
+        "With --lookup, drafts taken from the prompt and the output so far are checked several\n"
+        "tokens per forward pass (speculative decoding): the same text, sooner when it repeats.\n"
         "Before loading, the run is planned (as `fitllm plan`) against --mem: a plan over it is\n"
         "refused (exit status 3) unless --fit may change the settings; what the run allocates is\n"
         "charged to the budget, and the summary shows the peak of each pool.");
@@ -134,6 +151,7 @@ ArgParser run_parser(RunOptions& o) {
     add_context_shift_options(p, c);
     p.option("-np, --parallel", "N",
              "decode N continuations together; -c is shared by all, their seeds are --seed + i (default 1)", &c.n_seq);
+    add_lookup_options(p, o.lookup);
     add_memory_options(p, o.engine);
     return p;
 }
@@ -150,10 +168,14 @@ void validate(const RunOptions& o) {
     }
     if (c.n_seq > 1 && c.context_shift) throw UsageError("--context-shift works with one sequence only");
     validate_sampling_options(o.sampling);
+    validate_lookup_options(o.lookup);
+    if (o.lookup.enabled && c.n_seq > 1) throw UsageError("--lookup works with one sequence only (not -np)");
 }
 
 int run_run(const std::vector<std::string>& args) {
-    return parse_and_run(args, run_parser, [](const RunOptions& o) {
+    return parse_and_run(args, run_parser, [](const RunOptions& options) {
+        RunOptions o = options;
+        apply_lookup_options(o.lookup, o.engine.context);
         return with_engine("run", o.engine, [&](engine::Engine& e) { return generate(e, o); });
     });
 }

@@ -79,10 +79,18 @@ void add(Fields& f, const sampling::SamplingParams& s) {
     f["sampling.seed"] = str(s.seed);
 }
 
+void add(Fields& f, const LookupOptions& l) {
+    f["lookup.enabled"] = str(l.enabled);
+    f["lookup.n_draft"] = str(l.params.n_draft);
+    f["lookup.ngram_min"] = str(l.params.ngram_min);
+    f["lookup.ngram_max"] = str(l.params.ngram_max);
+}
+
 Fields fields(const RunOptions& o) {
     Fields f;
     add(f, o.engine);
     add(f, o.sampling);
+    add(f, o.lookup);
     f["prompt"] = o.prompt;
     f["n_predict"] = str(o.n_predict);
     return f;
@@ -198,6 +206,10 @@ const std::map<std::string, std::string> kSamples = {
     {"--allowed-hosts", "box.local,other"},
     {"--cors-origin", "http://localhost:3000"},
     {"--max-queue", "3"},
+    {"--lookup", ""},
+    {"--draft-max", "4"},
+    {"--lookup-ngram-min", "2"},
+    {"--lookup-ngram-max", "5"},
 };
 
 // What each flag sets, where every command that has it sets the same.
@@ -251,6 +263,10 @@ const std::map<std::string, std::set<std::string>> kSets = {
     {"--allowed-hosts", {"http.allowed_hosts"}},
     {"--cors-origin", {"http.cors_origins"}},
     {"--max-queue", {"max_queue"}},
+    {"--lookup", {"lookup.enabled"}},
+    {"--draft-max", {"lookup.n_draft"}},
+    {"--lookup-ngram-min", {"lookup.ngram_min"}},
+    {"--lookup-ngram-max", {"lookup.ngram_max"}},
 };
 
 using Overrides = std::map<std::string, std::set<std::string>>;
