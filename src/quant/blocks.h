@@ -69,6 +69,16 @@ struct BlockIQ4_NL {
     uint8_t qs[16];
 };
 
+// IQ4_XS: 8 sub-blocks of 32, each an IQ4_NL block whose scale is d * (ls - 32), ls 6-bit: low 4
+// bits in scales_l[ib / 2] (nibble ib % 2), high 2 bits at bits 2 ib of scales_h. Element
+// 32 ib + l is the low (l < 16) or high nibble of qs[16 ib + l % 16], an index into kValuesIQ4NL.
+struct BlockIQ4_XS {
+    uint16_t d;
+    uint16_t scales_h;
+    uint8_t scales_l[kQK / 64];
+    uint8_t qs[kQK / 2];
+};
+
 // Q2_K: 16 sub-blocks of 16. x = d * (scales[j] & 15) * q - dmin * (scales[j] >> 4), q 2-bit.
 // Element e = 128 * h + 32 * g + l (h < 2, g < 4, l < 32) is bits 2g..2g+1 of qs[32 * h + l],
 // in sub-block j = 8 * h + 2 * g + l / 16.
@@ -132,7 +142,7 @@ static_assert(sizeof(BlockQ4_0) == 18 && sizeof(BlockQ4_1) == 20 && sizeof(Block
 static_assert(sizeof(BlockQ5_1) == 24 && sizeof(BlockQ8_0) == 34 && sizeof(BlockQ8_1) == 36);
 static_assert(sizeof(BlockQ2_K) == 84 && sizeof(BlockQ3_K) == 110 && sizeof(BlockQ4_K) == 144);
 static_assert(sizeof(BlockQ5_K) == 176 && sizeof(BlockQ6_K) == 210 && sizeof(BlockQ8_K) == 292);
-static_assert(sizeof(BlockIQ4_NL) == 18);
+static_assert(sizeof(BlockIQ4_NL) == 18 && sizeof(BlockIQ4_XS) == 136);
 
 // The block struct of each type, and a compile-time check against the type table of ggml_type.cpp
 // (which tests check against PyPI's gguf).
@@ -172,6 +182,11 @@ template <>
 struct BlockOf<GgmlType::IQ4_NL> {
     using type = BlockIQ4_NL;
     static constexpr int elements = 32;
+};
+template <>
+struct BlockOf<GgmlType::IQ4_XS> {
+    using type = BlockIQ4_XS;
+    static constexpr int elements = kQK;
 };
 template <>
 struct BlockOf<GgmlType::Q2_K> {
@@ -312,6 +327,15 @@ inline int quant_of(const BlockQ5_1& b, int l) {
 inline int quant_of(const BlockIQ4_NL& b, int l) {
     return nibble_of(b.qs, l);
 }  // x = d kValuesIQ4NL[q]
+inline int quant_of(const BlockIQ4_XS& b, int e) {
+    return nibble_of(b.qs + 16 * (e / 32), e % 32);
+}  // x = d (ls - 32) kValuesIQ4NL[q]
+// The signed scale ls - 32 (-32 .. 31) of IQ4_XS sub-block ib.
+inline int iq4_xs_scale(const BlockIQ4_XS& b, int ib) {
+    const int low = (b.scales_l[ib / 2] >> (4 * (ib % 2))) & 0xF;
+    const int high = (b.scales_h >> (2 * ib)) & 3;
+    return (low | (high << 4)) - 32;
+}
 
 // k-quants: element e < 256 of a super-block, in sub-block e / 16 (Q2_K, Q3_K, Q6_K) or e / 32.
 inline int quant_of(const BlockQ2_K& b, int e) {

@@ -46,6 +46,17 @@ void dequant_iq4_nl(const BlockIQ4_NL* x, float* y, int64_t nb) {
     }
 }
 
+// IQ4_XS: x = (d * (ls - 32)) * kValuesIQ4NL[q], per sub-block of 32.
+void dequant_iq4_xs(const BlockIQ4_XS* x, float* y, int64_t nb) {
+    for (int64_t i = 0; i < nb; ++i, y += kQK) {
+        const float d = fp16_to_fp32(x[i].d);
+        for (int e = 0; e < kQK; ++e) {
+            const float dl = d * static_cast<float>(iq4_xs_scale(x[i], e / 32));
+            y[e] = dl * static_cast<float>(kValuesIQ4NL[quant_of(x[i], e)]);
+        }
+    }
+}
+
 void dequant_q2_K(const BlockQ2_K* x, float* y, int64_t nb) {
     for (int64_t i = 0; i < nb; ++i, y += kQK) {
         const float d = fp16_to_fp32(x[i].d), dmin = fp16_to_fp32(x[i].dmin);
@@ -114,6 +125,7 @@ bool can_dequantize(GgmlType type) {
         case GgmlType::Q8_0:
         case GgmlType::Q8_1:
         case GgmlType::IQ4_NL:
+        case GgmlType::IQ4_XS:
         case GgmlType::Q2_K:
         case GgmlType::Q3_K:
         case GgmlType::Q4_K:
@@ -158,6 +170,8 @@ void dequantize_row(GgmlType type, const void* src, float* dst, int64_t n) {
             return dequant_q8(as<BlockQ8_1>(src), dst, nb);
         case GgmlType::IQ4_NL:
             return dequant_iq4_nl(as<BlockIQ4_NL>(src), dst, nb);
+        case GgmlType::IQ4_XS:
+            return dequant_iq4_xs(as<BlockIQ4_XS>(src), dst, nb);
         case GgmlType::Q2_K:
             return dequant_q2_K(as<BlockQ2_K>(src), dst, nb);
         case GgmlType::Q3_K:

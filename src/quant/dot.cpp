@@ -18,6 +18,7 @@ GgmlType dot_activation_type(GgmlType weight_type) {
         case GgmlType::Q4_1:
         case GgmlType::Q5_1:
             return GgmlType::Q8_1;
+        case GgmlType::IQ4_XS:
         case GgmlType::Q2_K:
         case GgmlType::Q3_K:
         case GgmlType::Q4_K:

@@ -261,6 +261,37 @@ void dot_iq4_nl(int n, float* out, const void* w, const void* a) {
     });
 }
 
+// IQ4_XS with Q8_K: two sub-blocks of 32 a register (their 32 bytes of nibbles spread as
+// quants_x2 spreads two blocks), looked up and dotted as IQ4_NL, each half's sums scaled by its
+// sub-block's ls - 32; the super-block's integer sum (exact) takes one FMA, as dot_ref.cpp's
+// order has it.
+template <bool kVnni>
+void dot_iq4_xs(int n, float* out, const void* w, const void* a) {
+    const auto* x = as<BlockIQ4_XS>(w);
+    const auto* y = as<BlockQ8_K>(a);
+    const __m512i values = _mm512_broadcast_i32x4(load128(kValuesIQ4NL));
+    const __m512i spread = _mm512_set_epi64(3, 2, 3, 2, 1, 0, 1, 0);
+    const __m512i shifts = _mm512_set_epi64(4, 4, 0, 0, 4, 4, 0, 0);
+    __m128 acc = _mm_setzero_ps();
+    for (int i = 0; i < n / kQK; ++i) {
+        __m512i sums = _mm512_setzero_si512();
+        for (int ib = 0; ib < kQK / 32; ib += 2) {
+            const int ls = x[i].scales_l[ib / 2];
+            const int s0 = ((ls & 0xF) | (((x[i].scales_h >> (2 * ib)) & 3) << 4)) - 32;
+            const int s1 = ((ls >> 4) | (((x[i].scales_h >> (2 * ib + 2)) & 3) << 4)) - 32;
+            const __m512i wide = _mm512_permutexvar_epi64(spread, _mm512_castsi256_si512(load256(x[i].qs + 16 * ib)));
+            const __m512i q = _mm512_and_si512(_mm512_srlv_epi64(wide, shifts), _mm512_set1_epi8(0x0F));
+            const __m512i dots =
+                signed_pair_dot<kVnni>(_mm512_shuffle_epi8(values, q), _mm512_loadu_si512(y[i].qs + 32 * ib));
+            const __m512i scales = _mm512_mask_blend_epi32(0xFF00, _mm512_set1_epi32(s0), _mm512_set1_epi32(s1));
+            sums = _mm512_add_epi32(sums, _mm512_mullo_epi32(dots, scales));
+        }
+        const __m128 sum = _mm_cvtsi32_ss(_mm_setzero_ps(), _mm512_reduce_add_epi32(sums));
+        acc = _mm_fmadd_ss(sum, _mm_set_ss(f16(x[i].d) * y[i].d), acc);
+    }
+    *out = _mm_cvtss_f32(acc);
+}
+
 template <bool kVnni>
 DotFn table(GgmlType weight_type) {
     switch (weight_type) {
@@ -282,6 +313,8 @@ DotFn table(GgmlType weight_type) {
             return dot_q8_0<kVnni>;
         case GgmlType::IQ4_NL:
             return dot_iq4_nl<kVnni>;
+        case GgmlType::IQ4_XS:
+            return dot_iq4_xs<kVnni>;
         default:
             return nullptr;
     }

@@ -246,6 +246,25 @@ void dot_q6_K(int n, float* out, const void* w, const void* a) {
     *out = hsum8(lanes);
 }
 
+// IQ4_XS: exact integer sums over the whole super-block (each sub-block's table-value dot times its
+// scale ls - 32: at most 32 x 127 x 127 x 32 per sub-block, 2^27 per super-block), then one
+// acc = fma(float(sum), d_w d_a, acc) per super-block. The SIMD variants give this float exactly.
+void dot_iq4_xs(int n, float* out, const void* w, const void* a) {
+    const auto* x = as<BlockIQ4_XS>(w);
+    const auto* y = as<BlockQ8_K>(a);
+    float acc = 0.0f;
+    for (int i = 0; i < n / kQK; ++i) {
+        int32_t sum = 0;
+        for (int ib = 0; ib < kQK / 32; ++ib) {
+            int32_t sub = 0;
+            for (int l = 0; l < 32; ++l) sub += kValuesIQ4NL[quant_of(x[i], 32 * ib + l)] * y[i].qs[32 * ib + l];
+            sum += iq4_xs_scale(x[i], ib) * sub;
+        }
+        acc = std::fma(static_cast<float>(sum), f16f(x[i].d) * y[i].d, acc);
+    }
+    *out = acc;
+}
+
 }  // namespace
 
 // _mm512_reduce_add_ps's order (GCC's): halves, then quarters, then (l0 + l2) + (l1 + l3).
@@ -276,6 +295,8 @@ DotFn dot_ref(GgmlType weight_type) {
             return dot_blocks32<BlockQ8_0, 0, true>;
         case GgmlType::IQ4_NL:
             return dot_blocks32<BlockIQ4_NL, 0, false>;
+        case GgmlType::IQ4_XS:
+            return dot_iq4_xs;
         case GgmlType::Q2_K:
             return dot_serial_k<BlockQ2_K>;
         case GgmlType::Q3_K:

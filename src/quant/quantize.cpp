@@ -331,6 +331,39 @@ void quant_iq4_nl(const float* x, BlockIQ4_NL* y, int64_t nb, int ntry) {
     for (int64_t i = 0; i < nb; ++i) quant_iq4_nl_block(x + 32 * i, y[i], ntry);
 }
 
+// IQ4_XS, as llama.cpp builds it from IQ4_NL blocks without an importance matrix: each sub-block's
+// scale fitted as IQ4_NL's (with its scale search), the super-block scale d = -max / 32 from the
+// largest of them in magnitude, each sub-block scale rounded to d * l (l in -32 .. 31), and the
+// indices recomputed for d * l.
+void quant_iq4_xs(const float* x, BlockIQ4_XS* y, int64_t nb) {
+    for (int64_t i = 0; i < nb; ++i, x += kQK) {
+        float scales[kQK / 32];
+        float max_scale = 0.0f, amax = 0.0f;
+        for (int ib = 0; ib < kQK / 32; ++ib) {
+            BlockIQ4_NL b;
+            quant_iq4_nl_block(x + 32 * ib, b, 7);
+            scales[ib] = fp16_to_fp32(b.d);
+            if (std::fabs(scales[ib]) > amax) amax = std::fabs(scales[ib]), max_scale = scales[ib];
+        }
+        BlockIQ4_XS& out = y[i];
+        out = BlockIQ4_XS{};
+        const float d = -max_scale / 32.0f;
+        out.d = fp32_to_fp16(d);
+        const float id = d != 0.0f ? 1.0f / d : 0.0f;
+        for (int ib = 0; ib < kQK / 32; ++ib) {
+            const int l = std::clamp(static_cast<int>(std::lrint(id * scales[ib])), -32, 31);
+            const int ls = l + 32;
+            out.scales_l[ib / 2] |= static_cast<uint8_t>((ls & 0xF) << (4 * (ib % 2)));
+            out.scales_h |= static_cast<uint16_t>((ls >> 4) << (2 * ib));
+            const float dl = fp16_to_fp32(out.d) * static_cast<float>(l);
+            const float idl = dl != 0.0f ? 1.0f / dl : 0.0f;
+            uint8_t index[32];
+            for (int j = 0; j < 32; ++j) index[j] = static_cast<uint8_t>(nearest_iq4_nl(idl * x[32 * ib + j]));
+            for (int j = 0; j < 16; ++j) out.qs[16 * ib + j] = static_cast<uint8_t>(index[j] | (index[j + 16] << 4));
+        }
+    }
+}
+
 template <typename Block>
 Block* as(void* p) {
     return static_cast<Block*>(p);
@@ -383,6 +416,8 @@ void quantize_row_at(Isa isa, GgmlType type, const float* src, void* dst, int64_
             return quant_q8_blocks(src, as<BlockQ8_1>(dst), nb);
         case GgmlType::IQ4_NL:
             return quant_iq4_nl(src, as<BlockIQ4_NL>(dst), nb, -1);
+        case GgmlType::IQ4_XS:
+            return quant_iq4_xs(src, as<BlockIQ4_XS>(dst), nb);
         case GgmlType::Q2_K:
             return quant_q2_K(src, as<BlockQ2_K>(dst), nb);
         case GgmlType::Q3_K:

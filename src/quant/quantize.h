@@ -6,7 +6,8 @@
 // Q4_K, Q5_K, Q6_K) and F16 / BF16: plain round-to-nearest with the scales fitted to each block's
 // range (no error search like llama.cpp's quantizer), which is what tests and benchmarks need to
 // make data; real models come quantized by llama.cpp. IQ4_NL, a KV cache format: as llama.cpp
-// quantizes it, byte for byte (below).
+// quantizes it, byte for byte (below). IQ4_XS: from IQ4_NL's searched sub-block scales, as
+// llama.cpp's quantizer without an importance matrix.
 #include <cstdint>
 
 #include "quant/ggml_type.h"

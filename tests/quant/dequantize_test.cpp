@@ -226,13 +226,36 @@ TEST(Dequantize, Q6_K) {
     EXPECT_EQ(y[255], 66.5f);  // 0.5 * 7 * 19
 }
 
+// IQ4_XS by hand: sub-block ib's scale is d * (ls - 32), ls split into a low nibble (scales_l) and
+// two high bits (scales_h); element 32 ib + l the low (l < 16) or high nibble of qs[16 ib + l % 16].
+TEST(Dequantize, Iq4XsByHand) {
+    BlockIQ4_XS b{};
+    b.d = fp32_to_fp16(0.5f);
+    const int ls[8] = {35, 30, 32, 63, 0, 33, 47, 16};  // scales 3, -2, 0, 31, -32, 1, 15, -16
+    for (int ib = 0; ib < 8; ++ib) {
+        b.scales_l[ib / 2] |= static_cast<uint8_t>((ls[ib] & 0xF) << (4 * (ib % 2)));
+        b.scales_h |= static_cast<uint16_t>((ls[ib] >> 4) << (2 * ib));
+    }
+    for (int i = 0; i < 128; ++i) b.qs[i] = static_cast<uint8_t>((i % 16) | ((15 - i % 16) << 4));
+    std::vector<float> y(256);
+    dequantize_row(GgmlType::IQ4_XS, &b, y.data(), 256);
+    EXPECT_EQ(y[0], 0.5f * 3 * -127);    // sub-block 0, low nibble 0
+    EXPECT_EQ(y[16], 0.5f * 3 * 113);    // high nibble 15
+    EXPECT_EQ(y[33], 0.5f * -2 * -104);  // sub-block 1, low nibble 1
+    EXPECT_EQ(y[64 + 5], 0.0f);          // scale 0
+    EXPECT_EQ(y[96 + 31], 0.5f * 31 * -127);
+    EXPECT_EQ(y[128 + 15], 0.5f * -32 * 113);
+    EXPECT_EQ(y[160 + 20], 0.5f * 1 * 38);  // high nibble 15 - 4 = 11
+    EXPECT_EQ(y[224 + 8], 0.5f * -16 * 1);  // low nibble 8
+}
+
 TEST(Dequantize, RejectsPartialBlocksAndUnknownTypes) {
     std::vector<uint8_t> src(1024);
     std::vector<float> dst(512);
     EXPECT_THROW(dequantize_row(GgmlType::Q4_0, src.data(), dst.data(), 33), std::invalid_argument);
     EXPECT_THROW(dequantize_row(GgmlType::Q4_K, src.data(), dst.data(), 128), std::invalid_argument);
     EXPECT_THROW(dequantize_row(GgmlType::IQ2_XXS, src.data(), dst.data(), 256), std::invalid_argument);
-    EXPECT_FALSE(can_dequantize(GgmlType::IQ4_XS));
+    EXPECT_FALSE(can_dequantize(GgmlType::IQ3_S));
     EXPECT_TRUE(can_dequantize(GgmlType::Q8_K));
     try {
         dequantize_row(GgmlType::Q6_K, src.data(), dst.data(), 300);

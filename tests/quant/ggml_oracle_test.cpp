@@ -86,7 +86,7 @@ struct QuantName {
 constexpr QuantName kQuantTypes[] = {
     {GgmlType::Q4_0, "q4_0"}, {GgmlType::Q4_1, "q4_1"}, {GgmlType::Q5_0, "q5_0"},     {GgmlType::Q5_1, "q5_1"},
     {GgmlType::Q8_0, "q8_0"}, {GgmlType::Q2_K, "q2_K"}, {GgmlType::Q3_K, "q3_K"},     {GgmlType::Q4_K, "q4_K"},
-    {GgmlType::Q5_K, "q5_K"}, {GgmlType::Q6_K, "q6_K"}, {GgmlType::IQ4_NL, "iq4_nl"},
+    {GgmlType::Q5_K, "q5_K"}, {GgmlType::Q6_K, "q6_K"}, {GgmlType::IQ4_NL, "iq4_nl"}, {GgmlType::IQ4_XS, "iq4_xs"},
 };
 const char* ggml_name(GgmlType t) {
     switch (t) {

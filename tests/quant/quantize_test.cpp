@@ -185,7 +185,7 @@ constexpr ErrorBound kBounds[] = {
     {GgmlType::F16, 2.5e-4},  {GgmlType::BF16, 2e-3},   {GgmlType::Q8_0, 6.5e-3},  {GgmlType::Q8_1, 6.5e-3},
     {GgmlType::Q8_K, 8.5e-3}, {GgmlType::Q6_K, 2.3e-2}, {GgmlType::Q5_0, 5.2e-2},  {GgmlType::Q5_1, 4.6e-2},
     {GgmlType::Q5_K, 4.6e-2}, {GgmlType::Q4_0, 0.104},  {GgmlType::Q4_1, 0.095},   {GgmlType::Q4_K, 0.095},
-    {GgmlType::Q3_K, 0.19},   {GgmlType::Q2_K, 0.40},   {GgmlType::IQ4_NL, 0.095},
+    {GgmlType::Q3_K, 0.19},   {GgmlType::Q2_K, 0.40},   {GgmlType::IQ4_NL, 0.095}, {GgmlType::IQ4_XS, 0.095},
 };
 
 TEST(QuantizeWeights, RoundTripErrorWithinBounds) {
@@ -231,9 +231,11 @@ TEST(QuantizeWeights, RejectsPartialBlocks) {
     std::vector<float> x(300);
     std::vector<uint8_t> y(1024);
     EXPECT_THROW(quantize_row(GgmlType::Q4_K, x.data(), y.data(), 300), std::invalid_argument);
-    EXPECT_THROW(quantize_row(GgmlType::IQ4_XS, x.data(), y.data(), 256), std::invalid_argument);
-    EXPECT_FALSE(can_quantize(GgmlType::IQ4_XS));
+    EXPECT_THROW(quantize_row(GgmlType::IQ4_XS, x.data(), y.data(), 300), std::invalid_argument);
+    EXPECT_THROW(quantize_row(GgmlType::IQ3_S, x.data(), y.data(), 256), std::invalid_argument);
+    EXPECT_FALSE(can_quantize(GgmlType::IQ3_S));
     EXPECT_TRUE(can_quantize(GgmlType::IQ4_NL));
+    EXPECT_TRUE(can_quantize(GgmlType::IQ4_XS));
 }
 
 }  // namespace
