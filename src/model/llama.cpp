@@ -2,8 +2,10 @@
 // with rotary embeddings on adjacent pairs of dims, and a SwiGLU feed-forward.
 // Qwen2 (and Qwen2.5) is the same pass with required biases on Q, K and V and rotary embeddings
 // on the two halves of each head (NeoX style); small models tie the output matrix to the embedding.
-// Reference: the Llama papers, the Qwen2 technical report; llama.cpp's llama and qwen2 graphs for
-// the exact order of ops.
+// Qwen3 (dense) drops the biases and RMS-norms each head of Q and K (one weight vector of head_dim
+// shared by the heads) before the rotation; its head size is its own (128), not n_embd / n_head.
+// Reference: the Llama papers, the Qwen2 and Qwen3 technical reports; llama.cpp's llama, qwen2 and
+// qwen3 graphs for the exact order of ops.
 #include <algorithm>
 #include <cmath>
 
@@ -21,8 +23,8 @@
 namespace fitllm::model {
 namespace {
 
-// Llama (2, 3, 3.x, Mistral, TinyLlama, SmolLM2) and Qwen2 (llama.cpp's LLM_ARCH_LLAMA and
-// LLM_ARCH_QWEN2): every layer attends globally; the first n_rot dims of each head rotate.
+// Llama (2, 3, 3.x, Mistral, TinyLlama, SmolLM2), Qwen2 and Qwen3 (llama.cpp's LLM_ARCH_LLAMA,
+// LLM_ARCH_QWEN2 and LLM_ARCH_QWEN3): every layer attends globally; the first n_rot dims of each head rotate.
 // Llama 3.1's frequency factors come as a tensor (rope_freqs.weight), bound with the weights.
 void read_llama_hparams(const HparamReader& r, Hparams& hp) {
     if (r.has("expert_count") && r.file().get_int(r.key("expert_count")) > 0) {
@@ -47,8 +49,8 @@ void read_llama_hparams(const HparamReader& r, Hparams& hp) {
     hp.attn_scale = scale != 0.0f ? scale : 1.0f / std::sqrt(static_cast<float>(hp.head_dim));
 }
 
-// Llama and Qwen2, one block: pre-norm attention and SwiGLU feed-forward. Biases are nullptr when
-// the file has none.
+// Llama, Qwen2 and Qwen3, one block: pre-norm attention and SwiGLU feed-forward. Biases and the
+// Q/K norms are nullptr when the architecture has none.
 struct LlamaLayer {
     const float* attn_norm = nullptr;  // [n_embd]
     ops::WeightView wq;                // [n_head * head_dim, n_embd]
@@ -57,6 +59,8 @@ struct LlamaLayer {
     const float* bq = nullptr;         // [n_head * head_dim]     (Qwen2: required)
     const float* bk = nullptr;         // [n_head_kv * head_dim]  (Qwen2: required)
     const float* bv = nullptr;         // [n_head_kv * head_dim]  (Qwen2: required)
+    const float* q_norm = nullptr;     // [head_dim]  (Qwen3: required)
+    const float* k_norm = nullptr;     // [head_dim]  (Qwen3: required)
     ops::WeightView wo;                // [n_embd, n_head * head_dim]
     const float* bo = nullptr;         // [n_embd]
     const float* ffn_norm = nullptr;   // [n_embd]
@@ -67,9 +71,9 @@ struct LlamaLayer {
 
 template <class F>
 void for_each_weight(LlamaLayer& L, F&& f) {
-    static_assert(sizeof(LlamaLayer) == 6 * sizeof(const float*) + 7 * sizeof(ops::WeightView),
+    static_assert(sizeof(LlamaLayer) == 8 * sizeof(const float*) + 7 * sizeof(ops::WeightView),
                   "a LlamaLayer field is missing from for_each_weight");
-    for (const float** p : {&L.attn_norm, &L.bq, &L.bk, &L.bv, &L.bo, &L.ffn_norm}) f(*p);
+    for (const float** p : {&L.attn_norm, &L.bq, &L.bk, &L.bv, &L.q_norm, &L.k_norm, &L.bo, &L.ffn_norm}) f(*p);
     for (ops::WeightView* w : {&L.wq, &L.wk, &L.wv, &L.wo, &L.ffn_gate, &L.ffn_up, &L.ffn_down}) f(w->data);
 }
 
@@ -81,22 +85,42 @@ struct LlamaWeights {
     const float* rope_freqs = nullptr;   // [n_rot / 2] divisors of the RoPE frequencies (Llama 3.1), or nullptr
 };
 
-enum class QkvBias { Optional, Required };
+enum class QkvBias { Optional, Required, None };
 
-// Binds a "llama" or "qwen2" file (Qwen2 passes QkvBias::Required). Throws ModelError naming the
-// first missing or misshapen tensor, or a tensor the forward pass does not use (FFN biases).
-LlamaWeights bind_llama_weights(const gguf::GgufFile& file, const Hparams& hp, QkvBias qkv_bias, bool rope_freqs) {
+// What tells Qwen2 and Qwen3 from Llama.
+struct Variant {
+    QkvBias qkv_bias;
+    bool qk_norm;  // RMS norms of each head of Q and K before the rotation (Qwen3)
+    ops::RopeMode rope_mode;
+    bool rope_freqs;  // Llama 3.1+'s per-pair frequency divisors, when the file has them
+};
+constexpr Variant kLlamaVariant{QkvBias::Optional, false, ops::RopeMode::Normal, true};  // pairs (x[2i], x[2i+1])
+constexpr Variant kQwen2Variant{QkvBias::Required, false, ops::RopeMode::Neox, false};   // pairs (x[i], x[i + n_rot/2])
+constexpr Variant kQwen3Variant{QkvBias::None, true, ops::RopeMode::Neox, false};
+
+// Binds a "llama", "qwen2" or "qwen3" file. Throws ModelError naming the first missing or
+// misshapen tensor, or a tensor the forward pass does not use (FFN biases; Qwen3's Q/K/V biases).
+LlamaWeights bind_llama_weights(const gguf::GgufFile& file, const Hparams& hp, const Variant& variant) {
     const TensorBinder b(file);
     LlamaWeights w;
     w.token_embd = b.matrix("token_embd.weight", hp.n_vocab, hp.n_embd);
     w.output_norm = b.vector("output_norm.weight", hp.n_embd);
     w.output = b.optional_matrix("output.weight", hp.n_vocab, hp.n_embd);
     if (!w.output.data) w.output = w.token_embd;  // tied
-    if (rope_freqs) w.rope_freqs = b.optional_vector("rope_freqs.weight", hp.n_rot / 2);
+    if (variant.rope_freqs) w.rope_freqs = b.optional_vector("rope_freqs.weight", hp.n_rot / 2);
     const int64_t q_dim = int64_t{hp.n_head} * hp.head_dim;
     const int64_t kv_dim = int64_t{hp.n_head_kv} * hp.head_dim;
-    const auto bias = [&](const std::string& name, int64_t n) {
-        return qkv_bias == QkvBias::Required ? b.vector(name, n) : b.optional_vector(name, n);
+    const auto bias = [&](const std::string& name, int64_t n) -> const float* {
+        switch (variant.qkv_bias) {
+            case QkvBias::Required:
+                return b.vector(name, n);
+            case QkvBias::Optional:
+                return b.optional_vector(name, n);
+            case QkvBias::None:
+                b.refuse(name, hp.arch + " has no Q/K/V biases");
+                return nullptr;
+        }
+        return nullptr;
     };
     for (int il = 0; il < hp.n_layer; ++il) {
         const std::string p = "blk." + std::to_string(il) + ".";
@@ -108,6 +132,10 @@ LlamaWeights bind_llama_weights(const gguf::GgufFile& file, const Hparams& hp, Q
         L.bq = bias(p + "attn_q.bias", q_dim);
         L.bk = bias(p + "attn_k.bias", kv_dim);
         L.bv = bias(p + "attn_v.bias", kv_dim);
+        if (variant.qk_norm) {
+            L.q_norm = b.vector(p + "attn_q_norm.weight", hp.head_dim);
+            L.k_norm = b.vector(p + "attn_k_norm.weight", hp.head_dim);
+        }
         L.wo = b.matrix(p + "attn_output.weight", hp.n_embd, q_dim);
         L.bo = b.optional_vector(p + "attn_output.bias", hp.n_embd);
         L.ffn_norm = b.vector(p + "ffn_norm.weight", hp.n_embd);
@@ -122,21 +150,10 @@ LlamaWeights bind_llama_weights(const gguf::GgufFile& file, const Hparams& hp, Q
     return w;
 }
 
-// What tells Qwen2 from Llama.
-struct Variant {
-    QkvBias qkv_bias;
-    ops::RopeMode rope_mode;
-    bool rope_freqs;  // Llama 3.1+'s per-pair frequency divisors, when the file has them
-};
-constexpr Variant kLlamaVariant{QkvBias::Optional, ops::RopeMode::Normal, true};  // adjacent pairs (x[2i], x[2i+1])
-constexpr Variant kQwen2Variant{QkvBias::Required, ops::RopeMode::Neox, false};   // pairs (x[i], x[i + n_rot/2])
-
 class Llama final : public DecoderModel {
 public:
     Llama(const gguf::GgufFile& file, Hparams hp, Variant variant, const LoadOptions& options)
-        : DecoderModel(file, std::move(hp), options),
-          variant_(variant),
-          w_(bind_llama_weights(file, hp_, variant.qkv_bias, variant.rope_freqs)) {
+        : DecoderModel(file, std::move(hp), options), variant_(variant), w_(bind_llama_weights(file, hp_, variant)) {
         mem_.place_weights(w_);  // the offloaded layers' views point at the device's copies
     }
 
@@ -166,6 +183,8 @@ public:
             if (L->bq) o.add_bias(o.q, L->bq, n, q_dim);
             if (L->bk) o.add_bias(o.k, L->bk, n, kv_dim);
             if (L->bv) o.add_bias(o.v, L->bv, n, kv_dim);
+            if (L->q_norm) o.rms_norm(o.q, L->q_norm, hp.norm_eps, int64_t{n} * hp.n_head, hp.head_dim, o.q);
+            if (L->k_norm) o.rms_norm(o.k, L->k_norm, hp.norm_eps, int64_t{n} * hp.n_head_kv, hp.head_dim, o.k);
             o.rope(o.q, rows.positions, n, hp.n_head, hp.head_dim, rope);
             o.rope(o.k, rows.positions, n, hp.n_head_kv, hp.head_dim, rope);
             o.store_kv(cache, il, o.k, o.v, o.q, rows, hp, rope);                      // q: for the K transform's fit
@@ -220,9 +239,14 @@ std::unique_ptr<Model> load_qwen2(const gguf::GgufFile& file, Hparams hp, const 
     return std::make_unique<Llama>(file, std::move(hp), kQwen2Variant, options);
 }
 
+std::unique_ptr<Model> load_qwen3(const gguf::GgufFile& file, Hparams hp, const LoadOptions& options) {
+    return std::make_unique<Llama>(file, std::move(hp), kQwen3Variant, options);
+}
+
 }  // namespace
 
 extern const Architecture kLlama{"llama", read_llama_hparams, load_llama};
 extern const Architecture kQwen2{"qwen2", read_llama_hparams, load_qwen2};
+extern const Architecture kQwen3{"qwen3", read_llama_hparams, load_qwen3};
 
 }  // namespace fitllm::model

@@ -1,5 +1,7 @@
 #include "model/weights.h"
 
+#include "quant/dequantize.h"
+#include "quant/dot.h"
 #include "quant/ggml_type.h"
 
 namespace fitllm::model {
@@ -12,6 +14,18 @@ std::string shape_string(const gguf::TensorInfo& t) {
         s += std::to_string(t.ne[d]);
     }
     return s + "]";
+}
+
+// "F32, F16, Q4_0, ...": the weight types matmul and the embedding lookup read.
+std::string computable_type_names() {
+    std::string names;
+    for (uint32_t id = 0; id < quant::kGgmlTypeIdEnd; ++id) {
+        if (!quant::is_supported(id)) continue;
+        const auto type = static_cast<quant::GgmlType>(id);
+        if (quant::has_dot(type) && quant::can_dequantize(type))
+            names += (names.empty() ? "" : ", ") + std::string(quant::type_name(id));
+    }
+    return names;
 }
 
 }  // namespace
@@ -27,6 +41,13 @@ ops::WeightView TensorBinder::matrix(const std::string& name, int64_t rows, int6
     if (t.n_dims != 2 || t.ne[0] != cols || t.ne[1] != rows) {
         throw ModelError(file_.source() + ": tensor '" + name + "' has shape " + shape_string(t) + "; expected [" +
                          std::to_string(cols) + ", " + std::to_string(rows) + "] (ne order)");
+    }
+    // Refused here, at load, rather than by the first matmul or embedding lookup of the run.
+    if (!quant::has_dot(t.type) || !quant::can_dequantize(t.type)) {
+        throw ModelError(file_.source() + ": tensor '" + name + "' has type " +
+                         std::string(quant::type_name(static_cast<uint32_t>(t.type))) +
+                         ", which fitllm cannot compute with yet (weight types it runs: " + computable_type_names() +
+                         ")");
     }
     ops::WeightView w;
     w.type = t.type;

@@ -1,8 +1,8 @@
 #pragma once
-// A tiny random Llama or Qwen2 model in memory (F32 weights), and a naive reference forward pass
-// over it in plain double-precision loops, written from the papers' formulas rather than from
-// fitllm's ops: 2 layers, n_embd 32, 4 query heads sharing 2 KV heads of 8 dims, n_ff 48,
-// vocabulary 40.
+// A tiny random Llama, Qwen2 or Qwen3 model in memory (F32 weights), and a naive reference forward
+// pass over it in plain double-precision loops, written from the papers' formulas rather than from
+// fitllm's ops: 2 layers, n_embd 32, 4 query heads sharing 2 KV heads of 8 dims (or head_dim),
+// n_ff 48, vocabulary 40.
 #include <cmath>
 #include <cstddef>
 #include <cstdint>
@@ -14,11 +14,12 @@
 
 #include "gguf/gguf_reader.h"
 #include "gguf/gguf_writer.h"
+#include "quant/ggml_type.h"
 
 namespace fitllm::test {
 
 struct TinyLlamaOptions {
-    std::string arch = "llama";   // "llama" or "qwen2"
+    std::string arch = "llama";   // "llama", "qwen2" or "qwen3"
     bool tied = false;            // no output.weight: the output reuses token_embd
     bool rope_freqs = false;      // llama: write rope_freqs.weight (Llama 3.1 frequency factors)
     int64_t rope_freqs_size = 0;  // > 0: the number of values written for rope_freqs.weight
@@ -31,7 +32,12 @@ struct TinyLlamaOptions {
     std::string extra;            // an extra F32 tensor of 4 values to write (e.g. blk.0.ffn_up.bias)
     bool with_vocab = false;      // write an SPM vocabulary of 40 tokens (for the CLI)
     uint32_t expert_count = 0;    // > 0: written as <arch>.expert_count
+    bool qk_norm = false;         // write blk.*.attn_{q,k}_norm.weight (qwen3 needs them)
+    int head_dim = 0;             // > 0: written as attention.key_length / value_length
+    quant::GgmlType ffn_up_type = quant::GgmlType::F32;  // another type: ffn_up.weight's bytes are random
 };
+
+inline int64_t tiny_head_dim(const TinyLlamaOptions& o);
 
 inline constexpr int64_t kTinyEmbd = 32, kTinyHeads = 4, kTinyHeadsKv = 2, kTinyHeadDim = 8, kTinyFf = 48,
                          kTinyVocab = 40, kTinyLayers = 2;
@@ -51,6 +57,10 @@ inline std::vector<std::byte> tiny_llama_bytes(const TinyLlamaOptions& o = {}) {
     w.add<float>(p + "attention.layer_norm_rms_epsilon", kTinyEps);
     w.add<float>(p + "rope.freq_base", kTinyRopeBase);
     if (o.n_rot > 0) w.add<uint32_t>(p + "rope.dimension_count", static_cast<uint32_t>(o.n_rot));
+    if (o.head_dim > 0) {
+        w.add<uint32_t>(p + "attention.key_length", static_cast<uint32_t>(o.head_dim));
+        w.add<uint32_t>(p + "attention.value_length", static_cast<uint32_t>(o.head_dim));
+    }
     if (o.rope_scale > 0.0f || !o.scaling_type.empty()) {
         w.add_string(p + "rope.scaling.type", o.scaling_type.empty() ? "linear" : o.scaling_type);
     }
@@ -86,13 +96,14 @@ inline std::vector<std::byte> tiny_llama_bytes(const TinyLlamaOptions& o = {}) {
         std::memcpy(bytes.data(), values.data(), bytes.size());
         w.add_tensor(name, quant::GgmlType::F32, dims, std::move(bytes));
     };
-    const int64_t q_dim = kTinyHeads * kTinyHeadDim, kv_dim = kTinyHeadsKv * kTinyHeadDim;
+    const int64_t head_dim = tiny_head_dim(o);
+    const int64_t q_dim = kTinyHeads * head_dim, kv_dim = kTinyHeadsKv * head_dim;
     tensor("token_embd.weight", {kTinyEmbd, kTinyVocab}, 0.0f);
     tensor("output_norm.weight", {kTinyEmbd}, 1.0f);
     if (!o.tied) tensor("output.weight", {kTinyEmbd, kTinyVocab}, 0.0f);
     if (o.rope_freqs) {
         // Divisors 1, 2, 4, 8 (Llama 3.1 leaves high frequencies alone and slows the low ones).
-        const int64_t n_rot = o.n_rot > 0 ? o.n_rot : kTinyHeadDim;
+        const int64_t n_rot = o.n_rot > 0 ? o.n_rot : head_dim;
         std::vector<float> factors(static_cast<size_t>(o.rope_freqs_size > 0 ? o.rope_freqs_size : n_rot / 2));
         for (size_t i = 0; i < factors.size(); ++i) factors[i] = static_cast<float>(1 << i);
         std::vector<std::byte> bytes(factors.size() * sizeof(float));
@@ -113,20 +124,36 @@ inline std::vector<std::byte> tiny_llama_bytes(const TinyLlamaOptions& o = {}) {
             tensor(b + "attn_k.bias", {o.k_bias_size}, 0.0f);
             tensor(b + "attn_v.bias", {kv_dim}, 0.0f);
         }
+        if (o.qk_norm) {
+            tensor(b + "attn_q_norm.weight", {head_dim}, 1.0f);
+            tensor(b + "attn_k_norm.weight", {head_dim}, 1.0f);
+        }
         tensor(b + "attn_output.weight", {q_dim, kTinyEmbd}, 0.0f);
         tensor(b + "ffn_norm.weight", {kTinyEmbd}, 1.0f);
         tensor(b + "ffn_gate.weight", {kTinyEmbd, kTinyFf}, 0.0f);
-        tensor(b + "ffn_up.weight", {kTinyEmbd, kTinyFf}, 0.0f);
+        if (o.ffn_up_type == quant::GgmlType::F32) {
+            tensor(b + "ffn_up.weight", {kTinyEmbd, kTinyFf}, 0.0f);
+        } else {
+            const auto row = quant::row_bytes(o.ffn_up_type, kTinyEmbd);
+            std::vector<std::byte> bytes(static_cast<size_t>(*row * kTinyFf));
+            for (std::byte& v : bytes) v = static_cast<std::byte>(rng() & 0x3F);
+            w.add_tensor(b + "ffn_up.weight", o.ffn_up_type, std::vector<int64_t>{kTinyEmbd, kTinyFf},
+                         std::move(bytes));
+        }
         tensor(b + "ffn_down.weight", {kTinyFf, kTinyEmbd}, 0.0f);
     }
     if (!o.extra.empty()) tensor(o.extra, {4}, 0.0f);
     return w.to_bytes();
 }
 
+inline int64_t tiny_head_dim(const TinyLlamaOptions& o) {
+    return o.head_dim > 0 ? o.head_dim : kTinyHeadDim;
+}
+
 // The reference: every token of `tokens` (at positions 0, 1, ...) through the model in double
 // precision, straight from the formulas. Returns n_tok * n_vocab logits, token-major.
 //   h = x * w / sqrt(mean(x^2) + eps)                                  (RMSNorm)
-//   q, k, v = Wq h + bq, Wk h + bk, Wv h + bv
+//   q, k, v = Wq h + bq, Wk h + bk, Wv h + bv; Qwen3: each head of q and k RMS-normed
 //   RoPE: pair i of a head turns by pos * scale * base^(-2i / n_rot) / factor[i]; Llama pairs
 //         dims (2i, 2i+1), Qwen2 (NeoX) pairs (i, i + n_rot/2)
 //   attn = softmax(q·k / sqrt(head_dim)) v over positions <= pos, query head h reading KV head
@@ -161,13 +188,14 @@ inline std::vector<float> reference_logits(const gguf::GgufFile& file, const Tin
             for (size_t i = 0; i < x.size(); ++i) x[i] += b[i];
         }
     };
-    const bool neox = o.arch == "qwen2";
-    const int n_rot = o.n_rot > 0 ? o.n_rot : int(kTinyHeadDim);
+    const bool neox = o.arch == "qwen2" || o.arch == "qwen3";
+    const int64_t head_dim = tiny_head_dim(o);
+    const int n_rot = o.n_rot > 0 ? o.n_rot : int(head_dim);
     const double scale = o.rope_scale > 0.0f && o.scaling_type != "none" ? 1.0 / o.rope_scale : 1.0;
     const float* factors = weight("rope_freqs.weight");
     const auto rope = [&](Vec& x, int n_head, int pos) {
         for (int h = 0; h < n_head; ++h) {
-            double* head = x.data() + h * kTinyHeadDim;
+            double* head = x.data() + h * head_dim;
             for (int i = 0; i < n_rot / 2; ++i) {
                 double theta = pos * scale * std::pow(double(kTinyRopeBase), -2.0 * i / n_rot);
                 if (factors) theta /= factors[i];
@@ -180,7 +208,15 @@ inline std::vector<float> reference_logits(const gguf::GgufFile& file, const Tin
         }
     };
 
-    const int64_t q_dim = kTinyHeads * kTinyHeadDim, kv_dim = kTinyHeadsKv * kTinyHeadDim;
+    const auto head_norm = [&](Vec& x, int n_head, const float* w) {
+        if (!w) return;
+        for (int h = 0; h < n_head; ++h) {
+            const Vec head(x.begin() + h * head_dim, x.begin() + (h + 1) * head_dim);
+            const Vec normed = rmsnorm(head, w);
+            std::copy(normed.begin(), normed.end(), x.begin() + h * head_dim);
+        }
+    };
+    const int64_t q_dim = kTinyHeads * head_dim, kv_dim = kTinyHeadsKv * head_dim;
     const float* embd = weight("token_embd.weight");
     const float* out_w = weight("output.weight") ? weight("output.weight") : embd;
     std::vector<std::vector<Vec>> keys(kTinyLayers), values(kTinyLayers);
@@ -197,6 +233,8 @@ inline std::vector<float> reference_logits(const gguf::GgufFile& file, const Tin
             add_bias(q, weight(b + "attn_q.bias"));
             add_bias(k, weight(b + "attn_k.bias"));
             add_bias(v, weight(b + "attn_v.bias"));
+            head_norm(q, kTinyHeads, o.qk_norm ? weight(b + "attn_q_norm.weight") : nullptr);
+            head_norm(k, kTinyHeadsKv, o.qk_norm ? weight(b + "attn_k_norm.weight") : nullptr);
             rope(q, kTinyHeads, pos);
             rope(k, kTinyHeadsKv, pos);
             keys[il].push_back(k);
@@ -209,17 +247,15 @@ inline std::vector<float> reference_logits(const gguf::GgufFile& file, const Tin
                 double max_score = -1e300;
                 for (size_t s = 0; s <= t; ++s) {
                     double dot = 0.0;
-                    for (int d = 0; d < kTinyHeadDim; ++d) {
-                        dot += q[hd * kTinyHeadDim + d] * keys[il][s][g * kTinyHeadDim + d];
-                    }
-                    score[s] = dot / std::sqrt(double(kTinyHeadDim));
+                    for (int d = 0; d < head_dim; ++d) dot += q[hd * head_dim + d] * keys[il][s][g * head_dim + d];
+                    score[s] = dot / std::sqrt(double(head_dim));
                     max_score = std::max(max_score, score[s]);
                 }
                 double sum = 0.0;
                 for (double& sc : score) sum += (sc = std::exp(sc - max_score));
                 for (size_t s = 0; s <= t; ++s) {
-                    for (int d = 0; d < kTinyHeadDim; ++d) {
-                        attn[hd * kTinyHeadDim + d] += score[s] / sum * values[il][s][g * kTinyHeadDim + d];
+                    for (int d = 0; d < head_dim; ++d) {
+                        attn[hd * head_dim + d] += score[s] / sum * values[il][s][g * head_dim + d];
                     }
                 }
             }
