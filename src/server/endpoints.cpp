@@ -6,6 +6,7 @@
 #include <random>
 
 #include "chat/template_error.h"
+#include "memory/budget.h"
 #include "server/api_error.h"
 #include "server/json_body.h"
 #include "server/prompt_bounds.h"
@@ -96,6 +97,31 @@ json whole_answer(const Completion& c, const Job::Update& u, const std::string& 
             {"model", c.model->id()},
             {"choices", json::array({choice})},
             {"usage", usage_json(u)}};
+}
+
+// The answer's text is charged in steps of at least this many bytes.
+constexpr uint64_t kAnswerChargeStep = 4096;
+
+// The error of a whole answer whose text the budget cannot hold (refused is what
+// RequestMemory::charge threw): 507 when the text alone is more than the budget holds besides
+// the models, else 503 (requests, this one's included, hold the room now; try again).
+ApiError answer_over_budget(const memory::Pool& pool, uint64_t bytes, int n_generated, const ApiError& refused) {
+    const memory::Device& device = pool.device();
+    const uint64_t others = device.live() - pool.live();  // the models' memory
+    const uint64_t room = device.capacity() > others ? device.capacity() - others : 0;
+    const std::string what =
+        "the answer's text grew to " + memory::format_size(bytes) + " after " + std::to_string(n_generated) + " tokens";
+    if (bytes > room || refused.status() == 413) {
+        return ApiError(507, "insufficient_memory", "answer_too_large",
+                        what + ", more than the memory budget holds besides the models (" + memory::format_size(room) +
+                            " of " + memory::format_size(device.capacity()) +
+                            "); ask for fewer max_tokens or stream the answer",
+                        "max_tokens");
+    }
+    return ApiError(503, "server_busy", "over_budget",
+                    what + " and the memory budget has no room for more now (" +
+                        memory::format_size(device.available()) + " free of " + memory::format_size(device.capacity()) +
+                        ", requests hold " + memory::format_size(pool.live()) + "); try again or stream the answer");
 }
 
 ApiError context_exceeded(const BoundedTokens& t, size_t text_bytes, size_t longest, int n_ctx, bool chat) {
@@ -307,12 +333,27 @@ void Endpoints::completion(bool chat, HttpRequest& req, HttpResponse& res) {
     }
 
     if (!c->stream) {
-        // The whole answer once the job ends; a client that hangs up meanwhile cancels it, which
-        // frees its slot before the scheduler's next step.
+        // The whole answer once the job ends, with the status it ends with (nothing is sent
+        // before); a client that hangs up meanwhile cancels it, which frees its slot before the
+        // scheduler's next step. The text held meanwhile is charged as it grows; when the budget
+        // refuses it the job is cancelled and the client gets the error instead of a cut answer.
+        RequestMemory memory(request_pool());
+        std::vector<memory::Charge> text_charges;
+        uint64_t charged = 0;
         std::string text;
         while (true) {
             const Job::Update u = c->job->wait(kPoll);
             text += u.text;
+            if (text.size() > charged) {
+                const uint64_t step = std::max<uint64_t>(text.size() - charged, kAnswerChargeStep);
+                try {
+                    text_charges.push_back(memory.charge(step, "the answer's text"));
+                } catch (const ApiError& e) {
+                    c->job->cancel();
+                    throw answer_over_budget(*request_pool(), charged + step, u.n_generated, e);
+                }
+                charged += step;
+            }
             if (u.finished) {
                 registry_.touch(c->model->id());
                 metrics_.count_tokens(static_cast<uint64_t>(u.n_prompt), static_cast<uint64_t>(u.n_generated));

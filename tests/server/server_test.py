@@ -471,6 +471,57 @@ class ModelNames(unittest.TestCase):
         self.assertIn("--alias", proc.stderr)
 
 
+class WholeAnswerStatus(unittest.TestCase):
+    def test_a_failure_after_the_start_is_the_answers_status(self):
+        # A whole answer is sent when its job ends, with the status it ends with: generation that
+        # fails once it runs (here the budget refuses the answer's growing text) is an error
+        # status with an error body, not 200 with an error inside. The tiny Llama's longest token
+        # forced (+100): 2000 tokens of 12 bytes; the budget leaves 16 KiB beside the model and
+        # one connection, enough for the request's JSON but not for the answer.
+        body = {"prompt": "Once upon a time", "max_tokens": 2000, "temperature": 0}
+        srv = Server("-m", TINY_LLAMA, "-c", "2048", "-np", "1")
+        try:
+            pieces = [srv.post("/detokenize", {"tokens": [i]})[1]["content"] for i in range(450)]
+            longest = max(range(len(pieces)), key=lambda i: len(pieces[i].encode()))
+            body["logit_bias"] = {str(longest): 100}
+            s, r = srv.post("/v1/completions", body)
+            self.assertEqual((s, r["usage"]["completion_tokens"]), (200, 2000), r)
+            whole = r["choices"][0]["text"]
+            self.assertGreater(len(whole.encode()), 20000)
+            plan = srv.get("/v1/memory")[1]["models"][0]["plan"]["total"]
+        finally:
+            srv.stop()
+        srv = Server("-m", TINY_LLAMA, "-c", "2048", "-np", "1", "--mem", str(plan + 32768 + 16384))
+        try:
+            for _ in range(50):  # until the readiness checks' connections are gone (room for one only)
+                time.sleep(0.1)
+                conn = http.client.HTTPConnection("127.0.0.1", srv.port, timeout=60)
+                conn.request("POST", "/v1/completions", json.dumps(body), {"Content-Type": "application/json"})
+                r = conn.getresponse()
+                raw = r.read().decode()
+                conn.close()
+                err = json.loads(raw)["error"]
+                if "another connection" not in err["message"]:
+                    break
+            self.assertEqual((r.status, err["code"], err["type"]), (503, "over_budget", "server_busy"), raw)
+            self.assertIn("the answer's text grew to", err["message"])
+            self.assertEqual(r.getheader("Retry-After"), "1")
+            self.assertEqual(int(r.getheader("Content-Length")), len(raw.encode()))
+            time.sleep(0.3)
+            # The server goes on; streamed, the same request holds no text and ends as it should.
+            s, r = srv.post("/v1/completions", {"prompt": "hi", "max_tokens": 4})
+            self.assertEqual((s, r["usage"]["completion_tokens"]), (200, 4), r)
+            time.sleep(0.3)
+            with srv.client() as client:
+                text = "".join(ch.choices[0].text for ch in client.completions.create(model="x", stream=True, **body)
+                               if ch.choices)
+            self.assertEqual(text, whole)
+            time.sleep(0.3)
+            self.assertEqual(srv.metric("fitllm_slots_busy"), 0)
+        finally:
+            srv.stop()
+
+
 class Preemption(unittest.TestCase):
     def test_kv_pressure_preempts_and_resumes(self):
         # 2 slots sharing 96 KV cells: two requests of ~15 + 60 tokens cannot both keep their cells;
