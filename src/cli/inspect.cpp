@@ -7,7 +7,9 @@
 
 #include "cli/args.h"
 #include "cli/commands.h"
+#include "model/model.h"
 #include "quant/file_type.h"
+#include "tokenizer/tokenizer.h"
 #include "util/text.h"
 
 namespace fitllm::cli {
@@ -178,6 +180,23 @@ json shape_of(const gguf::TensorInfo& t) {
 
 }  // namespace
 
+namespace {
+
+// Whether fitllm can run the file, and if not the first reason: the model bound as `run` binds it
+// (architecture, hyper-parameters, every tensor's name, shape and type; nothing is read or
+// allocated) and the tokenizer built.
+json runs_section(const gguf::GgufFile& f) {
+    try {
+        model::Model::load(f);
+        tokenizer::Tokenizer::from_gguf(f);
+    } catch (const std::exception& e) {
+        return {{"runs", false}, {"why", e.what()}};
+    }
+    return {{"runs", true}};
+}
+
+}  // namespace
+
 json inspect_report(const gguf::GgufFile& f, const InspectOptions& options) {
     json r;
     r["file"] = {{"path", f.source()},
@@ -191,6 +210,7 @@ json inspect_report(const gguf::GgufFile& f, const InspectOptions& options) {
     const std::string arch = r["general"].value("architecture", std::string());
     r["hyperparameters"] = hparams_section(f, arch);
     r["tokenizer"] = tokenizer_section(f);
+    r["fitllm"] = runs_section(f);
 
     struct TypeTotal {
         uint64_t count = 0, elements = 0, bytes = 0;
@@ -276,6 +296,11 @@ std::string render_inspect_text(const json& r) {
     }
     if (g.contains("file_type"))
         line(out, "file type", g["file_type"]["name"].get<std::string>() + " (" + g["file_type"]["id"].dump() + ")");
+    if (r.contains("fitllm")) {
+        const json& runs = r["fitllm"];
+        line(out, "fitllm runs it",
+             runs["runs"].get<bool>() ? "yes" : "no: " + runs.value("why", std::string("(no reason given)")));
+    }
 
     const json& h = r["hyperparameters"];
     if (!h.empty()) {

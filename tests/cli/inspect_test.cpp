@@ -58,7 +58,12 @@ TEST(Inspect, ReportHasModelHyperParametersTokenizerAndTypes) {
     EXPECT_EQ(r["tensors"][0]["shape"], nlohmann::ordered_json::array({64, 4}));
     EXPECT_EQ(r["tensors"][0]["offset"], f.data_offset());
     EXPECT_EQ(r["metadata"].size(), f.metadata().size());
+    // Not runnable: no feed_forward_length, no layers' tensors. The report says so and why.
+    EXPECT_EQ(r["fitllm"]["runs"], false);
+    EXPECT_NE(r["fitllm"]["why"].get<std::string>().find("llama.feed_forward_length"), std::string::npos)
+        << r["fitllm"];
     const std::string text = render_inspect_text(r);
+    EXPECT_NE(text.find("fitllm runs it           no: "), std::string::npos) << text;
     EXPECT_NE(text.find("Q8_0 (7)"), std::string::npos) << text;
     EXPECT_NE(text.find("token_embd.weight"), std::string::npos) << text;
 }
@@ -108,6 +113,7 @@ TEST(Inspect, DemoModelAndVocabFiles) {
     EXPECT_EQ(r["general"]["file_type"]["name"], "Q4_K_M");
     EXPECT_EQ(r["hyperparameters"]["sliding_window"], 512);
     EXPECT_EQ(r["tokenizer"]["vocab_size"], 262144);
+    EXPECT_EQ(r["fitllm"]["runs"], true) << r["fitllm"];
     for (const auto& e : std::filesystem::directory_iterator(test::vocab_dir())) {
         if (e.path().extension() != ".gguf") continue;
         const auto v = inspect_report(gguf::GgufFile::open(e.path().string()), {.tensors = true});
