@@ -64,8 +64,16 @@ void add_http_options(ArgParser& p, server::HttpOptions& http) {
              [&http, list](const std::string& v) { list(v, &http.allowed_hosts); });
     p.option("--cors-origin", "ORIGINS",
              "comma-separated web origins (http://host:port) whose pages may call the API, answered with CORS "
-             "headers; other origins get HTTP 403; '*': any",
-             [&http, list](const std::string& v) { list(v, &http.cors_origins); });
+             "headers; other origins get HTTP 403; '*': any; 'none': no other origin (default: pages on this "
+             "machine, http or https on localhost, 127.0.0.1 or [::1], any port)",
+             [&http, list](const std::string& v) {
+                 list(v, &http.cors_origins);
+                 if (http.cors_origins.empty()) throw UsageError("--cors-origin: no origin given");
+                 if (http.cors_origins.size() > 1 &&
+                     std::find(http.cors_origins.begin(), http.cors_origins.end(), "none") != http.cors_origins.end()) {
+                     throw UsageError("--cors-origin: 'none' cannot be listed with origins");
+                 }
+             });
 }
 
 }  // namespace

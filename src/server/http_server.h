@@ -26,7 +26,7 @@ struct HttpOptions {
     int max_connections = 1024;  // --max-connections
     int max_connections_per_client = 256;    // --max-connections-per-client (per client address)
     std::vector<std::string> allowed_hosts;  // --allowed-hosts: Host names besides the served addresses; "*" any
-    std::vector<std::string> cors_origins;   // --cors-origin: web origins allowed to call the API; "*" any
+    std::vector<std::string> cors_origins;   // --cors-origin: "*" any, "none"; empty: this machine's pages
 };
 
 // The default body limit for a context of n_ctx tokens: 256 bytes of JSON per token (the longest

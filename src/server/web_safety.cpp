@@ -75,6 +75,24 @@ std::optional<std::string> WebSafety::host_name(std::string_view host_header) {
     return out;
 }
 
+bool WebSafety::is_local_origin(std::string_view origin) {
+    const std::string o = normalize_origin(origin);
+    std::string_view rest = o;
+    if (rest.rfind("http://", 0) == 0) {
+        rest.remove_prefix(7);
+    } else if (rest.rfind("https://", 0) == 0) {
+        rest.remove_prefix(8);
+    } else {
+        return false;
+    }
+    if (rest.find_first_of("/?#@") != std::string_view::npos) return false;  // an origin has no path or user
+    const std::optional<std::string> name = host_name(rest);
+    if (!name) return false;
+    unsigned char buf[16];
+    const bool v4_loopback = name->rfind("127.", 0) == 0 && inet_pton(AF_INET, name->c_str(), buf) == 1;
+    return *name == "localhost" || *name == "::1" || v4_loopback;
+}
+
 WebSafety::WebSafety(WebSafetyOptions options) {
     const std::string bind = lower(options.bind_host);
     any_address_ = is_wildcard(bind);
@@ -95,10 +113,11 @@ WebSafety::WebSafety(WebSafetyOptions options) {
             hosts_.push_back(*name);
         }
     }
+    allow_local_origins_ = options.cors_origins.empty();
     for (const std::string& o : options.cors_origins) {
         if (o == "*") {
             allow_any_origin_ = true;
-        } else {
+        } else if (o != "none") {
             origins_.push_back(normalize_origin(o));
         }
     }
@@ -126,7 +145,8 @@ OriginVerdict WebSafety::check_origin(const std::string* origin, const std::stri
             if (authority == host) return OriginVerdict::same_origin;
         }
     }
-    if (allow_any_origin_ || std::find(origins_.begin(), origins_.end(), o) != origins_.end()) {
+    if (allow_any_origin_ || (allow_local_origins_ && is_local_origin(o)) ||
+        std::find(origins_.begin(), origins_.end(), o) != origins_.end()) {
         return OriginVerdict::cross_origin;
     }
     return OriginVerdict::refused;

@@ -6,9 +6,11 @@
 //   on every interface, any address literal when it listens on every interface (a literal cannot
 //   be re-resolved), and the names given with --allowed-hosts ("*": any).
 // - Origin: browsers send it with every cross-origin request (and every POST), simple
-//   `text/plain` POSTs included. A request from another origin is refused unless --cors-origin
-//   lists it ("*": any), and then answered with the CORS headers; the server's own page is
-//   same-origin.
+//   `text/plain` POSTs included. A request from another origin is refused unless it is allowed,
+//   and then answered with the CORS headers; the server's own page is same-origin. Allowed by
+//   default: pages served from this machine (http or https on localhost, 127.x.x.x or [::1], any
+//   port: a local front end during development); --cors-origin replaces that with its list ("*":
+//   any origin, "none": no other origin at all).
 // - The API key is compared in constant time.
 //
 //   WebSafety safety({.bind_host = "127.0.0.1", .cors_origins = {"http://localhost:3000"}});
@@ -26,7 +28,8 @@ namespace fitllm::server {
 struct WebSafetyOptions {
     std::string bind_host;                   // the address the server listens on (--host)
     std::vector<std::string> allowed_hosts;  // --allowed-hosts: more names; "*" turns the check off
-    std::vector<std::string> cors_origins;   // --cors-origin: origins a page may call from; "*" any
+    // --cors-origin: origins a page may call from; "*" any, "none" none; empty: this machine's
+    std::vector<std::string> cors_origins;
 };
 
 enum class OriginVerdict {
@@ -52,11 +55,14 @@ public:
     // "evil.example:8080" -> "evil.example", "[::1]:80" -> "::1"; lower-cased, a trailing dot
     // dropped. std::nullopt when it is not a host.
     static std::optional<std::string> host_name(std::string_view host_header);
+    // Whether an origin is a page on this machine: http or https on localhost, 127.x.x.x or ::1.
+    static bool is_local_origin(std::string_view origin);
 
 private:
     bool allow_any_host_ = false;
     bool allow_any_origin_ = false;
-    bool any_address_ = false;  // listening on every interface
+    bool allow_local_origins_ = false;  // no --cors-origin: pages on this machine
+    bool any_address_ = false;          // listening on every interface
     std::vector<std::string> hosts_;
     std::vector<std::string> origins_;
 };

@@ -329,6 +329,37 @@ class WebSafety(unittest.TestCase):
         self.assertEqual(status, 403)
         self.assertNotIn("Access-Control-Allow-Origin", headers)
 
+    def test_pages_on_this_machine_by_default_or_none(self):
+        # Without --cors-origin a local front end (any port on localhost) may call the API, another
+        # site may not; --cors-origin none refuses every other origin.
+        local = "http://localhost:5173"
+        srv = Server()
+        try:
+            status, _, headers = srv.request("OPTIONS", "/v1/chat/completions", headers={
+                "Origin": local, "Access-Control-Request-Method": "POST",
+                "Access-Control-Request-Headers": "content-type"})
+            self.assertEqual((status, headers.get("Access-Control-Allow-Origin")), (204, local))
+            self.assertIn("POST", headers.get("Access-Control-Allow-Methods", ""))
+            self.assertEqual(headers.get("Access-Control-Allow-Headers"), "content-type")
+            status, body, headers = srv.request("POST", "/v1/chat/completions", chat(),
+                                                headers={"Origin": local, "Content-Type": "application/json"})
+            self.assertEqual((status, headers.get("Access-Control-Allow-Origin")), (200, local), body)
+            code_of(self, srv.request("POST", "/v1/chat/completions", chat(),
+                                      headers={"Origin": "http://localhost.evil.example"}), 403, "origin_not_allowed")
+        finally:
+            srv.stop()
+        srv = Server("--cors-origin", "none")
+        try:
+            code_of(self, srv.request("POST", "/v1/chat/completions", chat(), headers={"Origin": local}), 403,
+                    "origin_not_allowed")
+            status, _, headers = srv.request("OPTIONS", "/v1/models", headers={"Origin": local})
+            self.assertEqual(status, 403)
+            self.assertNotIn("Access-Control-Allow-Origin", headers)
+            own = f"http://127.0.0.1:{srv.port}"  # the server's own page still works
+            self.assertEqual(srv.request("GET", "/v1/models", headers={"Origin": own})[0], 200)
+        finally:
+            srv.stop()
+
     def test_api_key(self):
         code_of(self, self.srv.request("GET", "/v1/models"), 401, "invalid_api_key")
         code_of(self, self.srv.request("GET", "/v1/models", headers={"Authorization": "Bearer k3x"}), 401,

@@ -80,6 +80,30 @@ TEST(WebSafety, OriginsSameCrossAndRefused) {
     EXPECT_EQ(any.check_origin(&evil, &host), OriginVerdict::cross_origin);
 }
 
+TEST(WebSafety, PagesOnThisMachineByDefaultOrNone) {
+    const std::string host = "127.0.0.1:8080";
+    const WebSafety local({.bind_host = "127.0.0.1"});  // no --cors-origin
+    auto verdict = [&](const WebSafety& s, const std::string& origin) { return s.check_origin(&origin, &host); };
+    for (const char* o : {"http://localhost:5173", "http://127.0.0.1:3000", "https://[::1]:8443", "http://localhost",
+                          "HTTP://LocalHost:3000/", "http://127.1.2.3:80"}) {
+        EXPECT_EQ(verdict(local, o), OriginVerdict::cross_origin) << o;
+    }
+    for (const char* o :
+         {"http://evil.example", "http://localhost.evil.example", "http://127.0.0.1.evil.example", "null", "file://",
+          "http://user@localhost:3000", "ws://localhost:3000", "http://127.0.0.1.5:80", "http://[::2]:80"}) {
+        EXPECT_EQ(verdict(local, o), OriginVerdict::refused) << o;
+    }
+    EXPECT_EQ(verdict(local, "http://127.0.0.1:8080"), OriginVerdict::same_origin);
+    // A list replaces the default; "none" allows no other origin at all.
+    const WebSafety listed({.bind_host = "127.0.0.1", .cors_origins = {"https://app.example"}});
+    EXPECT_EQ(verdict(listed, "http://localhost:5173"), OriginVerdict::refused);
+    EXPECT_EQ(verdict(listed, "https://app.example"), OriginVerdict::cross_origin);
+    const WebSafety none({.bind_host = "127.0.0.1", .cors_origins = {"none"}});
+    EXPECT_EQ(verdict(none, "http://localhost:5173"), OriginVerdict::refused);
+    EXPECT_EQ(verdict(none, "http://none"), OriginVerdict::refused);
+    EXPECT_EQ(verdict(none, "http://127.0.0.1:8080"), OriginVerdict::same_origin);
+}
+
 TEST(WebSafety, CorsHeadersEchoTheOrigin) {
     const WebSafety s({.bind_host = "127.0.0.1", .cors_origins = {"http://localhost:3000"}});
     const Headers h = s.cors_headers("http://localhost:3000");
