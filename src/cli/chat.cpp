@@ -81,8 +81,8 @@ ArgParser chat_parser(ChatOptions& o) {
     ContextConfig& c = o.engine.context;
     ArgParser p(
         "fitllm chat -m MODEL [-c CTX] [-t N] [--temp T] [--top-k K] [--top-p P] [--min-p P] [--seed S] "
-        "[-ctk TYPE] [-ctv TYPE] [--no-kv-rotation] [--context-shift] [--keep N] [--system TEXT] [-n N] [--mem SIZE] "
-        "[--fit] [--mlock] [--stream-layers N]",
+        "[-ctk TYPE] [-ctv TYPE] [--no-kv-rotation] [--context-shift] [--keep N] [--system TEXT] [-n N] "
+        "[--lookup [--draft-max N]] [--mem SIZE] [--fit] [--mlock] [--stream-layers N]",
         "Talk with a model: each line read from stdin is a user message; the reply, rendered through\n"
         "the model's chat template, streams to stdout. /exit, Ctrl-D or Ctrl-C at the prompt ends\n"
         "the conversation; Ctrl-C during a reply stops that reply.");
@@ -95,6 +95,7 @@ ArgParser chat_parser(ChatOptions& o) {
     add_sampling_options(p, o.sampling);
     add_kv_options(p, c);
     add_context_shift_options(p, c);
+    add_lookup_options(p, o.lookup);
     add_memory_options(p, o.engine);
     return p;
 }
@@ -106,9 +107,33 @@ void validate(const ChatOptions& o) {
     if (c.n_ctx <= 0) throw UsageError("-c: " + std::to_string(c.n_ctx) + " must be positive");
     if (c.n_batch <= 0) throw UsageError("-b: " + std::to_string(c.n_batch) + " must be positive");
     validate_sampling_options(o.sampling);
+    validate_lookup_options(o.lookup);
 }
 
 namespace {
+
+// --lookup: the reply through Session::generate_lookup (the turn's new tokens are its prompt,
+// where the drafts are looked up). Returns whether the context filled up; `fed` gets what the
+// cache now holds (every token but the last one generated).
+bool reply_with_lookup(engine::Session& session, std::span<const int32_t> suffix, const ChatOptions& o,
+                       sampling::Sampler& sampler, const tokenizer::Vocab& vocab, tokenizer::Detokenizer& detok,
+                       std::string& reply, std::vector<int32_t>& fed) {
+    std::vector<int32_t> generated;
+    const engine::GenerationStats stats = session.generate_lookup(
+        suffix, o.n_predict, sampler, o.lookup.params, [&](int32_t id) { return vocab.is_eog(id); },
+        [&](int32_t id) {
+            generated.push_back(id);
+            if (vocab.is_eog(id)) return true;
+            const std::string text = detok.feed(id);
+            reply += text;
+            std::fputs(text.c_str(), stdout);
+            std::fflush(stdout);
+            return !g_interrupted.load();
+        });
+    fed.insert(fed.end(), suffix.begin(), suffix.end());
+    if (!generated.empty()) fed.insert(fed.end(), generated.begin(), generated.end() - 1);
+    return stats.context_full;
+}
 
 int converse(engine::Engine& e, const ChatOptions& o) {
     const ContextConfig& context = e.context();
@@ -166,13 +191,17 @@ int converse(engine::Engine& e, const ChatOptions& o) {
             context_full(n_ctx);
             return 0;
         }
-        std::span<const float> logits = session.feed(suffix);
-        fed.insert(fed.end(), suffix.begin(), suffix.end());
-        for (const int32_t id : suffix) sampler.accept(id);
-
         std::string reply;
         bool full = false;
-        for (int i = 0; i < n_predict && !g_interrupted.load(); ++i) {
+        std::span<const float> logits;
+        if (o.lookup.enabled) {
+            full = reply_with_lookup(session, suffix, o, sampler, vocab, detok, reply, fed);
+        } else {
+            logits = session.feed(suffix);
+            fed.insert(fed.end(), suffix.begin(), suffix.end());
+            for (const int32_t id : suffix) sampler.accept(id);
+        }
+        for (int i = 0; i < n_predict && !o.lookup.enabled && !g_interrupted.load(); ++i) {
             const int32_t next = sampler.sample(logits);
             sampler.accept(next);
             if (vocab.is_eog(next)) break;
@@ -211,7 +240,9 @@ int converse(engine::Engine& e, const ChatOptions& o) {
 }  // namespace
 
 int run_chat(const std::vector<std::string>& args) {
-    return parse_and_run(args, chat_parser, [](const ChatOptions& o) {
+    return parse_and_run(args, chat_parser, [](const ChatOptions& options) {
+        ChatOptions o = options;
+        apply_lookup_options(o.lookup, o.engine.context);
         return with_engine("chat", o.engine, [&](engine::Engine& e) { return converse(e, o); });
     });
 }

@@ -42,6 +42,7 @@ struct ChatOptions {
     std::string system_prompt;
     int n_predict = 512;
     sampling::SamplingParams sampling;
+    LookupOptions lookup;
 };
 ArgParser chat_parser(ChatOptions& o);
 void validate(const ChatOptions& o);

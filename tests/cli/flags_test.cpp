@@ -100,6 +100,7 @@ Fields fields(const ChatOptions& o) {
     Fields f;
     add(f, o.engine);
     add(f, o.sampling);
+    add(f, o.lookup);
     f["system_prompt"] = o.system_prompt;
     f["n_predict"] = str(o.n_predict);
     return f;
