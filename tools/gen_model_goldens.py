@@ -3,7 +3,7 @@
 forward-pass tests.
 
   .venv/bin/python tools/gen_model_goldens.py MODEL.gguf OUT.json [--n-predict 64]
-  .venv/bin/python tools/gen_model_goldens.py --generated [--n-predict 64]
+  .venv/bin/python tools/gen_model_goldens.py --generated [--only NAME ...] [--no-extra-bufts] [--n-predict 64]
 
 For each prompt: its ids (add_special and parse_special on), the top-10 (id, logit) at the last
 prompt position, and the 64 tokens greedy decoding appends, with llama.cpp's margin between its
@@ -12,7 +12,14 @@ best and second-best logit at each of those steps. One of the prompts is longer 
 
 --generated does the same for each small random-weight model in tests/model/data/ (written by
 tools/gen_test_models.py) with TINY_PROMPTS, into tests/model/goldens/<model name>.json, which
-tests/model/generated_golden_test.cpp checks.
+tests/model/generated_golden_test.cpp checks; --only tiny-qwen3-q8_0 ... limits it to those files.
+
+--no-extra-bufts loads the weights into plain CPU buffers (llama_model_params.use_extra_bufts off:
+no repacking). Needed on CPUs with AMX, where llama.cpp repacks IQ4_XS (and other types) for its
+AMX kernels and its IQ4_XS path crashes on multi-token batches (seen with llama-cpp-python
+0.3.36 on a Xeon with AMX-INT8); the goldens then come from ggml's plain dot and sgemm kernels.
+Regenerating on another CPU moves the logits by float-rounding noise (the ISA's summation orders),
+within the tests' tolerances.
 """
 import argparse
 import ctypes
@@ -73,8 +80,10 @@ def last_logits(ctx, n_vocab: int) -> list[float]:
     return lg[:n_vocab]
 
 
-def goldens(model_path: str, prompts: list[str], n_predict: int) -> dict:
-    model = llama_cpp.llama_model_load_from_file(model_path.encode(), llama_cpp.llama_model_default_params())
+def goldens(model_path: str, prompts: list[str], n_predict: int, extra_bufts: bool = True) -> dict:
+    params = llama_cpp.llama_model_default_params()
+    params.use_extra_bufts = extra_bufts
+    model = llama_cpp.llama_model_load_from_file(model_path.encode(), params)
     if not model:
         raise RuntimeError(f"llama.cpp cannot load {model_path}")
     vocab = llama_cpp.llama_model_get_vocab(model)
@@ -123,6 +132,8 @@ def main() -> None:
     ap.add_argument("out", nargs="?")
     ap.add_argument("--generated", action="store_true",
                     help="every tests/model/data/*.gguf into tests/model/goldens/, with TINY_PROMPTS")
+    ap.add_argument("--only", nargs="+", metavar="NAME", help="with --generated: only these files (no .gguf)")
+    ap.add_argument("--no-extra-bufts", action="store_true", help="no repacked weight buffers (AMX CPUs)")
     ap.add_argument("--n-predict", type=int, default=64)
     args = ap.parse_args()
     llama_cpp.llama_backend_init()
@@ -132,13 +143,15 @@ def main() -> None:
             raise SystemExit("no models in tests/model/data/ (run tools/gen_test_models.py)")
         for path in models:
             name = os.path.splitext(os.path.basename(path))[0]
+            if args.only and name not in args.only:
+                continue
             print(name)
             write(os.path.join(ROOT, "tests/model/goldens", name + ".json"),
-                  goldens(path, TINY_PROMPTS, args.n_predict))
+                  goldens(path, TINY_PROMPTS, args.n_predict, not args.no_extra_bufts))
     else:
         if not args.model or not args.out:
             ap.error("MODEL.gguf OUT.json, or --generated")
-        write(args.out, goldens(args.model, PROMPTS, args.n_predict))
+        write(args.out, goldens(args.model, PROMPTS, args.n_predict, not args.no_extra_bufts))
 
 
 if __name__ == "__main__":

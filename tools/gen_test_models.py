@@ -1,17 +1,19 @@
 #!/usr/bin/env python3
 """Small random-weight GGUF models for fitllm's forward-pass tests (tests/model/data/).
 
-  .venv/bin/python tools/gen_test_models.py [--out tests/model/data]
+  .venv/bin/python tools/gen_test_models.py [--out tests/model/data] [--arch qwen3 ...]
 
-Writes, for each of two architectures,
+Writes, for each of three architectures,
 
   tiny-llama-*.gguf   llama: SPM vocabulary, untied output.weight, GQA (4 heads, 2 KV heads)
   tiny-qwen2-*.gguf   qwen2: byte-level BPE vocabulary (pre "qwen2"), Q/K/V biases, tied
                       embeddings (no output.weight)
+  tiny-qwen3-*.gguf   qwen3: qwen2's vocabulary and tied embeddings, no biases, RMS norms on each
+                      head of Q and K, and a head size of 128 (not n_embd / n_head, as Qwen3's own)
 
 first in F16 (1-D tensors F32) with gguf-py from a fixed seed, then quantized by llama.cpp's own
 quantizer (llama-cpp-python's llama_model_quantize, `scripts/setup.sh --oracle`) into Q8_0, Q6_K,
-Q5_K_M, Q4_K_M, Q4_0 and Q2_K: 14 files. Shapes: n_embd 256 (K-quant rows are multiples of 256),
+Q5_K_M, Q4_K_M, Q4_0 and Q2_K; the llama model also into IQ4_XS: 22 files. Shapes: n_embd 256 (K-quant rows are multiples of 256),
 n_ff 256, 2 layers, head size 64, a vocabulary of a few hundred tokens. The embedding / output
 scales give logits with a standard deviation of about 4, so greedy decoding is seldom a coin toss
 between near-ties. Deterministic: the same numpy and llama.cpp give the same bytes.
@@ -35,12 +37,16 @@ N_LAYER = 2
 N_HEAD = 4
 N_HEAD_KV = 2
 HEAD_DIM = N_EMBD // N_HEAD
+HEAD_DIM_QWEN3 = 128  # Qwen3's head size, with n_head * head_dim = 2 n_embd here
 N_CTX_TRAIN = 2048
 N_MERGES = 96
 LOGIT_STD = 4.0  # std of the final logits for a unit-RMS hidden state
 
 # (name, llama_ftype) of the quantized variants; the F16 file is the source of all of them.
 QUANTS = [("q8_0", 7), ("q6_k", 18), ("q5_k_m", 17), ("q4_k_m", 15), ("q4_0", 2), ("q2_k", 10)]
+# Types one architecture is enough for: the weight types beyond those (they need no importance matrix).
+EXTRA_QUANTS = {"llama": [("iq4_xs", 30)]}
+ARCHS = ["llama", "qwen2", "qwen3"]  # seeds 1, 2, 3
 
 # Text the vocabularies' merges are learned from (a naive BPE over whitespace-split words).
 CORPUS = """
@@ -141,7 +147,11 @@ def write_f16(arch: str, path: str, seed: int) -> None:
     w.add_block_count(N_LAYER)
     w.add_head_count(N_HEAD)
     w.add_head_count_kv(N_HEAD_KV)
-    w.add_rope_dimension_count(HEAD_DIM)
+    head_dim = HEAD_DIM_QWEN3 if arch == "qwen3" else HEAD_DIM
+    w.add_rope_dimension_count(head_dim)
+    if arch == "qwen3":
+        w.add_key_length(head_dim)
+        w.add_value_length(head_dim)
     if arch == "llama":
         w.add_rope_freq_base(10000.0)
         w.add_layer_norm_rms_eps(1e-5)
@@ -179,7 +189,7 @@ def write_f16(arch: str, path: str, seed: int) -> None:
     def norm(n: int) -> np.ndarray:
         return (1.0 + 0.1 * rng.standard_normal(n, dtype=np.float32)).astype(np.float32)
 
-    tied = arch == "qwen2"
+    tied = arch != "llama"
     # Untied (llama): unit-scale embeddings; output.weight alone sets the logits' spread. Tied
     # (qwen2): the embedding is also the output matrix. Its scale against the layers' outputs (of
     # about unit size) decides between two degenerate random models: large, and every token
@@ -188,18 +198,22 @@ def write_f16(arch: str, path: str, seed: int) -> None:
     # output_norm.weight (which cancels the self term in expectation) keep continuations varied.
     emb_std = 0.5 if tied else 1.0
     w.add_tensor("token_embd.weight", mat(n_vocab, N_EMBD, emb_std))
-    kv_dim = N_HEAD_KV * HEAD_DIM
+    kv_dim = N_HEAD_KV * head_dim
+    q_dim = N_HEAD * head_dim
     for il in range(N_LAYER):
         p = f"blk.{il}."
         w.add_tensor(p + "attn_norm.weight", norm(N_EMBD))
-        w.add_tensor(p + "attn_q.weight", mat(N_EMBD, N_EMBD, 1.5 / np.sqrt(N_EMBD)))
+        w.add_tensor(p + "attn_q.weight", mat(q_dim, N_EMBD, 1.5 / np.sqrt(N_EMBD)))
         w.add_tensor(p + "attn_k.weight", mat(kv_dim, N_EMBD, 1.5 / np.sqrt(N_EMBD)))
         w.add_tensor(p + "attn_v.weight", mat(kv_dim, N_EMBD, 1.0 / np.sqrt(N_EMBD)))
         if arch == "qwen2":
             w.add_tensor(p + "attn_q.bias", (0.5 * rng.standard_normal(N_EMBD, dtype=np.float32)))
             w.add_tensor(p + "attn_k.bias", (0.5 * rng.standard_normal(kv_dim, dtype=np.float32)))
             w.add_tensor(p + "attn_v.bias", (0.1 * rng.standard_normal(kv_dim, dtype=np.float32)))
-        w.add_tensor(p + "attn_output.weight", mat(N_EMBD, N_EMBD, 1.0 / np.sqrt(N_EMBD)))
+        if arch == "qwen3":  # per-head norms; unit RMS after them, so scale the weights up a little
+            w.add_tensor(p + "attn_q_norm.weight", (1.5 * norm(head_dim)).astype(np.float32))
+            w.add_tensor(p + "attn_k_norm.weight", (1.5 * norm(head_dim)).astype(np.float32))
+        w.add_tensor(p + "attn_output.weight", mat(N_EMBD, q_dim, 1.0 / np.sqrt(q_dim)))
         w.add_tensor(p + "ffn_norm.weight", norm(N_EMBD))
         w.add_tensor(p + "ffn_gate.weight", mat(N_FF, N_EMBD, 1.0 / np.sqrt(N_EMBD)))
         w.add_tensor(p + "ffn_up.weight", mat(N_FF, N_EMBD, 1.0 / np.sqrt(N_EMBD)))
@@ -230,14 +244,17 @@ def quantize(src: str, dst: str, ftype: int) -> None:
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     ap.add_argument("--out", default=os.path.join(ROOT, "tests/model/data"))
+    ap.add_argument("--arch", action="append", choices=ARCHS, help="only these (default: all)")
     args = ap.parse_args()
     os.makedirs(args.out, exist_ok=True)
     total = 0
-    for seed, arch in enumerate(["llama", "qwen2"], start=1):
+    for seed, arch in enumerate(ARCHS, start=1):
+        if args.arch and arch not in args.arch:
+            continue
         f16 = os.path.join(args.out, f"tiny-{arch}-f16.gguf")
         write_f16(arch, f16, seed)
         paths = [f16]
-        for name, ftype in QUANTS:
+        for name, ftype in QUANTS + EXTRA_QUANTS.get(arch, []):
             paths.append(os.path.join(args.out, f"tiny-{arch}-{name}.gguf"))
             quantize(f16, paths[-1], ftype)
         for p in paths:
