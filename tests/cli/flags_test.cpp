@@ -139,6 +139,8 @@ Fields fields(const ServeOptions& o) {
     Fields f;
     add(f, o.engine);
     f["models_dir"] = o.models_dir;
+    f["alias"] = o.alias;
+    f["strict_model_names"] = o.strict_model_names ? "true" : "false";
     f["host"] = o.host;
     f["port"] = str(o.port);
     f["ttl"] = str(o.ttl);
@@ -196,6 +198,8 @@ const std::map<std::string, std::string> kSamples = {
     {"--kl-divergence", ""},
     {"--json", ""},
     {"--models-dir", "models"},
+    {"--alias", "my-model"},
+    {"--strict-model-names", ""},
     {"--host", "0.0.0.0"},
     {"--port", "9000"},
     {"--ttl", "5"},
@@ -253,6 +257,8 @@ const std::map<std::string, std::set<std::string>> kSets = {
     {"--kl-divergence", {"kl_compare"}},
     {"--json", {"as_json"}},
     {"--models-dir", {"models_dir"}},
+    {"--alias", {"alias"}},
+    {"--strict-model-names", {"strict_model_names"}},
     {"--host", {"host"}},
     {"--port", {"port"}},
     {"--ttl", {"ttl"}},
