@@ -1,8 +1,9 @@
 // libFuzzer target: the body of a completion request, as it comes off the wire, through what the
 // server does before it touches a model: JsonBody (malformed text, nesting, the memory bound)
-// and parse_completion_request for a chat and for a text completion. Every input must be taken or
-// refused with an ApiError (400, naming the field); any other exception, a crash, a leak or
-// undefined behaviour is a finding. What is taken must hold the parser's promises.
+// and parse_completion_request for a chat and for a text completion, parse_ollama_request for
+// Ollama's chat and generate. Every input must be taken or refused with an ApiError (400, naming
+// the field); any other exception, a crash, a leak or undefined behaviour is a finding. What is
+// taken must hold the parser's promises.
 #include <cstdint>
 #include <cstdio>
 #include <cstdlib>
@@ -64,6 +65,15 @@ extern "C" int LLVMFuzzerTestOneInput(const uint8_t* data, size_t size) {
     for (const bool chat : {true, false}) {
         try {
             check_request(fitllm::server::parse_completion_request(value, chat), chat);
+        } catch (const ApiError& e) {
+            check_refusal(e);
+        }
+    }
+    for (const bool chat : {true, false}) {  // Ollama's /api/chat and /api/generate
+        try {
+            const fitllm::server::OllamaRequest r = fitllm::server::parse_ollama_request(value, chat);
+            if (chat && !r.completion.chat) broken("an Ollama chat that is not a chat");
+            if (!r.load_only) check_request(r.completion, r.completion.chat);
         } catch (const ApiError& e) {
             check_refusal(e);
         }

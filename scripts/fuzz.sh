@@ -3,7 +3,7 @@
 #   gguf_reader_fuzz     the GGUF reader and writer             seeds: fuzz/corpus/
 #   jinja_fuzz           the Jinja engine: parse, check, render seeds: the chat fixtures (fuzz/make_corpus.py)
 #   tokenizer_fuzz       the tokenizers of every test vocabulary seeds: llama.cpp's tokenizer test texts
-#   request_parser_fuzz  the OpenAI request parser (JSON -> request) seeds: fuzz/corpus_request/
+#   request_parser_fuzz  the OpenAI and Ollama request parsers      seeds: fuzz/corpus_request/
 # Each starts from a scratch copy of its seeds, so nothing checked in changes. Extra arguments go
 # to libFuzzer (e.g. -jobs=2).
 #

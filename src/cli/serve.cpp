@@ -92,10 +92,11 @@ ArgParser serve_parser(ServeOptions& o) {
         "[--max-connections N] [--max-connections-per-client N] [--allowed-hosts NAMES] [--cors-origin ORIGINS]",
         "Serve models over HTTP with an OpenAI-compatible API: POST /v1/chat/completions and\n"
         "/v1/completions (streamed as server-sent events with \"stream\": true), GET /v1/models,\n"
-        "POST /tokenize and /detokenize, GET /health, /metrics (Prometheus), /v1/memory, and a chat\n"
-        "page at /. Requests share one KV cache per model (-c tokens for -np sequences decoded\n"
-        "together); with --models-dir each DIR/NAME.gguf is the model NAME, loaded when a request\n"
-        "names it and unloaded after --ttl idle seconds, all within the --mem budget.");
+        "POST /tokenize and /detokenize, GET /health, /metrics (Prometheus), /v1/memory, a chat\n"
+        "page at /, and Ollama's POST /api/chat and /api/generate (NDJSON) and GET /api/tags.\n"
+        "Requests share one KV cache per model (-c tokens for -np sequences decoded together);\n"
+        "with --models-dir each DIR/NAME.gguf is the model NAME, loaded when a request names it\n"
+        "and unloaded after --ttl idle seconds, all within the --mem budget.");
     p.option("-m, --model", "MODEL", "serve this GGUF model (loaded at start)", &o.engine.load.model_path);
     p.option("--models-dir", "DIR", "serve every *.gguf in DIR, each loaded on first use", &o.models_dir);
     p.option("--alias", "NAME", "the -m model's id in /v1/models and answers (default: its file name without .gguf)",

@@ -3,6 +3,8 @@
 #include <atomic>
 #include <chrono>
 #include <ctime>
+#include <filesystem>
+#include <optional>
 #include <random>
 
 #include "chat/template_error.h"
@@ -14,6 +16,21 @@
 #include "server/request_memory.h"
 
 namespace fitllm::server {
+
+// A chat or text completion, ready to run: the model and the job.
+struct Completion {
+    std::shared_ptr<LoadedModel> model;
+    bool chat = false;
+    bool stream = false;
+    bool include_usage = false;
+    bool ollama_chat = false;  // Ollama's /api/chat (its answers carry a message, not a response)
+    std::shared_ptr<Job> job;
+    std::string id;
+    int64_t created = 0;
+    std::chrono::steady_clock::time_point start = std::chrono::steady_clock::now();
+    std::optional<std::chrono::steady_clock::time_point> first_text;  // when its first text came
+};
+
 namespace {
 
 using nlohmann::json;
@@ -34,17 +51,6 @@ json parse_charged(const HttpRequest& req, RequestMemory& memory, memory::Charge
     charge = memory.charge(text.memory_bound(), "the request's JSON");
     return text.parse();
 }
-
-// A chat or text completion, ready to run: the model and the job.
-struct Completion {
-    std::shared_ptr<LoadedModel> model;
-    bool chat = false;
-    bool stream = false;
-    bool include_usage = false;
-    std::shared_ptr<Job> job;
-    std::string id;
-    int64_t created = 0;
-};
 
 json usage_json(const Job::Update& u) {
     return {{"prompt_tokens", u.n_prompt},
@@ -230,6 +236,132 @@ void Endpoints::detokenize(HttpRequest& req, HttpResponse& res) {
     set_json(res, 200, {{"content", m->tokenizer().detokenize(ids, false, false)}});
 }
 
+void Endpoints::submit(Completion& c, CompletionRequest& request, RequestMemory& memory) {
+    LoadedModel& m = *c.model;
+    const int n_ctx = m.scheduler().n_ctx();
+    const size_t max_prompt = static_cast<size_t>(n_ctx - 1);
+    const size_t longest = longest_.of(c.model);
+
+    std::vector<int32_t> prompt;
+    if (request.chat) {
+        // Refused by the messages' size before the template renders them.
+        size_t bytes = 0;
+        for (const auto& message : request.messages) bytes += message["content"].get_ref<const std::string&>().size();
+        if (longest > 0 && (bytes + longest - 1) / longest > max_prompt) {
+            BoundedTokens t;
+            t.over = t.by_size = true;
+            t.at_least = (bytes + longest - 1) / longest;
+            throw context_exceeded(t, bytes, longest, n_ctx, request.chat);
+        }
+        std::string text;
+        // The render's values are this request's memory too, charged as they grow.
+        chat::RenderOptions options = m.render_options();
+        options.pool = memory.pool();
+        try {
+            text = m.chat_template().tmpl.render(request.messages, options);
+        } catch (const chat::TemplateError& e) {
+            throw ApiError::invalid(std::string("messages: the model's chat template refused them: ") + e.what(),
+                                    "template_error", "messages");
+        } catch (const memory::BudgetError& e) {
+            throw ApiError(503, "server_busy", "over_budget",
+                           std::string("messages: rendering the chat template: ") + e.what() + "; try again");
+        }
+        request.messages = {};
+        const memory::Charge rendered = memory.charge(text.size(), "the rendered prompt");
+        BoundedTokens t = tokenize_within(m.tokenizer(), text, /*add_special=*/false, /*parse_special=*/true,
+                                          max_prompt, longest, &memory);
+        if (t.over) throw context_exceeded(t, text.size(), longest, n_ctx, request.chat);
+        prompt = std::move(t.ids);
+    } else if (request.prompt_is_tokens) {
+        prompt = std::move(request.prompt_tokens);
+        for (const int32_t id : prompt) {
+            if (id >= m.model().n_vocab()) {
+                throw ApiError::invalid("prompt: token id " + std::to_string(id) + " is outside the vocabulary (" +
+                                            std::to_string(m.model().n_vocab()) + " tokens)",
+                                        "invalid_value", "prompt");
+            }
+        }
+        if (prompt.size() > max_prompt) {
+            BoundedTokens t;
+            t.over = true;
+            t.at_least = prompt.size();
+            throw context_exceeded(t, 0, longest, n_ctx, request.chat);
+        }
+    } else {
+        BoundedTokens t = tokenize_within(m.tokenizer(), request.prompt, /*add_special=*/true,
+                                          /*parse_special=*/true, max_prompt, longest, &memory);
+        if (t.over) throw context_exceeded(t, request.prompt.size(), longest, n_ctx, request.chat);
+        prompt = std::move(t.ids);
+    }
+    if (prompt.empty()) {
+        throw ApiError::invalid("prompt: no tokens to start from", "invalid_value",
+                                request.chat ? "messages" : "prompt");
+    }
+    for (const auto& [id, bias] : request.params.sampling.logit_bias) {
+        if (id >= m.model().n_vocab()) {
+            throw ApiError::invalid("logit_bias: token id " + std::to_string(id) + " is outside the vocabulary (" +
+                                        std::to_string(m.model().n_vocab()) + " tokens)",
+                                    "invalid_value", "logit_bias");
+        }
+    }
+    const int n_prompt = static_cast<int>(prompt.size());
+    GenerationParams params = std::move(request.params);
+    params.max_tokens = request.max_tokens.value_or(n_ctx - n_prompt);
+    try {
+        c.job = m.scheduler().submit(std::move(prompt), std::move(params));
+    } catch (const QueueFullError& e) {
+        throw ApiError(429, "server_busy", "queue_full", e.what());
+    } catch (const std::invalid_argument& e) {
+        throw ApiError::invalid(std::string("max_tokens: ") + e.what(), "context_length_exceeded", "max_tokens");
+    } catch (const sampling::SamplingError& e) {
+        throw ApiError::invalid(e.what(), "invalid_value");
+    }
+}
+
+std::optional<Job::Update> Endpoints::wait_whole(Completion& c, HttpRequest& req, std::string& text) {
+    // The whole answer once the job ends, with the status it ends with (nothing is sent before);
+    // a client that hangs up meanwhile cancels it, which frees its slot before the scheduler's
+    // next step. The text held meanwhile is charged as it grows; when the budget refuses it the
+    // job is cancelled and the client gets the error instead of a cut answer.
+    RequestMemory memory(request_pool());
+    std::vector<memory::Charge> text_charges;
+    uint64_t charged = 0;
+    while (true) {
+        const Job::Update u = c.job->wait(kPoll);
+        if (!u.text.empty() && !c.first_text) c.first_text = std::chrono::steady_clock::now();
+        text += u.text;
+        if (text.size() > charged) {
+            const uint64_t step = std::max<uint64_t>(text.size() - charged, kAnswerChargeStep);
+            try {
+                text_charges.push_back(memory.charge(step, "the answer's text"));
+            } catch (const ApiError& e) {
+                c.job->cancel();
+                throw answer_over_budget(*request_pool(), charged + step, u.n_generated, e);
+            }
+            charged += step;
+        }
+        if (u.finished) {
+            finished(c, u);
+            if (u.reason == FinishReason::error) {
+                throw ApiError(500, "server_error", "generation_failed", "generation failed: " + u.error);
+            }
+            if (u.reason == FinishReason::cancelled) {
+                throw ApiError(503, "server_error", "cancelled", "the request was cancelled (server stopping)");
+            }
+            return u;
+        }
+        if (req.client_gone()) {
+            c.job->cancel();
+            return std::nullopt;
+        }
+    }
+}
+
+void Endpoints::finished(const Completion& c, const Job::Update& u) {
+    registry_.touch(c.model->id());
+    metrics_.count_tokens(static_cast<uint64_t>(u.n_prompt), static_cast<uint64_t>(u.n_generated));
+}
+
 void Endpoints::completion(bool chat, HttpRequest& req, HttpResponse& res) {
     auto c = std::make_shared<Completion>();
     c->chat = chat;
@@ -251,127 +383,18 @@ void Endpoints::completion(bool chat, HttpRequest& req, HttpResponse& res) {
         c->model = registry_.acquire(request.model);
         c->id = random_id(chat ? "chatcmpl-" : "cmpl-");
         c->created = static_cast<int64_t>(std::time(nullptr));
-        LoadedModel& m = *c->model;
-        const int n_ctx = m.scheduler().n_ctx();
-        const size_t max_prompt = static_cast<size_t>(n_ctx - 1);
-        const size_t longest = longest_.of(c->model);
-
-        std::vector<int32_t> prompt;
-        if (chat) {
-            // Refused by the messages' size before the template renders them.
-            size_t bytes = 0;
-            for (const auto& message : request.messages)
-                bytes += message["content"].get_ref<const std::string&>().size();
-            if (longest > 0 && (bytes + longest - 1) / longest > max_prompt) {
-                BoundedTokens t;
-                t.over = t.by_size = true;
-                t.at_least = (bytes + longest - 1) / longest;
-                throw context_exceeded(t, bytes, longest, n_ctx, chat);
-            }
-            std::string text;
-            // The render's values are this request's memory too, charged as they grow.
-            chat::RenderOptions options = m.render_options();
-            options.pool = memory.pool();
-            try {
-                text = m.chat_template().tmpl.render(request.messages, options);
-            } catch (const chat::TemplateError& e) {
-                throw ApiError::invalid(std::string("messages: the model's chat template refused them: ") + e.what(),
-                                        "template_error", "messages");
-            } catch (const memory::BudgetError& e) {
-                throw ApiError(503, "server_busy", "over_budget",
-                               std::string("messages: rendering the chat template: ") + e.what() + "; try again");
-            }
-            request.messages = {};
-            const memory::Charge rendered = memory.charge(text.size(), "the rendered prompt");
-            BoundedTokens t = tokenize_within(m.tokenizer(), text, /*add_special=*/false, /*parse_special=*/true,
-                                              max_prompt, longest, &memory);
-            if (t.over) throw context_exceeded(t, text.size(), longest, n_ctx, chat);
-            prompt = std::move(t.ids);
-        } else if (request.prompt_is_tokens) {
-            prompt = std::move(request.prompt_tokens);
-            for (const int32_t id : prompt) {
-                if (id >= m.model().n_vocab()) {
-                    throw ApiError::invalid("prompt: token id " + std::to_string(id) + " is outside the vocabulary (" +
-                                                std::to_string(m.model().n_vocab()) + " tokens)",
-                                            "invalid_value", "prompt");
-                }
-            }
-            if (prompt.size() > max_prompt) {
-                BoundedTokens t;
-                t.over = true;
-                t.at_least = prompt.size();
-                throw context_exceeded(t, 0, longest, n_ctx, chat);
-            }
-        } else {
-            BoundedTokens t = tokenize_within(m.tokenizer(), request.prompt, /*add_special=*/true,
-                                              /*parse_special=*/true, max_prompt, longest, &memory);
-            if (t.over) throw context_exceeded(t, request.prompt.size(), longest, n_ctx, chat);
-            prompt = std::move(t.ids);
-        }
-        if (prompt.empty()) {
-            throw ApiError::invalid("prompt: no tokens to start from", "invalid_value", chat ? "messages" : "prompt");
-        }
-        for (const auto& [id, bias] : request.params.sampling.logit_bias) {
-            if (id >= m.model().n_vocab()) {
-                throw ApiError::invalid("logit_bias: token id " + std::to_string(id) + " is outside the vocabulary (" +
-                                            std::to_string(m.model().n_vocab()) + " tokens)",
-                                        "invalid_value", "logit_bias");
-            }
-        }
-        const int n_prompt = static_cast<int>(prompt.size());
-        GenerationParams params = std::move(request.params);
-        params.max_tokens = request.max_tokens.value_or(n_ctx - n_prompt);
-        try {
-            c->job = m.scheduler().submit(std::move(prompt), std::move(params));
-        } catch (const QueueFullError& e) {
-            throw ApiError(429, "server_busy", "queue_full", e.what());
-        } catch (const std::invalid_argument& e) {
-            throw ApiError::invalid(e.what(), "context_length_exceeded", "max_tokens");
-        } catch (const sampling::SamplingError& e) {
-            throw ApiError::invalid(e.what(), "invalid_value");
-        }
+        submit(*c, request, memory);
     }
 
     if (!c->stream) {
-        // The whole answer once the job ends, with the status it ends with (nothing is sent
-        // before); a client that hangs up meanwhile cancels it, which frees its slot before the
-        // scheduler's next step. The text held meanwhile is charged as it grows; when the budget
-        // refuses it the job is cancelled and the client gets the error instead of a cut answer.
-        RequestMemory memory(request_pool());
-        std::vector<memory::Charge> text_charges;
-        uint64_t charged = 0;
         std::string text;
-        while (true) {
-            const Job::Update u = c->job->wait(kPoll);
-            text += u.text;
-            if (text.size() > charged) {
-                const uint64_t step = std::max<uint64_t>(text.size() - charged, kAnswerChargeStep);
-                try {
-                    text_charges.push_back(memory.charge(step, "the answer's text"));
-                } catch (const ApiError& e) {
-                    c->job->cancel();
-                    throw answer_over_budget(*request_pool(), charged + step, u.n_generated, e);
-                }
-                charged += step;
-            }
-            if (u.finished) {
-                registry_.touch(c->model->id());
-                metrics_.count_tokens(static_cast<uint64_t>(u.n_prompt), static_cast<uint64_t>(u.n_generated));
-                if (u.reason == FinishReason::error) {
-                    throw ApiError(500, "server_error", "generation_failed", "generation failed: " + u.error);
-                }
-                if (u.reason == FinishReason::cancelled) {
-                    throw ApiError(503, "server_error", "cancelled", "the request was cancelled (server stopping)");
-                }
-                set_json(res, 200, whole_answer(*c, u, text));
-                return;
-            }
-            if (req.client_gone()) {
-                c->job->cancel();
-                res.status = 499;  // nobody to answer
-                return;
-            }
+        const std::optional<Job::Update> u = wait_whole(*c, req, text);
+        if (!u) {
+            res.status = 499;  // nobody to answer
+            return;
         }
+        set_json(res, 200, whole_answer(*c, *u, text));
+        return;
     }
 
     // Streaming: one event per piece of text as it comes; a client that goes away cancels the
@@ -391,8 +414,7 @@ void Endpoints::completion(bool chat, HttpRequest& req, HttpResponse& res) {
                 first = false;
             }
             if (u.finished) {
-                registry_.touch(c->model->id());
-                metrics_.count_tokens(static_cast<uint64_t>(u.n_prompt), static_cast<uint64_t>(u.n_generated));
+                finished(*c, u);
                 if (u.reason == FinishReason::error || u.reason == FinishReason::cancelled) {
                     events += sse(error_body("generation " + std::string(finish_reason_name(u.reason)) +
                                                  (u.error.empty() ? "" : ": " + u.error),
@@ -412,6 +434,163 @@ void Endpoints::completion(bool chat, HttpRequest& req, HttpResponse& res) {
             if (u.finished) return;
         }
     };
+}
+
+// --- Ollama ------------------------------------------------------------------------------------
+
+namespace {
+
+// "2026-12-06T20:15:02.123456Z", as Ollama's created_at.
+std::string rfc3339(std::chrono::system_clock::time_point t, bool fraction) {
+    const std::time_t tt = std::chrono::system_clock::to_time_t(t);
+    std::tm tm{};
+    gmtime_r(&tt, &tm);
+    char buf[48];
+    const int n = std::snprintf(buf, sizeof buf, "%04d-%02d-%02dT%02d:%02d:%02d", tm.tm_year + 1900, tm.tm_mon + 1,
+                                tm.tm_mday, tm.tm_hour, tm.tm_min, tm.tm_sec);
+    if (fraction) {
+        const auto micros =
+            std::chrono::duration_cast<std::chrono::microseconds>(t.time_since_epoch()).count() % 1000000;
+        std::snprintf(buf + n, sizeof buf - static_cast<size_t>(n), ".%06lldZ", static_cast<long long>(micros));
+    } else {
+        std::snprintf(buf + n, sizeof buf - static_cast<size_t>(n), "Z");
+    }
+    return buf;
+}
+
+int64_t nanoseconds(std::chrono::steady_clock::duration d) {
+    return std::chrono::duration_cast<std::chrono::nanoseconds>(d).count();
+}
+
+// One line of an Ollama answer: the text of this piece (the assistant's message for /api/chat,
+// "response" for /api/generate).
+json ollama_line(const Completion& c, const std::string& text, bool done) {
+    json line = {{"model", c.model->id()}, {"created_at", rfc3339(std::chrono::system_clock::now(), true)}};
+    if (c.ollama_chat) {
+        line["message"] = {{"role", "assistant"}, {"content", text}};
+    } else {
+        line["response"] = text;
+    }
+    line["done"] = done;
+    return line;
+}
+
+// The last line: the end and the counts, with the times as this request saw them (Ollama's
+// fields, in nanoseconds: the prompt's until the first text came, queueing included, then the
+// rest; nothing loads for a request here).
+json ollama_done(const Completion& c, const Job::Update& u, const std::string& text) {
+    json line = ollama_line(c, text, true);
+    const auto now = std::chrono::steady_clock::now();
+    const auto first = c.first_text.value_or(now);
+    line["done_reason"] = finish_reason_name(u.reason);
+    line["total_duration"] = nanoseconds(now - c.start);
+    line["load_duration"] = 0;
+    line["prompt_eval_count"] = u.n_prompt;
+    line["prompt_eval_duration"] = nanoseconds(first - c.start);
+    line["eval_count"] = u.n_generated;
+    line["eval_duration"] = nanoseconds(now - first);
+    return line;
+}
+
+}  // namespace
+
+void Endpoints::ollama(bool chat, HttpRequest& req, HttpResponse& res) {
+    auto c = std::make_shared<Completion>();
+    c->ollama_chat = chat;
+    {
+        RequestMemory memory(request_pool());
+        memory.note(req.body.size());
+        OllamaRequest request;
+        memory::Charge request_charge;
+        {
+            const JsonBody text(req.body);
+            const memory::Charge dom = memory.charge(text.memory_bound(), "the request's JSON");
+            request_charge = memory.charge(text.memory_bound(), "the request's fields");
+            request = parse_ollama_request(text.parse(), chat);
+        }
+        req.free_body();
+        c->chat = request.completion.chat;
+        c->stream = request.completion.stream;
+        c->model = registry_.acquire(request.completion.model);
+        const int n_ctx = c->model->scheduler().n_ctx();
+        if (request.num_ctx && (*request.num_ctx < 1 || *request.num_ctx > n_ctx)) {
+            throw ApiError::unsupported("options.num_ctx", std::to_string(*request.num_ctx) +
+                                                               " tokens; this server runs a context of " +
+                                                               std::to_string(n_ctx) + " (its -c)");
+        }
+        if (request.load_only) {  // Ollama's way to load a model: a generate without a prompt
+            registry_.touch(c->model->id());
+            json line = ollama_line(*c, "", true);
+            line["done_reason"] = "load";
+            set_json(res, 200, line);
+            return;
+        }
+        try {
+            submit(*c, request.completion, memory);
+        } catch (const ApiError& e) {
+            if (e.param() != "max_tokens") throw;
+            const std::string message = e.what();
+            throw ApiError(e.status(), e.type(), e.code(), "options.num_predict" + message.substr(message.find(':')),
+                           "options.num_predict");
+        }
+    }
+
+    if (!c->stream) {
+        std::string text;
+        const std::optional<Job::Update> u = wait_whole(*c, req, text);
+        if (!u) {
+            res.status = 499;  // nobody to answer
+            return;
+        }
+        set_json(res, 200, ollama_done(*c, *u, text));
+        return;
+    }
+
+    // Streamed: a JSON object a line (application/x-ndjson), one per piece of text, then the end.
+    res.status = 200;
+    res.content_type = "application/x-ndjson";
+    res.stream = [this, c](BodyWriter& out) {
+        while (true) {
+            if (out.client_gone()) return c->job->cancel();
+            const Job::Update u = c->job->wait(kPoll);
+            std::string lines;
+            for (const std::string& piece : u.pieces) {
+                if (!c->first_text) c->first_text = std::chrono::steady_clock::now();
+                lines += dump_json(ollama_line(*c, piece, false)) + "\n";
+            }
+            if (u.finished) {
+                finished(*c, u);
+                if (u.reason == FinishReason::error || u.reason == FinishReason::cancelled) {
+                    lines += dump_json({{"error", "generation " + std::string(finish_reason_name(u.reason)) +
+                                                      (u.error.empty() ? "" : ": " + u.error)}}) +
+                             "\n";
+                } else {
+                    lines += dump_json(ollama_done(*c, u, "")) + "\n";
+                }
+            }
+            if (!lines.empty() && !out.write(lines)) return c->job->cancel();
+            if (u.finished) return;
+        }
+    };
+}
+
+void Endpoints::ollama_tags(HttpResponse& res) {
+    json models = json::array();
+    for (const ModelInfo& m : registry_.models()) {
+        std::error_code size_error, time_error;
+        const uint64_t size = std::filesystem::file_size(m.path, size_error);
+        const auto modified = std::filesystem::last_write_time(m.path, time_error);
+        const auto modified_sys = std::chrono::time_point_cast<std::chrono::system_clock::duration>(
+            modified - std::filesystem::file_time_type::clock::now() + std::chrono::system_clock::now());
+        models.push_back(
+            {{"name", m.id},
+             {"model", m.id},
+             {"modified_at", rfc3339(time_error ? std::chrono::system_clock::time_point{} : modified_sys, false)},
+             {"size", size_error ? 0 : size},
+             {"digest", ""},
+             {"details", {{"format", "gguf"}}}});
+    }
+    set_json(res, 200, {{"models", models}});
 }
 
 }  // namespace fitllm::server

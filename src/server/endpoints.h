@@ -8,6 +8,7 @@
 #include <memory>
 #include <mutex>
 #include <nlohmann/json.hpp>
+#include <optional>
 #include <string>
 
 #include "server/http_transport.h"
@@ -15,6 +16,10 @@
 #include "server/model_registry.h"
 
 namespace fitllm::server {
+
+struct Completion;
+struct CompletionRequest;
+class RequestMemory;
 
 // The longest token of each loaded model's vocabulary (prompt_bounds.h), found once per load.
 class LongestTokens {
@@ -34,9 +39,20 @@ public:
     void detokenize(HttpRequest& req, HttpResponse& res);
     // POST /v1/chat/completions (chat) and /v1/completions, whole or streamed.
     void completion(bool chat, HttpRequest& req, HttpResponse& res);
+    // Ollama's POST /api/chat (chat) and /api/generate, whole or streamed as NDJSON, and
+    // GET /api/tags.
+    void ollama(bool chat, HttpRequest& req, HttpResponse& res);
+    void ollama_tags(HttpResponse& res);
 
 private:
     memory::Pool* request_pool();
+    // Renders or tokenizes the request's prompt for c.model (refused by its size first) and
+    // submits its job.
+    void submit(Completion& c, CompletionRequest& request, RequestMemory& memory);
+    // Waits for the whole answer, its text into `text`; std::nullopt when the client went away
+    // (the job cancelled). Throws ApiError when generation failed or its text is over budget.
+    std::optional<Job::Update> wait_whole(Completion& c, HttpRequest& req, std::string& text);
+    void finished(const Completion& c, const Job::Update& u);  // the model touched, tokens counted
 
     ModelRegistry& registry_;
     Metrics& metrics_;

@@ -6,6 +6,7 @@
 #include <optional>
 #include <string_view>
 
+#include "fitllm/version.h"
 #include "server/api_error.h"
 #include "server/endpoints.h"
 #include "server/http_transport.h"
@@ -19,7 +20,21 @@ namespace {
 
 using nlohmann::json;
 
-enum class Route { page, health, models, memory, metrics, tokenize, detokenize, chat, completions };
+enum class Route {
+    page,
+    health,
+    models,
+    memory,
+    metrics,
+    tokenize,
+    detokenize,
+    chat,
+    completions,
+    ollama_version,
+    ollama_tags,
+    ollama_chat,
+    ollama_generate,
+};
 
 struct RouteInfo {
     Route route;
@@ -39,7 +54,16 @@ constexpr RouteInfo kRoutes[] = {
     {Route::detokenize, "POST", "/detokenize", false, false},
     {Route::chat, "POST", "/v1/chat/completions", false, false},
     {Route::completions, "POST", "/v1/completions", false, false},
+    {Route::ollama_version, "GET", "/api/version", false, true},
+    {Route::ollama_tags, "GET", "/api/tags", false, false},
+    {Route::ollama_chat, "POST", "/api/chat", false, false},
+    {Route::ollama_generate, "POST", "/api/generate", false, false},
 };
+
+// Ollama's endpoints answer errors as Ollama does: {"error": "message"}.
+bool is_ollama(const std::string& path) {
+    return path.rfind("/api/", 0) == 0;
+}
 
 const RouteInfo* find_route(std::string_view path) {
     for (const RouteInfo& r : kRoutes) {
@@ -178,7 +202,7 @@ public:
 
 private:
     void answer_error(const HttpRequest& req, HttpResponse& res, const ApiError& e) {
-        set_json(res, e.status(), e.body());
+        set_json(res, e.status(), is_ollama(req.path) ? json{{"error", e.what()}} : e.body());
         if (e.status() == 429 || e.status() == 503) res.headers.emplace_back("Retry-After", "1");
         add_cors(req, res);
     }
@@ -249,6 +273,15 @@ private:
                 return endpoints_.completion(true, req, res);
             case Route::completions:
                 return endpoints_.completion(false, req, res);
+            case Route::ollama_version:
+                set_json(res, 200, {{"version", kVersion}});
+                return;
+            case Route::ollama_tags:
+                return endpoints_.ollama_tags(res);
+            case Route::ollama_chat:
+                return endpoints_.ollama(true, req, res);
+            case Route::ollama_generate:
+                return endpoints_.ollama(false, req, res);
         }
     }
 

@@ -1,7 +1,8 @@
 #pragma once
 // The HTTP API of `fitllm serve`: OpenAI-compatible completions (whole or as server-sent
 // events), models, tokenize/detokenize, health, Prometheus metrics, the memory report and the web
-// page, over server/http_transport.h. Every error is an OpenAI-style JSON body
+// page, and Ollama's chat, generate (whole or NDJSON), tags and version, over
+// server/http_transport.h. Every error is an OpenAI-style JSON body
 // ({"error": {message, type, code}}) with a 4xx/5xx status; the server keeps serving.
 // Before a request's body is read, its Host and Origin are checked (server/web_safety.h), then
 // the API key; its memory is charged to the registry's host device (server/request_memory.h).

@@ -4,6 +4,7 @@
 #include <cctype>
 #include <cmath>
 #include <cstdlib>
+#include <cstring>
 #include <iterator>
 #include <limits>
 #include <utility>
@@ -384,6 +385,164 @@ CompletionRequest parse_completion_request(const json& body, bool chat) {
         for (const std::string& s : r.params.stop) {
             if (s.empty()) invalid_value("stop", "an empty string would stop before anything");
         }
+    }
+    return r;
+}
+
+namespace {
+
+// Ollama's options that map to a completion field, and what the field is called there.
+constexpr std::pair<const char*, const char*> kOllamaOptions[] = {
+    {"num_predict", "max_tokens"},
+    {"temperature", "temperature"},
+    {"top_k", "top_k"},
+    {"top_p", "top_p"},
+    {"min_p", "min_p"},
+    {"typical_p", "typical_p"},
+    {"seed", "seed"},
+    {"stop", "stop"},
+    {"repeat_penalty", "repeat_penalty"},
+    {"repeat_last_n", "repeat_last_n"},
+    {"presence_penalty", "presence_penalty"},
+    {"frequency_penalty", "frequency_penalty"},
+};
+
+// A field of the Ollama body that is there and asks for something (not null, "", false, [] or {}).
+const json* asked(const json& body, const char* name) {
+    const json* v = field(body, name);
+    if (!v || (v->is_string() && v->get_ref<const std::string&>().empty()) || (v->is_boolean() && !v->get<bool>()) ||
+        is_empty_value(*v)) {
+        return nullptr;
+    }
+    return v;
+}
+
+}  // namespace
+
+OllamaRequest parse_ollama_request(const json& body, bool chat) {
+    if (!body.is_object()) wrong_type("the request body", "a JSON object", body);
+    static constexpr const char* kChatFields[] = {"model",  "messages", "stream",     "options",
+                                                  "format", "tools",    "keep_alive", "think"};
+    static constexpr const char* kGenerateFields[] = {"model",  "prompt",     "system",   "stream",  "options",
+                                                      "format", "raw",        "template", "context", "suffix",
+                                                      "images", "keep_alive", "think"};
+    for (const auto& [key, value] : body.items()) {
+        const auto known = [&key](const auto& list) {
+            return std::find_if(std::begin(list), std::end(list), [&key](const char* f) { return key == f; }) !=
+                   std::end(list);
+        };
+        if (!(chat ? known(kChatFields) : known(kGenerateFields))) {
+            throw ApiError::unsupported(key, std::string("not a field of POST ") +
+                                                 (chat ? "/api/chat" : "/api/generate") + " that fitllm knows");
+        }
+    }
+    if (const json* v = asked(body, "format")) {
+        throw ApiError::unsupported("format", "structured output (" + v->dump() + ") is not implemented");
+    }
+    if (asked(body, "tools")) throw ApiError::unsupported("tools", "tool calling is not implemented");
+    if (asked(body, "think")) throw ApiError::unsupported("think", "reasoning models' thinking is not implemented");
+    if (asked(body, "keep_alive")) {
+        throw ApiError::unsupported("keep_alive",
+                                    "models stay loaded for the server's --ttl; a request cannot set its own");
+    }
+    for (const char* name : {"template", "context", "suffix", "images"}) {
+        if (asked(body, name)) throw ApiError::unsupported(name, "not implemented");
+    }
+
+    // The completion request it stands for, in the OpenAI endpoints' fields.
+    json o = json::object();
+    std::string model = model_field(body);
+    if (model.size() > 7 && model.compare(model.size() - 7, 7, ":latest") == 0) model.resize(model.size() - 7);
+    if (!model.empty()) o["model"] = model;
+    o["stream"] = bool_field(body, "stream").value_or(true);
+    OllamaRequest r;
+    bool as_chat = chat;
+    if (chat) {
+        const json* messages = field(body, "messages");
+        if (!messages) throw ApiError::invalid("messages: required", "missing_field", "messages");
+        if (!messages->is_array()) wrong_type("messages", "an array", *messages);
+        json out = json::array();
+        for (size_t i = 0; i < messages->size(); ++i) {
+            const json& m = (*messages)[i];
+            const std::string at = "messages[" + std::to_string(i) + "]";
+            if (!m.is_object()) wrong_type(at, "an object", m);
+            json message = json::object();
+            for (const auto& [key, value] : m.items()) {
+                if (key == "role" || key == "content") {
+                    message[key] = value;
+                } else if (key == "images" || key == "tool_calls" || key == "thinking" || key == "tool_name") {
+                    if (!is_empty_value(value) && value != "") {
+                        throw ApiError::unsupported(at + "." + key, "not implemented");
+                    }
+                } else {
+                    throw ApiError::unsupported(at + "." + key, "not a message field that fitllm knows");
+                }
+            }
+            out.push_back(std::move(message));
+        }
+        o["messages"] = std::move(out);
+    } else {
+        const json* prompt = field(body, "prompt");
+        if (prompt && !prompt->is_string()) wrong_type("prompt", "a string", *prompt);
+        const json* system = field(body, "system");
+        if (system && !system->is_string()) wrong_type("system", "a string", *system);
+        const bool raw = bool_field(body, "raw").value_or(false);
+        const std::string text = prompt ? prompt->get<std::string>() : std::string();
+        if (text.empty()) {
+            r.load_only = true;
+            o["prompt"] = " ";  // not run: the request only loads the model
+            as_chat = false;
+        } else if (raw) {
+            if (system) throw ApiError::unsupported("system", "not with raw: true (the prompt is given as it is)");
+            o["prompt"] = text;
+            as_chat = false;
+        } else {
+            o["messages"] = json::array();
+            if (system && !system->get_ref<const std::string&>().empty()) {
+                o["messages"].push_back({{"role", "system"}, {"content", *system}});
+            }
+            o["messages"].push_back({{"role", "user"}, {"content", text}});
+            as_chat = true;
+        }
+    }
+    if (const json* options = field(body, "options")) {
+        if (!options->is_object()) wrong_type("options", "an object", *options);
+        for (const auto& [key, value] : options->items()) {
+            if (value.is_null()) continue;
+            const auto mapped = std::find_if(std::begin(kOllamaOptions), std::end(kOllamaOptions),
+                                             [&key](const auto& m) { return key == m.first; });
+            if (mapped != std::end(kOllamaOptions)) {
+                // num_predict: -1 (endless) and -2 (fill the context) are up to the end of the context.
+                if (key == "num_predict" && value.is_number_integer() && value.get<int64_t>() < 0) continue;
+                o[mapped->second] = value;
+            } else if (key == "num_ctx") {
+                if (!value.is_number_integer()) wrong_type("options.num_ctx", "an integer", value);
+                r.num_ctx = value.get<int64_t>();
+            } else if ((key == "mirostat" && value == 0) || (key == "tfs_z" && value == 1.0)) {
+                continue;  // off
+            } else {
+                throw ApiError::unsupported("options." + key, "not an option fitllm implements per request");
+            }
+        }
+    }
+    try {
+        r.completion = parse_completion_request(o, as_chat);
+    } catch (const ApiError& e) {
+        // Name the Ollama field that was wrong.
+        std::optional<std::string> param = e.param();
+        std::string message = e.what();
+        if (param) {
+            for (const auto& [option, name] : kOllamaOptions) {
+                if (param->rfind(name, 0) == 0 &&
+                    (param->size() == std::strlen(name) || (*param)[std::strlen(name)] == '[')) {
+                    const std::string renamed = "options." + std::string(option) + param->substr(std::strlen(name));
+                    if (message.rfind(*param, 0) == 0) message = renamed + message.substr(param->size());
+                    param = renamed;
+                    break;
+                }
+            }
+        }
+        throw ApiError(e.status(), e.type(), e.code(), message, param);
     }
     return r;
 }

@@ -35,4 +35,19 @@ CompletionRequest parse_completion_request(const nlohmann::json& body, bool chat
 // there with another type.
 std::string model_field(const nlohmann::json& body);
 
+// The body of Ollama's POST /api/chat (chat) or /api/generate, as the completion it asks for:
+// /api/chat and /api/generate through the chat template ("system", then "prompt" as the user's
+// message), /api/generate with "raw": true as a text completion. "options" maps to the sampling
+// fields (num_predict to max_tokens, temperature, top_k, top_p, min_p, typical_p, seed, stop,
+// repeat_penalty, repeat_last_n, presence_penalty, frequency_penalty); "stream" defaults to true;
+// a trailing ":latest" of the model is dropped. What fitllm does not implement (format, tools,
+// images, template, context, suffix, keep_alive, think, options it has no sampler for) is an
+// ApiError 400 unsupported_parameter naming it, as for the OpenAI endpoints.
+struct OllamaRequest {
+    CompletionRequest completion;
+    bool load_only = false;          // /api/generate without a prompt: load the model, answer done
+    std::optional<int64_t> num_ctx;  // options.num_ctx: refused when over the model's context
+};
+OllamaRequest parse_ollama_request(const nlohmann::json& body, bool chat);
+
 }  // namespace fitllm::server

@@ -431,6 +431,111 @@ class OneModel(unittest.TestCase):
         self.assertLessEqual(m["used"], plan["total"])
 
 
+class Ollama(unittest.TestCase):
+    """Ollama's /api/chat, /api/generate (whole and NDJSON), /api/tags and /api/version, in plain HTTP."""
+
+    @classmethod
+    def setUpClass(cls):
+        cls.srv = Server("-m", TINY_LLAMA, "-np", "2", "-c", "512")
+        cls.model = "tiny-llama-q8_0"
+
+    @classmethod
+    def tearDownClass(cls):
+        cls.srv.stop()
+
+    def ndjson(self, path, body):
+        conn = http.client.HTTPConnection("127.0.0.1", self.srv.port, timeout=60)
+        conn.request("POST", path, json.dumps(body), {"Content-Type": "application/json"})
+        r = conn.getresponse()
+        raw = r.read().decode()
+        conn.close()
+        self.assertEqual(r.status, 200, raw)
+        self.assertEqual(r.getheader("Content-Type"), "application/x-ndjson")
+        self.assertTrue(raw.endswith("\n"))
+        return [json.loads(line) for line in raw.splitlines()]
+
+    def test_tags_and_version(self):
+        s, tags = self.srv.get("/api/tags")
+        self.assertEqual(s, 200)
+        [m] = tags["models"]
+        self.assertEqual((m["name"], m["model"], m["size"]), (self.model, self.model, os.path.getsize(TINY_LLAMA)))
+        self.assertEqual(m["details"]["format"], "gguf")
+        self.assertRegex(m["modified_at"], r"^\d{4}-\d\d-\d\dT\d\d:\d\d:\d\dZ$")
+        s, v = self.srv.get("/api/version")
+        self.assertEqual(s, 200)
+        self.assertRegex(v["version"], r"^\d+\.\d+\.\d+")
+
+    def test_chat_whole_and_streamed_as_openai(self):
+        msgs = [{"role": "system", "content": "Be brief."}, {"role": "user", "content": "Hello there"}]
+        ref = self.srv.client().chat.completions.create(model=self.model, messages=msgs, max_tokens=12, temperature=0)
+        body = {"model": self.model + ":latest", "messages": msgs, "stream": False,
+                "options": {"temperature": 0, "num_predict": 12}}
+        s, r = self.srv.post("/api/chat", body)
+        self.assertEqual(s, 200, r)
+        self.assertEqual(r["message"], {"role": "assistant", "content": ref.choices[0].message.content})
+        self.assertEqual((r["model"], r["done"], r["done_reason"]), (self.model, True, "length"))
+        self.assertEqual((r["prompt_eval_count"], r["eval_count"]), (ref.usage.prompt_tokens, 12))
+        self.assertRegex(r["created_at"], r"^\d{4}-\d\d-\d\dT\d\d:\d\d:\d\d\.\d{6}Z$")
+        self.assertGreater(r["total_duration"], 0)
+        self.assertLessEqual(r["prompt_eval_duration"] + r["eval_duration"], r["total_duration"])
+        del body["stream"]  # streamed by default
+        lines = self.ndjson("/api/chat", body)
+        self.assertTrue(all(not line["done"] for line in lines[:-1]))
+        self.assertGreater(len(lines), 2)
+        self.assertEqual("".join(line["message"]["content"] for line in lines), ref.choices[0].message.content)
+        self.assertEqual((lines[-1]["done"], lines[-1]["done_reason"], lines[-1]["eval_count"]), (True, "length", 12))
+
+    def test_generate_raw_templated_and_load(self):
+        prompt = "Once upon a time"
+        ref = self.srv.client().completions.create(model=self.model, prompt=prompt, max_tokens=10, temperature=0)
+        s, r = self.srv.post("/api/generate", {"model": "whatever", "prompt": prompt, "raw": True, "stream": False,
+                                               "options": {"temperature": 0, "num_predict": 10}})
+        self.assertEqual((s, r["response"], r["eval_count"]), (200, ref.choices[0].text, 10), r)
+        # Not raw: through the chat template, "system" first.
+        chat = self.srv.client().chat.completions.create(
+            model=self.model, max_tokens=10, temperature=0,
+            messages=[{"role": "system", "content": "Be brief."}, {"role": "user", "content": prompt}])
+        body = {"prompt": prompt, "system": "Be brief.", "options": {"temperature": 0, "num_predict": 10}}
+        lines = self.ndjson("/api/generate", body)
+        self.assertEqual("".join(line["response"] for line in lines), chat.choices[0].message.content)
+        self.assertEqual(lines[-1]["prompt_eval_count"], chat.usage.prompt_tokens)
+        # Stop strings and a seed pass through the options.
+        s, r = self.srv.post("/api/generate", {"prompt": prompt, "raw": True, "stream": False, "options": {
+            "temperature": 0.8, "seed": 5, "top_k": 20, "num_predict": 10}})
+        s2, r2 = self.srv.post("/api/generate", {"prompt": prompt, "raw": True, "stream": False, "options": {
+            "temperature": 0.8, "seed": 5, "top_k": 20, "num_predict": 10}})
+        self.assertEqual((s, s2, r["response"]), (200, 200, r2["response"]))
+        # No prompt: the model is loaded, nothing generated.
+        s, r = self.srv.post("/api/generate", {"model": self.model})
+        self.assertEqual((s, r["done"], r["done_reason"], r["response"]), (200, True, "load", ""), r)
+
+    def test_errors_are_ollama_errors(self):
+        msgs = [{"role": "user", "content": "hi"}]
+        for body, field in [({"messages": msgs, "format": "json"}, "format"),
+                            ({"messages": msgs, "tools": [{"type": "function"}]}, "tools"),
+                            ({"messages": msgs, "keep_alive": "5m"}, "keep_alive"),
+                            ({"messages": msgs, "options": {"mirostat": 2}}, "options.mirostat"),
+                            ({"messages": msgs, "options": {"num_ctx": 100000}}, "options.num_ctx"),
+                            ({"messages": msgs, "options": {"temperature": "hot"}}, "options.temperature"),
+                            ({"messages": msgs, "options": {"num_predict": 100000}}, "options.num_predict"),
+                            ({"messages": msgs, "options": {"num_predict": 0}}, "options.num_predict"),
+                            ({"messages": [{"role": "user", "content": "hi", "images": ["aGk="]}]},
+                             "messages[0].images"),
+                            ({"messages": msgs, "prompt": "x"}, "prompt")]:
+            with self.subTest(field=field):
+                s, r = self.srv.post("/api/chat", {**body, "stream": False})
+                self.assertEqual(s, 400, r)
+                self.assertIsInstance(r["error"], str)
+                self.assertIn(field, r["error"])
+        s, r = self.srv.post("/api/chat", raw="{not json")
+        self.assertEqual(s, 400)
+        self.assertIsInstance(r["error"], str)
+        # Allowed: a context within the server's, mirostat off.
+        s, r = self.srv.post("/api/chat", {"messages": msgs, "stream": False,
+                                           "options": {"num_ctx": 512, "mirostat": 0, "num_predict": 2}})
+        self.assertEqual((s, r.get("eval_count")), (200, 2), r)
+
+
 class ModelNames(unittest.TestCase):
     """-m answers to any model name unless --strict-model-names; --alias sets its id."""
 
