@@ -73,8 +73,8 @@ json stream_chunk(const Completion& c, const std::string& text, bool first, cons
         choice["delta"] = delta;
     } else {
         choice["text"] = text;
-        choice["logprobs"] = nullptr;
     }
+    choice["logprobs"] = nullptr;  // none asked for (refused when they are)
     return {{"id", c.id},
             {"object", c.chat ? "chat.completion.chunk" : "text_completion"},
             {"created", c.created},
@@ -92,11 +92,12 @@ constexpr std::chrono::milliseconds kPoll{100};
 json whole_answer(const Completion& c, const Job::Update& u, const std::string& text) {
     json choice = {{"index", 0}, {"finish_reason", finish_reason_json(u.reason)}};
     if (c.chat) {
-        choice["message"] = {{"role", "assistant"}, {"content", text}};
+        // The nullable fields as the OpenAI spec shows them: no refusal, no tool calls.
+        choice["message"] = {{"role", "assistant"}, {"content", text}, {"refusal", nullptr}};
     } else {
         choice["text"] = text;
-        choice["logprobs"] = nullptr;
     }
+    choice["logprobs"] = nullptr;
     return {{"id", c.id},
             {"object", c.chat ? "chat.completion" : "text_completion"},
             {"created", c.created},

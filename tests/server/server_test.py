@@ -156,6 +156,24 @@ class OneModel(unittest.TestCase):
         self.assertEqual(finish, "length")
         self.assertEqual(usage.completion_tokens, 12)
 
+    def test_nullable_fields_as_the_spec_shows_them(self):
+        s, r = self.srv.post("/v1/chat/completions", {"messages": [{"role": "user", "content": "hi"}],
+                                                      "max_tokens": 2})
+        self.assertEqual(s, 200, r)
+        choice = r["choices"][0]
+        self.assertIsNone(choice["logprobs"])
+        self.assertEqual(choice["message"]["refusal"], None)
+        s, r = self.srv.post("/v1/completions", {"prompt": "hi", "max_tokens": 2})
+        self.assertIsNone(r["choices"][0]["logprobs"])
+        conn = http.client.HTTPConnection("127.0.0.1", self.srv.port, timeout=30)
+        conn.request("POST", "/v1/chat/completions", json.dumps(
+            {"messages": [{"role": "user", "content": "hi"}], "max_tokens": 2, "stream": True}))
+        events = [json.loads(e[6:]) for e in conn.getresponse().read().decode().split("\n\n")
+                  if e.startswith("data: {")]
+        conn.close()
+        self.assertTrue(events)
+        self.assertTrue(all(e["choices"][0]["logprobs"] is None for e in events if e["choices"]), events)
+
     def test_sse_ends_with_done(self):
         conn = http.client.HTTPConnection("127.0.0.1", self.srv.port, timeout=30)
         conn.request("POST", "/v1/completions", json.dumps({"prompt": "a b c", "max_tokens": 4, "stream": True}))
