@@ -21,6 +21,7 @@ const char* finish_reason_name(FinishReason reason) {
 Job::Update Job::take_locked() {
     Update u;
     u.pieces.swap(pending_);
+    u.logprobs.swap(pending_logprobs_);
     for (const std::string& p : u.pieces) u.text += p;
     u.finished = finished_;
     u.reason = reason_;
@@ -60,6 +61,11 @@ void Job::append(std::string_view text, int n_generated) {
         n_generated_ = n_generated;
     }
     cv_.notify_all();
+}
+
+void Job::add_logprob(TokenLogprob logprob) {
+    std::lock_guard lock(mutex_);
+    pending_logprobs_.push_back(std::move(logprob));
 }
 
 void Job::note_preempted() {

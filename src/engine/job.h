@@ -14,6 +14,7 @@
 #include <mutex>
 #include <string>
 #include <string_view>
+#include <utility>
 #include <vector>
 
 namespace fitllm::engine {
@@ -28,6 +29,14 @@ enum class FinishReason {
 // "stop", "length", ... as OpenAI's finish_reason (cancelled and error have no OpenAI name).
 const char* finish_reason_name(FinishReason reason);
 
+// A sampled token's log probability under the model's distribution (the log-softmax of its
+// logits, before any sampling step), with the most likely tokens' (best first), when asked for.
+struct TokenLogprob {
+    int32_t id = 0;
+    float logprob = 0.0f;
+    std::vector<std::pair<int32_t, float>> top;
+};
+
 class Job {
 public:
     struct Update {
@@ -38,7 +47,8 @@ public:
         std::string error;  // with FinishReason::error
         int n_prompt = 0;   // tokens of the prompt
         int n_generated = 0;
-        int n_preemptions = 0;  // times the scheduler took the sequence's KV cells back
+        int n_preemptions = 0;               // times the scheduler took the sequence's KV cells back
+        std::vector<TokenLogprob> logprobs;  // of the tokens sampled since the previous wait(), when asked for
     };
 
     explicit Job(int n_prompt) : n_prompt_(n_prompt) {}
@@ -53,6 +63,7 @@ public:
 
     // --- the scheduler ------------------------------------------------------------------------
     void append(std::string_view text, int n_generated);
+    void add_logprob(TokenLogprob logprob);  // before the token's append()
     void note_preempted();
     void finish(FinishReason reason, std::string error = {});
 
@@ -62,6 +73,7 @@ private:
     mutable std::mutex mutex_;
     std::condition_variable cv_;
     std::vector<std::string> pending_;
+    std::vector<TokenLogprob> pending_logprobs_;
     bool finished_ = false;
     bool cancelled_ = false;
     FinishReason reason_ = FinishReason::none;

@@ -2,6 +2,8 @@
 
 #include <algorithm>
 #include <chrono>
+#include <cmath>
+#include <limits>
 #include <stdexcept>
 
 #include "engine/context.h"
@@ -19,6 +21,7 @@ struct Scheduler::Sequence {
           tokens(std::move(prompt)),
           n_prompt(static_cast<int>(tokens.size())),
           max_tokens(params.max_tokens),
+          top_logprobs(params.top_logprobs),
           sampler(params.sampling, n_vocab),
           text(tokenizer, std::move(params.stop)) {
         for (const int32_t id : tokens) sampler.accept(id);
@@ -30,6 +33,7 @@ struct Scheduler::Sequence {
     int n_fed = 0;
     int n_generated = 0;
     int max_tokens = 0;
+    int top_logprobs = -1;
     sampling::Sampler sampler;
     TextStream text;     // what is not sent yet may be the start of a stop string
     uint64_t order = 0;  // admission order: lower is older and keeps its slot longer
@@ -40,6 +44,28 @@ struct Scheduler::Sequence {
 };
 
 namespace {
+
+// The log-softmax of the logits at id, and the top n tokens' (best first).
+TokenLogprob logprob_of(std::span<const float> logits, int32_t id, int n) {
+    float max = -std::numeric_limits<float>::infinity();
+    for (const float l : logits) max = std::max(max, l);
+    double sum = 0.0;
+    for (const float l : logits) sum += std::exp(static_cast<double>(l - max));
+    const float log_sum = max + static_cast<float>(std::log(sum));
+    TokenLogprob out{.id = id, .logprob = logits[static_cast<size_t>(id)] - log_sum, .top = {}};
+    // The n best, kept sorted in a small vector (n is at most a few dozen).
+    const auto better = [](const std::pair<int32_t, float>& a, const std::pair<int32_t, float>& b) {
+        return a.second > b.second || (a.second == b.second && a.first < b.first);
+    };
+    for (size_t t = 0; t < logits.size() && n > 0; ++t) {
+        const std::pair<int32_t, float> c{static_cast<int32_t>(t), logits[t]};
+        if (out.top.size() == static_cast<size_t>(n) && !better(c, out.top.back())) continue;
+        out.top.insert(std::upper_bound(out.top.begin(), out.top.end(), c, better), c);
+        if (out.top.size() > static_cast<size_t>(n)) out.top.pop_back();
+    }
+    for (auto& [t, l] : out.top) l -= log_sum;
+    return out;
+}
 
 ContextConfig checked(ContextConfig c, const SchedulerOptions& o) {
     check(c);
@@ -360,6 +386,9 @@ bool Scheduler::step() {
         try {
             sampled.emplace_back(&s, s.sampler.sample(logits));
             ++n_sampled;
+            if (s.top_logprobs >= 0 && !tokenizer_.vocab().is_eog(sampled.back().second)) {
+                s.job->add_logprob(logprob_of(logits, sampled.back().second, s.top_logprobs));
+            }
         } catch (const std::exception& e) {
             finish(s, FinishReason::error, e.what());
         }

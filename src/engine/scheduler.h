@@ -46,6 +46,9 @@ struct GenerationParams {
     int max_tokens = 0;  // > 0
     sampling::SamplingParams sampling;
     std::vector<std::string> stop;  // generation ends before the first of these (not sent)
+    // >= 0: each sampled token's log probability and this many alternatives go with the text
+    // (Job::Update::logprobs); -1: none.
+    int top_logprobs = -1;
 };
 
 // submit() when max_queue requests already wait.

@@ -8,6 +8,7 @@
 #include <random>
 
 #include "chat/template_error.h"
+#include "engine/job.h"
 #include "memory/budget.h"
 #include "server/api_error.h"
 #include "server/json_body.h"
@@ -29,6 +30,8 @@ struct Completion {
     int64_t created = 0;
     std::chrono::steady_clock::time_point start = std::chrono::steady_clock::now();
     std::optional<std::chrono::steady_clock::time_point> first_text;  // when its first text came
+    int top_logprobs = -1;                                            // >= 0: log probabilities asked for
+    std::vector<engine::TokenLogprob> logprobs;                       // a whole answer's, as they come
 };
 
 namespace {
@@ -63,8 +66,51 @@ json finish_reason_json(FinishReason r) {
     return nullptr;
 }
 
+// A token's text as the answer spells it, and its bytes (a token may hold part of a character).
+json token_json(const LoadedModel& m, int32_t id, float logprob) {
+    const std::string piece = m.tokenizer().token_to_piece(id, /*special=*/false);
+    json bytes = json::array();
+    for (const char ch : piece) bytes.push_back(static_cast<unsigned char>(ch));
+    return {{"token", piece}, {"logprob", logprob}, {"bytes", bytes}};
+}
+
+// The logprobs of a choice: chat's {"content": [...], "refusal": null}, a text completion's
+// {"tokens", "token_logprobs", "top_logprobs", "text_offset"} (offsets into the generated text);
+// null when none were asked for.
+json logprobs_json(const Completion& c, const std::vector<engine::TokenLogprob>& entries, size_t text_offset = 0) {
+    if (c.top_logprobs < 0) return nullptr;
+    const LoadedModel& m = *c.model;
+    if (c.chat) {
+        json content = json::array();
+        for (const engine::TokenLogprob& e : entries) {
+            json t = token_json(m, e.id, e.logprob);
+            json top = json::array();
+            for (const auto& [id, lp] : e.top) top.push_back(token_json(m, id, lp));
+            t["top_logprobs"] = std::move(top);
+            content.push_back(std::move(t));
+        }
+        return {{"content", std::move(content)}, {"refusal", nullptr}};
+    }
+    json tokens = json::array(), token_logprobs = json::array(), top_logprobs = json::array(), offsets = json::array();
+    for (const engine::TokenLogprob& e : entries) {
+        const std::string piece = m.tokenizer().token_to_piece(e.id, /*special=*/false);
+        tokens.push_back(piece);
+        token_logprobs.push_back(e.logprob);
+        json top = json::object();
+        for (const auto& [id, lp] : e.top) top[m.tokenizer().token_to_piece(id, false)] = lp;
+        top_logprobs.push_back(std::move(top));
+        offsets.push_back(text_offset);
+        text_offset += piece.size();
+    }
+    return {{"tokens", std::move(tokens)},
+            {"token_logprobs", std::move(token_logprobs)},
+            {"top_logprobs", std::move(top_logprobs)},
+            {"text_offset", std::move(offsets)}};
+}
+
 // One event of a stream: the text so far in this update, or the end.
-json stream_chunk(const Completion& c, const std::string& text, bool first, const json& finish) {
+json stream_chunk(const Completion& c, const std::string& text, bool first, const json& finish,
+                  const json& logprobs = nullptr) {
     json choice = {{"index", 0}, {"finish_reason", finish}};
     if (c.chat) {
         json delta = json::object();
@@ -74,7 +120,7 @@ json stream_chunk(const Completion& c, const std::string& text, bool first, cons
     } else {
         choice["text"] = text;
     }
-    choice["logprobs"] = nullptr;  // none asked for (refused when they are)
+    choice["logprobs"] = logprobs;
     return {{"id", c.id},
             {"object", c.chat ? "chat.completion.chunk" : "text_completion"},
             {"created", c.created},
@@ -97,7 +143,7 @@ json whole_answer(const Completion& c, const Job::Update& u, const std::string& 
     } else {
         choice["text"] = text;
     }
-    choice["logprobs"] = nullptr;
+    choice["logprobs"] = logprobs_json(c, c.logprobs);
     return {{"id", c.id},
             {"object", c.chat ? "chat.completion" : "text_completion"},
             {"created", c.created},
@@ -108,6 +154,9 @@ json whole_answer(const Completion& c, const Job::Update& u, const std::string& 
 
 // The answer's text is charged in steps of at least this many bytes.
 constexpr uint64_t kAnswerChargeStep = 4096;
+// What a token's log probability takes in an answer, at most: {"token": "...", "logprob": ...,
+// "bytes": [...]} with a token of up to 48 bytes (prompt_bounds.h) is under 400.
+constexpr uint64_t kLogprobJsonBytes = 400;
 
 // The error of a whole answer whose text the budget cannot hold (refused is what
 // RequestMemory::charge threw): 507 when the text alone is more than the budget holds besides
@@ -328,11 +377,15 @@ std::optional<Job::Update> Endpoints::wait_whole(Completion& c, HttpRequest& req
     std::vector<memory::Charge> text_charges;
     uint64_t charged = 0;
     while (true) {
-        const Job::Update u = c.job->wait(kPoll);
+        Job::Update u = c.job->wait(kPoll);
         if (!u.text.empty() && !c.first_text) c.first_text = std::chrono::steady_clock::now();
         text += u.text;
-        if (text.size() > charged) {
-            const uint64_t step = std::max<uint64_t>(text.size() - charged, kAnswerChargeStep);
+        for (engine::TokenLogprob& e : u.logprobs) c.logprobs.push_back(std::move(e));
+        // The text, and the log probabilities as the answer will spell them out.
+        const uint64_t held = text.size() + c.logprobs.size() * kLogprobJsonBytes *
+                                                static_cast<uint64_t>(1 + std::max(c.top_logprobs, 0));
+        if (held > charged) {
+            const uint64_t step = std::max<uint64_t>(held - charged, kAnswerChargeStep);
             try {
                 text_charges.push_back(memory.charge(step, "the answer's text"));
             } catch (const ApiError& e) {
@@ -381,6 +434,7 @@ void Endpoints::completion(bool chat, HttpRequest& req, HttpResponse& res) {
         req.free_body();
         c->stream = request.stream;
         c->include_usage = request.include_usage;
+        c->top_logprobs = request.params.top_logprobs;
         c->model = registry_.acquire(request.model);
         c->id = random_id(chat ? "chatcmpl-" : "cmpl-");
         c->created = static_cast<int64_t>(std::time(nullptr));
@@ -405,13 +459,26 @@ void Endpoints::completion(bool chat, HttpRequest& req, HttpResponse& res) {
     res.headers.emplace_back("Cache-Control", "no-cache");
     res.stream = [this, c](BodyWriter& out) {
         bool first = true;
+        size_t offset = 0;                           // a text completion's text_offset
+        std::vector<engine::TokenLogprob> logprobs;  // not sent yet: they go with the next text
         while (true) {
             if (out.client_gone()) return c->job->cancel();
             Job::Update u = c->job->wait(kPoll);
             std::string events;
+            for (engine::TokenLogprob& e : u.logprobs) logprobs.push_back(std::move(e));
             if (first && u.pieces.empty()) u.pieces.emplace_back();  // the role comes first
-            for (const std::string& piece : u.pieces) {
-                events += sse(stream_chunk(*c, piece, first, nullptr));
+            for (size_t i = 0; i < u.pieces.size(); ++i) {
+                // A token's text a piece, mostly: each piece takes the next token's log
+                // probability, the last piece of the update all that are left.
+                json lp = nullptr;
+                if (!u.pieces[i].empty() && !logprobs.empty()) {
+                    const size_t n = i + 1 == u.pieces.size() ? logprobs.size() : 1;
+                    const std::vector<engine::TokenLogprob> some(logprobs.begin(), logprobs.begin() + n);
+                    lp = logprobs_json(*c, some, offset);
+                    for (const auto& e : some) offset += c->model->tokenizer().token_to_piece(e.id, false).size();
+                    logprobs.erase(logprobs.begin(), logprobs.begin() + n);
+                }
+                events += sse(stream_chunk(*c, u.pieces[i], first, nullptr, lp));
                 first = false;
             }
             if (u.finished) {
@@ -421,7 +488,8 @@ void Endpoints::completion(bool chat, HttpRequest& req, HttpResponse& res) {
                                                  (u.error.empty() ? "" : ": " + u.error),
                                              "server_error", "generation_failed"));
                 } else {
-                    events += sse(stream_chunk(*c, "", false, finish_reason_json(u.reason)));
+                    events += sse(stream_chunk(*c, "", false, finish_reason_json(u.reason),
+                                               logprobs.empty() ? json(nullptr) : logprobs_json(*c, logprobs, offset)));
                 }
                 if (c->include_usage) {
                     json usage = stream_chunk(*c, "", false, nullptr);

@@ -173,15 +173,6 @@ void check_fields(const json& body, bool chat) {
     if (const auto n = integer_field(body, "best_of", 1, std::numeric_limits<int32_t>::max()); n && *n > 1) {
         throw ApiError::unsupported("best_of", "one choice per request (best_of > 1 is not implemented)");
     }
-    // Log probabilities are not returned.
-    if (const json* lp = field(body, "logprobs")) {
-        if (chat && !lp->is_boolean()) wrong_type("logprobs", "a boolean", *lp);
-        if (!chat && !lp->is_number_integer() && !lp->is_boolean()) wrong_type("logprobs", "an integer", *lp);
-        if (*lp != false) throw ApiError::unsupported("logprobs", "log probabilities are not implemented");
-    }
-    if (field(body, "top_logprobs")) {
-        throw ApiError::unsupported("top_logprobs", "log probabilities are not implemented");
-    }
     if (const json* rf = field(body, "response_format")) {
         if (!rf->is_object()) wrong_type("response_format", "an object", *rf);
         const json* type = field(*rf, "type");
@@ -312,6 +303,21 @@ CompletionRequest parse_completion_request(const json& body, bool chat) {
         }
     }
 
+    // Log probabilities: chat's logprobs: true with top_logprobs alternatives (0..20), a text
+    // completion's logprobs: N alternatives (0..20; OpenAI's legacy limit is 5).
+    if (const json* lp = field(body, "logprobs")) {
+        if (chat) {
+            if (!lp->is_boolean()) wrong_type("logprobs", "a boolean", *lp);
+            if (lp->get<bool>()) r.params.top_logprobs = 0;
+        } else if (!(lp->is_boolean() && !lp->get<bool>())) {
+            if (!lp->is_number_integer()) wrong_type("logprobs", "an integer", *lp);
+            r.params.top_logprobs = static_cast<int>(*integer_field(body, "logprobs", 0, 20));
+        }
+    }
+    if (const auto top = integer_field(body, "top_logprobs", 0, 20)) {
+        if (r.params.top_logprobs < 0) invalid_value("top_logprobs", "needs \"logprobs\": true");
+        r.params.top_logprobs = static_cast<int>(*top);
+    }
     r.stream = bool_field(body, "stream").value_or(false);
     if (const json* so = field(body, "stream_options")) {
         if (!so->is_object()) wrong_type("stream_options", "an object", *so);

@@ -6,6 +6,7 @@
 #include <gtest/gtest.h>
 
 #include <chrono>
+#include <cmath>
 #include <thread>
 
 #include "gguf/gguf_reader.h"
@@ -125,6 +126,31 @@ TEST_F(SchedulerTest, CancelledRequestFreesItsSlot) {
     EXPECT_LT(std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count(), 5.0);
     while (!s.idle()) std::this_thread::sleep_for(std::chrono::milliseconds(1));  // stats follow the step
     EXPECT_EQ(s.stats().kv_cells_used, 0);
+}
+
+TEST_F(SchedulerTest, LogprobsOfTheSampledTokens) {
+    Scheduler s(*model_, *tokenizer_, {.n_ctx = 256, .n_seq = 1, .n_batch = 64}, {}, *compute_);
+    GenerationParams p = greedy(12);
+    p.top_logprobs = 4;
+    const Job::Update u = s.submit(ids("Once upon a time"), p)->wait_all();
+    ASSERT_EQ(u.reason, FinishReason::length);
+    ASSERT_EQ(u.logprobs.size(), 12u);  // one a sampled token
+    std::vector<int32_t> generated;
+    for (const TokenLogprob& e : u.logprobs) {
+        ASSERT_EQ(e.top.size(), 4u);
+        EXPECT_EQ(e.top[0].first, e.id);  // greedy takes the best
+        EXPECT_FLOAT_EQ(e.top[0].second, e.logprob);
+        EXPECT_LE(e.logprob, 0.0f);
+        double mass = 0.0;
+        for (size_t i = 0; i < e.top.size(); ++i) {
+            if (i > 0) EXPECT_GE(e.top[i - 1].second, e.top[i].second);
+            mass += std::exp(static_cast<double>(e.top[i].second));
+        }
+        EXPECT_LE(mass, 1.0 + 1e-5);
+        generated.push_back(e.id);
+    }
+    EXPECT_EQ(tokenizer_->detokenize(generated, false, false), u.text);                      // the tokens of the text
+    EXPECT_TRUE(s.submit(ids("Once upon a time"), greedy(4))->wait_all().logprobs.empty());  // not asked for
 }
 
 TEST_F(SchedulerTest, FullQueueRefusesAndTooLongRequestIsRefused) {

@@ -7,6 +7,7 @@ Uses the tiny models in tests/model/data/ (fast, nonsense text) and the demo mod
 """
 import http.client
 import json
+import math
 import os
 import re
 import shutil
@@ -276,9 +277,6 @@ class OneModel(unittest.TestCase):
             (chat, {"tool_choice": {"type": "function", "function": {"name": "f"}}}, "tool_choice"),
             (chat, {"functions": [tool["function"]]}, "functions"),
             (chat, {"n": 2}, "n"),
-            (chat, {"logprobs": True}, "logprobs"),
-            (chat, {"logprobs": True, "top_logprobs": 3}, "logprobs"),
-            (chat, {"top_logprobs": 3}, "top_logprobs"),
             (chat, {"audio": {"voice": "alloy", "format": "wav"}}, "audio"),
             (chat, {"modalities": ["text", "audio"]}, "modalities"),
             (chat, {"reasoning_effort": "high"}, "reasoning_effort"),
@@ -291,7 +289,6 @@ class OneModel(unittest.TestCase):
             (comp, {"messages": msgs}, "messages"),  # and the other way round
             (comp, {"n": 3}, "n"),
             (comp, {"best_of": 2}, "best_of"),
-            (comp, {"logprobs": 2}, "logprobs"),
             (comp, {"echo": True}, "echo"),
             (comp, {"suffix": "end"}, "suffix"),
             (comp, {"prompt": ["a", "b"]}, "prompt"),  # a batch of prompts
@@ -329,6 +326,68 @@ class OneModel(unittest.TestCase):
                      "temperature")
         assert_error(self, self.srv.post(chat, {"messages": msgs, "max_tokens": 10**6}), 400,
                      "context_length_exceeded", "max_tokens")
+
+    def test_logprobs(self):
+        msgs = [{"role": "user", "content": "Hello there"}]
+        body = {"messages": msgs, "max_tokens": 8, "temperature": 0, "logprobs": True, "top_logprobs": 3}
+        s, r = self.srv.post("/v1/chat/completions", body)
+        self.assertEqual(s, 200, r)
+        choice = r["choices"][0]
+        self.assertEqual(choice["finish_reason"], "length")
+        content = choice["logprobs"]["content"]
+        self.assertIsNone(choice["logprobs"]["refusal"])
+        self.assertEqual(len(content), 8)
+        for e in content:
+            top = e["top_logprobs"]
+            self.assertEqual(len(top), 3)
+            self.assertLessEqual(e["logprob"], 0.0)
+            self.assertEqual([t["logprob"] for t in top], sorted((t["logprob"] for t in top), reverse=True))
+            self.assertEqual((top[0]["token"], top[0]["logprob"]), (e["token"], e["logprob"]))  # greedy: the best
+            self.assertLessEqual(sum(math.exp(t["logprob"]) for t in top), 1.0 + 1e-5)
+            self.assertEqual(bytes(e["bytes"]).decode(errors="replace"), e["token"])
+        # The tokens' bytes are the text (the tiny model emits stray bytes: each invalid run is one
+        # U+FFFD in the text, and one per byte token in a token's own text).
+        valid = lambda text: text.replace("\ufffd", "")
+        self.assertEqual(valid(b"".join(bytes(e["bytes"]) for e in content).decode(errors="replace")),
+                         valid(choice["message"]["content"]))
+        # Streamed: the same tokens and numbers, spread over the chunks.
+        streamed = []
+        for ch in self.srv.client().chat.completions.create(model=self.model, stream=True, **body):
+            if ch.choices and ch.choices[0].logprobs:
+                streamed += [(t.token, t.logprob) for t in ch.choices[0].logprobs.content]
+        self.assertEqual(streamed, [(e["token"], e["logprob"]) for e in content])
+        # Sampled: the chosen token's log probability, among the alternatives when it is one of them.
+        r = self.srv.client().chat.completions.create(model=self.model, messages=msgs, max_tokens=8, temperature=1.0,
+                                                      seed=3, logprobs=True, top_logprobs=5)
+        for e in r.choices[0].logprobs.content:
+            for t in e.top_logprobs:
+                if t.token == e.token and t.bytes == e.bytes:
+                    self.assertEqual(t.logprob, e.logprob)
+        # A text completion's form: tokens, their log probabilities, alternatives and offsets.
+        s, r = self.srv.post("/v1/completions", {"prompt": "Once upon a time", "max_tokens": 6, "temperature": 0,
+                                                 "logprobs": 2})
+        lp = r["choices"][0]["logprobs"]
+        self.assertEqual(len(lp["tokens"]), 6)
+        self.assertEqual(valid("".join(lp["tokens"])), valid(r["choices"][0]["text"]))
+        offsets = lp["text_offset"]
+        self.assertEqual(offsets[0], 0)
+        for i in range(5):  # each token's bytes (a stray byte's text is U+FFFD: 1 byte, not 3)
+            size = 1 if lp["tokens"][i] == "\ufffd" else len(lp["tokens"][i].encode())
+            self.assertEqual(offsets[i + 1] - offsets[i], size, lp)
+        for tok, logprob, top in zip(lp["tokens"], lp["token_logprobs"], lp["top_logprobs"]):
+            self.assertLessEqual(logprob, 0.0)
+            self.assertTrue(1 <= len(top) <= 2)
+            self.assertEqual(max(top.values()), logprob)  # greedy
+        # Not asked for: null; asked for wrongly: 400 naming the field.
+        s, r = self.srv.post("/v1/chat/completions", {"messages": msgs, "max_tokens": 2})
+        self.assertIsNone(r["choices"][0]["logprobs"])
+        chat, comp = "/v1/chat/completions", "/v1/completions"
+        assert_error(self, self.srv.post(chat, {"messages": msgs, "top_logprobs": 2}), 400, "invalid_value",
+                     "top_logprobs")
+        assert_error(self, self.srv.post(chat, {"messages": msgs, "logprobs": True, "top_logprobs": 21}), 400,
+                     "invalid_value", "top_logprobs")
+        assert_error(self, self.srv.post(chat, {"messages": msgs, "logprobs": 2}), 400, "invalid_type", "logprobs")
+        assert_error(self, self.srv.post(comp, {"prompt": "hi", "logprobs": 21}), 400, "invalid_value", "logprobs")
 
     def test_logit_bias(self):
         c = self.srv.client()
