@@ -26,6 +26,31 @@ TEST(RunCommand, GreedyGenerationStreamsTextAndASummary) {
     EXPECT_NE(r.output.find("peak RSS"), std::string::npos) << r.output;
 }
 
+// --lookup: the same greedy text on stdout, a summary line with the drafts, the draft rows of
+// logits in the plan's logits pool (11 x 262144 floats = 11 MiB), and its usage errors.
+TEST(RunCommand, LookupGivesTheSameGreedyTextAndReportsItsDrafts) {
+    const auto model = test::demo_model();
+    if (!model) GTEST_SKIP() << "demo model absent (scripts/setup.sh downloads it)";
+    const std::string base = fitllm_exe() + " run -m '" + model->string() +
+                             "' -p 'one two three four five six seven, one two three four five six seven, one two' "
+                             "-n 24 --temp 0 -t 2 -c 128";
+    const test::CommandResult plain = test::run_command(base + " 2>/dev/null");
+    const test::CommandResult spec = test::run_command(base + " --lookup 2>/dev/null");
+    const test::CommandResult stats = test::run_command(base + " --lookup 2>&1 >/dev/null");
+    ASSERT_EQ(plain.status, 0) << plain.output;
+    ASSERT_EQ(spec.status, 0) << spec.output;
+    EXPECT_EQ(spec.output, plain.output);
+    EXPECT_NE(stats.output.find("lookup: "), std::string::npos) << stats.output;
+    EXPECT_EQ(stats.output.find(" 0 accepted"), std::string::npos) << stats.output;
+    EXPECT_NE(stats.output.find("logits 11.0 MiB"), std::string::npos) << stats.output;
+    const test::CommandResult np = test::run_command(base + " --lookup -np 2 2>&1");
+    EXPECT_EQ(np.status, 2) << np.output;
+    EXPECT_NE(np.output.find("--lookup works with one sequence only"), std::string::npos) << np.output;
+    const test::CommandResult ngram = test::run_command(base + " --lookup-ngram-min 3 --lookup-ngram-max 2 2>&1");
+    EXPECT_EQ(ngram.status, 2) << ngram.output;
+    EXPECT_NE(ngram.output.find("--lookup-ngram-max 2"), std::string::npos) << ngram.output;
+}
+
 // A written tiny random Llama (with an SPM vocabulary) runs end to end: load, prompt, decode.
 TEST(RunCommand, RunsATinyLlamaFile) {
     const test::TempDir dir;
