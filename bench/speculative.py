@@ -8,10 +8,9 @@ summary line (from the first generated token to the last, prompt excluded).
   .venv/bin/python bench/speculative.py [--fitllm build/fitllm] [-n 256] [-t 2] [--reps 2]
                                         [--draft-max 10] [--one-token-order] [--json out.json]
 
-A draft pass multiplies several tokens at once, and for runs of tokens some weight types take
-batch kernels that sum in another float order than a one-token pass (ops::matmul's places), which
-can turn a near-tie of the greedy choice the other way. --one-token-order runs both modes with
-FITLLM_NO_BATCH_ORDER=1 (every token in the one-token order), where the texts must be identical.
+A draft pass multiplies several tokens at once in the arithmetic of one-token passes
+(model::Batch::token_order), so the texts are the same with the default kernels.
+--one-token-order also runs the prompts in that order (FITLLM_NO_BATCH_ORDER=1 for both modes).
 
 Reported per prompt: its tokens, the tokens generated, decode tok/s without and with lookup (the
 best of the reps, the least disturbed on a shared machine), their ratio, and lookup's acceptance;

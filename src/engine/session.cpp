@@ -88,8 +88,13 @@ std::span<const float> Session::feed_all(std::span<const int32_t> tokens) {
     }
     const size_t n = tokens.size();
     for (size_t t = 0; t < n; ++t) positions_[t] = n_past_ + static_cast<int32_t>(t);
-    model_.forward(tokens, std::span<const int32_t>(positions_.data(), n), cache_, logits_.data(), /*all_logits=*/true,
-                   pool_);
+    // In the one-token arithmetic: each row's logits are those feed() gives for it, so that drafts
+    // verified here pick what decoding without them picks (model::Batch::token_order).
+    model_.forward(model::Batch{.tokens = tokens,
+                                .positions = std::span<const int32_t>(positions_.data(), n),
+                                .all_logits = true,
+                                .token_order = true},
+                   cache_, logits_.data(), pool_);
     n_past_ += static_cast<int>(n);
     return {logits_.data(), n * static_cast<size_t>(model_.n_vocab())};
 }

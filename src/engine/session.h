@@ -88,11 +88,8 @@ public:
     // Sampler::sample_draft; the first one rejected is replaced by the model's token, and when
     // all are accepted the pass's last row gives one more. The rejected drafts' cells are taken
     // back (truncate). The tokens are generate()'s distribution when sampling, and generate()'s
-    // tokens when greedy as far as a pass of several tokens gives each the logits a one-token pass
-    // does: the batch kernels some weight types take for runs of tokens (ops::matmul's places:
-    // the repacked Q4_K / Q2_K gemm from 4 tokens, the tiled k-quant kernels from 8, F16 from 2)
-    // sum in another float order, which can turn a near-tie the other way (with
-    // FITLLM_NO_BATCH_ORDER=1 every token takes the one-token order and the text is the same).
+    // tokens when greedy: feed_all() runs the drafts in the one-token arithmetic
+    // (model::Batch::token_order), so each row's logits are those a one-token pass gives.
     // Context full and shifts happen at generate()'s tokens: no draft is fed that would need a
     // shift. Without room for a draft (max_draft() 0) it is generate().
     GenerationStats generate_lookup(std::span<const int32_t> prompt, int n_predict, sampling::Sampler& sampler,

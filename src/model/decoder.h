@@ -488,15 +488,23 @@ inline void token_places(const kv::SeqId* seq, int n, ops::TokenPlace* out) {
     }
 }
 
-// The places of the batch's tokens, for the batch begin_batch() began.
-inline std::span<const ops::TokenPlace> batch_places(DecoderMemory& mem, const BatchRows& rows) {
+// The places of the batch's tokens, for the batch begin_batch() began; none (every row in the
+// one-token order) for a token_order batch.
+inline std::span<const ops::TokenPlace> batch_places(const Batch& b, DecoderMemory& mem, const BatchRows& rows) {
+    if (b.token_order) return {};
     token_places(rows.seq_ids, rows.n, mem.a.places.data());
     return {mem.a.places.data(), static_cast<size_t>(rows.n)};
+}
+
+// Rows t0 .. t0 + m of a batch's places (none stay none).
+inline std::span<const ops::TokenPlace> places_of(std::span<const ops::TokenPlace> places, int t0, int m) {
+    return places.empty() ? places : places.subspan(static_cast<size_t>(t0), static_cast<size_t>(m));
 }
 
 // The places of the rows output_rows() picks, among themselves: llama.cpp multiplies only those
 // rows by the output matrix, so a run there is a sequence's rows that want logits.
 inline std::span<const ops::TokenPlace> output_places(const Batch& b, const BatchRows& rows, DecoderMemory& mem) {
+    if (b.token_order) return {};
     const int n = rows.n;
     kv::SeqId* seq = mem.a.out_seq.data();
     int n_out = 0;

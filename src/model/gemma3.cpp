@@ -114,7 +114,8 @@ public:
     void forward(const Batch& batch, kv::ModelCache& cache, float* logits_out, ops::ThreadPool& pool) override {
         const Hparams& hp = hp_;
         const BatchRows rows = begin_batch(hp, batch, cache, mem_, pool, [this](int il) { return rope_params(il); });
-        const std::span<const ops::TokenPlace> places = batch_places(mem_, rows);  // where each token sits in its run
+        const std::span<const ops::TokenPlace> places =
+            batch_places(batch, mem_, rows);  // where each token sits in its run
         const int n = rows.n;
         const int64_t E = hp.n_embd;
 
@@ -154,10 +155,10 @@ public:
             for (int t0 = 0; t0 < n; t0 += o.ffn_slice) {
                 const int m = std::min(o.ffn_slice, n - t0);
                 float* h = cur + t0 * E;
-                o.matmul(L->ffn_gate, h, m, o.gate, places.subspan(t0, m));  // gate: [m, n_ff]
-                o.matmul(L->ffn_up, h, m, o.up, places.subspan(t0, m));      // up: [m, n_ff]
+                o.matmul(L->ffn_gate, h, m, o.gate, places_of(places, t0, m));  // gate: [m, n_ff]
+                o.matmul(L->ffn_up, h, m, o.up, places_of(places, t0, m));      // up: [m, n_ff]
                 o.geglu(o.gate, o.up, int64_t{m} * hp.n_ff, o.gate);
-                o.matmul(L->ffn_down, o.gate, m, h, places.subspan(t0, m));  // h: [m, n_embd], over its read rows
+                o.matmul(L->ffn_down, o.gate, m, h, places_of(places, t0, m));  // h: [m, n_embd], over its read rows
             }
             o.rms_norm(cur, L->post_ffn_norm, hp.norm_eps, n, E, cur);
             o.add(x, cur, n * E, x);

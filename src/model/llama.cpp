@@ -161,7 +161,8 @@ public:
         const Hparams& hp = hp_;
         const ops::RopeParams rope = rope_params();
         const BatchRows rows = begin_batch(hp, batch, cache, mem_, pool, [&rope](int) { return rope; });
-        const std::span<const ops::TokenPlace> places = batch_places(mem_, rows);  // where each token sits in its run
+        const std::span<const ops::TokenPlace> places =
+            batch_places(batch, mem_, rows);  // where each token sits in its run
         const int n = rows.n;
         const int64_t E = hp.n_embd;
         const int64_t q_dim = int64_t{hp.n_head} * hp.head_dim;
@@ -198,10 +199,10 @@ public:
             for (int t0 = 0; t0 < n; t0 += o.ffn_slice) {
                 const int m = std::min(o.ffn_slice, n - t0);
                 float* h = cur + t0 * E;
-                o.matmul(L->ffn_gate, h, m, o.gate, places.subspan(t0, m));  // gate: [m, n_ff]
-                o.matmul(L->ffn_up, h, m, o.up, places.subspan(t0, m));      // up: [m, n_ff]
+                o.matmul(L->ffn_gate, h, m, o.gate, places_of(places, t0, m));  // gate: [m, n_ff]
+                o.matmul(L->ffn_up, h, m, o.up, places_of(places, t0, m));      // up: [m, n_ff]
                 o.swiglu(o.gate, o.up, int64_t{m} * hp.n_ff, o.gate);
-                o.matmul(L->ffn_down, o.gate, m, h, places.subspan(t0, m));  // h: [m, n_embd], over its read rows
+                o.matmul(L->ffn_down, o.gate, m, h, places_of(places, t0, m));  // h: [m, n_embd], over its read rows
             }
             o.add(x, cur, n * E, x);
         }

@@ -77,6 +77,11 @@ struct Batch {
     // Ignored when all_logits.
     std::span<const uint8_t> output;
     bool all_logits = false;  // every token's logits
+    // Every row in the arithmetic of a one-token batch: each row's logits are those feeding the
+    // tokens one at a time gives, bit for bit (speculative decoding verifies drafts with this, so
+    // that greedy output does not depend on how many drafts a pass carries). Off: a prompt's
+    // rows take llama.cpp's batch kernels where they are faster (ops::matmul's token places).
+    bool token_order = false;
 };
 
 class Model {

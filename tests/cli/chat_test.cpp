@@ -31,16 +31,14 @@ TEST(ChatCommand, TwoTurnsThenEndOfInput) {
 }
 
 // --lookup (speculative decoding by prompt lookup): the same greedy replies, over two turns, the
-// second one fed after the first reply's cells (with drafts taken back). In the one-token float
-// order (FITLLM_NO_BATCH_ORDER=1) for both: the batch kernels a draft pass of 4 or more tokens
-// takes sum in another order, which on this prompt turns a near-tie of the demo model the other
-// way (Session::generate_lookup).
+// second one fed after the first reply's cells (with drafts taken back). Draft passes run in the
+// one-token arithmetic (model::Batch::token_order): before they did, the batch kernels a pass of 4
+// or more drafts took turned a near-tie of the demo model on this prompt the other way.
 TEST(ChatCommand, LookupGivesTheSameGreedyReplies) {
     const auto model = test::demo_model();
     if (!model) GTEST_SKIP() << "demo model absent (scripts/setup.sh downloads it)";
     const std::string input =
-        "printf 'Repeat after me: the cat sat on the mat, the dog sat on the log.\\nAnd once more, the same.\\n' | "
-        "FITLLM_NO_BATCH_ORDER=1 ";
+        "printf 'Repeat after me: the cat sat on the mat, the dog sat on the log.\\nAnd once more, the same.\\n' | ";
     const std::string args = " chat -m '" + model->string() + "' --temp 0 -n 48 -t 2 2>/dev/null";
     const test::CommandResult plain = test::run_command(input + fitllm_exe() + args);
     const test::CommandResult spec = test::run_command(input + fitllm_exe() + args + " --lookup --draft-max 6");

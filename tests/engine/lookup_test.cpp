@@ -205,9 +205,8 @@ TEST(Lookup, GreedyMatchesGenerateOnQuantizedTinyLlama) {
 }
 
 // The demo model (Gemma 3 270M Q4_K_M: sliding window 512) on an edit of a text it is given, past
-// position 512 so that its window pools trim while drafts are taken back. Its draft passes of 4 or
-// more tokens take the batch kernels (another float order than one-token passes): this text has
-// no near-tie they turn, so the tokens are the same (Session::generate_lookup says why not always).
+// position 512 so that its window pools trim while drafts are taken back. Draft passes run in the
+// one-token arithmetic (model::Batch::token_order), so the tokens are the same.
 TEST(Lookup, GreedyMatchesGenerateOnTheDemoModel) {
     const auto path = test::demo_model();
     if (!path) GTEST_SKIP() << "demo model not found (scripts/setup.sh assembles it)";
