@@ -3,6 +3,7 @@
 `llama-perplexity` computes it, for fitllm's perplexity test.
 
   .venv/bin/python tools/gen_perplexity_goldens.py MODEL.gguf TEXT OUT.json [-c 512] [--chunks 4] [-ctk T -ctv T]
+      [--no-extra-bufts]
 
 llama-perplexity's method: tokenize the whole text with BOS; cut it into chunks of n_ctx tokens;
 evaluate each chunk from an empty KV cache with its first token replaced by BOS; score positions
@@ -28,10 +29,14 @@ def main() -> None:
     ap.add_argument("--chunks", type=int, default=4)
     ap.add_argument("-ctk", "--cache-type-k", default="f16", help="f16, q8_0, q4_0, ... (llama.cpp's type_k)")
     ap.add_argument("-ctv", "--cache-type-v", default="f16")
+    ap.add_argument("--no-extra-bufts", action="store_true",
+                    help="no repacked weight buffers: on AMX CPUs llama.cpp's IQ4_XS repack crashes on batches")
     args = ap.parse_args()
 
     llama_cpp.llama_backend_init()
-    model = llama_cpp.llama_model_load_from_file(args.model.encode(), llama_cpp.llama_model_default_params())
+    params = llama_cpp.llama_model_default_params()
+    params.use_extra_bufts = not args.no_extra_bufts
+    model = llama_cpp.llama_model_load_from_file(args.model.encode(), params)
     vocab = llama_cpp.llama_model_get_vocab(model)
     n_vocab = llama_cpp.llama_vocab_n_tokens(vocab)
     add_bos = llama_cpp.llama_vocab_get_add_bos(vocab)

