@@ -26,9 +26,14 @@ import llama_cpp
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 
 
+EXTRA_BUFTS = True  # --no-extra-bufts: llama.cpp without repacked weight buffers
+
+
 def llama_cpp_bench(model_path: str, n_prompt: int, n_gen: int, threads: int, reps: int) -> dict:
     llama_cpp.llama_backend_init()
-    model = llama_cpp.llama_model_load_from_file(model_path.encode(), llama_cpp.llama_model_default_params())
+    params = llama_cpp.llama_model_default_params()
+    params.use_extra_bufts = EXTRA_BUFTS
+    model = llama_cpp.llama_model_load_from_file(model_path.encode(), params)
     if not model:
         raise RuntimeError("llama.cpp cannot load the model")
     n_vocab = llama_cpp.llama_vocab_n_tokens(llama_cpp.llama_model_get_vocab(model))
@@ -106,7 +111,11 @@ def main() -> None:
     ap.add_argument("-t", type=int, default=2)
     ap.add_argument("-r", type=int, default=3)
     ap.add_argument("--rounds", type=int, default=2, help="alternations of fitllm and llama.cpp")
+    ap.add_argument("--no-extra-bufts", action="store_true",
+                    help="llama.cpp without repacked weight buffers (its AMX repack of IQ4_XS crashes on batches)")
     args = ap.parse_args()
+    global EXTRA_BUFTS
+    EXTRA_BUFTS = not args.no_extra_bufts
     models = args.models + ([os.path.join(ROOT, m) for m in SUITE] if args.suite or not args.models else [])
     tests = [t for t in (f"pp{args.p}" if args.p else "", f"tg{args.n}" if args.n else "") if t]
     print(f"| model | test | fitllm t/s | llama.cpp t/s | ratio |\n|---|---|---:|---:|---:|", flush=True)
