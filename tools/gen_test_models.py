@@ -46,7 +46,12 @@ LOGIT_STD = 4.0  # std of the final logits for a unit-RMS hidden state
 QUANTS = [("q8_0", 7), ("q6_k", 18), ("q5_k_m", 17), ("q4_k_m", 15), ("q4_0", 2), ("q2_k", 10)]
 # Types one architecture is enough for: the weight types beyond those (they need no importance matrix).
 EXTRA_QUANTS = {"llama": [("iq4_xs", 30)]}
-ARCHS = ["llama", "qwen2", "qwen3"]  # seeds 1, 2, 3
+# (name, architecture, seed, the quantized types): qwen3-yarn is qwen3 with YaRN scaling (factor 4
+# over an original context of 64, so that the ramp spans pairs 0 .. 11 of 64), in F16 and Q8_0.
+MODELS = [("llama", "llama", 1, QUANTS + EXTRA_QUANTS["llama"]), ("qwen2", "qwen2", 2, QUANTS),
+          ("qwen3", "qwen3", 3, QUANTS), ("qwen3-yarn", "qwen3", 4, [("q8_0", 7)])]
+ARCHS = [m[0] for m in MODELS]
+YARN_FACTOR, YARN_ORIG_CTX = 4.0, 64
 
 # Text the vocabularies' merges are learned from (a naive BPE over whitespace-split words).
 CORPUS = """
@@ -136,7 +141,7 @@ def bpe_vocab() -> tuple[list[str], list[int], list[str]]:
     return tokens, types, [f"{a} {b}" for a, b in merges]
 
 
-def write_f16(arch: str, path: str, seed: int) -> None:
+def write_f16(arch: str, path: str, seed: int, yarn: bool = False) -> None:
     rng = np.random.default_rng(seed)
     w = gguf.GGUFWriter(path, arch)
     w.add_name(f"tiny-{arch}")
@@ -168,6 +173,10 @@ def write_f16(arch: str, path: str, seed: int) -> None:
         w.add_add_eos_token(False)
     else:
         w.add_rope_freq_base(1000000.0)
+        if yarn:
+            w.add_rope_scaling_type(gguf.RopeScalingType.YARN)
+            w.add_rope_scaling_factor(YARN_FACTOR)
+            w.add_rope_scaling_orig_ctx_len(YARN_ORIG_CTX)
         w.add_layer_norm_rms_eps(1e-6)
         tokens, types, merges = bpe_vocab()
         w.add_tokenizer_model("gpt2")
@@ -248,14 +257,14 @@ def main() -> None:
     args = ap.parse_args()
     os.makedirs(args.out, exist_ok=True)
     total = 0
-    for seed, arch in enumerate(ARCHS, start=1):
-        if args.arch and arch not in args.arch:
+    for model, arch, seed, quants in MODELS:
+        if args.arch and model not in args.arch:
             continue
-        f16 = os.path.join(args.out, f"tiny-{arch}-f16.gguf")
-        write_f16(arch, f16, seed)
+        f16 = os.path.join(args.out, f"tiny-{model}-f16.gguf")
+        write_f16(arch, f16, seed, yarn=model.endswith("-yarn"))
         paths = [f16]
-        for name, ftype in QUANTS + EXTRA_QUANTS.get(arch, []):
-            paths.append(os.path.join(args.out, f"tiny-{arch}-{name}.gguf"))
+        for name, ftype in quants:
+            paths.append(os.path.join(args.out, f"tiny-{model}-{name}.gguf"))
             quantize(f16, paths[-1], ftype)
         for p in paths:
             size = os.path.getsize(p)

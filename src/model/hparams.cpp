@@ -3,6 +3,7 @@
 #include <cmath>
 
 #include "model/architecture.h"
+#include "ops/rope.h"
 
 namespace fitllm::model {
 
@@ -38,6 +39,37 @@ float HparamReader::rope_freq_scale() const {
         refuse(factor_name, std::to_string(factor), "must be positive (or 0 for none)");
     }
     return (type == "none" || factor == 0.0f) ? 1.0f : 1.0f / factor;
+}
+
+void HparamReader::rope_scaling(Hparams& hp) const {
+    const std::string type =
+        has("rope.scaling.type") ? std::string(file_.get<std::string_view>(key("rope.scaling.type"))) : "linear";
+    if (type != "yarn") {
+        if (type != "linear" && type != "none") {
+            refuse("rope.scaling.type", "'" + type + "'",
+                   "not supported (fitllm supports 'linear', 'yarn' and 'none')");
+        }
+        hp.rope_freq_scale = rope_freq_scale();
+        return;
+    }
+    const float factor = number_or("rope.scaling.factor", 0.0f);
+    if (!(factor >= 1.0f) || !std::isfinite(factor)) {
+        refuse("rope.scaling.factor", std::to_string(factor), "YaRN needs a factor of at least 1");
+    }
+    hp.rope_freq_scale = 1.0f / factor;
+    hp.rope_ext_factor = number_or("rope.scaling.yarn_ext_factor", 1.0f);
+    hp.rope_attn_factor = number_or("rope.scaling.yarn_attn_factor", 1.0f);
+    const float beta_fast = number_or("rope.scaling.yarn_beta_fast", 32.0f);
+    const float beta_slow = number_or("rope.scaling.yarn_beta_slow", 1.0f);
+    const int n_ctx_orig = count_or("rope.scaling.original_context_length", hp.n_ctx_train);
+    for (const auto& [name, v] :
+         {std::pair{"rope.scaling.yarn_ext_factor", hp.rope_ext_factor},
+          std::pair{"rope.scaling.yarn_attn_factor", hp.rope_attn_factor},
+          std::pair{"rope.scaling.yarn_beta_fast", beta_fast}, std::pair{"rope.scaling.yarn_beta_slow", beta_slow}}) {
+        if (!std::isfinite(v) || v < 0.0f) refuse(name, std::to_string(v), "must be a finite number >= 0");
+    }
+    ops::yarn_corr_dims(hp.n_rot, n_ctx_orig, hp.rope_base, beta_fast, beta_slow, &hp.rope_corr_low,
+                        &hp.rope_corr_high);
 }
 
 Hparams read_hparams(const gguf::GgufFile& file) {

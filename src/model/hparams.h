@@ -41,6 +41,11 @@ struct Hparams {
     // sliding-window layers are not scaled).
     int n_rot = 0;
     float rope_freq_scale = 1.0f;
+    // YaRN (rope.scaling.type "yarn"; llama-family files): the mix of scaled and unscaled angles
+    // per pair and the magnitude factor, as ops::RopeParams has them. 0 / 1: none.
+    float rope_ext_factor = 0.0f;
+    float rope_attn_factor = 1.0f;
+    float rope_corr_low = 0.0f, rope_corr_high = 0.0f;
     float final_logit_softcap = 0.0f;  // > 0: logits = cap * tanh(logits / cap)
 };
 
@@ -64,6 +69,10 @@ public:
     // Linear RoPE scaling: 1 / rope.scaling.factor (or the older rope.scale_linear), 1 for none;
     // other scaling types (yarn, longrope) are refused by name.
     float rope_freq_scale() const;
+    // Linear or YaRN scaling into hp (its n_rot, rope_base and n_ctx_train read already): YaRN's
+    // factor, rope.scaling.original_context_length (else n_ctx_train), yarn_ext_factor (1),
+    // yarn_attn_factor (1), yarn_beta_fast (32) and yarn_beta_slow (1); other types refused by name.
+    void rope_scaling(Hparams& hp) const;
     // A ModelError "<file>: '<arch>.<name>' = <value>: <why>".
     [[noreturn]] void refuse(const std::string& name, const std::string& value, const std::string& why) const;
 

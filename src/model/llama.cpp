@@ -43,7 +43,7 @@ void read_llama_hparams(const HparamReader& r, Hparams& hp) {
         r.refuse("rope.dimension_count", std::to_string(hp.n_rot),
                  "must be even and at most the head size " + std::to_string(hp.head_dim));
     }
-    hp.rope_freq_scale = r.rope_freq_scale();
+    r.rope_scaling(hp);  // linear or YaRN (Qwen2.5 / Qwen3 long context)
     // attention.scale (Granite-style Llamas) replaces 1/sqrt(head_dim) when present.
     const float scale = r.number_or("attention.scale", 0.0f);
     hp.attn_scale = scale != 0.0f ? scale : 1.0f / std::sqrt(static_cast<float>(hp.head_dim));
@@ -225,6 +225,10 @@ private:
         rope.freq_base = hp_.rope_base;
         rope.freq_scale = hp_.rope_freq_scale;
         rope.freq_factors = variant_.rope_freqs ? w_.rope_freqs : nullptr;
+        rope.ext_factor = hp_.rope_ext_factor;
+        rope.attn_factor = hp_.rope_attn_factor;
+        rope.corr_low = hp_.rope_corr_low;
+        rope.corr_high = hp_.rope_corr_high;
         return rope;
     }
 

@@ -21,14 +21,33 @@ namespace {
     const int first_stride = params.mode == RopeMode::Normal ? 2 : 1;
     const int second_offset = params.mode == RopeMode::Normal ? 1 : half;
 
+    const bool yarn = params.ext_factor != 0.0f;
+    const bool scaled = yarn || params.attn_factor != 1.0f;
+    // llama.cpp's rope_yarn: mscale grows with the context extension where the mix is on.
+    const float mscale =
+        yarn ? params.attn_factor * (1.0f + 0.1f * std::log(1.0f / params.freq_scale)) : params.attn_factor;
     for (int64_t t = 0; t < n_tok; ++t) {
         float theta = static_cast<float>(pos[t]);
         for (int i = 0; i < half; ++i) {
             float angle = theta;
             if (params.freq_factors != nullptr) angle /= params.freq_factors[i];
-            angle *= params.freq_scale;
-            const float c = std::cos(angle);
-            const float s = std::sin(angle);
+            float c, s;
+            if (!scaled) {
+                angle *= params.freq_scale;
+                c = std::cos(angle);
+                s = std::sin(angle);
+            } else {
+                const float extrap = angle;
+                angle = params.freq_scale * extrap;
+                if (yarn) {
+                    const float y = (static_cast<float>(i) - params.corr_low) /
+                                    std::max(0.001f, params.corr_high - params.corr_low);
+                    const float mix = (1.0f - std::min(1.0f, std::max(0.0f, y))) * params.ext_factor;
+                    angle = angle * (1.0f - mix) + extrap * mix;
+                }
+                c = std::cos(angle) * mscale;
+                s = std::sin(angle) * mscale;
+            }
             for (int h = 0; h < n_head; ++h) {
                 float* head = x + (t * n_head + h) * head_dim;
                 float& a = head[i * first_stride];
@@ -68,6 +87,18 @@ void rope(float* x, const int32_t* pos, int64_t n_tok, int n_head, int head_dim,
     }
 }
 
+void yarn_corr_dims(int n_dims, int n_ctx_orig, float freq_base, float beta_fast, float beta_slow, float* low,
+                    float* high) {
+    // The pair whose wavelength 2 pi / theta_i fits n_rot times into n_ctx_orig positions.
+    const auto corr_dim = [&](float n_rot) {
+        return static_cast<float>(n_dims) *
+               std::log(static_cast<float>(n_ctx_orig) / (n_rot * 2.0f * static_cast<float>(M_PI))) /
+               (2.0f * std::log(freq_base));
+    };
+    *low = std::max(0.0f, std::floor(corr_dim(beta_fast)));
+    *high = std::min(static_cast<float>(n_dims - 1), std::ceil(corr_dim(beta_slow)));
+}
+
 kv::RopeFrame rope_frame(const RopeParams& params, int head_dim) {
     kv::RopeFrame frame;
     const int half = std::min(params.n_dims, head_dim) / 2;
@@ -76,7 +107,13 @@ kv::RopeFrame rope_frame(const RopeParams& params, int head_dim) {
         frame.second.push_back(params.mode == RopeMode::Normal ? 2 * i + 1 : i + half);
         double theta = std::pow(static_cast<double>(params.freq_base), -2.0 * i / params.n_dims);
         if (params.freq_factors != nullptr) theta /= params.freq_factors[i];
-        frame.theta.push_back(theta * params.freq_scale);
+        double scale = params.freq_scale;
+        if (params.ext_factor != 0.0f) {
+            const double y = (i - params.corr_low) / std::max(0.001, double{params.corr_high} - params.corr_low);
+            const double mix = (1.0 - std::min(1.0, std::max(0.0, y))) * params.ext_factor;
+            scale = scale * (1.0 - mix) + mix;
+        }
+        frame.theta.push_back(theta * scale);
     }
     return frame;
 }

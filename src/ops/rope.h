@@ -19,10 +19,24 @@ struct RopeParams {
     // Optional per-pair divisors of the frequency (n_dims / 2 values; Llama 3's rope_freqs), or
     // nullptr.
     const float* freq_factors = nullptr;
+    // YaRN (ext_factor != 0): pairs below corr_low keep the unscaled angle, pairs above
+    // corr_high the scaled one, those between a linear mix (times ext_factor); cos and sin are
+    // multiplied by attn_factor * (1 + 0.1 ln(1 / freq_scale)). ext_factor 0 and attn_factor 1:
+    // plain (linear) scaling, as llama.cpp's rope_yarn computes it then.
+    float ext_factor = 0.0f;
+    float attn_factor = 1.0f;
+    float corr_low = 0.0f, corr_high = 0.0f;
 };
 
+// YaRN's correction range (llama.cpp's ggml_rope_yarn_corr_dims): the pairs whose wavelength
+// fits beta_fast (low end, floored) to beta_slow (high end, ceiled) times into n_ctx_orig
+// positions, clamped to 0 .. n_dims - 1.
+void yarn_corr_dims(int n_dims, int n_ctx_orig, float freq_base, float beta_fast, float beta_slow, float* low,
+                    float* high);
+
 // For each token t, each head and each pair i < n_dims / 2 rotates by the angle
-//   pos[t] * freq_scale * freq_base^(-2i / n_dims) / freq_factors[i].
+//   pos[t] * freq_scale * freq_base^(-2i / n_dims) / freq_factors[i]
+// (YaRN: mixed with the unscaled angle per pair, and scaled, as RopeParams says).
 // The angle is built as ggml builds it (a float running product of the per-pair ratio), so the
 // result matches llama.cpp's to the last bits rather than only to the formula.
 // Throws std::invalid_argument for an odd n_dims or n_dims > head_dim.

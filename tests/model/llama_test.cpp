@@ -94,9 +94,28 @@ TEST(LlamaHparams, ScalingTypeNoneIgnoresTheFactor) {
 }
 
 TEST(LlamaHparams, UnsupportedRopeScalingIsNamed) {
-    const std::string error = load_error({.scaling_type = "yarn"});
+    const std::string error = load_error({.scaling_type = "longrope"});
     EXPECT_NE(error.find("llama.rope.scaling.type"), std::string::npos) << error;
-    EXPECT_NE(error.find("'yarn'"), std::string::npos) << error;
+    EXPECT_NE(error.find("'longrope'"), std::string::npos) << error;
+}
+
+TEST(LlamaHparams, YarnWithoutAFactorIsRefused) {
+    const std::string error = load_error({.scaling_type = "yarn"});
+    EXPECT_NE(error.find("llama.rope.scaling.factor"), std::string::npos) << error;
+}
+
+// YaRN's correction range for the tiny model (8 rotated dims, base 10000, 32 original positions):
+// 8 ln(32 / (2 pi beta)) / (2 ln 10000), floored for beta 32 (-> 0), ceiled for beta 1 (-> 1).
+TEST(LlamaHparams, ReadsYarn) {
+    const std::vector<std::byte> bytes =
+        test::tiny_llama_bytes({.rope_scale = 4.0f, .scaling_type = "yarn", .yarn_orig_ctx = 32});
+    const gguf::GgufFile file = gguf::GgufFile::parse(bytes, "tiny.gguf");
+    const model::Hparams hp = model::read_hparams(file);
+    EXPECT_FLOAT_EQ(hp.rope_freq_scale, 0.25f);
+    EXPECT_FLOAT_EQ(hp.rope_ext_factor, 1.0f);
+    EXPECT_FLOAT_EQ(hp.rope_attn_factor, 1.0f);
+    EXPECT_FLOAT_EQ(hp.rope_corr_low, 0.0f);
+    EXPECT_FLOAT_EQ(hp.rope_corr_high, 1.0f);
 }
 
 TEST(LlamaHparams, BadRopeDimensionCountIsNamed) {
@@ -143,6 +162,9 @@ TEST(LlamaForward, MatchesTheReferenceTied) {
 }
 TEST(LlamaForward, MatchesTheReferenceWithRopeFreqsAndLinearScaling) {
     expect_matches_reference({.rope_freqs = true, .rope_scale = 2.0f});
+}
+TEST(LlamaForward, MatchesTheReferenceWithYarn) {
+    expect_matches_reference({.rope_scale = 4.0f, .scaling_type = "yarn", .yarn_orig_ctx = 32});
 }
 TEST(LlamaForward, MatchesTheReferenceWithBiasesAndPartialRope) {
     expect_matches_reference({.qkv_bias = true, .n_rot = 4});

@@ -3,6 +3,7 @@
 // pass over it in plain double-precision loops, written from the papers' formulas rather than from
 // fitllm's ops: 2 layers, n_embd 32, 4 query heads sharing 2 KV heads of 8 dims (or head_dim),
 // n_ff 48, vocabulary 40.
+#include <algorithm>
 #include <cmath>
 #include <cstddef>
 #include <cstdint>
@@ -25,7 +26,8 @@ struct TinyLlamaOptions {
     int64_t rope_freqs_size = 0;  // > 0: the number of values written for rope_freqs.weight
     bool qkv_bias = false;        // write blk.*.attn_{q,k,v}.bias (qwen2 needs them)
     float rope_scale = 0.0f;      // > 0: rope.scaling.type "linear" with this factor
-    std::string scaling_type;     // non-empty: written as rope.scaling.type instead
+    std::string scaling_type;     // non-empty: written as rope.scaling.type instead ("yarn": YaRN)
+    int yarn_orig_ctx = 0;        // > 0: written as rope.scaling.original_context_length
     int n_rot = 0;                // > 0: written as rope.dimension_count
     int64_t k_bias_size = 16;     // the shape written for blk.*.attn_k.bias
     std::string skip;             // a tensor to leave out
@@ -65,6 +67,7 @@ inline std::vector<std::byte> tiny_llama_bytes(const TinyLlamaOptions& o = {}) {
         w.add_string(p + "rope.scaling.type", o.scaling_type.empty() ? "linear" : o.scaling_type);
     }
     if (o.rope_scale > 0.0f) w.add<float>(p + "rope.scaling.factor", o.rope_scale);
+    if (o.yarn_orig_ctx > 0) w.add<uint32_t>(p + "rope.scaling.original_context_length", o.yarn_orig_ctx);
     if (o.expert_count > 0) w.add<uint32_t>(p + "expert_count", o.expert_count);
     if (o.with_vocab) {
         std::vector<std::string> tokens = {"<unk>", "<s>", "</s>"};
@@ -155,7 +158,9 @@ inline int64_t tiny_head_dim(const TinyLlamaOptions& o) {
 //   h = x * w / sqrt(mean(x^2) + eps)                                  (RMSNorm)
 //   q, k, v = Wq h + bq, Wk h + bk, Wv h + bv; Qwen3: each head of q and k RMS-normed
 //   RoPE: pair i of a head turns by pos * scale * base^(-2i / n_rot) / factor[i]; Llama pairs
-//         dims (2i, 2i+1), Qwen2 (NeoX) pairs (i, i + n_rot/2)
+//         dims (2i, 2i+1), Qwen2 (NeoX) pairs (i, i + n_rot/2). YaRN (the paper's formulas):
+//         the angle mixes scaled and unscaled along a ramp over the pairs whose wavelength fits
+//         32 .. 1 times into the original context; cos and sin grow by 1 + 0.1 ln(1 / scale)
 //   attn = softmax(q·k / sqrt(head_dim)) v over positions <= pos, query head h reading KV head
 //          h / (n_head / n_head_kv)
 //   x += Wo attn;  x += Wdown (silu(Wgate h) * Wup h) with h = RMSNorm(x)
@@ -193,17 +198,30 @@ inline std::vector<float> reference_logits(const gguf::GgufFile& file, const Tin
     const int n_rot = o.n_rot > 0 ? o.n_rot : int(head_dim);
     const double scale = o.rope_scale > 0.0f && o.scaling_type != "none" ? 1.0 / o.rope_scale : 1.0;
     const float* factors = weight("rope_freqs.weight");
+    const bool yarn = o.scaling_type == "yarn";
+    const double orig_ctx = o.yarn_orig_ctx > 0 ? o.yarn_orig_ctx : 128;  // else the context length
+    const auto corr_dim = [&](double beta) {
+        return n_rot * std::log(orig_ctx / (beta * 2 * M_PI)) / (2 * std::log(double(kTinyRopeBase)));
+    };
+    const double yarn_low = std::max(0.0, std::floor(corr_dim(32)));
+    const double yarn_high = std::min(n_rot - 1.0, std::ceil(corr_dim(1)));
+    const double mscale = yarn ? 1.0 + 0.1 * std::log(1.0 / scale) : 1.0;
     const auto rope = [&](Vec& x, int n_head, int pos) {
         for (int h = 0; h < n_head; ++h) {
             double* head = x.data() + h * head_dim;
             for (int i = 0; i < n_rot / 2; ++i) {
                 double theta = pos * scale * std::pow(double(kTinyRopeBase), -2.0 * i / n_rot);
+                if (yarn) {
+                    const double mix =
+                        1.0 - std::clamp((i - yarn_low) / std::max(0.001, yarn_high - yarn_low), 0.0, 1.0);
+                    theta = theta * (1 - mix) + theta / scale * mix;
+                }
                 if (factors) theta /= factors[i];
                 const int a = neox ? i : 2 * i;
                 const int b = neox ? i + n_rot / 2 : 2 * i + 1;
                 const double x0 = head[a], x1 = head[b];
-                head[a] = x0 * std::cos(theta) - x1 * std::sin(theta);
-                head[b] = x0 * std::sin(theta) + x1 * std::cos(theta);
+                head[a] = mscale * (x0 * std::cos(theta) - x1 * std::sin(theta));
+                head[b] = mscale * (x0 * std::sin(theta) + x1 * std::cos(theta));
             }
         }
     };

@@ -222,7 +222,11 @@ private:
                               .n_dims = p.n_dims,
                               .freq_base = p.freq_base,
                               .freq_scale = p.freq_scale,
-                              .freq_factors = p.freq_factors};
+                              .freq_factors = p.freq_factors,
+                              .ext_factor = p.ext_factor,
+                              .attn_factor = p.attn_factor,
+                              .corr_low = p.corr_low,
+                              .corr_high = p.corr_high};
     }
 
     KvMirror& mirror_of(const kv::KvCache& cache) {

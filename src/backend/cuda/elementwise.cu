@@ -33,9 +33,15 @@ __global__ void __launch_bounds__(kThreads)
 
 // A thread per (token, head, pair); the angle as ops::rope builds it: pos times the running float
 // product of theta_ratio, divided by the pair's freq factor, times freq_scale.
+// YaRN (ext_factor != 0 or attn_factor != 1) as ops::rope: the scaled angle mixed with the
+// unscaled one per pair, cos and sin times mscale.
+struct RopeYarn {
+    float ext_factor, mscale, corr_low, corr_high;
+};
+
 __global__ void rope_kernel(float* x, const int32_t* pos, int64_t n_tok, int n_head, int head_dim, int half,
                             int first_stride, int second_offset, float theta_ratio, float freq_scale,
-                            const float* freq_factors) {
+                            const float* freq_factors, RopeYarn yarn) {
     const int64_t id = static_cast<int64_t>(blockIdx.x) * blockDim.x + threadIdx.x;
     if (id >= n_tok * n_head * half) return;
     const int i = static_cast<int>(id % half);
@@ -45,9 +51,22 @@ __global__ void rope_kernel(float* x, const int32_t* pos, int64_t n_tok, int n_h
     for (int k = 0; k < i; ++k) theta *= theta_ratio;
     float angle = theta;
     if (freq_factors != nullptr) angle /= freq_factors[i];
-    angle *= freq_scale;
     float s, c;
-    sincosf(angle, &s, &c);
+    if (yarn.ext_factor == 0.0f && yarn.mscale == 1.0f) {
+        angle *= freq_scale;
+        sincosf(angle, &s, &c);
+    } else {
+        const float extrap = angle;
+        angle = freq_scale * extrap;
+        if (yarn.ext_factor != 0.0f) {
+            const float y = (static_cast<float>(i) - yarn.corr_low) / fmaxf(0.001f, yarn.corr_high - yarn.corr_low);
+            const float mix = (1.0f - fminf(1.0f, fmaxf(0.0f, y))) * yarn.ext_factor;
+            angle = angle * (1.0f - mix) + extrap * mix;
+        }
+        sincosf(angle, &s, &c);
+        s *= yarn.mscale;
+        c *= yarn.mscale;
+    }
     float* p = x + head * head_dim + i * first_stride;
     const float a0 = p[0], b0 = p[second_offset];
     p[0] = a0 * c - b0 * s;
@@ -127,9 +146,12 @@ void rope(float* x, const int32_t* pos, int64_t n_tok, int n_head, int head_dim,
     // On the host with std::pow, as ops::rope, so the running product starts from the same bits.
     const float theta_ratio = std::pow(args.freq_base, -2.0f / static_cast<float>(args.n_dims));
     const int64_t total = n_tok * n_head * half;
+    const float mscale = args.ext_factor != 0.0f ? args.attn_factor * (1.0f + 0.1f * std::log(1.0f / args.freq_scale))
+                                                 : args.attn_factor;
+    const RopeYarn yarn{args.ext_factor, mscale, args.corr_low, args.corr_high};
     rope_kernel<<<blocks_for(total, kThreads), kThreads, 0, as_stream(s)>>>(
         x, pos, n_tok, n_head, head_dim, half, args.neox ? 1 : 2, args.neox ? half : 1, theta_ratio, args.freq_scale,
-        args.freq_factors);
+        args.freq_factors, yarn);
     FITLLM_CUDA_LAUNCHED("rope_kernel");
 }
 

@@ -99,6 +99,10 @@ struct RopeArgs {
     float freq_base = 10000.0f;
     float freq_scale = 1.0f;
     const float* freq_factors = nullptr;  // device, n_dims / 2 values, or nullptr
+    // YaRN, as ops::RopeParams: 0 / 1 for none.
+    float ext_factor = 0.0f;
+    float attn_factor = 1.0f;
+    float corr_low = 0.0f, corr_high = 0.0f;
 };
 // In place on x [n_tok, n_head, head_dim] at positions pos (device, n_tok values), angles built
 // as ops::rope builds them (a float running product of freq_base^(-2 / n_dims)).
