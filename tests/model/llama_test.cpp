@@ -12,56 +12,16 @@
 #include "model/hparams.h"
 #include "model/model.h"
 #include "model/tiny_llama.h"
+#include "model/tiny_llama_checks.h"
 #include "ops/thread_pool.h"
 
 namespace fitllm {
 namespace {
 
-std::string load_error(const test::TinyLlamaOptions& options) {
-    const std::vector<std::byte> bytes = test::tiny_llama_bytes(options);
-    const gguf::GgufFile file = gguf::GgufFile::parse(bytes, "tiny.gguf");
-    try {
-        model::Model::load(file);
-    } catch (const model::ModelError& e) {
-        return e.what();
-    }
-    return "";
-}
-
 std::vector<int32_t> iota_positions(size_t n) {
     std::vector<int32_t> positions(n);
     std::iota(positions.begin(), positions.end(), 0);
     return positions;
-}
-
-// Runs the whole prompt in one batch and returns all its logits.
-std::vector<float> batch_logits(model::Model& model, const std::vector<int32_t>& tokens, ops::ThreadPool& pool) {
-    const std::vector<int32_t> positions = iota_positions(tokens.size());
-    kv::ModelCache cache = model.make_cache({.n_cells = 32}, 64);
-    std::vector<float> all(tokens.size() * static_cast<size_t>(model.n_vocab()));
-    model.forward(tokens, positions, cache, all.data(), /*all_logits=*/true, pool);
-    return all;
-}
-
-// fitllm against the reference: the runtime rounds K, V and Q to f16 in attention, so the logits
-// agree to a small fraction of their scale, not to float precision (measured: at most 1.4e-3 of
-// the largest logit; a wrong rotation pairing or a missing bias moves them by 10x more).
-void expect_matches_reference(const test::TinyLlamaOptions& options) {
-    const std::vector<std::byte> bytes = test::tiny_llama_bytes(options);
-    const gguf::GgufFile file = gguf::GgufFile::parse(bytes, "tiny.gguf");
-    const auto model = model::Model::load(file);
-    ops::ThreadPool pool(2);
-    const std::vector<int32_t> tokens = {1, 7, 3, 39, 0, 12, 5, 5, 20, 31, 2};
-    const std::vector<float> got = batch_logits(*model, tokens, pool);
-    const std::vector<float> want = test::reference_logits(file, options, tokens);
-    ASSERT_EQ(got.size(), want.size());
-    float scale = 0.0f, max_diff = 0.0f;
-    for (size_t i = 0; i < want.size(); ++i) {
-        scale = std::max(scale, std::fabs(want[i]));
-        max_diff = std::max(max_diff, std::fabs(got[i] - want[i]));
-    }
-    ASSERT_GT(scale, 0.5f);
-    EXPECT_LE(max_diff, 5e-3f * scale) << "scale " << scale;
 }
 
 TEST(LlamaHparams, ReadsKeysAndDefaults) {
@@ -94,13 +54,13 @@ TEST(LlamaHparams, ScalingTypeNoneIgnoresTheFactor) {
 }
 
 TEST(LlamaHparams, UnsupportedRopeScalingIsNamed) {
-    const std::string error = load_error({.scaling_type = "longrope"});
+    const std::string error = test::tiny_load_error({.scaling_type = "longrope"});
     EXPECT_NE(error.find("llama.rope.scaling.type"), std::string::npos) << error;
     EXPECT_NE(error.find("'longrope'"), std::string::npos) << error;
 }
 
 TEST(LlamaHparams, YarnWithoutAFactorIsRefused) {
-    const std::string error = load_error({.scaling_type = "yarn"});
+    const std::string error = test::tiny_load_error({.scaling_type = "yarn"});
     EXPECT_NE(error.find("llama.rope.scaling.factor"), std::string::npos) << error;
 }
 
@@ -119,55 +79,55 @@ TEST(LlamaHparams, ReadsYarn) {
 }
 
 TEST(LlamaHparams, BadRopeDimensionCountIsNamed) {
-    const std::string error = load_error({.n_rot = 7});
+    const std::string error = test::tiny_load_error({.n_rot = 7});
     EXPECT_NE(error.find("tiny.gguf"), std::string::npos) << error;
     EXPECT_NE(error.find("llama.rope.dimension_count"), std::string::npos) << error;
 }
 
 TEST(LlamaHparams, MixtureOfExpertsIsRefused) {
-    const std::string error = load_error({.expert_count = 8});
+    const std::string error = test::tiny_load_error({.expert_count = 8});
     EXPECT_NE(error.find("llama.expert_count"), std::string::npos) << error;
 }
 
 TEST(LlamaWeights, MissingTensorIsNamed) {
-    const std::string error = load_error({.skip = "blk.1.ffn_up.weight"});
+    const std::string error = test::tiny_load_error({.skip = "blk.1.ffn_up.weight"});
     EXPECT_NE(error.find("tiny.gguf"), std::string::npos) << error;
     EXPECT_NE(error.find("missing tensor 'blk.1.ffn_up.weight'"), std::string::npos) << error;
 }
 
 TEST(LlamaWeights, MisshapenBiasNamesItAndBothShapes) {
-    const std::string error = load_error({.qkv_bias = true, .k_bias_size = 12});
+    const std::string error = test::tiny_load_error({.qkv_bias = true, .k_bias_size = 12});
     EXPECT_NE(error.find("blk.0.attn_k.bias"), std::string::npos) << error;
     EXPECT_NE(error.find("[12]"), std::string::npos) << error;
     EXPECT_NE(error.find("[16]"), std::string::npos) << error;
 }
 
 TEST(LlamaWeights, FeedForwardBiasIsRefusedByName) {
-    const std::string error = load_error({.extra = "blk.0.ffn_up.bias"});
+    const std::string error = test::tiny_load_error({.extra = "blk.0.ffn_up.bias"});
     EXPECT_NE(error.find("blk.0.ffn_up.bias"), std::string::npos) << error;
 }
 
 TEST(LlamaWeights, MisshapenRopeFreqsIsNamed) {
-    const std::string error = load_error({.rope_freqs = true, .rope_freqs_size = 3});  // n_rot / 2 = 4
+    const std::string error = test::tiny_load_error({.rope_freqs = true, .rope_freqs_size = 3});  // n_rot / 2 = 4
     EXPECT_NE(error.find("rope_freqs.weight"), std::string::npos) << error;
     EXPECT_NE(error.find("[3]"), std::string::npos) << error;
     EXPECT_NE(error.find("[4]"), std::string::npos) << error;
 }
 
 TEST(LlamaForward, MatchesTheReference) {
-    expect_matches_reference({});
+    test::expect_matches_reference({});
 }
 TEST(LlamaForward, MatchesTheReferenceTied) {
-    expect_matches_reference({.tied = true});
+    test::expect_matches_reference({.tied = true});
 }
 TEST(LlamaForward, MatchesTheReferenceWithRopeFreqsAndLinearScaling) {
-    expect_matches_reference({.rope_freqs = true, .rope_scale = 2.0f});
+    test::expect_matches_reference({.rope_freqs = true, .rope_scale = 2.0f});
 }
 TEST(LlamaForward, MatchesTheReferenceWithYarn) {
-    expect_matches_reference({.rope_scale = 4.0f, .scaling_type = "yarn", .yarn_orig_ctx = 32});
+    test::expect_matches_reference({.rope_scale = 4.0f, .scaling_type = "yarn", .yarn_orig_ctx = 32});
 }
 TEST(LlamaForward, MatchesTheReferenceWithBiasesAndPartialRope) {
-    expect_matches_reference({.qkv_bias = true, .n_rot = 4});
+    test::expect_matches_reference({.qkv_bias = true, .n_rot = 4});
 }
 
 // One batch over the prompt, token by token through the cache, and last-token-only output agree.
@@ -179,7 +139,7 @@ TEST(LlamaForward, BatchMatchesTokenByTokenThroughTheCache) {
     const std::vector<int32_t> tokens = {1, 7, 3, 39, 0, 12, 5, 5, 20};
     const std::vector<int32_t> positions = iota_positions(tokens.size());
     const size_t n_vocab = static_cast<size_t>(model->n_vocab());
-    const std::vector<float> all = batch_logits(*model, tokens, pool);
+    const std::vector<float> all = test::tiny_batch_logits(*model, tokens, pool);
 
     kv::ModelCache step_cache = model->make_cache({.n_cells = 16}, 64);
     std::vector<float> one(n_vocab);

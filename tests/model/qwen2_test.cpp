@@ -12,6 +12,7 @@
 #include "model/hparams.h"
 #include "model/model.h"
 #include "model/tiny_llama.h"
+#include "model/tiny_llama_checks.h"
 #include "ops/thread_pool.h"
 
 namespace fitllm {
@@ -21,46 +22,6 @@ test::TinyLlamaOptions qwen2(test::TinyLlamaOptions o = {}) {
     o.arch = "qwen2";
     o.qkv_bias = true;
     return o;
-}
-
-std::string load_error(const test::TinyLlamaOptions& options) {
-    const std::vector<std::byte> bytes = test::tiny_llama_bytes(options);
-    const gguf::GgufFile file = gguf::GgufFile::parse(bytes, "tiny.gguf");
-    try {
-        model::Model::load(file);
-    } catch (const model::ModelError& e) {
-        return e.what();
-    }
-    return "";
-}
-
-std::vector<float> batch_logits(model::Model& model, const std::vector<int32_t>& tokens, ops::ThreadPool& pool) {
-    std::vector<int32_t> positions(tokens.size());
-    std::iota(positions.begin(), positions.end(), 0);
-    kv::ModelCache cache = model.make_cache({.n_cells = 32}, 64);
-    std::vector<float> all(tokens.size() * static_cast<size_t>(model.n_vocab()));
-    model.forward(tokens, positions, cache, all.data(), /*all_logits=*/true, pool);
-    return all;
-}
-
-// As in llama_test.cpp: f16 K/V/Q in the runtime's attention keep it a small fraction of the logit
-// scale from the double-precision reference (measured: at most 1.4e-3 of the largest logit).
-void expect_matches_reference(const test::TinyLlamaOptions& options) {
-    const std::vector<std::byte> bytes = test::tiny_llama_bytes(options);
-    const gguf::GgufFile file = gguf::GgufFile::parse(bytes, "tiny.gguf");
-    const auto model = model::Model::load(file);
-    ops::ThreadPool pool(2);
-    const std::vector<int32_t> tokens = {1, 7, 3, 39, 0, 12, 5, 5, 20, 31, 2};
-    const std::vector<float> got = batch_logits(*model, tokens, pool);
-    const std::vector<float> want = test::reference_logits(file, options, tokens);
-    ASSERT_EQ(got.size(), want.size());
-    float scale = 0.0f, max_diff = 0.0f;
-    for (size_t i = 0; i < want.size(); ++i) {
-        scale = std::max(scale, std::fabs(want[i]));
-        max_diff = std::max(max_diff, std::fabs(got[i] - want[i]));
-    }
-    ASSERT_GT(scale, 0.5f);
-    EXPECT_LE(max_diff, 5e-3f * scale) << "scale " << scale;
 }
 
 TEST(Qwen2Hparams, ReadsKeys) {
@@ -80,28 +41,28 @@ TEST(Qwen2Hparams, ReadsKeys) {
 }
 
 TEST(Qwen2Weights, MissingBiasIsNamed) {
-    const std::string error = load_error(qwen2({.skip = "blk.1.attn_v.bias"}));
+    const std::string error = test::tiny_load_error(qwen2({.skip = "blk.1.attn_v.bias"}));
     EXPECT_NE(error.find("tiny.gguf"), std::string::npos) << error;
     EXPECT_NE(error.find("missing tensor 'blk.1.attn_v.bias'"), std::string::npos) << error;
-    const std::string no_biases = load_error({.arch = "qwen2"});
+    const std::string no_biases = test::tiny_load_error({.arch = "qwen2"});
     EXPECT_NE(no_biases.find("missing tensor 'blk.0.attn_q.bias'"), std::string::npos) << no_biases;
 }
 
 TEST(Qwen2Weights, MisshapenBiasNamesItAndBothShapes) {
-    const std::string error = load_error(qwen2({.k_bias_size = 32}));
+    const std::string error = test::tiny_load_error(qwen2({.k_bias_size = 32}));
     EXPECT_NE(error.find("blk.0.attn_k.bias"), std::string::npos) << error;
     EXPECT_NE(error.find("[32]"), std::string::npos) << error;
     EXPECT_NE(error.find("[16]"), std::string::npos) << error;
 }
 
 TEST(Qwen2Forward, MatchesTheReferenceTied) {
-    expect_matches_reference(qwen2({.tied = true}));
+    test::expect_matches_reference(qwen2({.tied = true}));
 }
 TEST(Qwen2Forward, MatchesTheReferenceUntied) {
-    expect_matches_reference(qwen2());
+    test::expect_matches_reference(qwen2());
 }
 TEST(Qwen2Forward, MatchesTheReferenceWithLinearScaling) {
-    expect_matches_reference(qwen2({.rope_scale = 2.0f}));
+    test::expect_matches_reference(qwen2({.rope_scale = 2.0f}));
 }
 
 // The NeoX pairing matters: the same weights read as a Llama (adjacent pairs) give other logits,
@@ -113,7 +74,7 @@ TEST(Qwen2Forward, DiffersFromTheSameWeightsAsLlama) {
     const auto model = model::Model::load(file);
     ops::ThreadPool pool(1);
     const std::vector<int32_t> tokens = {1, 7, 3, 39, 0, 12};
-    const std::vector<float> got = batch_logits(*model, tokens, pool);
+    const std::vector<float> got = test::tiny_batch_logits(*model, tokens, pool);
     test::TinyLlamaOptions as_llama = options;
     as_llama.arch = "llama";
     const std::vector<float> llama = test::reference_logits(file, as_llama, tokens);
@@ -131,7 +92,7 @@ TEST(Qwen2Forward, BatchMatchesTokenByTokenThroughTheCache) {
     std::vector<int32_t> positions(tokens.size());
     std::iota(positions.begin(), positions.end(), 0);
     const size_t n_vocab = static_cast<size_t>(model->n_vocab());
-    const std::vector<float> all = batch_logits(*model, tokens, pool);
+    const std::vector<float> all = test::tiny_batch_logits(*model, tokens, pool);
 
     kv::ModelCache step_cache = model->make_cache({.n_cells = 16}, 64);
     std::vector<float> one(n_vocab);

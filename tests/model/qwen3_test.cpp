@@ -14,6 +14,7 @@
 #include "model/hparams.h"
 #include "model/model.h"
 #include "model/tiny_llama.h"
+#include "model/tiny_llama_checks.h"
 #include "ops/thread_pool.h"
 
 namespace fitllm {
@@ -25,41 +26,6 @@ test::TinyLlamaOptions qwen3(test::TinyLlamaOptions o = {}) {
     o.tied = true;
     o.head_dim = 16;
     return o;
-}
-
-std::string load_error(const test::TinyLlamaOptions& options) {
-    const std::vector<std::byte> bytes = test::tiny_llama_bytes(options);
-    const gguf::GgufFile file = gguf::GgufFile::parse(bytes, "tiny.gguf");
-    try {
-        model::Model::load(file);
-    } catch (const model::ModelError& e) {
-        return e.what();
-    }
-    return "";
-}
-
-// As in llama_test.cpp: f16 K/V/Q in the runtime's attention keep it a small fraction of the logit
-// scale from the double-precision reference.
-void expect_matches_reference(const test::TinyLlamaOptions& options) {
-    const std::vector<std::byte> bytes = test::tiny_llama_bytes(options);
-    const gguf::GgufFile file = gguf::GgufFile::parse(bytes, "tiny.gguf");
-    const auto model = model::Model::load(file);
-    ops::ThreadPool pool(2);
-    const std::vector<int32_t> tokens = {1, 7, 3, 39, 0, 12, 5, 5, 20, 31, 2};
-    std::vector<int32_t> positions(tokens.size());
-    std::iota(positions.begin(), positions.end(), 0);
-    kv::ModelCache cache = model->make_cache({.n_cells = 32}, 64);
-    std::vector<float> got(tokens.size() * static_cast<size_t>(model->n_vocab()));
-    model->forward(tokens, positions, cache, got.data(), /*all_logits=*/true, pool);
-    const std::vector<float> want = test::reference_logits(file, options, tokens);
-    ASSERT_EQ(got.size(), want.size());
-    float scale = 0.0f, max_diff = 0.0f;
-    for (size_t i = 0; i < want.size(); ++i) {
-        scale = std::max(scale, std::fabs(want[i]));
-        max_diff = std::max(max_diff, std::fabs(got[i] - want[i]));
-    }
-    ASSERT_GT(scale, 0.5f);
-    EXPECT_LE(max_diff, 5e-3f * scale) << "scale " << scale;
 }
 
 TEST(Qwen3Hparams, ReadsItsOwnHeadSize) {
@@ -75,7 +41,7 @@ TEST(Qwen3Hparams, ReadsItsOwnHeadSize) {
 TEST(Qwen3Weights, MissingHeadNormIsNamed) {
     test::TinyLlamaOptions o = qwen3();
     o.skip = "blk.1.attn_k_norm.weight";
-    const std::string error = load_error(o);
+    const std::string error = test::tiny_load_error(o);
     EXPECT_NE(error.find("missing tensor 'blk.1.attn_k_norm.weight'"), std::string::npos) << error;
 }
 
@@ -83,20 +49,20 @@ TEST(Qwen3Weights, QkvBiasIsRefusedByName) {
     test::TinyLlamaOptions o = qwen3();
     o.qkv_bias = true;
     o.k_bias_size = 32;
-    const std::string error = load_error(o);
+    const std::string error = test::tiny_load_error(o);
     EXPECT_NE(error.find("blk.0.attn_q.bias"), std::string::npos) << error;
     EXPECT_NE(error.find("qwen3"), std::string::npos) << error;
 }
 
 TEST(Qwen3Forward, MatchesTheReference) {
-    expect_matches_reference(qwen3());
+    test::expect_matches_reference(qwen3());
 }
 
 TEST(Qwen3Forward, MatchesTheReferenceUntiedWithPartialRope) {
     test::TinyLlamaOptions o = qwen3();
     o.tied = false;
     o.n_rot = 8;
-    expect_matches_reference(o);
+    test::expect_matches_reference(o);
 }
 
 // The norms matter: the same weights without them (read as qwen2's rotation, no norms) differ.
@@ -112,7 +78,7 @@ TEST(Qwen3Forward, TheHeadNormsChangeTheLogits) {
     float max_diff = 0.0f;
     for (size_t i = 0; i < a.size(); ++i) max_diff = std::max(max_diff, std::fabs(a[i] - b[i]));
     EXPECT_GT(max_diff, 0.05f);
-    expect_matches_reference(with);
+    test::expect_matches_reference(with);
 }
 
 // A weight type with no kernel is refused when the model loads, naming the tensor and the type,
@@ -120,7 +86,7 @@ TEST(Qwen3Forward, TheHeadNormsChangeTheLogits) {
 TEST(WeightTypes, UncomputableTypeIsRefusedAtLoad) {
     test::TinyLlamaOptions o;
     o.ffn_up_type = quant::GgmlType::MXFP4;
-    const std::string error = load_error(o);
+    const std::string error = test::tiny_load_error(o);
     EXPECT_NE(error.find("blk.0.ffn_up.weight"), std::string::npos) << error;
     EXPECT_NE(error.find("MXFP4"), std::string::npos) << error;
     EXPECT_NE(error.find("IQ4_XS"), std::string::npos) << error;  // the list of types it runs
