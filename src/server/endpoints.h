@@ -39,10 +39,16 @@ public:
     void detokenize(HttpRequest& req, HttpResponse& res);
     // POST /v1/chat/completions (chat) and /v1/completions, whole or streamed.
     void completion(bool chat, HttpRequest& req, HttpResponse& res);
-    // Ollama's POST /api/chat (chat) and /api/generate, whole or streamed as NDJSON, and
-    // GET /api/tags.
+    // Ollama's POST /api/chat (chat) and /api/generate, whole or streamed as NDJSON (a request's
+    // keep_alive sets its model's idle time: ModelRegistry::set_keep_alive), and GET /api/tags.
     void ollama(bool chat, HttpRequest& req, HttpResponse& res);
     void ollama_tags(HttpResponse& res);
+    // Ollama's POST /api/show: a model's details, metadata (model_info, arrays as null) and chat
+    // template, read from its file's header (the model need not be loaded).
+    void ollama_show(HttpRequest& req, HttpResponse& res);
+    // Ollama's GET /api/ps: the loaded models, their planned size (size_vram: the offload
+    // device's share) and when they unload if idle.
+    void ollama_ps(HttpResponse& res);
 
 private:
     memory::Pool* request_pool();

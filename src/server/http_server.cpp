@@ -34,6 +34,8 @@ enum class Route {
     ollama_tags,
     ollama_chat,
     ollama_generate,
+    ollama_show,
+    ollama_ps,
 };
 
 struct RouteInfo {
@@ -58,6 +60,8 @@ constexpr RouteInfo kRoutes[] = {
     {Route::ollama_tags, "GET", "/api/tags", false, false},
     {Route::ollama_chat, "POST", "/api/chat", false, false},
     {Route::ollama_generate, "POST", "/api/generate", false, false},
+    {Route::ollama_show, "POST", "/api/show", false, false},
+    {Route::ollama_ps, "GET", "/api/ps", false, false},
 };
 
 // Ollama's endpoints answer errors as Ollama does: {"error": "message"}.
@@ -282,6 +286,10 @@ private:
                 return endpoints_.ollama(true, req, res);
             case Route::ollama_generate:
                 return endpoints_.ollama(false, req, res);
+            case Route::ollama_show:
+                return endpoints_.ollama_show(req, res);
+            case Route::ollama_ps:
+                return endpoints_.ollama_ps(res);
         }
     }
 

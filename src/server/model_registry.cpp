@@ -146,45 +146,51 @@ bool ModelRegistry::evict_one_idle_locked(const std::string& except) {
     return true;
 }
 
-std::shared_ptr<LoadedModel> ModelRegistry::acquire(const std::string& requested) {
+std::string ModelRegistry::resolve_locked(const std::string& requested) const {
     std::string id = requested;
-    {
-        std::lock_guard lock(mutex_);
-        if (!options_.model_path.empty() && !options_.strict_model_names) {
-            id = entries_.begin()->first;  // the one model answers to any name
-        } else if (id.empty()) {
-            if (!options_.model_path.empty()) {
+    if (!options_.model_path.empty() && !options_.strict_model_names) {
+        id = entries_.begin()->first;  // the one model answers to any name
+    } else if (id.empty()) {
+        if (!options_.model_path.empty()) {
+            id = entries_.begin()->first;
+        } else {
+            scan_locked();
+            std::vector<std::string> loaded;
+            for (const auto& [name, e] : entries_)
+                if (e.loaded) loaded.push_back(name);
+            if (entries_.size() == 1) {
                 id = entries_.begin()->first;
+            } else if (loaded.size() == 1) {
+                id = loaded[0];
             } else {
-                scan_locked();
-                std::vector<std::string> loaded;
-                for (const auto& [name, e] : entries_)
-                    if (e.loaded) loaded.push_back(name);
-                if (entries_.size() == 1) {
-                    id = entries_.begin()->first;
-                } else if (loaded.size() == 1) {
-                    id = loaded[0];
-                } else {
-                    throw ApiError::invalid("model: required (this server offers " + std::to_string(entries_.size()) +
-                                                " models; GET /v1/models lists them)",
-                                            "model_required", "model");
-                }
+                throw ApiError::invalid("model: required (this server offers " + std::to_string(entries_.size()) +
+                                            " models; GET /v1/models lists them)",
+                                        "model_required", "model");
             }
         }
-        auto it = entries_.find(id);
-        if (it == entries_.end() && options_.model_path.empty()) {
-            scan_locked();
-            it = entries_.find(id);
-        }
-        if (it == entries_.end()) {
-            throw ApiError(
-                404, "invalid_request_error", "model_not_found",
-                "model '" + id + "' does not exist (GET /v1/models lists the models" +
-                    (options_.model_path.empty() ? std::string(")")
-                                                 : "; this server serves '" + entries_.begin()->first +
-                                                       "' and answers to no other name: --strict-model-names)"),
-                "model");
-        }
+    }
+    auto it = entries_.find(id);
+    if (it == entries_.end() && options_.model_path.empty()) {
+        scan_locked();
+        it = entries_.find(id);
+    }
+    if (it == entries_.end()) {
+        throw ApiError(404, "invalid_request_error", "model_not_found",
+                       "model '" + id + "' does not exist (GET /v1/models lists the models" +
+                           (options_.model_path.empty() ? std::string(")")
+                                                        : "; this server serves '" + entries_.begin()->first +
+                                                              "' and answers to no other name: --strict-model-names)"),
+                       "model");
+    }
+    return id;
+}
+
+std::shared_ptr<LoadedModel> ModelRegistry::acquire(const std::string& requested) {
+    std::string id;
+    {
+        std::lock_guard lock(mutex_);
+        id = resolve_locked(requested);
+        const auto it = entries_.find(id);
         it->second.last_used = std::chrono::steady_clock::now();
         if (it->second.loaded) return it->second.loaded;
     }
@@ -228,17 +234,62 @@ void ModelRegistry::shutdown() {
 }
 
 void ModelRegistry::touch(const std::string& id) {
-    std::lock_guard lock(mutex_);
-    const auto it = entries_.find(id);
-    if (it != entries_.end()) it->second.last_used = std::chrono::steady_clock::now();
+    {
+        std::lock_guard lock(mutex_);
+        const auto it = entries_.find(id);
+        if (it != entries_.end()) it->second.last_used = std::chrono::steady_clock::now();
+    }
+    reaper_cv_.notify_all();  // a model kept alive 0 seconds goes now
+}
+
+ModelInfo ModelRegistry::info_locked(const std::string& id, const Entry& e) const {
+    ModelInfo info{id, e.path, e.loaded != nullptr, e.loaded, std::nullopt};
+    const double limit = idle_limit_locked(e);
+    if (e.loaded && limit >= 0) {
+        info.expires = e.last_used + std::chrono::duration_cast<std::chrono::steady_clock::duration>(
+                                         std::chrono::duration<double>(limit));
+    }
+    return info;
 }
 
 std::vector<ModelInfo> ModelRegistry::models() const {
     std::lock_guard lock(mutex_);
     scan_locked();
     std::vector<ModelInfo> out;
-    for (const auto& [id, e] : entries_) out.push_back({id, e.path, e.loaded != nullptr, e.loaded});
+    for (const auto& [id, e] : entries_) out.push_back(info_locked(id, e));
     return out;
+}
+
+ModelInfo ModelRegistry::find(const std::string& requested) const {
+    std::lock_guard lock(mutex_);
+    const std::string id = resolve_locked(requested);
+    return info_locked(id, entries_.at(id));
+}
+
+double ModelRegistry::idle_limit_locked(const Entry& e) const {
+    if (options_.models_dir.empty()) return -1;  // the -m model stays
+    if (e.keep_alive) return *e.keep_alive;
+    return options_.ttl_seconds > 0 ? options_.ttl_seconds : -1;
+}
+
+void ModelRegistry::set_keep_alive(const std::string& id, std::optional<double> seconds) {
+    {
+        std::lock_guard lock(mutex_);
+        const auto it = entries_.find(id);
+        if (it == entries_.end()) return;
+        if (options_.models_dir.empty()) {
+            if (seconds && *seconds < 0) return;  // forever: what the -m model does anyway
+            if (!seconds) return;                 // the server's default: forever for -m
+            char value[32];
+            std::snprintf(value, sizeof value, "%g", *seconds);
+            throw ApiError::unsupported("keep_alive", std::string(value) +
+                                                          " s is not supported with -m: the -m model stays loaded "
+                                                          "while the server runs (--models-dir models are "
+                                                          "unloaded); give a negative keep_alive or none");
+        }
+        it->second.keep_alive = seconds;
+    }
+    reaper_cv_.notify_all();
 }
 
 uint64_t ModelRegistry::n_loads() const {
@@ -252,15 +303,23 @@ uint64_t ModelRegistry::n_unloads() const {
 }
 
 void ModelRegistry::reaper() {
-    if (options_.ttl_seconds <= 0 || options_.models_dir.empty()) return;
-    const auto period = std::chrono::milliseconds(std::clamp(static_cast<int>(options_.ttl_seconds * 250), 50, 1000));
+    if (options_.models_dir.empty()) return;  // the -m model stays
     std::unique_lock lock(mutex_);
     while (!stopping_) {
+        // Looks again at a quarter of the shortest idle limit (50 ms to 1 s), or when woken.
+        double shortest = -1;
+        for (const auto& [id, e] : entries_) {
+            const double limit = idle_limit_locked(e);
+            if (e.loaded && limit >= 0 && (shortest < 0 || limit < shortest)) shortest = limit;
+        }
+        const auto period =
+            std::chrono::milliseconds(shortest < 0 ? 1000 : std::clamp(static_cast<int>(shortest * 250), 50, 1000));
         reaper_cv_.wait_for(lock, period);
         if (stopping_) break;
         for (auto& [id, e] : entries_) {
             if (!e.loaded || e.loaded.use_count() > 1 || !e.loaded->scheduler().idle()) continue;
-            if (seconds_since(e.last_used) < options_.ttl_seconds) continue;
+            const double limit = idle_limit_locked(e);
+            if (limit < 0 || seconds_since(e.last_used) < limit) continue;
             std::shared_ptr<LoadedModel> gone = std::move(e.loaded);
             ++n_unloads_;
             lock.unlock();

@@ -1,12 +1,12 @@
 #pragma once
 // The models a server offers and the ones it has loaded, under one memory budget (a
 // memory::Device). With a models directory, each *.gguf file is a model (id: the file name without
-// .gguf), loaded on first use (JIT), unloaded after ttl idle seconds, and evicted least recently
-// used when another needs its room. Each model is loaded by engine::Engine::load on resources the
-// models share (one budget, offload device and thread pool): planned for the context its scheduler
-// runs (weights, KV cache, scratch, logits, overhead), charged as it loads; one that cannot fit even
-// alone, or not while the others are busy, gets an ApiError with the numbers instead of an
-// out-of-memory kill.
+// .gguf), loaded on first use (JIT), unloaded after ttl idle seconds (or the idle time a request
+// set for it: set_keep_alive), and evicted least recently used when another needs its room. Each
+// model is loaded by engine::Engine::load on resources the models share (one budget, offload
+// device and thread pool): planned for the context its scheduler runs (weights, KV cache, scratch,
+// logits, overhead), charged as it loads; one that cannot fit even alone, or not while the others
+// are busy, gets an ApiError with the numbers instead of an out-of-memory kill.
 //
 //   ModelRegistry reg({.models_dir = "models/", .ttl_seconds = 300, .load = {.mem = 2 << 30}});
 //   std::shared_ptr<LoadedModel> m = reg.acquire("gemma-3-270m-q4_k_m");  // loads it if needed
@@ -18,6 +18,7 @@
 #include <map>
 #include <memory>
 #include <mutex>
+#include <optional>
 #include <string>
 #include <thread>
 #include <vector>
@@ -94,6 +95,9 @@ struct ModelInfo {
     std::filesystem::path path;
     bool loaded = false;
     std::shared_ptr<LoadedModel> model;  // when loaded
+    // When a loaded model is unloaded if it stays idle (its last use plus its keep-alive);
+    // std::nullopt: never (the -m model, a --ttl of 0, a keep-alive < 0) or not loaded.
+    std::optional<std::chrono::steady_clock::time_point> expires;
 };
 
 class ModelRegistry {
@@ -114,6 +118,14 @@ public:
     std::shared_ptr<LoadedModel> acquire(const std::string& id);
     // Marks the model used now (for the idle timer), e.g. when a request ends.
     void touch(const std::string& id);
+    // The offered model a request for that id names, as acquire() resolves it, without loading
+    // it. Throws ApiError as acquire() does for a name that is not offered or is ambiguous.
+    ModelInfo find(const std::string& id) const;
+    // How long a --models-dir model stays loaded once idle, set per model by a request (Ollama's
+    // keep_alive): seconds (0: unloaded as soon as its requests end), < 0: never unloaded,
+    // std::nullopt: back to --ttl. Throws ApiError 400 for the -m model (it is never unloaded)
+    // unless the value is < 0.
+    void set_keep_alive(const std::string& id, std::optional<double> seconds);
 
     // Cancels every request of every loaded model (for a server that stops: streams end at once).
     void shutdown();
@@ -134,8 +146,13 @@ private:
         std::filesystem::path path;
         std::shared_ptr<LoadedModel> loaded;
         std::chrono::steady_clock::time_point last_used;
+        std::optional<double> keep_alive;  // seconds (< 0: forever); std::nullopt: --ttl
     };
     void scan_locked() const;
+    std::string resolve_locked(const std::string& requested) const;  // the id, or ApiError
+    // Seconds the model stays loaded once idle; < 0: never.
+    double idle_limit_locked(const Entry& e) const;
+    ModelInfo info_locked(const std::string& id, const Entry& e) const;
     bool evict_one_idle_locked(const std::string& except);
     void reaper();
 

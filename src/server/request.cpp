@@ -425,6 +425,51 @@ const json* asked(const json& body, const char* name) {
 
 }  // namespace
 
+double parse_keep_alive(const json& value) {
+    // Longer than a century is forever (no server runs that long, and time points would overflow).
+    constexpr double kForever = 100.0 * 365 * 24 * 3600;
+    const auto refuse = [&value](const std::string& why) -> double {
+        throw ApiError::invalid("keep_alive: " + value.dump() + " " + why, "invalid_value", "keep_alive");
+    };
+    if (value.is_number()) {
+        const double seconds = value.get<double>();
+        if (!std::isfinite(seconds)) return refuse("is not a number of seconds");
+        return seconds < 0 || seconds > kForever ? -1 : seconds;
+    }
+    if (!value.is_string()) return refuse("is not supported: expected seconds or a duration such as \"5m\"");
+    const std::string& text = value.get_ref<const std::string&>();
+    // A Go duration (time.ParseDuration): an optional sign, then numbers with units.
+    size_t i = 0;
+    bool negative = false;
+    if (i < text.size() && (text[i] == '-' || text[i] == '+')) negative = text[i++] == '-';
+    if (text.substr(i) == "0") return 0;
+    if (i == text.size()) return refuse("is not a duration");
+    static constexpr std::pair<const char*, double> kUnits[] = {{"ns", 1e-9},      {"us", 1e-6}, {"\u00b5s", 1e-6},
+                                                                {"\u03bcs", 1e-6}, {"ms", 1e-3}, {"s", 1},
+                                                                {"m", 60},         {"h", 3600}};
+    double seconds = 0;
+    while (i < text.size()) {
+        const size_t start = i;
+        while (i < text.size() && (std::isdigit(static_cast<unsigned char>(text[i])) || text[i] == '.')) ++i;
+        const std::string number = text.substr(start, i - start);
+        if (number.empty() || number == "." || std::count(number.begin(), number.end(), '.') > 1) {
+            return refuse("is not a duration such as \"5m\", \"1h30m\" or \"0\" (a number needs a unit)");
+        }
+        const auto unit = std::find_if(std::begin(kUnits), std::end(kUnits), [&](const auto& u) {
+            const size_t n = std::strlen(u.first);
+            // "m" must not take the "m" of "ms".
+            return text.compare(i, n, u.first) == 0 &&
+                   !(n == 1 && u.first[0] == 'm' && i + 1 < text.size() && text[i + 1] == 's');
+        });
+        if (unit == std::end(kUnits)) {
+            return refuse("is not a duration such as \"5m\", \"1h30m\" or \"0\" (units: ns, us, ms, s, m, h)");
+        }
+        seconds += std::stod(number) * unit->second;
+        i += std::strlen(unit->first);
+    }
+    return negative || seconds > kForever ? -1 : seconds;
+}
+
 OllamaRequest parse_ollama_request(const json& body, bool chat) {
     if (!body.is_object()) wrong_type("the request body", "a JSON object", body);
     static constexpr const char* kChatFields[] = {"model",  "messages", "stream",     "options",
@@ -447,10 +492,8 @@ OllamaRequest parse_ollama_request(const json& body, bool chat) {
     }
     if (asked(body, "tools")) throw ApiError::unsupported("tools", "tool calling is not implemented");
     if (asked(body, "think")) throw ApiError::unsupported("think", "reasoning models' thinking is not implemented");
-    if (asked(body, "keep_alive")) {
-        throw ApiError::unsupported("keep_alive",
-                                    "models stay loaded for the server's --ttl; a request cannot set its own");
-    }
+    OllamaRequest r;
+    if (const json* v = field(body, "keep_alive"); v && !v->is_null() && *v != "") r.keep_alive = parse_keep_alive(*v);
     for (const char* name : {"template", "context", "suffix", "images"}) {
         if (asked(body, name)) throw ApiError::unsupported(name, "not implemented");
     }
@@ -461,7 +504,6 @@ OllamaRequest parse_ollama_request(const json& body, bool chat) {
     if (model.size() > 7 && model.compare(model.size() - 7, 7, ":latest") == 0) model.resize(model.size() - 7);
     if (!model.empty()) o["model"] = model;
     o["stream"] = bool_field(body, "stream").value_or(true);
-    OllamaRequest r;
     bool as_chat = chat;
     if (chat) {
         const json* messages = field(body, "messages");

@@ -40,14 +40,23 @@ std::string model_field(const nlohmann::json& body);
 // message), /api/generate with "raw": true as a text completion. "options" maps to the sampling
 // fields (num_predict to max_tokens, temperature, top_k, top_p, min_p, typical_p, seed, stop,
 // repeat_penalty, repeat_last_n, presence_penalty, frequency_penalty); "stream" defaults to true;
-// a trailing ":latest" of the model is dropped. What fitllm does not implement (format, tools,
-// images, template, context, suffix, keep_alive, think, options it has no sampler for) is an
-// ApiError 400 unsupported_parameter naming it, as for the OpenAI endpoints.
+// a trailing ":latest" of the model is dropped; "keep_alive" is read as Ollama reads it (seconds
+// as a number, a Go duration string such as "5m" or "1h30m", "0"; negative: forever). What fitllm
+// does not implement (format, tools, images, template, context, suffix, think, options it has no
+// sampler for) is an ApiError 400 unsupported_parameter naming it, as for the OpenAI endpoints.
 struct OllamaRequest {
     CompletionRequest completion;
     bool load_only = false;          // /api/generate without a prompt: load the model, answer done
     std::optional<int64_t> num_ctx;  // options.num_ctx: refused when over the model's context
+    // keep_alive in seconds (0: unload when done, < 0: never); std::nullopt when absent, null or
+    // "" (the server's --ttl).
+    std::optional<double> keep_alive;
 };
+
+// Ollama's keep_alive value in seconds (< 0: forever): a number of seconds, or a Go duration
+// string ("5m", "1h30m", "90s", "500ms", "-1m", "0"). Throws ApiError 400 naming keep_alive for
+// anything else.
+double parse_keep_alive(const nlohmann::json& value);
 OllamaRequest parse_ollama_request(const nlohmann::json& body, bool chat);
 
 }  // namespace fitllm::server
