@@ -2,9 +2,11 @@
 """HTTP tests of `fitllm serve` against a real server on loopback (ctest: ServerHttp).
 
 Run: .venv/bin/python tests/server/server_test.py BUILD_DIR/fitllm SOURCE_DIR
-Exits 77 (ctest: skipped) when the `openai` package is missing from the venv.
+Exits 77 (ctest: skipped) when the `openai` package is missing from the venv; without the `ollama`
+package only OllamaClient is skipped.
 Uses the tiny models in tests/model/data/ (fast, nonsense text) and the demo model when present.
 """
+import datetime
 import http.client
 import json
 import math
@@ -24,6 +26,10 @@ try:
 except ImportError:
     print("SKIP: the Python package 'openai' is not installed (pip install -r requirements.txt)")
     sys.exit(77)
+try:
+    import ollama
+except ImportError:
+    ollama = None  # OllamaClient is skipped
 
 FITLLM = os.path.abspath(sys.argv[1]) if len(sys.argv) > 1 else "build/fitllm"
 SOURCE = os.path.abspath(sys.argv[2]) if len(sys.argv) > 2 else "."
@@ -509,7 +515,8 @@ class OneModel(unittest.TestCase):
 
 
 class Ollama(unittest.TestCase):
-    """Ollama's /api/chat, /api/generate (whole and NDJSON), /api/tags and /api/version, in plain HTTP."""
+    """Ollama's /api/chat, /api/generate (whole and NDJSON), /api/tags, /api/version, /api/show,
+    /api/ps and keep_alive with -m, in plain HTTP."""
 
     @classmethod
     def setUpClass(cls):
@@ -607,10 +614,46 @@ class Ollama(unittest.TestCase):
         s, r = self.srv.post("/api/chat", raw="{not json")
         self.assertEqual(s, 400)
         self.assertIsInstance(r["error"], str)
+        # keep_alive: the -m model never unloads, so only "forever" (or nothing) is accepted.
+        s, r = self.srv.post("/api/chat", {"messages": msgs, "stream": False, "keep_alive": 0})
+        self.assertEqual(s, 400, r)
+        self.assertIn("keep_alive: 0 s is not supported", r["error"])
+        s, r = self.srv.post("/api/chat", {"messages": msgs, "stream": False, "keep_alive": "5 parsecs"})
+        self.assertEqual(s, 400, r)
+        self.assertIn("keep_alive", r["error"])
+        for forever in (-1, "-1m"):
+            s, r = self.srv.post("/api/chat", {"messages": msgs, "stream": False, "keep_alive": forever,
+                                               "options": {"num_predict": 2}})
+            self.assertEqual((s, r.get("eval_count")), (200, 2), r)
         # Allowed: a context within the server's, mirostat off.
         s, r = self.srv.post("/api/chat", {"messages": msgs, "stream": False,
                                            "options": {"num_ctx": 512, "mirostat": 0, "num_predict": 2}})
         self.assertEqual((s, r.get("eval_count")), (200, 2), r)
+
+
+    def test_show_and_ps(self):
+        s, r = self.srv.post("/api/show", {"model": self.model})
+        self.assertEqual(s, 200, r)
+        self.assertEqual((r["details"]["format"], r["details"]["family"]), ("gguf", "llama"))
+        self.assertEqual(r["model_info"]["general.architecture"], "llama")
+        self.assertIn("llama.block_count", r["model_info"])
+        self.assertGreater(r["model_info"]["general.parameter_count"], 0)
+        self.assertIsNone(r["model_info"]["tokenizer.ggml.tokens"])  # arrays: null, as Ollama without verbose
+        self.assertNotIn("tokenizer.chat_template", r["model_info"])
+        self.assertIsInstance(r["template"], str)
+        self.assertGreater(len(r["template"]), 0)
+        s, r2 = self.srv.post("/api/show", {"name": self.model + ":latest"})  # the old field name
+        self.assertEqual((s, r2["details"]), (200, r["details"]))
+        s, r = self.srv.post("/api/show", {})
+        self.assertEqual(s, 400, r)
+        self.assertIn("model", r["error"])
+        s, r = self.srv.get("/api/ps")  # the -m model: loaded at start, never unloaded
+        self.assertEqual(s, 200, r)
+        [m] = r["models"]
+        self.assertEqual((m["name"], m["model"], m["size_vram"], m["details"]["family"]), (self.model, self.model, 0,
+                                                                                          "llama"))
+        self.assertGreater(m["size"], 0)
+        self.assertTrue(m["expires_at"].startswith("2318-"), m)
 
 
 class ModelNames(unittest.TestCase):
@@ -859,6 +902,112 @@ class ModelsDir(unittest.TestCase):
             c.completions.create(model="tiny-llama-q8_0", prompt="hi", max_tokens=1)
         finally:
             srv.stop()
+
+
+@unittest.skipUnless(ollama is not None, "the Python package 'ollama' is not installed (pip install -r requirements.txt)")
+@unittest.skipUnless(os.path.exists(DEMO), "the demo model is not in models/ (scripts/setup.sh assembles it)")
+class OllamaClient(unittest.TestCase):
+    """PyPI's ollama client against the demo model, served from a --models-dir (so that it loads,
+    shows in /api/ps and unloads as keep_alive says)."""
+
+    @classmethod
+    def setUpClass(cls):
+        cls.dir = tempfile.mkdtemp(prefix="fitllm-ollama-")
+        os.symlink(DEMO, os.path.join(cls.dir, "gemma.gguf"))
+        cls.srv = Server("--models-dir", cls.dir, "-c", "512", "--ttl", "300")
+        cls.ol = ollama.Client(host=cls.srv.base, timeout=120)
+
+    @classmethod
+    def tearDownClass(cls):
+        cls.srv.stop()
+        shutil.rmtree(cls.dir)
+
+    def ps(self):
+        return {m.model: m for m in self.ol.ps().models}
+
+    def test_chat_whole_and_streamed_as_openai(self):
+        msgs = [{"role": "user", "content": "What is the capital of France?"}]
+        ref = self.srv.client().chat.completions.create(model="gemma", messages=msgs, max_tokens=16, temperature=0)
+        text = ref.choices[0].message.content
+        self.assertGreater(len(text), 0)
+        r = self.ol.chat(model="gemma:latest", messages=msgs, options={"temperature": 0, "num_predict": 16})
+        self.assertEqual((r.message.role, r.message.content), ("assistant", text))
+        self.assertEqual((r.done, r.prompt_eval_count, r.eval_count), (True, ref.usage.prompt_tokens,
+                                                                     ref.usage.completion_tokens))
+        parts = list(self.ol.chat(model="gemma", messages=msgs, stream=True,
+                                  options={"temperature": 0, "num_predict": 16}))
+        self.assertGreater(len(parts), 2)
+        self.assertTrue(all(not p.done for p in parts[:-1]) and parts[-1].done)
+        self.assertEqual("".join(p.message.content for p in parts), text)
+
+    def test_generate_as_openai(self):
+        prompt = "Write one word: the colour of the sky."
+        ref = self.srv.client().chat.completions.create(
+            model="gemma", messages=[{"role": "user", "content": prompt}], max_tokens=12, temperature=0)
+        r = self.ol.generate(model="gemma", prompt=prompt, options={"temperature": 0, "num_predict": 12})
+        self.assertEqual((r.response, r.done), (ref.choices[0].message.content, True))
+        raw = self.srv.client().completions.create(model="gemma", prompt="Once upon a time", max_tokens=10,
+                                                    temperature=0)
+        parts = list(self.ol.generate(model="gemma", prompt="Once upon a time", raw=True, stream=True,
+                                      options={"temperature": 0, "num_predict": 10}))
+        self.assertEqual("".join(p.response for p in parts), raw.choices[0].text)
+        self.assertEqual(parts[-1].eval_count, 10)
+
+    def test_list_and_show(self):
+        [m] = self.ol.list().models
+        self.assertEqual((m.model, m.size, m.details.format), ("gemma", os.path.getsize(DEMO), "gguf"))
+        s = self.ol.show("gemma")
+        self.assertEqual((s.details.format, s.details.family, s.details.quantization_level),
+                         ("gguf", "gemma3", "Q4_K_M"))
+        self.assertRegex(s.details.parameter_size, r"^2\d\d\.\d\dM$")  # gemma-3-270m: about 268M
+        self.assertEqual(s.modelinfo["general.architecture"], "gemma3")
+        self.assertEqual(s.modelinfo["gemma3.block_count"], 18)
+        self.assertEqual(s.modelinfo["gemma3.embedding_length"], 640)
+        self.assertIn("gemma3.context_length", s.modelinfo)
+        self.assertIn("<start_of_turn>", s.template)
+        with self.assertRaises(ollama.ResponseError) as e:
+            self.ol.show("no-such-model")
+        self.assertEqual(e.exception.status_code, 404)
+        self.assertIn("no-such-model", e.exception.error)
+
+    def test_ps_and_keep_alive(self):
+        msgs = [{"role": "user", "content": "hi"}]
+        self.ol.chat(model="gemma", messages=msgs, options={"num_predict": 2})  # the server's --ttl 300
+        m = self.ps()["gemma"]
+        self.assertEqual((m.name, m.size_vram, m.details.family, m.context_length), ("gemma", 0, "gemma3", 512))
+        self.assertGreater(m.size, os.path.getsize(DEMO) // 2)
+        left = (m.expires_at - datetime.datetime.now(datetime.timezone.utc)).total_seconds()
+        self.assertTrue(280 < left <= 300, left)
+        self.ol.chat(model="gemma", messages=msgs, options={"num_predict": 2}, keep_alive="10m")
+        left = (self.ps()["gemma"].expires_at - datetime.datetime.now(datetime.timezone.utc)).total_seconds()
+        self.assertTrue(580 < left <= 600, left)
+        self.ol.generate(model="gemma", prompt="hi", options={"num_predict": 2}, keep_alive=-1)
+        self.assertEqual(self.ps()["gemma"].expires_at.year, 2318)  # never
+        with self.assertRaises(ollama.ResponseError) as e:
+            self.ol.chat(model="gemma", messages=msgs, keep_alive="5 parsecs")
+        self.assertEqual(e.exception.status_code, 400)
+        self.assertIn("keep_alive", e.exception.error)
+        # keep_alive 0: unloaded as soon as the request is done; a later request loads it again.
+        self.ol.chat(model="gemma", messages=msgs, options={"num_predict": 2}, keep_alive=0)
+        deadline = time.time() + 5
+        while "gemma" in self.ps():
+            self.assertLess(time.time(), deadline, "still loaded after keep_alive 0")
+            time.sleep(0.05)
+        r = self.ol.generate(model="gemma", prompt="hi", options={"num_predict": 2}, keep_alive="1.5s")
+        self.assertEqual(r.eval_count, 2)
+        self.assertIn("gemma", self.ps())
+        deadline = time.time() + 6
+        while "gemma" in self.ps():
+            self.assertLess(time.time(), deadline, "still loaded 1.5 s after its last request")
+            time.sleep(0.1)
+        # Ollama's way to unload a model (`ollama stop`): a generate without a prompt, keep_alive 0.
+        self.ol.generate(model="gemma", prompt="hi", options={"num_predict": 1})
+        r = self.ol.generate(model="gemma", keep_alive=0)
+        self.assertEqual((r.done, r.done_reason), (True, "unload"))
+        deadline = time.time() + 5
+        while "gemma" in self.ps():
+            self.assertLess(time.time(), deadline, "still loaded after an unload request")
+            time.sleep(0.05)
 
 
 @unittest.skipUnless(os.path.exists(DEMO), "the demo model is not in models/ (scripts/setup.sh assembles it)")
