@@ -1,0 +1,283 @@
+#!/usr/bin/env python3
+"""An exact reference for the small generated models: their forward pass in float64, against which
+fitllm's and llama.cpp's logits are both measured.
+
+  .venv/bin/python tools/f64_reference.py [--fitllm-logits build/tests/fitllm_logits] [NAME ...]
+
+For each model of tests/model/data/ (tiny-llama-*, tiny-qwen2-*, tiny-qwen3-*, tiny-qwen3-yarn-*;
+NAME limits it: tiny-qwen3-q8_0 ...) every tensor is dequantized with gguf-py
+(gguf.quants.dequantize) to float64: the very weights both runtimes multiply with, so what is left
+between them and this pass is each runtime's own arithmetic (activations rounded to Q8_0 / Q8_K or
+f16 for the weight kernels, f16 K/V cache, float32 sums, approximate exp). The pass itself is the
+formulas in float64 and nothing else: RMSNorm, Q/K/V (+ biases for qwen2, per-head RMS norms of Q
+and K for qwen3), RoPE (normal for llama, NeoX for qwen; YaRN as llama.cpp's rope_yarn), exact
+softmax attention over every earlier position with GQA, SwiGLU, the output matrix.
+
+For each prompt of tests/model/goldens/<name>.json (prompt_ids; top_logits: llama.cpp's top-10
+[id, logit] after the prompt) it compares with the f64 logits after the prompt:
+  llama.cpp  mean / max |logit - f64| over llama.cpp's top-10 ids; KL(f64 || llama.cpp) over the
+             whole vocabulary when llama-cpp-python (`import llama_cpp`, scripts/setup.sh --oracle)
+             gives its full logits, else the errors come from the goldens' top-10 alone
+  fitllm     the same over the same ids, and KL(f64 || fitllm), from --fitllm-logits (the
+             fitllm_logits program of the build, tools/fitllm_logits.cpp: model path and ids in,
+             every logit out; `cmake --build build --target fitllm_logits`)
+and prints one row per file. --json FILE writes the rows (tests/tools/f64_reference_test.py).
+"""
+import argparse
+import ctypes
+import json
+import math
+import os
+import subprocess
+import sys
+
+import gguf
+import numpy as np
+
+ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+DATA = os.path.join(ROOT, "tests/model/data")
+GOLDENS = os.path.join(ROOT, "tests/model/goldens")
+ARCH_PREFIXES = ("tiny-llama-", "tiny-qwen2-", "tiny-qwen3-")
+
+
+def field(reader: gguf.GGUFReader, key: str, default=None):
+    f = reader.get_field(key)
+    return default if f is None else f.contents()
+
+
+class Model:
+    """The hyper-parameters and float64 weights of one file."""
+
+    def __init__(self, path: str):
+        r = gguf.GGUFReader(path)
+        self.arch = field(r, "general.architecture")
+        a = self.arch
+        self.n_layer = field(r, f"{a}.block_count")
+        self.n_head = field(r, f"{a}.attention.head_count")
+        self.n_head_kv = field(r, f"{a}.attention.head_count_kv")
+        self.n_embd = field(r, f"{a}.embedding_length")
+        self.eps = field(r, f"{a}.attention.layer_norm_rms_epsilon")
+        self.head_dim = field(r, f"{a}.attention.key_length", self.n_embd // self.n_head)
+        self.n_rot = field(r, f"{a}.rope.dimension_count", self.head_dim)
+        self.rope_base = field(r, f"{a}.rope.freq_base", 10000.0)
+        self.neox = a in ("qwen2", "qwen3")
+        scaling = field(r, f"{a}.rope.scaling.type", "none")
+        factor = field(r, f"{a}.rope.scaling.factor", 1.0)
+        self.yarn = scaling == "yarn"
+        self.freq_scale = 1.0 / factor if scaling != "none" and factor > 0 else 1.0
+        self.orig_ctx = field(r, f"{a}.rope.scaling.original_context_length", field(r, f"{a}.context_length"))
+        self.w = {}
+        for t in r.tensors:
+            # dequantize() gives numpy's shape (ggml's ne reversed): rows x columns for a matrix.
+            self.w[t.name] = np.asarray(gguf.quants.dequantize(t.data, t.tensor_type), dtype=np.float64)
+        if "output.weight" not in self.w:
+            self.w["output.weight"] = self.w["token_embd.weight"]
+        self.n_vocab = self.w["output.weight"].shape[0]
+
+    def rope_angles(self, n_pos: int) -> tuple[np.ndarray, np.ndarray, float]:
+        """cos, sin [n_pos, n_rot/2] and the magnitude factor, as llama.cpp's rope_yarn: pair i turns
+        by theta_extrap = pos * base^(-2i/n_rot); YaRN mixes theta_interp = freq_scale * theta_extrap
+        in along a ramp over the pairs between the corrections dims of beta 32 and 1, and scales cos
+        and sin by 1 + 0.1 ln(1 / freq_scale)."""
+        i = np.arange(self.n_rot // 2, dtype=np.float64)
+        theta_extrap = np.arange(n_pos, dtype=np.float64)[:, None] * self.rope_base ** (-2.0 * i / self.n_rot)
+        theta_interp = self.freq_scale * theta_extrap
+        mscale = 1.0
+        if self.yarn:
+            def corr_dim(beta: float) -> float:
+                return self.n_rot * math.log(self.orig_ctx / (beta * 2 * math.pi)) / (2 * math.log(self.rope_base))
+            low = max(0.0, math.floor(corr_dim(32.0)))
+            high = min(self.n_rot - 1.0, math.ceil(corr_dim(1.0)))
+            ramp = 1.0 - np.clip((i - low) / max(0.001, high - low), 0.0, 1.0)
+            theta = theta_interp * (1 - ramp) + theta_extrap * ramp
+            mscale = 1.0 + 0.1 * math.log(1.0 / self.freq_scale)
+        else:
+            theta = theta_interp
+        return np.cos(theta), np.sin(theta), mscale
+
+    def rope(self, x: np.ndarray, cos: np.ndarray, sin: np.ndarray, mscale: float) -> np.ndarray:
+        """x: [n_pos, n_heads, head_dim]."""
+        half = self.n_rot // 2
+        if self.neox:
+            a, b = np.arange(half), np.arange(half) + half
+        else:
+            a, b = 2 * np.arange(half), 2 * np.arange(half) + 1
+        x0, x1 = x[:, :, a], x[:, :, b]
+        c, s = cos[:, None, :], sin[:, None, :]
+        out = x.copy()
+        out[:, :, a] = mscale * (x0 * c - x1 * s)
+        out[:, :, b] = mscale * (x0 * s + x1 * c)
+        return out
+
+    def rmsnorm(self, x: np.ndarray, w: np.ndarray) -> np.ndarray:
+        return x / np.sqrt(np.mean(x * x, axis=-1, keepdims=True) + self.eps) * w
+
+    def logits(self, ids: list[int]) -> np.ndarray:
+        """float64 logits after the last of ids (at positions 0 .. n-1)."""
+        w, n, hd = self.w, len(ids), self.head_dim
+        x = w["token_embd.weight"][ids]
+        cos, sin, mscale = self.rope_angles(n)
+        mask = np.triu(np.full((n, n), -np.inf), k=1)
+        group = self.n_head // self.n_head_kv
+        for il in range(self.n_layer):
+            p = f"blk.{il}."
+            h = self.rmsnorm(x, w[p + "attn_norm.weight"])
+            q, k, v = (h @ w[p + f"attn_{m}.weight"].T + w.get(p + f"attn_{m}.bias", 0.0) for m in "qkv")
+            q = q.reshape(n, self.n_head, hd)
+            k = k.reshape(n, self.n_head_kv, hd)
+            v = v.reshape(n, self.n_head_kv, hd)
+            if p + "attn_q_norm.weight" in w:
+                q = self.rmsnorm(q, w[p + "attn_q_norm.weight"])
+                k = self.rmsnorm(k, w[p + "attn_k_norm.weight"])
+            q, k = self.rope(q, cos, sin, mscale), self.rope(k, cos, sin, mscale)
+            k, v = np.repeat(k, group, axis=1), np.repeat(v, group, axis=1)  # query head j reads KV head j // group
+            scores = np.einsum("qhd,khd->hqk", q, k) / math.sqrt(hd) + mask
+            scores = np.exp(scores - scores.max(axis=-1, keepdims=True))
+            scores /= scores.sum(axis=-1, keepdims=True)
+            attn = np.einsum("hqk,khd->qhd", scores, v).reshape(n, self.n_head * hd)
+            x = x + attn @ w[p + "attn_output.weight"].T
+            h = self.rmsnorm(x, w[p + "ffn_norm.weight"])
+            gate, up = h @ w[p + "ffn_gate.weight"].T, h @ w[p + "ffn_up.weight"].T
+            x = x + (gate / (1.0 + np.exp(-gate)) * up) @ w[p + "ffn_down.weight"].T
+        return self.rmsnorm(x[-1], w["output_norm.weight"]) @ w["output.weight"].T
+
+
+def log_softmax(z: np.ndarray) -> np.ndarray:
+    z = np.asarray(z, dtype=np.float64)
+    z = z - z.max()
+    return z - math.log(np.exp(z).sum())
+
+
+def kl(ref: np.ndarray, other: np.ndarray) -> float:
+    """KL(softmax(ref) || softmax(other)), in nats."""
+    lp, lq = log_softmax(ref), log_softmax(other)
+    return float(np.sum(np.exp(lp) * (lp - lq)))
+
+
+class LlamaCpp:
+    """llama.cpp's full logits through llama-cpp-python, set up as tools/gen_model_goldens.py
+    (n_ubatch 512, 2 threads, its default flash attention). extra_bufts off: plain CPU buffers, no
+    repacking of the weights for the CPU's AMX / AVX-512 kernels (the AMX repack crashes on IQ4_XS
+    batches)."""
+
+    _quiet = None  # the no-op log callback, kept alive while llama.cpp holds it
+
+    def __init__(self, path: str, extra_bufts: bool):
+        import llama_cpp
+        self.lc = llama_cpp
+        if LlamaCpp._quiet is None:
+            LlamaCpp._quiet = llama_cpp.llama_log_callback(lambda level, text, data: None)
+            llama_cpp.llama_log_set(LlamaCpp._quiet, ctypes.c_void_p(0))
+        params = llama_cpp.llama_model_default_params()
+        params.use_extra_bufts = extra_bufts
+        self.model = llama_cpp.llama_model_load_from_file(path.encode(), params)
+        if not self.model:
+            raise RuntimeError(f"llama.cpp cannot load {path}")
+        self.n_vocab = llama_cpp.llama_vocab_n_tokens(llama_cpp.llama_model_get_vocab(self.model))
+
+    def logits(self, ids: list[int]) -> np.ndarray:
+        lc = self.lc
+        cparams = lc.llama_context_default_params()
+        cparams.n_ctx, cparams.n_batch, cparams.n_ubatch = 2048, 2048, 512
+        cparams.n_threads = cparams.n_threads_batch = 2
+        ctx = lc.llama_init_from_model(self.model, cparams)
+        arr = (lc.llama_token * len(ids))(*ids)
+        if lc.llama_decode(ctx, lc.llama_batch_get_one(arr, len(ids))) != 0:
+            raise RuntimeError("llama_decode failed")
+        row = ctypes.cast(lc.llama_get_logits_ith(ctx, -1), ctypes.POINTER(ctypes.c_float))
+        out = np.array(row[:self.n_vocab], dtype=np.float64)
+        lc.llama_free(ctx)
+        return out
+
+    def close(self) -> None:
+        self.lc.llama_model_free(self.model)
+
+
+def fitllm_logits(program: str, path: str, prompts: list[list[int]], n_vocab: int) -> list[np.ndarray]:
+    """fitllm's logits after each prompt: `program MODEL` reads one prompt per line (ids separated
+    by spaces) and writes one line of n_vocab logits per prompt."""
+    stdin = "".join(" ".join(map(str, ids)) + "\n" for ids in prompts)
+    out = subprocess.run([program, path], input=stdin, capture_output=True, text=True, check=True).stdout
+    rows = [np.array(line.split(), dtype=np.float64) for line in out.splitlines() if line.strip()]
+    if len(rows) != len(prompts) or any(r.shape != (n_vocab,) for r in rows):
+        raise RuntimeError(f"{program} {path}: expected {len(prompts)} rows of {n_vocab} logits")
+    return rows
+
+
+def tiny_names() -> list[str]:
+    return sorted(f[:-5] for f in os.listdir(DATA) if f.endswith(".gguf") and f.startswith(ARCH_PREFIXES))
+
+
+def measure(name: str, program: str | None, use_llama_cpp: bool) -> dict:
+    model = Model(os.path.join(DATA, name + ".gguf"))
+    with open(os.path.join(GOLDENS, name + ".json"), encoding="utf-8") as f:
+        cases = json.load(f)["cases"]
+    prompts = [c["prompt_ids"] for c in cases]
+    refs = [model.logits(ids) for ids in prompts]
+    row = {"file": name, "cases": len(cases)}
+
+    def errors(key: str, values: list[np.ndarray] | None) -> None:
+        diffs = []
+        for c, ref, got in zip(cases, refs, values or [None] * len(cases)):
+            for tid, golden in c["top_logits"]:
+                diffs.append(abs((golden if got is None else got[tid]) - ref[tid]))
+        row[key + "_mean"] = float(np.mean(diffs))
+        row[key + "_max"] = float(np.max(diffs))
+        if values is not None:
+            row[key + "_kl"] = float(np.mean([kl(r, v) for r, v in zip(refs, values)]))
+
+    full = None
+    if use_llama_cpp:
+        # Plain buffers: on this AMX CPU llama.cpp's repacked kernels crash on the tiny files.
+        lc = LlamaCpp(os.path.join(DATA, name + ".gguf"), extra_bufts=False)
+        full = [lc.logits(ids) for ids in prompts]
+        lc.close()
+        # How far this run is from the goldens' top-10 (0 where it gives their bits).
+        row["llama_cpp_vs_goldens"] = max(abs(got[tid] - golden) for c, got in zip(cases, full)
+                                          for tid, golden in c["top_logits"])
+    errors("llama_cpp", full)
+    if program:
+        errors("fitllm", fitllm_logits(program, os.path.join(DATA, name + ".gguf"), prompts, model.n_vocab))
+    return row
+
+
+def llama_cpp_available() -> bool:
+    try:
+        import llama_cpp  # noqa: F401
+    except ImportError:
+        return False
+    return True
+
+
+def main() -> int:
+    ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    ap.add_argument("names", nargs="*", help="only these files (tiny-qwen3-q8_0 ...); default: every tiny model")
+    default = os.path.join(ROOT, "build/tests/fitllm_logits")
+    ap.add_argument("--fitllm-logits", default=default if os.access(default, os.X_OK) else None,
+                    help="fitllm's logits program (default: build/tests/fitllm_logits when built)")
+    ap.add_argument("--goldens-only", action="store_true",
+                    help="llama.cpp's side from the goldens' top-10 even when llama_cpp is importable")
+    ap.add_argument("--json", help="also write the rows to this file")
+    args = ap.parse_args()
+    use_lc = not args.goldens_only and llama_cpp_available()
+    rows = [measure(n, args.fitllm_logits, use_lc) for n in (args.names or tiny_names())]
+
+    def cell(r: dict, key: str) -> str:
+        if key + "_mean" not in r:
+            return "-"
+        s = f"{r[key + '_mean']:.4f} / {r[key + '_max']:.4f}"
+        return s + (f"  {r[key + '_kl']:.2e}" if key + "_kl" in r else "")
+
+    src = "llama-cpp-python" if use_lc else "goldens' top-10"
+    print(f"|logit - f64| over llama.cpp's top-10 (mean / max), KL(f64 || x) over the vocabulary; llama.cpp: {src}")
+    print(f"{'file':22} {'llama.cpp':28} {'fitllm':28}")
+    for r in rows:
+        print(f"{r['file']:22} {cell(r, 'llama_cpp'):28} {cell(r, 'fitllm'):28}")
+    if args.json:
+        with open(args.json, "w", encoding="utf-8") as f:
+            json.dump({"llama_cpp_source": src, "rows": rows}, f, indent=1)
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
