@@ -11,7 +11,7 @@ oracle. Exits 77, skipped saying why, without pytest, gguf or numpy.
 
 Slack, from measurement (tools/f64_reference.py, README "How close to llama.cpp"): the mean
 |logit - f64| over llama.cpp's top-10 ids of two correct implementations is not one number.
-llama.cpp itself, on the same CPU, lands 1-6% apart in that mean and up to 14% in the max
+llama.cpp itself, on the same CPU, lands 0.6-6% apart in that mean and up to 14% in the max
 (qwen2-q4_0: 0.218 vs 0.249) between its repacked kernels (the goldens of the llama / qwen2 Q2_K,
 Q4_0, Q4_K_M files) and its plain ones; each runtime rounds every activation to Q8_0 / Q8_K before
 the weights, and which way a rounding falls is noise of that size. fitllm measured at most 15% over
