@@ -229,12 +229,12 @@ void dot_iq4_nl(int n, float* out, const void* w, const void* a) {
 
 // IQ4_XS with Q8_K: per sub-block of 32, the table lookup and signed pair sums of IQ4_NL, the
 // pairs scaled by the sub-block's ls - 32 in the madd; the super-block's integer sum (exact) then
-// takes one FMA, as dot_ref.cpp's order has it.
+// lanes8 order of dot_ref.cpp: one FMA per lane and super-block, hsum at the end.
 void dot_iq4_xs(int n, float* out, const void* w, const void* a) {
     const auto* x = as<BlockIQ4_XS>(w);
     const auto* y = as<BlockQ8_K>(a);
     const __m256i table = _mm256_broadcastsi128_si256(_mm_loadu_si128(reinterpret_cast<const __m128i*>(kValuesIQ4NL)));
-    __m128 acc = _mm_setzero_ps();
+    __m256 lanes = _mm256_setzero_ps();
     for (int i = 0; i < n / kQK; ++i) {
         __m256i sums = _mm256_setzero_si256();
         uint32_t high = x[i].scales_h;
@@ -245,12 +245,9 @@ void dot_iq4_xs(int n, float* out, const void* w, const void* a) {
             const __m256i pairs = _mm256_maddubs_epi16(_mm256_sign_epi8(v, v), _mm256_sign_epi8(q8, v));
             sums = _mm256_add_epi32(sums, _mm256_madd_epi16(pairs, _mm256_set1_epi16(static_cast<int16_t>(scale))));
         }
-        __m128i s4 = _mm_add_epi32(_mm256_castsi256_si128(sums), _mm256_extracti128_si256(sums, 1));
-        s4 = _mm_add_epi32(s4, _mm_shuffle_epi32(s4, 0x4E));
-        s4 = _mm_add_epi32(s4, _mm_shuffle_epi32(s4, 0xB1));
-        acc = _mm_fmadd_ss(_mm_cvtepi32_ps(s4), _mm_set_ss(f16(x[i].d) * y[i].d), acc);
+        lanes = _mm256_fmadd_ps(_mm256_set1_ps(f16(x[i].d) * y[i].d), _mm256_cvtepi32_ps(sums), lanes);
     }
-    *out = _mm_cvtss_f32(acc);
+    *out = hsum(lanes);
 }
 
 }  // namespace

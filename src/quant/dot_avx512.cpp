@@ -263,8 +263,8 @@ void dot_iq4_nl(int n, float* out, const void* w, const void* a) {
 
 // IQ4_XS with Q8_K: two sub-blocks of 32 a register (their 32 bytes of nibbles spread as
 // quants_x2 spreads two blocks), looked up and dotted as IQ4_NL, each half's sums scaled by its
-// sub-block's ls - 32; the super-block's integer sum (exact) takes one FMA, as dot_ref.cpp's
-// order has it.
+// sub-block's ls - 32; the halves folded into dot_ref.cpp's eight lanes (exact in integers), one
+// FMA per lane and super-block, hsum at the end: its lanes8 order.
 template <bool kVnni>
 void dot_iq4_xs(int n, float* out, const void* w, const void* a) {
     const auto* x = as<BlockIQ4_XS>(w);
@@ -272,7 +272,7 @@ void dot_iq4_xs(int n, float* out, const void* w, const void* a) {
     const __m512i values = _mm512_broadcast_i32x4(load128(kValuesIQ4NL));
     const __m512i spread = _mm512_set_epi64(3, 2, 3, 2, 1, 0, 1, 0);
     const __m512i shifts = _mm512_set_epi64(4, 4, 0, 0, 4, 4, 0, 0);
-    __m128 acc = _mm_setzero_ps();
+    __m256 lanes = _mm256_setzero_ps();
     for (int i = 0; i < n / kQK; ++i) {
         __m512i sums = _mm512_setzero_si512();
         for (int ib = 0; ib < kQK / 32; ib += 2) {
@@ -286,10 +286,13 @@ void dot_iq4_xs(int n, float* out, const void* w, const void* a) {
             const __m512i scales = _mm512_mask_blend_epi32(0xFF00, _mm512_set1_epi32(s0), _mm512_set1_epi32(s1));
             sums = _mm512_add_epi32(sums, _mm512_mullo_epi32(dots, scales));
         }
-        const __m128 sum = _mm_cvtsi32_ss(_mm_setzero_ps(), _mm512_reduce_add_epi32(sums));
-        acc = _mm_fmadd_ss(sum, _mm_set_ss(f16(x[i].d) * y[i].d), acc);
+        // The two sub-blocks' halves folded (exact in integers): lane l of dot_ref.cpp's lanes8.
+        const __m256i folded = _mm256_add_epi32(_mm512_castsi512_si256(sums), _mm512_extracti64x4_epi64(sums, 1));
+        lanes = _mm256_fmadd_ps(_mm256_set1_ps(f16(x[i].d) * y[i].d), _mm256_cvtepi32_ps(folded), lanes);
     }
-    *out = _mm_cvtss_f32(acc);
+    __m128 s4 = _mm_add_ps(_mm256_castps256_ps128(lanes), _mm256_extractf128_ps(lanes, 1));
+    s4 = _mm_add_ps(s4, _mm_movehl_ps(s4, s4));
+    *out = _mm_cvtss_f32(_mm_add_ss(s4, _mm_movehdup_ps(s4)));
 }
 
 template <bool kVnni>

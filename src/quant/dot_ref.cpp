@@ -246,23 +246,22 @@ void dot_q6_K(int n, float* out, const void* w, const void* a) {
     *out = hsum8(lanes);
 }
 
-// IQ4_XS: exact integer sums over the whole super-block (each sub-block's table-value dot times its
-// scale ls - 32: at most 32 x 127 x 127 x 32 per sub-block, 2^27 per super-block), then one
-// acc = fma(float(sum), d_w d_a, acc) per super-block. The SIMD variants give this float exactly.
+// IQ4_XS: the lanes8 order: lane l sums (ls - 32) * value * y exactly in integers over the
+// elements with (e mod 32) in [4l, 4l + 4) of each super-block (at most 8 x 4 x 127 x 127 x 32),
+// then lane = fma(d_w d_a, float(lane sum), lane); at the end hsum8. The SIMD variants and the
+// tiles give this float exactly.
 void dot_iq4_xs(int n, float* out, const void* w, const void* a) {
     const auto* x = as<BlockIQ4_XS>(w);
     const auto* y = as<BlockQ8_K>(a);
-    float acc = 0.0f;
+    float lanes[8] = {};
     for (int i = 0; i < n / kQK; ++i) {
-        int32_t sum = 0;
-        for (int ib = 0; ib < kQK / 32; ++ib) {
-            int32_t sub = 0;
-            for (int l = 0; l < 32; ++l) sub += kValuesIQ4NL[quant_of(x[i], 32 * ib + l)] * y[i].qs[32 * ib + l];
-            sum += iq4_xs_scale(x[i], ib) * sub;
-        }
-        acc = std::fma(static_cast<float>(sum), f16f(x[i].d) * y[i].d, acc);
+        int32_t sums[8] = {};
+        for (int e = 0; e < kQK; ++e)
+            sums[(e % 32) / 4] += iq4_xs_scale(x[i], e / 32) * kValuesIQ4NL[quant_of(x[i], e)] * y[i].qs[e];
+        const float d = f16f(x[i].d) * y[i].d;
+        for (int l = 0; l < 8; ++l) lanes[l] = std::fma(d, static_cast<float>(sums[l]), lanes[l]);
     }
-    *out = acc;
+    *out = hsum8(lanes);
 }
 
 }  // namespace

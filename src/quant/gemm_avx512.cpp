@@ -441,18 +441,20 @@ void gemm(int n, int n_rows, int n_tok, const void* w, size_t w_stride, const vo
 }
 
 // ---- IQ4_XS with Q8_K ----
-// A tile of kIq4Rows rows has each super-block unpacked once (its 256 table values, their
-// absolute values and sign masks, its scales as 32-bit lanes, two sub-blocks a register) for all
-// the tokens; per token the sums are dot_iq4_xs's (|v| times y with v's sign, each half scaled by
-// its sub-block's ls - 32), the super-block's integer sum exact, then one FMA: the dot kernel's
-// float, bit for bit.
+// A tile of kIq4Rows rows has each super-block unpacked once (its 256 table values' absolute
+// values and sign masks, its scales as 32-bit lanes, two sub-blocks a register) for a chunk of
+// kIq4Toks tokens; per token the sums are dot_iq4_xs's (|v| times y with v's sign, each half
+// scaled by its sub-block's ls - 32, the halves folded into eight lanes) with one FMA per lane and
+// super-block, reduced at the end: the dot kernel's float, bit for bit.
 constexpr int kIq4Rows = 4;
+constexpr int kIq4Toks = 32;
 
 struct alignas(64) Iq4Tile {
     uint8_t abs[kIq4Rows][kQK];  // |v|
     __mmask64 neg[kIq4Rows][4];  // v < 0, per 64 values
     int32_t scale[kIq4Rows][4][16];
     float d[kIq4Rows];
+    __m256 lanes[kIq4Toks][kIq4Rows];
 };
 
 template <bool kVnni>
@@ -473,46 +475,61 @@ void gemm_iq4_xs(int n, int n_rows, int n_tok, const void* w, size_t w_stride, c
     const int nb = n / kQK;
     for (int r0 = 0; r0 < n_rows; r0 += kIq4Rows) {
         const int nr = n_rows - r0 < kIq4Rows ? n_rows - r0 : kIq4Rows;
-        for (int t = 0; t < n_tok; ++t) {
-            for (int r = 0; r < nr; ++r) y[static_cast<size_t>(t) * y_stride + static_cast<size_t>(r0 + r)] = 0.0f;
-        }
-        for (int i = 0; i < nb; ++i) {
-            for (int r = 0; r < nr; ++r) {
-                const auto* b = reinterpret_cast<const BlockIQ4_XS*>(static_cast<const uint8_t*>(w) +
-                                                                     static_cast<size_t>(r0 + r) * w_stride) +
-                                i;
-                tile.d[r] = f16(b->d);
-                for (int k = 0; k < 4; ++k) {
-                    const __m512i wide = _mm512_permutexvar_epi64(
-                        spread,
-                        _mm512_castsi256_si512(_mm256_loadu_si256(reinterpret_cast<const __m256i*>(b->qs + 32 * k))));
-                    const __m512i q = _mm512_and_si512(_mm512_srlv_epi64(wide, shifts), _mm512_set1_epi8(0x0F));
-                    const __m512i v = _mm512_shuffle_epi8(values, q);
-                    _mm512_store_si512(tile.abs[r] + 64 * k, _mm512_abs_epi8(v));
-                    tile.neg[r][k] = _mm512_movepi8_mask(v);
-                    const int ls = b->scales_l[k];
-                    const int s0 = ((ls & 0xF) | (((b->scales_h >> (4 * k)) & 3) << 4)) - 32;
-                    const int s1 = ((ls >> 4) | (((b->scales_h >> (4 * k + 2)) & 3) << 4)) - 32;
-                    _mm512_store_si512(tile.scale[r][k],
-                                       _mm512_mask_blend_epi32(0xFF00, _mm512_set1_epi32(s0), _mm512_set1_epi32(s1)));
+        for (int t0 = 0; t0 < n_tok; t0 += kIq4Toks) {
+            const int nt = n_tok - t0 < kIq4Toks ? n_tok - t0 : kIq4Toks;
+            for (int t = 0; t < nt; ++t) {
+                for (int r = 0; r < nr; ++r) tile.lanes[t][r] = _mm256_setzero_ps();
+            }
+            for (int i = 0; i < nb; ++i) {
+                for (int r = 0; r < nr; ++r) {
+                    const auto* b = reinterpret_cast<const BlockIQ4_XS*>(static_cast<const uint8_t*>(w) +
+                                                                         static_cast<size_t>(r0 + r) * w_stride) +
+                                    i;
+                    tile.d[r] = f16(b->d);
+                    for (int k = 0; k < 4; ++k) {
+                        const __m512i wide = _mm512_permutexvar_epi64(
+                            spread, _mm512_castsi256_si512(
+                                        _mm256_loadu_si256(reinterpret_cast<const __m256i*>(b->qs + 32 * k))));
+                        const __m512i q = _mm512_and_si512(_mm512_srlv_epi64(wide, shifts), _mm512_set1_epi8(0x0F));
+                        const __m512i v = _mm512_shuffle_epi8(values, q);
+                        _mm512_store_si512(tile.abs[r] + 64 * k, _mm512_abs_epi8(v));
+                        tile.neg[r][k] = _mm512_movepi8_mask(v);
+                        const int ls = b->scales_l[k];
+                        const int s0 = ((ls & 0xF) | (((b->scales_h >> (4 * k)) & 3) << 4)) - 32;
+                        const int s1 = ((ls >> 4) | (((b->scales_h >> (4 * k + 2)) & 3) << 4)) - 32;
+                        _mm512_store_si512(tile.scale[r][k], _mm512_mask_blend_epi32(0xFF00, _mm512_set1_epi32(s0),
+                                                                                     _mm512_set1_epi32(s1)));
+                    }
+                }
+                for (int t = 0; t < nt; ++t) {
+                    const auto* a = reinterpret_cast<const BlockQ8_K*>(static_cast<const uint8_t*>(act) +
+                                                                       static_cast<size_t>(t0 + t) * act_stride) +
+                                    i;
+                    __m512i q8[4];
+                    for (int k = 0; k < 4; ++k) q8[k] = _mm512_loadu_si512(a->qs + 64 * k);
+                    for (int r = 0; r < nr; ++r) {
+                        __m512i sums = _mm512_setzero_si512();
+                        for (int k = 0; k < 4; ++k) {
+                            const __m512i s =
+                                _mm512_mask_sub_epi8(q8[k], tile.neg[r][k], _mm512_setzero_si512(), q8[k]);
+                            const __m512i dots = dot_u8s8_iq4<kVnni>(_mm512_load_si512(tile.abs[r] + 64 * k), s);
+                            sums =
+                                _mm512_add_epi32(sums, _mm512_mullo_epi32(dots, _mm512_load_si512(tile.scale[r][k])));
+                        }
+                        const __m256i folded =
+                            _mm256_add_epi32(_mm512_castsi512_si256(sums), _mm512_extracti64x4_epi64(sums, 1));
+                        tile.lanes[t][r] = _mm256_fmadd_ps(_mm256_set1_ps(tile.d[r] * a->d), _mm256_cvtepi32_ps(folded),
+                                                           tile.lanes[t][r]);
+                    }
                 }
             }
-            for (int t = 0; t < n_tok; ++t) {
-                const auto* a = reinterpret_cast<const BlockQ8_K*>(static_cast<const uint8_t*>(act) +
-                                                                   static_cast<size_t>(t) * act_stride) +
-                                i;
-                __m512i q8[4];
-                for (int k = 0; k < 4; ++k) q8[k] = _mm512_loadu_si512(a->qs + 64 * k);
-                float* out = y + static_cast<size_t>(t) * y_stride + r0;
+            for (int t = 0; t < nt; ++t) {
+                float* out = y + static_cast<size_t>(t0 + t) * y_stride + r0;
                 for (int r = 0; r < nr; ++r) {
-                    __m512i sums = _mm512_setzero_si512();
-                    for (int k = 0; k < 4; ++k) {
-                        const __m512i s = _mm512_mask_sub_epi8(q8[k], tile.neg[r][k], _mm512_setzero_si512(), q8[k]);
-                        const __m512i dots = dot_u8s8_iq4<kVnni>(_mm512_load_si512(tile.abs[r] + 64 * k), s);
-                        sums = _mm512_add_epi32(sums, _mm512_mullo_epi32(dots, _mm512_load_si512(tile.scale[r][k])));
-                    }
-                    const __m128 sum = _mm_cvtsi32_ss(_mm_setzero_ps(), _mm512_reduce_add_epi32(sums));
-                    out[r] = _mm_cvtss_f32(_mm_fmadd_ss(sum, _mm_set_ss(tile.d[r] * a->d), _mm_set_ss(out[r])));
+                    const __m256 l = tile.lanes[t][r];
+                    __m128 s4 = _mm_add_ps(_mm256_castps256_ps128(l), _mm256_extractf128_ps(l, 1));
+                    s4 = _mm_add_ps(s4, _mm_movehl_ps(s4, s4));
+                    out[r] = _mm_cvtss_f32(_mm_add_ss(s4, _mm_movehdup_ps(s4)));
                 }
             }
         }
