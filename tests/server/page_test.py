@@ -153,8 +153,10 @@ def start_server(fitllm, model, log_path):
         raise CheckFailed(f"model {model} not found")
     port = free_port()
     log = open(log_path, "wb")
+    # --strict-model-names: a single model answers to any name otherwise, and the page's refused
+    # request below asks for a model the server does not have.
     process = subprocess.Popen([fitllm, "serve", "-m", model, "--host", "127.0.0.1", "--port", str(port),
-                                "-np", "2", "-c", "1024"],
+                                "-np", "2", "-c", "1024", "--strict-model-names"],
                                stdout=log, stderr=subprocess.STDOUT, start_new_session=True)
     url = f"http://127.0.0.1:{port}"
 
