@@ -165,6 +165,7 @@ std::shared_ptr<Job> Scheduler::submit(std::vector<int32_t> prompt, GenerationPa
         }
         seq->order = next_order_++;
         queue_.push_back(std::move(seq));
+        ++n_unfinished_;
         stats_.n_queued = static_cast<int>(queue_.size() + preempted_.size());
     }
     cv_.notify_all();
@@ -178,7 +179,7 @@ SchedulerStats Scheduler::stats() const {
 
 bool Scheduler::idle() const {
     std::lock_guard lock(mutex_);
-    return queue_.empty() && stats_.n_active == 0 && stats_.n_queued == 0;
+    return n_unfinished_ == 0;
 }
 
 void Scheduler::loop() {
@@ -211,6 +212,10 @@ void Scheduler::finish(Sequence& s, FinishReason reason, std::string error) {
         if (!rest.empty()) s.job->append(rest, s.n_generated);
     }
     s.finished = true;
+    {
+        std::lock_guard lock(mutex_);
+        --n_unfinished_;
+    }
     s.job->finish(reason, std::move(error));
 }
 

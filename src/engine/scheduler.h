@@ -136,6 +136,9 @@ private:
     std::condition_variable cv_;
     std::deque<std::unique_ptr<Sequence>> queue_;  // new requests
     int n_waiting_ = 0;  // requests in preempted_ (the scheduler's waiting line), for the queue bound
+    // Requests submitted and not yet finished: dropped before a job's client hears of its end, so
+    // that idle() is true once the last client has its answer (the stats catch up a pass later).
+    int n_unfinished_ = 0;
     bool stopping_ = false;
     uint64_t next_order_ = 0;
     SchedulerStats stats_;

@@ -124,7 +124,10 @@ TEST_F(SchedulerTest, CancelledRequestFreesItsSlot) {
     EXPECT_EQ(long_job->wait_all().reason, FinishReason::cancelled);
     EXPECT_LT(long_job->wait_all().n_generated, 900);
     EXPECT_LT(std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count(), 5.0);
-    while (!s.idle()) std::this_thread::sleep_for(std::chrono::milliseconds(1));  // stats follow the step
+    // The cells are released and the stats published after the step that finished the job.
+    const auto deadline = std::chrono::steady_clock::now() + std::chrono::seconds(5);
+    while (s.stats().kv_cells_used != 0 && std::chrono::steady_clock::now() < deadline)
+        std::this_thread::sleep_for(std::chrono::milliseconds(1));
     EXPECT_EQ(s.stats().kv_cells_used, 0);
 }
 
