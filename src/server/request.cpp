@@ -159,7 +159,8 @@ bool is_empty_value(const json& v) {
 
 void check_fields(const json& body, bool chat) {
     const std::string endpoint = chat ? "/v1/chat/completions" : "/v1/completions";
-    for (const auto& [key, value] : body.items()) {
+    for (const auto& item : body.items()) {
+        const std::string& key = item.key();  // not a structured binding: lambdas capture it (clang 14)
         const auto known = std::find_if(std::begin(kKnownFields), std::end(kKnownFields),
                                         [&key](const auto& f) { return key == f.first; });
         if (known == std::end(kKnownFields) || known->second == (chat ? Fields::completions : Fields::chat)) {
@@ -477,7 +478,8 @@ OllamaRequest parse_ollama_request(const json& body, bool chat) {
     static constexpr const char* kGenerateFields[] = {"model",  "prompt",     "system",   "stream",  "options",
                                                       "format", "raw",        "template", "context", "suffix",
                                                       "images", "keep_alive", "think"};
-    for (const auto& [key, value] : body.items()) {
+    for (const auto& item : body.items()) {
+        const std::string& key = item.key();  // not a structured binding: lambdas capture it (clang 14)
         const auto known = [&key](const auto& list) {
             return std::find_if(std::begin(list), std::end(list), [&key](const char* f) { return key == f; }) !=
                    std::end(list);
@@ -555,7 +557,9 @@ OllamaRequest parse_ollama_request(const json& body, bool chat) {
     }
     if (const json* options = field(body, "options")) {
         if (!options->is_object()) wrong_type("options", "an object", *options);
-        for (const auto& [key, value] : options->items()) {
+        for (const auto& item : options->items()) {
+            const std::string& key = item.key();  // not a structured binding: lambdas capture it (clang 14)
+            const json& value = item.value();
             if (value.is_null()) continue;
             const auto mapped = std::find_if(std::begin(kOllamaOptions), std::end(kOllamaOptions),
                                              [&key](const auto& m) { return key == m.first; });
