@@ -1,0 +1,51 @@
+// Fields a request may not carry (server::parse_completion_request, parse_ollama_request): each
+// is refused with a 400 naming it, also when its name holds control characters (the fuzzer's
+// find: a name starting with NUL gave an empty message).
+#include <gtest/gtest.h>
+
+#include <nlohmann/json.hpp>
+#include <string>
+
+#include "server/api_error.h"
+#include "server/request.h"
+
+namespace fitllm::server {
+namespace {
+
+using nlohmann::json;
+
+ApiError refusal(const json& body, bool ollama) {
+    try {
+        if (ollama) {
+            parse_ollama_request(body, /*chat=*/false);
+        } else {
+            parse_completion_request(body, /*chat=*/false);
+        }
+    } catch (const ApiError& e) {
+        return e;
+    }
+    ADD_FAILURE() << "accepted: " << body.dump();
+    return ApiError::unsupported("-", "-");
+}
+
+TEST(RequestFields, UnknownFieldIsRefusedByName) {
+    const ApiError e = refusal({{"model", "m"}, {"prompt", "hi"}, {"frobnicate", 1}}, false);
+    EXPECT_EQ(e.status(), 400);
+    EXPECT_EQ(e.code(), "unsupported_parameter");
+    EXPECT_NE(std::string(e.what()).find("frobnicate"), std::string::npos) << e.what();
+}
+
+TEST(RequestFields, ControlCharactersInANameAreEscapedInTheMessage) {
+    for (const bool ollama : {false, true}) {
+        const std::string name = std::string(1, '\0') + "x\n";
+        const ApiError e = refusal({{"model", "m"}, {"prompt", "hi"}, {name, 1}}, ollama);
+        EXPECT_EQ(e.status(), 400);
+        EXPECT_EQ(e.code(), "unsupported_parameter");
+        const std::string what = e.what();
+        EXPECT_NE(what.find("\"\\u0000x\\n\""), std::string::npos) << what;
+        EXPECT_EQ(e.body()["error"]["param"], name);  // the field itself, as the client sent it
+    }
+}
+
+}  // namespace
+}  // namespace fitllm::server
