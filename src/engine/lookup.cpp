@@ -87,11 +87,7 @@ GenerationStats Session::generate_lookup(std::span<const int32_t> prompt, int n_
 
     GenerationStats stats;
     const int shifts_before = n_shifts_;
-    auto start = std::chrono::steady_clock::now();
-    std::span<const float> logits = feed(prompt);
-    stats.n_prompt = static_cast<int>(prompt.size());
-    stats.prompt_seconds = seconds_since(start);
-    for (const int32_t id : prompt) sampler.accept(id);
+    std::span<const float> logits = feed_prompt(prompt, sampler, stats);
 
     const size_t n_vocab = static_cast<size_t>(model_.n_vocab());
     std::vector<int32_t> history(prompt.begin(), prompt.end());  // what drafts are looked up in
@@ -101,7 +97,7 @@ GenerationStats Session::generate_lookup(std::span<const int32_t> prompt, int n_
     batch.reserve(static_cast<size_t>(most) + 1);
     const WindowSlack slack(cache_, most);
 
-    start = std::chrono::steady_clock::now();
+    const auto start = std::chrono::steady_clock::now();
     bool done = n_predict <= 0;
     const auto emit = [&](int32_t id) {
         sampler.accept(id);

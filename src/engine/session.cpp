@@ -111,18 +111,24 @@ void Session::truncate(int n) {
     n_past_ = n;
 }
 
+std::span<const float> Session::feed_prompt(std::span<const int32_t> prompt, sampling::Sampler& sampler,
+                                            GenerationStats& stats) {
+    const auto start = std::chrono::steady_clock::now();
+    std::span<const float> logits = feed(prompt);
+    stats.n_prompt = static_cast<int>(prompt.size());
+    stats.prompt_seconds = seconds_since(start);
+    for (const int32_t id : prompt) sampler.accept(id);
+    return logits;
+}
+
 GenerationStats Session::generate(std::span<const int32_t> prompt, int n_predict, sampling::Sampler& sampler,
                                   const std::function<bool(int32_t)>& is_eog,
                                   const std::function<bool(int32_t)>& on_token) {
     GenerationStats stats;
     const int shifts_before = n_shifts_;
-    auto start = std::chrono::steady_clock::now();
-    std::span<const float> logits = feed(prompt);
-    stats.n_prompt = static_cast<int>(prompt.size());
-    stats.prompt_seconds = seconds_since(start);
-    for (const int32_t id : prompt) sampler.accept(id);
+    std::span<const float> logits = feed_prompt(prompt, sampler, stats);
 
-    start = std::chrono::steady_clock::now();
+    const auto start = std::chrono::steady_clock::now();
     for (int i = 0; i < n_predict; ++i) {
         const int32_t next = sampler.sample(logits);
         sampler.accept(next);

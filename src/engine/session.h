@@ -101,6 +101,10 @@ public:
     int max_draft(const LookupParams& lookup) const;
 
 private:
+    // generate()'s first step, and generate_lookup()'s: feeds the prompt, shows it to the sampler,
+    // records its size and time in stats; returns the logits after it.
+    std::span<const float> feed_prompt(std::span<const int32_t> prompt, sampling::Sampler& sampler,
+                                       GenerationStats& stats);
     model::Model& model_;
     ContextConfig context_;
     ops::ThreadPool& pool_;
