@@ -371,6 +371,17 @@ void Endpoints::submit(Completion& c, CompletionRequest& request, RequestMemory&
     }
 }
 
+void Endpoints::send_whole(Completion& c, HttpRequest& req, HttpResponse& res,
+                           json (*render)(const Completion&, const Job::Update&, const std::string&)) {
+    std::string text;
+    const std::optional<Job::Update> u = wait_whole(c, req, text);
+    if (!u) {
+        res.status = 499;  // nobody to answer
+        return;
+    }
+    set_json(res, 200, render(c, *u, text));
+}
+
 std::optional<Job::Update> Endpoints::wait_whole(Completion& c, HttpRequest& req, std::string& text) {
     // The whole answer once the job ends, with the status it ends with (nothing is sent before);
     // a client that hangs up meanwhile cancels it, which frees its slot before the scheduler's
@@ -444,16 +455,7 @@ void Endpoints::completion(bool chat, HttpRequest& req, HttpResponse& res) {
         submit(*c, request, memory);
     }
 
-    if (!c->stream) {
-        std::string text;
-        const std::optional<Job::Update> u = wait_whole(*c, req, text);
-        if (!u) {
-            res.status = 499;  // nobody to answer
-            return;
-        }
-        set_json(res, 200, whole_answer(*c, *u, text));
-        return;
-    }
+    if (!c->stream) return send_whole(*c, req, res, whole_answer);
 
     // Streaming: one event per piece of text as it comes; a client that goes away cancels the
     // job, which frees its slot before the scheduler's next step.
@@ -609,16 +611,7 @@ void Endpoints::ollama(bool chat, HttpRequest& req, HttpResponse& res) {
         }
     }
 
-    if (!c->stream) {
-        std::string text;
-        const std::optional<Job::Update> u = wait_whole(*c, req, text);
-        if (!u) {
-            res.status = 499;  // nobody to answer
-            return;
-        }
-        set_json(res, 200, ollama_done(*c, *u, text));
-        return;
-    }
+    if (!c->stream) return send_whole(*c, req, res, ollama_done);
 
     // Streamed: a JSON object a line (application/x-ndjson), one per piece of text, then the end.
     res.status = 200;

@@ -58,6 +58,9 @@ private:
     // Waits for the whole answer, its text into `text`; std::nullopt when the client went away
     // (the job cancelled). Throws ApiError when generation failed or its text is over budget.
     std::optional<Job::Update> wait_whole(Completion& c, HttpRequest& req, std::string& text);
+    // wait_whole(), then the answer as `render` writes it (200), or 499 when the client went away.
+    void send_whole(Completion& c, HttpRequest& req, HttpResponse& res,
+                    nlohmann::json (*render)(const Completion&, const Job::Update&, const std::string&));
     void finished(const Completion& c, const Job::Update& u);  // the model touched, tokens counted
 
     ModelRegistry& registry_;
