@@ -44,9 +44,18 @@ Sampler::Sampler(SamplingParams params, int32_t vocab_size)
     window_.assign(static_cast<size_t>(params_.penalty_last_n), 0);
     window_distinct_.reserve(window_.size());
     window_counts_.reserve(window_.size());
+    if (params_.grammar) {
+        if (!params_.grammar_vocab)
+            throw SamplingError("sampling: a grammar needs the model's vocabulary (grammar_vocab)");
+        if (params_.grammar_vocab->size() != vocab_size)
+            throw SamplingError("sampling: the grammar's vocabulary has " +
+                                std::to_string(params_.grammar_vocab->size()) + " tokens, the model " +
+                                std::to_string(vocab_size));
+        grammar_ = std::make_unique<GrammarMatcher>(params_.grammar, params_.grammar_vocab);
+    }
 }
 
-void Sampler::narrow(std::span<const float> logits) {
+void Sampler::narrow(std::span<const float> logits, bool masked) {
     if (logits.size() != static_cast<size_t>(vocab_size_))
         throw SamplingError("sampling: got " + std::to_string(logits.size()) + " logits for a vocabulary of " +
                             std::to_string(vocab_size_) + " tokens");
@@ -55,6 +64,31 @@ void Sampler::narrow(std::span<const float> logits) {
     for (const auto& [id, bias] : params_.logit_bias) {  // in id order after assign()
         float& logit = candidates_.items[static_cast<size_t>(id)].logit;
         logit = bias <= kBanBias ? -std::numeric_limits<float>::infinity() : logit + bias;
+    }
+    if (masked) {
+        const std::vector<uint64_t>* mask = nullptr;
+        try {
+            mask = &grammar_->allowed_tokens();
+        } catch (const GrammarError& e) {
+            throw SamplingError(std::string("sampling: ") + e.what());
+        }
+        constexpr float kOff = -std::numeric_limits<float>::infinity();
+        bool any = false;
+        for (size_t w = 0; w < mask->size(); ++w) {
+            const uint64_t bits = (*mask)[w];
+            const size_t base = w * 64, end = std::min(base + 64, candidates_.items.size());
+            if (bits == ~uint64_t{0}) {
+                for (size_t i = base; i < end; ++i) any |= candidates_.items[i].logit != kOff;
+                continue;
+            }
+            for (size_t i = base; i < end; ++i) {
+                if (((bits >> (i - base)) & 1) == 0)
+                    candidates_.items[i].logit = kOff;
+                else
+                    any |= candidates_.items[i].logit != kOff;
+            }
+        }
+        if (!any) throw SamplingError("sampling: logit_bias bans every token the grammar allows here");
     }
     for (SamplerStep step : params_.chain) {
         switch (step) {
@@ -83,18 +117,40 @@ void Sampler::narrow(std::span<const float> logits) {
 
 TokenId Sampler::sample(std::span<const float> logits) {
     narrow(logits);
-    return draw_from(candidates_, next_uniform());
+    TokenId token = draw_from(candidates_, next_uniform());
+    if (!grammar_) return token;
+    bool allowed;
+    try {
+        allowed = grammar_->allows_token(token);
+    } catch (const GrammarError& e) {
+        throw SamplingError(std::string("sampling: ") + e.what());
+    }
+    if (!allowed) {
+        narrow(logits, /*masked=*/true);
+        token = draw_from(candidates_, next_uniform());
+    }
+    return commit(token);
+}
+
+TokenId Sampler::commit(TokenId token) {
+    if (!grammar_) return token;
+    try {
+        grammar_->accept_token(token);
+    } catch (const GrammarError& e) {
+        throw SamplingError(std::string("sampling: ") + e.what());
+    }
+    return token;
 }
 
 Sampler::DraftVerdict Sampler::sample_draft(std::span<const float> logits, TokenId draft) {
     if (draft < 0 || draft >= vocab_size_)
         throw SamplingError("sampling: draft token " + std::to_string(draft) + " is outside the vocabulary [0, " +
                             std::to_string(vocab_size_) + ")");
-    narrow(logits);
+    narrow(logits, /*masked=*/grammar_ != nullptr);
     const double p = draft_probability(candidates_, draft);
-    if (next_uniform() < p) return {draft, true};
+    if (next_uniform() < p) return {commit(draft), true};
     const TokenId token = draw_without(candidates_, draft, next_uniform());
-    return {token, token == draft};
+    return {commit(token), token == draft};
 }
 
 void Sampler::accept(TokenId token) {
@@ -134,6 +190,7 @@ void Sampler::reset() {
     window_next_ = 0;
     window_filled_ = 0;
     seed_generator(rng_, seed_);
+    if (grammar_) grammar_->reset();
 }
 
 void Sampler::release_workspace() {

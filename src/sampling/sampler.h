@@ -12,11 +12,13 @@
 // logits give the same tokens, and samplers of concurrent sequences do not disturb each other.
 // After the first sample() the decode loop allocates nothing. Not thread-safe: one per sequence.
 #include <cstdint>
+#include <memory>
 #include <random>
 #include <span>
 #include <vector>
 
 #include "sampling/candidates.h"
+#include "sampling/grammar.h"
 #include "sampling/sampling_params.h"
 
 namespace fitllm::sampling {
@@ -28,6 +30,14 @@ public:
     Sampler(SamplingParams params, int32_t vocab_size);
 
     // Throws SamplingError when logits.size() != vocab_size or a logit is NaN.
+    //
+    // With a grammar (params.grammar), the token is one the grammar allows, and sample() advances
+    // the grammar by it (accept() does not: it also sees prompt tokens). As llama.cpp does, the
+    // token is first drawn without the grammar and kept when the grammar allows it (one walk over
+    // its bytes); only otherwise is the mask of allowed tokens (grammar.h, cached per state)
+    // applied to the logits before the chain and the token drawn again. So greedy sampling gives
+    // the best allowed token. Throws SamplingError when no allowed token survives (the grammar
+    // needs text the vocabulary cannot spell, or logit_bias bans every allowed token).
     TokenId sample(std::span<const float> logits);
 
     // Speculative decoding: the token for these logits, given a draft that proposed `draft` (a
@@ -46,7 +56,8 @@ public:
     // Throws SamplingError when the token is outside the vocabulary.
     void accept(TokenId token);
 
-    // Forgets the penalty window and restarts the random sequence from the seed.
+    // Forgets the penalty window and restarts the random sequence from the seed (and the grammar
+    // from its start).
     void reset();
     // Gives back the candidate list's memory (n_vocab candidates, workspace_bytes()) until the next
     // sample(): for a sequence that waits (the scheduler's preempted ones). Its state stays.
@@ -59,12 +70,16 @@ public:
     // The seed in use: params().seed, or the one drawn when that asked for a random seed.
     uint64_t seed() const { return seed_; }
     int32_t vocab_size() const { return vocab_size_; }
+    // The grammar's state (nullptr without a grammar), for tests and measurements.
+    const GrammarMatcher* grammar() const { return grammar_.get(); }
     // What survived the chain in the last sample(), before the draw (for logging and tests).
     std::span<const Candidate> last_candidates() const { return candidates_.items; }
 
 private:
     double next_uniform();
-    void narrow(std::span<const float> logits);  // candidates_ = the chain applied to logits
+    // candidates_ = the chain applied to logits (masked: after the grammar's mask)
+    void narrow(std::span<const float> logits, bool masked = false);
+    TokenId commit(TokenId token);  // advances the grammar by the token
 
     SamplingParams params_;
     int32_t vocab_size_;
@@ -79,6 +94,7 @@ private:
     size_t window_filled_ = 0;
     std::vector<TokenId> window_distinct_;
     std::vector<int32_t> window_counts_;
+    std::unique_ptr<GrammarMatcher> grammar_;
 };
 
 }  // namespace fitllm::sampling

@@ -4,6 +4,7 @@
 // the same kind of output.
 #include <cstdint>
 #include <limits>
+#include <memory>
 #include <string_view>
 #include <utility>
 #include <vector>
@@ -11,6 +12,9 @@
 #include "fitllm/error.h"
 
 namespace fitllm::sampling {
+
+class Grammar;
+class GrammarVocab;
 
 // Parameters that cannot work (names the parameter and its value).
 class SamplingError : public Error {
@@ -46,6 +50,11 @@ struct SamplingParams {
     // Added to a token's logit before the chain (OpenAI's logit_bias); a bias of -100 or less
     // bans the token (its logit becomes -inf). Ids must be in the vocabulary (Sampler checks).
     std::vector<std::pair<int32_t, float>> logit_bias;
+    // Constrained sampling (grammar.h): only tokens the grammar allows are drawn, an
+    // end-of-generation token only where the grammar may end. grammar_vocab is the model's
+    // vocabulary as the grammar sees it (engine::Scheduler fills it in from its tokenizer).
+    std::shared_ptr<const Grammar> grammar;
+    std::shared_ptr<const GrammarVocab> grammar_vocab;
 };
 
 // Throws SamplingError for the first parameter out of range, e.g.
