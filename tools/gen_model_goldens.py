@@ -20,6 +20,13 @@ AMX kernels and its IQ4_XS path crashes on multi-token batches (seen with llama-
 0.3.36 on a Xeon with AMX-INT8); the goldens then come from ggml's plain dot and sgemm kernels.
 Regenerating on another CPU moves the logits by float-rounding noise (the ISA's summation orders),
 within the tests' tolerances.
+
+--cpu-repack q4_K ... (with --no-extra-bufts) puts the tensors of those types, and only those, in
+llama.cpp's CPU_REPACK buffers (tensor_buft_overrides): its repacked AVX2 / AVX-512 gemm, what a
+CPU without AMX runs by default, in place of the AMX kernels that the default picks here. fitllm's
+batch kernels for Q4_K follow that repacked order, so a prompt's logits are llama.cpp's bits.
+(Its Q6_K repack crashes in llama-cpp-python 0.3.36 on this CPU: Q6_K stays in plain buffers,
+whose order fitllm's Q6_K batch kernels follow too.)
 """
 import argparse
 import ctypes
@@ -27,6 +34,7 @@ import glob
 import json
 import os
 
+import gguf
 import llama_cpp
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
@@ -80,9 +88,51 @@ def last_logits(ctx, n_vocab: int) -> list[float]:
     return lg[:n_vocab]
 
 
-def goldens(model_path: str, prompts: list[str], n_predict: int, extra_bufts: bool = True) -> dict:
+class TensorBuftOverride(ctypes.Structure):  # llama.h's llama_model_tensor_buft_override
+    _fields_ = [("pattern", ctypes.c_char_p), ("buft", ctypes.c_void_p)]
+
+
+def cpu_repack_overrides(model_path: str, types: list[str]):
+    """A NULL-terminated llama_model_tensor_buft_override array that sends the file's tensors of
+    these ggml types (names as gguf-py's GGMLQuantizationType: Q4_K ...) to the CPU backend's
+    CPU_REPACK buffer type (found through ggml_backend_dev_get_extra_bufts); None when none match."""
+    lib = os.path.join(os.path.dirname(llama_cpp.__file__), "lib")
+    base = ctypes.CDLL(os.path.join(lib, "libggml-base.so"))
+    ggml = ctypes.CDLL(os.path.join(lib, "libggml.so"))
+    ggml.ggml_backend_dev_by_type.restype = ctypes.c_void_p
+    ggml.ggml_backend_dev_by_type.argtypes = [ctypes.c_int]
+    base.ggml_backend_dev_backend_reg.restype = ctypes.c_void_p
+    base.ggml_backend_dev_backend_reg.argtypes = [ctypes.c_void_p]
+    base.ggml_backend_reg_get_proc_address.restype = ctypes.c_void_p
+    base.ggml_backend_reg_get_proc_address.argtypes = [ctypes.c_void_p, ctypes.c_char_p]
+    base.ggml_backend_buft_name.restype = ctypes.c_char_p
+    base.ggml_backend_buft_name.argtypes = [ctypes.c_void_p]
+    dev = ggml.ggml_backend_dev_by_type(0)  # GGML_BACKEND_DEVICE_TYPE_CPU
+    get = base.ggml_backend_reg_get_proc_address(base.ggml_backend_dev_backend_reg(dev),
+                                                 b"ggml_backend_dev_get_extra_bufts")
+    bufts = ctypes.CFUNCTYPE(ctypes.POINTER(ctypes.c_void_p), ctypes.c_void_p)(get)(dev)
+    repack, i = None, 0
+    while bufts[i]:
+        if base.ggml_backend_buft_name(bufts[i]) == b"CPU_REPACK":
+            repack = bufts[i]
+        i += 1
+    if repack is None:
+        raise RuntimeError("llama.cpp's CPU backend has no CPU_REPACK buffer type")
+    wanted = {t.upper() for t in types}
+    names = [t.name for t in gguf.GGUFReader(model_path).tensors if t.tensor_type.name.upper() in wanted]
+    if not names:
+        return None
+    pattern = "^(" + "|".join(n.replace(".", "\\.") for n in names) + ")$"
+    return (TensorBuftOverride * 2)(TensorBuftOverride(pattern.encode(), repack), TensorBuftOverride(None, None))
+
+
+def goldens(model_path: str, prompts: list[str], n_predict: int, extra_bufts: bool = True,
+            cpu_repack: list[str] | None = None) -> dict:
     params = llama_cpp.llama_model_default_params()
     params.use_extra_bufts = extra_bufts
+    overrides = cpu_repack_overrides(model_path, cpu_repack) if cpu_repack else None
+    if overrides is not None:
+        params.tensor_buft_overrides = ctypes.cast(overrides, ctypes.c_void_p)
     model = llama_cpp.llama_model_load_from_file(model_path.encode(), params)
     if not model:
         raise RuntimeError(f"llama.cpp cannot load {model_path}")
@@ -134,6 +184,8 @@ def main() -> None:
                     help="every tests/model/data/*.gguf into tests/model/goldens/, with TINY_PROMPTS")
     ap.add_argument("--only", nargs="+", metavar="NAME", help="with --generated: only these files (no .gguf)")
     ap.add_argument("--no-extra-bufts", action="store_true", help="no repacked weight buffers (AMX CPUs)")
+    ap.add_argument("--cpu-repack", nargs="+", metavar="TYPE",
+                    help="these weight types (q4_K ...) in llama.cpp's CPU_REPACK buffers, not AMX's")
     ap.add_argument("--n-predict", type=int, default=64)
     args = ap.parse_args()
     llama_cpp.llama_backend_init()
@@ -147,11 +199,11 @@ def main() -> None:
                 continue
             print(name)
             write(os.path.join(ROOT, "tests/model/goldens", name + ".json"),
-                  goldens(path, TINY_PROMPTS, args.n_predict, not args.no_extra_bufts))
+                  goldens(path, TINY_PROMPTS, args.n_predict, not args.no_extra_bufts, args.cpu_repack))
     else:
         if not args.model or not args.out:
             ap.error("MODEL.gguf OUT.json, or --generated")
-        write(args.out, goldens(args.model, PROMPTS, args.n_predict, not args.no_extra_bufts))
+        write(args.out, goldens(args.model, PROMPTS, args.n_predict, not args.no_extra_bufts, args.cpu_repack))
 
 
 if __name__ == "__main__":

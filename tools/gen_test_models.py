@@ -3,13 +3,17 @@
 
   .venv/bin/python tools/gen_test_models.py [--out tests/model/data] [--arch qwen3 ...]
 
-Writes, for each of three architectures,
+Writes, for each architecture,
 
   tiny-llama-*.gguf   llama: SPM vocabulary, untied output.weight, GQA (4 heads, 2 KV heads)
   tiny-qwen2-*.gguf   qwen2: byte-level BPE vocabulary (pre "qwen2"), Q/K/V biases, tied
                       embeddings (no output.weight)
   tiny-qwen3-*.gguf   qwen3: qwen2's vocabulary and tied embeddings, no biases, RMS norms on each
                       head of Q and K, and a head size of 128 (not n_embd / n_head, as Qwen3's own)
+  tiny-gemma2-*.gguf  gemma2: llama's SPM vocabulary, tied embeddings, post-attention and post-FFN
+                      norms, layer 0 sliding-window (window 32) and layer 1 global, attention
+                      scores capped at 4 and logits at 8 (Gemma 2's own 50 and 30 would not bite
+                      on these small random weights); in F16, Q8_0 and Q4_K_M only
 
 first in F16 (1-D tensors F32) with gguf-py from a fixed seed, then quantized by llama.cpp's own
 quantizer (llama-cpp-python's llama_model_quantize, `scripts/setup.sh --oracle`) into Q8_0, Q6_K,
@@ -49,9 +53,13 @@ EXTRA_QUANTS = {"llama": [("iq4_xs", 30)]}
 # (name, architecture, seed, the quantized types): qwen3-yarn is qwen3 with YaRN scaling (factor 4
 # over an original context of 64, so that the ramp spans pairs 0 .. 11 of 64), in F16 and Q8_0.
 MODELS = [("llama", "llama", 1, QUANTS + EXTRA_QUANTS["llama"]), ("qwen2", "qwen2", 2, QUANTS),
-          ("qwen3", "qwen3", 3, QUANTS), ("qwen3-yarn", "qwen3", 4, [("q8_0", 7)])]
+          ("qwen3", "qwen3", 3, QUANTS), ("qwen3-yarn", "qwen3", 4, [("q8_0", 7)]),
+          ("gemma2", "gemma2", 5, [("q8_0", 7), ("q4_k_m", 15)])]
 ARCHS = [m[0] for m in MODELS]
 YARN_FACTOR, YARN_ORIG_CTX = 4.0, 64
+# gemma2: the sliding window of its even layers and the two soft-capping values, small enough that
+# a wrong window or a missing cap moves the logits well past the tests' tolerances.
+GEMMA2_WINDOW, GEMMA2_ATTN_CAP, GEMMA2_FINAL_CAP = 32, 4.0, 8.0
 
 # Text the vocabularies' merges are learned from (a naive BPE over whitespace-split words).
 CORPUS = """
@@ -157,9 +165,9 @@ def write_f16(arch: str, path: str, seed: int, yarn: bool = False) -> None:
     if arch == "qwen3":
         w.add_key_length(head_dim)
         w.add_value_length(head_dim)
-    if arch == "llama":
+    if arch in ("llama", "gemma2"):
         w.add_rope_freq_base(10000.0)
-        w.add_layer_norm_rms_eps(1e-5)
+        w.add_layer_norm_rms_eps(1e-5 if arch == "llama" else 1e-6)
         tokens, scores, types = spm_vocab()
         w.add_tokenizer_model("llama")
         w.add_tokenizer_pre("default")
@@ -189,6 +197,10 @@ def write_f16(arch: str, path: str, seed: int, yarn: bool = False) -> None:
         w.add_eos_token_id(eot)
         w.add_pad_token_id(eot)
         w.add_add_bos_token(False)
+    if arch == "gemma2":
+        w.add_sliding_window(GEMMA2_WINDOW)
+        w.add_attn_logit_softcapping(GEMMA2_ATTN_CAP)
+        w.add_final_logit_softcapping(GEMMA2_FINAL_CAP)
     n_vocab = len(tokens)
     w.add_vocab_size(n_vocab)
 
@@ -205,7 +217,8 @@ def write_f16(arch: str, path: str, seed: int, yarn: bool = False) -> None:
     # predicts itself (e_t . e_t dominates its logit); small, and the residual stream forgets the
     # token and greedy decoding falls into a fixed point. Half-scale embeddings with a zero-mean
     # output_norm.weight (which cancels the self term in expectation) keep continuations varied.
-    emb_std = 0.5 if tied else 1.0
+    # gemma2 scales the embedding by sqrt(n_embd) on the way in: the same input size as qwen2's.
+    emb_std = (0.5 / np.sqrt(N_EMBD) if arch == "gemma2" else 0.5) if tied else 1.0
     w.add_tensor("token_embd.weight", mat(n_vocab, N_EMBD, emb_std))
     kv_dim = N_HEAD_KV * head_dim
     q_dim = N_HEAD * head_dim
@@ -223,10 +236,14 @@ def write_f16(arch: str, path: str, seed: int, yarn: bool = False) -> None:
             w.add_tensor(p + "attn_q_norm.weight", (1.5 * norm(head_dim)).astype(np.float32))
             w.add_tensor(p + "attn_k_norm.weight", (1.5 * norm(head_dim)).astype(np.float32))
         w.add_tensor(p + "attn_output.weight", mat(N_EMBD, q_dim, 1.0 / np.sqrt(q_dim)))
+        if arch == "gemma2":
+            w.add_tensor(p + "post_attention_norm.weight", norm(N_EMBD))
         w.add_tensor(p + "ffn_norm.weight", norm(N_EMBD))
         w.add_tensor(p + "ffn_gate.weight", mat(N_FF, N_EMBD, 1.0 / np.sqrt(N_EMBD)))
         w.add_tensor(p + "ffn_up.weight", mat(N_FF, N_EMBD, 1.0 / np.sqrt(N_EMBD)))
         w.add_tensor(p + "ffn_down.weight", mat(N_EMBD, N_FF, 1.0 / np.sqrt(N_FF)))
+        if arch == "gemma2":
+            w.add_tensor(p + "post_ffw_norm.weight", norm(N_EMBD))
     if tied:
         w.add_tensor("output_norm.weight",
                      (LOGIT_STD / (emb_std * np.sqrt(N_EMBD)) * rng.standard_normal(N_EMBD)).astype(np.float32))
