@@ -4,14 +4,16 @@ fitllm's and llama.cpp's logits are both measured.
 
   .venv/bin/python tools/f64_reference.py [--fitllm-logits build/tests/fitllm_logits] [NAME ...]
 
-For each model of tests/model/data/ (tiny-llama-*, tiny-qwen2-*, tiny-qwen3-*, tiny-qwen3-yarn-*;
+For each model of tests/model/data/ (tiny-llama-*, tiny-qwen2-*, tiny-qwen3-*, tiny-qwen3-yarn-*, tiny-gemma2-*;
 NAME limits it: tiny-qwen3-q8_0 ...) every tensor is dequantized with gguf-py
 (gguf.quants.dequantize) to float64: the very weights both runtimes multiply with, so what is left
 between them and this pass is each runtime's own arithmetic (activations rounded to Q8_0 / Q8_K or
 f16 for the weight kernels, f16 K/V cache, float32 sums, approximate exp). The pass itself is the
 formulas in float64 and nothing else: RMSNorm, Q/K/V (+ biases for qwen2, per-head RMS norms of Q
 and K for qwen3), RoPE (normal for llama, NeoX for qwen; YaRN as llama.cpp's rope_yarn), exact
-softmax attention over every earlier position with GQA, SwiGLU, the output matrix.
+softmax attention over every earlier position with GQA, SwiGLU, the output matrix; for gemma2 the
+embedding times sqrt(n_embd), post-attention and post-FFN norms, GELU (tanh form) for SiLU,
+tanh soft-capping of the scores and the logits, and the sliding window on layers il % 2 == 0.
 
 For each prompt of tests/model/goldens/<name>.json (prompt_ids; top_logits: llama.cpp's top-10
 [id, logit] after the prompt) it compares with the f64 logits after the prompt:
@@ -37,7 +39,7 @@ import numpy as np
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 DATA = os.path.join(ROOT, "tests/model/data")
 GOLDENS = os.path.join(ROOT, "tests/model/goldens")
-ARCH_PREFIXES = ("tiny-llama-", "tiny-qwen2-", "tiny-qwen3-")
+ARCH_PREFIXES = ("tiny-llama-", "tiny-qwen2-", "tiny-qwen3-", "tiny-gemma2-")
 
 
 def field(reader: gguf.GGUFReader, key: str, default=None):
@@ -60,7 +62,13 @@ class Model:
         self.head_dim = field(r, f"{a}.attention.key_length", self.n_embd // self.n_head)
         self.n_rot = field(r, f"{a}.rope.dimension_count", self.head_dim)
         self.rope_base = field(r, f"{a}.rope.freq_base", 10000.0)
-        self.neox = a in ("qwen2", "qwen3")
+        self.neox = a in ("qwen2", "qwen3", "gemma2")
+        self.gemma2 = a == "gemma2"
+        # gemma2 (llama.cpp's defaults when a key is absent): window and caps; Q scaled by
+        # 1/sqrt(head_dim), or 1/sqrt(n_embd / n_head) for the 46-layer 27B.
+        self.window = field(r, f"{a}.attention.sliding_window", 4096) if self.gemma2 else 0
+        self.attn_cap = field(r, f"{a}.attn_logit_softcapping", 50.0) if self.gemma2 else 0.0
+        self.final_cap = field(r, f"{a}.final_logit_softcapping", 30.0) if self.gemma2 else 0.0
         scaling = field(r, f"{a}.rope.scaling.type", "none")
         factor = field(r, f"{a}.rope.scaling.factor", 1.0)
         self.yarn = scaling == "yarn"
@@ -116,8 +124,14 @@ class Model:
         """float64 logits after the last of ids (at positions 0 .. n-1)."""
         w, n, hd = self.w, len(ids), self.head_dim
         x = w["token_embd.weight"][ids]
+        if self.gemma2:
+            x = x * math.sqrt(self.n_embd)
         cos, sin, mscale = self.rope_angles(n)
         mask = np.triu(np.full((n, n), -np.inf), k=1)
+        pos = np.arange(n)
+        # gemma2's local layers: a query at p sees keys at positions > p - window.
+        window_mask = np.where(pos[None, :] <= pos[:, None] - self.window, -np.inf, 0.0) if self.window else 0.0
+        scale = 1.0 / math.sqrt(self.n_embd // self.n_head if self.gemma2 and self.n_layer == 46 else hd)
         group = self.n_head // self.n_head_kv
         for il in range(self.n_layer):
             p = f"blk.{il}."
@@ -131,15 +145,29 @@ class Model:
                 k = self.rmsnorm(k, w[p + "attn_k_norm.weight"])
             q, k = self.rope(q, cos, sin, mscale), self.rope(k, cos, sin, mscale)
             k, v = np.repeat(k, group, axis=1), np.repeat(v, group, axis=1)  # query head j reads KV head j // group
-            scores = np.einsum("qhd,khd->hqk", q, k) / math.sqrt(hd) + mask
+            scores = np.einsum("qhd,khd->hqk", q, k) * scale
+            if self.attn_cap:
+                scores = self.attn_cap * np.tanh(scores / self.attn_cap)
+            scores = scores + mask + (window_mask if self.gemma2 and il % 2 == 0 else 0.0)
             scores = np.exp(scores - scores.max(axis=-1, keepdims=True))
             scores /= scores.sum(axis=-1, keepdims=True)
             attn = np.einsum("hqk,khd->qhd", scores, v).reshape(n, self.n_head * hd)
-            x = x + attn @ w[p + "attn_output.weight"].T
+            attn = attn @ w[p + "attn_output.weight"].T
+            if self.gemma2:
+                attn = self.rmsnorm(attn, w[p + "post_attention_norm.weight"])
+            x = x + attn
             h = self.rmsnorm(x, w[p + "ffn_norm.weight"])
             gate, up = h @ w[p + "ffn_gate.weight"].T, h @ w[p + "ffn_up.weight"].T
-            x = x + (gate / (1.0 + np.exp(-gate)) * up) @ w[p + "ffn_down.weight"].T
-        return self.rmsnorm(x[-1], w["output_norm.weight"]) @ w["output.weight"].T
+            if self.gemma2:
+                act = 0.5 * gate * (1.0 + np.tanh(math.sqrt(2.0 / math.pi) * (gate + 0.044715 * gate ** 3)))
+            else:
+                act = gate / (1.0 + np.exp(-gate))
+            ffn = (act * up) @ w[p + "ffn_down.weight"].T
+            if self.gemma2:
+                ffn = self.rmsnorm(ffn, w[p + "post_ffw_norm.weight"])
+            x = x + ffn
+        logits = self.rmsnorm(x[-1], w["output_norm.weight"]) @ w["output.weight"].T
+        return self.final_cap * np.tanh(logits / self.final_cap) if self.final_cap else logits
 
 
 def log_softmax(z: np.ndarray) -> np.ndarray:

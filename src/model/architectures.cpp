@@ -4,11 +4,11 @@
 namespace fitllm::model {
 
 // One per file of model/.
-extern const Architecture kGemma3, kLlama, kQwen2, kQwen3;
+extern const Architecture kGemma2, kGemma3, kLlama, kQwen2, kQwen3;
 
 namespace {
 
-constexpr const Architecture* kArchitectures[] = {&kGemma3, &kLlama, &kQwen2, &kQwen3};
+constexpr const Architecture* kArchitectures[] = {&kGemma2, &kGemma3, &kLlama, &kQwen2, &kQwen3};
 
 }  // namespace
 

@@ -519,7 +519,8 @@ inline std::span<const ops::TokenPlace> output_places(const Batch& b, const Batc
 // Attention of the batch's queries q ([n, n_head, head_dim]) over layer il of the cache, which
 // already holds the batch's K/V; each token sees the cells of its own sequence (ops::attention_kv;
 // with an f16 cache, llama.cpp's flash-attention arithmetic), on the device that runs the layer.
-// out: [n, n_head * head_dim_v]. window > 0 limits each query to the last `window` positions.
+// out: [n, n_head * head_dim_v]. window > 0 limits each query to the last `window` positions;
+// hp.attn_softcap > 0 soft-caps the scores (Gemma 2) before the mask and softmax.
 inline void attend(Exec& o, const Hparams& hp, const kv::ModelCache& cache, int il, const float* q,
                    const BatchRows& rows, float scale, int window, float* out) {
     ops::AttentionParams ap;
@@ -528,6 +529,7 @@ inline void attend(Exec& o, const Hparams& hp, const kv::ModelCache& cache, int 
     ap.head_dim = hp.head_dim;
     ap.scale = scale;
     ap.sliding_window = window;
+    ap.softcap = hp.attn_softcap;
     cache.will_attend(il);  // a spilled cache brings this layer in and reads the next one ahead
     o.attention(q, rows, cache.pool(cache.pool_of(il)), cache.index_in_pool(il), ap, out);
 }

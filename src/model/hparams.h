@@ -47,6 +47,7 @@ struct Hparams {
     float rope_attn_factor = 1.0f;
     float rope_corr_low = 0.0f, rope_corr_high = 0.0f;
     float final_logit_softcap = 0.0f;  // > 0: logits = cap * tanh(logits / cap)
+    float attn_softcap = 0.0f;         // > 0: attention scores = cap * tanh(score / cap) (gemma2)
 };
 
 // Reads and checks the hyper-parameters: the keys every architecture has, then the architecture's

@@ -173,11 +173,12 @@ TEST_P(GeneratedGolden, TokenizesPromptsAsLlamaCpp) {
 }
 
 constexpr Generated kGenerated[] = {
-    {"llama", "f16"},    {"llama", "q8_0"},   {"llama", "q6_k"},     {"llama", "q5_k_m"},    {"llama", "q4_k_m"},
-    {"llama", "q4_0"},   {"llama", "q2_k"},   {"qwen2", "f16"},      {"qwen2", "q8_0"},      {"qwen2", "q6_k"},
-    {"qwen2", "q5_k_m"}, {"qwen2", "q4_k_m"}, {"qwen2", "q4_0"},     {"qwen2", "q2_k"},      {"llama", "iq4_xs"},
-    {"qwen3", "f16"},    {"qwen3", "q8_0"},   {"qwen3", "q6_k"},     {"qwen3", "q5_k_m"},    {"qwen3", "q4_k_m"},
-    {"qwen3", "q4_0"},   {"qwen3", "q2_k"},   {"qwen3-yarn", "f16"}, {"qwen3-yarn", "q8_0"},
+    {"llama", "f16"},    {"llama", "q8_0"},    {"llama", "q6_k"},     {"llama", "q5_k_m"},    {"llama", "q4_k_m"},
+    {"llama", "q4_0"},   {"llama", "q2_k"},    {"qwen2", "f16"},      {"qwen2", "q8_0"},      {"qwen2", "q6_k"},
+    {"qwen2", "q5_k_m"}, {"qwen2", "q4_k_m"},  {"qwen2", "q4_0"},     {"qwen2", "q2_k"},      {"llama", "iq4_xs"},
+    {"qwen3", "f16"},    {"qwen3", "q8_0"},    {"qwen3", "q6_k"},     {"qwen3", "q5_k_m"},    {"qwen3", "q4_k_m"},
+    {"qwen3", "q4_0"},   {"qwen3", "q2_k"},    {"qwen3-yarn", "f16"}, {"qwen3-yarn", "q8_0"}, {"gemma2", "f16"},
+    {"gemma2", "q8_0"},  {"gemma2", "q4_k_m"},
 };
 
 INSTANTIATE_TEST_SUITE_P(Generated, GeneratedGolden, ::testing::ValuesIn(kGenerated),

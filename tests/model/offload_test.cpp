@@ -123,7 +123,7 @@ std::vector<Case> tiny_cases() {
         {"generated llama, rope_freqs, tied", test::tiny_llama_bytes({.tied = true, .rope_freqs = true}), {}},
     };
     for (const char* f : {"tiny-llama-f16.gguf", "tiny-llama-q4_k_m.gguf", "tiny-llama-q8_0.gguf",
-                          "tiny-qwen2-q4_0.gguf", "tiny-qwen2-q6_k.gguf"}) {
+                          "tiny-qwen2-q4_0.gguf", "tiny-qwen2-q6_k.gguf", "tiny-gemma2-q8_0.gguf"}) {
         cases.push_back({f, {}, test::source_dir() / "tests/model/data" / f});
     }
     return cases;

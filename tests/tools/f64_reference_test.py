@@ -68,7 +68,7 @@ def test_fitllm_as_close_to_f64_as_llama_cpp(name, program):
 
 def test_every_architecture_is_covered():
     names = f64_reference.tiny_names()
-    for prefix in ("tiny-llama-", "tiny-qwen2-", "tiny-qwen3-q", "tiny-qwen3-yarn-"):
+    for prefix in ("tiny-llama-", "tiny-qwen2-", "tiny-qwen3-q", "tiny-qwen3-yarn-", "tiny-gemma2-"):
         assert any(n.startswith(prefix) for n in names), prefix
 
 

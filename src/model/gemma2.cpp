@@ -1,0 +1,229 @@
+// Gemma 2: Gemma 3's block without the Q/K norms (pre- and post-norms around attention and FFN,
+// GeGLU, the embedding scaled by sqrt(n_embd)), every other layer sliding-window, and tanh
+// soft-capping of the attention scores and of the final logits.
+// Reference: the Gemma 2 technical report; llama.cpp's gemma2 graph for the exact order of ops.
+#include <algorithm>
+#include <cmath>
+
+#include "model/architecture.h"
+#include "model/decoder.h"
+#include "model/model.h"
+#include "model/weights.h"
+#include "ops/activation.h"
+#include "ops/embedding.h"
+#include "ops/matmul.h"
+#include "ops/norm.h"
+#include "ops/rope.h"
+#include "ops/scratch.h"
+
+namespace fitllm::model {
+namespace {
+
+// A soft-capping value: the key's, else llama.cpp's default for Gemma 2 (it caps always).
+float read_softcap(const HparamReader& r, const std::string& name, float fallback) {
+    const float cap = r.number_or(name, fallback);
+    if (!(cap > 0.0f) || !std::isfinite(cap)) r.refuse(name, std::to_string(cap), "must be a positive number");
+    return cap;
+}
+
+// Gemma 2 (llama.cpp's LLM_ARCH_GEMMA2): layers il % 2 == 0 are local (window 4096 unless the
+// file says otherwise; attention.sliding_window_pattern, a period or one flag per layer, replaces
+// the pattern); local layers rotate with rope.freq_base_swa when given, else with the global base,
+// and the same position scaling. Q is scaled by 1/sqrt(head_dim), for the 27B (46 layers) by
+// 1/sqrt(n_embd / n_head): llama.cpp's rule for query_pre_attn_scalar. Attention scores are
+// capped at 50 and logits at 30 unless the file gives other values.
+void read_gemma2_hparams(const HparamReader& r, Hparams& hp) {
+    hp.sliding_window = r.count_or("attention.sliding_window", 4096);
+    const auto n_layer = static_cast<size_t>(hp.n_layer);
+    hp.is_swa.assign(n_layer, false);
+    int period = 2;
+    if (const gguf::Value* v = r.file().find(r.key("attention.sliding_window_pattern")); v && v->is_array()) {
+        if (v->array_type() != gguf::ValueType::BOOL || v->array_size() != n_layer) {
+            r.refuse("attention.sliding_window_pattern", v->type_name() + " of " + std::to_string(v->array_size()),
+                     "expected one bool per layer (" + std::to_string(hp.n_layer) + ")");
+        }
+        const std::vector<bool> flags = v->array<bool>();
+        for (size_t il = 0; il < n_layer; ++il) hp.is_swa[il] = flags[il];
+        period = -1;
+    } else if (v) {
+        const int64_t p = v->to_int();
+        if (p < 0 || p > hp.n_layer) {
+            r.refuse("attention.sliding_window_pattern", std::to_string(p), "must be 0 .. block_count");
+        }
+        period = static_cast<int>(p);
+    }
+    if (period >= 0) {
+        // A period of 0 makes every layer local (llama.cpp's set_swa_pattern).
+        for (int il = 0; il < hp.n_layer; ++il)
+            hp.is_swa[static_cast<size_t>(il)] = period == 0 || il % period < period - 1;
+    }
+    hp.rope_base_swa = r.number_or("rope.freq_base_swa", hp.rope_base);
+    hp.rope_freq_scale = r.rope_freq_scale();
+    hp.n_rot = r.count_or("rope.dimension_count", hp.head_dim);
+    if (hp.n_rot % 2 != 0 || hp.n_rot > hp.head_dim) {
+        r.refuse("rope.dimension_count", std::to_string(hp.n_rot),
+                 "must be even and at most the head size " + std::to_string(hp.head_dim));
+    }
+    hp.attn_softcap = read_softcap(r, "attn_logit_softcapping", 50.0f);
+    hp.final_logit_softcap = read_softcap(r, "final_logit_softcapping", 30.0f);
+    hp.attn_scale = hp.n_layer == 46 ? 1.0f / std::sqrt(static_cast<float>(hp.n_embd / hp.n_head))
+                                     : 1.0f / std::sqrt(static_cast<float>(hp.head_dim));
+}
+
+// Gemma 2, one block. Shapes as [rows (outputs), cols (inputs)].
+struct Gemma2Layer {
+    const float* attn_norm = nullptr;       // [n_embd]
+    ops::WeightView wq;                     // [n_head * head_dim, n_embd]
+    ops::WeightView wk;                     // [n_head_kv * head_dim, n_embd]
+    ops::WeightView wv;                     // [n_head_kv * head_dim_v, n_embd]
+    ops::WeightView wo;                     // [n_embd, n_head * head_dim_v]
+    const float* post_attn_norm = nullptr;  // [n_embd]
+    const float* ffn_norm = nullptr;        // [n_embd]
+    ops::WeightView ffn_gate;               // [n_ff, n_embd]
+    ops::WeightView ffn_up;                 // [n_ff, n_embd]
+    ops::WeightView ffn_down;               // [n_embd, n_ff]
+    const float* post_ffn_norm = nullptr;   // [n_embd]
+};
+
+// Calls f on every pointer into the file that a layer holds (LayerRef moves them into a stream
+// buffer). A field added to a layer must be added here: the static_assert is the reminder.
+template <class F>
+void for_each_weight(Gemma2Layer& L, F&& f) {
+    static_assert(sizeof(Gemma2Layer) == 4 * sizeof(const float*) + 7 * sizeof(ops::WeightView),
+                  "a Gemma2Layer field is missing from for_each_weight");
+    for (const float** p : {&L.attn_norm, &L.post_attn_norm, &L.ffn_norm, &L.post_ffn_norm}) f(*p);
+    for (ops::WeightView* w : {&L.wq, &L.wk, &L.wv, &L.wo, &L.ffn_gate, &L.ffn_up, &L.ffn_down}) f(w->data);
+}
+
+struct Gemma2Weights {
+    ops::WeightView token_embd;          // [n_vocab, n_embd]
+    std::vector<Gemma2Layer> layers;     // n_layer
+    const float* output_norm = nullptr;  // [n_embd]
+    ops::WeightView output;              // token_embd: Gemma 2 always ties them
+};
+
+// Throws ModelError naming the first missing or misshapen tensor.
+Gemma2Weights bind_gemma2_weights(const gguf::GgufFile& file, const Hparams& hp) {
+    const TensorBinder b(file);
+    Gemma2Weights w;
+    w.token_embd = b.matrix("token_embd.weight", hp.n_vocab, hp.n_embd);
+    w.output_norm = b.vector("output_norm.weight", hp.n_embd);
+    // llama.cpp multiplies by token_embd and refuses a file with more tensors than it binds.
+    b.refuse("output.weight", "Gemma 2 ties the output matrix to token_embd.weight");
+    w.output = w.token_embd;
+    const int64_t q_dim = int64_t{hp.n_head} * hp.head_dim;
+    const int64_t k_dim = int64_t{hp.n_head_kv} * hp.head_dim;
+    const int64_t v_dim = int64_t{hp.n_head_kv} * hp.head_dim_v;
+    const int64_t o_dim = int64_t{hp.n_head} * hp.head_dim_v;
+    for (int il = 0; il < hp.n_layer; ++il) {
+        const std::string p = "blk." + std::to_string(il) + ".";
+        Gemma2Layer L;
+        L.attn_norm = b.vector(p + "attn_norm.weight", hp.n_embd);
+        L.wq = b.matrix(p + "attn_q.weight", q_dim, hp.n_embd);
+        L.wk = b.matrix(p + "attn_k.weight", k_dim, hp.n_embd);
+        L.wv = b.matrix(p + "attn_v.weight", v_dim, hp.n_embd);
+        L.wo = b.matrix(p + "attn_output.weight", hp.n_embd, o_dim);
+        L.post_attn_norm = b.vector(p + "post_attention_norm.weight", hp.n_embd);
+        L.ffn_norm = b.vector(p + "ffn_norm.weight", hp.n_embd);
+        L.ffn_gate = b.matrix(p + "ffn_gate.weight", hp.n_ff, hp.n_embd);
+        L.ffn_up = b.matrix(p + "ffn_up.weight", hp.n_ff, hp.n_embd);
+        L.ffn_down = b.matrix(p + "ffn_down.weight", hp.n_embd, hp.n_ff);
+        L.post_ffn_norm = b.vector(p + "post_ffw_norm.weight", hp.n_embd);
+        w.layers.push_back(L);
+    }
+    return w;
+}
+
+class Gemma2 final : public DecoderModel {
+public:
+    Gemma2(const gguf::GgufFile& file, Hparams hp, const LoadOptions& options)
+        : DecoderModel(file, std::move(hp), options), w_(bind_gemma2_weights(file, hp_)) {
+        mem_.place_weights(w_);  // the offloaded layers' views point at the device's copies
+    }
+
+    void forward(const Batch& batch, kv::ModelCache& cache, float* logits_out, ops::ThreadPool& pool) override {
+        const Hparams& hp = hp_;
+        const BatchRows rows = begin_batch(hp, batch, cache, mem_, pool, [this](int il) { return rope_params(il); });
+        const std::span<const ops::TokenPlace> places =
+            batch_places(batch, mem_, rows);  // where each token sits in its run
+        const int n = rows.n;
+        const int64_t E = hp.n_embd;
+
+        float* x_host = mem_.a.x.data();
+        ops::embedding_rows(w_.token_embd, batch.tokens.data(), n, x_host);  // x: [n, n_embd]
+        ops::scale(x_host, n * E, std::sqrt(static_cast<float>(hp.n_embd)));
+
+        for (int il = 0; il < hp.n_layer; ++il) {
+            const LayerRef<Gemma2Layer> L = mem_.layer(w_.layers, il);  // waits for a streamed layer
+            Exec& o = mem_.enter(il);  // the ops and activations of the device that runs layer il
+            float* x = o.x;
+            float* cur = o.cur;
+            const bool local = hp.is_swa[static_cast<size_t>(il)];
+
+            // Attention block.
+            o.rms_norm(x, L->attn_norm, hp.norm_eps, n, E, cur);
+            o.matmul(L->wq, cur, n, o.q, places);  // q: [n, n_head, head_dim]
+            o.matmul(L->wk, cur, n, o.k, places);  // k: [n, n_head_kv, head_dim]
+            o.matmul(L->wv, cur, n, o.v, places);  // v: [n, n_head_kv, head_dim_v]
+            const ops::RopeParams rope = rope_params(il);
+            o.rope(o.q, rows.positions, n, hp.n_head, hp.head_dim, rope);
+            o.rope(o.k, rows.positions, n, hp.n_head_kv, hp.head_dim, rope);
+            o.store_kv(cache, il, o.k, o.v, o.q, rows, hp, rope);  // q: for the K transform's fit
+            // Q is scaled before attention, as llama.cpp does; the scores are then capped
+            // (hp.attn_softcap) as cap * tanh(q.k / cap).
+            o.scale(o.q, int64_t{n} * hp.n_head * hp.head_dim, hp.attn_scale);
+            attend(o, hp, cache, il, o.q, rows, /*scale=*/1.0f, local ? hp.sliding_window : 0,
+                   o.attn);                                  // attn: [n, n_head * head_dim_v]
+            o.matmul(L->wo, o.attn, n, o.attn_out, places);  // attn_out: [n, n_embd]
+            o.rms_norm(o.attn_out, L->post_attn_norm, hp.norm_eps, n, E, o.attn_out);
+            o.add(x, o.attn_out, n * E, x);
+
+            // Feed-forward block: down(gelu(gate(h)) * up(h)), a slice of tokens at a time.
+            o.rms_norm(x, L->ffn_norm, hp.norm_eps, n, E, cur);
+            for (int t0 = 0; t0 < n; t0 += o.ffn_slice) {
+                const int m = std::min(o.ffn_slice, n - t0);
+                float* h = cur + t0 * E;
+                o.matmul(L->ffn_gate, h, m, o.gate, places_of(places, t0, m));  // gate: [m, n_ff]
+                o.matmul(L->ffn_up, h, m, o.up, places_of(places, t0, m));      // up: [m, n_ff]
+                o.geglu(o.gate, o.up, int64_t{m} * hp.n_ff, o.gate);
+                o.matmul(L->ffn_down, o.gate, m, h, places_of(places, t0, m));  // h: [m, n_embd], over its read rows
+            }
+            o.rms_norm(cur, L->post_ffn_norm, hp.norm_eps, n, E, cur);
+            o.add(x, cur, n * E, x);
+        }
+        cache.end_batch();
+
+        // Output: the rows that want logits, soft-capped.
+        Exec& o = mem_.enter_output();
+        const int n_out = output_rows(o, hp, batch, o.x, w_.output_norm, o.cur);
+        if (n_out == 0) return;
+        float* logits = mem_.logits_target(hp, logits_out, n_out);
+        o.matmul(w_.output, o.cur, n_out, logits, output_places(batch, rows, mem_));  // logits: [n_out, n_vocab]
+        o.softcap(logits, int64_t{n_out} * hp.n_vocab, hp.final_logit_softcap);
+        mem_.finish_logits(logits_out, int64_t{n_out} * hp.n_vocab);
+    }
+
+private:
+    // Local and global layers differ only in the base (rope.freq_base_swa, when the file has it).
+    ops::RopeParams rope_params(int il) const {
+        const bool local = hp_.is_swa[static_cast<size_t>(il)];
+        ops::RopeParams rope;
+        rope.mode = ops::RopeMode::Neox;
+        rope.n_dims = hp_.n_rot;
+        rope.freq_base = local ? hp_.rope_base_swa : hp_.rope_base;
+        rope.freq_scale = hp_.rope_freq_scale;
+        return rope;
+    }
+
+    Gemma2Weights w_;
+};
+
+std::unique_ptr<Model> load_gemma2(const gguf::GgufFile& file, Hparams hp, const LoadOptions& options) {
+    return std::make_unique<Gemma2>(file, std::move(hp), options);
+}
+
+}  // namespace
+
+extern const Architecture kGemma2{"gemma2", read_gemma2_hparams, load_gemma2};
+
+}  // namespace fitllm::model
