@@ -71,6 +71,11 @@ struct ContextConfig {
     bool context_shift = false;  // a full context drops its oldest tokens (after n_keep) and goes on
     int n_keep = 0;
     int n_threads = 0;  // 0: the physical cores
+    // Prompts kept in the KV cache after their request ends (serve's --cache-prompts): a later
+    // request with the same prefix starts after it instead of computing it again. Each takes a
+    // sequence id of the cache (n_seq + n_cached_prompts <= 64) and its cells until evicted, least
+    // recently used first, when a request needs them; the sliding-window pools grow by a window each.
+    int n_cached_prompts = 0;
 };
 
 }  // namespace fitllm

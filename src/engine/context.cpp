@@ -47,6 +47,11 @@ void check(const ContextConfig& c) {
     if (c.n_seq < 1 || c.n_seq > kv::kMaxSequences) {
         fail("sequences (-np) " + std::to_string(c.n_seq) + " outside 1.." + std::to_string(kv::kMaxSequences));
     }
+    if (c.n_cached_prompts < 0 || c.n_seq + c.n_cached_prompts > kv::kMaxSequences) {
+        fail("cached prompts (--cache-prompts) " + std::to_string(c.n_cached_prompts) + " with " +
+             std::to_string(c.n_seq) + " sequences (-np): together they may be at most " +
+             std::to_string(kv::kMaxSequences));
+    }
     if (c.n_batch < 1) fail("batch size (-b) " + std::to_string(c.n_batch) + " must be at least 1");
     if (c.n_outputs < 0) fail("output rows " + std::to_string(c.n_outputs) + " is negative");
     if (c.n_threads < 0) fail("threads (-t) " + std::to_string(c.n_threads) + " is negative");
@@ -65,7 +70,7 @@ kv::CacheParams cache_params(const ContextConfig& c, int max_position) {
     kv::CacheParams cp;
     cp.n_cells = kv_cells(c.n_ctx, c.n_seq, c.context_shift);
     cp.n_positions = max_position > 0 ? max_position : c.n_ctx;
-    cp.n_seq_max = c.n_seq;
+    cp.n_seq_max = c.n_seq + c.n_cached_prompts;
     cp.type_k = ggml_type(c.type_k);
     cp.type_v = ggml_type(c.type_v);
     cp.rotate = c.kv_rotation;

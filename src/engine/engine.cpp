@@ -110,6 +110,7 @@ PlanParams plan_params(const LoadConfig& load, const ContextConfig& context, uin
     PlanParams p;
     p.n_ctx = context.n_ctx;
     p.n_seq = context.n_seq;
+    p.n_cached_prompts = context.n_cached_prompts;
     p.context_shift = context.context_shift;
     p.n_batch = std::max(context.n_batch, context.n_seq);
     p.n_outputs = context.n_outputs;

@@ -29,6 +29,7 @@ Job::Update Job::take_locked() {
     u.n_prompt = n_prompt_;
     u.n_generated = n_generated_;
     u.n_preemptions = n_preemptions_;
+    u.n_cached = n_cached_;
     return u;
 }
 
@@ -71,6 +72,11 @@ void Job::add_logprob(TokenLogprob logprob) {
 void Job::note_preempted() {
     std::lock_guard lock(mutex_);
     ++n_preemptions_;
+}
+
+void Job::note_cached(int n_tokens) {
+    std::lock_guard lock(mutex_);
+    n_cached_ = n_tokens;
 }
 
 void Job::finish(FinishReason reason, std::string error) {

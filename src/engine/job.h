@@ -48,6 +48,7 @@ public:
         int n_prompt = 0;   // tokens of the prompt
         int n_generated = 0;
         int n_preemptions = 0;               // times the scheduler took the sequence's KV cells back
+        int n_cached = 0;                    // prompt tokens taken from the prompt cache (not computed)
         std::vector<TokenLogprob> logprobs;  // of the tokens sampled since the previous wait(), when asked for
     };
 
@@ -65,6 +66,7 @@ public:
     void append(std::string_view text, int n_generated);
     void add_logprob(TokenLogprob logprob);  // before the token's append()
     void note_preempted();
+    void note_cached(int n_tokens);
     void finish(FinishReason reason, std::string error = {});
 
 private:
@@ -81,6 +83,7 @@ private:
     int n_prompt_ = 0;
     int n_generated_ = 0;
     int n_preemptions_ = 0;
+    int n_cached_ = 0;
 };
 
 }  // namespace fitllm::engine

@@ -245,9 +245,9 @@ Plan plan_for(const ModelShape& shape, const PlanParams& params) {
         largest_streamed == 0 ? 0 : model::kStreamBuffers * memory::PoolBuffer<std::byte>::bytes_for(largest_streamed);
 
     // KV: kv::ModelCache's pools (see kv/cache.h); the offloaded layers' on the device.
-    p.kv_pools = kv_plan(hp, kv_cells(params.n_ctx, params.n_seq, params.context_shift), params.n_seq, params.n_batch,
-                         params.type_k, params.type_v, params.kv_resident_limit, params.kv_offload ? n_device : 0,
-                         params.kv_rotation);
+    p.kv_pools = kv_plan(hp, kv_cells(params.n_ctx, params.n_seq, params.context_shift),
+                         params.n_seq + params.n_cached_prompts, params.n_batch, params.type_k, params.type_v,
+                         params.kv_resident_limit, params.kv_offload ? n_device : 0, params.kv_rotation);
     for (const KvPoolPlan& pool : p.kv_pools) {
         (pool.on_device ? p.device.kv : p.kv) += pool.bytes;
         if (pool.on_device && unified) p.kv += pool.bytes;  // the host's "kv" pool holds it
@@ -277,7 +277,11 @@ Plan plan_for(const ModelShape& shape, const PlanParams& params) {
 
     p.logits = uint64_t(hp.n_vocab) * sizeof(float) * static_cast<uint64_t>(params.n_outputs);
     p.samplers = static_cast<uint64_t>(params.n_seq) * sampling::Sampler::workspace_bytes(hp.n_vocab);
-    p.overhead = kFixedOverhead + kMetadataFactor * shape.metadata_bytes + p.samplers;
+    // The scheduler's cached prompts (ContextConfig::n_cached_prompts) keep their tokens: at most
+    // the context each.
+    const uint64_t cached_prompt_tokens =
+        static_cast<uint64_t>(params.n_cached_prompts) * static_cast<uint64_t>(params.n_ctx) * sizeof(int32_t);
+    p.overhead = kFixedOverhead + kMetadataFactor * shape.metadata_bytes + p.samplers + cached_prompt_tokens;
 
     if (!params.device.empty()) {
         p.device.name = params.device;
@@ -316,6 +320,11 @@ Plan make_plan(const ModelShape& shape, PlanParams params) {
     positive(params.n_seq, "sequences (-np)");
     positive(params.n_batch, "batch size (-b)");
     positive(params.n_outputs, "output rows");
+    if (params.n_cached_prompts < 0 || params.n_seq + params.n_cached_prompts > kv::kMaxSequences) {
+        throw std::invalid_argument("sequences (-np) " + std::to_string(params.n_seq) + " and cached prompts " +
+                                    std::to_string(params.n_cached_prompts) + ": together at most " +
+                                    std::to_string(kv::kMaxSequences));
+    }
     if (params.n_seq > kv::kMaxSequences) {
         throw std::invalid_argument("sequences (-np) " + std::to_string(params.n_seq) + " outside 1.." +
                                     std::to_string(kv::kMaxSequences));

@@ -61,8 +61,9 @@ int tensor_layer(std::string_view name);
 ModelShape model_shape(const gguf::GgufFile& file);
 
 struct PlanParams {
-    int n_ctx = 2048;  // tokens the context holds, all sequences together (-c); 0: the model's training context
-    int n_seq = 1;     // sequences sharing the cache (-np)
+    int n_ctx = 2048;          // tokens the context holds, all sequences together (-c); 0: the model's training context
+    int n_seq = 1;             // sequences sharing the cache (-np)
+    int n_cached_prompts = 0;  // more sequence ids: the prompts the scheduler keeps (ContextConfig)
     bool context_shift = false;                     // the cache keeps room for a context shift's holes (kv_cells)
     int n_batch = 512;                              // tokens per forward pass (-b)
     int n_outputs = 0;                              // rows of logits per forward pass; 0: one per sequence

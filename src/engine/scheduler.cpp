@@ -9,6 +9,7 @@
 #include "engine/context.h"
 #include "engine/text_stream.h"
 #include "fitllm/error.h"
+#include "sampling/grammar.h"
 #include "sampling/sampler.h"
 #include "tokenizer/detokenizer.h"
 
@@ -39,6 +40,7 @@ struct Scheduler::Sequence {
     uint64_t order = 0;  // admission order: lower is older and keeps its slot longer
     kv::SeqId seq = -1;
     bool finished = false;
+    bool admitted = false;  // once: the prompt cache's share of the prompt is reported then
 
     int unfed() const { return static_cast<int>(tokens.size()) - n_fed; }
 };
@@ -91,6 +93,7 @@ Scheduler::Scheduler(model::Model& model, const tokenizer::Tokenizer& tokenizer,
       logits_(make_logits(model, context_.n_seq, device)) {
     kv_bytes_ = cache_.bytes();
     for (int s = context_.n_seq - 1; s >= 0; --s) free_ids_.push_back(s);
+    for (int s = context_.n_seq + context_.n_cached_prompts - 1; s >= context_.n_seq; --s) free_cache_ids_.push_back(s);
     stats_.kv_cells_total = context_.n_ctx;
     warm_up();
     thread_ = std::thread([this] { loop(); });
@@ -139,6 +142,11 @@ void Scheduler::shutdown() {
     queue_.clear();
 }
 
+std::shared_ptr<const sampling::GrammarVocab> Scheduler::grammar_vocab() const {
+    std::call_once(grammar_vocab_once_, [this] { grammar_vocab_ = sampling::GrammarVocab::from_tokenizer(tokenizer_); });
+    return grammar_vocab_;
+}
+
 std::shared_ptr<Job> Scheduler::submit(std::vector<int32_t> prompt, GenerationParams params) {
     const int n_prompt = static_cast<int>(prompt.size());
     if (n_prompt == 0) throw std::invalid_argument("the prompt has no tokens");
@@ -152,6 +160,7 @@ std::shared_ptr<Job> Scheduler::submit(std::vector<int32_t> prompt, GenerationPa
     for (const std::string& s : params.stop) {
         if (s.empty()) throw std::invalid_argument("stop: an empty stop string");
     }
+    if (params.sampling.grammar && !params.sampling.grammar_vocab) params.sampling.grammar_vocab = grammar_vocab();
     auto job = std::make_shared<Job>(n_prompt);
     auto seq = std::make_unique<Sequence>(job, std::move(prompt), std::move(params), tokenizer_, model_.n_vocab());
     {
@@ -244,16 +253,31 @@ void Scheduler::admit() {
     }
     // Admission: a free slot, and free cells for all of the request's tokens on top of what the
     // running prompts still need and a block per sequence for partly used blocks.
+    // Kept prompts give their cells back (least recently used first) when they are needed.
     const int block = cache_.pool(0).params().block_size;
     while (!preempted_.empty() && !free_ids_.empty()) {
         Sequence& s = *preempted_.front();
+        s.seq = free_ids_.back();
+        const int reused = reuse_prompt(s);
         int reserved = 0;
         for (const auto& a : active_) reserved += a->unfed() + block;
-        const int need = static_cast<int>(s.tokens.size()) + block;
-        if (!active_.empty() && need + reserved > cache_.pool(0).free_cells()) break;
-        s.seq = free_ids_.back();
+        const int need = static_cast<int>(s.tokens.size()) - reused + block;
+        while (need + reserved > cache_.pool(0).free_cells() && evict_cached_prompt()) {
+        }
+        if (!active_.empty() && need + reserved > cache_.pool(0).free_cells()) {
+            cache_.seq_rm(s.seq, -1, -1);
+            s.seq = -1;
+            break;
+        }
         free_ids_.pop_back();
-        s.n_fed = 0;
+        s.n_fed = reused;
+        if (!s.admitted) s.job->note_cached(std::min(reused, s.n_prompt));
+        s.admitted = true;
+        if (reused > 0) {
+            std::lock_guard lock(mutex_);
+            stats_.n_prompt_tokens_cached += static_cast<uint64_t>(reused);
+            ++stats_.n_cache_hits;
+        }
         active_.push_back(std::move(preempted_.front()));
         preempted_.pop_front();
         std::lock_guard lock(mutex_);
@@ -264,6 +288,7 @@ void Scheduler::admit() {
 void Scheduler::preempt(size_t i) {
     std::unique_ptr<Sequence> s = std::move(active_[i]);
     active_.erase(active_.begin() + static_cast<std::ptrdiff_t>(i));
+    keep_prompt(*s);  // it finds its cells again if nobody needs them before it resumes
     cache_.seq_rm(s->seq, -1, -1);
     free_ids_.push_back(s->seq);
     s->seq = -1;
@@ -299,6 +324,7 @@ bool Scheduler::step() {
     // Cancelled requests leave first: their cells are free for this step.
     for (size_t i = 0; i < active_.size();) {
         if (active_[i]->job->cancelled()) {
+            keep_prompt(*active_[i]);
             cache_.seq_rm(active_[i]->seq, -1, -1);
             free_ids_.push_back(active_[i]->seq);
             finish(*active_[i], FinishReason::cancelled);
@@ -342,6 +368,7 @@ bool Scheduler::step() {
             }
         }
         if (cache_.has_room(batch_seq_)) break;
+        if (evict_cached_prompt()) continue;
         if (active_.size() == 1) {
             // Alone and still no room: its tokens outgrew the cache (n_ctx bounds prompt + max_tokens,
             // so only the window pools' rounding could do this).
@@ -414,6 +441,7 @@ bool Scheduler::step() {
 void Scheduler::release_finished() {
     for (size_t i = 0; i < active_.size();) {
         if (active_[i]->finished) {
+            keep_prompt(*active_[i]);
             cache_.seq_rm(active_[i]->seq, -1, -1);
             free_ids_.push_back(active_[i]->seq);
             active_.erase(active_.begin() + static_cast<std::ptrdiff_t>(i));
@@ -421,6 +449,73 @@ void Scheduler::release_finished() {
             ++i;
         }
     }
+}
+
+void Scheduler::keep_prompt(const Sequence& s) {
+    if (context_.n_cached_prompts == 0 || s.n_fed == 0) return;
+    const auto fed = std::span<const int32_t>(s.tokens).first(static_cast<size_t>(s.n_fed));
+    const auto starts = [](std::span<const int32_t> a, std::span<const int32_t> prefix) {
+        return prefix.size() <= a.size() && std::equal(prefix.begin(), prefix.end(), a.begin());
+    };
+    for (auto it = cached_.begin(); it != cached_.end();) {
+        if (starts(it->tokens, fed)) {  // kept already (it shared them, or computed the same)
+            it->last_used = ++cache_clock_;
+            return;
+        }
+        if (starts(fed, it->tokens)) {  // this one holds all of it, and more
+            cache_.seq_rm(it->seq, -1, -1);
+            free_cache_ids_.push_back(it->seq);
+            it = cached_.erase(it);
+        } else {
+            ++it;
+        }
+    }
+    if (free_cache_ids_.empty()) evict_cached_prompt();
+    CachedPrompt kept{.seq = free_cache_ids_.back(), .tokens = {fed.begin(), fed.end()}, .last_used = ++cache_clock_};
+    free_cache_ids_.pop_back();
+    cache_.seq_cp(s.seq, kept.seq, 0, s.n_fed);
+    cached_.push_back(std::move(kept));
+}
+
+int Scheduler::reuse_prompt(Sequence& s) {
+    // At least the last token is computed again: its logits give the next token.
+    const size_t most = s.tokens.size() - 1;
+    CachedPrompt* best = nullptr;
+    size_t best_n = 0;
+    for (CachedPrompt& c : cached_) {
+        const size_t limit = std::min(most, c.tokens.size());
+        size_t n = 0;
+        while (n < limit && c.tokens[n] == s.tokens[n]) ++n;
+        if (n <= best_n) continue;
+        // A query at position n sees window-pool keys after n - window: they must still be kept.
+        bool whole = true;
+        for (int p = 0; p < cache_.n_pools() && whole; ++p) {
+            const kv::KvCache& pool = cache_.pool(p);
+            const int window = pool.params().window;
+            if (window <= 0) continue;
+            const kv::Pos first = pool.seq_pos_min(c.seq);
+            whole = first >= 0 && first <= std::max<kv::Pos>(0, static_cast<kv::Pos>(n) - window + 1);
+        }
+        if (!whole) continue;
+        best = &c;
+        best_n = n;
+    }
+    if (best == nullptr) return 0;
+    best->last_used = ++cache_clock_;
+    cache_.seq_cp(best->seq, s.seq, 0, static_cast<kv::Pos>(best_n));
+    return static_cast<int>(best_n);
+}
+
+bool Scheduler::evict_cached_prompt() {
+    if (cached_.empty()) return false;
+    const auto lru = std::min_element(cached_.begin(), cached_.end(),
+                                      [](const auto& a, const auto& b) { return a.last_used < b.last_used; });
+    cache_.seq_rm(lru->seq, -1, -1);
+    free_cache_ids_.push_back(lru->seq);
+    cached_.erase(lru);
+    std::lock_guard lock(mutex_);
+    ++stats_.n_cache_evictions;
+    return true;
 }
 
 void Scheduler::publish_stats() {
@@ -436,6 +531,9 @@ void Scheduler::publish_stats() {
     stats_.n_active = static_cast<int>(active_.size());
     stats_.n_queued = static_cast<int>(queue_.size() + preempted_.size());
     stats_.kv_cells_used = cache_.pool(0).used_cells();
+    stats_.n_cached_prompts = static_cast<int>(cached_.size());
+    stats_.cached_prompt_tokens = 0;
+    for (const CachedPrompt& c : cached_) stats_.cached_prompt_tokens += static_cast<int>(c.tokens.size());
 }
 
 }  // namespace fitllm::engine

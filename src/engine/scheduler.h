@@ -11,6 +11,17 @@
 // and it waits first in line to be fed again (recomputed) when room returns, then goes on where
 // it stopped (its sampler state kept).
 //
+// Prompt cache (ContextConfig::n_cached_prompts > 0): a request that ends (finished, cancelled or
+// preempted) leaves the cells of the tokens it fed under a sequence id of its own, with the token
+// list they hold. A request admitted later starts from the longest prefix it shares with one of
+// them: the cells are shared (kv::KvCache::seq_cp, copy on write), and only the rest of its
+// prompt is computed. A preempted request so finds its own cells again when they were not needed.
+// Kept prompts give their cells back, least recently used first, whenever a request needs room;
+// they never hold more than the cache, so the KV budget is unchanged. A prompt that another kept
+// prompt extends is dropped. A sliding-window pool holds only a window of each kept prompt, so a
+// prefix is taken only where the window before it is still there (all of a kept prompt, or all
+// but its last token).
+//
 //   Scheduler sched(model, tokenizer, {.n_ctx = 4096, .n_seq = 4, .n_batch = 256}, {.max_queue = 64}, compute, &host);
 //   std::shared_ptr<Job> job = sched.submit(prompt_ids, {.max_tokens = 64, .sampling = sp});
 //   Job::Update u = job->wait_all();
@@ -65,6 +76,11 @@ struct SchedulerStats {
     uint64_t n_prompt_tokens = 0;     // prompt tokens fed (recomputed ones included)
     uint64_t n_generated_tokens = 0;  // tokens sampled
     uint64_t n_preemptions = 0;
+    uint64_t n_prompt_tokens_cached = 0;  // prompt tokens taken from the prompt cache, not computed
+    uint64_t n_cache_hits = 0;            // requests (and resumptions) that took a cached prefix
+    uint64_t n_cache_evictions = 0;       // kept prompts dropped for room
+    int n_cached_prompts = 0;             // prompts kept now
+    int cached_prompt_tokens = 0;         // their tokens, summed (a prefix two of them share counts twice)
     uint64_t n_steps = 0;
     double busy_seconds = 0.0;       // in forward passes
     double tokens_per_second = 0.0;  // tokens sampled per second over the last few seconds
@@ -101,9 +117,20 @@ public:
     const kv::ModelCache& cache() const { return cache_; }
     int n_ctx() const { return context_.n_ctx; }
     size_t kv_bytes() const { return kv_bytes_; }
+    // The vocabulary as a grammar sees it (sampling/grammar.h), built on first use and kept (a few
+    // MiB for a large vocabulary). submit() gives it to a request with a grammar.
+    std::shared_ptr<const sampling::GrammarVocab> grammar_vocab() const;
 
 private:
     struct Sequence;
+    struct CachedPrompt {
+        kv::SeqId seq = -1;
+        std::vector<int32_t> tokens;  // the cells hold these at positions 0 .. size - 1
+        uint64_t last_used = 0;
+    };
+    void keep_prompt(const Sequence& s);
+    int reuse_prompt(Sequence& s);  // the tokens of s now in the cache (cells shared with a kept prompt)
+    bool evict_cached_prompt();     // the least recently used; false when none is kept
     void warm_up();
     void loop();
     void admit();
@@ -126,6 +153,9 @@ private:
     std::vector<std::unique_ptr<Sequence>> active_;    // holding a sequence id
     std::deque<std::unique_ptr<Sequence>> preempted_;  // oldest first
     std::vector<kv::SeqId> free_ids_;
+    std::vector<CachedPrompt> cached_;
+    std::vector<kv::SeqId> free_cache_ids_;  // n_seq .. n_seq + n_cached_prompts - 1
+    uint64_t cache_clock_ = 0;
     memory::PoolBuffer<float> logits_;  // a row per slot
     std::vector<int32_t> batch_tokens_, batch_pos_;
     std::vector<kv::SeqId> batch_seq_;
@@ -143,6 +173,8 @@ private:
     uint64_t next_order_ = 0;
     SchedulerStats stats_;
     std::thread thread_;
+    mutable std::once_flag grammar_vocab_once_;
+    mutable std::shared_ptr<const sampling::GrammarVocab> grammar_vocab_;
 };
 
 }  // namespace fitllm::engine

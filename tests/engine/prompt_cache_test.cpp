@@ -1,0 +1,214 @@
+// The scheduler's prompt cache (ContextConfig::n_cached_prompts): a request that shares a prefix
+// with a finished one computes only the rest, gives the text it gives without the cache, and kept
+// prompts give their cells back when requests need them. On the tiny Llama, and on the demo
+// model (Gemma 3) for its sliding-window pools.
+#include <gtest/gtest.h>
+
+#include <chrono>
+#include <memory>
+#include <string>
+#include <thread>
+#include <vector>
+
+#include "engine/scheduler.h"
+#include "gguf/gguf_reader.h"
+#include "model/model.h"
+#include "test_support.h"
+#include "tokenizer/tokenizer.h"
+
+namespace fitllm::engine {
+namespace {
+
+struct Loaded {
+    explicit Loaded(const std::filesystem::path& path)
+        : file(gguf::GgufFile::open(path.string())),
+          tokenizer(tokenizer::Tokenizer::from_gguf(file)),
+          model(model::Model::load(file)) {}
+    gguf::GgufFile file;
+    tokenizer::Tokenizer tokenizer;
+    std::unique_ptr<model::Model> model;
+};
+
+GenerationParams greedy(int max_tokens) {
+    GenerationParams p;
+    p.max_tokens = max_tokens;
+    p.sampling.temperature = 0.0f;
+    p.top_logprobs = 0;  // the sampled ids come back with the text
+    return p;
+}
+
+std::vector<int32_t> sampled_ids(const Job::Update& u) {
+    std::vector<int32_t> ids;
+    for (const TokenLogprob& l : u.logprobs) ids.push_back(l.id);
+    return ids;
+}
+
+std::vector<int32_t> concat(std::vector<int32_t> a, const std::vector<int32_t>& b) {
+    a.insert(a.end(), b.begin(), b.end());
+    return a;
+}
+
+// Waits for the step after a job's end, which publishes the stats and keeps the prompt.
+SchedulerStats settled(const Scheduler& s) {
+    const auto deadline = std::chrono::steady_clock::now() + std::chrono::seconds(5);
+    while ((!s.idle() || s.stats().n_active != 0) && std::chrono::steady_clock::now() < deadline) {
+        std::this_thread::sleep_for(std::chrono::milliseconds(1));
+    }
+    std::this_thread::sleep_for(std::chrono::milliseconds(20));
+    return s.stats();
+}
+
+class PromptCache : public ::testing::Test {
+protected:
+    static void SetUpTestSuite() {
+        llama_ = new Loaded(test::source_dir() / "tests/model/data/tiny-llama-q8_0.gguf");
+        compute_ = new Compute(2);
+    }
+    static void TearDownTestSuite() {
+        delete compute_;
+        delete llama_;
+    }
+    static std::vector<int32_t> ids(const std::string& text, bool bos = true) {
+        return llama_->tokenizer.tokenize(text, bos, false);
+    }
+    static Job::Update without_cache(const std::vector<int32_t>& prompt, int max_tokens, ContextConfig c) {
+        c.n_cached_prompts = 0;
+        Scheduler s(*llama_->model, llama_->tokenizer, c, {}, *compute_);
+        return s.submit(prompt, greedy(max_tokens))->wait_all();
+    }
+    static Loaded* llama_;
+    static Compute* compute_;
+};
+Loaded* PromptCache::llama_ = nullptr;
+Compute* PromptCache::compute_ = nullptr;
+
+TEST_F(PromptCache, AContinuedConversationComputesOnlyItsNewTokens) {
+    const ContextConfig c{.n_ctx = 512, .n_seq = 2, .n_batch = 64, .n_cached_prompts = 2};
+    Scheduler s(*llama_->model, llama_->tokenizer, c, {}, *compute_);
+    const std::vector<int32_t> first = ids("Once upon a time there was a little fox who lived");
+    const Job::Update a = s.submit(first, greedy(8))->wait_all();
+    ASSERT_EQ(a.n_generated, 8);
+    EXPECT_EQ(a.n_cached, 0);
+    settled(s);
+
+    // The next turn: the first prompt, its answer and more. The answer's last token was sampled
+    // but never fed, so the cache holds all but that one.
+    const std::vector<int32_t> next = concat(concat(first, sampled_ids(a)), ids(" and then the fox said", false));
+    const Job::Update b = s.submit(next, greedy(8))->wait_all();
+    EXPECT_EQ(b.n_cached, static_cast<int>(first.size()) + 7);
+    EXPECT_EQ(b.text, without_cache(next, 8, c).text);
+    const SchedulerStats st = settled(s);
+    EXPECT_EQ(st.n_cache_hits, 1u);
+    EXPECT_EQ(st.n_prompt_tokens_cached, first.size() + 7);
+    EXPECT_EQ(st.n_prompt_tokens, first.size() + next.size() - (first.size() + 7));
+    // The second turn holds all of the first: one prompt kept.
+    EXPECT_EQ(st.n_cached_prompts, 1);
+    EXPECT_EQ(st.cached_prompt_tokens, static_cast<int>(next.size()) + 7);
+}
+
+TEST_F(PromptCache, TheSamePromptAgainComputesOnlyItsLastToken) {
+    const ContextConfig c{.n_ctx = 512, .n_seq = 1, .n_batch = 32, .n_cached_prompts = 1};
+    Scheduler s(*llama_->model, llama_->tokenizer, c, {}, *compute_);
+    std::string text;
+    for (int i = 0; i < 6; ++i) text += "the story goes on and on ";
+    const std::vector<int32_t> prompt = ids(text);
+    ASSERT_GT(prompt.size(), 32u);  // fed in two chunks the first time
+    const Job::Update a = s.submit(prompt, greedy(12))->wait_all();
+    const Job::Update b = s.submit(prompt, greedy(12))->wait_all();
+    EXPECT_EQ(b.n_cached, static_cast<int>(prompt.size()) - 1);
+    EXPECT_EQ(a.text, b.text);
+}
+
+TEST_F(PromptCache, NoneKeptWhenTurnedOff) {
+    const ContextConfig c{.n_ctx = 256, .n_seq = 1, .n_batch = 32};
+    Scheduler s(*llama_->model, llama_->tokenizer, c, {}, *compute_);
+    const std::vector<int32_t> prompt = ids("Once upon a time");
+    s.submit(prompt, greedy(4))->wait_all();
+    EXPECT_EQ(s.submit(prompt, greedy(4))->wait_all().n_cached, 0);
+    const SchedulerStats st = settled(s);
+    EXPECT_EQ(st.kv_cells_used, 0);
+    EXPECT_EQ(st.n_cached_prompts, 0);
+}
+
+TEST_F(PromptCache, KeptPromptsGiveTheirCellsBackToRequests) {
+    // 128 cells; each request holds ~60: a kept prompt must go for every second one to fit.
+    const ContextConfig c{.n_ctx = 128, .n_seq = 1, .n_batch = 64, .n_cached_prompts = 4};
+    Scheduler s(*llama_->model, llama_->tokenizer, c, {}, *compute_);
+    const std::vector<std::string> starts = {"Once upon a time", "The quick brown fox", "In a hole in the ground",
+                                             "It was a bright cold day", "Call me Ishmael"};
+    for (const std::string& start : starts) {
+        const std::vector<int32_t> prompt = ids(start);
+        const Job::Update u = s.submit(prompt, greedy(50))->wait_all();
+        EXPECT_NE(u.reason, FinishReason::error) << start;
+        EXPECT_EQ(u.text, without_cache(prompt, 50, c).text) << start;
+        EXPECT_LE(s.stats().kv_cells_used, s.stats().kv_cells_total);
+    }
+    const SchedulerStats st = settled(s);
+    EXPECT_GE(st.n_cache_evictions, 2u);
+    EXPECT_GE(st.n_cached_prompts, 1);
+    EXPECT_LE(st.n_cached_prompts, 2);
+}
+
+TEST_F(PromptCache, ConcurrentRequestsSharingPrefixesGiveTheirOwnTexts) {
+    // Several conversations at once, each turn extending its own history, over a cache that keeps
+    // fewer prompts than there are conversations: hits, misses and evictions mixed.
+    const ContextConfig c{.n_ctx = 512, .n_seq = 3, .n_batch = 48, .n_cached_prompts = 2};
+    Scheduler s(*llama_->model, llama_->tokenizer, c, {}, *compute_);
+    std::vector<std::vector<int32_t>> history = {ids("Once upon a time"), ids("The quick brown fox"),
+                                                 ids("In a hole in the ground"), ids("Call me Ishmael")};
+    int n_hits = 0;
+    for (int turn = 0; turn < 3; ++turn) {
+        std::vector<std::shared_ptr<Job>> jobs;
+        for (auto& h : history) jobs.push_back(s.submit(h, greedy(6)));
+        for (size_t i = 0; i < jobs.size(); ++i) {
+            const Job::Update u = jobs[i]->wait_all();
+            ASSERT_EQ(u.n_generated, 6);
+            EXPECT_EQ(u.text, without_cache(history[i], 6, c).text) << "conversation " << i << " turn " << turn;
+            n_hits += u.n_cached > 0 ? 1 : 0;
+            history[i] = concat(concat(history[i], sampled_ids(u)), ids(" and", false));
+        }
+    }
+    EXPECT_GT(n_hits, 0);
+    EXPECT_LE(settled(s).n_cached_prompts, 2);
+}
+
+TEST(PromptCacheWindow, AKeptPromptServesOnlyPrefixesItsWindowStillCovers) {
+    const auto demo = test::demo_model();
+    if (!demo) GTEST_SKIP() << "the demo model is not set up (scripts/setup.sh)";
+    Loaded gemma(*demo);
+    Compute compute(2);
+    const ContextConfig c{.n_ctx = 2048, .n_seq = 1, .n_batch = 256, .n_cached_prompts = 2};
+    Scheduler s(*gemma.model, gemma.tokenizer, c, {}, compute);
+    ASSERT_GT(s.cache().n_pools(), 1) << "the demo model's sliding-window layers have a pool of their own";
+    const int window = s.cache().pool(1).params().window;
+    ASSERT_GT(window, 0);
+
+    std::string text;
+    while (static_cast<int>(gemma.tokenizer.tokenize(text, true, false).size()) < window + 200)
+        text += "The river runs past the mill, and the miller counts the sacks of grain. ";
+    const std::vector<int32_t> first = gemma.tokenizer.tokenize(text, true, false);
+    const Job::Update a = s.submit(first, greedy(4))->wait_all();
+    settled(s);
+
+    // All of it and more: the window before the new tokens is kept.
+    const std::vector<int32_t> next =
+        concat(concat(first, sampled_ids(a)), gemma.tokenizer.tokenize(" Then", false, false));
+    const Job::Update b = s.submit(next, greedy(4))->wait_all();
+    EXPECT_EQ(b.n_cached, static_cast<int>(first.size()) + 3);
+    ContextConfig plain = c;
+    plain.n_cached_prompts = 0;
+    Scheduler fresh(*gemma.model, gemma.tokenizer, plain, {}, compute);
+    EXPECT_EQ(b.text, fresh.submit(next, greedy(4))->wait_all().text);
+    settled(s);
+
+    // A prefix that ends a window before the kept prompt's end: its window pool no longer holds
+    // what the new tokens see, so it is computed again.
+    const std::vector<int32_t> early = concat(std::vector<int32_t>(first.begin(), first.begin() + 100),
+                                              gemma.tokenizer.tokenize(" Then", false, false));
+    const Job::Update e = s.submit(early, greedy(4))->wait_all();
+    EXPECT_EQ(e.n_cached, 0);
+    EXPECT_EQ(e.text, fresh.submit(early, greedy(4))->wait_all().text);
+}
+
+}  // namespace
+}  // namespace fitllm::engine
