@@ -85,11 +85,15 @@ struct ServeOptions {
     int max_queue = 64;
     std::string alias;                // --alias: the -m model's id
     bool strict_model_names = false;  // --strict-model-names
-    server::HttpOptions http;         // the API key, request and connection limits, web safety
+    // --cache-prompts N: prompts kept for later requests (ContextConfig::n_cached_prompts); -1: as
+    // many as -np, within the 64 sequence ids.
+    int cache_prompts = -1;
+    server::HttpOptions http;  // the API key, request and connection limits, web safety
 };
 ArgParser serve_parser(ServeOptions& o);
 void validate(const ServeOptions& o);
-// What the registry of `fitllm serve` is made with: the engine options as they are.
+// What the registry of `fitllm serve` is made with: the engine options as they are, with the
+// cached prompts resolved.
 server::RegistryOptions registry_options(const ServeOptions& o);
 
 }  // namespace fitllm::cli

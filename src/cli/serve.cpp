@@ -89,7 +89,8 @@ ArgParser serve_parser(ServeOptions& o) {
         "[--mem SIZE] [--fit] [--mlock] [--stream-layers N] [--ttl SECONDS] [--api-key KEY] [--max-queue N] "
         "[-ctk TYPE] [-ctv TYPE] [--no-kv-rotation] [--kv-spill-dir DIR] [--kv-resident SIZE] [--device NAME] "
         "[-ngl N] [--vram SIZE] [--no-kv-offload] [--unified] [--max-body SIZE] [--request-timeout SECONDS] "
-        "[--max-connections N] [--max-connections-per-client N] [--allowed-hosts NAMES] [--cors-origin ORIGINS]",
+        "[--max-connections N] [--max-connections-per-client N] [--allowed-hosts NAMES] [--cors-origin ORIGINS] "
+        "[--cache-prompts N]",
         "Serve models over HTTP with an OpenAI-compatible API: POST /v1/chat/completions and\n"
         "/v1/completions (streamed as server-sent events with \"stream\": true), GET /v1/models,\n"
         "POST /tokenize and /detokenize, GET /health, /metrics (Prometheus), /v1/memory, a chat\n"
@@ -113,6 +114,10 @@ ArgParser serve_parser(ServeOptions& o) {
     p.option("-b, --batch-size", "N",
              "tokens per forward pass: one per decoding sequence, the rest prompt chunks (default 256)", &c.n_batch);
     add_threads_option(p, c);
+    p.option("--cache-prompts", "N",
+             "finished prompts whose KV cells stay cached, so that a request sharing a prefix computes only the "
+             "rest; evicted least recently used when cells are needed; 0: none (default: as many as -np)",
+             &o.cache_prompts);
     p.option("--ttl", "SECONDS", "unload a --models-dir model after this many idle seconds; 0: never (default 300)",
              &o.ttl);
     p.option("--max-queue", "N", "requests that may wait for a slot per model; more get HTTP 429 (default 64)",
@@ -123,8 +128,18 @@ ArgParser serve_parser(ServeOptions& o) {
     return p;
 }
 
+namespace {
+
+ContextConfig serve_context(const ServeOptions& o) {
+    ContextConfig c = o.engine.context;
+    c.n_cached_prompts = o.cache_prompts >= 0 ? o.cache_prompts : std::clamp(kv::kMaxSequences - c.n_seq, 0, c.n_seq);
+    return c;
+}
+
+}  // namespace
+
 void validate(const ServeOptions& o) {
-    const ContextConfig& c = o.engine.context;
+    const ContextConfig c = serve_context(o);
     if (o.engine.load.model_path.empty() == o.models_dir.empty()) {
         throw UsageError("give one of -m MODEL and --models-dir DIR");
     }
@@ -135,6 +150,9 @@ void validate(const ServeOptions& o) {
     }
     if (c.n_ctx < 1) throw UsageError("-c: " + std::to_string(c.n_ctx) + " must be positive");
     if (c.n_batch < 1) throw UsageError("-b: " + std::to_string(c.n_batch) + " must be positive");
+    if (o.cache_prompts < -1) {
+        throw UsageError("--cache-prompts: " + std::to_string(o.cache_prompts) + " must not be negative");
+    }
     if (o.max_queue < 0) throw UsageError("--max-queue: " + std::to_string(o.max_queue) + " must not be negative");
     if (o.ttl < 0) throw UsageError("--ttl: " + std::to_string(o.ttl) + " must not be negative");
     if (!o.alias.empty() && !o.models_dir.empty()) {
@@ -152,7 +170,7 @@ server::RegistryOptions registry_options(const ServeOptions& o) {
             .models_dir = o.models_dir,
             .ttl_seconds = static_cast<double>(o.ttl),
             .load = o.engine.load,
-            .context = o.engine.context,
+            .context = serve_context(o),
             .scheduler = {.max_queue = o.max_queue},
             .mem_label = o.engine.mem_label,
             .alias = o.alias,

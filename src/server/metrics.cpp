@@ -113,6 +113,16 @@ std::string Metrics::prometheus_text(ModelRegistry& registry, const TransportSta
           [](const SchedulerStats& s) { return s.n_queued; });
     gauge("fitllm_preemptions_total", "counter", "sequences whose KV cells were taken back under pressure",
           [](const SchedulerStats& s) { return s.n_preemptions; });
+    gauge("fitllm_prompt_cache_prompts", "gauge", "finished prompts whose KV cells are kept for reuse",
+          [](const SchedulerStats& s) { return s.n_cached_prompts; });
+    gauge("fitllm_prompt_cache_tokens", "gauge", "tokens the kept prompts hold (shared prefixes counted per prompt)",
+          [](const SchedulerStats& s) { return s.cached_prompt_tokens; });
+    gauge("fitllm_prompt_cache_hits_total", "counter", "requests that started from a kept prompt's prefix",
+          [](const SchedulerStats& s) { return s.n_cache_hits; });
+    gauge("fitllm_prompt_tokens_cached_total", "counter", "prompt tokens taken from the prompt cache, not computed",
+          [](const SchedulerStats& s) { return s.n_prompt_tokens_cached; });
+    gauge("fitllm_prompt_cache_evictions_total", "counter", "kept prompts dropped because their cells were needed",
+          [](const SchedulerStats& s) { return s.n_cache_evictions; });
     gauge("fitllm_forward_steps_total", "counter", "forward passes run",
           [](const SchedulerStats& s) { return s.n_steps; });
 
@@ -182,6 +192,8 @@ nlohmann::json memory_report(ModelRegistry& registry) {
             entry["used"] = m.model->used_bytes();
             entry["kv_cells_used"] = st.kv_cells_used;
             entry["kv_cells_total"] = st.kv_cells_total;
+            entry["cached_prompts"] = st.n_cached_prompts;
+            entry["cached_prompt_tokens"] = st.cached_prompt_tokens;
         }
         models.push_back(std::move(entry));
     }

@@ -35,7 +35,8 @@ private:
 // GET /v1/memory:
 // {"devices":[{"name":"host","capacity":N,"used":N,"peak":N,"pools":[{"name":"weights","used":N,"peak":N},...]}],
 //  "models":[{"id":"NAME","loaded":true,"plan":{"weights":N,"kv":N,"scratch":N,"logits":N,"overhead":N,"total":N},
-//             "used":N, "kv_cells_used":N, "kv_cells_total":N}]}   (bytes)
+//             "used":N, "kv_cells_used":N, "kv_cells_total":N, "cached_prompts":N,
+//             "cached_prompt_tokens":N}]}   (bytes)
 nlohmann::json memory_report(ModelRegistry& registry);
 
 }  // namespace fitllm::server

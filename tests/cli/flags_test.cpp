@@ -58,6 +58,7 @@ void add(Fields& f, const ContextConfig& c) {
     f["context.context_shift"] = str(c.context_shift);
     f["context.n_keep"] = str(c.n_keep);
     f["context.n_threads"] = str(c.n_threads);
+    f["context.n_cached_prompts"] = str(c.n_cached_prompts);
 }
 
 void add(Fields& f, const EngineOptions& e) {
@@ -145,6 +146,7 @@ Fields fields(const ServeOptions& o) {
     f["port"] = str(o.port);
     f["ttl"] = str(o.ttl);
     f["max_queue"] = str(o.max_queue);
+    f["cache_prompts"] = str(o.cache_prompts);
     f["http.api_key"] = o.http.api_key;
     f["http.max_body"] = str(o.http.max_body);
     f["http.request_timeout"] = str(o.http.request_timeout);
@@ -211,6 +213,7 @@ const std::map<std::string, std::string> kSamples = {
     {"--allowed-hosts", "box.local,other"},
     {"--cors-origin", "http://localhost:3000"},
     {"--max-queue", "3"},
+    {"--cache-prompts", "2"},
     {"--lookup", ""},
     {"--draft-max", "4"},
     {"--lookup-ngram-min", "2"},
@@ -270,6 +273,7 @@ const std::map<std::string, std::set<std::string>> kSets = {
     {"--allowed-hosts", {"http.allowed_hosts"}},
     {"--cors-origin", {"http.cors_origins"}},
     {"--max-queue", {"max_queue"}},
+    {"--cache-prompts", {"cache_prompts"}},
     {"--lookup", {"lookup.enabled"}},
     {"--draft-max", {"lookup.n_draft"}},
     {"--lookup-ngram-min", {"lookup.ngram_min"}},
@@ -354,6 +358,23 @@ TEST(Flags, ServeSetsWhatItSays) {
     EXPECT_EQ(o.engine.context.kv_resident, 2u << 20);
     EXPECT_FALSE(o.engine.context.kv_rotation);
     EXPECT_EQ(o.engine.context.type_k, KvType::q4_0);
+
+    // --cache-prompts: as many as -np by default, within the 64 sequence ids; more is refused.
+    const auto cached = [](std::vector<std::string> args) {
+        ServeOptions so;
+        ArgParser sp = serve_parser(so);
+        args.insert(args.begin(), {"-m", "model.gguf"});
+        EXPECT_TRUE(sp.parse(args));
+        validate(so);
+        return registry_options(so).context.n_cached_prompts;
+    };
+    EXPECT_EQ(cached({}), 4);
+    EXPECT_EQ(cached({"-np", "2"}), 2);
+    EXPECT_EQ(cached({"-np", "62"}), 2);
+    EXPECT_EQ(cached({"--cache-prompts", "0"}), 0);
+    EXPECT_EQ(cached({"--cache-prompts", "9"}), 9);
+    EXPECT_THROW(cached({"--cache-prompts", "61"}), UsageError);
+    EXPECT_THROW(cached({"--cache-prompts", "-2"}), UsageError);
 }
 
 // What the server cannot do is refused by name rather than accepted.
