@@ -14,6 +14,8 @@
 #include "memory/budget.h"
 #include "quant/file_type.h"
 #include "server/api_error.h"
+#include "server/chat_output.h"
+#include "server/chat_request.h"
 #include "server/json_body.h"
 #include "server/prompt_bounds.h"
 #include "server/request.h"
@@ -35,6 +37,7 @@ struct Completion {
     std::optional<std::chrono::steady_clock::time_point> first_text;  // when its first text came
     int top_logprobs = -1;                                            // >= 0: log probabilities asked for
     std::vector<engine::TokenLogprob> logprobs;                       // a whole answer's, as they come
+    std::optional<OutputOptions> output;  // chat: reasoning and tool calls split out (chat_output.h)
 };
 
 namespace {
@@ -61,8 +64,7 @@ json parse_charged(const HttpRequest& req, RequestMemory& memory, memory::Charge
 json usage_json(const Job::Update& u) {
     return {{"prompt_tokens", u.n_prompt},
             {"completion_tokens", u.n_generated},
-            {"total_tokens", u.n_prompt + u.n_generated},
-            {"prompt_tokens_details", {{"cached_tokens", u.n_cached}}}};
+            {"total_tokens", u.n_prompt + u.n_generated}};
 }
 
 json finish_reason_json(FinishReason r) {
@@ -136,6 +138,44 @@ std::string sse(const json& event) {
     return "data: " + dump_json(event) + "\n\n";
 }
 
+// A call's id: the model's own, else a new one (Mistral's templates want 9 letters and digits).
+std::string call_id(const Completion& c, const ToolCall& call) {
+    if (!call.id.empty()) return call.id;
+    if (c.output && c.output->tools == ToolCallFormat::mistral) {
+        static constexpr char kAlnum[] = "abcdefghijklmnopqrstuvwxyzABCDEFGHIJKLMNOPQRSTUVWXYZ0123456789";
+        thread_local std::mt19937_64 rng(std::random_device{}());
+        std::string id(9, 'a');
+        for (char& ch : id) ch = kAlnum[rng() % (sizeof kAlnum - 1)];
+        return id;
+    }
+    return random_id("call_");
+}
+
+// OpenAI's tool_calls; in a stream each carries its index (first: the index of calls[0]).
+json tool_calls_json(const Completion& c, const std::vector<ToolCall>& calls, std::optional<size_t> first) {
+    json out = json::array();
+    for (size_t i = 0; i < calls.size(); ++i) {
+        json call = {{"id", call_id(c, calls[i])},
+                     {"type", "function"},
+                     {"function", {{"name", calls[i].name}, {"arguments", calls[i].arguments}}}};
+        if (first) call["index"] = *first + i;
+        out.push_back(std::move(call));
+    }
+    return out;
+}
+
+// A stream event of a split chat answer: reasoning_content, content and tool_calls deltas.
+json delta_chunk(const Completion& c, const OutputDelta& d, bool first, size_t& n_calls, const json& logprobs) {
+    json chunk = stream_chunk(c, d.content, first, nullptr, logprobs);
+    json& delta = chunk["choices"][0]["delta"];
+    if (!d.reasoning.empty()) delta["reasoning_content"] = d.reasoning;
+    if (!d.calls.empty()) {
+        delta["tool_calls"] = tool_calls_json(c, d.calls, n_calls);
+        n_calls += d.calls.size();
+    }
+    return chunk;
+}
+
 // How often a running request looks whether its client is still there.
 constexpr std::chrono::milliseconds kPoll{100};
 
@@ -144,6 +184,16 @@ json whole_answer(const Completion& c, const Job::Update& u, const std::string& 
     if (c.chat) {
         // The nullable fields as the OpenAI spec shows them: no refusal, no tool calls.
         choice["message"] = {{"role", "assistant"}, {"content", text}, {"refusal", nullptr}};
+        if (c.output) {
+            const ParsedOutput p = split_output(text, *c.output);
+            json& message = choice["message"];
+            message["content"] = p.content.empty() && !p.calls.empty() ? json(nullptr) : json(p.content);
+            if (!p.reasoning.empty()) message["reasoning_content"] = p.reasoning;
+            if (!p.calls.empty()) {
+                message["tool_calls"] = tool_calls_json(c, p.calls, std::nullopt);
+                choice["finish_reason"] = "tool_calls";
+            }
+        }
     } else {
         choice["text"] = text;
     }
@@ -311,6 +361,7 @@ void Endpoints::submit(Completion& c, CompletionRequest& request, RequestMemory&
         // The render's values are this request's memory too, charged as they grow.
         chat::RenderOptions options = m.render_options();
         options.pool = memory.pool();
+        const TemplateTraits traits = prepare_render(request, m.chat_template().tmpl, options);
         try {
             text = m.chat_template().tmpl.render(request.messages, options);
         } catch (const chat::TemplateError& e) {
@@ -321,6 +372,7 @@ void Endpoints::submit(Completion& c, CompletionRequest& request, RequestMemory&
                            std::string("messages: rendering the chat template: ") + e.what() + "; try again");
         }
         request.messages = {};
+        c.output = output_options(request, traits, text);
         const memory::Charge rendered = memory.charge(text.size(), "the rendered prompt");
         BoundedTokens t = tokenize_within(m.tokenizer(), text, /*add_special=*/false, /*parse_special=*/true,
                                           max_prompt, longest, &memory);
@@ -467,6 +519,9 @@ void Endpoints::completion(bool chat, HttpRequest& req, HttpResponse& res) {
         bool first = true;
         size_t offset = 0;                           // a text completion's text_offset
         std::vector<engine::TokenLogprob> logprobs;  // not sent yet: they go with the next text
+        std::optional<OutputSplitter> splitter;      // reasoning and tool calls, split as they come
+        if (c->output) splitter.emplace(*c->output);
+        size_t n_calls = 0;
         while (true) {
             if (out.client_gone()) return c->job->cancel();
             Job::Update u = c->job->wait(kPoll);
@@ -484,7 +539,13 @@ void Endpoints::completion(bool chat, HttpRequest& req, HttpResponse& res) {
                     for (const auto& e : some) offset += c->model->tokenizer().token_to_piece(e.id, false).size();
                     logprobs.erase(logprobs.begin(), logprobs.begin() + n);
                 }
-                events += sse(stream_chunk(*c, u.pieces[i], first, nullptr, lp));
+                if (splitter) {
+                    const OutputDelta d = splitter->feed(u.pieces[i]);
+                    if (d.empty() && lp.is_null() && !first) continue;  // held: it may be markup
+                    events += sse(delta_chunk(*c, d, first, n_calls, lp));
+                } else {
+                    events += sse(stream_chunk(*c, u.pieces[i], first, nullptr, lp));
+                }
                 first = false;
             }
             if (u.finished) {
@@ -494,8 +555,14 @@ void Endpoints::completion(bool chat, HttpRequest& req, HttpResponse& res) {
                                                  (u.error.empty() ? "" : ": " + u.error),
                                              "server_error", "generation_failed"));
                 } else {
-                    events += sse(stream_chunk(*c, "", false, finish_reason_json(u.reason),
-                                               logprobs.empty() ? json(nullptr) : logprobs_json(*c, logprobs, offset)));
+                    if (splitter) {
+                        const OutputDelta d = splitter->finish();
+                        if (!d.empty()) events += sse(delta_chunk(*c, d, false, n_calls, nullptr));
+                    }
+                    json end = stream_chunk(*c, "", false, finish_reason_json(u.reason),
+                                            logprobs.empty() ? json(nullptr) : logprobs_json(*c, logprobs, offset));
+                    if (n_calls > 0) end["choices"][0]["finish_reason"] = "tool_calls";
+                    events += sse(end);
                 }
                 if (c->include_usage) {
                     json usage = stream_chunk(*c, "", false, nullptr);
@@ -538,23 +605,47 @@ int64_t nanoseconds(std::chrono::steady_clock::duration d) {
 }
 
 // One line of an Ollama answer: the text of this piece (the assistant's message for /api/chat,
-// "response" for /api/generate).
-json ollama_line(const Completion& c, const std::string& text, bool done) {
+// "response" for /api/generate), its thinking and tool calls (arguments as objects).
+json ollama_line(const Completion& c, const OutputDelta& d, bool done) {
     json line = {{"model", c.model->id()}, {"created_at", rfc3339(std::chrono::system_clock::now(), true)}};
     if (c.ollama_chat) {
-        line["message"] = {{"role", "assistant"}, {"content", text}};
+        line["message"] = {{"role", "assistant"}, {"content", d.content}};
+        if (!d.reasoning.empty()) line["message"]["thinking"] = d.reasoning;
+        if (!d.calls.empty()) {
+            json calls = json::array();
+            for (const ToolCall& call : d.calls) {
+                calls.push_back({{"function", {{"name", call.name}, {"arguments", arguments_object(call)}}}});
+            }
+            line["message"]["tool_calls"] = std::move(calls);
+        }
     } else {
-        line["response"] = text;
+        line["response"] = d.content;
+        if (!d.reasoning.empty()) line["thinking"] = d.reasoning;
     }
     line["done"] = done;
     return line;
+}
+
+json ollama_line(const Completion& c, const std::string& text, bool done) {
+    OutputDelta d;
+    d.content = text;
+    return ollama_line(c, d, done);
 }
 
 // The last line: the end and the counts, with the times as this request saw them (Ollama's
 // fields, in nanoseconds: the prompt's until the first text came, queueing included, then the
 // rest; nothing loads for a request here).
 json ollama_done(const Completion& c, const Job::Update& u, const std::string& text) {
-    json line = ollama_line(c, text, true);
+    OutputDelta d;
+    if (c.output && !text.empty()) {
+        ParsedOutput p = split_output(text, *c.output);
+        d.reasoning = std::move(p.reasoning);
+        d.content = std::move(p.content);
+        d.calls = std::move(p.calls);
+    } else {
+        d.content = text;
+    }
+    json line = ollama_line(c, d, true);
     const auto now = std::chrono::steady_clock::now();
     const auto first = c.first_text.value_or(now);
     line["done_reason"] = finish_reason_name(u.reason);
@@ -618,13 +709,24 @@ void Endpoints::ollama(bool chat, HttpRequest& req, HttpResponse& res) {
     res.status = 200;
     res.content_type = "application/x-ndjson";
     res.stream = [this, c](BodyWriter& out) {
+        std::optional<OutputSplitter> splitter;  // thinking and tool calls, split as they come
+        if (c->output) splitter.emplace(*c->output);
         while (true) {
             if (out.client_gone()) return c->job->cancel();
             const Job::Update u = c->job->wait(kPoll);
             std::string lines;
             for (const std::string& piece : u.pieces) {
                 if (!c->first_text) c->first_text = std::chrono::steady_clock::now();
-                lines += dump_json(ollama_line(*c, piece, false)) + "\n";
+                if (splitter) {
+                    const OutputDelta d = splitter->feed(piece);
+                    if (!d.empty()) lines += dump_json(ollama_line(*c, d, false)) + "\n";
+                } else {
+                    lines += dump_json(ollama_line(*c, piece, false)) + "\n";
+                }
+            }
+            if (u.finished && splitter && u.reason != FinishReason::error && u.reason != FinishReason::cancelled) {
+                const OutputDelta d = splitter->finish();
+                if (!d.empty()) lines += dump_json(ollama_line(*c, d, false)) + "\n";
             }
             if (u.finished) {
                 finished(*c, u);

@@ -11,6 +11,7 @@
 
 #include "sampling/sampling_params.h"
 #include "server/api_error.h"
+#include "server/chat_request.h"
 
 namespace fitllm::server {
 namespace {
@@ -128,6 +129,8 @@ constexpr std::pair<const char*, Fields> kKnownFields[] = {
     {"logprobs", Fields::common},
     {"user", Fields::common},
     {"messages", Fields::chat},
+    {"chat_template_kwargs", Fields::chat},
+    {"reasoning_format", Fields::chat},
     {"max_completion_tokens", Fields::chat},
     {"top_logprobs", Fields::chat},
     {"response_format", Fields::chat},
@@ -185,19 +188,13 @@ void check_fields(const json& body, bool chat) {
         }
         if (t != "text") invalid_value("response_format.type", "\"" + t + "\" is not text, json_object or json_schema");
     }
-    // Tool calling.
-    for (const char* name : {"tools", "functions"}) {
-        if (const json* v = field(body, name); v && !is_empty_value(*v)) {
-            throw ApiError::unsupported(name, "tool calling is not implemented");
-        }
+    // Tool calling: tools and tool_choice are read by read_chat_extensions; the deprecated
+    // functions and function_call are not implemented.
+    if (const json* v = field(body, "functions"); v && !is_empty_value(*v)) {
+        throw ApiError::unsupported("functions", "deprecated; use tools");
     }
-    for (const char* name : {"tool_choice", "function_call"}) {
-        const json* v = field(body, name);
-        if (v && !(v->is_string() && (*v == "none" || *v == "auto"))) {
-            throw ApiError::unsupported(name,
-                                        "tool calling is not implemented (only \"none\" or \"auto\" with no "
-                                        "tools)");
-        }
+    if (const json* v = field(body, "function_call"); v && !(v->is_string() && (*v == "none" || *v == "auto"))) {
+        throw ApiError::unsupported("function_call", "deprecated; use tools and tool_choice");
     }
     if (const json* v = field(body, "parallel_tool_calls"); v && !v->is_boolean()) {
         wrong_type("parallel_tool_calls", "a boolean", *v);
@@ -228,13 +225,15 @@ void check_fields(const json& body, bool chat) {
     }
 }
 
-// A chat message's fields: role, content and name; tool calls and the like are refused.
+// A chat message's fields: role, content and name; tool_calls, tool_call_id and
+// reasoning_content (read by read_chat_extensions); the deprecated function_call is refused.
 void check_message_fields(const json& m, const std::string& at) {
     for (const auto& [key, value] : m.items()) {
         if (key == "role" || key == "content" || key == "name") continue;
-        if ((key == "tool_calls" || key == "refusal" || key == "function_call") && is_empty_value(value)) continue;
-        if (key == "tool_calls" || key == "tool_call_id" || key == "function_call") {
-            throw ApiError::unsupported(at + "." + key, "tool calling is not implemented");
+        if (key == "tool_calls" || key == "tool_call_id" || key == "reasoning_content") continue;
+        if ((key == "refusal" || key == "function_call") && is_empty_value(value)) continue;
+        if (key == "function_call") {
+            throw ApiError::unsupported(at + "." + key, "deprecated; use tool_calls");
         }
         throw ApiError::unsupported(at + "." + key, "not a message field that fitllm knows");
     }
@@ -279,6 +278,7 @@ CompletionRequest parse_completion_request(const json& body, bool chat) {
                 r.messages.back()["name"] = name->get<std::string>();
             }
         }
+        read_chat_extensions(body, r);
     } else {
         const json* prompt = field(body, "prompt");
         if (!prompt) throw ApiError::invalid("prompt: required", "missing_field", "prompt");
@@ -492,8 +492,6 @@ OllamaRequest parse_ollama_request(const json& body, bool chat) {
     if (const json* v = asked(body, "format")) {
         throw ApiError::unsupported("format", "structured output (" + v->dump() + ") is not implemented");
     }
-    if (asked(body, "tools")) throw ApiError::unsupported("tools", "tool calling is not implemented");
-    if (asked(body, "think")) throw ApiError::unsupported("think", "reasoning models' thinking is not implemented");
     OllamaRequest r;
     if (const json* v = field(body, "keep_alive"); v && !v->is_null() && *v != "") r.keep_alive = parse_keep_alive(*v);
     for (const char* name : {"template", "context", "suffix", "images"}) {
@@ -520,7 +518,11 @@ OllamaRequest parse_ollama_request(const json& body, bool chat) {
             for (const auto& [key, value] : m.items()) {
                 if (key == "role" || key == "content") {
                     message[key] = value;
-                } else if (key == "images" || key == "tool_calls" || key == "thinking" || key == "tool_name") {
+                } else if (key == "tool_calls") {
+                    message[key] = value;  // {"function": {"name", "arguments": {...}}}, read as OpenAI's
+                } else if ((key == "thinking" || key == "tool_name") && value.is_string()) {
+                    if (value != "") message[key == "thinking" ? "reasoning_content" : "name"] = value;
+                } else if (key == "images" || key == "thinking" || key == "tool_name") {
                     if (!is_empty_value(value) && value != "") {
                         throw ApiError::unsupported(at + "." + key, "not implemented");
                     }
@@ -554,6 +556,17 @@ OllamaRequest parse_ollama_request(const json& body, bool chat) {
             o["messages"].push_back({{"role", "user"}, {"content", text}});
             as_chat = true;
         }
+    }
+    // Tools and thinking: the OpenAI fields (server/chat_request.h); think is the template's
+    // enable_thinking (Qwen 3's), and the thinking comes back as message.thinking.
+    if (const json* v = field(body, "tools")) {
+        if (!chat) throw ApiError::unsupported("tools", "a field of /api/chat");
+        o["tools"] = *v;
+    }
+    if (const json* v = field(body, "think")) {
+        if (!v->is_boolean())
+            throw ApiError::unsupported("think", "true or false (thinking levels are not implemented)");
+        if (as_chat) o["chat_template_kwargs"] = {{"enable_thinking", v->get<bool>()}};
     }
     if (const json* options = field(body, "options")) {
         if (!options->is_object()) wrong_type("options", "an object", *options);

@@ -25,6 +25,14 @@ struct CompletionRequest {
     GenerationParams params;        // max_tokens left 0 until the prompt's length is known
     bool stream = false;
     bool include_usage = false;  // stream_options.include_usage
+    // Chat only (server/chat_request.h): the tools offered to the template (null: none, or
+    // tool_choice "none"), the calls parsed at most one when parallel_tool_calls is false,
+    // chat_template_kwargs as template variables, and reasoning_format "none" (keep <think> in
+    // the content).
+    nlohmann::json tools;
+    bool parallel_tool_calls = true;
+    nlohmann::ordered_json template_kwargs = nlohmann::ordered_json::object();
+    bool split_reasoning = true;
 };
 
 // Throws ApiError (400) for a body that is not an object, a missing messages / prompt, or any
@@ -41,9 +49,11 @@ std::string model_field(const nlohmann::json& body);
 // fields (num_predict to max_tokens, temperature, top_k, top_p, min_p, typical_p, seed, stop,
 // repeat_penalty, repeat_last_n, presence_penalty, frequency_penalty); "stream" defaults to true;
 // a trailing ":latest" of the model is dropped; "keep_alive" is read as Ollama reads it (seconds
-// as a number, a Go duration string such as "5m" or "1h30m", "0"; negative: forever). What fitllm
-// does not implement (format, tools, images, template, context, suffix, think, options it has no
-// sampler for) is an ApiError 400 unsupported_parameter naming it, as for the OpenAI endpoints.
+// as a number, a Go duration string such as "5m" or "1h30m", "0"; negative: forever); "tools"
+// and the messages' tool_calls (arguments as objects), tool_name and thinking map to the OpenAI
+// fields, "think" (a boolean) to chat_template_kwargs.enable_thinking. What fitllm does not
+// implement (format, images, template, context, suffix, think levels, options it has no sampler
+// for) is an ApiError 400 unsupported_parameter naming it, as for the OpenAI endpoints.
 struct OllamaRequest {
     CompletionRequest completion;
     bool load_only = false;          // /api/generate without a prompt: load the model, answer done

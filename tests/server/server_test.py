@@ -123,6 +123,172 @@ def assert_error(test, status_body, status, code=None, param=False):
     return body["error"]["message"]
 
 
+QWEN3_TEMPLATE = os.path.join(SOURCE, "tests", "chat", "fixtures", "templates", "qwen3.jinja")
+
+
+def render_hf(template, messages, **variables):
+    """A chat template rendered as Hugging Face's apply_chat_template renders it (jinja2)."""
+    import jinja2
+
+    def tojson(x, ensure_ascii=False, indent=None, separators=None, sort_keys=False):
+        return json.dumps(x, ensure_ascii=ensure_ascii, indent=indent, separators=separators, sort_keys=sort_keys)
+
+    def raise_exception(message):
+        raise jinja2.exceptions.TemplateError(message)
+
+    env = jinja2.sandbox.ImmutableSandboxedEnvironment(trim_blocks=True, lstrip_blocks=True,
+                                                       extensions=[jinja2.ext.loopcontrols])
+    env.filters["tojson"] = tojson
+    env.globals["raise_exception"] = raise_exception
+    return env.from_string(template).render(messages=messages, add_generation_prompt=True, **variables)
+
+
+class ToolsAndReasoning(unittest.TestCase):
+    """Tools and thinking on the tiny Qwen 3 with Qwen 3's own chat template (copied into its file):
+    the template gets the tools, the tool messages and the kwargs (the prompt's token count equals a
+    jinja2 render's), and the answer goes through the splitter (its text is random: the parsing of
+    calls and <think> is tested on text in tests/server/chat_output_test.cpp)."""
+
+    WEATHER = {"function": {"description": "The weather in a city", "name": "get_weather",
+                            "parameters": {"properties": {"city": {"type": "string"}}, "required": ["city"],
+                                           "type": "object"}},
+               "type": "function"}  # keys sorted, as the server's JSON holds them
+
+    @classmethod
+    def setUpClass(cls):
+        try:
+            import jinja2  # noqa: F401
+            import jinja2.ext  # noqa: F401
+            import jinja2.sandbox  # noqa: F401
+        except ImportError:
+            raise unittest.SkipTest("needs jinja2 and gguf (pip install -r requirements.txt)")
+        cls.dir = tempfile.mkdtemp(prefix="fitllm-tools-")
+        cls.path = os.path.join(cls.dir, "qwen3-tools.gguf")
+        r = subprocess.run([sys.executable, "-m", "gguf.scripts.gguf_new_metadata", "--force",
+                            "--chat-template-file", QWEN3_TEMPLATE, os.path.join(DATA, "tiny-qwen3-q8_0.gguf"),
+                            cls.path], capture_output=True, text=True)
+        if r.returncode != 0:
+            shutil.rmtree(cls.dir)
+            raise unittest.SkipTest("gguf_new_metadata failed (is gguf installed?): " + r.stderr[-300:])
+        with open(QWEN3_TEMPLATE) as f:
+            cls.template = f.read()
+        cls.srv = Server("-m", cls.path, "-np", "2", "-c", "1024")
+        cls.model = "qwen3-tools"
+
+    @classmethod
+    def tearDownClass(cls):
+        cls.srv.stop()
+        shutil.rmtree(cls.dir)
+
+    def n_tokens(self, text):
+        s, r = self.srv.post("/tokenize", {"content": text, "add_special": False, "parse_special": True})
+        self.assertEqual(s, 200, r)
+        return len(r["tokens"])
+
+    def conversation(self):
+        """A turn with a call and its result, as the client sends it and as the template sees it."""
+        sent = [{"role": "user", "content": "Weather in Paris?"},
+                {"role": "assistant", "content": None, "tool_calls": [
+                    {"id": "call_1", "type": "function",
+                     "function": {"name": "get_weather", "arguments": "{\"city\":\"Paris\"}"}}]},
+                {"role": "tool", "tool_call_id": "call_1", "content": "18 C, sunny"}]
+        seen = [sent[0],
+                {"role": "assistant", "content": "", "tool_calls": [
+                    {"id": "call_1", "type": "function",
+                     "function": {"name": "get_weather", "arguments": {"city": "Paris"}}}]},
+                {"role": "tool", "content": "18 C, sunny", "tool_call_id": "call_1"}]
+        return sent, seen
+
+    def test_template_gets_tools_and_tool_messages(self):
+        sent, seen = self.conversation()
+        client = self.srv.client()
+        r = client.chat.completions.create(model=self.model, messages=sent, tools=[self.WEATHER], max_tokens=1)
+        expected = self.n_tokens(render_hf(self.template, seen, tools=[self.WEATHER]))
+        self.assertEqual(r.usage.prompt_tokens, expected)
+        # Without the tools the prompt is shorter; tool_choice "none" does not offer them.
+        plain = client.chat.completions.create(model=self.model, messages=sent, max_tokens=1)
+        self.assertEqual(plain.usage.prompt_tokens, self.n_tokens(render_hf(self.template, seen)))
+        self.assertLess(plain.usage.prompt_tokens, expected)
+        none = client.chat.completions.create(model=self.model, messages=sent, tools=[self.WEATHER],
+                                              tool_choice="none", max_tokens=1)
+        self.assertEqual(none.usage.prompt_tokens, plain.usage.prompt_tokens)
+
+    def test_chat_template_kwargs_and_think(self):
+        msgs = [{"role": "user", "content": "2+2?"}]
+        client = self.srv.client()
+        off = client.chat.completions.create(model=self.model, messages=msgs, max_tokens=1,
+                                             extra_body={"chat_template_kwargs": {"enable_thinking": False}})
+        rendered = render_hf(self.template, msgs, enable_thinking=False)
+        self.assertTrue(rendered.endswith("<think>\n\n</think>\n\n"), rendered)
+        self.assertEqual(off.usage.prompt_tokens, self.n_tokens(rendered))
+        on = client.chat.completions.create(model=self.model, messages=msgs, max_tokens=1)
+        self.assertEqual(on.usage.prompt_tokens, self.n_tokens(render_hf(self.template, msgs)))
+        # Ollama's think: false is enable_thinking: false.
+        s, r = self.srv.post("/api/chat", {"model": self.model, "messages": msgs, "think": False, "stream": False,
+                                           "options": {"num_predict": 1}})
+        self.assertEqual((s, r.get("prompt_eval_count")), (200, off.usage.prompt_tokens), r)
+        assert_error(self, self.srv.post("/v1/chat/completions", {"messages": msgs, "reasoning_format": "xml"}),
+                     400, "invalid_value", "reasoning_format")
+
+    def test_split_answer_whole_and_streamed_agree(self):
+        # The random model's text goes through the splitter; streamed deltas must add up to the
+        # whole answer, with reasoning and tool calls in their own fields when the text has them.
+        sent, _ = self.conversation()
+        client = self.srv.client()
+        for extra in ({}, {"reasoning_format": "none"}):
+            with self.subTest(extra=extra):
+                whole = client.chat.completions.create(model=self.model, messages=sent, tools=[self.WEATHER],
+                                                       max_tokens=40, temperature=0, extra_body=extra)
+                m = whole.choices[0].message
+                self.assertIn(whole.choices[0].finish_reason, ("stop", "length", "tool_calls"))
+                content, reasoning, calls, finish = "", "", [], None
+                for chunk in client.chat.completions.create(model=self.model, messages=sent, tools=[self.WEATHER],
+                                                            max_tokens=40, temperature=0, stream=True,
+                                                            extra_body=extra):
+                    if not chunk.choices:
+                        continue
+                    d = chunk.choices[0].delta
+                    content += d.content or ""
+                    reasoning += getattr(d, "reasoning_content", None) or ""
+                    for c in d.tool_calls or []:
+                        calls.append((c.index, c.function.name, c.function.arguments))
+                    finish = chunk.choices[0].finish_reason or finish
+                self.assertEqual(content, m.content or "")
+                self.assertEqual(reasoning, getattr(m, "reasoning_content", None) or "")
+                self.assertEqual(calls, [(i, c.function.name, c.function.arguments)
+                                         for i, c in enumerate(m.tool_calls or [])])
+                self.assertEqual(finish, whole.choices[0].finish_reason)
+                if extra:
+                    self.assertIsNone(getattr(m, "reasoning_content", None))
+
+    def test_forcing_a_call_is_refused(self):
+        msgs = [{"role": "user", "content": "hi"}]
+        for choice in ("required", {"type": "function", "function": {"name": "get_weather"}}):
+            msg = assert_error(self, self.srv.post("/v1/chat/completions", {
+                "messages": msgs, "tools": [self.WEATHER], "tool_choice": choice}), 400, "unsupported_parameter",
+                "tool_choice")
+            self.assertIn("not implemented", msg)
+
+    @unittest.skipIf(ollama is None, "the ollama package is not installed")
+    def test_ollama_client_tools_and_think(self):
+        client = ollama.Client(host=self.srv.base)
+        history = [{"role": "user", "content": "Weather in Paris?"},
+                   {"role": "assistant", "content": "",
+                    "tool_calls": [{"function": {"name": "get_weather", "arguments": {"city": "Paris"}}}]},
+                   {"role": "tool", "content": "18 C, sunny", "tool_name": "get_weather"}]
+        r = client.chat(model=self.model, messages=history, tools=[self.WEATHER], think=True,
+                        options={"num_predict": 4, "temperature": 0})
+        self.assertTrue(r.done)
+        seen = [history[0], {"role": "assistant", "content": "", "tool_calls": [
+            {"type": "function", "function": {"name": "get_weather", "arguments": {"city": "Paris"}}}]},
+            {"role": "tool", "content": "18 C, sunny", "name": "get_weather"}]
+        self.assertEqual(r.prompt_eval_count,
+                         self.n_tokens(render_hf(self.template, seen, tools=[self.WEATHER], enable_thinking=True)))
+        self.assertIsInstance(r.message.content, str)
+        for call in r.message.tool_calls or []:
+            self.assertIsInstance(call.function.arguments, dict)
+
+
 class OneModel(unittest.TestCase):
     """A tiny Llama with 2 slots: the API, streaming, bad input, cancellation, batching."""
 
@@ -278,7 +444,7 @@ class OneModel(unittest.TestCase):
             (chat, {"response_format": {"type": "json_object"}}, "response_format"),
             (chat, {"response_format": {"type": "json_schema", "json_schema": {"name": "x", "schema": {}}}},
              "response_format"),
-            (chat, {"tools": [tool]}, "tools"),
+            (chat, {"tools": [tool]}, "tools"),  # this model's template (built-in Mistral v0.1) shows no tools
             (chat, {"tool_choice": "required"}, "tool_choice"),
             (chat, {"tool_choice": {"type": "function", "function": {"name": "f"}}}, "tool_choice"),
             (chat, {"functions": [tool["function"]]}, "functions"),
@@ -306,11 +472,21 @@ class OneModel(unittest.TestCase):
                 msg = assert_error(self, self.srv.post(path, body), 400, "unsupported_parameter", param)
                 self.assertTrue(msg.startswith(param + ":"), msg)
                 self.assertEqual(self.srv.post(path, body)[1]["error"]["type"], "invalid_request_error")
-        # A message's tool calls too.
+        msg = assert_error(self, self.srv.post(chat, {"messages": msgs, "tools": [tool]}), 400, "unsupported_parameter")
+        self.assertIn("does not show tools to the model", msg)
+        # A message's tool calls and tool messages are accepted and given to the template (this one,
+        # Mistral v0.1's, ignores tool_calls and refuses the tool role itself); the deprecated
+        # function_call is refused.
         tool_msgs = msgs + [{"role": "assistant", "content": None, "tool_calls": [
             {"id": "c1", "type": "function", "function": {"name": "f", "arguments": "{}"}}]}]
-        assert_error(self, self.srv.post(chat, {"messages": tool_msgs}), 400, "unsupported_parameter",
-                     "messages[1].tool_calls")
+        s, r = self.srv.post(chat, {"messages": tool_msgs + [{"role": "user", "content": "ok"}], "max_tokens": 2})
+        self.assertEqual(s, 200, r)
+        msg = assert_error(self, self.srv.post(chat, {"messages": tool_msgs + [
+            {"role": "tool", "tool_call_id": "c1", "content": "42"}]}), 400, "template_error", "messages")
+        self.assertIn("roles must alternate", msg)
+        assert_error(self, self.srv.post(chat, {"messages": msgs[:0] + [
+            {"role": "assistant", "content": "x", "function_call": {"name": "f", "arguments": "{}"}}]}),
+            400, "unsupported_parameter", "messages[0].function_call")
         # The openai client raises BadRequestError with the field in it.
         with self.assertRaises(openai.BadRequestError) as e:
             self.srv.client().chat.completions.create(model=self.model, messages=msgs,

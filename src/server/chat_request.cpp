@@ -1,0 +1,192 @@
+#include "server/chat_request.h"
+
+#include <string>
+
+#include "server/api_error.h"
+#include "server/request.h"
+
+namespace fitllm::server {
+namespace {
+
+using nlohmann::json;
+
+[[noreturn]] void invalid(const std::string& field, const std::string& why, const char* code = "invalid_value") {
+    throw ApiError::invalid(field + ": " + why, code, field);
+}
+
+const json* present(const json& object, const char* name) {
+    const auto it = object.find(name);
+    if (it == object.end() || it->is_null()) return nullptr;
+    return &*it;
+}
+
+// tools: [{"type": "function", "function": {"name", "description"?, "parameters"?}}]
+json read_tools(const json& tools) {
+    if (!tools.is_array())
+        invalid("tools", "expected an array of {\"type\": \"function\", \"function\": {...}}", "invalid_type");
+    for (size_t i = 0; i < tools.size(); ++i) {
+        const std::string at = "tools[" + std::to_string(i) + "]";
+        const json& t = tools[i];
+        if (!t.is_object()) invalid(at, "expected an object", "invalid_type");
+        const json* type = present(t, "type");
+        if (type && *type != "function") {
+            throw ApiError::unsupported(at + ".type", "only \"function\" tools are supported, got " + type->dump());
+        }
+        const json* f = present(t, "function");
+        if (!f || !f->is_object()) invalid(at + ".function", "required, an object with a name", "invalid_type");
+        const json* name = present(*f, "name");
+        if (!name || !name->is_string() || name->get_ref<const std::string&>().empty()) {
+            invalid(at + ".function.name", "required, a non-empty string", "invalid_type");
+        }
+        if (const json* d = present(*f, "description"); d && !d->is_string()) {
+            invalid(at + ".function.description", "expected a string", "invalid_type");
+        }
+        if (const json* p = present(*f, "parameters"); p && !p->is_object()) {
+            invalid(at + ".function.parameters", "expected a JSON Schema object", "invalid_type");
+        }
+    }
+    return tools;
+}
+
+// An assistant message's tool_calls, as templates read them.
+json read_tool_calls(const json& calls, const std::string& at) {
+    if (!calls.is_array()) invalid(at, "expected an array of calls", "invalid_type");
+    json out = json::array();
+    for (size_t i = 0; i < calls.size(); ++i) {
+        const std::string ci = at + "[" + std::to_string(i) + "]";
+        const json& c = calls[i];
+        if (!c.is_object()) invalid(ci, "expected an object", "invalid_type");
+        const json* type = present(c, "type");
+        if (type && *type != "function") invalid(ci + ".type", "expected \"function\", got " + type->dump());
+        const json* f = present(c, "function");
+        if (!f || !f->is_object())
+            invalid(ci + ".function", "required, an object with name and arguments", "invalid_type");
+        const json* name = present(*f, "name");
+        if (!name || !name->is_string()) invalid(ci + ".function.name", "required, a string", "invalid_type");
+        json args = json::object();
+        if (const json* a = present(*f, "arguments")) {
+            if (a->is_string()) {
+                args = json::parse(a->get_ref<const std::string&>(), nullptr, /*allow_exceptions=*/false);
+                if (args.is_discarded()) {
+                    invalid(ci + ".function.arguments", "not valid JSON text (the arguments are a JSON object's text)");
+                }
+            } else if (a->is_object()) {
+                args = *a;
+            } else {
+                invalid(ci + ".function.arguments", "expected a JSON object's text", "invalid_type");
+            }
+        }
+        json call = json::object();
+        if (const json* id = present(c, "id")) {
+            if (!id->is_string()) invalid(ci + ".id", "expected a string", "invalid_type");
+            call["id"] = *id;
+        }
+        call["type"] = "function";
+        call["function"] = {{"name", *name}, {"arguments", std::move(args)}};
+        out.push_back(std::move(call));
+    }
+    return out;
+}
+
+}  // namespace
+
+void read_chat_extensions(const json& body, CompletionRequest& r) {
+    bool offer_tools = true;
+    if (const json* choice = present(body, "tool_choice")) {
+        if (*choice == "none") {
+            offer_tools = false;
+        } else if (*choice == "required" || choice->is_object()) {
+            throw ApiError::unsupported("tool_choice",
+                                        "forcing a call (\"required\" or a named function) is not implemented; "
+                                        "\"auto\" (the default) lets the model call a tool, \"none\" does not offer "
+                                        "the tools");
+        } else if (*choice != "auto") {
+            invalid("tool_choice", "expected \"auto\", \"none\" or \"required\", got " + choice->dump());
+        }
+    }
+    if (const json* tools = present(body, "tools")) {
+        json t = read_tools(*tools);
+        if (offer_tools && !t.empty()) r.tools = std::move(t);
+    }
+    if (const json* p = present(body, "parallel_tool_calls")) {
+        if (!p->is_boolean()) invalid("parallel_tool_calls", "expected a boolean", "invalid_type");
+        r.parallel_tool_calls = p->get<bool>();
+    }
+    if (const json* kwargs = present(body, "chat_template_kwargs")) {
+        if (!kwargs->is_object())
+            invalid("chat_template_kwargs", "expected an object of template variables", "invalid_type");
+        for (const auto& item : kwargs->items()) {
+            const std::string& key = item.key();
+            if (key == "messages" || key == "tools" || key == "add_generation_prompt") {
+                invalid("chat_template_kwargs." + key, "set by the request itself, not a template keyword");
+            }
+            r.template_kwargs[key] = item.value();
+        }
+    }
+    if (const json* f = present(body, "reasoning_format")) {
+        if (!f->is_string()) invalid("reasoning_format", "expected a string", "invalid_type");
+        const std::string v = f->get<std::string>();
+        if (v == "none") {
+            r.split_reasoning = false;
+        } else if (v != "auto" && v != "deepseek") {
+            invalid(
+                "reasoning_format",
+                "\"" + v +
+                    "\" is not \"auto\", \"deepseek\" (split into reasoning_content) or \"none\" (kept in content)");
+        }
+    }
+    const json* messages = present(body, "messages");
+    if (!messages || !messages->is_array()) return;
+    for (size_t i = 0; i < messages->size() && i < r.messages.size(); ++i) {
+        const json& m = (*messages)[i];
+        const std::string at = "messages[" + std::to_string(i) + "]";
+        auto& out = r.messages[i];
+        if (const json* calls = present(m, "tool_calls"); calls && !(calls->is_array() && calls->empty())) {
+            if (out["role"] != "assistant") invalid(at + ".tool_calls", "only an assistant message makes tool calls");
+            out["tool_calls"] = read_tool_calls(*calls, at + ".tool_calls");
+        }
+        if (const json* id = present(m, "tool_call_id")) {
+            if (!id->is_string()) invalid(at + ".tool_call_id", "expected a string", "invalid_type");
+            out["tool_call_id"] = *id;
+        }
+        if (const json* rc = present(m, "reasoning_content")) {
+            if (!rc->is_string()) invalid(at + ".reasoning_content", "expected a string", "invalid_type");
+            out["reasoning_content"] = *rc;
+        }
+    }
+}
+
+TemplateTraits prepare_render(const CompletionRequest& r, const chat::ChatTemplate& tmpl,
+                              chat::RenderOptions& options) {
+    const TemplateTraits traits = template_traits(tmpl.source());
+    if (!r.tools.is_null()) {
+        if (!traits.takes_tools) {
+            throw ApiError::unsupported(
+                "tools", "the model's chat template (" + tmpl.name() + ") does not show tools to the model");
+        }
+        if (traits.tools == ToolCallFormat::none) {
+            throw ApiError::unsupported(
+                "tools", "the model's chat template (" + tmpl.name() +
+                             ") writes tool calls in a format fitllm does not parse (it parses Hermes/Qwen "
+                             "<tool_call>, Mistral [TOOL_CALLS] and Llama 3.x JSON)");
+        }
+        options.extra_context["tools"] = r.tools;
+    }
+    for (auto it = r.template_kwargs.begin(); it != r.template_kwargs.end(); ++it) {
+        options.extra_context[it.key()] = it.value();
+    }
+    return traits;
+}
+
+std::optional<OutputOptions> output_options(const CompletionRequest& r, const TemplateTraits& traits,
+                                            std::string_view prompt) {
+    OutputOptions o;
+    if (!r.tools.is_null()) o.tools = traits.tools;
+    o.reasoning = r.split_reasoning && traits.thinks;
+    o.starts_in_reasoning = o.reasoning && prompt_opens_reasoning(prompt);
+    o.max_calls = r.parallel_tool_calls ? 128 : 1;
+    if (o.tools == ToolCallFormat::none && !o.reasoning) return std::nullopt;
+    return o;
+}
+
+}  // namespace fitllm::server

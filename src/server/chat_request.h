@@ -1,0 +1,33 @@
+#pragma once
+// The chat request's fields for tool calling and reasoning models, read and checked (called by
+// parse_completion_request): tools, tool_choice, parallel_tool_calls, chat_template_kwargs,
+// reasoning_format, and the messages' tool_calls, tool_call_id and reasoning_content. Every
+// field of the wrong type or value is an ApiError (400) naming it.
+#include <nlohmann/json.hpp>
+#include <optional>
+#include <string_view>
+
+#include "chat/chat_template.h"
+#include "server/chat_output.h"
+
+namespace fitllm::server {
+
+struct CompletionRequest;
+
+// body: the request as sent; r.messages already holds its messages (role, content, name), to
+// which the tool fields are added in the shape templates read: a call's function.arguments as
+// a JSON object (Qwen, Llama 3.1 and Mistral templates print it with tojson), not its text.
+void read_chat_extensions(const nlohmann::json& body, CompletionRequest& r);
+
+// The request's template variables set on options: tools (refused with ApiError 400 when the
+// template does not show tools to the model, or writes calls in no format fitllm parses) and
+// chat_template_kwargs. Returns what the template's text says about its output.
+TemplateTraits prepare_render(const CompletionRequest& r, const chat::ChatTemplate& tmpl, chat::RenderOptions& options);
+
+// How to split the answer to the rendered prompt: tool calls when tools were offered,
+// reasoning when the template thinks and reasoning_format is not "none" (starting inside it
+// when the prompt opened a <think> block); std::nullopt when there is nothing to split.
+std::optional<OutputOptions> output_options(const CompletionRequest& r, const TemplateTraits& traits,
+                                            std::string_view prompt);
+
+}  // namespace fitllm::server

@@ -1,0 +1,115 @@
+// The chat request's fields for tools and reasoning (server/chat_request.h): read into the
+// shape templates want, and every wrong one refused by name; Ollama's shapes mapped to them.
+#include "server/chat_request.h"
+
+#include <gtest/gtest.h>
+
+#include <nlohmann/json.hpp>
+
+#include "server/api_error.h"
+#include "server/request.h"
+
+namespace fitllm::server {
+namespace {
+
+using nlohmann::json;
+
+ApiError refused(const json& body) {
+    try {
+        parse_completion_request(body, /*chat=*/true);
+    } catch (const ApiError& e) {
+        return e;
+    }
+    ADD_FAILURE() << "accepted: " << body.dump();
+    return ApiError::unsupported("-", "-");
+}
+
+TEST(ChatRequestTools, ToolsAndToolMessagesRead) {
+    const json tool = {{"type", "function"},
+                       {"function",
+                        {{"name", "get_weather"},
+                         {"parameters", {{"type", "object"}, {"properties", {{"city", {{"type", "string"}}}}}}}}}};
+    const json body = {{"messages",
+                        {{{"role", "user"}, {"content", "Weather in Paris?"}},
+                         {{"role", "assistant"},
+                          {"content", nullptr},
+                          {"tool_calls",
+                           {{{"id", "call_1"},
+                             {"type", "function"},
+                             {"function", {{"name", "get_weather"}, {"arguments", "{\"city\": \"Paris\"}"}}}}}}},
+                         {{"role", "tool"}, {"tool_call_id", "call_1"}, {"content", "18C"}}}},
+                       {"tools", {tool}},
+                       {"tool_choice", "auto"},
+                       {"parallel_tool_calls", false},
+                       {"chat_template_kwargs", {{"enable_thinking", false}}},
+                       {"reasoning_format", "none"}};
+    const CompletionRequest r = parse_completion_request(body, true);
+    EXPECT_EQ(r.tools, json::array({tool}));
+    EXPECT_FALSE(r.parallel_tool_calls);
+    EXPECT_FALSE(r.split_reasoning);
+    EXPECT_EQ(r.template_kwargs["enable_thinking"], false);
+    // The arguments as an object, as templates print them with tojson.
+    EXPECT_EQ(r.messages[1]["tool_calls"][0]["function"]["arguments"], json({{"city", "Paris"}}));
+    EXPECT_EQ(r.messages[1]["tool_calls"][0]["id"], "call_1");
+    EXPECT_EQ(r.messages[2]["tool_call_id"], "call_1");
+    EXPECT_EQ(r.messages[2]["role"], "tool");
+
+    // tool_choice none: the tools are not offered.
+    json none = body;
+    none["tool_choice"] = "none";
+    EXPECT_TRUE(parse_completion_request(none, true).tools.is_null());
+}
+
+TEST(ChatRequestTools, BadToolFieldsNamed) {
+    const json user = {{"role", "user"}, {"content", "hi"}};
+    const auto with = [&user](json extra) {
+        json b = {{"messages", {user}}};
+        b.update(extra);
+        return b;
+    };
+    EXPECT_EQ(refused(with({{"tool_choice", "required"}, {"tools", json::array()}})).param(), "tool_choice");
+    EXPECT_EQ(refused(with({{"tool_choice", {{"type", "function"}, {"function", {{"name", "f"}}}}}})).param(),
+              "tool_choice");
+    EXPECT_EQ(refused(with({{"tool_choice", "sometimes"}})).param(), "tool_choice");
+    EXPECT_EQ(refused(with({{"tools", "x"}})).param(), "tools");
+    EXPECT_EQ(refused(with({{"tools", {{{"type", "function"}, {"function", {{"description", "d"}}}}}}})).param(),
+              "tools[0].function.name");
+    EXPECT_EQ(refused(with({{"tools", {{{"type", "retrieval"}}}}})).param(), "tools[0].type");
+    EXPECT_EQ(refused(with({{"functions", {{{"name", "f"}}}}})).param(), "functions");
+    EXPECT_EQ(refused(with({{"chat_template_kwargs", 3}})).param(), "chat_template_kwargs");
+    EXPECT_EQ(refused(with({{"chat_template_kwargs", {{"messages", 1}}}})).param(), "chat_template_kwargs.messages");
+    EXPECT_EQ(refused(with({{"reasoning_format", "xml"}})).param(), "reasoning_format");
+    const json bad_args = {
+        {"messages",
+         {user,
+          {{"role", "assistant"},
+           {"tool_calls", {{{"type", "function"}, {"function", {{"name", "f"}, {"arguments", "{oops"}}}}}}}}}};
+    EXPECT_EQ(refused(bad_args).param(), "messages[1].tool_calls[0].function.arguments");
+    const json user_calls = {{"messages", {{{"role", "user"}, {"tool_calls", {{{"function", {{"name", "f"}}}}}}}}}};
+    EXPECT_EQ(refused(user_calls).param(), "messages[0].tool_calls");
+}
+
+TEST(ChatRequestTools, OllamaShapes) {
+    const json body = {{"model", "m"},
+                       {"messages",
+                        {{{"role", "user"}, {"content", "hi"}},
+                         {{"role", "assistant"},
+                          {"content", ""},
+                          {"thinking", "hmm"},
+                          {"tool_calls", {{{"function", {{"name", "f"}, {"arguments", {{"x", 1}}}}}}}}},
+                         {{"role", "tool"}, {"content", "42"}, {"tool_name", "f"}}}},
+                       {"tools", {{{"type", "function"}, {"function", {{"name", "f"}}}}}},
+                       {"think", false}};
+    const OllamaRequest r = parse_ollama_request(body, /*chat=*/true);
+    EXPECT_EQ(r.completion.tools.size(), 1u);
+    EXPECT_EQ(r.completion.template_kwargs["enable_thinking"], false);
+    EXPECT_EQ(r.completion.messages[1]["tool_calls"][0]["function"]["arguments"], json({{"x", 1}}));
+    EXPECT_EQ(r.completion.messages[1]["reasoning_content"], "hmm");
+    EXPECT_EQ(r.completion.messages[2]["name"], "f");
+    json levels = body;
+    levels["think"] = "high";
+    EXPECT_THROW(parse_ollama_request(levels, true), ApiError);
+}
+
+}  // namespace
+}  // namespace fitllm::server
