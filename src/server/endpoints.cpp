@@ -64,7 +64,8 @@ json parse_charged(const HttpRequest& req, RequestMemory& memory, memory::Charge
 json usage_json(const Job::Update& u) {
     return {{"prompt_tokens", u.n_prompt},
             {"completion_tokens", u.n_generated},
-            {"total_tokens", u.n_prompt + u.n_generated}};
+            {"total_tokens", u.n_prompt + u.n_generated},
+            {"prompt_tokens_details", {{"cached_tokens", u.n_cached}}}};
 }
 
 json finish_reason_json(FinishReason r) {
