@@ -56,6 +56,20 @@ std::vector<std::pair<uint32_t, uint32_t>> normalize(std::vector<std::pair<uint3
     return out;
 }
 
+// Surrogates (U+D800..U+DFFF) are not characters: no class holds them, so text stays valid UTF-8.
+std::vector<std::pair<uint32_t, uint32_t>> without_surrogates(const std::vector<std::pair<uint32_t, uint32_t>>& in) {
+    std::vector<std::pair<uint32_t, uint32_t>> out;
+    for (const auto& r : in) {
+        if (r.second < 0xD800 || r.first > 0xDFFF) {
+            out.push_back(r);
+            continue;
+        }
+        if (r.first < 0xD800) out.emplace_back(r.first, 0xD7FF);
+        if (r.second > 0xDFFF) out.emplace_back(0xE000, r.second);
+    }
+    return out;
+}
+
 class Parser {
 public:
     explicit Parser(std::string_view text) : text_(text) {}
@@ -233,11 +247,11 @@ private:
                 ranges.emplace_back(lo, hi);
             }
             ++pos_;
-            item.ranges = normalize(std::move(ranges), negated);
+            item.ranges = without_surrogates(normalize(std::move(ranges), negated));
         } else if (c == '.') {
             ++pos_;
             item.kind = Item::Kind::chars;
-            item.ranges = {{0, kMaxCodePoint}};
+            item.ranges = without_surrogates({{0, kMaxCodePoint}});
         } else if (c == '(') {
             if (depth + 1 > kMaxNesting) fail(pos_, "groups nested deeper than " + std::to_string(kMaxNesting));
             ++pos_;

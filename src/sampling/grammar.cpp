@@ -9,8 +9,9 @@
 
 namespace fitllm::sampling {
 namespace {
-constexpr int kMaxExpandDepth = 4096;
-}
+// The least code point a UTF-8 sequence of n bytes may encode (shorter forms are invalid).
+constexpr uint32_t kLeast[5] = {0, 0, 0x80, 0x800, 0x10000};
+}  // namespace
 
 // ---------------------------------------------------------------------------------------------
 // GrammarVocab
@@ -20,7 +21,7 @@ GrammarVocab::GrammarVocab(const std::vector<std::string>& texts, std::vector<in
     std::sort(eog_.begin(), eog_.end());
     eog_.erase(std::unique(eog_.begin(), eog_.end()), eog_.end());
     size_t total = 0;
-    for (const auto& t : texts) total += t.size();
+    for (const auto& t : texts) total += t.size(), longest_ = std::max(longest_, t.size());
     bytes_.reserve(total);
     offsets_.reserve(texts.size() + 1);
     offsets_.push_back(0);
@@ -48,6 +49,13 @@ std::shared_ptr<const GrammarVocab> GrammarVocab::from_tokenizer(const tokenizer
     std::vector<std::string> texts(static_cast<size_t>(n));
     for (int32_t id = 0; id < n; ++id) texts[size_t(id)] = tokenizer.token_to_piece(id, /*special=*/false);
     return std::make_shared<GrammarVocab>(texts, tokenizer.vocab().eog_tokens());
+}
+
+uint64_t GrammarMatcher::memory_bound(const Grammar& grammar, const GrammarVocab& vocab) {
+    const uint64_t state = (kMaxStateEntries + kMaxStacks + 1) * sizeof(uint32_t);
+    const uint64_t mask = (uint64_t(vocab.size()) + 63) / 64 * sizeof(uint64_t);
+    return sizeof(GrammarMatcher) + grammar.memory_bytes() + kMaskCacheBytes + 2 * mask +
+           (vocab.longest() + 4) * state + uint64_t(kMaxExpandDepth + 1) * kMaxStackDepth * sizeof(uint32_t);
 }
 
 bool GrammarVocab::is_eog(int32_t id) const {
@@ -82,6 +90,9 @@ void GrammarMatcher::add_stack(State& out, const uint32_t* begin, size_t n) {
         const uint32_t b = out.start[k], e = out.start[k + 1];
         if (e - b == n && (n == 0 || std::memcmp(out.data.data() + b, begin, n * sizeof(uint32_t)) == 0)) return;
     }
+    if (out.data.size() + n > kMaxStateEntries)
+        throw GrammarError("grammar: parse stacks over " + std::to_string(kMaxStateEntries) +
+                           " entries at once (the grammar is too ambiguous or nests too deeply)");
     if (out.count() >= kMaxStacks)
         throw GrammarError("grammar: more than " + std::to_string(kMaxStacks) +
                            " parse stacks at once (the grammar is too ambiguous)");
@@ -148,7 +159,10 @@ bool GrammarMatcher::viable(const State& s) const {
     if (s.partial_left == 0) return s.count() > 0;
     // A code point in progress: the values its completions can take form one range.
     const uint32_t shift = 6u * s.partial_left;
-    const uint32_t lo = s.partial_value << shift, hi = lo | ((1u << shift) - 1);
+    const uint32_t least = kLeast[s.partial_len + s.partial_left];  // shorter forms are invalid
+    const uint32_t lo = std::max(s.partial_value << shift, least),
+                   hi = (s.partial_value << shift) | ((1u << shift) - 1);
+    if (lo > hi || lo > 0x10FFFF) return false;
     const auto& el = grammar_->elements();
     for (size_t k = 0; k < s.count(); ++k) {
         if (s.start[k] == s.start[k + 1]) continue;
@@ -182,6 +196,8 @@ bool GrammarMatcher::advance_byte(const State& from, uint8_t byte, State& to) {
     if ((byte & 0xC0) != 0x80) return false;
     const uint32_t value = (from.partial_value << 6) | (byte & 0x3F);
     if (from.partial_left == 1) {
+        if (value < kLeast[from.partial_len + 1] || value > 0x10FFFF || (value >= 0xD800 && value <= 0xDFFF))
+            return false;  // an overlong form, a surrogate or past U+10FFFF
         advance_cp(from, value, to);
         return to.count() > 0;
     }

@@ -21,7 +21,8 @@
 // kMaxGrammarBytes of text, kMaxRules rules, kMaxElements compiled elements, kMaxNesting nested
 // groups, repetition counts up to kMaxRepeat; left recursion is refused when compiling (it would
 // never end); at run time at most kMaxStacks parse stacks of kMaxStackDepth entries (more: an
-// error, never unbounded memory). A matcher's mask cache holds at most kMaskCacheBytes.
+// error, never unbounded memory). A matcher's mask cache holds at most kMaskCacheBytes; all it
+// holds is at most GrammarMatcher::memory_bound() (what the server charges a request for).
 #include <cstdint>
 #include <deque>
 #include <memory>
@@ -50,8 +51,10 @@ inline constexpr size_t kMaxElements = 500000;
 inline constexpr int kMaxNesting = 64;
 inline constexpr uint32_t kMaxRepeat = 10000;
 inline constexpr size_t kMaxStacks = 1024;
-inline constexpr size_t kMaxStackDepth = 2048;
-inline constexpr size_t kMaskCacheBytes = size_t{8} << 20;
+inline constexpr size_t kMaxStackDepth = 1024;
+inline constexpr size_t kMaxStateEntries = 4096;  // all stacks of a state together
+inline constexpr int kMaxExpandDepth = 512;       // rule references followed before a character
+inline constexpr size_t kMaskCacheBytes = size_t{4} << 20;
 
 class Grammar {
 public:
@@ -110,6 +113,7 @@ public:
         return {bytes_.data() + offsets_[size_t(id)], offsets_[size_t(id) + 1] - offsets_[size_t(id)]};
     }
     bool is_eog(int32_t id) const;
+    size_t longest() const { return longest_; }  // the longest token text, in bytes
     const std::vector<int32_t>& eog() const { return eog_; }
     uint64_t memory_bytes() const;
 
@@ -121,11 +125,15 @@ private:
     std::vector<int32_t> sorted_;    // ids of non-empty tokens in byte order of their texts
     std::vector<uint16_t> lcp_;      // lcp_[i]: common prefix of sorted_[i-1] and sorted_[i] (capped)
     std::vector<int32_t> eog_;       // sorted
+    size_t longest_ = 0;
 };
 
 class GrammarMatcher {
 public:
     GrammarMatcher(std::shared_ptr<const Grammar> grammar, std::shared_ptr<const GrammarVocab> vocab);
+    // The most heap memory a matcher of this grammar over this vocabulary holds (the grammar, the
+    // mask cache, the walk's states and buffers), by the limits above.
+    static uint64_t memory_bound(const Grammar& grammar, const GrammarVocab& vocab);
 
     // Whether the text may follow what was accepted so far (a prefix of a sentence of the grammar).
     bool allows_text(std::string_view text);
