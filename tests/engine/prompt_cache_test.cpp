@@ -106,6 +106,31 @@ TEST_F(PromptCache, AContinuedConversationComputesOnlyItsNewTokens) {
     EXPECT_EQ(st.cached_prompt_tokens, static_cast<int>(next.size()) + 7);
 }
 
+TEST_F(PromptCache, CachedCellsHoldTheBitsOfARecomputation) {
+    // One token per pass in both: the kernels sum in the same order, so the logits after a cached
+    // prefix are those of a recomputation, bit for bit.
+    const ContextConfig c{.n_ctx = 256, .n_seq = 1, .n_batch = 1, .n_cached_prompts = 1};
+    Scheduler s(*llama_->model, llama_->tokenizer, c, {}, *compute_);
+    const std::vector<int32_t> first = ids("Once upon a time there was");
+    const Job::Update a = s.submit(first, greedy(6))->wait_all();
+    const std::vector<int32_t> next = concat(concat(first, sampled_ids(a)), ids(" and so", false));
+    GenerationParams p = greedy(8);
+    p.top_logprobs = 5;
+    const Job::Update b = s.submit(next, p)->wait_all();
+    ASSERT_EQ(b.n_cached, static_cast<int>(first.size()) + 5);
+
+    ContextConfig plain = c;
+    plain.n_cached_prompts = 0;
+    Scheduler fresh(*llama_->model, llama_->tokenizer, plain, {}, *compute_);
+    const Job::Update e = fresh.submit(next, p)->wait_all();
+    ASSERT_EQ(b.logprobs.size(), e.logprobs.size());
+    for (size_t i = 0; i < e.logprobs.size(); ++i) {
+        EXPECT_EQ(b.logprobs[i].id, e.logprobs[i].id) << i;
+        EXPECT_EQ(b.logprobs[i].logprob, e.logprobs[i].logprob) << i;
+        EXPECT_EQ(b.logprobs[i].top, e.logprobs[i].top) << i;
+    }
+}
+
 TEST_F(PromptCache, TheSamePromptAgainComputesOnlyItsLastToken) {
     const ContextConfig c{.n_ctx = 512, .n_seq = 1, .n_batch = 32, .n_cached_prompts = 1};
     Scheduler s(*llama_->model, llama_->tokenizer, c, {}, *compute_);

@@ -1187,6 +1187,49 @@ class OllamaClient(unittest.TestCase):
 
 
 @unittest.skipUnless(os.path.exists(DEMO), "the demo model is not in models/ (scripts/setup.sh assembles it)")
+class PromptCache(unittest.TestCase):
+    """A conversation's next turn starts from the cells its last turn left (--cache-prompts, on by
+    default), and answers what a server without the cache answers. One token per forward pass
+    (-b 1) in both, so that the cached cells hold the very bits a recomputation gives (with longer
+    passes the kernels' sums run in another order, and a random model's near-ties may go the other
+    way)."""
+
+    def test_turns_reuse_the_conversation_so_far(self):
+        cached = Server("-m", TINY_LLAMA, "-np", "1", "-b", "1", "-c", "1024")
+        plain = Server("-m", TINY_LLAMA, "-np", "1", "-b", "1", "-c", "1024", "--cache-prompts", "0")
+        try:
+            histories = {"cached": [], "plain": []}
+            for turn in range(3):
+                answers = {}
+                for name, srv in (("cached", cached), ("plain", plain)):
+                    msgs = histories[name]
+                    msgs.append({"role": "user", "content": f"Tell me more, part {turn}"})
+                    r = srv.client().chat.completions.create(model="tiny-llama-q8_0", messages=msgs, max_tokens=16,
+                                                             temperature=0)
+                    answers[name] = r
+                    msgs.append({"role": "assistant", "content": r.choices[0].message.content})
+                self.assertEqual(answers["cached"].choices[0].message.content,
+                                 answers["plain"].choices[0].message.content, f"turn {turn}")
+                self.assertEqual(answers["plain"].usage.prompt_tokens_details.cached_tokens, 0)
+                got = answers["cached"].usage.prompt_tokens_details.cached_tokens
+                if turn > 0:
+                    # At least the previous turn's prompt: the answer's text, tokenized again, may part
+                    # from the tokens the random model sampled anywhere.
+                    self.assertGreaterEqual(got, previous_prompt, f"turn {turn}")
+                self.assertLess(got, answers["cached"].usage.prompt_tokens)
+                previous_prompt = answers["cached"].usage.prompt_tokens
+            self.assertGreaterEqual(cached.metric("fitllm_prompt_cache_hits_total"), 2)
+            self.assertGreater(cached.metric("fitllm_prompt_tokens_cached_total"), 0)
+            self.assertGreaterEqual(cached.metric("fitllm_prompt_cache_prompts"), 1)
+            self.assertEqual(plain.metric("fitllm_prompt_cache_hits_total"), 0)
+            s, mem = cached.get("/v1/memory")
+            self.assertEqual(s, 200)
+            self.assertGreaterEqual(mem["models"][0]["cached_prompts"], 1)
+        finally:
+            cached.stop()
+            plain.stop()
+
+
 class DemoModel(unittest.TestCase):
     def test_chat_as_the_cli(self):
         # The reply through the chat template equals `fitllm chat`'s for the same message (greedy).
