@@ -17,6 +17,7 @@ import argparse
 import base64
 import json
 import os
+import re
 import shutil
 import socket
 import subprocess
@@ -243,6 +244,13 @@ def drive_page(tools, url, screenshot):
     send(tools, "Hello again.", max_tokens=8)
     reply = wait_until("a reply after Stop", lambda: last_reply(tools, ("done", "error", "stopped")), 120)
     check(reply["state"] == "done", f"the server answers after a stopped reply ({reply['state']})")
+    # The third turn starts from the cells the earlier turns left (the prompt cache, on by default).
+    cached = re.search(r"(\d+) cached", reply["text"])
+    check(cached and int(cached.group(1)) > 0, f"the reply shows cached prompt tokens: {reply['text'][-80:]!r}")
+    kept = wait_until("the memory panel to show kept prompts", lambda: tools.eval(
+        "[...document.querySelectorAll('#memory .kv-cache')].map(p => +p.dataset.cachedPrompts)"
+        ".some(n => n > 0)"), 10)
+    check(kept, "the memory panel shows the prompts kept in the KV cache")
 
     # A request the server refuses: its OpenAI-style error message shows in the page.
     tools.eval("""(() => { const s = document.getElementById('model');
