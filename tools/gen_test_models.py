@@ -14,6 +14,10 @@ Writes, for each architecture,
                       norms, layer 0 sliding-window (window 32) and layer 1 global, attention
                       scores capped at 4 and logits at 8 (Gemma 2's own 50 and 30 would not bite
                       on these small random weights); in F16, Q8_0 and Q4_K_M only
+  tiny-qwen3moe-*.gguf qwen3moe: qwen3 with head size 64 and, for each FFN, 8 experts of 32 hidden
+                      units, 2 used per token (an F32 router, as converted Qwen3-MoE files have);
+                      in F16, Q8_0 and Q4_K_M only (the experts' down matrices, rows of 32, fall
+                      back from K-quants to what llama.cpp picks for them)
 
 first in F16 (1-D tensors F32) with gguf-py from a fixed seed, then quantized by llama.cpp's own
 quantizer (llama-cpp-python's llama_model_quantize, `scripts/setup.sh --oracle`) into Q8_0, Q6_K,
@@ -54,12 +58,15 @@ EXTRA_QUANTS = {"llama": [("iq4_xs", 30)]}
 # over an original context of 64, so that the ramp spans pairs 0 .. 11 of 64), in F16 and Q8_0.
 MODELS = [("llama", "llama", 1, QUANTS + EXTRA_QUANTS["llama"]), ("qwen2", "qwen2", 2, QUANTS),
           ("qwen3", "qwen3", 3, QUANTS), ("qwen3-yarn", "qwen3", 4, [("q8_0", 7)]),
-          ("gemma2", "gemma2", 5, [("q8_0", 7), ("q4_k_m", 15)])]
+          ("gemma2", "gemma2", 5, [("q8_0", 7), ("q4_k_m", 15)]),
+          ("qwen3moe", "qwen3moe", 6, [("q8_0", 7), ("q4_k_m", 15)])]
 ARCHS = [m[0] for m in MODELS]
 YARN_FACTOR, YARN_ORIG_CTX = 4.0, 64
 # gemma2: the sliding window of its even layers and the two soft-capping values, small enough that
 # a wrong window or a missing cap moves the logits well past the tests' tolerances.
 GEMMA2_WINDOW, GEMMA2_ATTN_CAP, GEMMA2_FINAL_CAP = 32, 4.0, 8.0
+# qwen3moe: experts per layer, used per token, hidden units per expert (small: files under 2 MB).
+MOE_N_EXPERT, MOE_N_USED, MOE_N_FF = 8, 2, 32
 
 # Text the vocabularies' merges are learned from (a naive BPE over whitespace-split words).
 CORPUS = """
@@ -162,9 +169,13 @@ def write_f16(arch: str, path: str, seed: int, yarn: bool = False) -> None:
     w.add_head_count_kv(N_HEAD_KV)
     head_dim = HEAD_DIM_QWEN3 if arch == "qwen3" else HEAD_DIM
     w.add_rope_dimension_count(head_dim)
-    if arch == "qwen3":
+    if arch in ("qwen3", "qwen3moe"):
         w.add_key_length(head_dim)
         w.add_value_length(head_dim)
+    if arch == "qwen3moe":
+        w.add_expert_count(MOE_N_EXPERT)
+        w.add_expert_used_count(MOE_N_USED)
+        w.add_expert_feed_forward_length(MOE_N_FF)
     if arch in ("llama", "gemma2"):
         w.add_rope_freq_base(10000.0)
         w.add_layer_norm_rms_eps(1e-5 if arch == "llama" else 1e-6)
@@ -232,16 +243,25 @@ def write_f16(arch: str, path: str, seed: int, yarn: bool = False) -> None:
             w.add_tensor(p + "attn_q.bias", (0.5 * rng.standard_normal(N_EMBD, dtype=np.float32)))
             w.add_tensor(p + "attn_k.bias", (0.5 * rng.standard_normal(kv_dim, dtype=np.float32)))
             w.add_tensor(p + "attn_v.bias", (0.1 * rng.standard_normal(kv_dim, dtype=np.float32)))
-        if arch == "qwen3":  # per-head norms; unit RMS after them, so scale the weights up a little
+        if arch in ("qwen3", "qwen3moe"):  # per-head norms; unit RMS after them, so scale the weights up a little
             w.add_tensor(p + "attn_q_norm.weight", (1.5 * norm(head_dim)).astype(np.float32))
             w.add_tensor(p + "attn_k_norm.weight", (1.5 * norm(head_dim)).astype(np.float32))
         w.add_tensor(p + "attn_output.weight", mat(N_EMBD, q_dim, 1.0 / np.sqrt(q_dim)))
         if arch == "gemma2":
             w.add_tensor(p + "post_attention_norm.weight", norm(N_EMBD))
         w.add_tensor(p + "ffn_norm.weight", norm(N_EMBD))
-        w.add_tensor(p + "ffn_gate.weight", mat(N_FF, N_EMBD, 1.0 / np.sqrt(N_EMBD)))
-        w.add_tensor(p + "ffn_up.weight", mat(N_FF, N_EMBD, 1.0 / np.sqrt(N_EMBD)))
-        w.add_tensor(p + "ffn_down.weight", mat(N_EMBD, N_FF, 1.0 / np.sqrt(N_FF)))
+        if arch == "qwen3moe":  # router scores of std 1.5: distinct choices; experts as numpy (expert, rows, cols)
+            w.add_tensor(p + "ffn_gate_inp.weight",
+                         rng.standard_normal((MOE_N_EXPERT, N_EMBD), dtype=np.float32) * np.float32(1.5 / np.sqrt(N_EMBD)))
+            for name, rows, cols, std in [("gate", MOE_N_FF, N_EMBD, 1.0 / np.sqrt(N_EMBD)),
+                                          ("up", MOE_N_FF, N_EMBD, 1.0 / np.sqrt(N_EMBD)),
+                                          ("down", N_EMBD, MOE_N_FF, 2.0 / np.sqrt(MOE_N_FF))]:
+                w.add_tensor(p + f"ffn_{name}_exps.weight",
+                             (rng.standard_normal((MOE_N_EXPERT, rows, cols), dtype=np.float32) * std).astype(np.float16))
+        else:
+            w.add_tensor(p + "ffn_gate.weight", mat(N_FF, N_EMBD, 1.0 / np.sqrt(N_EMBD)))
+            w.add_tensor(p + "ffn_up.weight", mat(N_FF, N_EMBD, 1.0 / np.sqrt(N_EMBD)))
+            w.add_tensor(p + "ffn_down.weight", mat(N_EMBD, N_FF, 1.0 / np.sqrt(N_FF)))
         if arch == "gemma2":
             w.add_tensor(p + "post_ffw_norm.weight", norm(N_EMBD))
     if tied:
