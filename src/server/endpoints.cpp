@@ -879,6 +879,12 @@ void Endpoints::ollama_show(HttpRequest& req, HttpResponse& res) {
         answer_bytes += key.size() + 32 + (value.is_string() ? value.get_ref<const std::string&>().size() * 6 : 0);
     }
     const memory::Charge answer = memory.charge(answer_bytes, "the answer");
+    // What the template lets the model do, as Ollama lists it: tools when fitllm parses its calls,
+    // thinking when it has <think> blocks.
+    json capabilities = json::array({"completion"});
+    const TemplateTraits traits = template_traits(tmpl);
+    if (traits.tools != ToolCallFormat::none) capabilities.push_back("tools");
+    if (traits.thinks) capabilities.push_back("thinking");
     set_json(res, 200,
              {{"license", license},
               {"modelfile", ""},
@@ -886,7 +892,7 @@ void Endpoints::ollama_show(HttpRequest& req, HttpResponse& res) {
               {"template", tmpl},
               {"details", model_details(f, n_params)},
               {"model_info", info},
-              {"capabilities", json::array({"completion"})},
+              {"capabilities", capabilities},
               {"modified_at", rfc3339(time_error ? std::chrono::system_clock::time_point{} : modified_sys, false)}});
 }
 

@@ -261,6 +261,11 @@ class ToolsAndReasoning(unittest.TestCase):
                 if extra:
                     self.assertIsNone(getattr(m, "reasoning_content", None))
 
+    def test_show_lists_tools_and_thinking(self):
+        s, r = self.srv.post("/api/show", {"model": self.model})
+        self.assertEqual(s, 200, r)
+        self.assertEqual(r["capabilities"], ["completion", "tools", "thinking"])
+
     def test_forcing_a_call_is_refused(self):
         msgs = [{"role": "user", "content": "hi"}]
         for choice in ("required", {"type": "function", "function": {"name": "get_weather"}}):
@@ -816,6 +821,7 @@ class Ollama(unittest.TestCase):
         self.assertGreater(r["model_info"]["general.parameter_count"], 0)
         self.assertIsNone(r["model_info"]["tokenizer.ggml.tokens"])  # arrays: null, as Ollama without verbose
         self.assertNotIn("tokenizer.chat_template", r["model_info"])
+        self.assertEqual(r["capabilities"], ["completion"])  # the built-in Mistral v0.1 template: no tools
         self.assertIsInstance(r["template"], str)
         self.assertGreater(len(r["template"]), 0)
         s, r2 = self.srv.post("/api/show", {"name": self.model + ":latest"})  # the old field name
