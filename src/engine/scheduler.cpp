@@ -143,7 +143,8 @@ void Scheduler::shutdown() {
 }
 
 std::shared_ptr<const sampling::GrammarVocab> Scheduler::grammar_vocab() const {
-    std::call_once(grammar_vocab_once_, [this] { grammar_vocab_ = sampling::GrammarVocab::from_tokenizer(tokenizer_); });
+    std::call_once(grammar_vocab_once_,
+                   [this] { grammar_vocab_ = sampling::GrammarVocab::from_tokenizer(tokenizer_); });
     return grammar_vocab_;
 }
 
@@ -478,31 +479,42 @@ void Scheduler::keep_prompt(const Sequence& s) {
 }
 
 int Scheduler::reuse_prompt(Sequence& s) {
+    if (context_.n_cached_prompts == 0) return 0;
     // At least the last token is computed again: its logits give the next token.
     const size_t most = s.tokens.size() - 1;
-    CachedPrompt* best = nullptr;
+    kv::SeqId best = -1;
     size_t best_n = 0;
-    for (CachedPrompt& c : cached_) {
-        const size_t limit = std::min(most, c.tokens.size());
+    CachedPrompt* best_kept = nullptr;
+    // The tokens `held` of sequence `seq`, if they give s a longer prefix than the best so far.
+    const auto consider = [&](kv::SeqId seq, std::span<const int32_t> held) {
+        const size_t limit = std::min(most, held.size());
         size_t n = 0;
-        while (n < limit && c.tokens[n] == s.tokens[n]) ++n;
-        if (n <= best_n) continue;
-        // A query at position n sees window-pool keys after n - window: they must still be kept.
-        bool whole = true;
-        for (int p = 0; p < cache_.n_pools() && whole; ++p) {
+        while (n < limit && held[n] == s.tokens[n]) ++n;
+        if (n <= best_n) return false;
+        // A query at position n sees window-pool keys after n - window: they must still be there.
+        for (int p = 0; p < cache_.n_pools(); ++p) {
             const kv::KvCache& pool = cache_.pool(p);
             const int window = pool.params().window;
             if (window <= 0) continue;
-            const kv::Pos first = pool.seq_pos_min(c.seq);
-            whole = first >= 0 && first <= std::max<kv::Pos>(0, static_cast<kv::Pos>(n) - window + 1);
+            const kv::Pos first = pool.seq_pos_min(seq);
+            if (first < 0 || first > std::max<kv::Pos>(0, static_cast<kv::Pos>(n) - window + 1)) return false;
         }
-        if (!whole) continue;
-        best = &c;
+        best = seq;
         best_n = n;
+        return true;
+    };
+    for (CachedPrompt& c : cached_) {
+        if (consider(c.seq, c.tokens)) best_kept = &c;
     }
-    if (best == nullptr) return 0;
-    best->last_used = ++cache_clock_;
-    cache_.seq_cp(best->seq, s.seq, 0, static_cast<kv::Pos>(best_n));
+    // Requests still running share what they have fed too (the same system prompt, or a request
+    // sent again while the first still generates).
+    for (const auto& a : active_) {
+        if (consider(a->seq, std::span<const int32_t>(a->tokens).first(static_cast<size_t>(a->n_fed))))
+            best_kept = nullptr;
+    }
+    if (best < 0) return 0;
+    if (best_kept) best_kept->last_used = ++cache_clock_;
+    cache_.seq_cp(best, s.seq, 0, static_cast<kv::Pos>(best_n));
     return static_cast<int>(best_n);
 }
 

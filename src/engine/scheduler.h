@@ -14,9 +14,9 @@
 // Prompt cache (ContextConfig::n_cached_prompts > 0): a request that ends (finished, cancelled or
 // preempted) leaves the cells of the tokens it fed under a sequence id of its own, with the token
 // list they hold. A request admitted later starts from the longest prefix it shares with one of
-// them: the cells are shared (kv::KvCache::seq_cp, copy on write), and only the rest of its
-// prompt is computed. A preempted request so finds its own cells again when they were not needed.
-// Kept prompts give their cells back, least recently used first, whenever a request needs room;
+// them, or with what a running request has fed so far: the cells are shared (kv::KvCache::seq_cp,
+// copy on write), and only the rest of its prompt is computed. A preempted request so finds its own cells again when
+// they were not needed. Kept prompts give their cells back, least recently used first, whenever a request needs room;
 // they never hold more than the cache, so the KV budget is unchanged. A prompt that another kept
 // prompt extends is dropped. A sliding-window pool holds only a window of each kept prompt, so a
 // prefix is taken only where the window before it is still there (all of a kept prompt, or all

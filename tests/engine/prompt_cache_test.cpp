@@ -144,6 +144,24 @@ TEST_F(PromptCache, TheSamePromptAgainComputesOnlyItsLastToken) {
     EXPECT_EQ(a.text, b.text);
 }
 
+TEST_F(PromptCache, ARunningRequestSharesWhatItHasFed) {
+    const ContextConfig c{.n_ctx = 1024, .n_seq = 2, .n_batch = 64, .n_cached_prompts = 1};
+    Scheduler s(*llama_->model, llama_->tokenizer, c, {}, *compute_);
+    std::string text;
+    for (int i = 0; i < 8; ++i) text += "a shared system prompt that every request starts with, ";
+    const std::vector<int32_t> shared = ids(text);
+    GenerationParams long_run = greedy(600);
+    long_run.top_logprobs = -1;
+    auto first = s.submit(shared, long_run);
+    while (first->wait(std::chrono::milliseconds(100)).text.empty() && s.stats().n_generated_tokens == 0) {
+    }
+    const std::vector<int32_t> second = concat(shared, ids(" and a question of its own", false));
+    const Job::Update u = s.submit(second, greedy(8))->wait_all();
+    first->cancel();
+    EXPECT_EQ(u.n_cached, static_cast<int>(shared.size()));
+    EXPECT_EQ(u.text, without_cache(second, 8, c).text);
+}
+
 TEST_F(PromptCache, NoneKeptWhenTurnedOff) {
     const ContextConfig c{.n_ctx = 256, .n_seq = 1, .n_batch = 32};
     Scheduler s(*llama_->model, llama_->tokenizer, c, {}, *compute_);
