@@ -48,6 +48,14 @@ struct Hparams {
     float rope_corr_low = 0.0f, rope_corr_high = 0.0f;
     float final_logit_softcap = 0.0f;  // > 0: logits = cap * tanh(logits / cap)
     float attn_softcap = 0.0f;         // > 0: attention scores = cap * tanh(score / cap) (gemma2)
+    // Mixture of experts (qwen3moe): each layer's feed-forward block is n_expert experts of
+    // n_ff_exp hidden units, of which a router picks n_expert_used per token; 0: a dense block of
+    // n_ff. expert_weights_scale (0 or 1: none) scales the picked experts' weights.
+    int n_expert = 0;
+    int n_expert_used = 0;
+    int n_ff_exp = 0;
+    float expert_weights_scale = 0.0f;
+    bool is_moe() const { return n_expert > 0; }
 };
 
 // Reads and checks the hyper-parameters: the keys every architecture has, then the architecture's

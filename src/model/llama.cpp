@@ -4,14 +4,17 @@
 // on the two halves of each head (NeoX style); small models tie the output matrix to the embedding.
 // Qwen3 (dense) drops the biases and RMS-norms each head of Q and K (one weight vector of head_dim
 // shared by the heads) before the rotation; its head size is its own (128), not n_embd / n_head.
-// Reference: the Llama papers, the Qwen2 and Qwen3 technical reports; llama.cpp's llama, qwen2 and
-// qwen3 graphs for the exact order of ops.
+// Qwen3-MoE is Qwen3 with a mixture of experts for each feed-forward block (model/moe.h: softmax
+// routing, the top n_expert_used experts, weights normalized to sum 1), no dense FFN.
+// Reference: the Llama papers, the Qwen2 and Qwen3 technical reports; llama.cpp's llama, qwen2,
+// qwen3 and qwen3moe graphs for the exact order of ops.
 #include <algorithm>
 #include <cmath>
 
 #include "model/architecture.h"
 #include "model/decoder.h"
 #include "model/model.h"
+#include "model/moe.h"
 #include "model/weights.h"
 #include "ops/activation.h"
 #include "ops/embedding.h"
@@ -26,11 +29,7 @@ namespace {
 // Llama (2, 3, 3.x, Mistral, TinyLlama, SmolLM2), Qwen2 and Qwen3 (llama.cpp's LLM_ARCH_LLAMA,
 // LLM_ARCH_QWEN2 and LLM_ARCH_QWEN3): every layer attends globally; the first n_rot dims of each head rotate.
 // Llama 3.1's frequency factors come as a tensor (rope_freqs.weight), bound with the weights.
-void read_llama_hparams(const HparamReader& r, Hparams& hp) {
-    if (r.has("expert_count") && r.file().get_int(r.key("expert_count")) > 0) {
-        r.refuse("expert_count", std::to_string(r.file().get_int(r.key("expert_count"))),
-                 "mixture-of-experts models (Mixtral) are not supported");
-    }
+void read_attention_hparams(const HparamReader& r, Hparams& hp) {
     hp.is_swa.assign(static_cast<size_t>(hp.n_layer), false);
     hp.rope_base_swa = hp.rope_base;
     if (hp.head_dim_v != hp.head_dim) {
@@ -49,8 +48,38 @@ void read_llama_hparams(const HparamReader& r, Hparams& hp) {
     hp.attn_scale = scale != 0.0f ? scale : 1.0f / std::sqrt(static_cast<float>(hp.head_dim));
 }
 
+void read_llama_hparams(const HparamReader& r, Hparams& hp) {
+    if (r.has("expert_count") && r.file().get_int(r.key("expert_count")) > 0) {
+        r.refuse("expert_count", std::to_string(r.file().get_int(r.key("expert_count"))),
+                 "mixture-of-experts models (Mixtral) are not supported");
+    }
+    read_attention_hparams(r, hp);
+}
+
+// Qwen3-MoE (llama.cpp's LLM_ARCH_QWEN3MOE): Qwen3's attention; expert_feed_forward_length falls
+// back to feed_forward_length / expert_used_count as llama.cpp's does.
+void read_qwen3moe_hparams(const HparamReader& r, Hparams& hp) {
+    hp.n_expert = r.count("expert_count");
+    hp.n_expert_used = r.count("expert_used_count");
+    if (hp.n_expert > kMaxExperts) {
+        r.refuse("expert_count", std::to_string(hp.n_expert), "more than " + std::to_string(kMaxExperts));
+    }
+    if (hp.n_expert_used > hp.n_expert || hp.n_expert_used > kMaxExpertsUsed) {
+        r.refuse("expert_used_count", std::to_string(hp.n_expert_used),
+                 "must be at most '" + r.key("expert_count") + "' = " + std::to_string(hp.n_expert) + " and " +
+                     std::to_string(kMaxExpertsUsed));
+    }
+    hp.n_ff_exp = r.count_or("expert_feed_forward_length", hp.n_ff / hp.n_expert_used);
+    hp.expert_weights_scale = r.number_or("expert_weights_scale", 0.0f);
+    if (!std::isfinite(hp.expert_weights_scale)) {
+        r.refuse("expert_weights_scale", std::to_string(hp.expert_weights_scale), "must be finite");
+    }
+    read_attention_hparams(r, hp);
+}
+
 // Llama, Qwen2 and Qwen3, one block: pre-norm attention and SwiGLU feed-forward. Biases and the
-// Q/K norms are nullptr when the architecture has none.
+// Q/K norms are nullptr when the architecture has none; Qwen3-MoE has experts (moe) instead of
+// ffn_gate, ffn_up and ffn_down.
 struct LlamaLayer {
     const float* attn_norm = nullptr;  // [n_embd]
     ops::WeightView wq;                // [n_head * head_dim, n_embd]
@@ -67,14 +96,17 @@ struct LlamaLayer {
     ops::WeightView ffn_gate;          // [n_ff, n_embd]
     ops::WeightView ffn_up;            // [n_ff, n_embd]
     ops::WeightView ffn_down;          // [n_embd, n_ff]
+    MoeWeights moe;                    // router [n_expert, n_embd] and experts (Qwen3-MoE)
 };
 
 template <class F>
 void for_each_weight(LlamaLayer& L, F&& f) {
-    static_assert(sizeof(LlamaLayer) == 8 * sizeof(const float*) + 7 * sizeof(ops::WeightView),
+    static_assert(sizeof(LlamaLayer) == 8 * sizeof(const float*) + 11 * sizeof(ops::WeightView),
                   "a LlamaLayer field is missing from for_each_weight");
     for (const float** p : {&L.attn_norm, &L.bq, &L.bk, &L.bv, &L.q_norm, &L.k_norm, &L.bo, &L.ffn_norm}) f(*p);
-    for (ops::WeightView* w : {&L.wq, &L.wk, &L.wv, &L.wo, &L.ffn_gate, &L.ffn_up, &L.ffn_down}) f(w->data);
+    for (ops::WeightView* w : {&L.wq, &L.wk, &L.wv, &L.wo, &L.ffn_gate, &L.ffn_up, &L.ffn_down, &L.moe.router,
+                               &L.moe.gate_exps, &L.moe.up_exps, &L.moe.down_exps})
+        f(w->data);
 }
 
 struct LlamaWeights {
@@ -92,11 +124,13 @@ struct Variant {
     QkvBias qkv_bias;
     bool qk_norm;  // RMS norms of each head of Q and K before the rotation (Qwen3)
     ops::RopeMode rope_mode;
-    bool rope_freqs;  // Llama 3.1+'s per-pair frequency divisors, when the file has them
+    bool rope_freqs;   // Llama 3.1+'s per-pair frequency divisors, when the file has them
+    bool moe = false;  // routed experts instead of the dense FFN (Qwen3-MoE; model/moe.h)
 };
 constexpr Variant kLlamaVariant{QkvBias::Optional, false, ops::RopeMode::Normal, true};  // pairs (x[2i], x[2i+1])
 constexpr Variant kQwen2Variant{QkvBias::Required, false, ops::RopeMode::Neox, false};   // pairs (x[i], x[i + n_rot/2])
 constexpr Variant kQwen3Variant{QkvBias::None, true, ops::RopeMode::Neox, false};
+constexpr Variant kQwen3MoeVariant{QkvBias::None, true, ops::RopeMode::Neox, false, /*moe=*/true};
 
 // Binds a "llama", "qwen2" or "qwen3" file. Throws ModelError naming the first missing or
 // misshapen tensor, or a tensor the forward pass does not use (FFN biases; Qwen3's Q/K/V biases).
@@ -139,9 +173,20 @@ LlamaWeights bind_llama_weights(const gguf::GgufFile& file, const Hparams& hp, c
         L.wo = b.matrix(p + "attn_output.weight", hp.n_embd, q_dim);
         L.bo = b.optional_vector(p + "attn_output.bias", hp.n_embd);
         L.ffn_norm = b.vector(p + "ffn_norm.weight", hp.n_embd);
-        L.ffn_gate = b.matrix(p + "ffn_gate.weight", hp.n_ff, hp.n_embd);
-        L.ffn_up = b.matrix(p + "ffn_up.weight", hp.n_ff, hp.n_embd);
-        L.ffn_down = b.matrix(p + "ffn_down.weight", hp.n_embd, hp.n_ff);
+        if (variant.moe) {
+            L.moe.router = b.matrix(p + "ffn_gate_inp.weight", hp.n_expert, hp.n_embd);
+            L.moe.gate_exps = b.experts(p + "ffn_gate_exps.weight", hp.n_expert, hp.n_ff_exp, hp.n_embd);
+            L.moe.up_exps = b.experts(p + "ffn_up_exps.weight", hp.n_expert, hp.n_ff_exp, hp.n_embd);
+            L.moe.down_exps = b.experts(p + "ffn_down_exps.weight", hp.n_expert, hp.n_embd, hp.n_ff_exp);
+            for (const char* t : {"ffn_gate_inp_shexp.weight", "ffn_gate_shexp.weight", "ffn_up_shexp.weight",
+                                  "ffn_down_shexp.weight", "exp_probs_b.bias"}) {
+                b.refuse(p + t, hp.arch + " has no shared expert and no expert selection bias");
+            }
+        } else {
+            L.ffn_gate = b.matrix(p + "ffn_gate.weight", hp.n_ff, hp.n_embd);
+            L.ffn_up = b.matrix(p + "ffn_up.weight", hp.n_ff, hp.n_embd);
+            L.ffn_down = b.matrix(p + "ffn_down.weight", hp.n_embd, hp.n_ff);
+        }
         for (const char* t : {"ffn_gate.bias", "ffn_up.bias", "ffn_down.bias"}) {
             b.refuse(p + t, "feed-forward biases are not implemented for " + hp.arch);
         }
@@ -167,6 +212,7 @@ public:
         const int64_t E = hp.n_embd;
         const int64_t q_dim = int64_t{hp.n_head} * hp.head_dim;
         const int64_t kv_dim = int64_t{hp.n_head_kv} * hp.head_dim;
+        const MoeLayout moe = activation_layout(hp, n).moe;  // in the host's work buffer
 
         ops::embedding_rows(w_.token_embd, batch.tokens.data(), n, mem_.a.x.data());  // x: [n, n_embd]
 
@@ -194,11 +240,17 @@ public:
             if (L->bo) o.add_bias(o.attn_out, L->bo, n, E);
             o.add(x, o.attn_out, n * E, x);
 
-            // Feed-forward block: down(silu(gate(h)) * up(h)), a slice of tokens at a time.
+            // Feed-forward block: down(silu(gate(h)) * up(h)), a slice of tokens at a time; with
+            // experts, the chosen experts' outputs weighted and summed (host only: the constructor
+            // refuses to offload such a layer).
             o.rms_norm(x, L->ffn_norm, hp.norm_eps, n, E, cur);
             for (int t0 = 0; t0 < n; t0 += o.ffn_slice) {
                 const int m = std::min(o.ffn_slice, n - t0);
                 float* h = cur + t0 * E;
+                if (variant_.moe) {
+                    moe_ffn(hp, L->moe, h, m, mem_.a.work.data(), moe, places_of(places, t0, m), pool, mem_.scratch);
+                    continue;
+                }
                 o.matmul(L->ffn_gate, h, m, o.gate, places_of(places, t0, m));  // gate: [m, n_ff]
                 o.matmul(L->ffn_up, h, m, o.up, places_of(places, t0, m));      // up: [m, n_ff]
                 o.swiglu(o.gate, o.up, int64_t{m} * hp.n_ff, o.gate);
@@ -248,10 +300,20 @@ std::unique_ptr<Model> load_qwen3(const gguf::GgufFile& file, Hparams hp, const 
     return std::make_unique<Llama>(file, std::move(hp), kQwen3Variant, options);
 }
 
+// The experts run on the host only, for now (issue 21: placement by tensor class comes later).
+std::unique_ptr<Model> load_qwen3moe(const gguf::GgufFile& file, Hparams hp, const LoadOptions& options) {
+    if (options.offload != nullptr && options.n_offload_layers > 0) {
+        throw std::invalid_argument(file.source() + ": cannot offload layers of " + hp.arch +
+                                    ": fitllm runs mixture-of-experts layers on the host only (yet)");
+    }
+    return std::make_unique<Llama>(file, std::move(hp), kQwen3MoeVariant, options);
+}
+
 }  // namespace
 
 extern const Architecture kLlama{"llama", read_llama_hparams, load_llama};
 extern const Architecture kQwen2{"qwen2", read_llama_hparams, load_qwen2};
 extern const Architecture kQwen3{"qwen3", read_llama_hparams, load_qwen3};
+extern const Architecture kQwen3Moe{"qwen3moe", read_qwen3moe_hparams, load_qwen3moe};
 
 }  // namespace fitllm::model

@@ -42,6 +42,11 @@ ops::WeightView TensorBinder::matrix(const std::string& name, int64_t rows, int6
         throw ModelError(file_.source() + ": tensor '" + name + "' has shape " + shape_string(t) + "; expected [" +
                          std::to_string(cols) + ", " + std::to_string(rows) + "] (ne order)");
     }
+    return checked_view(t, name, rows, cols);
+}
+
+ops::WeightView TensorBinder::checked_view(const gguf::TensorInfo& t, const std::string& name, int64_t rows,
+                                           int64_t cols) const {
     // Refused here, at load, rather than by the first matmul or embedding lookup of the run.
     if (!quant::has_dot(t.type) || !quant::can_dequantize(t.type)) {
         throw ModelError(file_.source() + ": tensor '" + name + "' has type " +
@@ -60,6 +65,16 @@ ops::WeightView TensorBinder::matrix(const std::string& name, int64_t rows, int6
                          std::to_string(rows) + " rows of " + std::to_string(cols) + " values");
     }
     return w;
+}
+
+ops::WeightView TensorBinder::experts(const std::string& name, int64_t n_expert, int64_t rows, int64_t cols) const {
+    const gguf::TensorInfo& t = find(name);
+    if (t.n_dims != 3 || t.ne[0] != cols || t.ne[1] != rows || t.ne[2] != n_expert) {
+        throw ModelError(file_.source() + ": tensor '" + name + "' has shape " + shape_string(t) + "; expected [" +
+                         std::to_string(cols) + ", " + std::to_string(rows) + ", " + std::to_string(n_expert) +
+                         "] (ne order: one matrix per expert)");
+    }
+    return checked_view(t, name, n_expert * rows, cols);
 }
 
 ops::WeightView TensorBinder::optional_matrix(const std::string& name, int64_t rows, int64_t cols) const {

@@ -21,6 +21,10 @@ public:
     ops::WeightView matrix(const std::string& name, int64_t rows, int64_t cols) const;
     // As matrix(), or a view with data == nullptr when the file has no such tensor.
     ops::WeightView optional_matrix(const std::string& name, int64_t rows, int64_t cols) const;
+    // A mixture-of-experts layer's n_expert matrices of `rows` by `cols` each, stored as one 3-D
+    // tensor (GGUF ne = [cols, rows, n_expert]), seen as one matrix of n_expert * rows rows: expert
+    // e's matrix is rows e * rows .. (e + 1) * rows (model::expert_matrix).
+    ops::WeightView experts(const std::string& name, int64_t n_expert, int64_t rows, int64_t cols) const;
     // A float vector of n values (norm weights, biases).
     const float* vector(const std::string& name, int64_t n) const;
     // As vector(), or nullptr when the file has no such tensor.
@@ -31,6 +35,8 @@ public:
 
 private:
     const gguf::TensorInfo& find(const std::string& name) const;
+    // t as `rows` rows of `cols` values, of a type matmul reads, whose bytes are exactly that.
+    ops::WeightView checked_view(const gguf::TensorInfo& t, const std::string& name, int64_t rows, int64_t cols) const;
     const gguf::GgufFile& file_;
 };
 

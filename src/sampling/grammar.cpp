@@ -54,8 +54,12 @@ std::shared_ptr<const GrammarVocab> GrammarVocab::from_tokenizer(const tokenizer
 uint64_t GrammarMatcher::memory_bound(const Grammar& grammar, const GrammarVocab& vocab) {
     const uint64_t state = (kMaxStateEntries + kMaxStacks + 1) * sizeof(uint32_t);
     const uint64_t mask = (uint64_t(vocab.size()) + 63) / 64 * sizeof(uint64_t);
-    return sizeof(GrammarMatcher) + grammar.memory_bytes() + kMaskCacheBytes + 2 * mask +
-           (vocab.longest() + 4) * state + uint64_t(kMaxExpandDepth + 1) * kMaxStackDepth * sizeof(uint32_t);
+    // The walk's memo: its states (and their keys) up to the bounds, plus one token's worth past them.
+    const uint64_t walk =
+        (kWalkStates + vocab.longest() + 1) * (sizeof(State) + 1024 + 64) +
+        2 * (kWalkEntries + (vocab.longest() + 1) * (kMaxStateEntries + kMaxStacks)) * sizeof(uint32_t);
+    return sizeof(GrammarMatcher) + grammar.memory_bytes() + kMaskCacheBytes + 2 * mask + 4 * state + walk +
+           uint64_t(kMaxExpandDepth + 1) * kMaxStackDepth * sizeof(uint32_t);
 }
 
 bool GrammarVocab::is_eog(int32_t id) const {
@@ -257,51 +261,87 @@ bool GrammarMatcher::must_end() const {
     return state_.partial_left == 0 && state_.data.empty() && state_.count() > 0;
 }
 
-std::string GrammarMatcher::state_key() const {
+std::string GrammarMatcher::state_key(const State& s) {
     std::string key;
-    key.reserve(4 * (state_.data.size() + state_.start.size()) + 8);
+    key.reserve(4 * (s.data.size() + s.start.size()) + 8);
     const auto put = [&key](uint32_t v) { key.append(reinterpret_cast<const char*>(&v), sizeof v); };
-    put(state_.partial_value);
-    put(uint32_t(state_.partial_left) | uint32_t(state_.partial_len) << 8);
-    for (const uint32_t v : state_.start) put(v);
-    for (const uint32_t v : state_.data) put(v);
+    put(s.partial_value);
+    put(uint32_t(s.partial_left) | uint32_t(s.partial_len) << 8);
+    for (const uint32_t v : s.start) put(v);
+    for (const uint32_t v : s.data) put(v);
     return key;
 }
 
-// Walks the sorted vocabulary: levels_[d] is the state after the first d bytes of the current
+void GrammarMatcher::clear_walk() {
+    walk_states_.clear();
+    walk_index_.clear();
+    walk_next_.clear();
+    walk_entries_ = 0;
+}
+
+int32_t GrammarMatcher::intern(const State& s) {
+    std::string key = state_key(s);
+    if (const auto it = walk_index_.find(key); it != walk_index_.end()) return it->second;
+    const auto id = static_cast<int32_t>(walk_states_.size());
+    walk_states_.push_back(s);
+    walk_next_.emplace_back();
+    walk_next_.back().fill(-2);
+    walk_entries_ += s.data.size() + s.start.size();
+    walk_index_.emplace(std::move(key), id);
+    return id;
+}
+
+int32_t GrammarMatcher::step(int32_t id, uint8_t byte) {
+    const int32_t known = walk_next_[size_t(id)][byte];
+    if (known != -2) return known;
+    const int32_t next = advance_byte(walk_states_[size_t(id)], byte, tmp_a_) ? intern(tmp_a_) : -1;
+    walk_next_[size_t(id)][byte] = next;
+    return next;
+}
+
+// Walks the sorted vocabulary: level_ids_[d] is the state after the first d bytes of the current
 // token, valid up to the prefix it shares with the previous one; a byte that no stack takes kills
-// its prefix, and every following token that shares it is skipped without a look.
+// its prefix, and every following token that shares it is skipped without a look. Transitions are
+// memoized per state, so a state that comes back (inside a string: after every character) costs
+// one look-up per byte.
 void GrammarMatcher::compute_mask(std::vector<uint64_t>& mask) {
     const size_t n_words = (size_t(vocab_->size()) + 63) / 64;
     mask.assign(n_words, 0);
     if (state_can_end(state_))
         for (const int32_t id : vocab_->eog_) mask[size_t(id) >> 6] |= uint64_t{1} << (id & 63);
-    if (levels_.empty()) levels_.emplace_back();
-    levels_[0] = state_;
+    if (walk_states_.size() > kWalkStates || walk_entries_ > kWalkEntries) clear_walk();
+    level_ids_.assign(1, intern(state_));
     const auto& sorted = vocab_->sorted_;
     const auto& lcp = vocab_->lcp_;
-    size_t valid = 0;  // levels_[0, valid] hold the previous token's prefixes
+    size_t valid = 0;  // level_ids_[0, valid] hold the previous token's prefixes
     size_t i = 0;
     while (i < sorted.size()) {
+        if (walk_states_.size() > kWalkStates || walk_entries_ > kWalkEntries) {
+            // Past the memo's bounds: start it again with the states of the current prefix.
+            std::vector<State> path;
+            for (size_t d = 0; d <= valid; ++d) path.push_back(walk_states_[size_t(level_ids_[d])]);
+            clear_walk();
+            for (size_t d = 0; d <= valid; ++d) level_ids_[d] = intern(path[d]);
+        }
         const int32_t id = sorted[i];
         const std::string_view text = vocab_->text(id);
         size_t d = std::min<size_t>(i == 0 ? 0 : lcp[i], valid);
         bool dead = false;
         while (d < text.size()) {
-            if (levels_.size() <= d + 1) levels_.resize(d + 2);
-            if (!advance_byte(levels_[d], static_cast<uint8_t>(text[d]), levels_[d + 1])) {
+            const int32_t next = step(level_ids_[d], static_cast<uint8_t>(text[d]));
+            if (next < 0) {
                 dead = true;
                 break;
             }
+            if (level_ids_.size() <= d + 1) level_ids_.resize(d + 2);
+            level_ids_[d + 1] = next;
             ++d;
         }
         ++i;
+        valid = d;
         if (!dead) {
-            // levels_[text.size()] is viable (advance_byte said so), or the text is empty (never).
             mask[size_t(id) >> 6] |= uint64_t{1} << (id & 63);
-            valid = d;
         } else {
-            valid = d;
             while (i < sorted.size() && lcp[i] > d) ++i;  // they share the dead prefix
         }
     }
@@ -314,7 +354,7 @@ void GrammarMatcher::compute_mask(std::vector<uint64_t>& mask) {
 }
 
 const std::vector<uint64_t>& GrammarMatcher::allowed_tokens() {
-    std::string key = state_key();
+    std::string key = state_key(state_);
     if (const auto it = cache_.find(key); it != cache_.end()) {
         ++cache_hits_;
         return it->second;

@@ -23,6 +23,7 @@
 // never end); at run time at most kMaxStacks parse stacks of kMaxStackDepth entries (more: an
 // error, never unbounded memory). A matcher's mask cache holds at most kMaskCacheBytes; all it
 // holds is at most GrammarMatcher::memory_bound() (what the server charges a request for).
+#include <array>
 #include <cstdint>
 #include <deque>
 #include <memory>
@@ -55,6 +56,8 @@ inline constexpr size_t kMaxStackDepth = 1024;
 inline constexpr size_t kMaxStateEntries = 4096;  // all stacks of a state together
 inline constexpr int kMaxExpandDepth = 512;       // rule references followed before a character
 inline constexpr size_t kMaskCacheBytes = size_t{4} << 20;
+inline constexpr size_t kWalkStates = 2048;  // states the mask walk memoizes
+inline constexpr size_t kWalkEntries = size_t{1} << 17;
 
 class Grammar {
 public:
@@ -185,12 +188,21 @@ private:
     bool viable(const State& s) const;  // some text may follow (or end) from here
     bool state_can_end(const State& s) const;
     void compute_mask(std::vector<uint64_t>& mask);
-    std::string state_key() const;
+    static std::string state_key(const State& s);
+    int32_t intern(const State& s);          // the walk's id of a state
+    int32_t step(int32_t id, uint8_t byte);  // the state after a byte (-1: none), memoized
+    void clear_walk();
 
     std::shared_ptr<const Grammar> grammar_;
     std::shared_ptr<const GrammarVocab> vocab_;
     State state_;
-    std::vector<State> levels_;                  // the walk's state per byte depth
+    // The mask walk's states, interned, and their transitions by byte (kept across walks: a
+    // state's transitions do not change; cleared past kWalkStates states or kWalkEntries entries).
+    std::vector<State> walk_states_;
+    std::unordered_map<std::string, int32_t> walk_index_;
+    std::vector<std::array<int32_t, 256>> walk_next_;
+    size_t walk_entries_ = 0;
+    std::vector<int32_t> level_ids_;             // the walk's state per byte depth
     std::deque<std::vector<uint32_t>> scratch_;  // expand()'s stacks per recursion depth
     State tmp_a_, tmp_b_;
     std::unordered_map<std::string, std::vector<uint64_t>> cache_;

@@ -1,13 +1,14 @@
 #pragma once
-// A tiny random Llama, Qwen2 or Qwen3 model in memory (F32 weights), and a naive reference forward
-// pass over it in plain double-precision loops, written from the papers' formulas rather than from
-// fitllm's ops: 2 layers, n_embd 32, 4 query heads sharing 2 KV heads of 8 dims (or head_dim),
-// n_ff 48, vocabulary 40.
+// A tiny random Llama, Qwen2, Qwen3 or Qwen3-MoE model in memory (F32 weights), and a naive
+// reference forward pass over it in plain double-precision loops, written from the papers' formulas
+// rather than from fitllm's ops: 2 layers, n_embd 32, 4 query heads sharing 2 KV heads of 8 dims
+// (or head_dim), n_ff 48 (or expert_count experts of 16 hidden units), vocabulary 40.
 #include <algorithm>
 #include <cmath>
 #include <cstddef>
 #include <cstdint>
 #include <cstring>
+#include <numeric>
 #include <random>
 #include <span>
 #include <string>
@@ -20,7 +21,7 @@
 namespace fitllm::test {
 
 struct TinyLlamaOptions {
-    std::string arch = "llama";   // "llama", "qwen2" or "qwen3"
+    std::string arch = "llama";   // "llama", "qwen2", "qwen3" or "qwen3moe"
     bool tied = false;            // no output.weight: the output reuses token_embd
     bool rope_freqs = false;      // llama: write rope_freqs.weight (Llama 3.1 frequency factors)
     int64_t rope_freqs_size = 0;  // > 0: the number of values written for rope_freqs.weight
@@ -34,6 +35,8 @@ struct TinyLlamaOptions {
     std::string extra;            // an extra F32 tensor of 4 values to write (e.g. blk.0.ffn_up.bias)
     bool with_vocab = false;      // write an SPM vocabulary of 40 tokens (for the CLI)
     uint32_t expert_count = 0;    // > 0: written as <arch>.expert_count
+    uint32_t expert_used = 0;     // > 0: experts instead of the dense FFN (qwen3moe), this many per token
+    int64_t expert_ff = 0;        // > 0: the experts' tensors have this many hidden units, not kTinyFfExp
     bool qk_norm = false;         // write blk.*.attn_{q,k}_norm.weight (qwen3 needs them)
     int head_dim = 0;             // > 0: written as attention.key_length / value_length
     quant::GgmlType ffn_up_type = quant::GgmlType::F32;  // another type: ffn_up.weight's bytes are random
@@ -43,6 +46,7 @@ inline int64_t tiny_head_dim(const TinyLlamaOptions& o);
 
 inline constexpr int64_t kTinyEmbd = 32, kTinyHeads = 4, kTinyHeadsKv = 2, kTinyHeadDim = 8, kTinyFf = 48,
                          kTinyVocab = 40, kTinyLayers = 2;
+inline constexpr int64_t kTinyFfExp = 16;  // hidden units per expert
 inline constexpr float kTinyRopeBase = 10000.0f;
 inline constexpr float kTinyEps = 1e-5f;
 
@@ -69,6 +73,10 @@ inline std::vector<std::byte> tiny_llama_bytes(const TinyLlamaOptions& o = {}) {
     if (o.rope_scale > 0.0f) w.add<float>(p + "rope.scaling.factor", o.rope_scale);
     if (o.yarn_orig_ctx > 0) w.add<uint32_t>(p + "rope.scaling.original_context_length", o.yarn_orig_ctx);
     if (o.expert_count > 0) w.add<uint32_t>(p + "expert_count", o.expert_count);
+    if (o.expert_used > 0) {
+        w.add<uint32_t>(p + "expert_used_count", o.expert_used);
+        w.add<uint32_t>(p + "expert_feed_forward_length", kTinyFfExp);
+    }
     if (o.with_vocab) {
         std::vector<std::string> tokens = {"<unk>", "<s>", "</s>"};
         std::vector<float> scores = {0, 0, 0};
@@ -133,6 +141,15 @@ inline std::vector<std::byte> tiny_llama_bytes(const TinyLlamaOptions& o = {}) {
         }
         tensor(b + "attn_output.weight", {q_dim, kTinyEmbd}, 0.0f);
         tensor(b + "ffn_norm.weight", {kTinyEmbd}, 1.0f);
+        if (o.expert_used > 0) {
+            const int64_t n_expert = o.expert_count;
+            const int64_t ff = o.expert_ff > 0 ? o.expert_ff : kTinyFfExp;
+            tensor(b + "ffn_gate_inp.weight", {kTinyEmbd, n_expert}, 0.0f);
+            tensor(b + "ffn_gate_exps.weight", {kTinyEmbd, ff, n_expert}, 0.0f);
+            tensor(b + "ffn_up_exps.weight", {kTinyEmbd, ff, n_expert}, 0.0f);
+            tensor(b + "ffn_down_exps.weight", {ff, kTinyEmbd, n_expert}, 0.0f);
+            continue;
+        }
         tensor(b + "ffn_gate.weight", {kTinyEmbd, kTinyFf}, 0.0f);
         if (o.ffn_up_type == quant::GgmlType::F32) {
             tensor(b + "ffn_up.weight", {kTinyEmbd, kTinyFf}, 0.0f);
@@ -164,6 +181,8 @@ inline int64_t tiny_head_dim(const TinyLlamaOptions& o) {
 //   attn = softmax(q·k / sqrt(head_dim)) v over positions <= pos, query head h reading KV head
 //          h / (n_head / n_head_kv)
 //   x += Wo attn;  x += Wdown (silu(Wgate h) * Wup h) with h = RMSNorm(x)
+//   Qwen3-MoE: p = softmax(Wrouter h); x += sum over the expert_used largest p_e of
+//              p_e / (sum of those p) * Wdown_e (silu(Wgate_e h) * Wup_e h)
 //   logits = Wout RMSNorm(x), Wout = token_embd when there is no output.weight
 inline std::vector<float> reference_logits(const gguf::GgufFile& file, const TinyLlamaOptions& o,
                                            std::span<const int32_t> tokens) {
@@ -193,7 +212,7 @@ inline std::vector<float> reference_logits(const gguf::GgufFile& file, const Tin
             for (size_t i = 0; i < x.size(); ++i) x[i] += b[i];
         }
     };
-    const bool neox = o.arch == "qwen2" || o.arch == "qwen3";
+    const bool neox = o.arch == "qwen2" || o.arch == "qwen3" || o.arch == "qwen3moe";
     const int64_t head_dim = tiny_head_dim(o);
     const int n_rot = o.n_rot > 0 ? o.n_rot : int(head_dim);
     const double scale = o.rope_scale > 0.0f && o.scaling_type != "none" ? 1.0 / o.rope_scale : 1.0;
@@ -281,6 +300,29 @@ inline std::vector<float> reference_logits(const gguf::GgufFile& file, const Tin
             for (int i = 0; i < kTinyEmbd; ++i) x[i] += o_proj[i];
 
             h = rmsnorm(x, weight(b + "ffn_norm.weight"));
+            if (o.expert_used > 0) {
+                Vec p = matvec(weight(b + "ffn_gate_inp.weight"), h, o.expert_count);
+                const double max_p = *std::max_element(p.begin(), p.end());
+                double sum = 0.0;
+                for (double& v : p) sum += (v = std::exp(v - max_p));
+                for (double& v : p) v /= sum;
+                std::vector<int> order(p.size());
+                std::iota(order.begin(), order.end(), 0);
+                std::stable_sort(order.begin(), order.end(), [&](int a, int c) { return p[a] > p[c]; });
+                double chosen = 0.0;
+                for (uint32_t r = 0; r < o.expert_used; ++r) chosen += p[order[r]];
+                for (uint32_t r = 0; r < o.expert_used; ++r) {
+                    const int64_t e = order[r];
+                    const int64_t gate_size = kTinyFfExp * kTinyEmbd;
+                    const Vec gate = matvec(weight(b + "ffn_gate_exps.weight") + e * gate_size, h, kTinyFfExp);
+                    const Vec up = matvec(weight(b + "ffn_up_exps.weight") + e * gate_size, h, kTinyFfExp);
+                    Vec act(static_cast<size_t>(kTinyFfExp));
+                    for (int i = 0; i < kTinyFfExp; ++i) act[i] = gate[i] / (1.0 + std::exp(-gate[i])) * up[i];
+                    const Vec down = matvec(weight(b + "ffn_down_exps.weight") + e * gate_size, act, kTinyEmbd);
+                    for (int i = 0; i < kTinyEmbd; ++i) x[i] += p[order[r]] / chosen * down[i];
+                }
+                continue;
+            }
             const Vec gate = matvec(weight(b + "ffn_gate.weight"), h, kTinyFf);
             const Vec up = matvec(weight(b + "ffn_up.weight"), h, kTinyFf);
             Vec act(static_cast<size_t>(kTinyFf));

@@ -1,0 +1,58 @@
+#pragma once
+// A mixture-of-experts feed-forward block (Qwen3-MoE; llama.cpp's build_moe_ffn with softmax
+// gating): a router scores the n_expert experts of the layer for each token, the n_expert_used
+// best are run, and their outputs are summed with the router's weights.
+//
+//   probs   = softmax(router · h)                         [n_expert] per token
+//   chosen  = the k largest probs, best first              (k = n_expert_used)
+//   weights = probs[chosen] / sum(probs[chosen])           (times expert_weights_scale, if set)
+//   out     = sum over rank r of weights[r] * down_e(silu(gate_e · h) * up_e · h),  e = chosen[r]
+//
+// A slice of tokens is grouped by expert: each expert's tokens go through its three matrices as
+// one batch (the tiled kernels for many, matrix-vector for one), in the single-token arithmetic
+// that llama.cpp's mul_mat_id uses on the CPU. Runs on the host. Internal to model/.
+#include <cstdint>
+#include <span>
+
+#include "model/activations.h"
+#include "model/hparams.h"
+#include "ops/matmul.h"
+#include "ops/scratch.h"
+#include "ops/thread_pool.h"
+#include "ops/weight_view.h"
+
+namespace fitllm::model {
+
+// The most experts a layer may have, and a token may use (llama.cpp's LLAMA_MAX_EXPERTS is 512).
+inline constexpr int kMaxExperts = 512;
+inline constexpr int kMaxExpertsUsed = 64;
+
+// One layer's routed experts: each of the three expert tensors is seen as one matrix of the
+// experts' matrices stacked (TensorBinder::experts).
+struct MoeWeights {
+    ops::WeightView router;     // [n_expert, n_embd]
+    ops::WeightView gate_exps;  // n_expert x [n_ff_exp, n_embd]
+    ops::WeightView up_exps;    // n_expert x [n_ff_exp, n_embd]
+    ops::WeightView down_exps;  // n_expert x [n_embd, n_ff_exp]
+};
+
+// Expert e's matrix of `rows` rows in a stacked view.
+inline ops::WeightView expert_matrix(const ops::WeightView& stacked, int e, int64_t rows) {
+    ops::WeightView w = stacked;
+    w.rows = rows;
+    w.data = stacked.row(int64_t{e} * rows);
+    return w;
+}
+
+// The k experts of one token's probabilities (n of them), best first (the lower index first
+// among equals), and their weights: the probabilities normalized to sum 1 (the sum clamped
+// below at 2^-14 as llama.cpp does), then scaled by `scale` unless it is 0 or 1.
+void route_token(const float* probs, int n, int k, float scale, int32_t* chosen, float* weights);
+
+// The block over m tokens (m <= the layout's slice): h [m, n_embd] holds the normed input and
+// receives the output. work: the activations' work buffer, laid out as `l` says. places: the
+// tokens' places for the router's matmul (empty: single-token order).
+void moe_ffn(const Hparams& hp, const MoeWeights& w, float* h, int m, float* work, const MoeLayout& l,
+             std::span<const ops::TokenPlace> places, ops::ThreadPool& pool, ops::Scratch& scratch);
+
+}  // namespace fitllm::model
