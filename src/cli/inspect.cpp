@@ -120,6 +120,9 @@ json hparams_section(const gguf::GgufFile& f, const std::string& arch) {
         h["head_dim"] = h["n_embd"].get<int64_t>() / h["n_head"].get<int64_t>();
     }
     copy_if(f, a + "feed_forward_length", h, "n_ff");
+    copy_if(f, a + "expert_count", h, "n_expert");
+    copy_if(f, a + "expert_used_count", h, "n_expert_used");
+    copy_if(f, a + "expert_feed_forward_length", h, "n_ff_exp");
     copy_if(f, a + "context_length", h, "context_length");
     copy_if(f, a + "vocab_size", h, "vocab_size");
     copy_if(f, a + "attention.layer_norm_rms_epsilon", h, "rms_norm_eps");

@@ -55,6 +55,8 @@ nlohmann::ordered_json plan_json(const Plan& p, const std::string& budget_source
         {"model", p.shape.source},
         {"arch", p.shape.hp.arch},
         {"n_layer", p.shape.hp.n_layer},
+        {"n_expert", p.shape.hp.n_expert},  // 0: a dense model
+        {"n_expert_used", p.shape.hp.n_expert_used},
         {"settings",
          {{"n_ctx", q.n_ctx},
           {"n_seq", q.n_seq},
@@ -76,6 +78,7 @@ nlohmann::ordered_json plan_json(const Plan& p, const std::string& budget_source
                                   {"matmul_scratch", p.matmul_scratch},
                                   {"attention_scratch", p.attention_scratch},
                                   {"logits", p.logits},
+                                  {"prompt_cache", p.prompt_cache},
                                   {"overhead", p.overhead},
                                   {"samplers", p.samplers},
                                   {"device_staging", p.device_host},
@@ -125,8 +128,12 @@ std::string plan_text(const Plan& p, const std::string& budget_source) {
                       detail.empty() ? "" : "  ", detail.c_str());
         out += line;
     };
+    const std::string experts = p.shape.hp.is_moe()
+                                    ? ", " + std::to_string(p.shape.hp.n_expert) + " experts (" +
+                                          std::to_string(p.shape.hp.n_expert_used) + " used, all resident)"
+                                    : "";
     out += "model     " + p.shape.source + " (" + p.shape.hp.arch + ", " + std::to_string(p.shape.hp.n_layer) +
-           " layers, " + util::human_bytes(p.shape.file_bytes) + ")\n";
+           " layers" + experts + ", " + util::human_bytes(p.shape.file_bytes) + ")\n";
     std::snprintf(line, sizeof line, "settings  -c %d -np %d -b %d -ctk %s -ctv %s (%d threads)\n", q.n_ctx, q.n_seq,
                   q.n_batch, type_str(q.type_k).c_str(), type_str(q.type_v).c_str(), q.n_threads);
     out += line;
@@ -154,6 +161,9 @@ std::string plan_text(const Plan& p, const std::string& budget_source) {
             (dev.unified && dev.scratch > 0 ? ", " + dev.name + "'s " + util::human_bytes(dev.scratch) : ""));
     row("outputs", p.logits,
         "logits: " + std::to_string(q.n_outputs) + " x " + std::to_string(p.shape.hp.n_vocab) + " floats");
+    if (p.prompt_cache > 0) {
+        row("prompt cache", p.prompt_cache, "kept prompts' K/V rows out of the KV cache (--cache-ram)");
+    }
     row("overhead", p.overhead,
         "runtime " + util::human_bytes(kFixedOverhead) + ", metadata and tokenizer " +
             util::human_bytes(kMetadataFactor * p.shape.metadata_bytes) + ", samplers " +
@@ -221,6 +231,7 @@ std::string first_refusal(const Plan& p) {
         charges.push_back(host.pool(names::kStaging).charge(p.device_host, "the offload device's host staging"));
         charges.push_back(host.pool(names::kKv).charge(p.kv, "the KV cache"));
         charges.push_back(host.pool(names::kLogits).charge(p.logits, "logits"));
+        charges.push_back(host.pool(names::kPromptCache).charge(p.prompt_cache, "the prompt cache in host memory"));
         charges.push_back(host.pool(names::kScratch).charge(p.scratch, "activations and op scratch"));
     } catch (const memory::BudgetError& e) {
         return e.what();

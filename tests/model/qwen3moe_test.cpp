@@ -1,7 +1,8 @@
 // Qwen3-MoE (model/moe.h, the qwen3moe variant of model/llama.cpp): its hyper-parameters and the
 // refusals of bad files, the router's choice, the forward pass against the double-precision
 // reference (tiny_llama.h), the grouping of a batch's tokens by expert against one token at a
-// time, streamed layers against resident ones, and the scratch it charges against the plan.
+// time, streamed layers against resident ones, the scratch it charges against the plan, and the
+// plan's expert counts.
 #include <gtest/gtest.h>
 
 #include <algorithm>
@@ -14,6 +15,7 @@
 
 #include "backend/backend.h"
 #include "engine/plan.h"
+#include "engine/plan_report.h"
 #include "gguf/gguf_reader.h"
 #include "memory/device.h"
 #include "memory/pool.h"
@@ -267,6 +269,20 @@ TEST(Qwen3MoePlan, ScratchWithinThePlan) {
         // The MoE buffers are in the plan's activations.
         EXPECT_GE(p.activations, model::activation_layout(shape.hp, n).moe.floats * sizeof(float));
     }
+}
+
+TEST(Qwen3MoePlan, ShowsTheExpertCounts) {
+    const gguf::GgufFile file = gguf::GgufFile::open(generated("tiny-qwen3moe-q8_0.gguf"));
+    const engine::Plan p = engine::make_plan(engine::model_shape(file), {.n_ctx = 256});
+    const std::string text = engine::plan_text(p, "test");
+    EXPECT_NE(text.find("(qwen3moe, 2 layers, 8 experts (2 used, all resident)"), std::string::npos) << text;
+    const auto json = engine::plan_json(p, "test");
+    EXPECT_EQ(json.at("n_expert"), 8);
+    EXPECT_EQ(json.at("n_expert_used"), 2);
+    const gguf::GgufFile dense = gguf::GgufFile::open(generated("tiny-qwen3-q8_0.gguf"));
+    const engine::Plan d = engine::make_plan(engine::model_shape(dense), {.n_ctx = 256});
+    EXPECT_EQ(engine::plan_text(d, "test").find("experts"), std::string::npos);
+    EXPECT_EQ(engine::plan_json(d, "test").at("n_expert"), 0);
 }
 
 }  // namespace
