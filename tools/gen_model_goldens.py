@@ -119,7 +119,10 @@ def cpu_repack_overrides(model_path: str, types: list[str]):
     if repack is None:
         raise RuntimeError("llama.cpp's CPU backend has no CPU_REPACK buffer type")
     wanted = {t.upper() for t in types}
-    names = [t.name for t in gguf.GGUFReader(model_path).tensors if t.tensor_type.name.upper() in wanted]
+    # Not the token embedding: llama.cpp reads it with get_rows, which repacked buffers lack (its
+    # default leaves it in a plain buffer; overridden, the scheduler aborts).
+    names = [t.name for t in gguf.GGUFReader(model_path).tensors
+             if t.tensor_type.name.upper() in wanted and t.name != "token_embd.weight"]
     if not names:
         return None
     pattern = "^(" + "|".join(n.replace(".", "\\.") for n in names) + ")$"

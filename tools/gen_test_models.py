@@ -14,6 +14,13 @@ Writes, for each architecture,
                       norms, layer 0 sliding-window (window 32) and layer 1 global, attention
                       scores capped at 4 and logits at 8 (Gemma 2's own 50 and 30 would not bite
                       on these small random weights); in F16, Q8_0 and Q4_K_M only
+  tiny-phi3-*.gguf    phi3: llama's SPM vocabulary, untied output.weight, fused attn_qkv and fused
+                      gate-up ffn_up (2 n_ff rows), sliding_window 2047 declared (llama.cpp ignores
+                      it for Phi); in F16, Q8_0 and Q4_K_M
+  tiny-phi3-longrope-*.gguf  phi3 with separate Q/K/V, partial rotary (48 of 64 dims) and
+                      LongRoPE: rope_factors_long / _short over an original context of 32, so any
+                      context of the tests (> 32) rotates with the long factors, and the
+                      converter's attn_factor sqrt(1 + ln(2048 / 32) / ln(32)); in F16 and Q8_0
   tiny-qwen3moe-*.gguf qwen3moe: qwen3 with head size 64 and, for each FFN, 8 experts of 32 hidden
                       units, 2 used per token (an F32 router, as converted Qwen3-MoE files have);
                       in F16, Q8_0 and Q4_K_M only (the experts' down matrices, rows of 32, fall
@@ -59,7 +66,8 @@ EXTRA_QUANTS = {"llama": [("iq4_xs", 30)]}
 MODELS = [("llama", "llama", 1, QUANTS + EXTRA_QUANTS["llama"]), ("qwen2", "qwen2", 2, QUANTS),
           ("qwen3", "qwen3", 3, QUANTS), ("qwen3-yarn", "qwen3", 4, [("q8_0", 7)]),
           ("gemma2", "gemma2", 5, [("q8_0", 7), ("q4_k_m", 15)]),
-          ("qwen3moe", "qwen3moe", 6, [("q8_0", 7), ("q4_k_m", 15)])]
+          ("qwen3moe", "qwen3moe", 6, [("q8_0", 7), ("q4_k_m", 15)]),
+          ("phi3", "phi3", 7, [("q8_0", 7), ("q4_k_m", 15)]), ("phi3-longrope", "phi3", 8, [("q8_0", 7)])]
 ARCHS = [m[0] for m in MODELS]
 YARN_FACTOR, YARN_ORIG_CTX = 4.0, 64
 # gemma2: the sliding window of its even layers and the two soft-capping values, small enough that
@@ -67,6 +75,8 @@ YARN_FACTOR, YARN_ORIG_CTX = 4.0, 64
 GEMMA2_WINDOW, GEMMA2_ATTN_CAP, GEMMA2_FINAL_CAP = 32, 4.0, 8.0
 # qwen3moe: experts per layer, used per token, hidden units per expert (small: files under 2 MB).
 MOE_N_EXPERT, MOE_N_USED, MOE_N_FF = 8, 2, 32
+# phi3-longrope: the original context (long factors beyond it) and the rotated dims per head.
+PHI3_ORIG_CTX, PHI3_N_ROT = 32, 48
 
 # Text the vocabularies' merges are learned from (a naive BPE over whitespace-split words).
 CORPUS = """
@@ -156,7 +166,7 @@ def bpe_vocab() -> tuple[list[str], list[int], list[str]]:
     return tokens, types, [f"{a} {b}" for a, b in merges]
 
 
-def write_f16(arch: str, path: str, seed: int, yarn: bool = False) -> None:
+def write_f16(arch: str, path: str, seed: int, yarn: bool = False, longrope: bool = False) -> None:
     rng = np.random.default_rng(seed)
     w = gguf.GGUFWriter(path, arch)
     w.add_name(f"tiny-{arch}")
@@ -168,7 +178,7 @@ def write_f16(arch: str, path: str, seed: int, yarn: bool = False) -> None:
     w.add_head_count(N_HEAD)
     w.add_head_count_kv(N_HEAD_KV)
     head_dim = HEAD_DIM_QWEN3 if arch == "qwen3" else HEAD_DIM
-    w.add_rope_dimension_count(head_dim)
+    w.add_rope_dimension_count(PHI3_N_ROT if longrope else head_dim)
     if arch in ("qwen3", "qwen3moe"):
         w.add_key_length(head_dim)
         w.add_value_length(head_dim)
@@ -176,10 +186,15 @@ def write_f16(arch: str, path: str, seed: int, yarn: bool = False) -> None:
         w.add_expert_count(MOE_N_EXPERT)
         w.add_expert_used_count(MOE_N_USED)
         w.add_expert_feed_forward_length(MOE_N_FF)
-    if arch in ("llama", "gemma2"):
+    if arch in ("llama", "gemma2", "phi3"):
         w.add_rope_freq_base(10000.0)
-        w.add_layer_norm_rms_eps(1e-5 if arch == "llama" else 1e-6)
+        w.add_layer_norm_rms_eps(1e-6 if arch == "gemma2" else 1e-5)
         tokens, scores, types = spm_vocab()
+        if arch == "phi3":  # llama.cpp needs <|endoftext|> in a Phi-3 vocabulary (it sets RSTRIP on specials)
+            for special in ["<|endoftext|>", "<|im_start|>", "<|im_end|>", "<|user|>", "<|assistant|>", "<|end|>"]:
+                tokens.append(special)
+                scores.append(0.0)
+                types.append(int(gguf.TokenType.CONTROL))
         w.add_tokenizer_model("llama")
         w.add_tokenizer_pre("default")
         w.add_token_list(tokens)
@@ -208,6 +223,11 @@ def write_f16(arch: str, path: str, seed: int, yarn: bool = False) -> None:
         w.add_eos_token_id(eot)
         w.add_pad_token_id(eot)
         w.add_add_bos_token(False)
+    if arch == "phi3":
+        w.add_sliding_window(2047)  # Phi-3-mini-4k's; llama.cpp disables Phi's window
+        if longrope:
+            w.add_rope_scaling_orig_ctx_len(PHI3_ORIG_CTX)
+            w.add_rope_scaling_attn_factors(float(np.sqrt(1 + np.log(N_CTX_TRAIN / PHI3_ORIG_CTX) / np.log(PHI3_ORIG_CTX))))
     if arch == "gemma2":
         w.add_sliding_window(GEMMA2_WINDOW)
         w.add_attn_logit_softcapping(GEMMA2_ATTN_CAP)
@@ -221,7 +241,7 @@ def write_f16(arch: str, path: str, seed: int, yarn: bool = False) -> None:
     def norm(n: int) -> np.ndarray:
         return (1.0 + 0.1 * rng.standard_normal(n, dtype=np.float32)).astype(np.float32)
 
-    tied = arch != "llama"
+    tied = arch not in ("llama", "phi3")
     # Untied (llama): unit-scale embeddings; output.weight alone sets the logits' spread. Tied
     # (qwen2): the embedding is also the output matrix. Its scale against the layers' outputs (of
     # about unit size) decides between two degenerate random models: large, and every token
@@ -231,14 +251,24 @@ def write_f16(arch: str, path: str, seed: int, yarn: bool = False) -> None:
     # gemma2 scales the embedding by sqrt(n_embd) on the way in: the same input size as qwen2's.
     emb_std = (0.5 / np.sqrt(N_EMBD) if arch == "gemma2" else 0.5) if tied else 1.0
     w.add_tensor("token_embd.weight", mat(n_vocab, N_EMBD, emb_std))
+    if longrope:  # LongRoPE's per-pair divisors: near 1 for the short context, growing to 16 for the long
+        ramp = np.linspace(0.0, 1.0, PHI3_N_ROT // 2, dtype=np.float32)
+        w.add_tensor("rope_factors_long.weight", (1.0 + 15.0 * ramp**2).astype(np.float32))
+        w.add_tensor("rope_factors_short.weight", (1.0 + 0.5 * ramp).astype(np.float32))
     kv_dim = N_HEAD_KV * head_dim
     q_dim = N_HEAD * head_dim
     for il in range(N_LAYER):
         p = f"blk.{il}."
         w.add_tensor(p + "attn_norm.weight", norm(N_EMBD))
-        w.add_tensor(p + "attn_q.weight", mat(q_dim, N_EMBD, 1.5 / np.sqrt(N_EMBD)))
-        w.add_tensor(p + "attn_k.weight", mat(kv_dim, N_EMBD, 1.5 / np.sqrt(N_EMBD)))
-        w.add_tensor(p + "attn_v.weight", mat(kv_dim, N_EMBD, 1.0 / np.sqrt(N_EMBD)))
+        wq = mat(q_dim, N_EMBD, 1.5 / np.sqrt(N_EMBD))
+        wk = mat(kv_dim, N_EMBD, 1.5 / np.sqrt(N_EMBD))
+        wv = mat(kv_dim, N_EMBD, 1.0 / np.sqrt(N_EMBD))
+        if arch == "phi3" and not longrope:  # fused: Q's rows, K's, V's
+            w.add_tensor(p + "attn_qkv.weight", np.concatenate([wq, wk, wv]))
+        else:
+            w.add_tensor(p + "attn_q.weight", wq)
+            w.add_tensor(p + "attn_k.weight", wk)
+            w.add_tensor(p + "attn_v.weight", wv)
         if arch == "qwen2":
             w.add_tensor(p + "attn_q.bias", (0.5 * rng.standard_normal(N_EMBD, dtype=np.float32)))
             w.add_tensor(p + "attn_k.bias", (0.5 * rng.standard_normal(kv_dim, dtype=np.float32)))
@@ -258,6 +288,9 @@ def write_f16(arch: str, path: str, seed: int, yarn: bool = False) -> None:
                                           ("down", N_EMBD, MOE_N_FF, 2.0 / np.sqrt(MOE_N_FF))]:
                 w.add_tensor(p + f"ffn_{name}_exps.weight",
                              (rng.standard_normal((MOE_N_EXPERT, rows, cols), dtype=np.float32) * std).astype(np.float16))
+        elif arch == "phi3":  # fused gate-up: gate's rows, then up's
+            w.add_tensor(p + "ffn_up.weight", mat(2 * N_FF, N_EMBD, 1.0 / np.sqrt(N_EMBD)))
+            w.add_tensor(p + "ffn_down.weight", mat(N_EMBD, N_FF, 1.0 / np.sqrt(N_FF)))
         else:
             w.add_tensor(p + "ffn_gate.weight", mat(N_FF, N_EMBD, 1.0 / np.sqrt(N_EMBD)))
             w.add_tensor(p + "ffn_up.weight", mat(N_FF, N_EMBD, 1.0 / np.sqrt(N_EMBD)))
@@ -298,7 +331,7 @@ def main() -> None:
         if args.arch and model not in args.arch:
             continue
         f16 = os.path.join(args.out, f"tiny-{model}-f16.gguf")
-        write_f16(arch, f16, seed, yarn=model.endswith("-yarn"))
+        write_f16(arch, f16, seed, yarn=model.endswith("-yarn"), longrope=model.endswith("-longrope"))
         paths = [f16]
         for name, ftype in quants:
             paths.append(os.path.join(args.out, f"tiny-{model}-{name}.gguf"))
