@@ -393,9 +393,12 @@ public:
     void seq_add(SeqId seq, Pos p0, Pos p1, Pos delta);
     void seq_div(SeqId seq, Pos p0, Pos p1, int d);
     void clear();
-    Pos seq_pos_min(SeqId seq) const;   // from the full-attention pool (the one that keeps everything;
-    Pos seq_pos_max(SeqId seq) const;   // pool 0 when every layer is windowed)
-    int capacity() const;               // of the full-attention pool: the context size
+    Pos seq_pos_min(SeqId seq) const;  // from the full-attention pool (the one that keeps everything;
+    Pos seq_pos_max(SeqId seq) const;  // pool 0 when every layer is windowed)
+    int capacity() const;              // of the full-attention pool: the context size
+    // The positions a sequence's tokens take at most: CacheParams::n_positions, else n_cells
+    // (what picks Phi-3's short or long RoPE factors, as llama.cpp's n_ctx_seq does).
+    int n_positions() const { return n_positions_; }
     size_t bytes() const;               // every pool
     uint64_t spill_file_bytes() const;  // every pool
     // Before attending model layer il: KvCache::will_attend on its pool.
@@ -428,6 +431,7 @@ private:
     std::vector<int> pool_of_, index_in_pool_, pool_device_;
     std::vector<std::vector<int32_t>> cells_;
     int capacity_ = 0;
+    int n_positions_ = 0;
     int window_slack_ = 0;
 };
 

@@ -134,6 +134,7 @@ PoolSetup plan_pools(const std::vector<LayerShape>& layers, const std::vector<in
 ModelCache::ModelCache(const std::vector<LayerShape>& layers, const std::vector<int>& layer_window, CacheParams params,
                        int n_batch, const std::vector<int>& layer_device,
                        const std::vector<memory::Pool*>& device_kv_pools, const std::vector<bool>& device_external) {
+    n_positions_ = params.n_positions > 0 ? params.n_positions : params.n_cells;
     PoolSetup setup = plan_pools(layers, layer_window, std::move(params), n_batch, layer_device, device_kv_pools);
     for (size_t p = 0; p < setup.params.size(); ++p) {
         const int d = setup.device[p];

@@ -4,12 +4,12 @@
 namespace fitllm::model {
 
 // One per file of model/.
-extern const Architecture kGemma2, kGemma3, kLlama, kQwen2, kQwen3;
+extern const Architecture kGemma2, kGemma3, kLlama, kPhi3, kQwen2, kQwen3;
 extern const Architecture kQwen3Moe;  // model/llama.cpp, with model/moe.h's experts
 
 namespace {
 
-constexpr const Architecture* kArchitectures[] = {&kGemma2, &kGemma3, &kLlama, &kQwen2, &kQwen3, &kQwen3Moe};
+constexpr const Architecture* kArchitectures[] = {&kGemma2, &kGemma3, &kLlama, &kPhi3, &kQwen2, &kQwen3, &kQwen3Moe};
 
 }  // namespace
 

@@ -55,8 +55,10 @@ std::vector<std::string> device_tensor_names(const gguf::GgufFile& file, const H
         names.emplace_back("output_norm.weight");
         names.emplace_back(file.find_tensor("output.weight") ? "output.weight" : "token_embd.weight");
     }
-    // Global tensors the layers read (Llama 3.1's RoPE frequency factors).
-    if (file.find_tensor("rope_freqs.weight")) names.emplace_back("rope_freqs.weight");
+    // Global tensors the layers read (Llama 3.1's RoPE frequency factors, Phi-3's LongRoPE ones).
+    for (const char* global : {"rope_freqs.weight", "rope_factors_long.weight", "rope_factors_short.weight"}) {
+        if (file.find_tensor(global)) names.emplace_back(global);
+    }
     return names;
 }
 
@@ -116,8 +118,11 @@ DeviceWeights::DeviceWeights(const gguf::GgufFile& file, const Hparams& hp, cons
         std::byte* copy = static_cast<std::byte*>(b.data()) + skew;
         dev.copy_to_device(copy, t.data.data(), t.n_bytes);
         copies_[t.data.data()] = copy;
-        // The host still reads these: it embeds with token_embd, its layers rotate with rope_freqs.
-        if (name == "token_embd.weight" || name == "rope_freqs.weight") continue;
+        // The host still reads these: it embeds with token_embd, its layers rotate with rope_freqs
+        // (or LongRoPE's factors).
+        if (name == "token_embd.weight" || name == "rope_freqs.weight" || name == "rope_factors_long.weight" ||
+            name == "rope_factors_short.weight")
+            continue;
         ranges_.push_back({file.data_offset() + t.offset, t.n_bytes});
     }
     dev.synchronize();

@@ -122,8 +122,9 @@ std::vector<Case> tiny_cases() {
         {"generated gemma3, 6 layers", test::tiny_gemma3_bytes({.n_layer = 6}), {}},
         {"generated llama, rope_freqs, tied", test::tiny_llama_bytes({.tied = true, .rope_freqs = true}), {}},
     };
-    for (const char* f : {"tiny-llama-f16.gguf", "tiny-llama-q4_k_m.gguf", "tiny-llama-q8_0.gguf",
-                          "tiny-qwen2-q4_0.gguf", "tiny-qwen2-q6_k.gguf", "tiny-gemma2-q8_0.gguf"}) {
+    for (const char* f :
+         {"tiny-llama-f16.gguf", "tiny-llama-q4_k_m.gguf", "tiny-llama-q8_0.gguf", "tiny-qwen2-q4_0.gguf",
+          "tiny-qwen2-q6_k.gguf", "tiny-gemma2-q8_0.gguf", "tiny-phi3-q4_k_m.gguf", "tiny-phi3-longrope-q8_0.gguf"}) {
         cases.push_back({f, {}, test::source_dir() / "tests/model/data" / f});
     }
     return cases;
@@ -134,10 +135,12 @@ gguf::GgufFile open_case(const Case& c) {
 }
 
 // Fills the host bytes of the tensors copied to the device (but the token embedding and
-// rope_freqs, which the host reads too) with NaNs.
+// the RoPE factors, which the host reads too) with NaNs.
 void poison_offloaded(const gguf::GgufFile& file, const model::Hparams& hp, int ngl, std::vector<std::byte>& bytes) {
     for (const std::string& name : model::device_tensor_names(file, hp, ngl)) {
-        if (name == "token_embd.weight" || name == "rope_freqs.weight") continue;
+        if (name == "token_embd.weight" || name == "rope_freqs.weight" || name == "rope_factors_long.weight" ||
+            name == "rope_factors_short.weight")
+            continue;
         const gguf::TensorInfo& t = *file.find_tensor(name);
         std::fill_n(bytes.begin() + static_cast<std::ptrdiff_t>(file.data_offset() + t.offset), t.n_bytes,
                     std::byte{0xFF});
