@@ -4,7 +4,7 @@ fitllm's and llama.cpp's logits are both measured.
 
   .venv/bin/python tools/f64_reference.py [--fitllm-logits build/tests/fitllm_logits] [NAME ...]
 
-For each model of tests/model/data/ (tiny-llama-*, tiny-qwen2-*, tiny-qwen3-*, tiny-qwen3-yarn-*, tiny-gemma2-*;
+For each model of tests/model/data/ (tiny-llama-*, tiny-qwen2-*, tiny-qwen3-*, tiny-qwen3-yarn-*, tiny-gemma2-*, tiny-phi3-*;
 NAME limits it: tiny-qwen3-q8_0 ...) every tensor is dequantized with gguf-py
 (gguf.quants.dequantize) to float64: the very weights both runtimes multiply with, so what is left
 between them and this pass is each runtime's own arithmetic (activations rounded to Q8_0 / Q8_K or
@@ -13,7 +13,10 @@ formulas in float64 and nothing else: RMSNorm, Q/K/V (+ biases for qwen2, per-he
 and K for qwen3), RoPE (normal for llama, NeoX for qwen; YaRN as llama.cpp's rope_yarn), exact
 softmax attention over every earlier position with GQA, SwiGLU, the output matrix; for gemma2 the
 embedding times sqrt(n_embd), post-attention and post-FFN norms, GELU (tanh form) for SiLU,
-tanh soft-capping of the scores and the logits, and the sliding window on layers il % 2 == 0.
+tanh soft-capping of the scores and the logits, and the sliding window on layers il % 2 == 0; for
+phi3 (tiny-phi3-*) the fused attn_qkv and gate-up ffn_up split into their parts, NeoX RoPE on
+rope.dimension_count dims, and LongRoPE's long factors and attn_factor (fitllm_logits and the
+llama.cpp side both run a context of 2048, past the files' original 32).
 
 For each prompt of tests/model/goldens/<name>.json (prompt_ids; top_logits: llama.cpp's top-10
 [id, logit] after the prompt) it compares with the f64 logits after the prompt:
@@ -39,7 +42,7 @@ import numpy as np
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 DATA = os.path.join(ROOT, "tests/model/data")
 GOLDENS = os.path.join(ROOT, "tests/model/goldens")
-ARCH_PREFIXES = ("tiny-llama-", "tiny-qwen2-", "tiny-qwen3-", "tiny-gemma2-")
+ARCH_PREFIXES = ("tiny-llama-", "tiny-qwen2-", "tiny-qwen3-", "tiny-gemma2-", "tiny-phi3-")
 
 
 def field(reader: gguf.GGUFReader, key: str, default=None):
@@ -62,7 +65,7 @@ class Model:
         self.head_dim = field(r, f"{a}.attention.key_length", self.n_embd // self.n_head)
         self.n_rot = field(r, f"{a}.rope.dimension_count", self.head_dim)
         self.rope_base = field(r, f"{a}.rope.freq_base", 10000.0)
-        self.neox = a in ("qwen2", "qwen3", "gemma2")
+        self.neox = a in ("qwen2", "qwen3", "gemma2", "phi3")
         self.gemma2 = a == "gemma2"
         # gemma2 (llama.cpp's defaults when a key is absent): window and caps; Q scaled by
         # 1/sqrt(head_dim), or 1/sqrt(n_embd / n_head) for the 46-layer 27B.
@@ -74,12 +77,26 @@ class Model:
         self.yarn = scaling == "yarn"
         self.freq_scale = 1.0 / factor if scaling != "none" and factor > 0 else 1.0
         self.orig_ctx = field(r, f"{a}.rope.scaling.original_context_length", field(r, f"{a}.context_length"))
+        # phi3's LongRoPE: cos and sin times attn_factor (whatever the context).
+        self.attn_factor = field(r, f"{a}.rope.scaling.attn_factor", 1.0)
         self.w = {}
         for t in r.tensors:
             # dequantize() gives numpy's shape (ggml's ne reversed): rows x columns for a matrix.
             self.w[t.name] = np.asarray(gguf.quants.dequantize(t.data, t.tensor_type), dtype=np.float64)
         if "output.weight" not in self.w:
             self.w["output.weight"] = self.w["token_embd.weight"]
+        # phi3's fused tensors: attn_qkv is Q's rows, K's, V's; ffn_up of 2 n_ff rows gate's, then up's.
+        q_dim, kv_dim = self.n_head * self.head_dim, self.n_head_kv * self.head_dim
+        for il in range(self.n_layer):
+            p = f"blk.{il}."
+            if p + "attn_qkv.weight" in self.w:
+                qkv = self.w.pop(p + "attn_qkv.weight")
+                self.w[p + "attn_q.weight"] = qkv[:q_dim]
+                self.w[p + "attn_k.weight"] = qkv[q_dim:q_dim + kv_dim]
+                self.w[p + "attn_v.weight"] = qkv[q_dim + kv_dim:]
+            if p + "ffn_gate.weight" not in self.w:
+                up = self.w.pop(p + "ffn_up.weight")
+                self.w[p + "ffn_gate.weight"], self.w[p + "ffn_up.weight"] = up[:up.shape[0] // 2], up[up.shape[0] // 2:]
         self.n_vocab = self.w["output.weight"].shape[0]
 
     def rope_angles(self, n_pos: int) -> tuple[np.ndarray, np.ndarray, float]:
@@ -89,8 +106,12 @@ class Model:
         and sin by 1 + 0.1 ln(1 / freq_scale)."""
         i = np.arange(self.n_rot // 2, dtype=np.float64)
         theta_extrap = np.arange(n_pos, dtype=np.float64)[:, None] * self.rope_base ** (-2.0 * i / self.n_rot)
+        # phi3's LongRoPE divisors: the long ones, as both runtimes pick for a context (2048) past
+        # the original one.
+        if "rope_factors_long.weight" in self.w:
+            theta_extrap = theta_extrap / self.w["rope_factors_long.weight"]
         theta_interp = self.freq_scale * theta_extrap
-        mscale = 1.0
+        mscale = self.attn_factor
         if self.yarn:
             def corr_dim(beta: float) -> float:
                 return self.n_rot * math.log(self.orig_ctx / (beta * 2 * math.pi)) / (2 * math.log(self.rope_base))
@@ -98,7 +119,7 @@ class Model:
             high = min(self.n_rot - 1.0, math.ceil(corr_dim(1.0)))
             ramp = 1.0 - np.clip((i - low) / max(0.001, high - low), 0.0, 1.0)
             theta = theta_interp * (1 - ramp) + theta_extrap * ramp
-            mscale = 1.0 + 0.1 * math.log(1.0 / self.freq_scale)
+            mscale *= 1.0 + 0.1 * math.log(1.0 / self.freq_scale)
         else:
             theta = theta_interp
         return np.cos(theta), np.sin(theta), mscale

@@ -1,9 +1,10 @@
 // fitllm's logits after prompts of token ids, for tools/f64_reference.py:
 //   fitllm_logits MODEL.gguf < PROMPTS
 // reads one prompt per line (token ids separated by spaces), runs each through a fresh session
-// (n_batch 512, 2 threads, the default f16 KV cache: what tests/model/generated_golden_test.cpp
-// checks against llama.cpp) and writes one line per prompt: the n_vocab logits after its last
-// token, each with 9 significant digits (a float's value exactly).
+// (n_batch 512, 2 threads, a context of at least 2048, the default f16 KV cache: what
+// tests/model/generated_golden_test.cpp checks against llama.cpp) and writes one line per prompt: the n_vocab logits
+// after its last token, each with 9 significant digits (a float's value exactly).
+#include <algorithm>
 #include <cstdint>
 #include <cstdio>
 #include <exception>
@@ -34,7 +35,10 @@ int main(int argc, char** argv) {
             std::vector<int32_t> ids;
             for (int32_t id; in >> id;) ids.push_back(id);
             if (ids.empty()) continue;
-            fitllm::engine::Session session(*model, {.n_ctx = static_cast<int>(ids.size() + 8), .n_batch = 512}, pool);
+            // At least llama.cpp's side's 2048 (f64_reference.py): what depends on the context
+            // size (Phi-3's LongRoPE factors) then agrees.
+            const int n_ctx = std::max(static_cast<int>(ids.size() + 8), 2048);
+            fitllm::engine::Session session(*model, {.n_ctx = n_ctx, .n_batch = 512}, pool);
             const std::span<const float> logits = session.feed(ids);
             for (size_t i = 0; i < logits.size(); ++i)
                 std::printf(i ? " %.9g" : "%.9g", static_cast<double>(logits[i]));
