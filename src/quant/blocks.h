@@ -79,6 +79,32 @@ struct BlockIQ4_XS {
     uint8_t qs[kQK / 2];
 };
 
+// TQ1_0 (ternary, 1.69 bits): x = d * (t - 1), t a trit 0..2. A byte q holds 5 trits (4 in qh) as
+// the base-3 fraction q / 256 (ceil(value * 256 / 243)); trit n of q is ((q * 3^n mod 256) * 3) >> 8.
+// Element e < 160 is trit e / 32 of qs[e % 32]; 160 <= e < 240 trit (e - 160) / 16 of
+// qs[32 + e % 16]; e >= 240 trit (e - 240) / 4 of qh[e % 4].
+struct BlockTQ1_0 {
+    uint8_t qs[(kQK - 4 * kQK / 64) / 5];
+    uint8_t qh[kQK / 64];
+    uint16_t d;
+};
+
+// TQ2_0 (ternary, 2.06 bits): x = d * (q - 1), q 2-bit (3 decodes to 2 * d). Element e is bits
+// 2 ((e / 32) % 4) of qs[32 (e / 128) + e % 32].
+struct BlockTQ2_0 {
+    uint8_t qs[kQK / 4];
+    uint16_t d;
+};
+
+// MXFP4 (OCP microscaling FP4): x = 2^(e - 127) * e2m1(q). ggml keeps the e2m1 values doubled as
+// integers (kValuesMXFP4) and halves the scale instead (mxfp4_scale_half). Element l < 16 is the
+// low nibble of qs[l], element l >= 16 the high nibble of qs[l - 16].
+constexpr int8_t kValuesMXFP4[16] = {0, 1, 2, 3, 4, 6, 8, 12, 0, -1, -2, -3, -4, -6, -8, -12};
+struct BlockMXFP4 {
+    uint8_t e;
+    uint8_t qs[16];
+};
+
 // Q2_K: 16 sub-blocks of 16. x = d * (scales[j] & 15) * q - dmin * (scales[j] >> 4), q 2-bit.
 // Element e = 128 * h + 32 * g + l (h < 2, g < 4, l < 32) is bits 2g..2g+1 of qs[32 * h + l],
 // in sub-block j = 8 * h + 2 * g + l / 16.
@@ -143,6 +169,7 @@ static_assert(sizeof(BlockQ5_1) == 24 && sizeof(BlockQ8_0) == 34 && sizeof(Block
 static_assert(sizeof(BlockQ2_K) == 84 && sizeof(BlockQ3_K) == 110 && sizeof(BlockQ4_K) == 144);
 static_assert(sizeof(BlockQ5_K) == 176 && sizeof(BlockQ6_K) == 210 && sizeof(BlockQ8_K) == 292);
 static_assert(sizeof(BlockIQ4_NL) == 18 && sizeof(BlockIQ4_XS) == 136);
+static_assert(sizeof(BlockTQ1_0) == 54 && sizeof(BlockTQ2_0) == 66 && sizeof(BlockMXFP4) == 17);
 
 // The block struct of each type, and a compile-time check against the type table of ggml_type.cpp
 // (which tests check against PyPI's gguf).
@@ -187,6 +214,21 @@ template <>
 struct BlockOf<GgmlType::IQ4_XS> {
     using type = BlockIQ4_XS;
     static constexpr int elements = kQK;
+};
+template <>
+struct BlockOf<GgmlType::TQ1_0> {
+    using type = BlockTQ1_0;
+    static constexpr int elements = kQK;
+};
+template <>
+struct BlockOf<GgmlType::TQ2_0> {
+    using type = BlockTQ2_0;
+    static constexpr int elements = kQK;
+};
+template <>
+struct BlockOf<GgmlType::MXFP4> {
+    using type = BlockMXFP4;
+    static constexpr int elements = 32;
 };
 template <>
 struct BlockOf<GgmlType::Q2_K> {
@@ -335,6 +377,29 @@ inline int iq4_xs_scale(const BlockIQ4_XS& b, int ib) {
     const int low = (b.scales_l[ib / 2] >> (4 * (ib % 2))) & 0xF;
     const int high = (b.scales_h >> (2 * ib)) & 3;
     return (low | (high << 4)) - 32;
+}
+
+// Trit n (0..4) of a TQ1_0 byte, 0..2, exactly as ggml computes it (any byte value decodes).
+inline int tq1_trit(uint8_t q, int n) {
+    static constexpr uint8_t kPow3[5] = {1, 3, 9, 27, 81};
+    const auto shifted = static_cast<uint8_t>(q * kPow3[n]);
+    return (static_cast<int>(shifted) * 3) >> 8;
+}
+inline int quant_of(const BlockTQ1_0& b, int e) {  // x = d (t - 1)
+    if (e < 160) return tq1_trit(b.qs[e % 32], e / 32);
+    if (e < 240) return tq1_trit(b.qs[32 + e % 16], (e - 160) / 16);
+    return tq1_trit(b.qh[e % 4], (e - 240) / 4);
+}
+inline int quant_of(const BlockTQ2_0& b, int e) {  // x = d (q - 1)
+    return (b.qs[32 * (e / 128) + e % 32] >> (2 * ((e / 32) % 4))) & 3;
+}
+inline int quant_of(const BlockMXFP4& b, int l) {
+    return nibble_of(b.qs, l);
+}  // x = mxfp4_scale_half(e) kValuesMXFP4[q]
+// 2^(e - 128): half the E8M0 scale, as ggml's GGML_E8M0_TO_FP32_HALF (subnormal for e < 2).
+inline float mxfp4_scale_half(uint8_t e) {
+    const uint32_t bits = e < 2 ? (0x00200000u << e) : (static_cast<uint32_t>(e - 1) << 23);
+    return std::bit_cast<float>(bits);
 }
 
 // k-quants: element e < 256 of a super-block, in sub-block e / 16 (Q2_K, Q3_K, Q6_K) or e / 32.

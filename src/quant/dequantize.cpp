@@ -57,6 +57,23 @@ void dequant_iq4_xs(const BlockIQ4_XS* x, float* y, int64_t nb) {
     }
 }
 
+// TQ1_0, TQ2_0: x = (t - 1) * d.
+template <typename Block>
+void dequant_ternary(const Block* x, float* y, int64_t nb) {
+    for (int64_t i = 0; i < nb; ++i, y += kQK) {
+        const float d = fp16_to_fp32(x[i].d);
+        for (int e = 0; e < kQK; ++e) y[e] = static_cast<float>(quant_of(x[i], e) - 1) * d;
+    }
+}
+
+// MXFP4: x = kValuesMXFP4[q] * 2^(e - 128).
+void dequant_mxfp4(const BlockMXFP4* x, float* y, int64_t nb) {
+    for (int64_t i = 0; i < nb; ++i, y += 32) {
+        const float d = mxfp4_scale_half(x[i].e);
+        for (int l = 0; l < 32; ++l) y[l] = static_cast<float>(kValuesMXFP4[quant_of(x[i], l)]) * d;
+    }
+}
+
 void dequant_q2_K(const BlockQ2_K* x, float* y, int64_t nb) {
     for (int64_t i = 0; i < nb; ++i, y += kQK) {
         const float d = fp16_to_fp32(x[i].d), dmin = fp16_to_fp32(x[i].dmin);
@@ -126,6 +143,9 @@ bool can_dequantize(GgmlType type) {
         case GgmlType::Q8_1:
         case GgmlType::IQ4_NL:
         case GgmlType::IQ4_XS:
+        case GgmlType::TQ1_0:
+        case GgmlType::TQ2_0:
+        case GgmlType::MXFP4:
         case GgmlType::Q2_K:
         case GgmlType::Q3_K:
         case GgmlType::Q4_K:
@@ -172,6 +192,12 @@ void dequantize_row(GgmlType type, const void* src, float* dst, int64_t n) {
             return dequant_iq4_nl(as<BlockIQ4_NL>(src), dst, nb);
         case GgmlType::IQ4_XS:
             return dequant_iq4_xs(as<BlockIQ4_XS>(src), dst, nb);
+        case GgmlType::TQ1_0:
+            return dequant_ternary(as<BlockTQ1_0>(src), dst, nb);
+        case GgmlType::TQ2_0:
+            return dequant_ternary(as<BlockTQ2_0>(src), dst, nb);
+        case GgmlType::MXFP4:
+            return dequant_mxfp4(as<BlockMXFP4>(src), dst, nb);
         case GgmlType::Q2_K:
             return dequant_q2_K(as<BlockQ2_K>(src), dst, nb);
         case GgmlType::Q3_K:

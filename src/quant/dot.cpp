@@ -14,11 +14,14 @@ GgmlType dot_activation_type(GgmlType weight_type) {
         case GgmlType::Q5_0:
         case GgmlType::Q8_0:
         case GgmlType::IQ4_NL:
+        case GgmlType::MXFP4:
             return GgmlType::Q8_0;
         case GgmlType::Q4_1:
         case GgmlType::Q5_1:
             return GgmlType::Q8_1;
         case GgmlType::IQ4_XS:
+        case GgmlType::TQ1_0:
+        case GgmlType::TQ2_0:
         case GgmlType::Q2_K:
         case GgmlType::Q3_K:
         case GgmlType::Q4_K:

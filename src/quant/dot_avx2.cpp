@@ -250,6 +250,127 @@ void dot_iq4_xs(int n, float* out, const void* w, const void* a) {
     *out = hsum(lanes);
 }
 
+// ---- Ternary and MXFP4 ----
+
+// Lane l of the eight: (sum of t * y over bytes 4l .. 4l + 3 of each 32-byte step) - (bsums[2l] +
+// bsums[2l + 1]), from 16-bit pair sums (at most 8 steps of 2 * 3 * 128 a word: no overflow); the
+// FMA into the row's lanes as dot_ref.cpp's dot_ternary orders it.
+__m256 ternary_fma(__m256i pair_sums, const BlockQ8_K& y, uint16_t d_w, __m256 lanes) {
+    const __m256i words = _mm256_sub_epi16(pair_sums, _mm256_loadu_si256(reinterpret_cast<const __m256i*>(y.bsums)));
+    const __m256i sums = _mm256_madd_epi16(words, _mm256_set1_epi16(1));
+    return _mm256_fmadd_ps(_mm256_cvtepi32_ps(sums), _mm256_set1_ps(y.d * f16(d_w)), lanes);
+}
+
+// TQ2_0 with Q8_K: the four 2-bit fields of 32 bytes against four 32-byte steps of y (unsigned
+// codes 0..3 in maddubs), the -1 of each value through bsums.
+void dot_tq2_0(int n, float* out, const void* w, const void* a) {
+    const auto* x = as<BlockTQ2_0>(w);
+    const auto* y = as<BlockQ8_K>(a);
+    const __m256i mask = _mm256_set1_epi8(3);
+    __m256 lanes = _mm256_setzero_ps();
+    for (int i = 0; i < n / kQK; ++i) {
+        __m256i pairs = _mm256_setzero_si256();
+        for (int h = 0; h < 2; ++h) {
+            const __m256i q = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(x[i].qs + 32 * h));
+            const int8_t* q8 = y[i].qs + 128 * h;
+            pairs = _mm256_add_epi16(pairs, _mm256_maddubs_epi16(_mm256_and_si256(q, mask), load32(q8)));
+            pairs = _mm256_add_epi16(
+                pairs, _mm256_maddubs_epi16(_mm256_and_si256(_mm256_srli_epi16(q, 2), mask), load32(q8 + 32)));
+            pairs = _mm256_add_epi16(
+                pairs, _mm256_maddubs_epi16(_mm256_and_si256(_mm256_srli_epi16(q, 4), mask), load32(q8 + 64)));
+            pairs = _mm256_add_epi16(
+                pairs, _mm256_maddubs_epi16(_mm256_and_si256(_mm256_srli_epi16(q, 6), mask), load32(q8 + 96)));
+        }
+        lanes = ternary_fma(pairs, y[i], x[i].d, lanes);
+    }
+    *out = hsum(lanes);
+}
+
+// Bytes times 3 modulo 256: the next trit of TQ1_0's base-3 fractions moves to the top.
+__m256i times3(__m256i v) {
+    return _mm256_add_epi8(v, _mm256_add_epi8(v, v));
+}
+// The leading trit of each byte: (3 q) >> 8, that is (q >= 86) + (q >= 171).
+__m256i leading_trit(__m256i q) {
+    const __m256i ge86 = _mm256_cmpeq_epi8(_mm256_max_epu8(q, _mm256_set1_epi8(86)), q);
+    const __m256i ge171 = _mm256_cmpeq_epi8(_mm256_max_epu8(q, _mm256_set1_epi8(static_cast<char>(171))), q);
+    return _mm256_sub_epi8(_mm256_setzero_si256(), _mm256_add_epi8(ge86, ge171));
+}
+
+// TQ1_0 with Q8_K: the 32 bytes of five trits against steps 0..4 of y; then the 16 bytes of five
+// trits two rows a step (trits 0 / 1, 2 / 3, 4 beside qh's four trits of 4 bytes, one dword each).
+void dot_tq1_0(int n, float* out, const void* w, const void* a) {
+    const auto* x = as<BlockTQ1_0>(w);
+    const auto* y = as<BlockQ8_K>(a);
+    __m256 lanes = _mm256_setzero_ps();
+    for (int i = 0; i < n / kQK; ++i) {
+        __m256i pairs = _mm256_setzero_si256();
+        __m256i q = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(x[i].qs));
+        for (int t = 0; t < 5; ++t, q = times3(q))
+            pairs = _mm256_add_epi16(pairs, _mm256_maddubs_epi16(leading_trit(q), load32(y[i].qs + 32 * t)));
+        const __m128i r0 = _mm_loadu_si128(reinterpret_cast<const __m128i*>(x[i].qs + 32));
+        const __m128i r1 = _mm_add_epi8(r0, _mm_add_epi8(r0, r0));
+        const __m128i r2 = _mm_add_epi8(r1, _mm_add_epi8(r1, r1));
+        const __m128i r3 = _mm_add_epi8(r2, _mm_add_epi8(r2, r2));
+        const __m128i r4 = _mm_add_epi8(r3, _mm_add_epi8(r3, r3));
+        uint32_t qh;
+        std::memcpy(&qh, x[i].qh, 4);
+        const __m128i h0 = _mm_set1_epi32(static_cast<int>(qh));
+        const __m128i h1 = _mm_add_epi8(h0, _mm_add_epi8(h0, h0));
+        const __m128i h2 = _mm_add_epi8(h1, _mm_add_epi8(h1, h1));
+        const __m128i h3 = _mm_add_epi8(h2, _mm_add_epi8(h2, h2));
+        const __m128i h = _mm_blend_epi32(_mm_blend_epi32(_mm_blend_epi32(h0, h1, 0b0010), h2, 0b0100), h3, 0b1000);
+        const __m256i steps[3] = {_mm256_set_m128i(r1, r0), _mm256_set_m128i(r3, r2), _mm256_set_m128i(h, r4)};
+        for (int s = 0; s < 3; ++s)
+            pairs =
+                _mm256_add_epi16(pairs, _mm256_maddubs_epi16(leading_trit(steps[s]), load32(y[i].qs + 160 + 32 * s)));
+        lanes = ternary_fma(pairs, y[i], x[i].d, lanes);
+    }
+    *out = hsum(lanes);
+}
+
+// ggml's GGML_E8M0_TO_FP32_HALF: 2^(e - 128).
+float e8m0_half(uint8_t e) {
+    const uint32_t bits = e < 2 ? (0x00200000u << e) : (static_cast<uint32_t>(e - 1) << 23);
+    float f;
+    std::memcpy(&f, &bits, 4);
+    return f;
+}
+
+// MXFP4 with Q8_0: the nibbles looked up in the doubled e2m1 table (pshufb), a signed x signed dot
+// as IQ4_NL's; blocks in pairs, even ones in one set of lanes and odd ones in another, as
+// dot_ref.cpp's dot_mxfp4 (llama.cpp's order).
+void dot_mxfp4(int n, float* out, const void* w, const void* a) {
+    const auto* x = as<BlockMXFP4>(w);
+    const auto* y = as<BlockQ8_0>(a);
+    const __m256i table = _mm256_broadcastsi128_si256(_mm_loadu_si128(reinterpret_cast<const __m128i*>(kValuesMXFP4)));
+    auto block_sums = [&](int ib) {
+        const __m256i v = _mm256_shuffle_epi8(table, unpack_nibbles(x[ib].qs));
+        const __m256i q8 = load32(y[ib].qs);
+        const __m256i pairs = _mm256_maddubs_epi16(_mm256_sign_epi8(v, v), _mm256_sign_epi8(q8, v));
+        return _mm256_madd_epi16(pairs, _mm256_set1_epi16(1));
+    };
+    const int nb = n / 32;
+    __m256 even = _mm256_setzero_ps(), odd = _mm256_setzero_ps();
+    int ib = 0;
+    for (; ib + 1 < nb; ib += 2) {
+        even = _mm256_fmadd_ps(_mm256_set1_ps(f16(y[ib].d) * e8m0_half(x[ib].e)), _mm256_cvtepi32_ps(block_sums(ib)),
+                               even);
+        odd = _mm256_fmadd_ps(_mm256_set1_ps(f16(y[ib + 1].d) * e8m0_half(x[ib + 1].e)),
+                              _mm256_cvtepi32_ps(block_sums(ib + 1)), odd);
+    }
+    float sum = hsum(_mm256_add_ps(even, odd));
+    if (ib < nb) {
+        const __m256i s = block_sums(ib);
+        __m128i s4 = _mm_add_epi32(_mm256_castsi256_si128(s), _mm256_extracti128_si256(s, 1));
+        s4 = _mm_add_epi32(s4, _mm_shuffle_epi32(s4, 0x4E));
+        s4 = _mm_add_epi32(s4, _mm_shuffle_epi32(s4, 0xB1));
+        const __m128 d = _mm_set_ss(f16(y[ib].d) * e8m0_half(x[ib].e));
+        sum = _mm_cvtss_f32(_mm_fmadd_ss(d, _mm_cvtepi32_ps(s4), _mm_set_ss(sum)));
+    }
+    *out = sum;
+}
+
 }  // namespace
 
 DotFn dot_avx2(GgmlType weight_type) {
@@ -274,6 +395,12 @@ DotFn dot_avx2(GgmlType weight_type) {
             return dot_iq4_nl;
         case GgmlType::IQ4_XS:
             return dot_iq4_xs;
+        case GgmlType::TQ1_0:
+            return dot_tq1_0;
+        case GgmlType::TQ2_0:
+            return dot_tq2_0;
+        case GgmlType::MXFP4:
+            return dot_mxfp4;
         default:
             return nullptr;
     }

@@ -15,6 +15,7 @@
 #pragma GCC diagnostic pop
 
 #include <cstdint>
+#include <cstring>
 #include <type_traits>
 
 #include "quant/blocks.h"
@@ -295,6 +296,135 @@ void dot_iq4_xs(int n, float* out, const void* w, const void* a) {
     *out = _mm_cvtss_f32(_mm_add_ss(s4, _mm_movehdup_ps(s4)));
 }
 
+// ---- Ternary and MXFP4 ----
+
+// The 16 int32 lanes of two 32-byte steps folded into dot_ref.cpp's eight (exact in integers), the
+// -1 of every value taken off through bsums (bsums[2l] + bsums[2l + 1] from lane l), and the FMA
+// into the row's lanes as its dot_ternary orders it.
+__m256 ternary_fma(__m512i sums, const BlockQ8_K& y, uint16_t d_w, __m256 lanes) {
+    const __m256i ysum = _mm256_madd_epi16(load256(y.bsums), _mm256_set1_epi16(1));
+    const __m256i folded =
+        _mm256_sub_epi32(_mm256_add_epi32(_mm512_castsi512_si256(sums), _mm512_extracti64x4_epi64(sums, 1)), ysum);
+    return _mm256_fmadd_ps(_mm256_cvtepi32_ps(folded), _mm256_set1_ps(y.d * f16(d_w)), lanes);
+}
+float hsum_lanes(__m256 lanes) {
+    __m128 s4 = _mm_add_ps(_mm256_castps256_ps128(lanes), _mm256_extractf128_ps(lanes, 1));
+    s4 = _mm_add_ps(s4, _mm_movehl_ps(s4, s4));
+    return _mm_cvtss_f32(_mm_add_ss(s4, _mm_movehdup_ps(s4)));
+}
+
+// TQ2_0 with Q8_K: all 64 bytes of codes in one register, field f (bits 2f) against y's steps f
+// and 4 + f.
+template <bool kVnni>
+void dot_tq2_0(int n, float* out, const void* w, const void* a) {
+    const auto* x = as<BlockTQ2_0>(w);
+    const auto* y = as<BlockQ8_K>(a);
+    const __m512i mask = _mm512_set1_epi8(3);
+    __m256 lanes = _mm256_setzero_ps();
+    for (int i = 0; i < n / kQK; ++i) {
+        const __m512i q = _mm512_loadu_si512(x[i].qs);
+        __m512i sums = _mm512_setzero_si512();
+        for (int f = 0; f < 4; ++f) {
+            const __m512i q8 = _mm512_inserti64x4(_mm512_castsi256_si512(load256(y[i].qs + 32 * f)),
+                                                  load256(y[i].qs + 128 + 32 * f), 1);
+            sums = dot_u8s8<kVnni>(sums, _mm512_and_si512(_mm512_srli_epi16(q, 2 * f), mask), q8);
+        }
+        lanes = ternary_fma(sums, y[i], x[i].d, lanes);
+    }
+    *out = hsum_lanes(lanes);
+}
+
+// Bytes times 3 modulo 256, and the leading trit (3 q) >> 8 = (q >= 86) + (q >= 171).
+__m512i times3(__m512i v) {
+    return _mm512_add_epi8(v, _mm512_add_epi8(v, v));
+}
+__m512i leading_trit(__m512i q) {
+    const __mmask64 ge86 = _mm512_cmpge_epu8_mask(q, _mm512_set1_epi8(86));
+    const __mmask64 ge171 = _mm512_cmpge_epu8_mask(q, _mm512_set1_epi8(static_cast<char>(171)));
+    const __m512i one = _mm512_set1_epi8(1);
+    return _mm512_add_epi8(_mm512_maskz_mov_epi8(ge86, one), _mm512_maskz_mov_epi8(ge171, one));
+}
+__m512i join(__m256i lo, __m256i hi) {
+    return _mm512_inserti64x4(_mm512_castsi256_si512(lo), hi, 1);
+}
+
+// TQ1_0 with Q8_K: the trits of the 32-byte row (times 1, 3, 9, 27, 81), of the 16-byte row and of
+// qh (4 bytes times 1, 3, 9, 27, one dword each) arranged in the order of y, 64 bytes a step.
+template <bool kVnni>
+void dot_tq1_0(int n, float* out, const void* w, const void* a) {
+    const auto* x = as<BlockTQ1_0>(w);
+    const auto* y = as<BlockQ8_K>(a);
+    __m256 lanes = _mm256_setzero_ps();
+    for (int i = 0; i < n / kQK; ++i) {
+        const __m256i p0 = load256(x[i].qs);
+        const __m256i p1 = _mm256_add_epi8(p0, _mm256_add_epi8(p0, p0));
+        const __m256i p2 = _mm256_add_epi8(p1, _mm256_add_epi8(p1, p1));
+        const __m256i p3 = _mm256_add_epi8(p2, _mm256_add_epi8(p2, p2));
+        const __m256i p4 = _mm256_add_epi8(p3, _mm256_add_epi8(p3, p3));
+        const __m128i r0 = load128(x[i].qs + 32);
+        const __m128i r1 = _mm_add_epi8(r0, _mm_add_epi8(r0, r0));
+        const __m128i r2 = _mm_add_epi8(r1, _mm_add_epi8(r1, r1));
+        const __m128i r3 = _mm_add_epi8(r2, _mm_add_epi8(r2, r2));
+        const __m128i r4 = _mm_add_epi8(r3, _mm_add_epi8(r3, r3));
+        uint32_t qh;
+        std::memcpy(&qh, x[i].qh, 4);
+        const __m128i h0 = _mm_set1_epi32(static_cast<int>(qh));
+        const __m128i h1 = _mm_add_epi8(h0, _mm_add_epi8(h0, h0));
+        const __m128i h2 = _mm_add_epi8(h1, _mm_add_epi8(h1, h1));
+        const __m128i h3 = _mm_add_epi8(h2, _mm_add_epi8(h2, h2));
+        const __m128i h = _mm_blend_epi32(_mm_blend_epi32(_mm_blend_epi32(h0, h1, 0b0010), h2, 0b0100), h3, 0b1000);
+        const __m512i steps[4] = {join(p0, p1), join(p2, p3), join(p4, _mm256_set_m128i(r1, r0)),
+                                  join(_mm256_set_m128i(r3, r2), _mm256_set_m128i(h, r4))};
+        __m512i sums = _mm512_setzero_si512();
+        for (int s = 0; s < 4; ++s)
+            sums = dot_u8s8<kVnni>(sums, leading_trit(steps[s]), _mm512_loadu_si512(y[i].qs + 64 * s));
+        lanes = ternary_fma(sums, y[i], x[i].d, lanes);
+    }
+    *out = hsum_lanes(lanes);
+}
+
+// ggml's GGML_E8M0_TO_FP32_HALF: 2^(e - 128).
+float e8m0_half(uint8_t e) {
+    const uint32_t bits = e < 2 ? (0x00200000u << e) : (static_cast<uint32_t>(e - 1) << 23);
+    float f;
+    std::memcpy(&f, &bits, 4);
+    return f;
+}
+
+// MXFP4 with Q8_0: two blocks a register (nibbles spread as quants_x2 spreads them), looked up in
+// the doubled e2m1 table; the even block's sums in the low 8 lanes and the odd one's in the high 8,
+// each with its own scale: dot_ref.cpp's dot_mxfp4 (llama.cpp's two accumulators) in one register.
+template <bool kVnni>
+void dot_mxfp4(int n, float* out, const void* w, const void* a) {
+    const auto* x = as<BlockMXFP4>(w);
+    const auto* y = as<BlockQ8_0>(a);
+    const __m512i values = _mm512_broadcast_i32x4(load128(kValuesMXFP4));
+    const int nb = n / 32;
+    __m512 acc = _mm512_setzero_ps();
+    int ib = 0;
+    for (; ib + 1 < nb; ib += 2) {
+        const __m512i dots =
+            signed_pair_dot<kVnni>(_mm512_shuffle_epi8(values, quants_x2(x[ib], x[ib + 1])), act_x2(y[ib], y[ib + 1]));
+        const __m512 scales = _mm512_mask_blend_ps(0xFF00, _mm512_set1_ps(f16(y[ib].d) * e8m0_half(x[ib].e)),
+                                                   _mm512_set1_ps(f16(y[ib + 1].d) * e8m0_half(x[ib + 1].e)));
+        acc = _mm512_fmadd_ps(scales, _mm512_cvtepi32_ps(dots), acc);
+    }
+    const __m256 odd = _mm256_castpd_ps(_mm512_extractf64x4_pd(_mm512_castps_pd(acc), 1));
+    float sum = hsum_lanes(_mm256_add_ps(_mm512_castps512_ps256(acc), odd));
+    if (ib < nb) {
+        const __m512i dots =
+            signed_pair_dot<kVnni>(_mm512_shuffle_epi8(values, quants_x2(x[ib], x[ib])), act_x2(y[ib], y[ib]));
+        const __m256i low = _mm512_castsi512_si256(dots);
+        __m128i s4 = _mm_add_epi32(_mm256_castsi256_si128(low), _mm256_extracti128_si256(low, 1));
+        s4 = _mm_add_epi32(s4, _mm_shuffle_epi32(s4, 0x4E));
+        s4 = _mm_add_epi32(s4, _mm_shuffle_epi32(s4, 0xB1));
+        const int sumi = _mm_cvtsi128_si32(s4);
+        const __m128 d = _mm_set_ss(f16(y[ib].d) * e8m0_half(x[ib].e));
+        sum = _mm_cvtss_f32(_mm_fmadd_ss(d, _mm_cvtsi32_ss(_mm_setzero_ps(), sumi), _mm_set_ss(sum)));
+    }
+    *out = sum;
+}
+
 template <bool kVnni>
 DotFn table(GgmlType weight_type) {
     switch (weight_type) {
@@ -318,6 +448,12 @@ DotFn table(GgmlType weight_type) {
             return dot_iq4_nl<kVnni>;
         case GgmlType::IQ4_XS:
             return dot_iq4_xs<kVnni>;
+        case GgmlType::TQ1_0:
+            return dot_tq1_0<kVnni>;
+        case GgmlType::TQ2_0:
+            return dot_tq2_0<kVnni>;
+        case GgmlType::MXFP4:
+            return dot_mxfp4<kVnni>;
         default:
             return nullptr;
     }

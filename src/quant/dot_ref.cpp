@@ -264,6 +264,57 @@ void dot_iq4_xs(int n, float* out, const void* w, const void* a) {
     *out = hsum8(lanes);
 }
 
+// TQ1_0, TQ2_0 with Q8_K: the lanes8 order of llama.cpp's ggml_vec_dot_tq*_0_q8_K (AVX2): lane l
+// sums t * y (t = 0..2, or 0..3 for a TQ2_0 code 3) over the elements with (e mod 32) in [4l, 4l + 4)
+// and subtracts the y of elements 32 l .. 32 l + 31 (the -1 of every value, through bsums), exactly
+// in integers; then lane = fma(float(lane sum), d_a d_w, lane) (llama.cpp's source has a product and
+// a sum; the compiler fuses them in the libggml-cpu that PyPI's llama-cpp-python ships), hsum8 at the end.
+template <typename Block>
+void dot_ternary(int n, float* out, const void* w, const void* a) {
+    const auto* x = as<Block>(w);
+    const auto* y = as<BlockQ8_K>(a);
+    float lanes[8] = {};
+    for (int i = 0; i < n / kQK; ++i) {
+        int32_t sums[8] = {};
+        for (int e = 0; e < kQK; ++e) sums[(e % 32) / 4] += quant_of(x[i], e) * y[i].qs[e];
+        for (int e = 0; e < kQK; ++e) sums[e / 32] -= y[i].qs[e];
+        const float d = y[i].d * f16f(x[i].d);
+        for (int l = 0; l < 8; ++l) lanes[l] = std::fma(static_cast<float>(sums[l]), d, lanes[l]);
+    }
+    *out = hsum8(lanes);
+}
+
+// MXFP4 with Q8_0: the order of llama.cpp's ggml_vec_dot_mxfp4_q8_0 (AVX2): blocks taken in pairs,
+// the even ones in one set of 8 lanes and the odd ones in another, lane l summing value * y over
+// elements 4l .. 4l + 3 exactly, lane = fma(d_a 2^(e-128), float(lane sum), lane); the two sets added
+// lane by lane and reduced by hsum8; a last unpaired block then added as sum += d * (its integer sum).
+void dot_mxfp4(int n, float* out, const void* w, const void* a) {
+    const auto* x = as<BlockMXFP4>(w);
+    const auto* y = as<BlockQ8_0>(a);
+    const int nb = n / 32;
+    float lanes[2][8] = {};
+    int ib = 0;
+    for (; ib + 1 < nb; ib += 2) {
+        for (int k = 0; k < 2; ++k) {
+            const BlockMXFP4& b = x[ib + k];
+            int sums[8] = {};
+            for (int l = 0; l < 32; ++l) sums[l / 4] += kValuesMXFP4[quant_of(b, l)] * y[ib + k].qs[l];
+            const float d = f16f(y[ib + k].d) * mxfp4_scale_half(b.e);
+            for (int l = 0; l < 8; ++l) lanes[k][l] = std::fma(d, static_cast<float>(sums[l]), lanes[k][l]);
+        }
+    }
+    float both[8];
+    for (int l = 0; l < 8; ++l) both[l] = lanes[0][l] + lanes[1][l];
+    float sum = hsum8(both);
+    for (; ib < nb; ++ib) {
+        int sumi = 0;
+        for (int l = 0; l < 32; ++l) sumi += kValuesMXFP4[quant_of(x[ib], l)] * y[ib].qs[l];
+        const float d = f16f(y[ib].d) * mxfp4_scale_half(x[ib].e);
+        sum = std::fma(d, static_cast<float>(sumi), sum);
+    }
+    *out = sum;
+}
+
 }  // namespace
 
 // _mm512_reduce_add_ps's order (GCC's): halves, then quarters, then (l0 + l2) + (l1 + l3).
@@ -296,6 +347,12 @@ DotFn dot_ref(GgmlType weight_type) {
             return dot_blocks32<BlockIQ4_NL, 0, false>;
         case GgmlType::IQ4_XS:
             return dot_iq4_xs;
+        case GgmlType::TQ1_0:
+            return dot_ternary<BlockTQ1_0>;
+        case GgmlType::TQ2_0:
+            return dot_ternary<BlockTQ2_0>;
+        case GgmlType::MXFP4:
+            return dot_mxfp4;
         case GgmlType::Q2_K:
             return dot_serial_k<BlockQ2_K>;
         case GgmlType::Q3_K:

@@ -364,6 +364,86 @@ void quant_iq4_xs(const float* x, BlockIQ4_XS* y, int64_t nb) {
     }
 }
 
+// TQ1_0 and TQ2_0 as llama.cpp's quantize_row_tq*_0_ref: d = max |x| of the super-block, each value
+// rounded (half away from zero) to -1, 0 or 1 in units of d, stored as t = 0..2.
+int ternary(float x, float id) {
+    return static_cast<int>(std::lround(x * id)) + 1;
+}
+float ternary_scale(const float* x, BlockTQ1_0& y) {
+    float amax = 0.0f;
+    for (int j = 0; j < kQK; ++j) amax = std::max(amax, std::fabs(x[j]));
+    y.d = fp32_to_fp16(amax);
+    return amax != 0.0f ? 1.0f / amax : 0.0f;
+}
+
+// Five trits in a byte: the base-3 number t0 t1 t2 t3 t4 (t0 most significant) as the fraction
+// ceil(value * 256 / 243) / 256, so that trit n is the integer part of 3 * (fraction * 3^n mod 1).
+uint8_t pack_trits(const int* t, int count) {
+    int q = 0;
+    for (int k = 0; k < count; ++k) q = 3 * q + t[k];
+    for (int k = count; k < 5; ++k) q *= 3;  // the first trit the most significant of five
+    return static_cast<uint8_t>((q * 256 + 242) / 243);
+}
+
+void quant_tq1_0(const float* x, BlockTQ1_0* y, int64_t nb) {
+    for (int64_t i = 0; i < nb; ++i, x += kQK) {
+        const float id = ternary_scale(x, y[i]);
+        int t[5];
+        for (int m = 0; m < 32; ++m) {  // elements m + 32 n
+            for (int n = 0; n < 5; ++n) t[n] = ternary(x[m + 32 * n], id);
+            y[i].qs[m] = pack_trits(t, 5);
+        }
+        for (int m = 0; m < 16; ++m) {  // elements 160 + m + 16 n
+            for (int n = 0; n < 5; ++n) t[n] = ternary(x[160 + m + 16 * n], id);
+            y[i].qs[32 + m] = pack_trits(t, 5);
+        }
+        for (int j = 0; j < 4; ++j) {  // elements 240 + j + 4 n
+            for (int n = 0; n < 4; ++n) t[n] = ternary(x[240 + j + 4 * n], id);
+            y[i].qh[j] = pack_trits(t, 4);
+        }
+    }
+}
+
+void quant_tq2_0(const float* x, BlockTQ2_0* y, int64_t nb) {
+    for (int64_t i = 0; i < nb; ++i, x += kQK) {
+        float amax = 0.0f;
+        for (int j = 0; j < kQK; ++j) amax = std::max(amax, std::fabs(x[j]));
+        y[i].d = fp32_to_fp16(amax);
+        const float id = amax != 0.0f ? 1.0f / amax : 0.0f;
+        for (int h = 0; h < 2; ++h) {
+            for (int m = 0; m < 32; ++m) {
+                int q = 0;
+                for (int n = 0; n < 4; ++n) q |= (ternary(x[128 * h + 32 * n + m], id) & 3) << (2 * n);
+                y[i].qs[32 * h + m] = static_cast<uint8_t>(q);
+            }
+        }
+    }
+}
+
+// MXFP4 as llama.cpp's quantize_row_mxfp4_ref: the shared exponent e = floor(log2(max |x|)) - 2 + 127
+// (so max |x| lands in e2m1's top binade, 4 .. 6 times 2^(e - 127)), each value the nearest of the 16
+// (the first on ties).
+void quant_mxfp4(const float* x, BlockMXFP4* y, int64_t nb) {
+    for (int64_t i = 0; i < nb; ++i, x += 32) {
+        float amax = 0.0f;
+        for (int l = 0; l < 32; ++l) amax = std::max(amax, std::fabs(x[l]));
+        int e = 0;
+        if (amax > 0.0f) e = std::clamp(static_cast<int>(std::floor(std::log2(amax)) - 2.0f + 127.0f), 0, 255);
+        y[i].e = static_cast<uint8_t>(e);
+        const float d = mxfp4_scale_half(y[i].e);
+        auto nearest = [d](float v) {
+            int best = 0;
+            float best_err = std::fabs(static_cast<float>(kValuesMXFP4[0]) * d - v);
+            for (int k = 1; k < 16; ++k) {
+                const float err = std::fabs(static_cast<float>(kValuesMXFP4[k]) * d - v);
+                if (err < best_err) best = k, best_err = err;
+            }
+            return best;
+        };
+        for (int l = 0; l < 16; ++l) y[i].qs[l] = static_cast<uint8_t>(nearest(x[l]) | (nearest(x[l + 16]) << 4));
+    }
+}
+
 template <typename Block>
 Block* as(void* p) {
     return static_cast<Block*>(p);
@@ -418,6 +498,12 @@ void quantize_row_at(Isa isa, GgmlType type, const float* src, void* dst, int64_
             return quant_iq4_nl(src, as<BlockIQ4_NL>(dst), nb, -1);
         case GgmlType::IQ4_XS:
             return quant_iq4_xs(src, as<BlockIQ4_XS>(dst), nb);
+        case GgmlType::TQ1_0:
+            return quant_tq1_0(src, as<BlockTQ1_0>(dst), nb);
+        case GgmlType::TQ2_0:
+            return quant_tq2_0(src, as<BlockTQ2_0>(dst), nb);
+        case GgmlType::MXFP4:
+            return quant_mxfp4(src, as<BlockMXFP4>(dst), nb);
         case GgmlType::Q2_K:
             return quant_q2_K(src, as<BlockQ2_K>(dst), nb);
         case GgmlType::Q3_K:

@@ -7,7 +7,8 @@
 // range (no error search like llama.cpp's quantizer), which is what tests and benchmarks need to
 // make data; real models come quantized by llama.cpp. IQ4_NL, a KV cache format: as llama.cpp
 // quantizes it, byte for byte (below). IQ4_XS: from IQ4_NL's searched sub-block scales, as
-// llama.cpp's quantizer without an importance matrix.
+// llama.cpp's quantizer without an importance matrix. TQ1_0, TQ2_0 and MXFP4: llama.cpp's
+// reference quantizers byte for byte (they take no importance matrix).
 #include <cstdint>
 
 #include "quant/ggml_type.h"

@@ -6,9 +6,11 @@
 
 #include <cmath>
 #include <cstring>
+#include <initializer_list>
 #include <limits>
 #include <stdexcept>
 #include <string>
+#include <utility>
 #include <vector>
 
 #include "quant/blocks.h"
@@ -247,6 +249,66 @@ TEST(Dequantize, Iq4XsByHand) {
     EXPECT_EQ(y[128 + 15], 0.5f * -32 * 113);
     EXPECT_EQ(y[160 + 20], 0.5f * 1 * 38);  // high nibble 15 - 4 = 11
     EXPECT_EQ(y[224 + 8], 0.5f * -16 * 1);  // low nibble 8
+}
+
+// TQ2_0 by hand: element e is bits 2 ((e / 32) % 4) of qs[32 (e / 128) + e % 32], x = d (q - 1).
+TEST(Dequantize, Tq2_0ByHand) {
+    BlockTQ2_0 b{};
+    b.d = fp32_to_fp16(0.25f);
+    b.qs[0] = 0b11100100;   // elements 0, 32, 64, 96: q = 0, 1, 2, 3
+    b.qs[32 + 5] = 0b0010;  // element 128 + 5: q = 2; element 128 + 32 + 5: q = 0
+    std::vector<float> y(256);
+    dequantize_row(GgmlType::TQ2_0, &b, y.data(), 256);
+    EXPECT_EQ(y[0], -0.25f);
+    EXPECT_EQ(y[32], 0.0f);
+    EXPECT_EQ(y[64], 0.25f);
+    EXPECT_EQ(y[96], 0.5f);  // code 3 decodes to 2 d, as in ggml
+    EXPECT_EQ(y[133], 0.25f);
+    EXPECT_EQ(y[165], -0.25f);
+    EXPECT_EQ(y[1], -0.25f);  // q = 0 everywhere else
+}
+
+// TQ1_0 by hand: five trits t0..t4 of a byte are the base-3 digits of ceil(v * 256 / 243) with t0 the
+// most significant; element e < 160 is trit e / 32 of qs[e % 32], then 16-byte rows, then qh.
+TEST(Dequantize, Tq1_0ByHand) {
+    auto pack = [](std::initializer_list<int> trits) {
+        int v = 0;
+        for (int t : trits) v = 3 * v + t;
+        return static_cast<uint8_t>((v * 256 + 242) / 243);
+    };
+    BlockTQ1_0 b{};
+    b.d = fp32_to_fp16(2.0f);
+    for (auto& q : b.qs) q = pack({1, 1, 1, 1, 1});  // all zeros
+    for (auto& q : b.qh) q = pack({1, 1, 1, 1, 1});
+    b.qs[3] = pack({0, 1, 2, 0, 2});       // elements 3, 35, 67, 99, 131
+    b.qs[32 + 7] = pack({2, 2, 0, 1, 0});  // elements 167, 183, 199, 215, 231
+    b.qh[2] = pack({0, 2, 2, 0, 1});       // elements 242, 246, 250, 254 (the fifth trit unused)
+    std::vector<float> y(256);
+    dequantize_row(GgmlType::TQ1_0, &b, y.data(), 256);
+    const std::pair<int, float> expected[] = {{3, -2.0f},   {35, 0.0f},  {67, 2.0f},   {99, -2.0f},  {131, 2.0f},
+                                              {167, 2.0f},  {183, 2.0f}, {199, -2.0f}, {215, 0.0f},  {231, -2.0f},
+                                              {242, -2.0f}, {246, 2.0f}, {250, 2.0f},  {254, -2.0f}, {0, 0.0f},
+                                              {160, 0.0f},  {255, 0.0f}};
+    for (const auto& [e, v] : expected) EXPECT_EQ(y[e], v) << "element " << e;
+}
+
+// MXFP4 by hand: x = kValuesMXFP4[q] * 2^(e - 128) (the e2m1 values doubled, the scale halved).
+TEST(Dequantize, Mxfp4ByHand) {
+    BlockMXFP4 b{};
+    b.e = 127;  // 2^0: x = e2m1 value
+    for (int l = 0; l < 16; ++l) b.qs[l] = static_cast<uint8_t>(l | ((15 - l) << 4));
+    std::vector<float> y(64);
+    BlockMXFP4 blocks[2] = {b, b};
+    blocks[1].e = 1;  // 2^-126: ggml's subnormal half scale 2^-127
+    dequantize_row(GgmlType::MXFP4, blocks, y.data(), 64);
+    const float e2m1[16] = {0, 0.5f, 1, 1.5f, 2, 3, 4, 6, 0, -0.5f, -1, -1.5f, -2, -3, -4, -6};
+    for (int l = 0; l < 16; ++l) {
+        EXPECT_EQ(y[l], e2m1[l]) << l;
+        EXPECT_EQ(y[16 + l], e2m1[15 - l]) << l;
+    }
+    EXPECT_EQ(y[32 + 7], 12 * 0x1p-127f);
+    EXPECT_EQ(mxfp4_scale_half(0), 0x1p-128f);
+    EXPECT_EQ(mxfp4_scale_half(254), 0x1p126f);
 }
 
 TEST(Dequantize, RejectsPartialBlocksAndUnknownTypes) {

@@ -84,9 +84,10 @@ struct QuantName {
     const char* ggml;  // ggml's spelling in function names
 };
 constexpr QuantName kQuantTypes[] = {
-    {GgmlType::Q4_0, "q4_0"}, {GgmlType::Q4_1, "q4_1"}, {GgmlType::Q5_0, "q5_0"},     {GgmlType::Q5_1, "q5_1"},
-    {GgmlType::Q8_0, "q8_0"}, {GgmlType::Q2_K, "q2_K"}, {GgmlType::Q3_K, "q3_K"},     {GgmlType::Q4_K, "q4_K"},
-    {GgmlType::Q5_K, "q5_K"}, {GgmlType::Q6_K, "q6_K"}, {GgmlType::IQ4_NL, "iq4_nl"}, {GgmlType::IQ4_XS, "iq4_xs"},
+    {GgmlType::Q4_0, "q4_0"},   {GgmlType::Q4_1, "q4_1"},   {GgmlType::Q5_0, "q5_0"},     {GgmlType::Q5_1, "q5_1"},
+    {GgmlType::Q8_0, "q8_0"},   {GgmlType::Q2_K, "q2_K"},   {GgmlType::Q3_K, "q3_K"},     {GgmlType::Q4_K, "q4_K"},
+    {GgmlType::Q5_K, "q5_K"},   {GgmlType::Q6_K, "q6_K"},   {GgmlType::IQ4_NL, "iq4_nl"}, {GgmlType::IQ4_XS, "iq4_xs"},
+    {GgmlType::TQ1_0, "tq1_0"}, {GgmlType::TQ2_0, "tq2_0"}, {GgmlType::MXFP4, "mxfp4"},
 };
 const char* ggml_name(GgmlType t) {
     switch (t) {
@@ -198,13 +199,41 @@ TEST(QuantizeVsGgml, Iq4NlHasTheSameBytes) {
     }
 }
 
+// TQ1_0, TQ2_0, MXFP4 weights: quantize_row gives the bytes of llama.cpp's reference quantizers
+// (quantize_row_*_ref, what llama-quantize runs for these types: they take no importance matrix).
+// Gaussian rows at two scales, MXFP4 across exponents 2^-30 .. 2^6, a zero block, equal values,
+// values exactly halfway between two ternary or e2m1 levels.
+TEST(QuantizeVsGgml, TernaryAndMxfp4HaveTheSameBytes) {
+    REQUIRE_GGML();
+    const int n = 8192;
+    for (GgmlType t : {GgmlType::TQ1_0, GgmlType::TQ2_0, GgmlType::MXFP4}) {
+        auto ref_fn = ggml()->base_fn<QuantFn>(("quantize_row_" + std::string(ggml_name(t)) + "_ref").c_str());
+        ASSERT_NE(ref_fn, nullptr) << ggml_name(t);
+        for (uint32_t seed = 0; seed < 4; ++seed) {
+            auto x = test::gaussian(n, 60 + seed, seed % 2 == 0 ? 1.0f : 0.02f);
+            for (int i = 0; i < n; ++i) x[i] *= std::ldexp(1.0f, (i / 256) % 37 - 30);
+            if (seed == 3) {
+                for (int i = 0; i < 256; ++i) x[i] = 0.0f;
+                for (int i = 256; i < 512; ++i) x[i] = -0.75f;
+                for (int i = 512; i < 768; ++i) x[i] = static_cast<float>(i % 5 - 2) * 0.25f;   // +-0.5 of max
+                for (int i = 768; i < 1024; ++i) x[i] = static_cast<float>(i % 13 - 6) * 0.5f;  // e2m1 midpoints
+            }
+            const size_t bytes = test::bytes_of_row(t, n);
+            std::vector<uint8_t> ours(bytes, 0xAA), theirs(bytes, 0x55);
+            quantize_row(t, x.data(), ours.data(), n);
+            ref_fn(x.data(), theirs.data(), n);
+            EXPECT_EQ(ours, theirs) << ggml_name(t) << " seed " << seed;
+        }
+    }
+}
+
 // The weight types whose dots follow ggml_vec_dot_*'s float order (dot_ref.cpp's lanes8): their
 // results must be llama.cpp's bits. The others are compared within a tolerance: Q4_0, IQ4_NL, Q4_K
 // and Q2_K follow llama.cpp's repacked gemv kernels instead (MatmulVsGgml below checks those),
 // Q4_1 and Q5_1 keep their own order.
 bool vec_dot_order(GgmlType t) {
     return t == GgmlType::Q8_0 || t == GgmlType::Q5_0 || t == GgmlType::Q3_K || t == GgmlType::Q5_K ||
-           t == GgmlType::Q6_K;
+           t == GgmlType::Q6_K || t == GgmlType::TQ1_0 || t == GgmlType::TQ2_0 || t == GgmlType::MXFP4;
 }
 
 // Same sums: within 2e-6 of sum |w a| for every type, bit for bit for the vec_dot_order types.
@@ -215,7 +244,8 @@ TEST(DotVsGgml, SameSums) {
         auto fn = ggml()->cpu_fn<VecDotFn>(
             ("ggml_vec_dot_" + std::string(q.ggml) + "_" + ggml_name(dot_activation_type(q.type))).c_str());
         ASSERT_NE(fn, nullptr) << q.ggml;
-        for (int n : {256, 4096, 8192}) {
+        for (int n : {256, 4096, 8192, 8192 + 32}) {
+            if (n % traits(q.type).block_elements != 0) continue;
             const auto w = test::random_blocks(q.type, test::bytes_of_row(q.type, n), 9 + n);
             const GgmlType at = dot_activation_type(q.type);
             const auto a = test::gaussian(n, 10 + n);

@@ -186,6 +186,7 @@ constexpr ErrorBound kBounds[] = {
     {GgmlType::Q8_K, 8.5e-3}, {GgmlType::Q6_K, 2.3e-2}, {GgmlType::Q5_0, 5.2e-2},  {GgmlType::Q5_1, 4.6e-2},
     {GgmlType::Q5_K, 4.6e-2}, {GgmlType::Q4_0, 0.104},  {GgmlType::Q4_1, 0.095},   {GgmlType::Q4_K, 0.095},
     {GgmlType::Q3_K, 0.19},   {GgmlType::Q2_K, 0.40},   {GgmlType::IQ4_NL, 0.095}, {GgmlType::IQ4_XS, 0.095},
+    {GgmlType::MXFP4, 0.15},  {GgmlType::TQ2_0, 0.95},  {GgmlType::TQ1_0, 0.95},
 };
 
 TEST(QuantizeWeights, RoundTripErrorWithinBounds) {
@@ -236,6 +237,10 @@ TEST(QuantizeWeights, RejectsPartialBlocks) {
     EXPECT_FALSE(can_quantize(GgmlType::IQ3_S));
     EXPECT_TRUE(can_quantize(GgmlType::IQ4_NL));
     EXPECT_TRUE(can_quantize(GgmlType::IQ4_XS));
+    for (GgmlType t : {GgmlType::TQ1_0, GgmlType::TQ2_0, GgmlType::MXFP4}) {
+        EXPECT_TRUE(can_quantize(t));
+        EXPECT_THROW(quantize_row(t, x.data(), y.data(), 16), std::invalid_argument);
+    }
 }
 
 }  // namespace
