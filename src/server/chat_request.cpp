@@ -3,6 +3,7 @@
 #include <string>
 
 #include "server/api_error.h"
+#include "server/json_body.h"
 #include "server/request.h"
 
 namespace fitllm::server {
@@ -66,9 +67,12 @@ json read_tool_calls(const json& calls, const std::string& at) {
         json args = json::object();
         if (const json* a = present(*f, "arguments")) {
             if (a->is_string()) {
-                args = json::parse(a->get_ref<const std::string&>(), nullptr, /*allow_exceptions=*/false);
-                if (args.is_discarded()) {
-                    invalid(ci + ".function.arguments", "not valid JSON text (the arguments are a JSON object's text)");
+                // Checked as a body is (syntax, UTF-8, nesting up to kMaxJsonDepth) before it is built.
+                try {
+                    args = JsonBody(a->get_ref<const std::string&>()).parse();
+                } catch (const ApiError& e) {
+                    invalid(ci + ".function.arguments",
+                            std::string("not valid JSON text (the arguments are a JSON object's text): ") + e.what());
                 }
             } else if (a->is_object()) {
                 args = *a;

@@ -85,6 +85,10 @@ TEST(ChatRequestTools, BadToolFieldsNamed) {
           {{"role", "assistant"},
            {"tool_calls", {{{"type", "function"}, {"function", {{"name", "f"}, {"arguments", "{oops"}}}}}}}}}};
     EXPECT_EQ(refused(bad_args).param(), "messages[1].tool_calls[0].function.arguments");
+    // Arguments nested deeper than a body may be: refused before they are built.
+    json deep = bad_args;
+    deep["messages"][1]["tool_calls"][0]["function"]["arguments"] = std::string(100000, '[') + std::string(100000, ']');
+    EXPECT_EQ(refused(deep).param(), "messages[1].tool_calls[0].function.arguments");
     const json user_calls = {{"messages", {{{"role", "user"}, {"tool_calls", {{{"function", {{"name", "f"}}}}}}}}}};
     EXPECT_EQ(refused(user_calls).param(), "messages[0].tool_calls");
 }
