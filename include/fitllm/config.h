@@ -76,6 +76,11 @@ struct ContextConfig {
     // sequence id of the cache (n_seq + n_cached_prompts <= 64) and its cells until evicted, least
     // recently used first, when a request needs them; the sliding-window pools grow by a window each.
     int n_cached_prompts = 0;
+    // Host memory for kept prompts the KV cache evicts (serve's --cache-ram): their K/V rows are
+    // copied here, charged to the budget (the plan counts all of it), and copied back into cells
+    // when a later request shares a longer prefix with one of them than with anything in the KV
+    // cache. Least recently used go first. 0: none. Needs n_cached_prompts > 0.
+    uint64_t prompt_cache_ram = 0;
 };
 
 }  // namespace fitllm

@@ -90,7 +90,7 @@ ArgParser serve_parser(ServeOptions& o) {
         "[-ctk TYPE] [-ctv TYPE] [--no-kv-rotation] [--kv-spill-dir DIR] [--kv-resident SIZE] [--device NAME] "
         "[-ngl N] [--vram SIZE] [--no-kv-offload] [--unified] [--max-body SIZE] [--request-timeout SECONDS] "
         "[--max-connections N] [--max-connections-per-client N] [--allowed-hosts NAMES] [--cors-origin ORIGINS] "
-        "[--cache-prompts N]",
+        "[--cache-prompts N] [--cache-ram SIZE]",
         "Serve models over HTTP with an OpenAI-compatible API: POST /v1/chat/completions and\n"
         "/v1/completions (streamed as server-sent events with \"stream\": true), GET /v1/models,\n"
         "POST /tokenize and /detokenize, GET /health, /metrics (Prometheus), /v1/memory, a chat\n"
@@ -118,6 +118,10 @@ ArgParser serve_parser(ServeOptions& o) {
              "finished prompts whose KV cells stay cached, so that a request sharing a prefix computes only the "
              "rest; evicted least recently used when cells are needed; 0: none (default: as many as -np)",
              &o.cache_prompts);
+    p.option("--cache-ram", "SIZE",
+             "host memory, within --mem, for kept prompts the KV cache evicts: copied back instead of computed "
+             "again when a request shares them (default 0: none)",
+             [&c](const std::string& v) { c.prompt_cache_ram = parse_size_option("--cache-ram", v); });
     p.option("--ttl", "SECONDS", "unload a --models-dir model after this many idle seconds; 0: never (default 300)",
              &o.ttl);
     p.option("--max-queue", "N", "requests that may wait for a slot per model; more get HTTP 429 (default 64)",

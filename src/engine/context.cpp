@@ -52,6 +52,9 @@ void check(const ContextConfig& c) {
              std::to_string(c.n_seq) + " sequences (-np): together they may be at most " +
              std::to_string(kv::kMaxSequences));
     }
+    if (c.prompt_cache_ram > 0 && c.n_cached_prompts == 0) {
+        fail("host memory for cached prompts (--cache-ram) needs cached prompts (--cache-prompts above 0)");
+    }
     if (c.n_batch < 1) fail("batch size (-b) " + std::to_string(c.n_batch) + " must be at least 1");
     if (c.n_outputs < 0) fail("output rows " + std::to_string(c.n_outputs) + " is negative");
     if (c.n_threads < 0) fail("threads (-t) " + std::to_string(c.n_threads) + " is negative");

@@ -276,6 +276,7 @@ Plan plan_for(const ModelShape& shape, const PlanParams& params) {
     p.scratch = p.activations + std::max(p.matmul_scratch, p.attention_scratch) + 64;
 
     p.logits = uint64_t(hp.n_vocab) * sizeof(float) * static_cast<uint64_t>(params.n_outputs);
+    p.prompt_cache = params.prompt_cache_ram;
     p.samplers = static_cast<uint64_t>(params.n_seq) * sampling::Sampler::workspace_bytes(hp.n_vocab);
     // The scheduler's cached prompts (ContextConfig::n_cached_prompts) keep their tokens: at most
     // the context each.

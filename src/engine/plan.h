@@ -64,9 +64,10 @@ struct PlanParams {
     int n_ctx = 2048;          // tokens the context holds, all sequences together (-c); 0: the model's training context
     int n_seq = 1;             // sequences sharing the cache (-np)
     int n_cached_prompts = 0;  // more sequence ids: the prompts the scheduler keeps (ContextConfig)
-    bool context_shift = false;                     // the cache keeps room for a context shift's holes (kv_cells)
-    int n_batch = 512;                              // tokens per forward pass (-b)
-    int n_outputs = 0;                              // rows of logits per forward pass; 0: one per sequence
+    uint64_t prompt_cache_ram = 0;  // host bytes for kept prompts evicted from the KV cache (ContextConfig)
+    bool context_shift = false;     // the cache keeps room for a context shift's holes (kv_cells)
+    int n_batch = 512;              // tokens per forward pass (-b)
+    int n_outputs = 0;              // rows of logits per forward pass; 0: one per sequence
     quant::GgmlType type_k = quant::GgmlType::F16;  // -ctk
     quant::GgmlType type_v = quant::GgmlType::F16;  // -ctv
     bool kv_rotation = true;                        // --no-kv-rotation: false (kv::CacheParams::rotate)
@@ -146,6 +147,7 @@ struct Plan {
     uint64_t attention_scratch = 0;  // ops::attention_kv_scratch_bytes
     uint64_t scratch = 0;            // activations + max(matmul, attention) scratch
     uint64_t logits = 0;             // n_vocab floats per output row
+    uint64_t prompt_cache = 0;       // kept prompts' K/V rows in host memory (PlanParams::prompt_cache_ram)
     uint64_t overhead = 0;           // see kFixedOverhead
     uint64_t samplers = 0;           // of the overhead: the sequences' samplers' candidate lists
     // Host memory the offload device's path keeps (backend::host_bytes_for: a CUDA device's pinned
@@ -156,7 +158,9 @@ struct Plan {
     DevicePlan device;
 
     uint64_t weights() const { return weights_resident + stream_buffer; }
-    uint64_t total() const { return weights() + kv + scratch + logits + overhead + device_host; }  // the host's
+    uint64_t total() const {  // the host's
+        return weights() + kv + scratch + logits + prompt_cache + overhead + device_host;
+    }
     bool fits() const { return total() <= params.budget && device.fits(); }
 
     std::vector<FitStep> fit_steps;  // empty unless fit_plan() changed something (or chose the offload)

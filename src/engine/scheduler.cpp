@@ -90,7 +90,8 @@ Scheduler::Scheduler(model::Model& model, const tokenizer::Tokenizer& tokenizer,
       options_(options),
       compute_(compute),
       cache_(make_cache(model, context_, device)),
-      logits_(make_logits(model, context_.n_seq, device)) {
+      logits_(make_logits(model, context_.n_seq, device)),
+      saved_pool_(&pool_of(device, memory::pool_names::kPromptCache)) {
     kv_bytes_ = cache_.bytes();
     for (int s = context_.n_seq - 1; s >= 0; --s) free_ids_.push_back(s);
     for (int s = context_.n_seq + context_.n_cached_prompts - 1; s >= context_.n_seq; --s) free_cache_ids_.push_back(s);
@@ -512,6 +513,31 @@ int Scheduler::reuse_prompt(Sequence& s) {
         if (consider(a->seq, std::span<const int32_t>(a->tokens).first(static_cast<size_t>(a->n_fed))))
             best_kept = nullptr;
     }
+    // Host memory: worth copying back only for a longer prefix than the cells give.
+    size_t best_saved = saved_.size(), saved_n = best_n;
+    for (size_t i = 0; i < saved_.size(); ++i) {
+        const SavedPrompt& sp = saved_[i];
+        const size_t limit = std::min(most, sp.tokens.size());
+        size_t n = 0;
+        while (n < limit && sp.tokens[n] == s.tokens[n]) ++n;
+        if (n <= saved_n) continue;
+        bool whole = true;
+        for (int p = 0; p < cache_.n_pools() && whole; ++p) {
+            const int window = cache_.pool(p).params().window;
+            const std::vector<kv::Pos>& places = sp.places[static_cast<size_t>(p)];
+            const kv::Pos needed = window > 0 ? std::max<kv::Pos>(0, static_cast<kv::Pos>(n) - window + 1) : 0;
+            whole = !places.empty() && places.front() <= needed;
+        }
+        if (!whole) continue;
+        best_saved = i;
+        saved_n = n;
+    }
+    if (best_saved < saved_.size()) {
+        SavedPrompt saved = std::move(saved_[best_saved]);
+        drop_saved_prompt(best_saved);  // copied back, it is kept again when this request ends
+        const int restored = restore_prompt(s, std::move(saved), static_cast<int>(saved_n));
+        if (restored > 0) return restored;
+    }
     if (best < 0) return 0;
     if (best_kept) best_kept->last_used = ++cache_clock_;
     cache_.seq_cp(best, s.seq, 0, static_cast<kv::Pos>(best_n));
@@ -522,12 +548,123 @@ bool Scheduler::evict_cached_prompt() {
     if (cached_.empty()) return false;
     const auto lru = std::min_element(cached_.begin(), cached_.end(),
                                       [](const auto& a, const auto& b) { return a.last_used < b.last_used; });
+    save_prompt(*lru);
     cache_.seq_rm(lru->seq, -1, -1);
     free_cache_ids_.push_back(lru->seq);
     cached_.erase(lru);
     std::lock_guard lock(mutex_);
     ++stats_.n_cache_evictions;
     return true;
+}
+
+void Scheduler::save_prompt(const CachedPrompt& c) {
+    if (context_.prompt_cache_ram == 0) return;
+    const int n_pools = cache_.n_pools();
+    for (int p = 0; p < n_pools; ++p) {
+        if (!cache_.pool(p).rows_stable()) return;
+    }
+    // The prompt's cells in each pool, by position.
+    std::vector<std::vector<std::pair<kv::Pos, int32_t>>> cells(static_cast<size_t>(n_pools));
+    size_t bytes = 0;
+    for (int p = 0; p < n_pools; ++p) {
+        const kv::KvCache& pool = cache_.pool(p);
+        const int block = pool.params().block_size;
+        auto& list = cells[static_cast<size_t>(p)];
+        for (const int32_t b : pool.seq_blocks(c.seq)) {
+            for (int32_t cell = b * block; cell < (b + 1) * block; ++cell) {
+                if (pool.cell_has_seq(cell, c.seq)) list.emplace_back(pool.cell_pos(cell), cell);
+            }
+        }
+        std::sort(list.begin(), list.end());
+        bytes += list.size() * pool.cell_bytes();
+    }
+    const uint64_t charged = memory::PoolBuffer<std::byte>::bytes_for(bytes);
+    if (bytes == 0 || charged > context_.prompt_cache_ram) return;
+    // Room: prompts this one holds all of go, then the least recently used.
+    const auto starts = [](const std::vector<int32_t>& a, const std::vector<int32_t>& prefix) {
+        return prefix.size() <= a.size() && std::equal(prefix.begin(), prefix.end(), a.begin());
+    };
+    for (size_t i = saved_.size(); i-- > 0;) {
+        if (starts(c.tokens, saved_[i].tokens)) drop_saved_prompt(i);
+    }
+    while (saved_bytes_ + charged > context_.prompt_cache_ram && !saved_.empty()) {
+        const auto lru = std::min_element(saved_.begin(), saved_.end(),
+                                          [](const auto& a, const auto& b) { return a.last_used < b.last_used; });
+        drop_saved_prompt(static_cast<size_t>(lru - saved_.begin()));
+    }
+    SavedPrompt sp{.tokens = c.tokens, .places = {}, .rows = {}, .last_used = c.last_used};
+    try {
+        sp.rows = memory::PoolBuffer<std::byte>(*saved_pool_, bytes, "a kept prompt's K/V rows");
+    } catch (const memory::BudgetError&) {
+        return;  // the budget has no room now: the prompt is only dropped, as without --cache-ram
+    }
+    std::byte* out = sp.rows.data();
+    std::vector<int32_t> ids;
+    for (int p = 0; p < n_pools; ++p) {
+        const auto& list = cells[static_cast<size_t>(p)];
+        std::vector<kv::Pos>& places = sp.places.emplace_back();
+        ids.clear();
+        for (const auto& [pos, cell] : list) {
+            places.push_back(pos);
+            ids.push_back(cell);
+        }
+        cache_.pool(p).copy_rows_out(ids, out);
+        out += ids.size() * cache_.pool(p).cell_bytes();
+    }
+    saved_bytes_ += charged;
+    saved_.push_back(std::move(sp));
+}
+
+void Scheduler::drop_saved_prompt(size_t i) {
+    saved_bytes_ -= memory::PoolBuffer<std::byte>::bytes_for(saved_[i].rows.size());
+    saved_.erase(saved_.begin() + static_cast<std::ptrdiff_t>(i));
+}
+
+int Scheduler::restore_prompt(Sequence& s, SavedPrompt saved, int n) {
+    // Cells for positions 0 .. n - 1, placed a batch at a time as the forward pass places them (the
+    // window pools trimmed after each), each filled from the saved rows of its position where the
+    // pool kept one (a window pool's positions before its window were never saved: trimmed at once,
+    // or, one at most, never seen by the tokens after n).
+    const int block = cache_.pool(0).params().block_size;
+    while (cache_.pool(0).free_cells() < n + block && evict_cached_prompt()) {
+    }
+    const int n_pools = cache_.n_pools();
+    std::vector<size_t> offsets(static_cast<size_t>(n_pools));  // where each pool's rows start
+    for (int p = 1; p < n_pools; ++p) {
+        offsets[static_cast<size_t>(p)] =
+            offsets[static_cast<size_t>(p - 1)] +
+            saved.places[static_cast<size_t>(p - 1)].size() * cache_.pool(p - 1).cell_bytes();
+    }
+    std::vector<kv::SeqId> seqs;
+    std::vector<kv::Pos> positions;
+    std::vector<int32_t> cells;
+    for (int a = 0; a < n; a += context_.n_batch) {
+        const int b = std::min(n, a + context_.n_batch);
+        seqs.assign(static_cast<size_t>(b - a), s.seq);
+        positions.resize(static_cast<size_t>(b - a));
+        for (int i = a; i < b; ++i) positions[static_cast<size_t>(i - a)] = i;
+        if (!cache_.has_room(seqs)) {
+            cache_.seq_rm(s.seq, -1, -1);
+            return 0;
+        }
+        cache_.place(seqs, positions);
+        for (int p = 0; p < n_pools; ++p) {
+            const std::vector<kv::Pos>& places = saved.places[static_cast<size_t>(p)];
+            const auto first = std::lower_bound(places.begin(), places.end(), a);
+            const auto last = std::lower_bound(places.begin(), places.end(), b);
+            if (first == last) continue;
+            const std::span<const int32_t> placed = cache_.cells(p);
+            cells.clear();
+            for (auto it = first; it != last; ++it) cells.push_back(placed[static_cast<size_t>(*it - a)]);
+            const size_t index = static_cast<size_t>(first - places.begin());
+            cache_.pool(p).copy_rows_in(
+                cells, saved.rows.data() + offsets[static_cast<size_t>(p)] + index * cache_.pool(p).cell_bytes());
+        }
+        cache_.end_batch();
+    }
+    std::lock_guard lock(mutex_);
+    ++stats_.n_cache_restores;
+    return n;
 }
 
 void Scheduler::publish_stats() {
@@ -546,6 +683,8 @@ void Scheduler::publish_stats() {
     stats_.n_cached_prompts = static_cast<int>(cached_.size());
     stats_.cached_prompt_tokens = 0;
     for (const CachedPrompt& c : cached_) stats_.cached_prompt_tokens += static_cast<int>(c.tokens.size());
+    stats_.n_saved_prompts = static_cast<int>(saved_.size());
+    stats_.saved_prompt_bytes = saved_bytes_;
 }
 
 }  // namespace fitllm::engine

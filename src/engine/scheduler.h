@@ -22,6 +22,12 @@
 // prefix is taken only where the window before it is still there (all of a kept prompt, or all
 // but its last token).
 //
+// With ContextConfig::prompt_cache_ram, a kept prompt the KV cache evicts is first copied to host
+// memory (its cells' rows in every pool, charged to the budget's "prompt_cache" pool, at most that
+// many bytes; least recently used go first). A request whose longest prefix is there, longer than
+// anything in the KV cache, gets cells placed for it and the rows copied back, bit for bit, instead
+// of computing them. Not with K/V in a device's memory, nor before the K transforms are fitted.
+//
 //   Scheduler sched(model, tokenizer, {.n_ctx = 4096, .n_seq = 4, .n_batch = 256}, {.max_queue = 64}, compute, &host);
 //   std::shared_ptr<Job> job = sched.submit(prompt_ids, {.max_tokens = 64, .sampling = sp});
 //   Job::Update u = job->wait_all();
@@ -79,6 +85,9 @@ struct SchedulerStats {
     uint64_t n_prompt_tokens_cached = 0;  // prompt tokens taken from the prompt cache, not computed
     uint64_t n_cache_hits = 0;            // requests (and resumptions) that took a cached prefix
     uint64_t n_cache_evictions = 0;       // kept prompts dropped for room
+    uint64_t n_cache_restores = 0;        // of the hits: prompts copied back from host memory
+    int n_saved_prompts = 0;              // kept prompts in host memory (--cache-ram)
+    uint64_t saved_prompt_bytes = 0;      // their rows
     int n_cached_prompts = 0;             // prompts kept now
     int cached_prompt_tokens = 0;         // their tokens, summed (a prefix two of them share counts twice)
     uint64_t n_steps = 0;
@@ -131,6 +140,15 @@ private:
     void keep_prompt(const Sequence& s);
     int reuse_prompt(Sequence& s);  // the tokens of s now in the cache (cells shared with a kept prompt)
     bool evict_cached_prompt();     // the least recently used; false when none is kept
+    struct SavedPrompt {
+        std::vector<int32_t> tokens;               // positions 0 .. size - 1
+        std::vector<std::vector<kv::Pos>> places;  // per pool: the positions saved, ascending
+        memory::PoolBuffer<std::byte> rows;        // per pool in turn, each position's cell_bytes()
+        uint64_t last_used = 0;
+    };
+    void save_prompt(const CachedPrompt& c);  // into host memory, when there is room for it
+    void drop_saved_prompt(size_t i);
+    int restore_prompt(Sequence& s, SavedPrompt saved, int n);  // its first n tokens into s's cells
     void warm_up();
     void loop();
     void admit();
@@ -155,6 +173,9 @@ private:
     std::vector<kv::SeqId> free_ids_;
     std::vector<CachedPrompt> cached_;
     std::vector<kv::SeqId> free_cache_ids_;  // n_seq .. n_seq + n_cached_prompts - 1
+    std::vector<SavedPrompt> saved_;
+    uint64_t saved_bytes_ = 0;
+    memory::Pool* saved_pool_ = nullptr;
     uint64_t cache_clock_ = 0;
     memory::PoolBuffer<float> logits_;  // a row per slot
     std::vector<int32_t> batch_tokens_, batch_pos_;

@@ -294,6 +294,19 @@ public:
     };
     LayerView layer_view(int layer) const;
 
+    // --- Rows out and back (the scheduler's prompt cache in host memory) -------------------------
+    // The bytes of one cell's K and V rows over every layer, as stored (rotated, shaped, quantized).
+    size_t cell_bytes() const;
+    // True when rows copied out now may be copied back later: K/V are on the host and every layer's
+    // K transform is fitted (or K is not shaped), so no later calibration stores them otherwise.
+    bool rows_stable() const;
+    // Copies the stored rows of these cells to out (cells.size() * cell_bytes() bytes), cell after
+    // cell, each one layer after layer, K then V. copy_rows_in() writes such bytes into cells
+    // (placed for them already): the cells then hold what the first ones held, bit for bit.
+    // Throw std::logic_error without K/V on the host (external_storage).
+    void copy_rows_out(std::span<const int32_t> cells, std::byte* out) const;
+    void copy_rows_in(std::span<const int32_t> cells, const std::byte* in);
+
     // Spill: call right before attending `layer` (after storing it is fine too); moves streamed
     // layers in and out of memory as described above. Changes no content; a no-op without spill.
     // Throws SpillError (kv/spill_file.h) when writing the spill file back fails.

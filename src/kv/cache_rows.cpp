@@ -275,6 +275,48 @@ KvCache::LayerView KvCache::layer_view(int layer) const {
                      .v_head_bytes = L.v_head_bytes};
 }
 
+size_t KvCache::cell_bytes() const {
+    size_t bytes = 0;
+    for (const LayerStorage& L : impl_->layers) bytes += L.k_row_bytes + L.v_row_bytes;
+    return bytes;
+}
+
+bool KvCache::rows_stable() const {
+    const Impl& m = *impl_;
+    if (m.params.external_storage) return false;
+    return std::all_of(m.layers.begin(), m.layers.end(),
+                       [&](const LayerStorage& L) { return !m.shape_keys || (L.key_fitted && !L.stored_unshaped); });
+}
+
+void KvCache::copy_rows_out(std::span<const int32_t> cells, std::byte* out) const {
+    const Impl& m = *impl_;
+    m.check_storage("copy_rows_out");
+    for (const int32_t c : cells) {
+        m.check_cell(c, "copy_rows_out");
+        for (const LayerStorage& L : m.layers) {
+            out = std::copy_n(L.k + static_cast<size_t>(c) * L.k_row_bytes, L.k_row_bytes, out);
+            out = std::copy_n(L.v + static_cast<size_t>(c) * L.v_row_bytes, L.v_row_bytes, out);
+        }
+    }
+}
+
+void KvCache::copy_rows_in(std::span<const int32_t> cells, const std::byte* in) {
+    Impl& m = *impl_;
+    m.check_storage("copy_rows_in");
+    for (const int32_t c : cells) {
+        m.check_cell(c, "copy_rows_in");
+        for (size_t l = 0; l < m.layers.size(); ++l) {
+            LayerStorage& L = m.layers[l];
+            std::copy_n(in, L.k_row_bytes, L.k + static_cast<size_t>(c) * L.k_row_bytes);
+            in += L.k_row_bytes;
+            std::copy_n(in, L.v_row_bytes, L.v + static_cast<size_t>(c) * L.v_row_bytes);
+            in += L.v_row_bytes;
+            L.staged.forget_cell(c);  // what calibration kept for this cell is not what it holds now
+            m.in_memory[l] = 1;
+        }
+    }
+}
+
 void KvCache::read_k(int layer, int32_t cell, float* out) const {
     const Impl& m = *impl_;
     m.check_layer(layer, "read_k");

@@ -21,11 +21,12 @@ class Charge;
 
 // The pools the runtime charges (Device::pool(name)); the plan's rows use the same names.
 namespace pool_names {
-inline constexpr const char* kWeights = "weights";  // weight copies and pinned/resident mapped weights
-inline constexpr const char* kKv = "kv";            // the KV cache
-inline constexpr const char* kScratch = "scratch";  // activations and op scratch of a forward pass
-inline constexpr const char* kLogits = "logits";    // outputs
-inline constexpr const char* kStaging = "staging";  // buffers of streamed layers
+inline constexpr const char* kWeights = "weights";           // weight copies and pinned/resident mapped weights
+inline constexpr const char* kKv = "kv";                     // the KV cache
+inline constexpr const char* kScratch = "scratch";           // activations and op scratch of a forward pass
+inline constexpr const char* kLogits = "logits";             // outputs
+inline constexpr const char* kStaging = "staging";           // buffers of streamed layers
+inline constexpr const char* kPromptCache = "prompt_cache";  // kept prompts' K/V rows copied out of the KV cache
 // What the plan expects outside the pools (the executable, the C++ runtime, thread stacks, the
 // GGUF metadata and the tokenizer built from it), charged once up front so the device's total
 // is the process's.

@@ -176,9 +176,13 @@ nlohmann::json memory_report(ModelRegistry& registry) {
         if (m.model) {
             const engine::Plan& p = m.model->plan();
             const SchedulerStats st = m.model->scheduler().stats();
-            entry["plan"] = {{"weights", p.weights()}, {"kv", p.kv},
-                             {"scratch", p.scratch},   {"logits", p.logits},
-                             {"overhead", p.overhead}, {"total", p.total()}};
+            entry["plan"] = {{"weights", p.weights()},
+                             {"kv", p.kv},
+                             {"scratch", p.scratch},
+                             {"logits", p.logits},
+                             {"prompt_cache", p.prompt_cache},
+                             {"overhead", p.overhead},
+                             {"total", p.total()}};
             if (!p.device.name.empty()) {
                 entry["plan_devices"] = {{p.device.name,
                                           {{"n_layer", p.device.n_layer},

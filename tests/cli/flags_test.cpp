@@ -59,6 +59,7 @@ void add(Fields& f, const ContextConfig& c) {
     f["context.n_keep"] = str(c.n_keep);
     f["context.n_threads"] = str(c.n_threads);
     f["context.n_cached_prompts"] = str(c.n_cached_prompts);
+    f["context.prompt_cache_ram"] = str(c.prompt_cache_ram);
 }
 
 void add(Fields& f, const EngineOptions& e) {
@@ -214,6 +215,7 @@ const std::map<std::string, std::string> kSamples = {
     {"--cors-origin", "http://localhost:3000"},
     {"--max-queue", "3"},
     {"--cache-prompts", "2"},
+    {"--cache-ram", "64M"},
     {"--lookup", ""},
     {"--draft-max", "4"},
     {"--lookup-ngram-min", "2"},
@@ -274,6 +276,7 @@ const std::map<std::string, std::set<std::string>> kSets = {
     {"--cors-origin", {"http.cors_origins"}},
     {"--max-queue", {"max_queue"}},
     {"--cache-prompts", {"cache_prompts"}},
+    {"--cache-ram", {"context.prompt_cache_ram"}},
     {"--lookup", {"lookup.enabled"}},
     {"--draft-max", {"lookup.n_draft"}},
     {"--lookup-ngram-min", {"lookup.ngram_min"}},
@@ -375,6 +378,7 @@ TEST(Flags, ServeSetsWhatItSays) {
     EXPECT_EQ(cached({"--cache-prompts", "9"}), 9);
     EXPECT_THROW(cached({"--cache-prompts", "61"}), UsageError);
     EXPECT_THROW(cached({"--cache-prompts", "-2"}), UsageError);
+    EXPECT_THROW(cached({"--cache-prompts", "0", "--cache-ram", "1G"}), UsageError);  // nothing to keep
 }
 
 // What the server cannot do is refused by name rather than accepted.

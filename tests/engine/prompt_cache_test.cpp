@@ -162,6 +162,57 @@ TEST_F(PromptCache, ARunningRequestSharesWhatItHasFed) {
     EXPECT_EQ(u.text, without_cache(second, 8, c).text);
 }
 
+TEST_F(PromptCache, EvictedPromptsComeBackFromHostMemoryBitForBit) {
+    // One kept prompt: the second conversation evicts the first from the KV cache into host
+    // memory, and the first's next turn copies it back. One token per pass, as in the
+    // recomputation it is compared with.
+    ContextConfig c{.n_ctx = 256, .n_seq = 1, .n_batch = 1, .n_cached_prompts = 1};
+    c.prompt_cache_ram = 16u << 20;
+    Scheduler s(*llama_->model, llama_->tokenizer, c, {}, *compute_);
+    const std::vector<int32_t> first = ids("Once upon a time there was");
+    const Job::Update a = s.submit(first, greedy(6))->wait_all();
+    s.submit(ids("The quick brown fox"), greedy(6))->wait_all();
+    SchedulerStats st = settled(s);
+    EXPECT_EQ(st.n_saved_prompts, 1);
+    EXPECT_GT(st.saved_prompt_bytes, 0u);
+    EXPECT_LE(st.saved_prompt_bytes, c.prompt_cache_ram);
+
+    const std::vector<int32_t> next = concat(concat(first, sampled_ids(a)), ids(" and so", false));
+    GenerationParams p = greedy(8);
+    p.top_logprobs = 5;
+    const Job::Update b = s.submit(next, p)->wait_all();
+    EXPECT_EQ(b.n_cached, static_cast<int>(first.size()) + 5);
+    st = settled(s);
+    EXPECT_EQ(st.n_cache_restores, 1u);
+
+    ContextConfig plain = c;
+    plain.n_cached_prompts = 0;
+    plain.prompt_cache_ram = 0;
+    Scheduler fresh(*llama_->model, llama_->tokenizer, plain, {}, *compute_);
+    const Job::Update e = fresh.submit(next, p)->wait_all();
+    ASSERT_EQ(b.logprobs.size(), e.logprobs.size());
+    for (size_t i = 0; i < e.logprobs.size(); ++i) {
+        EXPECT_EQ(b.logprobs[i].id, e.logprobs[i].id) << i;
+        EXPECT_EQ(b.logprobs[i].logprob, e.logprobs[i].logprob) << i;
+    }
+}
+
+TEST_F(PromptCache, HostMemoryHoldsNoMoreThanItsLimit) {
+    ContextConfig c{.n_ctx = 256, .n_seq = 1, .n_batch = 32, .n_cached_prompts = 1};
+    Scheduler probe(*llama_->model, llama_->tokenizer, c, {}, *compute_);
+    const size_t cell = probe.cache().pool(0).cell_bytes();
+    c.prompt_cache_ram = 40 * cell;  // room for one prompt of ~30 tokens, not two
+    Scheduler s(*llama_->model, llama_->tokenizer, c, {}, *compute_);
+    for (const char* start :
+         {"Once upon a time", "The quick brown fox", "In a hole in the ground", "Call me Ishmael"}) {
+        s.submit(ids(start), greedy(20))->wait_all();
+        const SchedulerStats st = settled(s);
+        EXPECT_LE(st.saved_prompt_bytes, c.prompt_cache_ram);
+        EXPECT_LE(st.n_saved_prompts, 1);
+    }
+    EXPECT_EQ(settled(s).n_saved_prompts, 1);
+}
+
 TEST_F(PromptCache, NoneKeptWhenTurnedOff) {
     const ContextConfig c{.n_ctx = 256, .n_seq = 1, .n_batch = 32};
     Scheduler s(*llama_->model, llama_->tokenizer, c, {}, *compute_);
@@ -251,6 +302,36 @@ TEST(PromptCacheWindow, AKeptPromptServesOnlyPrefixesItsWindowStillCovers) {
     const Job::Update e = s.submit(early, greedy(4))->wait_all();
     EXPECT_EQ(e.n_cached, 0);
     EXPECT_EQ(e.text, fresh.submit(early, greedy(4))->wait_all().text);
+}
+
+TEST(PromptCacheWindow, WindowPoolsAndShapedKeysComeBackFromHostMemory) {
+    const auto demo = test::demo_model();
+    if (!demo) GTEST_SKIP() << "the demo model is not set up (scripts/setup.sh)";
+    Loaded gemma(*demo);
+    Compute compute(2);
+    ContextConfig c{.n_ctx = 2048, .n_seq = 1, .n_batch = 256, .type_k = KvType::q8_0, .type_v = KvType::q8_0};
+    c.n_cached_prompts = 1;
+    c.prompt_cache_ram = 64u << 20;
+    Scheduler s(*gemma.model, gemma.tokenizer, c, {}, compute);
+    const int window = s.cache().pool(1).params().window;
+    std::string text;
+    while (static_cast<int>(gemma.tokenizer.tokenize(text, true, false).size()) < window + 100)
+        text += "The river runs past the mill, and the miller counts the sacks of grain. ";
+    const std::vector<int32_t> first = gemma.tokenizer.tokenize(text, true, false);
+    const Job::Update a = s.submit(first, greedy(4))->wait_all();
+    s.submit(gemma.tokenizer.tokenize("A different question altogether.", true, false), greedy(4))->wait_all();
+    ASSERT_EQ(settled(s).n_saved_prompts, 1);
+
+    const std::vector<int32_t> next =
+        concat(concat(first, sampled_ids(a)), gemma.tokenizer.tokenize(" Then", false, false));
+    const Job::Update b = s.submit(next, greedy(6))->wait_all();
+    EXPECT_EQ(b.n_cached, static_cast<int>(first.size()) + 3);
+    EXPECT_EQ(settled(s).n_cache_restores, 1u);
+    ContextConfig plain = c;
+    plain.n_cached_prompts = 0;
+    plain.prompt_cache_ram = 0;
+    Scheduler fresh(*gemma.model, gemma.tokenizer, plain, {}, compute);
+    EXPECT_EQ(b.text, fresh.submit(next, greedy(6))->wait_all().text);
 }
 
 }  // namespace
