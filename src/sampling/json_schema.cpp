@@ -241,7 +241,10 @@ private:
                                                     "anyOf",
                                                     "oneOf",
                                                     "allOf",
-                                                    "uniqueItems"};
+                                                    "uniqueItems",
+                                                    "propertyNames",
+                                                    "minProperties",
+                                                    "maxProperties"};
         for (const auto& [k, v] : s.items()) {
             if (annotations().count(k)) continue;
             if (!known.count(k)) unsupported(path + "." + k, "the keyword \"" + k + "\" is not supported");
@@ -399,14 +402,42 @@ private:
                 required.insert(r.get<std::string>());
             }
         }
-        if (const auto it = s.find("additionalProperties"); it != s.end() && !it->is_boolean()) {
+        const bool map = s.contains("additionalProperties") && !s["additionalProperties"].is_boolean();
+        for (const char* key : {"propertyNames", "minProperties", "maxProperties"})
+            if (s.contains(key) && !map)
+                unsupported(
+                    path + "." + key,
+                    std::string(key) + " is supported only for a map (additionalProperties a schema, no properties)");
+        if (map) {
             if (!props.empty())
                 unsupported(path + ".additionalProperties",
                             "a schema for additional properties beside properties is not supported");
-            // A map: any keys, values of the schema.
-            const std::string v = visit(*it, path + ".additionalProperties", depth + 1);
-            const std::string kv = "string ws \":\" ws " + v + " ws";
-            return new_rule(path, "\"{\" ws (" + kv + " (\",\" ws " + kv + ")*)? \"}\"");
+            // A map: keys of propertyNames (a string schema) or any, values of the schema; as many
+            // pairs as min/maxProperties say (keys are not checked for repeats).
+            const std::string v = visit(s["additionalProperties"], path + ".additionalProperties", depth + 1);
+            std::string key = "string";
+            if (const auto it = s.find("propertyNames"); it != s.end()) {
+                if (!it->is_object() || (it->contains("type") && (*it)["type"] != "string"))
+                    unsupported(path + ".propertyNames", "expected a schema of strings");
+                json names = *it;
+                names["type"] = "string";
+                key = visit(names, path + ".propertyNames", depth + 1);
+            }
+            const auto count = [&](const char* k) -> std::optional<uint64_t> {
+                const auto it = s.find(k);
+                if (it == s.end()) return std::nullopt;
+                if (!it->is_number_unsigned() || it->get<uint64_t>() > kMaxRepeat)
+                    unsupported(path + "." + k, "expected a non-negative integer up to " + std::to_string(kMaxRepeat));
+                return it->get<uint64_t>();
+            };
+            const uint64_t lo = count("minProperties").value_or(0);
+            const auto hi = count("maxProperties");
+            if (hi && lo > *hi) unsupported(path + ".minProperties", "minProperties is over maxProperties");
+            if (hi && *hi == 0) return new_rule(path, "\"{\" ws \"}\"");
+            const std::string kv = key + " ws \":\" ws " + v + " ws";
+            const std::string pairs = kv + " (\",\" ws " + kv + "){" + std::to_string(lo > 0 ? lo - 1 : 0) + "," +
+                                      (hi ? std::to_string(*hi - 1) : std::string()) + "}";
+            return new_rule(path, "\"{\" ws " + (lo > 0 ? pairs : "(" + pairs + ")?") + " \"}\"");
         }
         if (props.empty()) return new_rule(path, "\"{\" ws \"}\"");
         struct Prop {

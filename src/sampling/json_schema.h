@@ -6,7 +6,8 @@
 //   auto grammar = Grammar::parse(gbnf);
 //
 // What is supported: type (one or a list), properties, required, additionalProperties (false,
-// true, or a schema for an object without properties: a map), items, minItems, maxItems, enum,
+// true, or a schema for an object without properties: a map, with propertyNames, minProperties
+// and maxProperties), items, minItems, maxItems, enum,
 // const, minLength, maxLength, format (date, time, date-time, uuid), minimum, maximum,
 // exclusiveMinimum, exclusiveMaximum (integers exactly; numbers: generated within the integer
 // bounds inside them, [ceil(minimum), floor(maximum)], as integers or with a fraction), anyOf,

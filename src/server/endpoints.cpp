@@ -13,6 +13,7 @@
 #include "gguf/gguf_reader.h"
 #include "memory/budget.h"
 #include "quant/file_type.h"
+#include "sampling/grammar.h"
 #include "server/api_error.h"
 #include "server/chat_output.h"
 #include "server/chat_request.h"
@@ -38,6 +39,7 @@ struct Completion {
     int top_logprobs = -1;                                            // >= 0: log probabilities asked for
     std::vector<engine::TokenLogprob> logprobs;                       // a whole answer's, as they come
     std::optional<OutputOptions> output;  // chat: reasoning and tool calls split out (chat_output.h)
+    memory::Charge grammar;               // structured output: its matcher's memory, while it runs
 };
 
 namespace {
@@ -414,6 +416,12 @@ void Endpoints::submit(Completion& c, CompletionRequest& request, RequestMemory&
     const int n_prompt = static_cast<int>(prompt.size());
     GenerationParams params = std::move(request.params);
     params.max_tokens = request.max_tokens.value_or(n_ctx - n_prompt);
+    if (params.sampling.grammar) {
+        params.sampling.grammar_vocab = m.scheduler().grammar_vocab();
+        c.grammar = memory.charge(
+            sampling::GrammarMatcher::memory_bound(*params.sampling.grammar, *params.sampling.grammar_vocab),
+            "the grammar");
+    }
     try {
         c.job = m.scheduler().submit(std::move(prompt), std::move(params));
     } catch (const QueueFullError& e) {

@@ -9,6 +9,8 @@
 #include <limits>
 #include <utility>
 
+#include "sampling/grammar.h"
+#include "sampling/json_schema.h"
 #include "sampling/sampling_params.h"
 #include "server/api_error.h"
 #include "server/chat_request.h"
@@ -133,7 +135,8 @@ constexpr std::pair<const char*, Fields> kKnownFields[] = {
     {"reasoning_format", Fields::chat},
     {"max_completion_tokens", Fields::chat},
     {"top_logprobs", Fields::chat},
-    {"response_format", Fields::chat},
+    {"response_format", Fields::common},
+    {"grammar", Fields::common},
     {"tools", Fields::chat},
     {"tool_choice", Fields::chat},
     {"parallel_tool_calls", Fields::chat},
@@ -182,11 +185,8 @@ void check_fields(const json& body, bool chat) {
         const json* type = field(*rf, "type");
         if (!type || !type->is_string()) wrong_type("response_format.type", "a string", type ? *type : json());
         const std::string t = type->get<std::string>();
-        if (t == "json_object" || t == "json_schema") {
-            throw ApiError::unsupported("response_format",
-                                        "structured output (" + t + ") is not implemented; only {\"type\": \"text\"}");
-        }
-        if (t != "text") invalid_value("response_format.type", "\"" + t + "\" is not text, json_object or json_schema");
+        if (t != "text" && t != "json_object" && t != "json_schema")
+            invalid_value("response_format.type", "\"" + t + "\" is not text, json_object or json_schema");
     }
     // Tool calling: tools and tool_choice are read by read_chat_extensions; the deprecated
     // functions and function_call are not implemented.
@@ -249,10 +249,83 @@ std::string model_field(const json& body) {
     return v->get<std::string>();
 }
 
+namespace {
+
+// Structured output: a grammar (sampling/grammar.h) from GBNF text or a JSON schema; a bad one is
+// a 400 naming the field (and, for a schema, the keyword's path in it).
+std::shared_ptr<const sampling::Grammar> compile_grammar(const std::string& gbnf, const std::string& param) {
+    try {
+        return sampling::Grammar::parse(gbnf);
+    } catch (const sampling::GrammarError& e) {
+        throw ApiError::invalid(param + ": " + e.what(), "invalid_grammar", param);
+    }
+}
+
+std::shared_ptr<const sampling::Grammar> schema_grammar(const json& schema, const std::string& param) {
+    std::string gbnf;
+    try {
+        // The body's keys come sorted (nlohmann::json): properties are generated in that order.
+        gbnf = sampling::json_schema_to_gbnf(nlohmann::ordered_json::parse(schema.dump()));
+    } catch (const sampling::JsonSchemaError& e) {
+        throw ApiError(400, "invalid_request_error", "unsupported_schema", param + ": " + e.what(), param);
+    }
+    return compile_grammar(gbnf, param);
+}
+
+// response_format {type: json_object} (llama-server: with an optional "schema"), {type:
+// json_schema, json_schema: {name, schema, strict, description}}, and llama-server's "grammar".
+std::shared_ptr<const sampling::Grammar> structured_output(const json& body) {
+    std::shared_ptr<const sampling::Grammar> grammar;
+    if (const json* rf = field(body, "response_format")) {
+        const std::string t = (*rf)["type"].get<std::string>();  // checked by check_fields
+        for (const auto& item : rf->items()) {
+            const std::string& key = item.key();
+            if (key != "type" && !(key == "json_schema" && t == "json_schema") &&
+                !(key == "schema" && t == "json_object"))
+                throw ApiError::unsupported("response_format." + key, "not a field of a " + t + " response_format");
+        }
+        if (t == "json_object") {
+            const json* schema = field(*rf, "schema");
+            grammar = schema ? schema_grammar(*schema, "response_format.schema")
+                             : compile_grammar(sampling::json_object_gbnf(), "response_format");
+        } else if (t == "json_schema") {
+            const json* js = field(*rf, "json_schema");
+            if (!js)
+                throw ApiError::invalid("response_format.json_schema: required", "missing_field",
+                                        "response_format.json_schema");
+            if (!js->is_object()) wrong_type("response_format.json_schema", "an object", *js);
+            for (const auto& item : js->items()) {
+                const std::string& key = item.key();
+                const std::string at = "response_format.json_schema." + key;
+                if (key == "name" || key == "description") {
+                    if (!item.value().is_string()) wrong_type(at, "a string", item.value());
+                } else if (key == "strict") {
+                    if (!item.value().is_boolean() && !item.value().is_null())
+                        wrong_type(at, "a boolean", item.value());
+                } else if (key != "schema") {
+                    throw ApiError::unsupported(at, "not a field of json_schema (name, description, schema, strict)");
+                }
+            }
+            const json* schema = field(*js, "schema");
+            grammar = schema ? schema_grammar(*schema, "response_format.json_schema.schema")
+                             : compile_grammar(sampling::json_object_gbnf(), "response_format.json_schema");
+        }
+    }
+    if (const json* g = field(body, "grammar"); g && !g->is_null()) {
+        if (!g->is_string()) wrong_type("grammar", "a string", *g);
+        if (grammar) invalid_value("grammar", "give a grammar or a JSON response_format, not both");
+        if (!g->get_ref<const std::string&>().empty()) grammar = compile_grammar(g->get<std::string>(), "grammar");
+    }
+    return grammar;
+}
+
+}  // namespace
+
 CompletionRequest parse_completion_request(const json& body, bool chat) {
     if (!body.is_object()) wrong_type("the request body", "a JSON object", body);
     check_fields(body, chat);
     CompletionRequest r;
+    r.params.sampling.grammar = structured_output(body);
     r.chat = chat;
     r.model = model_field(body);
 
@@ -489,8 +562,15 @@ OllamaRequest parse_ollama_request(const json& body, bool chat) {
                                                  (chat ? "/api/chat" : "/api/generate") + " that fitllm knows");
         }
     }
-    if (const json* v = asked(body, "format")) {
-        throw ApiError::unsupported("format", "structured output (" + v->dump() + ") is not implemented");
+    // Structured output: "json" (any JSON object) or a JSON schema.
+    std::shared_ptr<const sampling::Grammar> format;
+    if (const json* v = field(body, "format"); v && !v->is_null() && *v != "") {
+        if (*v == "json")
+            format = compile_grammar(sampling::json_object_gbnf(), "format");
+        else if (v->is_object())
+            format = schema_grammar(*v, "format");
+        else
+            invalid_value("format", "expected \"json\" or a JSON schema (an object), got " + v->dump());
     }
     OllamaRequest r;
     if (const json* v = field(body, "keep_alive"); v && !v->is_null() && *v != "") r.keep_alive = parse_keep_alive(*v);
@@ -592,6 +672,7 @@ OllamaRequest parse_ollama_request(const json& body, bool chat) {
     }
     try {
         r.completion = parse_completion_request(o, as_chat);
+        if (format) r.completion.params.sampling.grammar = std::move(format);
     } catch (const ApiError& e) {
         // Name the Ollama field that was wrong.
         std::optional<std::string> param = e.param();

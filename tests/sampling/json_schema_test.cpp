@@ -164,6 +164,20 @@ TEST(JsonSchema, RandomSentencesParseAndKeepTheirShape) {
     }
 }
 
+TEST(JsonSchema, MapsWithKeyAndCountBounds) {
+    const std::string g =
+        json_schema_to_gbnf(json::parse(R"({"type": "object", "additionalProperties": {"type": "integer"},
+        "propertyNames": {"maxLength": 3}, "minProperties": 1, "maxProperties": 2})"));
+    EXPECT_TRUE(accepts(g, R"({"a": 1})"));
+    EXPECT_TRUE(accepts(g, R"({"abc": 1, "b": -2})"));
+    EXPECT_FALSE(accepts(g, "{}"));
+    EXPECT_FALSE(accepts(g, R"({"a": 1, "b": 2, "c": 3})"));
+    EXPECT_FALSE(accepts(g, R"({"abcd": 1})"));
+    EXPECT_EQ(refusal(json::parse(R"({"type": "object", "properties": {"a": {}}, "maxProperties": 1})")),
+              "json_schema: $.maxProperties: maxProperties is supported only for a map (additionalProperties a schema, "
+              "no properties)");
+}
+
 TEST(JsonSchema, JsonObjectGrammar) {
     const std::string g = json_object_gbnf();
     EXPECT_TRUE(accepts(g, R"({"a": [1, 2.5e3, true, null, {"b": "c"}], "d": {}})"));

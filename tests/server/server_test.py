@@ -446,9 +446,9 @@ class OneModel(unittest.TestCase):
         msgs = [{"role": "user", "content": "hi"}]
         tool = {"type": "function", "function": {"name": "f", "parameters": {"type": "object"}}}
         refused = [
-            (chat, {"response_format": {"type": "json_object"}}, "response_format"),
-            (chat, {"response_format": {"type": "json_schema", "json_schema": {"name": "x", "schema": {}}}},
-             "response_format"),
+            (chat, {"response_format": {"type": "json_object", "strict": True}}, "response_format.strict"),
+            (chat, {"response_format": {"type": "json_schema", "json_schema": {"name": "x", "other": 1}}},
+             "response_format.json_schema.other"),
             (chat, {"tools": [tool]}, "tools"),  # this model's template (built-in Mistral v0.1) shows no tools
             (chat, {"tool_choice": "required"}, "tool_choice"),
             (chat, {"tool_choice": {"type": "function", "function": {"name": "f"}}}, "tool_choice"),
@@ -492,12 +492,14 @@ class OneModel(unittest.TestCase):
         assert_error(self, self.srv.post(chat, {"messages": msgs[:0] + [
             {"role": "assistant", "content": "x", "function_call": {"name": "f", "arguments": "{}"}}]}),
             400, "unsupported_parameter", "messages[0].function_call")
-        # The openai client raises BadRequestError with the field in it.
+        # The openai client raises BadRequestError with the field in it: a schema keyword fitllm
+        # cannot honour is refused by its path, never ignored.
         with self.assertRaises(openai.BadRequestError) as e:
-            self.srv.client().chat.completions.create(model=self.model, messages=msgs,
-                                                      response_format={"type": "json_object"})
-        self.assertEqual(e.exception.body["param"], "response_format")
-        self.assertEqual(e.exception.body["code"], "unsupported_parameter")
+            self.srv.client().chat.completions.create(model=self.model, messages=msgs, response_format={
+                "type": "json_schema", "json_schema": {"name": "x", "schema": {"type": "string", "pattern": "a+"}}})
+        self.assertEqual(e.exception.body["param"], "response_format.json_schema.schema")
+        self.assertEqual(e.exception.body["code"], "unsupported_schema")
+        self.assertIn("$.pattern", e.exception.body["message"])
         # Values that ask for nothing more pass, and an error with no field at fault has param null.
         accepted = {"response_format": {"type": "text"}, "tools": [], "tool_choice": "none", "n": 1,
                     "logprobs": False, "user": "u-1", "metadata": {"k": "v"}, "store": False,
@@ -776,7 +778,8 @@ class Ollama(unittest.TestCase):
 
     def test_errors_are_ollama_errors(self):
         msgs = [{"role": "user", "content": "hi"}]
-        for body, field in [({"messages": msgs, "format": "json"}, "format"),
+        for body, field in [({"messages": msgs, "format": "yaml"}, "format"),
+                            ({"messages": msgs, "format": {"type": "string", "pattern": "x"}}, "format"),
                             ({"messages": msgs, "tools": [{"type": "function"}]}, "tools"),
                             ({"messages": msgs, "keep_alive": "5m"}, "keep_alive"),
                             ({"messages": msgs, "options": {"mirostat": 2}}, "options.mirostat"),
@@ -1293,6 +1296,115 @@ class DemoModel(unittest.TestCase):
             steps = srv.metric("fitllm_forward_steps_total") - steps0  # one token each: the only request
             self.assertLess(steps, max_tokens / 4, f"{steps} tokens generated of {max_tokens}")
             r = srv.client().completions.create(model="gemma-3-270m-q4_k_m", prompt="hi", max_tokens=2)
+            self.assertEqual(r.usage.completion_tokens, 2)
+        finally:
+            srv.stop()
+
+
+try:
+    import jsonschema
+except ImportError:
+    jsonschema = None
+SCHEMAS = os.path.join(SOURCE, "tests", "server", "json_schemas.json")
+
+
+class StructuredOutput(unittest.TestCase):
+    """response_format (json_object, json_schema), grammar and Ollama's format: every answer of 24 JSON
+    schemas parses and validates (jsonschema), on the tiny random model and on the demo model."""
+
+    def check_schemas(self, srv, model, temperatures):
+        if jsonschema is None:
+            self.skipTest("the Python package 'jsonschema' is not installed (pip install -r requirements.txt)")
+        with open(SCHEMAS) as f:
+            schemas = json.load(f)
+        self.assertGreaterEqual(len(schemas), 20)
+        client = srv.client()
+        n = 0
+        for i, schema in enumerate(schemas):
+            for temperature in temperatures:
+                with self.subTest(schema=i, temperature=temperature):
+                    r = client.chat.completions.create(
+                        model=model, messages=[{"role": "user", "content": "Answer in JSON: " + json.dumps(schema)}],
+                        max_tokens=400, temperature=temperature, seed=i + 1,
+                        response_format={"type": "json_schema",
+                                         "json_schema": {"name": f"s{i}", "schema": schema, "strict": True}})
+                    text = r.choices[0].message.content
+                    self.assertEqual(r.choices[0].finish_reason, "stop", text)
+                    jsonschema.validate(json.loads(text), schema)
+                    n += 1
+        self.assertEqual(n, len(schemas) * len(temperatures))
+
+    def test_schemas_on_the_random_model(self):
+        srv = Server("-m", TINY_LLAMA, "-np", "2", "-c", "1024")
+        try:
+            self.check_schemas(srv, "tiny-llama-q8_0", [1.0, 1.5])
+        finally:
+            srv.stop()
+
+    @unittest.skipUnless(os.path.exists(DEMO), "the demo model is not in models/ (scripts/setup.sh assembles it)")
+    def test_schemas_on_the_demo_model(self):
+        srv = Server("-m", DEMO, "-np", "2", "-c", "2048")
+        try:
+            self.check_schemas(srv, "gemma-3-270m-q4_k_m", [0.0, 0.8])
+        finally:
+            srv.stop()
+
+    def test_json_object_grammar_format_and_errors(self):
+        srv = Server("-m", TINY_LLAMA, "-np", "2", "-c", "1024")
+        try:
+            msgs = [{"role": "user", "content": "JSON please"}]
+            client = srv.client()
+            # json_object: any JSON object, streamed too.
+            for seed in range(3):
+                r = client.chat.completions.create(model="m", messages=msgs, max_tokens=300, seed=seed,
+                                                   response_format={"type": "json_object"})
+                if r.choices[0].finish_reason == "stop":
+                    self.assertIsInstance(json.loads(r.choices[0].message.content), dict)
+                else:  # cut by max_tokens: still a prefix of an object
+                    self.assertTrue(r.choices[0].message.content.startswith("{"))
+            schema = {"type": "object", "properties": {"n": {"type": "integer", "minimum": 1, "maximum": 3}},
+                      "required": ["n"], "additionalProperties": False}
+            chunks = client.chat.completions.create(
+                model="m", messages=msgs, max_tokens=100, stream=True, seed=4,
+                response_format={"type": "json_schema", "json_schema": {"name": "n", "schema": schema}})
+            text = "".join(c.choices[0].delta.content or "" for c in chunks if c.choices)
+            self.assertIn(json.loads(text)["n"], (1, 2, 3))
+            # llama-server's grammar field, on /v1/completions too.
+            r = client.completions.create(model="m", prompt="Pick:", max_tokens=20, seed=1,
+                                          extra_body={"grammar": 'root ::= ("cat" | "dog") " " [0-9]{2}'})
+            self.assertRegex(r.choices[0].text, r"^(cat|dog) [0-9]{2}$")
+            self.assertEqual(r.choices[0].finish_reason, "stop")
+            r = client.completions.create(model="m", prompt="x", max_tokens=50, seed=2,
+                                          extra_body={"response_format": {"type": "json_schema", "json_schema": {
+                                              "name": "b", "schema": {"type": "boolean"}}}})
+            self.assertIn(r.choices[0].text, ("true", "false"))
+            # Ollama's format: "json" or a schema, on /api/chat and /api/generate.
+            s, r = srv.post("/api/chat", {"model": "m", "messages": msgs, "stream": False, "format": schema,
+                                          "options": {"seed": 3}})
+            self.assertEqual(s, 200, r)
+            self.assertIn(json.loads(r["message"]["content"])["n"], (1, 2, 3))
+            s, r = srv.post("/api/generate", {"model": "m", "prompt": "x", "stream": False, "format": "json",
+                                              "options": {"seed": 1, "num_predict": 300}})
+            self.assertEqual(s, 200, r)
+            self.assertTrue(r["response"].startswith("{"), r)
+            # Bad grammars and schemas: 400 naming the field, the line and column or the keyword's path.
+            chat = "/v1/chat/completions"
+            msg = assert_error(self, srv.post(chat, {"messages": msgs, "grammar": 'root ::= "a" b'}), 400,
+                               "invalid_grammar", "grammar")
+            self.assertIn("line 1, column 14: rule 'b' is not defined", msg)
+            msg = assert_error(self, srv.post(chat, {"messages": msgs, "grammar": "root ::= root \"a\""}), 400,
+                               "invalid_grammar", "grammar")
+            self.assertIn("left-recursive", msg)
+            msg = assert_error(self, srv.post(chat, {"messages": msgs, "response_format": {
+                "type": "json_schema", "json_schema": {"name": "x", "schema": {
+                    "type": "object", "properties": {"a": {"type": "number", "multipleOf": 2}}}}}}), 400,
+                "unsupported_schema", "response_format.json_schema.schema")
+            self.assertIn("$.properties.a.multipleOf", msg)
+            assert_error(self, srv.post(chat, {"messages": msgs, "grammar": "root ::= \"a\"",
+                                               "response_format": {"type": "json_object"}}), 400, "invalid_value",
+                         "grammar")
+            assert_error(self, srv.post(chat, {"messages": msgs, "grammar": 5}), 400, "invalid_type", "grammar")
+            r = client.completions.create(model="m", prompt="hi", max_tokens=2)
             self.assertEqual(r.usage.completion_tokens, 2)
         finally:
             srv.stop()
