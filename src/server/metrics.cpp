@@ -123,6 +123,12 @@ std::string Metrics::prometheus_text(ModelRegistry& registry, const TransportSta
           [](const SchedulerStats& s) { return s.n_prompt_tokens_cached; });
     gauge("fitllm_prompt_cache_evictions_total", "counter", "kept prompts dropped because their cells were needed",
           [](const SchedulerStats& s) { return s.n_cache_evictions; });
+    gauge("fitllm_prompt_cache_ram_prompts", "gauge", "kept prompts copied to host memory (--cache-ram)",
+          [](const SchedulerStats& s) { return s.n_saved_prompts; });
+    gauge("fitllm_prompt_cache_ram_bytes", "gauge", "host memory the kept prompts' K/V rows take (--cache-ram)",
+          [](const SchedulerStats& s) { return s.saved_prompt_bytes; });
+    gauge("fitllm_prompt_cache_restores_total", "counter", "hits copied back from host memory into KV cells",
+          [](const SchedulerStats& s) { return s.n_cache_restores; });
     gauge("fitllm_forward_steps_total", "counter", "forward passes run",
           [](const SchedulerStats& s) { return s.n_steps; });
 
