@@ -131,9 +131,9 @@ TEST(CudaModel, TinyModelsOnCuda0GiveTheLogitsOfTheCpu) {
     const std::vector<std::byte> gemma = test::tiny_gemma3_bytes({.n_layer = 6});
     std::vector<std::pair<std::string, gguf::GgufFile> > files;
     files.emplace_back("generated gemma3, 6 layers", gguf::GgufFile::parse(gemma, "tiny gemma3"));
-    for (const char* f :
-         {"tiny-llama-f16.gguf", "tiny-llama-q4_k_m.gguf", "tiny-llama-q8_0.gguf", "tiny-llama-q2_k.gguf",
-          "tiny-qwen2-q4_0.gguf", "tiny-qwen2-q6_k.gguf", "tiny-gemma2-q8_0.gguf"}) {
+    for (const char* f : {"tiny-llama-f16.gguf", "tiny-llama-q4_k_m.gguf", "tiny-llama-q8_0.gguf",
+                          "tiny-llama-q2_k.gguf", "tiny-qwen2-q4_0.gguf", "tiny-qwen2-q6_k.gguf",
+                          "tiny-gemma2-q8_0.gguf", "tiny-phi3-q4_k_m.gguf", "tiny-phi3-longrope-q8_0.gguf"}) {
         files.emplace_back(f, gguf::GgufFile::open((test::source_dir() / "tests/model/data" / f).string()));
     }
     for (const auto& [name, file] : files) {
