@@ -91,13 +91,18 @@ TEST(Phi3Refusals, NameWhatTheForwardPassCannotRun) {
               std::string::npos)
         << e;
 
+    // Phi-3.5-MoE is its own architecture, refused by name.
+    e = load_error(
+        rewrite(fused, {.keep_key = [](const std::string& k) { return k != "general.architecture"; },
+                        .add = [](gguf::GgufWriter& w) { w.add_string("general.architecture", "phimoe"); }}));
+    EXPECT_NE(e.find("architecture 'phimoe' is not supported"), std::string::npos) << e;
+
+    // An unchanged copy loads: the refusals below come from what each copy changes.
+    EXPECT_EQ(load_error(rewrite(fused, {})), "");
+
     // Fused and separate Q/K/V both: which to use is not ours to guess.
-    const gguf::GgufFile& sep = longrope;
-    std::vector<std::byte> q(sep.find_tensor("blk.0.attn_q.weight")->data.begin(),
-                             sep.find_tensor("blk.0.attn_q.weight")->data.end());
-    const gguf::TensorInfo& qi = *sep.find_tensor("blk.0.attn_q.weight");
-    e = load_error(rewrite(fused, {.tensor = [](const std::string&, std::vector<std::byte>&) { return true; }}));
-    EXPECT_EQ(e, "");
+    const gguf::TensorInfo& qi = *longrope.find_tensor("blk.0.attn_q.weight");
+    const std::vector<std::byte> q(qi.data.begin(), qi.data.end());
     {
         gguf::GgufWriter w;
         for (const gguf::Value& v : fused.metadata()) w.add_value(v);
