@@ -136,6 +136,9 @@ TEST(GrammarModel, DemoModelFollowsEverySchemaAndTheCostIsSmall) {
     }
     std::printf("demo model: a mask inside a JSON string (%d of %d tokens allowed) takes %.1f ms\n", n_allowed,
                 vocab->size(), mask_seconds * 1e3);
+    std::printf("demo model: a json_object matcher is charged %.1f MiB; the grammar vocabulary holds %.1f MiB\n",
+                double(sampling::GrammarMatcher::memory_bound(*object_grammar, *vocab)) / (1 << 20),
+                double(vocab->memory_bytes()) / (1 << 20));
     const double step = t.forward / t.steps;
     const double extra = (t.sample_grammar - t.sample_plain) / t.steps;
     std::printf(
