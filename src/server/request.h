@@ -51,9 +51,10 @@ std::string model_field(const nlohmann::json& body);
 // a trailing ":latest" of the model is dropped; "keep_alive" is read as Ollama reads it (seconds
 // as a number, a Go duration string such as "5m" or "1h30m", "0"; negative: forever); "tools"
 // and the messages' tool_calls (arguments as objects), tool_name and thinking map to the OpenAI
-// fields, "think" (a boolean) to chat_template_kwargs.enable_thinking. What fitllm does not
-// implement (format, images, template, context, suffix, think levels, options it has no sampler
-// for) is an ApiError 400 unsupported_parameter naming it, as for the OpenAI endpoints.
+// fields, "think" (a boolean) to chat_template_kwargs.enable_thinking, "format" ("json" or a JSON
+// schema) to the sampler's grammar. What fitllm does not implement (images, template, context,
+// suffix, think levels, options it has no sampler for) is an ApiError 400 unsupported_parameter
+// naming it, as for the OpenAI endpoints.
 struct OllamaRequest {
     CompletionRequest completion;
     bool load_only = false;          // /api/generate without a prompt: load the model, answer done
