@@ -1,11 +1,69 @@
 #include "model/moe.h"
 
+#include <immintrin.h>
+
 #include <algorithm>
+#include <cmath>
 #include <cstring>
+#include <limits>
 
 #include "ops/activation.h"
 
 namespace fitllm::model {
+namespace {
+
+// One token's router scores as llama.cpp's tinyBLAS computes them on AVX-512 (llamafile's sgemm,
+// which multiplies F32 weights by a batch of two or more tokens): each score one 16-lane fused
+// multiply-add accumulator along the row, then _mm512_reduce_add_ps. cols: a multiple of 16.
+__attribute__((target("avx512f"))) void scores_tinyblas(const ops::WeightView& w, const float* x, float* y) {
+    for (int64_t r = 0; r < w.rows; ++r) {
+        const auto* row = static_cast<const float*>(w.row(r));
+        __m512 acc = _mm512_setzero_ps();
+        for (int64_t c = 0; c < w.cols; c += 16)
+            acc = _mm512_fmadd_ps(_mm512_loadu_ps(row + c), _mm512_loadu_ps(x + c), acc);
+        y[r] = _mm512_reduce_add_ps(acc);
+    }
+}
+
+// The router's scores of m tokens, out: [m, n_expert]. llama.cpp sums an F32 router's batch of two
+// or more tokens in tinyBLAS's order (where the rows are a multiple of 4 and the columns of 16) and
+// a lone token in its dot's: tokens whose place puts them in a run of two or more take the former where the CPU has
+// AVX-512 (the order llama.cpp's build there uses), the others ops::matmul's dot.
+void router_scores(const ops::WeightView& w, const float* h, int m, std::span<const ops::TokenPlace> places, float* out,
+                   ops::ThreadPool& pool, ops::Scratch& scratch) {
+    ops::matmul(w, h, m, out, pool, scratch, places);
+    if (w.type != quant::GgmlType::F32 || w.cols % 16 != 0 || w.rows % 4 != 0 || places.empty() ||
+        !scratch.features().avx512f)
+        return;
+    pool.parallel_for(m, [&](int64_t begin, int64_t end, int) {
+        for (int64_t t = begin; t < end; ++t) {
+            if (places[static_cast<size_t>(t)].run_len >= 2) scores_tinyblas(w, h + t * w.cols, out + t * w.rows);
+        }
+    });
+}
+
+}  // namespace
+
+void router_softmax(float* p, int n) {
+    float max = -std::numeric_limits<float>::infinity();
+    for (int i = 0; i < n; ++i) max = std::max(max, p[i]);
+    double sum = 0.0;
+    int i = 0;
+    for (; i + 15 < n; i += 16) {
+        float v[16];
+        for (int j = 0; j < 16; ++j) p[i + j] = v[j] = ops::exp_ggml_simd(p[i + j] - max);
+        float half[8], quarter[4];  // _mm512_reduce_add_ps: halves, quarters, then (0+2) + (1+3)
+        for (int j = 0; j < 8; ++j) half[j] = v[8 + j] + v[j];
+        for (int j = 0; j < 4; ++j) quarter[j] = half[4 + j] + half[j];
+        sum += static_cast<double>((quarter[0] + quarter[2]) + (quarter[1] + quarter[3]));
+    }
+    for (; i < n; ++i) {
+        p[i] = std::exp(p[i] - max);
+        sum += static_cast<double>(p[i]);
+    }
+    const auto inv = static_cast<float>(1.0 / sum);
+    for (int k = 0; k < n; ++k) p[k] *= inv;
+}
 
 void route_token(const float* probs, int n, int k, float scale, int32_t* chosen, float* weights) {
     // k passes of a max over the rest: k and n are small (8 of 128), and the order is llama.cpp's
@@ -45,11 +103,11 @@ void moe_ffn(const Hparams& hp, const MoeWeights& w, float* h, int m, float* wor
     float* outs = work + l.outs;        // [m, k, E]
 
     // Route: softmax over the experts' scores, the k best, their weights.
-    ops::matmul(w.router, h, m, probs, pool, scratch, places);
+    router_scores(w.router, h, m, places, probs, pool, scratch);
     int32_t chosen[kMaxExpertsUsed];
     for (int t = 0; t < m; ++t) {
         float* p = probs + int64_t{t} * n_expert;
-        ops::softmax(p, n_expert);
+        router_softmax(p, n_expert);
         route_token(p, n_expert, k, hp.expert_weights_scale, chosen, weights + int64_t{t} * k);
         for (int r = 0; r < k; ++r) ids[int64_t{t} * k + r] = static_cast<float>(chosen[r]);
     }

@@ -3,7 +3,7 @@
 // gating): a router scores the n_expert experts of the layer for each token, the n_expert_used
 // best are run, and their outputs are summed with the router's weights.
 //
-//   probs   = softmax(router · h)                         [n_expert] per token
+//   probs   = softmax(router · h)                         [n_expert] per token (router_softmax)
 //   chosen  = the k largest probs, best first              (k = n_expert_used)
 //   weights = probs[chosen] / sum(probs[chosen])           (times expert_weights_scale, if set)
 //   out     = sum over rank r of weights[r] * down_e(silu(gate_e · h) * up_e · h),  e = chosen[r]
@@ -43,6 +43,13 @@ inline ops::WeightView expert_matrix(const ops::WeightView& stacked, int e, int6
     w.data = stacked.row(int64_t{e} * rows);
     return w;
 }
+
+// The router's probabilities from its scores (n of them), in place: a softmax as llama.cpp's CPU
+// backend computes a row with AVX-512 (ggml_vec_soft_max_f32): exp as ops::exp_ggml_simd in
+// groups of 16 whose sum is reduced as _mm512_reduce_add_ps does, std::exp for the last n % 16,
+// the sum in double, then each value times 1 / sum. Routing turns a last-bit difference into
+// another expert now and then, so the bits matter.
+void router_softmax(float* p, int n);
 
 // The k experts of one token's probabilities (n of them), best first (the lower index first
 // among equals), and their weights: the probabilities normalized to sum 1 (the sum clamped

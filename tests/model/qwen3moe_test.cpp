@@ -26,6 +26,7 @@
 #include "model/tiny_llama.h"
 #include "model/tiny_llama_checks.h"
 #include "model/weights.h"
+#include "ops/activation.h"
 #include "ops/scratch.h"
 #include "ops/thread_pool.h"
 #include "test_support.h"
@@ -128,6 +129,28 @@ TEST(MoeRouting, PicksTheBestFirstAndNormalizes) {
     EXPECT_EQ(chosen[0], 2);
     EXPECT_FLOAT_EQ(weights[0], 1.0f);
     EXPECT_FLOAT_EQ(weights[1], 0.0f);
+}
+
+// The router's softmax: llama.cpp's arithmetic, which for fewer than 16 experts is std::exp and a
+// double sum (ops::softmax's, bit for bit), and for groups of 16 its vectorized exp: within float
+// rounding of the exact softmax either way (within 1e-6 of it: a few ulp).
+TEST(MoeRouting, SoftmaxAsLlamaCpp) {
+    std::mt19937 rng(11);
+    std::normal_distribution<float> normal(0.0f, 2.0f);
+    for (const int n : {8, 32, 128, 40}) {
+        std::vector<float> scores(static_cast<size_t>(n));
+        for (float& v : scores) v = normal(rng);
+        std::vector<float> ours = scores, plain = scores;
+        model::router_softmax(ours.data(), n);
+        ops::softmax(plain.data(), n);
+        double max_score = *std::max_element(scores.begin(), scores.end()), sum = 0.0;
+        for (const float v : scores) sum += std::exp(double(v) - max_score);
+        for (int i = 0; i < n; ++i) {
+            const double exact = std::exp(double(scores[size_t(i)]) - max_score) / sum;
+            EXPECT_NEAR(ours[size_t(i)], exact, 1e-6 * exact) << n << " experts, " << i;
+        }
+        if (n < 16) EXPECT_EQ(0, std::memcmp(ours.data(), plain.data(), ours.size() * sizeof(float)));
+    }
 }
 
 TEST(Qwen3MoeForward, MatchesTheReference) {
