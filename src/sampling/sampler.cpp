@@ -51,7 +51,11 @@ Sampler::Sampler(SamplingParams params, int32_t vocab_size)
             throw SamplingError("sampling: the grammar's vocabulary has " +
                                 std::to_string(params_.grammar_vocab->size()) + " tokens, the model " +
                                 std::to_string(vocab_size));
-        grammar_ = std::make_unique<GrammarMatcher>(params_.grammar, params_.grammar_vocab);
+        try {
+            grammar_ = std::make_unique<GrammarMatcher>(params_.grammar, params_.grammar_vocab);
+        } catch (const GrammarError& e) {
+            throw SamplingError(std::string("sampling: ") + e.what());
+        }
     }
 }
 

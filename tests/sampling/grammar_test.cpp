@@ -259,6 +259,13 @@ TEST(GrammarSampler, GreedyTakesTheBestAllowedToken) {
     EXPECT_EQ(sampler.sample(std::vector<float>{5.0f, 1.0f, 2.0f, 0.0f}), 3);  // only the end is left
     p.grammar_vocab.reset();
     EXPECT_THROW(Sampler(p, 4), SamplingError);
+    // A grammar that fails at its start (rule references nested past the limit) is a SamplingError.
+    std::string chain = "root ::= r0\n";
+    for (int i = 0; i < 600; ++i) chain += "r" + std::to_string(i) + " ::= r" + std::to_string(i + 1) + "\n";
+    chain += "r600 ::= \"a\"\n";
+    p.grammar = Grammar::parse(chain);
+    p.grammar_vocab = vocab;
+    EXPECT_THROW(Sampler(p, 4), SamplingError);
 }
 
 }  // namespace
