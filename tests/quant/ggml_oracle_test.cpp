@@ -420,9 +420,9 @@ TEST(MatmulVsGgml, SameBitsWhereFitllmFollowsLlamaCpp) {
         int max_run_tok;  // one run: likewise
     };
     constexpr Exact kExact[] = {
-        {GgmlType::Q8_0, 64, 64}, {GgmlType::Q5_0, 64, 64}, {GgmlType::Q4_0, 64, 64},
-        {GgmlType::Q4_K, 3, 64},  {GgmlType::Q5_K, 7, 64},  {GgmlType::Q6_K, 7, 64},
-        {GgmlType::Q3_K, 7, 64},  {GgmlType::Q2_K, 3, 64},  {GgmlType::F16, 1, 64},
+        {GgmlType::Q8_0, 64, 64}, {GgmlType::Q5_0, 64, 64},  {GgmlType::Q4_0, 64, 64},  {GgmlType::Q4_K, 3, 64},
+        {GgmlType::Q5_K, 7, 64},  {GgmlType::Q6_K, 7, 64},   {GgmlType::Q3_K, 7, 64},   {GgmlType::Q2_K, 3, 64},
+        {GgmlType::F16, 1, 64},   {GgmlType::TQ1_0, 64, 64}, {GgmlType::TQ2_0, 64, 64}, {GgmlType::MXFP4, 64, 64},
     };
     ops::ThreadPool pool(2);
     ops::Scratch scratch;
@@ -430,23 +430,13 @@ TEST(MatmulVsGgml, SameBitsWhereFitllmFollowsLlamaCpp) {
     // 1536: wider than the chunks of blocks the tiled kernels of the blocks of 32 work in; 5632
     // (22 super-blocks): wider than one slab of fitllm's batch-order kernels (Q4_K / Q2_K: chunks of
     // 4 super-blocks).
-    for (const auto& [type, n] : std::initializer_list<std::pair<GgmlType, int>>{{GgmlType::F16, 512},
-                                                                                 {GgmlType::Q8_0, 512},
-                                                                                 {GgmlType::Q8_0, 1536},
-                                                                                 {GgmlType::Q6_K, 512},
-                                                                                 {GgmlType::Q6_K, 5632},
-                                                                                 {GgmlType::Q5_K, 512},
-                                                                                 {GgmlType::Q5_K, 2048},
-                                                                                 {GgmlType::Q5_0, 512},
-                                                                                 {GgmlType::Q5_0, 1536},
-                                                                                 {GgmlType::Q4_K, 512},
-                                                                                 {GgmlType::Q4_K, 5632},
-                                                                                 {GgmlType::Q4_0, 512},
-                                                                                 {GgmlType::Q4_0, 1536},
-                                                                                 {GgmlType::Q3_K, 512},
-                                                                                 {GgmlType::Q3_K, 2048},
-                                                                                 {GgmlType::Q2_K, 512},
-                                                                                 {GgmlType::Q2_K, 2048}}) {
+    for (const auto& [type, n] : std::initializer_list<std::pair<GgmlType, int>>{
+             {GgmlType::F16, 512},   {GgmlType::Q8_0, 512},   {GgmlType::Q8_0, 1536},  {GgmlType::Q6_K, 512},
+             {GgmlType::Q6_K, 5632}, {GgmlType::Q5_K, 512},   {GgmlType::Q5_K, 2048},  {GgmlType::Q5_0, 512},
+             {GgmlType::Q5_0, 1536}, {GgmlType::Q4_K, 512},   {GgmlType::Q4_K, 5632},  {GgmlType::Q4_0, 512},
+             {GgmlType::Q4_0, 1536}, {GgmlType::Q3_K, 512},   {GgmlType::Q3_K, 2048},  {GgmlType::Q2_K, 512},
+             {GgmlType::Q2_K, 2048}, {GgmlType::TQ1_0, 1536}, {GgmlType::TQ2_0, 1536}, {GgmlType::MXFP4, 512},
+             {GgmlType::MXFP4, 1536}}) {
         const auto w = test::weight_rows(type, rows, n, 31 + static_cast<uint32_t>(type), true);
         int exact_up_to = 0, run_exact_up_to = 0;
         for (const Exact& e : kExact) {
