@@ -14,6 +14,8 @@
 #include "fitllm/error.h"
 #include "kv/cache.h"
 #include "memory/budget.h"
+#include "sampling/grammar.h"
+#include "sampling/json_schema.h"
 #include "sampling/sampler.h"
 #include "util/text.h"
 
@@ -55,6 +57,33 @@ void add_sampling_options(ArgParser& p, sampling::SamplingParams& sp) {
     });
     p.option("--repeat-penalty", "R", "penalize repeats of the last 64 tokens; 1: off (default 1)",
              [&sp](const std::string& v) { sp.repeat_penalty = parse_float("--repeat-penalty", v); });
+}
+
+void add_grammar_options(ArgParser& p, sampling::SamplingParams& sp) {
+    const auto grammar = [&sp](const std::string& option, const std::string& gbnf) {
+        if (sp.grammar) throw UsageError(option + ": one grammar or JSON schema at most");
+        try {
+            sp.grammar = sampling::Grammar::parse(gbnf);
+        } catch (const sampling::GrammarError& e) {
+            throw UsageError(option + ": " + e.what());
+        }
+    };
+    const auto schema = [grammar](const std::string& option, const std::string& text) {
+        std::string gbnf;
+        try {
+            gbnf = sampling::json_schema_to_gbnf(nlohmann::ordered_json::parse(text));
+        } catch (const nlohmann::json::exception& e) {
+            throw UsageError(option + ": not JSON: " + e.what());
+        } catch (const sampling::JsonSchemaError& e) {
+            throw UsageError(option + ": " + e.what());
+        }
+        grammar(option, gbnf);
+    };
+    p.option("--grammar", "GBNF",
+             "constrain the output to a GBNF grammar (llama.cpp's syntax; from a file: \"$(cat FILE)\")",
+             [grammar](const std::string& v) { grammar("--grammar", v); });
+    p.option("-j, --json-schema", "SCHEMA", "constrain the output to JSON valid for a JSON schema",
+             [schema](const std::string& v) { schema("--json-schema", v); });
 }
 
 void validate_sampling_options(const sampling::SamplingParams& sp) {

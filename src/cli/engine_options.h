@@ -38,6 +38,10 @@ uint64_t parse_size_option(const std::string& name, const std::string& text);
 
 // --temp, --top-k, --top-p, --min-p, --seed and --repeat-penalty.
 void add_sampling_options(ArgParser& parser, sampling::SamplingParams& sp);
+// Structured output for `run`: --grammar (GBNF) or -j/--json-schema (sampling/json_schema.h),
+// parsed at once into sp.grammar (UsageError naming the option and the grammar's line and column
+// or the schema keyword's path).
+void add_grammar_options(ArgParser& parser, sampling::SamplingParams& sp);
 // Throws UsageError when a sampling parameter is out of range.
 void validate_sampling_options(const sampling::SamplingParams& sp);
 

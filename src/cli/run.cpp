@@ -9,6 +9,7 @@
 #include "engine/parallel.h"
 #include "engine/session.h"
 #include "kv/cache.h"
+#include "sampling/grammar.h"
 #include "sampling/sampler.h"
 #include "tokenizer/detokenizer.h"
 #include "tokenizer/tokenizer.h"
@@ -35,8 +36,10 @@ void print_lookup_stats(const engine::GenerationStats& s, int max_draft) {
 int run_parallel(engine::Engine& e, const RunOptions& o, const std::vector<tokenizer::TokenId>& ids) {
     const int n_parallel = e.context().n_seq;
     std::vector<sampling::Sampler> samplers;
+    const auto grammar_vocab = o.sampling.grammar ? sampling::GrammarVocab::from_tokenizer(e.tokenizer()) : nullptr;
     for (int s = 0; s < n_parallel; ++s) {
         sampling::SamplingParams one = o.sampling;
+        one.grammar_vocab = grammar_vocab;
         if (o.sampling.seed != sampling::kRandomSeed) one.seed = o.sampling.seed + static_cast<uint64_t>(s);
         samplers.emplace_back(one, e.model().n_vocab());
     }
@@ -80,7 +83,9 @@ int generate(engine::Engine& e, const RunOptions& o) {
     if (context.n_seq > 1) return run_parallel(e, o, ids);
 
     engine::Session session(e.model(), context, e.threads(), &e.host());
-    sampling::Sampler sampler(o.sampling, e.model().n_vocab());
+    sampling::SamplingParams params = o.sampling;
+    if (params.grammar) params.grammar_vocab = sampling::GrammarVocab::from_tokenizer(e.tokenizer());
+    sampling::Sampler sampler(params, e.model().n_vocab());
     tokenizer::Detokenizer detok(e.tokenizer(), /*remove_special=*/false, /*unparse_special=*/false);
     const tokenizer::Vocab& vocab = e.tokenizer().vocab();
 
@@ -147,6 +152,7 @@ ArgParser run_parser(RunOptions& o) {
     p.option("-b, --batch-size", "N", "prompt tokens per forward pass (default 512)", &c.n_batch);
     add_threads_option(p, c);
     add_sampling_options(p, o.sampling);
+    add_grammar_options(p, o.sampling);
     add_kv_options(p, c);
     add_context_shift_options(p, c);
     p.option("-np, --parallel", "N",

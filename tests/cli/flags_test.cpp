@@ -79,6 +79,7 @@ void add(Fields& f, const sampling::SamplingParams& s) {
     f["sampling.presence_penalty"] = str(s.presence_penalty);
     f["sampling.penalty_last_n"] = str(s.penalty_last_n);
     f["sampling.seed"] = str(s.seed);
+    f["sampling.grammar"] = s.grammar ? "set" : "none";
 }
 
 void add(Fields& f, const LookupOptions& l) {
@@ -190,6 +191,8 @@ const std::map<std::string, std::string> kSamples = {
     {"--min-p", "0.2"},
     {"--seed", "9"},
     {"--repeat-penalty", "1.3"},
+    {"--grammar", "root ::= \"a\""},
+    {"-j", "{\"type\": \"boolean\"}"},
     {"-p", "7"},
     {"-n", "7"},
     {"--system", "be brief"},
@@ -251,6 +254,8 @@ const std::map<std::string, std::set<std::string>> kSets = {
     {"--min-p", {"sampling.min_p"}},
     {"--seed", {"sampling.seed"}},
     {"--repeat-penalty", {"sampling.repeat_penalty"}},
+    {"--grammar", {"sampling.grammar"}},
+    {"-j", {"sampling.grammar"}},
     {"-p", {"prompt"}},
     {"-n", {"n_predict"}},
     {"--system", {"system_prompt"}},
