@@ -25,7 +25,7 @@ if ! [[ "$seconds" =~ ^[0-9]+$ ]]; then
     echo "usage: scripts/fuzz.sh [SECONDS] [LIBFUZZER_ARGS...]" >&2
     exit 2
 fi
-targets=(${FITLLM_FUZZ_TARGETS:-gguf_reader_fuzz jinja_fuzz tokenizer_fuzz request_parser_fuzz chat_output_fuzz})
+targets=(${FITLLM_FUZZ_TARGETS:-gguf_reader_fuzz jinja_fuzz tokenizer_fuzz request_parser_fuzz chat_output_fuzz grammar_fuzz})
 cxx="${FITLLM_FUZZ_CXX:-clang++}"
 build="$root/build-fuzz"
 
@@ -60,6 +60,7 @@ options() {
         tokenizer_fuzz) echo "-max_len=4096" ;;
         request_parser_fuzz) echo "-dict=$root/fuzz/request.dict -max_len=65536" ;;
         chat_output_fuzz) echo "-dict=$root/fuzz/chat_output.dict -max_len=8192" ;;
+        grammar_fuzz) echo "-dict=$root/fuzz/grammar.dict -max_len=4096 -timeout=10" ;;
     esac
 }
 

@@ -5,8 +5,6 @@
 #include <algorithm>
 #include <cstring>
 
-#include "tokenizer/tokenizer.h"
-
 namespace fitllm::sampling {
 namespace {
 // The least code point a UTF-8 sequence of n bytes may encode (shorter forms are invalid).
@@ -42,13 +40,6 @@ GrammarVocab::GrammarVocab(const std::vector<std::string>& texts, std::vector<in
         while (n < a.size() && n < b.size() && n < 0xFFFF && a[n] == b[n]) ++n;
         lcp_[i] = static_cast<uint16_t>(n);
     }
-}
-
-std::shared_ptr<const GrammarVocab> GrammarVocab::from_tokenizer(const tokenizer::Tokenizer& tokenizer) {
-    const auto n = static_cast<int32_t>(tokenizer.vocab().size());
-    std::vector<std::string> texts(static_cast<size_t>(n));
-    for (int32_t id = 0; id < n; ++id) texts[size_t(id)] = tokenizer.token_to_piece(id, /*special=*/false);
-    return std::make_shared<GrammarVocab>(texts, tokenizer.vocab().eog_tokens());
 }
 
 uint64_t GrammarMatcher::memory_bound(const Grammar& grammar, const GrammarVocab& vocab) {
