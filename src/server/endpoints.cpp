@@ -506,6 +506,11 @@ void Endpoints::completion(bool chat, HttpRequest& req, HttpResponse& res) {
             const memory::Charge dom = memory.charge(text.memory_bound(), "the request's JSON");
             request_charge = memory.charge(text.memory_bound(), "the request's fields");  // its copies of the strings
             request = parse_completion_request(text.parse(), chat);
+            if (!request.schema_pointer.empty()) {
+                // The schema again, with its keys in order: properties come as it lists them.
+                const memory::Charge ordered = memory.charge(text.memory_bound(), "the request's JSON, in order");
+                order_schema_grammar(request, req.body);
+            }
         }
         req.free_body();
         c->stream = request.stream;
@@ -682,6 +687,10 @@ void Endpoints::ollama(bool chat, HttpRequest& req, HttpResponse& res) {
             const memory::Charge dom = memory.charge(text.memory_bound(), "the request's JSON");
             request_charge = memory.charge(text.memory_bound(), "the request's fields");
             request = parse_ollama_request(text.parse(), chat);
+            if (!request.completion.schema_pointer.empty()) {
+                const memory::Charge ordered = memory.charge(text.memory_bound(), "the request's JSON, in order");
+                order_schema_grammar(request.completion, req.body);
+            }
         }
         req.free_body();
         c->chat = request.completion.chat;

@@ -261,11 +261,11 @@ std::shared_ptr<const sampling::Grammar> compile_grammar(const std::string& gbnf
     }
 }
 
-std::shared_ptr<const sampling::Grammar> schema_grammar(const json& schema, const std::string& param) {
+std::shared_ptr<const sampling::Grammar> schema_grammar(const nlohmann::ordered_json& schema,
+                                                        const std::string& param) {
     std::string gbnf;
     try {
-        // The body's keys come sorted (nlohmann::json): properties are generated in that order.
-        gbnf = sampling::json_schema_to_gbnf(nlohmann::ordered_json::parse(schema.dump()));
+        gbnf = sampling::json_schema_to_gbnf(schema);
     } catch (const sampling::JsonSchemaError& e) {
         throw ApiError(400, "invalid_request_error", "unsupported_schema", param + ": " + e.what(), param);
     }
@@ -274,7 +274,8 @@ std::shared_ptr<const sampling::Grammar> schema_grammar(const json& schema, cons
 
 // response_format {type: json_object} (llama-server: with an optional "schema"), {type:
 // json_schema, json_schema: {name, schema, strict, description}}, and llama-server's "grammar".
-std::shared_ptr<const sampling::Grammar> structured_output(const json& body) {
+// pointer: where a schema was found ("" when none).
+std::shared_ptr<const sampling::Grammar> structured_output(const json& body, std::string& pointer) {
     std::shared_ptr<const sampling::Grammar> grammar;
     if (const json* rf = field(body, "response_format")) {
         const std::string t = (*rf)["type"].get<std::string>();  // checked by check_fields
@@ -286,7 +287,8 @@ std::shared_ptr<const sampling::Grammar> structured_output(const json& body) {
         }
         if (t == "json_object") {
             const json* schema = field(*rf, "schema");
-            grammar = schema ? schema_grammar(*schema, "response_format.schema")
+            if (schema) pointer = "/response_format/schema";
+            grammar = schema ? schema_grammar(nlohmann::ordered_json::parse(schema->dump()), "response_format.schema")
                              : compile_grammar(sampling::json_object_gbnf(), "response_format");
         } else if (t == "json_schema") {
             const json* js = field(*rf, "json_schema");
@@ -307,7 +309,9 @@ std::shared_ptr<const sampling::Grammar> structured_output(const json& body) {
                 }
             }
             const json* schema = field(*js, "schema");
-            grammar = schema ? schema_grammar(*schema, "response_format.json_schema.schema")
+            if (schema) pointer = "/response_format/json_schema/schema";
+            grammar = schema ? schema_grammar(nlohmann::ordered_json::parse(schema->dump()),
+                                              "response_format.json_schema.schema")
                              : compile_grammar(sampling::json_object_gbnf(), "response_format.json_schema");
         }
     }
@@ -321,11 +325,21 @@ std::shared_ptr<const sampling::Grammar> structured_output(const json& body) {
 
 }  // namespace
 
+void order_schema_grammar(CompletionRequest& request, std::string_view body) {
+    if (request.schema_pointer.empty()) return;
+    const auto ordered = nlohmann::ordered_json::parse(body, nullptr, /*allow_exceptions=*/false);
+    const nlohmann::ordered_json::json_pointer at(request.schema_pointer);
+    if (ordered.is_discarded() || !ordered.contains(at)) return;  // parsed before: not expected
+    std::string param = request.schema_pointer.substr(1);
+    std::replace(param.begin(), param.end(), '/', '.');
+    request.params.sampling.grammar = schema_grammar(ordered[at], param);
+}
+
 CompletionRequest parse_completion_request(const json& body, bool chat) {
     if (!body.is_object()) wrong_type("the request body", "a JSON object", body);
     check_fields(body, chat);
     CompletionRequest r;
-    r.params.sampling.grammar = structured_output(body);
+    r.params.sampling.grammar = structured_output(body, r.schema_pointer);
     r.chat = chat;
     r.model = model_field(body);
 
@@ -568,7 +582,7 @@ OllamaRequest parse_ollama_request(const json& body, bool chat) {
         if (*v == "json")
             format = compile_grammar(sampling::json_object_gbnf(), "format");
         else if (v->is_object())
-            format = schema_grammar(*v, "format");
+            format = schema_grammar(nlohmann::ordered_json::parse(v->dump()), "format");
         else
             invalid_value("format", "expected \"json\" or a JSON schema (an object), got " + v->dump());
     }
@@ -672,7 +686,10 @@ OllamaRequest parse_ollama_request(const json& body, bool chat) {
     }
     try {
         r.completion = parse_completion_request(o, as_chat);
-        if (format) r.completion.params.sampling.grammar = std::move(format);
+        if (format) {
+            r.completion.params.sampling.grammar = std::move(format);
+            if (body["format"].is_object()) r.completion.schema_pointer = "/format";
+        }
     } catch (const ApiError& e) {
         // Name the Ollama field that was wrong.
         std::optional<std::string> param = e.param();

@@ -6,6 +6,7 @@
 #include <nlohmann/json.hpp>
 #include <optional>
 #include <string>
+#include <string_view>
 #include <vector>
 
 #include "engine/scheduler.h"
@@ -33,11 +34,21 @@ struct CompletionRequest {
     bool parallel_tool_calls = true;
     nlohmann::ordered_json template_kwargs = nlohmann::ordered_json::object();
     bool split_reasoning = true;
+    // Structured output from a JSON schema: where the schema is in the body, as a JSON pointer
+    // ("/response_format/json_schema/schema"); "" when none. The parsed body has its keys sorted,
+    // so order_schema_grammar() builds the grammar again from the body's text, in its order.
+    std::string schema_pointer;
 };
 
 // Throws ApiError (400) for a body that is not an object, a missing messages / prompt, or any
 // field of the wrong type or out of range; the message names the field and what was expected.
 CompletionRequest parse_completion_request(const nlohmann::json& body, bool chat);
+
+// Rebuilds request.params.sampling.grammar from the schema at request.schema_pointer in the
+// body's text, so that properties are generated in the order the schema lists them (nothing to do
+// without a schema). body: the text parse_completion_request's JSON came from. Throws ApiError as
+// parse_completion_request does for the schema.
+void order_schema_grammar(CompletionRequest& request, std::string_view body);
 
 // The "model" field of a body when it is a string; "" when absent. Throws ApiError when it is
 // there with another type.

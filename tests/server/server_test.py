@@ -1391,6 +1391,15 @@ class StructuredOutput(unittest.TestCase):
             chat = "/v1/chat/completions"
             msg = assert_error(self, srv.post(chat, {"messages": msgs, "grammar": 'root ::= "a" b'}), 400,
                                "invalid_grammar", "grammar")
+            # Properties come in the schema's order, not sorted (required ones always there).
+            ordered = {"type": "object", "properties": {"zeta": {"type": "boolean"}, "alpha": {"type": "null"},
+                                                        "mid": {"enum": [1]}},
+                       "required": ["zeta", "alpha", "mid"], "additionalProperties": False}
+            r = client.chat.completions.create(model="m", messages=msgs, max_tokens=100, seed=5, response_format={
+                "type": "json_schema", "json_schema": {"name": "o", "schema": ordered}})
+            self.assertEqual(list(json.loads(r.choices[0].message.content)), ["zeta", "alpha", "mid"])
+            s, r = srv.post("/api/chat", {"model": "m", "messages": msgs, "stream": False, "format": ordered})
+            self.assertEqual(list(json.loads(r["message"]["content"])), ["zeta", "alpha", "mid"], r)
             self.assertIn("line 1, column 14: rule 'b' is not defined", msg)
             msg = assert_error(self, srv.post(chat, {"messages": msgs, "grammar": "root ::= root \"a\""}), 400,
                                "invalid_grammar", "grammar")
