@@ -688,7 +688,7 @@ class OneModel(unittest.TestCase):
         self.assertEqual((m["id"], m["loaded"]), (self.model, True))
         plan = m["plan"]
         self.assertEqual(plan["total"], plan["weights"] + plan["kv"] + plan["scratch"] + plan["logits"] +
-                         plan["overhead"])
+                         plan["prompt_cache"] + plan["overhead"])
         # Charged: the plan's weights, logits and overhead, the cache's own KV bytes (as planned, byte
         # for byte) and the model's working memory after a full batch (at most the plan's scratch).
         self.assertLessEqual(model_used, plan["total"])
@@ -1239,6 +1239,28 @@ class PromptCache(unittest.TestCase):
             plain.stop()
 
 
+    def test_evicted_prompts_come_back_from_host_memory(self):
+        # One kept prompt in the KV cache: the second conversation pushes the first out into host
+        # memory (--cache-ram), and the first's next turn takes it from there.
+        srv = Server("-m", TINY_LLAMA, "-np", "1", "-b", "1", "-c", "1024", "--cache-prompts", "1", "--cache-ram", "8M")
+        try:
+            first = [{"role": "user", "content": "Tell me about the sea"}]
+            r = srv.client().chat.completions.create(model="x", messages=first, max_tokens=8, temperature=0)
+            srv.client().chat.completions.create(model="x", messages=[{"role": "user", "content": "Something else"}],
+                                                 max_tokens=8, temperature=0)
+            self.assertEqual(srv.metric("fitllm_prompt_cache_ram_prompts"), 1)
+            self.assertGreater(srv.metric("fitllm_prompt_cache_ram_bytes"), 0)
+            first += [{"role": "assistant", "content": r.choices[0].message.content},
+                      {"role": "user", "content": "And more"}]
+            again = srv.client().chat.completions.create(model="x", messages=first, max_tokens=8, temperature=0)
+            self.assertGreaterEqual(again.usage.prompt_tokens_details.cached_tokens, r.usage.prompt_tokens)
+            self.assertEqual(srv.metric("fitllm_prompt_cache_restores_total"), 1)
+            s, mem = srv.get("/v1/memory")
+            self.assertEqual(mem["models"][0]["plan"]["prompt_cache"], 8 << 20)
+        finally:
+            srv.stop()
+
+
 class DemoModel(unittest.TestCase):
     def test_chat_as_the_cli(self):
         # The reply through the chat template equals `fitllm chat`'s for the same message (greedy).
@@ -1369,6 +1391,15 @@ class StructuredOutput(unittest.TestCase):
                 response_format={"type": "json_schema", "json_schema": {"name": "n", "schema": schema}})
             text = "".join(c.choices[0].delta.content or "" for c in chunks if c.choices)
             self.assertIn(json.loads(text)["n"], (1, 2, 3))
+            # Properties come in the schema's order, not sorted (required ones always there).
+            ordered = {"type": "object", "properties": {"zeta": {"type": "boolean"}, "alpha": {"type": "null"},
+                                                        "mid": {"enum": [1]}},
+                       "required": ["zeta", "alpha", "mid"], "additionalProperties": False}
+            r = client.chat.completions.create(model="m", messages=msgs, max_tokens=100, seed=5, response_format={
+                "type": "json_schema", "json_schema": {"name": "o", "schema": ordered}})
+            self.assertEqual(list(json.loads(r.choices[0].message.content)), ["zeta", "alpha", "mid"])
+            s, r = srv.post("/api/chat", {"model": "m", "messages": msgs, "stream": False, "format": ordered})
+            self.assertEqual(list(json.loads(r["message"]["content"])), ["zeta", "alpha", "mid"], r)
             # llama-server's grammar field, on /v1/completions too.
             r = client.completions.create(model="m", prompt="Pick:", max_tokens=20, seed=1,
                                           extra_body={"grammar": 'root ::= ("cat" | "dog") " " [0-9]{2}'})
@@ -1391,15 +1422,6 @@ class StructuredOutput(unittest.TestCase):
             chat = "/v1/chat/completions"
             msg = assert_error(self, srv.post(chat, {"messages": msgs, "grammar": 'root ::= "a" b'}), 400,
                                "invalid_grammar", "grammar")
-            # Properties come in the schema's order, not sorted (required ones always there).
-            ordered = {"type": "object", "properties": {"zeta": {"type": "boolean"}, "alpha": {"type": "null"},
-                                                        "mid": {"enum": [1]}},
-                       "required": ["zeta", "alpha", "mid"], "additionalProperties": False}
-            r = client.chat.completions.create(model="m", messages=msgs, max_tokens=100, seed=5, response_format={
-                "type": "json_schema", "json_schema": {"name": "o", "schema": ordered}})
-            self.assertEqual(list(json.loads(r.choices[0].message.content)), ["zeta", "alpha", "mid"])
-            s, r = srv.post("/api/chat", {"model": "m", "messages": msgs, "stream": False, "format": ordered})
-            self.assertEqual(list(json.loads(r["message"]["content"])), ["zeta", "alpha", "mid"], r)
             self.assertIn("line 1, column 14: rule 'b' is not defined", msg)
             msg = assert_error(self, srv.post(chat, {"messages": msgs, "grammar": "root ::= root \"a\""}), 400,
                                "invalid_grammar", "grammar")
