@@ -91,7 +91,8 @@ Scheduler::Scheduler(model::Model& model, const tokenizer::Tokenizer& tokenizer,
       compute_(compute),
       cache_(make_cache(model, context_, device)),
       logits_(make_logits(model, context_.n_seq, device)),
-      saved_pool_(&pool_of(device, memory::pool_names::kPromptCache)) {
+      saved_pool_(&pool_of(device, memory::pool_names::kPromptCache)),
+      overhead_pool_(&pool_of(device, memory::pool_names::kOverhead)) {
     kv_bytes_ = cache_.bytes();
     for (int s = context_.n_seq - 1; s >= 0; --s) free_ids_.push_back(s);
     for (int s = context_.n_seq + context_.n_cached_prompts - 1; s >= context_.n_seq; --s) free_cache_ids_.push_back(s);
@@ -144,8 +145,11 @@ void Scheduler::shutdown() {
 }
 
 std::shared_ptr<const sampling::GrammarVocab> Scheduler::grammar_vocab() const {
-    std::call_once(grammar_vocab_once_,
-                   [this] { grammar_vocab_ = sampling::GrammarVocab::from_tokenizer(tokenizer_); });
+    std::call_once(grammar_vocab_once_, [this] {
+        auto vocab = sampling::GrammarVocab::from_tokenizer(tokenizer_);
+        grammar_vocab_charge_ = memory::Charge(*overhead_pool_, vocab->memory_bytes(), "the grammar vocabulary");
+        grammar_vocab_ = std::move(vocab);
+    });
     return grammar_vocab_;
 }
 

@@ -127,7 +127,9 @@ public:
     int n_ctx() const { return context_.n_ctx; }
     size_t kv_bytes() const { return kv_bytes_; }
     // The vocabulary as a grammar sees it (sampling/grammar.h), built on first use and kept (a few
-    // MiB for a large vocabulary). submit() gives it to a request with a grammar.
+    // MiB for a large vocabulary), charged to the budget's "overhead" pool while the scheduler
+    // lives. submit() gives it to a request with a grammar. Throws memory::BudgetError when the
+    // budget has no room for it (a later call tries again).
     std::shared_ptr<const sampling::GrammarVocab> grammar_vocab() const;
 
 private:
@@ -175,7 +177,6 @@ private:
     std::vector<kv::SeqId> free_cache_ids_;  // n_seq .. n_seq + n_cached_prompts - 1
     std::vector<SavedPrompt> saved_;
     uint64_t saved_bytes_ = 0;
-    memory::Pool* saved_pool_ = nullptr;
     uint64_t cache_clock_ = 0;
     memory::PoolBuffer<float> logits_;  // a row per slot
     std::vector<int32_t> batch_tokens_, batch_pos_;
@@ -196,6 +197,9 @@ private:
     std::thread thread_;
     mutable std::once_flag grammar_vocab_once_;
     mutable std::shared_ptr<const sampling::GrammarVocab> grammar_vocab_;
+    memory::Pool* saved_pool_ = nullptr;  // host memory for kept prompts (--cache-ram)
+    memory::Pool* overhead_pool_ = nullptr;
+    mutable memory::Charge grammar_vocab_charge_;
 };
 
 }  // namespace fitllm::engine

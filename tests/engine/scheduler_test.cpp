@@ -10,7 +10,10 @@
 #include <thread>
 
 #include "gguf/gguf_reader.h"
+#include "memory/budget.h"
+#include "memory/pool.h"
 #include "model/model.h"
+#include "sampling/grammar.h"
 #include "test_support.h"
 #include "tokenizer/tokenizer.h"
 
@@ -154,6 +157,18 @@ TEST_F(SchedulerTest, LogprobsOfTheSampledTokens) {
     }
     EXPECT_EQ(tokenizer_->detokenize(generated, false, false), u.text);                      // the tokens of the text
     EXPECT_TRUE(s.submit(ids("Once upon a time"), greedy(4))->wait_all().logprobs.empty());  // not asked for
+}
+
+TEST_F(SchedulerTest, TheGrammarVocabularyIsChargedToTheBudget) {
+    memory::Device host("host", uint64_t{1} << 34);
+    Scheduler s(*model_, *tokenizer_, {.n_ctx = 64, .n_seq = 1, .n_batch = 16}, {}, *compute_, &host);
+    memory::Pool& overhead = host.pool(memory::pool_names::kOverhead);
+    const uint64_t before = overhead.live();
+    const auto vocab = s.grammar_vocab();
+    ASSERT_TRUE(vocab);
+    EXPECT_EQ(overhead.live() - before, vocab->memory_bytes());
+    EXPECT_EQ(s.grammar_vocab(), vocab);  // built once
+    EXPECT_EQ(overhead.live() - before, vocab->memory_bytes());
 }
 
 TEST_F(SchedulerTest, FullQueueRefusesAndTooLongRequestIsRefused) {
