@@ -1,7 +1,10 @@
 #include "server/chat_request.h"
 
+#include <algorithm>
 #include <string>
 
+#include "sampling/grammar.h"
+#include "sampling/json_schema.h"
 #include "server/api_error.h"
 #include "server/json_body.h"
 #include "server/request.h"
@@ -99,11 +102,16 @@ void read_chat_extensions(const json& body, CompletionRequest& r) {
     if (const json* choice = present(body, "tool_choice")) {
         if (*choice == "none") {
             offer_tools = false;
-        } else if (*choice == "required" || choice->is_object()) {
-            throw ApiError::unsupported("tool_choice",
-                                        "forcing a call (\"required\" or a named function) is not implemented; "
-                                        "\"auto\" (the default) lets the model call a tool, \"none\" does not offer "
-                                        "the tools");
+        } else if (*choice == "required") {
+            r.forced_tool = "";
+        } else if (choice->is_object()) {
+            const json* type = present(*choice, "type");
+            const json* f = present(*choice, "function");
+            const json* name = f && f->is_object() ? present(*f, "name") : nullptr;
+            if (!type || *type != "function" || !name || !name->is_string() ||
+                name->get_ref<const std::string&>().empty())
+                invalid("tool_choice", "expected {\"type\": \"function\", \"function\": {\"name\": ...}}");
+            r.forced_tool = name->get<std::string>();
         } else if (*choice != "auto") {
             invalid("tool_choice", "expected \"auto\", \"none\" or \"required\", got " + choice->dump());
         }
@@ -111,6 +119,13 @@ void read_chat_extensions(const json& body, CompletionRequest& r) {
     if (const json* tools = present(body, "tools")) {
         json t = read_tools(*tools);
         if (offer_tools && !t.empty()) r.tools = std::move(t);
+    }
+    if (r.forced_tool) {
+        if (r.tools.is_null()) invalid("tool_choice", "forces a call, but the request offers no tools");
+        const bool known = r.forced_tool->empty() || std::any_of(r.tools.begin(), r.tools.end(), [&](const json& t) {
+                               return t["function"]["name"] == *r.forced_tool;
+                           });
+        if (!known) invalid("tool_choice", "names \"" + *r.forced_tool + "\", which is not one of the tools");
     }
     if (const json* p = present(body, "parallel_tool_calls")) {
         if (!p->is_boolean()) invalid("parallel_tool_calls", "expected a boolean", "invalid_type");
@@ -180,6 +195,65 @@ TemplateTraits prepare_render(const CompletionRequest& r, const chat::ChatTempla
         options.extra_context[it.key()] = it.value();
     }
     return traits;
+}
+
+void force_tool_call(CompletionRequest& r, const TemplateTraits& traits) {
+    if (!r.forced_tool) return;
+    if (r.params.sampling.grammar) {
+        invalid("tool_choice", "forcing a call cannot go with response_format or grammar (both constrain the answer)");
+    }
+    const bool llama3 = traits.tools == ToolCallFormat::llama3;
+    const char* args = llama3 ? "parameters" : "arguments";
+    nlohmann::ordered_json calls = nlohmann::ordered_json::array();
+    for (size_t i = 0; i < r.tools.size(); ++i) {
+        const json& f = r.tools[i]["function"];
+        const std::string& name = f["name"].get_ref<const std::string&>();
+        if (!r.forced_tool->empty() && name != *r.forced_tool) continue;
+        const auto p = f.find("parameters");
+        nlohmann::ordered_json params = p != f.end() && !p->is_null() ? nlohmann::ordered_json::parse(p->dump())
+                                                                      : nlohmann::ordered_json{{"type", "object"}};
+        nlohmann::ordered_json properties = nlohmann::ordered_json::object();
+        properties["name"] = {{"const", name}};
+        properties[args] = std::move(params);
+        calls.push_back({{"type", "object"},
+                         {"properties", std::move(properties)},
+                         {"required", {"name", args}},
+                         {"additionalProperties", false}});
+    }
+    const nlohmann::ordered_json schema =
+        calls.size() == 1 ? calls[0] : nlohmann::ordered_json{{"anyOf", std::move(calls)}};
+    std::string gbnf;
+    try {
+        gbnf = sampling::json_schema_to_gbnf(schema);
+    } catch (const sampling::JsonSchemaError& e) {
+        throw ApiError::invalid(std::string("tools: a function's parameters: ") + e.what(), "unsupported_schema",
+                                "tools");
+    }
+    // The converter's root is one call; the format wraps it.
+    constexpr std::string_view kRoot = "root ::= ";
+    gbnf = "tool_call_one ::= " + gbnf.substr(kRoot.size());
+    const bool many = r.parallel_tool_calls;
+    switch (traits.tools) {
+        case ToolCallFormat::hermes:
+            gbnf += "tool_call_item ::= \"<tool_call>\\n\" tool_call_one \"\\n</tool_call>\"\n";
+            gbnf += many ? "root ::= tool_call_item (\"\\n\" tool_call_item)*\n" : "root ::= tool_call_item\n";
+            break;
+        case ToolCallFormat::llama3:
+            gbnf += many ? "root ::= tool_call_one (\"; \" tool_call_one)*\n" : "root ::= tool_call_one\n";
+            break;
+        case ToolCallFormat::mistral:
+            gbnf += many ? "root ::= \"[\" tool_call_one (\", \" tool_call_one)* \"]\"\n"
+                         : "root ::= \"[\" tool_call_one \"]\"\n";
+            break;
+        case ToolCallFormat::none:
+            return;  // prepare_render refused the tools already
+    }
+    try {
+        r.params.sampling.grammar = sampling::Grammar::parse(gbnf);
+    } catch (const sampling::GrammarError& e) {
+        throw ApiError::invalid(std::string("tools: the grammar of a call: ") + e.what(), "unsupported_schema",
+                                "tools");
+    }
 }
 
 std::optional<OutputOptions> output_options(const CompletionRequest& r, const TemplateTraits& traits,

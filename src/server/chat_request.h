@@ -24,6 +24,14 @@ void read_chat_extensions(const nlohmann::json& body, CompletionRequest& r);
 // chat_template_kwargs. Returns what the template's text says about its output.
 TemplateTraits prepare_render(const CompletionRequest& r, const chat::ChatTemplate& tmpl, chat::RenderOptions& options);
 
+// tool_choice "required" or a named function: the sampler's grammar (sampling/grammar.h) becomes
+// the calls the template's format writes (Hermes <tool_call>{...}</tool_call>, Llama 3.x
+// {"name", "parameters"}, Mistral [{"name", "arguments"}], the marker a control token left out),
+// each call's arguments following its function's parameters schema, so the answer is always
+// a call that parses. Nothing when no call is forced. ApiError 400 with response_format or
+// grammar too, or for parameters the schema converter refuses (naming the tool).
+void force_tool_call(CompletionRequest& r, const TemplateTraits& traits);
+
 // How to split the answer to the rendered prompt: tool calls when tools were offered,
 // reasoning when the template thinks and reasoning_format is not "none" (starting inside it
 // when the prompt opened a <think> block); std::nullopt when there is nothing to split.

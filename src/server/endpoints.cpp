@@ -365,6 +365,7 @@ void Endpoints::submit(Completion& c, CompletionRequest& request, RequestMemory&
         chat::RenderOptions options = m.render_options();
         options.pool = memory.pool();
         const TemplateTraits traits = prepare_render(request, m.chat_template().tmpl, options);
+        force_tool_call(request, traits);
         try {
             text = m.chat_template().tmpl.render(request.messages, options);
         } catch (const chat::TemplateError& e) {

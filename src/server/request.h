@@ -32,6 +32,9 @@ struct CompletionRequest {
     // the content).
     nlohmann::json tools;
     bool parallel_tool_calls = true;
+    // tool_choice "required" (an empty name: any of the tools) or a named function: the answer is
+    // constrained to a call (force_tool_call()).
+    std::optional<std::string> forced_tool;
     nlohmann::ordered_json template_kwargs = nlohmann::ordered_json::object();
     bool split_reasoning = true;
     // Structured output from a JSON schema: where the schema is in the body, as a JSON pointer

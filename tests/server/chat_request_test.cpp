@@ -6,7 +6,9 @@
 
 #include <nlohmann/json.hpp>
 
+#include "sampling/grammar.h"
 #include "server/api_error.h"
+#include "server/chat_output.h"
 #include "server/request.h"
 
 namespace fitllm::server {
@@ -113,6 +115,86 @@ TEST(ChatRequestTools, OllamaShapes) {
     json levels = body;
     levels["think"] = "high";
     EXPECT_THROW(parse_ollama_request(levels, true), ApiError);
+}
+
+}  // namespace
+}  // namespace fitllm::server
+
+namespace fitllm::server {
+namespace {
+
+// The forced call's grammar, per format: the text each format's parser reads as the call is a
+// sentence of it, and the grammar holds the arguments to the parameters' schema.
+TEST(ChatRequestTools, ForcedCallGrammarPerFormat) {
+    const json tools = {
+        {{"type", "function"},
+         {"function",
+          {{"name", "get_weather"},
+           {"parameters",
+            {{"type", "object"}, {"properties", {{"city", {{"type", "string"}}}}}, {"required", {"city"}}}}}}},
+        {{"type", "function"}, {"function", {{"name", "get_time"}}}}};
+    // Every byte a token, so the matcher checks texts byte by byte.
+    std::vector<std::string> texts;
+    for (int b = 1; b < 256; ++b) texts.emplace_back(1, static_cast<char>(b));
+    const auto vocab = std::make_shared<const sampling::GrammarVocab>(texts, std::vector<int32_t>{});
+    struct Case {
+        ToolCallFormat format;
+        std::string call, wrong;
+    };
+    const Case cases[] = {
+        {ToolCallFormat::hermes,
+         "<tool_call>\n{\"name\": \"get_weather\", \"arguments\": {\"city\": \"Oslo\"}}\n</tool_call>",
+         "<tool_call>\n{\"name\": \"get_weather\", \"arguments\": {\"town\": \"Oslo\"}}\n</tool_call>"},
+        {ToolCallFormat::llama3, "{\"name\": \"get_time\", \"parameters\": {}}",
+         "{\"name\": \"get_time\", \"arguments\": {}}"},
+        {ToolCallFormat::mistral, "[{\"name\": \"get_weather\", \"arguments\": {\"city\": \"Oslo\"}}]",
+         "[{\"name\": \"get_date\", \"arguments\": {}}]"},
+    };
+    for (const Case& c : cases) {
+        SCOPED_TRACE(tool_call_format_name(c.format));
+        json body = {
+            {"messages", {{{"role", "user"}, {"content", "hi"}}}}, {"tools", tools}, {"tool_choice", "required"}};
+        CompletionRequest r = parse_completion_request(body, /*chat=*/true);
+        TemplateTraits traits;
+        traits.takes_tools = true;
+        traits.tools = c.format;
+        force_tool_call(r, traits);
+        ASSERT_TRUE(r.params.sampling.grammar);
+        sampling::GrammarMatcher m(r.params.sampling.grammar, vocab);
+        EXPECT_TRUE(m.allows_text(c.call));
+        m.accept_text(c.call);
+        EXPECT_TRUE(m.can_end());
+        m.reset();
+        EXPECT_FALSE(m.allows_text(c.wrong));
+        const ParsedCalls parsed = parse_tool_calls(c.call, c.format);
+        ASSERT_EQ(parsed.calls.size(), 1u);
+        EXPECT_TRUE(parsed.rest.empty()) << parsed.rest;
+    }
+    // A named function: only its calls.
+    json body = {{"messages", {{{"role", "user"}, {"content", "hi"}}}},
+                 {"tools", tools},
+                 {"tool_choice", {{"type", "function"}, {"function", {{"name", "get_time"}}}}}};
+    CompletionRequest r = parse_completion_request(body, /*chat=*/true);
+    TemplateTraits traits;
+    traits.tools = ToolCallFormat::llama3;
+    force_tool_call(r, traits);
+    sampling::GrammarMatcher m(r.params.sampling.grammar, vocab);
+    EXPECT_FALSE(m.allows_text("{\"name\": \"get_weather\""));
+    EXPECT_TRUE(m.allows_text("{\"name\": \"get_time\", \"parameters\": {}}"));
+    // No call to force without tools; a name not offered; a second constraint.
+    EXPECT_EQ(refused({{"messages", body["messages"]}, {"tool_choice", "required"}}).param(), "tool_choice");
+    json unknown = body;
+    unknown["tool_choice"]["function"]["name"] = "nope";
+    EXPECT_EQ(refused(unknown).param(), "tool_choice");
+    json both = body;
+    both["response_format"] = {{"type", "json_object"}};
+    CompletionRequest r2 = parse_completion_request(both, /*chat=*/true);
+    try {
+        force_tool_call(r2, traits);
+        ADD_FAILURE() << "a forced call with response_format was accepted";
+    } catch (const ApiError& e) {
+        EXPECT_EQ(e.param(), "tool_choice");
+    }
 }
 
 }  // namespace

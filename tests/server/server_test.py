@@ -266,13 +266,43 @@ class ToolsAndReasoning(unittest.TestCase):
         self.assertEqual(s, 200, r)
         self.assertEqual(r["capabilities"], ["completion", "tools", "thinking"])
 
-    def test_forcing_a_call_is_refused(self):
+    def test_forcing_a_call(self):
+        # tool_choice "required" or a named function: the answer is a call the grammar of the
+        # template's format allows, whatever the (random) model would write, parsed into tool_calls.
         msgs = [{"role": "user", "content": "hi"}]
-        for choice in ("required", {"type": "function", "function": {"name": "get_weather"}}):
-            msg = assert_error(self, self.srv.post("/v1/chat/completions", {
-                "messages": msgs, "tools": [self.WEATHER], "tool_choice": choice}), 400, "unsupported_parameter",
-                "tool_choice")
-            self.assertIn("not implemented", msg)
+        short = {"type": "function", "function": {"name": "get_time", "parameters": {
+            "type": "object", "properties": {"zone": {"type": "string", "maxLength": 6}}, "required": ["zone"]}}}
+        weather = {"type": "function", "function": {"name": "get_weather", "parameters": {
+            "type": "object", "properties": {"city": {"type": "string", "maxLength": 8}}, "required": ["city"]}}}
+        c = self.srv.client()
+        for seed, choice in enumerate(("required", {"type": "function", "function": {"name": "get_weather"}})):
+            r = c.chat.completions.create(model=self.model, messages=msgs, tools=[short, weather], tool_choice=choice,
+                                          max_tokens=200, temperature=0.8, seed=seed)
+            self.assertEqual(r.choices[0].finish_reason, "tool_calls", r)
+            calls = r.choices[0].message.tool_calls
+            self.assertGreaterEqual(len(calls), 1, r)
+            for call in calls:
+                args = json.loads(call.function.arguments)
+                if choice != "required":
+                    self.assertEqual(call.function.name, "get_weather")
+                self.assertIn(call.function.name, ("get_time", "get_weather"))
+                key = "zone" if call.function.name == "get_time" else "city"
+                self.assertIsInstance(args[key], str)
+                self.assertLessEqual(len(args[key]), 8)
+        # Streamed: the call comes as a tool_calls delta.
+        deltas = []
+        for chunk in c.chat.completions.create(model=self.model, messages=msgs, tools=[weather], tool_choice="required",
+                                               max_tokens=200, seed=7, stream=True):
+            for ch in chunk.choices:
+                deltas += ch.delta.tool_calls or []
+        self.assertEqual([d.function.name for d in deltas], ["get_weather"])
+        # Refused: a call forced without tools, a name not offered, and with response_format too.
+        chat = "/v1/chat/completions"
+        assert_error(self, self.srv.post(chat, {"messages": msgs, "tool_choice": "required"}), 400, None, "tool_choice")
+        assert_error(self, self.srv.post(chat, {"messages": msgs, "tools": [weather], "tool_choice": {
+            "type": "function", "function": {"name": "nope"}}}), 400, None, "tool_choice")
+        assert_error(self, self.srv.post(chat, {"messages": msgs, "tools": [weather], "tool_choice": "required",
+                                                "response_format": {"type": "json_object"}}), 400, None, "tool_choice")
 
     @unittest.skipIf(ollama is None, "the ollama package is not installed")
     def test_ollama_client_tools_and_think(self):
@@ -450,8 +480,6 @@ class OneModel(unittest.TestCase):
             (chat, {"response_format": {"type": "json_schema", "json_schema": {"name": "x", "other": 1}}},
              "response_format.json_schema.other"),
             (chat, {"tools": [tool]}, "tools"),  # this model's template (built-in Mistral v0.1) shows no tools
-            (chat, {"tool_choice": "required"}, "tool_choice"),
-            (chat, {"tool_choice": {"type": "function", "function": {"name": "f"}}}, "tool_choice"),
             (chat, {"functions": [tool["function"]]}, "functions"),
             (chat, {"n": 2}, "n"),
             (chat, {"audio": {"voice": "alloy", "format": "wav"}}, "audio"),
