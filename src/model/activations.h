@@ -1,5 +1,5 @@
 #pragma once
-// How the decoder-only forward passes (llama.cpp, gemma3.cpp) lay out a batch's activations in
+// How the decoder-only forward passes (llama.cpp, gemma.cpp, phi3.cpp) lay out a batch's activations in
 // host memory (model/decoder.h Activations), so that memory::plan reserves what a pass holds.
 //
 // Three buffers, most of them reused from one step of a layer to the next:

@@ -1,5 +1,5 @@
 #pragma once
-// Pieces the decoder-only forward passes (gemma3.cpp, llama.cpp) share: their base class, working memory
+// Pieces the decoder-only forward passes (gemma.cpp, llama.cpp, phi3.cpp) share: their base class, working memory
 // (charged to a device), the streamed layers, the layers on an offload device (Exec: the ops of a
 // layer wherever it runs; activations cross at the first device layer and before the output), the
 // checks and cache bookkeeping around a batch (K shifts, placing, window trimming), attention over

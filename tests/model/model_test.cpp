@@ -49,7 +49,7 @@ TEST(Hparams, ReadsGemma3WithItsLayerPattern) {
 }
 
 // Gemma 3 4B and larger scale positions linearly (factor 8) in their global layers; the
-// sliding-window layers are not scaled (hparams.h), which gemma3.cpp applies per layer.
+// sliding-window layers are not scaled (hparams.h), which gemma.cpp applies per layer.
 TEST(Hparams, ReadsGemma3LinearRopeScaling) {
     const std::vector<std::byte> tiny = test::tiny_gemma3_bytes();
     const gguf::GgufFile source = gguf::GgufFile::parse(tiny, "tiny.gguf");

@@ -1,7 +1,9 @@
-// Gemma 2: Gemma 3's block without the Q/K norms (pre- and post-norms around attention and FFN,
-// GeGLU, the embedding scaled by sqrt(n_embd)), every other layer sliding-window, and tanh
+// The Gemma family. Gemma 3 (text): pre- and post-norms around attention and FFN, RMS-normed Q
+// and K, GeGLU, the embedding scaled by sqrt(n_embd), five sliding-window layers per global one.
+// Gemma 2: the same block without the Q/K norms, every other layer sliding-window, and tanh
 // soft-capping of the attention scores and of the final logits.
-// Reference: the Gemma 2 technical report; llama.cpp's gemma2 graph for the exact order of ops.
+// References: the Gemma 2 and 3 technical reports; llama.cpp's gemma2 and gemma3 graphs for the
+// exact order of ops.
 #include <algorithm>
 #include <cmath>
 
@@ -18,6 +20,24 @@
 
 namespace fitllm::model {
 namespace {
+
+// Gemma 3 (llama.cpp's LLM_ARCH_GEMMA3): five sliding-window layers, then one global layer;
+// local layers rotate with base 10000 and no position scaling (global layers of the 4B and larger
+// models scale linearly, by 1/8); Q is scaled by 1/sqrt(head_dim) (27B: by
+// 1/sqrt(n_embd / n_head), which its 62 layers identify).
+void read_gemma3_hparams(const HparamReader& r, Hparams& hp) {
+    hp.sliding_window = r.count_or("attention.sliding_window", 0);
+    hp.is_swa.assign(static_cast<size_t>(hp.n_layer), false);
+    if (hp.sliding_window > 0) {
+        constexpr int kPattern = 6;  // layers il % 6 < 5 are local
+        for (int il = 0; il < hp.n_layer; ++il) hp.is_swa[static_cast<size_t>(il)] = il % kPattern < kPattern - 1;
+    }
+    hp.rope_base_swa = 10000.0f;
+    hp.rope_freq_scale = r.rope_freq_scale();
+    hp.final_logit_softcap = r.number_or("final_logit_softcapping", 0.0f);
+    hp.attn_scale = hp.n_layer == 62 ? 1.0f / std::sqrt(static_cast<float>(hp.n_embd / hp.n_head))
+                                     : 1.0f / std::sqrt(static_cast<float>(hp.head_dim));
+}
 
 // A soft-capping value: the key's, else llama.cpp's default for Gemma 2 (it caps always).
 float read_softcap(const HparamReader& r, const std::string& name, float fallback) {
@@ -70,12 +90,23 @@ void read_gemma2_hparams(const HparamReader& r, Hparams& hp) {
                                      : 1.0f / std::sqrt(static_cast<float>(hp.head_dim));
 }
 
-// Gemma 2, one block. Shapes as [rows (outputs), cols (inputs)].
-struct Gemma2Layer {
+// What the members of the family differ in, past their hyper-parameters.
+struct Variant {
+    bool qk_norm;              // RMS norms of each head of Q and K before the rotation (Gemma 3)
+    bool local_rope_unscaled;  // local layers rotate without the position scaling (Gemma 3)
+    bool output_tied_only;     // output.weight is refused: the output is token_embd (Gemma 2)
+};
+constexpr Variant kGemma3Variant{true, true, false};
+constexpr Variant kGemma2Variant{false, false, true};
+
+// One block (Gemma 2: no q_norm and k_norm). Shapes as [rows (outputs), cols (inputs)].
+struct GemmaLayer {
     const float* attn_norm = nullptr;       // [n_embd]
     ops::WeightView wq;                     // [n_head * head_dim, n_embd]
     ops::WeightView wk;                     // [n_head_kv * head_dim, n_embd]
     ops::WeightView wv;                     // [n_head_kv * head_dim_v, n_embd]
+    const float* q_norm = nullptr;          // [head_dim]; Gemma 2: nullptr
+    const float* k_norm = nullptr;          // [head_dim]; Gemma 2: nullptr
     ops::WeightView wo;                     // [n_embd, n_head * head_dim_v]
     const float* post_attn_norm = nullptr;  // [n_embd]
     const float* ffn_norm = nullptr;        // [n_embd]
@@ -88,40 +119,49 @@ struct Gemma2Layer {
 // Calls f on every pointer into the file that a layer holds (LayerRef moves them into a stream
 // buffer). A field added to a layer must be added here: the static_assert is the reminder.
 template <class F>
-void for_each_weight(Gemma2Layer& L, F&& f) {
-    static_assert(sizeof(Gemma2Layer) == 4 * sizeof(const float*) + 7 * sizeof(ops::WeightView),
-                  "a Gemma2Layer field is missing from for_each_weight");
-    for (const float** p : {&L.attn_norm, &L.post_attn_norm, &L.ffn_norm, &L.post_ffn_norm}) f(*p);
+void for_each_weight(GemmaLayer& L, F&& f) {
+    static_assert(sizeof(GemmaLayer) == 6 * sizeof(const float*) + 7 * sizeof(ops::WeightView),
+                  "a GemmaLayer field is missing from for_each_weight");
+    for (const float** p : {&L.attn_norm, &L.q_norm, &L.k_norm, &L.post_attn_norm, &L.ffn_norm, &L.post_ffn_norm})
+        f(*p);
     for (ops::WeightView* w : {&L.wq, &L.wk, &L.wv, &L.wo, &L.ffn_gate, &L.ffn_up, &L.ffn_down}) f(w->data);
 }
 
-struct Gemma2Weights {
+struct GemmaWeights {
     ops::WeightView token_embd;          // [n_vocab, n_embd]
-    std::vector<Gemma2Layer> layers;     // n_layer
+    std::vector<GemmaLayer> layers;      // n_layer
     const float* output_norm = nullptr;  // [n_embd]
-    ops::WeightView output;              // token_embd: Gemma 2 always ties them
+    ops::WeightView output;              // [n_vocab, n_embd]; token_embd when tied
 };
 
 // Throws ModelError naming the first missing or misshapen tensor.
-Gemma2Weights bind_gemma2_weights(const gguf::GgufFile& file, const Hparams& hp) {
+GemmaWeights bind_gemma_weights(const gguf::GgufFile& file, const Hparams& hp, const Variant& variant) {
     const TensorBinder b(file);
-    Gemma2Weights w;
+    GemmaWeights w;
     w.token_embd = b.matrix("token_embd.weight", hp.n_vocab, hp.n_embd);
     w.output_norm = b.vector("output_norm.weight", hp.n_embd);
-    // llama.cpp multiplies by token_embd and refuses a file with more tensors than it binds.
-    b.refuse("output.weight", "Gemma 2 ties the output matrix to token_embd.weight");
-    w.output = w.token_embd;
+    if (variant.output_tied_only) {
+        // llama.cpp multiplies by token_embd and refuses a file with more tensors than it binds.
+        b.refuse("output.weight", "Gemma 2 ties the output matrix to token_embd.weight");
+    } else {
+        w.output = b.optional_matrix("output.weight", hp.n_vocab, hp.n_embd);
+    }
+    if (!w.output.data) w.output = w.token_embd;  // tied
     const int64_t q_dim = int64_t{hp.n_head} * hp.head_dim;
     const int64_t k_dim = int64_t{hp.n_head_kv} * hp.head_dim;
     const int64_t v_dim = int64_t{hp.n_head_kv} * hp.head_dim_v;
     const int64_t o_dim = int64_t{hp.n_head} * hp.head_dim_v;
     for (int il = 0; il < hp.n_layer; ++il) {
         const std::string p = "blk." + std::to_string(il) + ".";
-        Gemma2Layer L;
+        GemmaLayer L;
         L.attn_norm = b.vector(p + "attn_norm.weight", hp.n_embd);
         L.wq = b.matrix(p + "attn_q.weight", q_dim, hp.n_embd);
         L.wk = b.matrix(p + "attn_k.weight", k_dim, hp.n_embd);
         L.wv = b.matrix(p + "attn_v.weight", v_dim, hp.n_embd);
+        if (variant.qk_norm) {
+            L.q_norm = b.vector(p + "attn_q_norm.weight", hp.head_dim);
+            L.k_norm = b.vector(p + "attn_k_norm.weight", hp.head_dim);
+        }
         L.wo = b.matrix(p + "attn_output.weight", hp.n_embd, o_dim);
         L.post_attn_norm = b.vector(p + "post_attention_norm.weight", hp.n_embd);
         L.ffn_norm = b.vector(p + "ffn_norm.weight", hp.n_embd);
@@ -134,10 +174,10 @@ Gemma2Weights bind_gemma2_weights(const gguf::GgufFile& file, const Hparams& hp)
     return w;
 }
 
-class Gemma2 final : public DecoderModel {
+class Gemma final : public DecoderModel {
 public:
-    Gemma2(const gguf::GgufFile& file, Hparams hp, const LoadOptions& options)
-        : DecoderModel(file, std::move(hp), options), w_(bind_gemma2_weights(file, hp_)) {
+    Gemma(const gguf::GgufFile& file, Hparams hp, const LoadOptions& options, const Variant& variant)
+        : DecoderModel(file, std::move(hp), options), variant_(variant), w_(bind_gemma_weights(file, hp_, variant)) {
         mem_.place_weights(w_);  // the offloaded layers' views point at the device's copies
     }
 
@@ -154,7 +194,7 @@ public:
         ops::scale(x_host, n * E, std::sqrt(static_cast<float>(hp.n_embd)));
 
         for (int il = 0; il < hp.n_layer; ++il) {
-            const LayerRef<Gemma2Layer> L = mem_.layer(w_.layers, il);  // waits for a streamed layer
+            const LayerRef<GemmaLayer> L = mem_.layer(w_.layers, il);  // waits for a streamed layer
             Exec& o = mem_.enter(il);  // the ops and activations of the device that runs layer il
             float* x = o.x;
             float* cur = o.cur;
@@ -165,12 +205,17 @@ public:
             o.matmul(L->wq, cur, n, o.q, places);  // q: [n, n_head, head_dim]
             o.matmul(L->wk, cur, n, o.k, places);  // k: [n, n_head_kv, head_dim]
             o.matmul(L->wv, cur, n, o.v, places);  // v: [n, n_head_kv, head_dim_v]
+            if (variant_.qk_norm) {
+                o.rms_norm(o.q, L->q_norm, hp.norm_eps, int64_t{n} * hp.n_head, hp.head_dim, o.q);
+                o.rms_norm(o.k, L->k_norm, hp.norm_eps, int64_t{n} * hp.n_head_kv, hp.head_dim, o.k);
+            }
             const ops::RopeParams rope = rope_params(il);
             o.rope(o.q, rows.positions, n, hp.n_head, hp.head_dim, rope);
             o.rope(o.k, rows.positions, n, hp.n_head_kv, hp.head_dim, rope);
             o.store_kv(cache, il, o.k, o.v, o.q, rows, hp, rope);  // q: for the K transform's fit
-            // Q is scaled before attention, as llama.cpp does; the scores are then capped
-            // (hp.attn_softcap) as cap * tanh(q.k / cap).
+            // Q is scaled before attention (not the scores), as llama.cpp does: its f16 rounding of
+            // Q then sees the same values. Gemma 2 then caps the scores (hp.attn_softcap) as
+            // cap * tanh(q.k / cap).
             o.scale(o.q, int64_t{n} * hp.n_head * hp.head_dim, hp.attn_scale);
             attend(o, hp, cache, il, o.q, rows, /*scale=*/1.0f, local ? hp.sliding_window : 0,
                    o.attn);                                  // attn: [n, n_head * head_dim_v]
@@ -193,37 +238,43 @@ public:
         }
         cache.end_batch();
 
-        // Output: the rows that want logits, soft-capped.
+        // Output: the rows that want logits (Gemma 2: soft-capped).
         Exec& o = mem_.enter_output();
         const int n_out = output_rows(o, hp, batch, o.x, w_.output_norm, o.cur);
         if (n_out == 0) return;
         float* logits = mem_.logits_target(hp, logits_out, n_out);
         o.matmul(w_.output, o.cur, n_out, logits, output_places(batch, rows, mem_));  // logits: [n_out, n_vocab]
-        o.softcap(logits, int64_t{n_out} * hp.n_vocab, hp.final_logit_softcap);
+        if (hp.final_logit_softcap > 0.0f) o.softcap(logits, int64_t{n_out} * hp.n_vocab, hp.final_logit_softcap);
         mem_.finish_logits(logits_out, int64_t{n_out} * hp.n_vocab);
     }
 
 private:
-    // Local and global layers differ only in the base (rope.freq_base_swa, when the file has it).
+    // Local (sliding-window) layers rotate with their own base (Gemma 3: and no scaling).
     ops::RopeParams rope_params(int il) const {
         const bool local = hp_.is_swa[static_cast<size_t>(il)];
         ops::RopeParams rope;
         rope.mode = ops::RopeMode::Neox;
         rope.n_dims = hp_.n_rot;
         rope.freq_base = local ? hp_.rope_base_swa : hp_.rope_base;
-        rope.freq_scale = hp_.rope_freq_scale;
+        rope.freq_scale = local && variant_.local_rope_unscaled ? 1.0f : hp_.rope_freq_scale;
         return rope;
     }
 
-    Gemma2Weights w_;
+    Variant variant_;
+    GemmaWeights w_;
 };
 
+std::unique_ptr<Model> load_gemma3(const gguf::GgufFile& file, Hparams hp, const LoadOptions& options) {
+    return std::make_unique<Gemma>(file, std::move(hp), options, kGemma3Variant);
+}
+
 std::unique_ptr<Model> load_gemma2(const gguf::GgufFile& file, Hparams hp, const LoadOptions& options) {
-    return std::make_unique<Gemma2>(file, std::move(hp), options);
+    return std::make_unique<Gemma>(file, std::move(hp), options, kGemma2Variant);
 }
 
 }  // namespace
 
 extern const Architecture kGemma2{"gemma2", read_gemma2_hparams, load_gemma2};
+extern const Architecture kGemma3{"gemma3", read_gemma3_hparams, load_gemma3};
 
 }  // namespace fitllm::model
