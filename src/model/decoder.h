@@ -426,6 +426,12 @@ protected:
     DecoderModel(const gguf::GgufFile& file, Hparams hp, const LoadOptions& options)
         : hp_(std::move(hp)), mem_(file, hp_, options) {}
 
+    // After the layers: the rows of the batch that want logits (x in the output layer's Exec),
+    // normed by output_norm and multiplied by the output matrix into logits_out, soft-capped
+    // where hp.final_logit_softcap > 0 (Gemma 2), on the device that runs the output layer.
+    void output_logits(const Batch& batch, const BatchRows& rows, const float* output_norm,
+                       const ops::WeightView& output, float* logits_out);
+
     Hparams hp_;
     DecoderMemory mem_;
 };
@@ -555,6 +561,17 @@ inline int output_rows(Exec& o, const Hparams& hp, const Batch& b, const float* 
         ++n_out;
     }
     return n_out;
+}
+
+inline void DecoderModel::output_logits(const Batch& batch, const BatchRows& rows, const float* output_norm,
+                                        const ops::WeightView& output, float* logits_out) {
+    Exec& o = mem_.enter_output();
+    const int n_out = output_rows(o, hp_, batch, o.x, output_norm, o.cur);
+    if (n_out == 0) return;
+    float* logits = mem_.logits_target(hp_, logits_out, n_out);
+    o.matmul(output, o.cur, n_out, logits, output_places(batch, rows, mem_));  // logits: [n_out, n_vocab]
+    if (hp_.final_logit_softcap > 0.0f) o.softcap(logits, int64_t{n_out} * hp_.n_vocab, hp_.final_logit_softcap);
+    mem_.finish_logits(logits_out, int64_t{n_out} * hp_.n_vocab);
 }
 
 }  // namespace fitllm::model

@@ -238,14 +238,7 @@ public:
         }
         cache.end_batch();
 
-        // Output: the rows that want logits (Gemma 2: soft-capped).
-        Exec& o = mem_.enter_output();
-        const int n_out = output_rows(o, hp, batch, o.x, w_.output_norm, o.cur);
-        if (n_out == 0) return;
-        float* logits = mem_.logits_target(hp, logits_out, n_out);
-        o.matmul(w_.output, o.cur, n_out, logits, output_places(batch, rows, mem_));  // logits: [n_out, n_vocab]
-        if (hp.final_logit_softcap > 0.0f) o.softcap(logits, int64_t{n_out} * hp.n_vocab, hp.final_logit_softcap);
-        mem_.finish_logits(logits_out, int64_t{n_out} * hp.n_vocab);
+        output_logits(batch, rows, w_.output_norm, w_.output, logits_out);  // Gemma 2: soft-capped
     }
 
 private:

@@ -214,13 +214,7 @@ public:
         }
         cache.end_batch();
 
-        // Output: the rows that want logits.
-        Exec& o = mem_.enter_output();
-        const int n_out = output_rows(o, hp, batch, o.x, w_.output_norm, o.cur);
-        if (n_out == 0) return;
-        o.matmul(w_.output, o.cur, n_out, mem_.logits_target(hp, logits_out, n_out),
-                 output_places(batch, rows, mem_));  // logits: [n_out, n_vocab]
-        mem_.finish_logits(logits_out, int64_t{n_out} * hp.n_vocab);
+        output_logits(batch, rows, w_.output_norm, w_.output, logits_out);
     }
 
 private:
