@@ -25,7 +25,9 @@ struct Scheduler::Sequence {
           top_logprobs(params.top_logprobs),
           sampler(params.sampling, n_vocab),
           text(tokenizer, std::move(params.stop)) {
-        for (const int32_t id : tokens) sampler.accept(id);
+        if (params.penalize_prompt) {
+            for (const int32_t id : tokens) sampler.accept(id);
+        }
     }
 
     std::shared_ptr<Job> job;

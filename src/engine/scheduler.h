@@ -66,6 +66,9 @@ struct GenerationParams {
     // >= 0: each sampled token's log probability and this many alternatives go with the text
     // (Job::Update::logprobs); -1: none.
     int top_logprobs = -1;
+    // The prompt's tokens count for the penalties (llama.cpp's repeat penalty); false: only the
+    // generated ones (OpenAI's presence and frequency penalties, "the text so far").
+    bool penalize_prompt = true;
 };
 
 // submit() when max_queue requests already wait.

@@ -439,6 +439,9 @@ CompletionRequest parse_completion_request(const json& body, bool chat) {
         sp.repeat_penalty = static_cast<float>(*v);
     }
     if (const auto v = integer_field(body, "repeat_last_n", 0, 1 << 20)) sp.penalty_last_n = static_cast<int32_t>(*v);
+    // OpenAI's presence and frequency penalties look at the generated text; llama.cpp's
+    // repeat_penalty (and with it, the others) at the last repeat_last_n tokens, prompt included.
+    r.params.penalize_prompt = field(body, "repeat_penalty") != nullptr;
     if (const auto v =
             integer_field(body, "seed", std::numeric_limits<int64_t>::min(), std::numeric_limits<int64_t>::max())) {
         sp.seed = static_cast<uint64_t>(*v);  // -1 asks for a random seed, as in llama.cpp
@@ -686,6 +689,7 @@ OllamaRequest parse_ollama_request(const json& body, bool chat) {
     }
     try {
         r.completion = parse_completion_request(o, as_chat);
+        r.completion.params.penalize_prompt = true;  // Ollama runs llama.cpp's penalties
         if (format) {
             r.completion.params.sampling.grammar = std::move(format);
             if (body["format"].is_object()) r.completion.schema_pointer = "/format";

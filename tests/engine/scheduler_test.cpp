@@ -5,6 +5,7 @@
 
 #include <gtest/gtest.h>
 
+#include <algorithm>
 #include <chrono>
 #include <cmath>
 #include <thread>
@@ -157,6 +158,40 @@ TEST_F(SchedulerTest, LogprobsOfTheSampledTokens) {
     }
     EXPECT_EQ(tokenizer_->detokenize(generated, false, false), u.text);                      // the tokens of the text
     EXPECT_TRUE(s.submit(ids("Once upon a time"), greedy(4))->wait_all().logprobs.empty());  // not asked for
+}
+
+TEST_F(SchedulerTest, PenaltiesCountThePromptOnlyWhenAsked) {
+    // OpenAI's presence/frequency penalties look at the generated text (penalize_prompt false);
+    // llama.cpp's at the last penalty_last_n tokens, prompt included. A prompt of every ordinary
+    // token but the first 8 of the vocabulary, and a frequency penalty that no logit survives: a
+    // first token sampled from the prompt's tokens only happens when the prompt is not counted.
+    const int n_vocab = model_->n_vocab();
+    std::vector<int32_t> prompt = ids("");
+    for (int32_t id = 8; id < n_vocab; ++id) {
+        if (!tokenizer_->vocab().is_eog(id)) prompt.push_back(id);
+    }
+    Scheduler s(*model_, *tokenizer_, {.n_ctx = n_vocab + 16, .n_seq = 1, .n_batch = 64}, {}, *compute_);
+    const auto first_token = [&](float frequency, bool penalize_prompt, uint64_t seed) {
+        GenerationParams p;
+        p.max_tokens = 1;
+        p.top_logprobs = 0;
+        p.sampling.temperature = 1.0f;
+        p.sampling.seed = seed;
+        p.sampling.penalty_last_n = n_vocab;
+        p.sampling.frequency_penalty = frequency;
+        p.penalize_prompt = penalize_prompt;
+        const Job::Update u = s.submit(prompt, p)->wait_all();
+        return u.logprobs.empty() ? -1 : u.logprobs[0].id;
+    };
+    const auto in_prompt = [&](int32_t id) { return std::find(prompt.begin(), prompt.end(), id) != prompt.end(); };
+    int n_from_prompt = 0;
+    for (uint64_t seed = 1; seed <= 8; ++seed) {
+        const int32_t plain = first_token(0.0f, true, seed);
+        n_from_prompt += in_prompt(plain) ? 1 : 0;
+        EXPECT_EQ(first_token(100.0f, false, seed), plain) << seed;  // nothing generated yet to penalize
+        EXPECT_FALSE(in_prompt(first_token(100.0f, true, seed))) << seed;
+    }
+    EXPECT_GT(n_from_prompt, 0) << "the prompt holds almost every token: unpenalized draws come from it";
 }
 
 TEST_F(SchedulerTest, TheGrammarVocabularyIsChargedToTheBudget) {

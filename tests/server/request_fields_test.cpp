@@ -49,3 +49,21 @@ TEST(RequestFields, ControlCharactersInANameAreEscapedInTheMessage) {
 
 }  // namespace
 }  // namespace fitllm::server
+
+namespace fitllm::server {
+namespace {
+
+// OpenAI's presence and frequency penalties count the generated text only; with llama.cpp's
+// repeat_penalty, and on Ollama's endpoints (llama.cpp's options), the prompt counts too.
+TEST(RequestFields, PenaltiesCountThePromptOnlyWithRepeatPenalty) {
+    const nlohmann::json openai = {{"prompt", "x"}, {"presence_penalty", 1.0}, {"frequency_penalty", 0.5}};
+    EXPECT_FALSE(parse_completion_request(openai, /*chat=*/false).params.penalize_prompt);
+    nlohmann::json llama = openai;
+    llama["repeat_penalty"] = 1.1;
+    EXPECT_TRUE(parse_completion_request(llama, /*chat=*/false).params.penalize_prompt);
+    const nlohmann::json ollama = {{"model", "m"}, {"prompt", "x"}, {"options", {{"presence_penalty", 1.0}}}};
+    EXPECT_TRUE(parse_ollama_request(ollama, /*chat=*/false).completion.params.penalize_prompt);
+}
+
+}  // namespace
+}  // namespace fitllm::server
