@@ -33,9 +33,10 @@ using namespace fitllm::quant;
 constexpr int kRows = 4096, kCols = 4096;
 constexpr size_t kDramBytes = size_t{512} << 20;
 
-constexpr GgmlType kTypes[] = {GgmlType::Q4_0, GgmlType::Q4_K, GgmlType::Q6_K, GgmlType::Q8_0, GgmlType::Q2_K,
-                               GgmlType::Q3_K, GgmlType::Q5_K, GgmlType::Q4_1, GgmlType::Q5_0, GgmlType::Q5_1,
-                               GgmlType::F16,  GgmlType::BF16, GgmlType::F32};
+constexpr GgmlType kTypes[] = {GgmlType::Q4_0, GgmlType::Q4_K,  GgmlType::Q6_K,  GgmlType::Q8_0,
+                               GgmlType::Q2_K, GgmlType::Q3_K,  GgmlType::Q5_K,  GgmlType::Q4_1,
+                               GgmlType::Q5_0, GgmlType::Q5_1,  GgmlType::F16,   GgmlType::BF16,
+                               GgmlType::F32,  GgmlType::TQ1_0, GgmlType::TQ2_0, GgmlType::MXFP4};
 
 // Weights start on a cache line, as in a mapped GGUF file (32-byte aligned tensors) at best; set
 // FITLLM_BENCH_OFFSET=32 to start them half-way into one instead.
