@@ -85,10 +85,7 @@ struct ServeOptions {
     int max_queue = 64;
     std::string alias;                // --alias: the -m model's id
     bool strict_model_names = false;  // --strict-model-names
-    // --cache-prompts N: prompts kept for later requests (ContextConfig::n_cached_prompts); -1: as
-    // many as -np, within the 64 sequence ids.
-    int cache_prompts = -1;
-    server::HttpOptions http;  // the API key, request and connection limits, web safety
+    server::HttpOptions http;         // the API key, request and connection limits, web safety
 };
 ArgParser serve_parser(ServeOptions& o);
 void validate(const ServeOptions& o);

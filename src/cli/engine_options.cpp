@@ -125,6 +125,24 @@ void add_kv_options(ArgParser& p, ContextConfig& context) {
              [&context](const std::string& v) { context.kv_resident = parse_size_option("--kv-resident", v); });
 }
 
+void add_prompt_cache_options(ArgParser& p, ContextConfig& context) {
+    p.option("--cache-prompts", "N",
+             "finished prompts whose KV cells stay cached, so that a request sharing a prefix computes only the "
+             "rest; evicted least recently used when cells are needed; 0: none (serve's default: as many as -np)",
+             &context.n_cached_prompts);
+    p.option("--cache-ram", "SIZE",
+             "host memory, within --mem, for kept prompts the KV cache evicts: copied back instead of computed "
+             "again when a request shares them (default 0: none)",
+             [&context](const std::string& v) { context.prompt_cache_ram = parse_size_option("--cache-ram", v); });
+}
+
+ContextConfig resolve_cached_prompts(ContextConfig c) {
+    if (c.n_cached_prompts == kCachedPromptsAsSlots) {
+        c.n_cached_prompts = std::clamp(kv::kMaxSequences - c.n_seq, 0, c.n_seq);
+    }
+    return c;
+}
+
 void add_context_shift_options(ArgParser& p, ContextConfig& context) {
     p.option("--context-shift", "",
              "when the context is full, drop the oldest half of the tokens after --keep and go on "

@@ -50,6 +50,13 @@ void add_threads_option(ArgParser& parser, ContextConfig& context);
 // -ctk / --cache-type-k TYPE, -ctv / --cache-type-v TYPE, --no-kv-rotation, --kv-spill-dir DIR,
 // --kv-resident SIZE.
 void add_kv_options(ArgParser& parser, ContextConfig& context);
+// --cache-prompts N and --cache-ram SIZE (the server's prompt cache; `plan` plans it as serve
+// does). kCachedPromptsAsSlots in n_cached_prompts stands for serve's default, as many as -np
+// (resolve_cached_prompts).
+inline constexpr int kCachedPromptsAsSlots = -1;
+void add_prompt_cache_options(ArgParser& parser, ContextConfig& context);
+// The context with kCachedPromptsAsSlots replaced by as many as -np, within the 64 sequence ids.
+ContextConfig resolve_cached_prompts(ContextConfig context);
 // --context-shift, --keep N.
 void add_context_shift_options(ArgParser& parser, ContextConfig& context);
 // Speculative decoding by prompt lookup (engine/lookup.h), as `run` and `chat` take it.

@@ -18,7 +18,7 @@ ArgParser plan_parser(PlanOptions& o) {
     ArgParser p(
         "fitllm plan -m MODEL [-c N] [-np N] [-b N] [-t N] [-ctk T] [-ctv T] [--no-kv-rotation] [--context-shift] "
         "[--kv-spill-dir DIR --kv-resident SIZE] [--mem SIZE] [--stream-layers N] [--device NAME] [-ngl N] "
-        "[--vram SIZE] [--no-kv-offload] [--unified] [--fit] [--json]",
+        "[--vram SIZE] [--no-kv-offload] [--unified] [--fit] [--cache-prompts N] [--cache-ram SIZE] [--json]",
         "Show where every byte of a run would go, from the GGUF header alone: weights (resident\n"
         "or streamed), KV cache, scratch, outputs and overhead per device, the total, and whether\n"
         "it fits the memory budget. --fit changes the settings until it does: it quantizes the KV\n"
@@ -31,6 +31,7 @@ ArgParser plan_parser(PlanOptions& o) {
     p.option("-b, --batch-size", "N", "tokens per forward pass (default 512)", &c.n_batch);
     add_threads_option(p, c);
     add_kv_options(p, c);
+    add_prompt_cache_options(p, c);
     p.option("--context-shift", "", "keep room for a context shift (run's --context-shift)",
              [&c](const std::string&) { c.context_shift = true; });
     add_budget_options(p, o.engine);

@@ -83,6 +83,7 @@ ArgParser serve_parser(ServeOptions& o) {
     c.n_seq = 4;
     c.n_ctx = 4096;
     c.n_batch = 256;
+    c.n_cached_prompts = kCachedPromptsAsSlots;
     ArgParser p(
         "fitllm serve [-m MODEL | --models-dir DIR] [--alias NAME] [--strict-model-names] [--host H] [--port P] [-np "
         "N] [-c N] [-b N] [-t N] "
@@ -114,14 +115,7 @@ ArgParser serve_parser(ServeOptions& o) {
     p.option("-b, --batch-size", "N",
              "tokens per forward pass: one per decoding sequence, the rest prompt chunks (default 256)", &c.n_batch);
     add_threads_option(p, c);
-    p.option("--cache-prompts", "N",
-             "finished prompts whose KV cells stay cached, so that a request sharing a prefix computes only the "
-             "rest; evicted least recently used when cells are needed; 0: none (default: as many as -np)",
-             &o.cache_prompts);
-    p.option("--cache-ram", "SIZE",
-             "host memory, within --mem, for kept prompts the KV cache evicts: copied back instead of computed "
-             "again when a request shares them (default 0: none)",
-             [&c](const std::string& v) { c.prompt_cache_ram = parse_size_option("--cache-ram", v); });
+    add_prompt_cache_options(p, c);
     p.option("--ttl", "SECONDS", "unload a --models-dir model after this many idle seconds; 0: never (default 300)",
              &o.ttl);
     p.option("--max-queue", "N", "requests that may wait for a slot per model; more get HTTP 429 (default 64)",
@@ -132,18 +126,8 @@ ArgParser serve_parser(ServeOptions& o) {
     return p;
 }
 
-namespace {
-
-ContextConfig serve_context(const ServeOptions& o) {
-    ContextConfig c = o.engine.context;
-    c.n_cached_prompts = o.cache_prompts >= 0 ? o.cache_prompts : std::clamp(kv::kMaxSequences - c.n_seq, 0, c.n_seq);
-    return c;
-}
-
-}  // namespace
-
 void validate(const ServeOptions& o) {
-    const ContextConfig c = serve_context(o);
+    const ContextConfig c = resolve_cached_prompts(o.engine.context);
     if (o.engine.load.model_path.empty() == o.models_dir.empty()) {
         throw UsageError("give one of -m MODEL and --models-dir DIR");
     }
@@ -154,8 +138,9 @@ void validate(const ServeOptions& o) {
     }
     if (c.n_ctx < 1) throw UsageError("-c: " + std::to_string(c.n_ctx) + " must be positive");
     if (c.n_batch < 1) throw UsageError("-b: " + std::to_string(c.n_batch) + " must be positive");
-    if (o.cache_prompts < -1) {
-        throw UsageError("--cache-prompts: " + std::to_string(o.cache_prompts) + " must not be negative");
+    if (o.engine.context.n_cached_prompts < kCachedPromptsAsSlots) {
+        throw UsageError("--cache-prompts: " + std::to_string(o.engine.context.n_cached_prompts) +
+                         " must not be negative");
     }
     if (o.max_queue < 0) throw UsageError("--max-queue: " + std::to_string(o.max_queue) + " must not be negative");
     if (o.ttl < 0) throw UsageError("--ttl: " + std::to_string(o.ttl) + " must not be negative");
@@ -174,7 +159,7 @@ server::RegistryOptions registry_options(const ServeOptions& o) {
             .models_dir = o.models_dir,
             .ttl_seconds = static_cast<double>(o.ttl),
             .load = o.engine.load,
-            .context = serve_context(o),
+            .context = resolve_cached_prompts(o.engine.context),
             .scheduler = {.max_queue = o.max_queue},
             .mem_label = o.engine.mem_label,
             .alias = o.alias,

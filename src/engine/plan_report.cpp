@@ -134,9 +134,11 @@ std::string plan_text(const Plan& p, const std::string& budget_source) {
                                     : "";
     out += "model     " + p.shape.source + " (" + p.shape.hp.arch + ", " + std::to_string(p.shape.hp.n_layer) +
            " layers" + experts + ", " + util::human_bytes(p.shape.file_bytes) + ")\n";
-    std::snprintf(line, sizeof line, "settings  -c %d -np %d -b %d -ctk %s -ctv %s (%d threads)\n", q.n_ctx, q.n_seq,
-                  q.n_batch, type_str(q.type_k).c_str(), type_str(q.type_v).c_str(), q.n_threads);
+    std::snprintf(line, sizeof line, "settings  -c %d -np %d -b %d -ctk %s -ctv %s", q.n_ctx, q.n_seq, q.n_batch,
+                  type_str(q.type_k).c_str(), type_str(q.type_v).c_str());
     out += line;
+    if (q.n_cached_prompts > 0) out += " --cache-prompts " + std::to_string(q.n_cached_prompts);
+    out += " (" + std::to_string(q.n_threads) + " threads)\n";
     out += "\ndevice host\n";
     const int n_layer = p.shape.hp.n_layer;
     const DevicePlan& dev = p.device;

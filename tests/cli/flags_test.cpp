@@ -148,7 +148,6 @@ Fields fields(const ServeOptions& o) {
     f["port"] = str(o.port);
     f["ttl"] = str(o.ttl);
     f["max_queue"] = str(o.max_queue);
-    f["cache_prompts"] = str(o.cache_prompts);
     f["http.api_key"] = o.http.api_key;
     f["http.max_body"] = str(o.http.max_body);
     f["http.request_timeout"] = str(o.http.request_timeout);
@@ -280,7 +279,7 @@ const std::map<std::string, std::set<std::string>> kSets = {
     {"--allowed-hosts", {"http.allowed_hosts"}},
     {"--cors-origin", {"http.cors_origins"}},
     {"--max-queue", {"max_queue"}},
-    {"--cache-prompts", {"cache_prompts"}},
+    {"--cache-prompts", {"context.n_cached_prompts"}},
     {"--cache-ram", {"context.prompt_cache_ram"}},
     {"--lookup", {"lookup.enabled"}},
     {"--draft-max", {"lookup.n_draft"}},
