@@ -78,6 +78,9 @@ ModelRegistry::ModelRegistry(RegistryOptions options) : options_(std::move(optio
     if (!options_.alias.empty() && options_.model_path.empty()) {
         throw std::invalid_argument("--alias names the -m model; with --models-dir each file's name is its id");
     }
+    // The -m model is loading from now until load_startup_model() is done: a health check that
+    // comes between the listener's start and the load must not hear "ok".
+    loading_ = !options_.model_path.empty();
     resources_ = engine::Resources::open(options_.load, options_.context.n_threads, options_.mem_label);
     {
         std::lock_guard lock(mutex_);

@@ -107,7 +107,8 @@ public:
     explicit ModelRegistry(RegistryOptions options);
     ~ModelRegistry();
 
-    // Loads the -m model (for the start-up; health says 503 until it is done). Throws as acquire().
+    // Loads the -m model (for the start-up; loading() is true from the registry's construction
+    // until this is done, so health says 503 until then). Throws as acquire().
     void load_startup_model();
     bool loading() const { return loading_; }
 
