@@ -1276,6 +1276,10 @@ class PromptCache(unittest.TestCase):
             r = srv.client().chat.completions.create(model="x", messages=first, max_tokens=8, temperature=0)
             srv.client().chat.completions.create(model="x", messages=[{"role": "user", "content": "Something else"}],
                                                  max_tokens=8, temperature=0)
+            # The scheduler keeps (and so evicts) a prompt in the step after its answer went out.
+            deadline = time.monotonic() + 10
+            while srv.metric("fitllm_prompt_cache_ram_prompts") != 1 and time.monotonic() < deadline:
+                time.sleep(0.02)
             self.assertEqual(srv.metric("fitllm_prompt_cache_ram_prompts"), 1)
             self.assertGreater(srv.metric("fitllm_prompt_cache_ram_bytes"), 0)
             first += [{"role": "assistant", "content": r.choices[0].message.content},
