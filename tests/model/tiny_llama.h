@@ -104,7 +104,7 @@ inline std::vector<std::byte> tiny_llama_bytes(const TinyLlamaOptions& o = {}) {
         std::vector<float> values(static_cast<size_t>(n));
         for (float& v : values) v = base + normal(rng);
         std::vector<std::byte> bytes(values.size() * sizeof(float));
-        std::memcpy(bytes.data(), values.data(), bytes.size());
+        if (!bytes.empty()) std::memcpy(bytes.data(), values.data(), bytes.size());  // (a 0-sized one: no pointers)
         w.add_tensor(name, quant::GgmlType::F32, dims, std::move(bytes));
     };
     const int64_t head_dim = tiny_head_dim(o);
