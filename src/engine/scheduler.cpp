@@ -459,12 +459,17 @@ void Scheduler::release_finished() {
     }
 }
 
+namespace {
+
+bool starts(std::span<const int32_t> a, std::span<const int32_t> prefix) {
+    return prefix.size() <= a.size() && std::equal(prefix.begin(), prefix.end(), a.begin());
+}
+
+}  // namespace
+
 void Scheduler::keep_prompt(const Sequence& s) {
     if (context_.n_cached_prompts == 0 || s.n_fed == 0) return;
     const auto fed = std::span<const int32_t>(s.tokens).first(static_cast<size_t>(s.n_fed));
-    const auto starts = [](std::span<const int32_t> a, std::span<const int32_t> prefix) {
-        return prefix.size() <= a.size() && std::equal(prefix.begin(), prefix.end(), a.begin());
-    };
     for (auto it = cached_.begin(); it != cached_.end();) {
         if (starts(it->tokens, fed)) {  // kept already (it shared them, or computed the same)
             it->last_used = ++cache_clock_;
@@ -485,6 +490,32 @@ void Scheduler::keep_prompt(const Sequence& s) {
     cached_.push_back(std::move(kept));
 }
 
+namespace {
+
+// How many of `tokens` (at most `most`) `held` starts with.
+size_t common_prefix(std::span<const int32_t> held, const std::vector<int32_t>& tokens, size_t most) {
+    const size_t limit = std::min(most, held.size());
+    size_t n = 0;
+    while (n < limit && held[n] == tokens[n]) ++n;
+    return n;
+}
+
+// Whether a prefix of n tokens can be taken from a prompt whose first kept position in pool p is
+// first(p) (-1: none there): a query at position n sees window-pool keys after n - window, and
+// every other pool must hold the prompt from its start.
+template <class First>
+bool prefix_whole(const kv::ModelCache& cache, size_t n, First&& first) {
+    for (int p = 0; p < cache.n_pools(); ++p) {
+        const int window = cache.pool(p).params().window;
+        const kv::Pos needed = window > 0 ? std::max<kv::Pos>(0, static_cast<kv::Pos>(n) - window + 1) : 0;
+        const kv::Pos f = first(p);
+        if (f < 0 || f > needed) return false;
+    }
+    return true;
+}
+
+}  // namespace
+
 int Scheduler::reuse_prompt(Sequence& s) {
     if (context_.n_cached_prompts == 0) return 0;
     // At least the last token is computed again: its logits give the next token.
@@ -494,17 +525,9 @@ int Scheduler::reuse_prompt(Sequence& s) {
     CachedPrompt* best_kept = nullptr;
     // The tokens `held` of sequence `seq`, if they give s a longer prefix than the best so far.
     const auto consider = [&](kv::SeqId seq, std::span<const int32_t> held) {
-        const size_t limit = std::min(most, held.size());
-        size_t n = 0;
-        while (n < limit && held[n] == s.tokens[n]) ++n;
-        if (n <= best_n) return false;
-        // A query at position n sees window-pool keys after n - window: they must still be there.
-        for (int p = 0; p < cache_.n_pools(); ++p) {
-            const kv::KvCache& pool = cache_.pool(p);
-            const int window = pool.params().window;
-            if (window <= 0) continue;
-            const kv::Pos first = pool.seq_pos_min(seq);
-            if (first < 0 || first > std::max<kv::Pos>(0, static_cast<kv::Pos>(n) - window + 1)) return false;
+        const size_t n = common_prefix(held, s.tokens, most);
+        if (n <= best_n || !prefix_whole(cache_, n, [&](int p) { return cache_.pool(p).seq_pos_min(seq); })) {
+            return false;
         }
         best = seq;
         best_n = n;
@@ -523,18 +546,12 @@ int Scheduler::reuse_prompt(Sequence& s) {
     size_t best_saved = saved_.size(), saved_n = best_n;
     for (size_t i = 0; i < saved_.size(); ++i) {
         const SavedPrompt& sp = saved_[i];
-        const size_t limit = std::min(most, sp.tokens.size());
-        size_t n = 0;
-        while (n < limit && sp.tokens[n] == s.tokens[n]) ++n;
-        if (n <= saved_n) continue;
-        bool whole = true;
-        for (int p = 0; p < cache_.n_pools() && whole; ++p) {
-            const int window = cache_.pool(p).params().window;
+        const size_t n = common_prefix(sp.tokens, s.tokens, most);
+        const auto first = [&](int p) {
             const std::vector<kv::Pos>& places = sp.places[static_cast<size_t>(p)];
-            const kv::Pos needed = window > 0 ? std::max<kv::Pos>(0, static_cast<kv::Pos>(n) - window + 1) : 0;
-            whole = !places.empty() && places.front() <= needed;
-        }
-        if (!whole) continue;
+            return places.empty() ? kv::Pos{-1} : places.front();
+        };
+        if (n <= saved_n || !prefix_whole(cache_, n, first)) continue;
         best_saved = i;
         saved_n = n;
     }
@@ -587,9 +604,6 @@ void Scheduler::save_prompt(const CachedPrompt& c) {
     const uint64_t charged = memory::PoolBuffer<std::byte>::bytes_for(bytes);
     if (bytes == 0 || charged > context_.prompt_cache_ram) return;
     // Room: prompts this one holds all of go, then the least recently used.
-    const auto starts = [](const std::vector<int32_t>& a, const std::vector<int32_t>& prefix) {
-        return prefix.size() <= a.size() && std::equal(prefix.begin(), prefix.end(), a.begin());
-    };
     for (size_t i = saved_.size(); i-- > 0;) {
         if (starts(c.tokens, saved_[i].tokens)) drop_saved_prompt(i);
     }
