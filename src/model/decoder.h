@@ -436,6 +436,22 @@ protected:
     DecoderMemory mem_;
 };
 
+// RoPE as the hyper-parameters set it (n_rot, base, linear scaling, YaRN's extrapolation and
+// attention factors), in this mode, with these per-pair frequency factors (nullptr: none).
+inline ops::RopeParams hparams_rope(const Hparams& hp, ops::RopeMode mode, const float* freq_factors) {
+    ops::RopeParams rope;
+    rope.mode = mode;
+    rope.n_dims = hp.n_rot;
+    rope.freq_base = hp.rope_base;
+    rope.freq_scale = hp.rope_freq_scale;
+    rope.freq_factors = freq_factors;
+    rope.ext_factor = hp.rope_ext_factor;
+    rope.attn_factor = hp.rope_attn_factor;
+    rope.corr_low = hp.rope_corr_low;
+    rope.corr_high = hp.rope_corr_high;
+    return rope;
+}
+
 // Throws std::invalid_argument unless the batch has tokens, one position per token, one sequence
 // id per token (or none) and one output flag per token (or none).
 inline void check_batch(const Hparams& hp, const Batch& b) {

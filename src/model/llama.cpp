@@ -265,17 +265,7 @@ public:
 
 private:
     ops::RopeParams rope_params() const {
-        ops::RopeParams rope;
-        rope.mode = variant_.rope_mode;
-        rope.n_dims = hp_.n_rot;
-        rope.freq_base = hp_.rope_base;
-        rope.freq_scale = hp_.rope_freq_scale;
-        rope.freq_factors = variant_.rope_freqs ? w_.rope_freqs : nullptr;
-        rope.ext_factor = hp_.rope_ext_factor;
-        rope.attn_factor = hp_.rope_attn_factor;
-        rope.corr_low = hp_.rope_corr_low;
-        rope.corr_high = hp_.rope_corr_high;
-        return rope;
+        return hparams_rope(hp_, variant_.rope_mode, variant_.rope_freqs ? w_.rope_freqs : nullptr);
     }
 
     Variant variant_;

@@ -221,17 +221,7 @@ private:
     // LongRoPE picks its factors by the context a sequence may take, as llama.cpp's
     // get_rope_factors does by n_ctx_seq: the long ones beyond the original context.
     ops::RopeParams rope_params(const kv::ModelCache& cache) const {
-        ops::RopeParams rope;
-        rope.mode = ops::RopeMode::Neox;
-        rope.n_dims = hp_.n_rot;
-        rope.freq_base = hp_.rope_base;
-        rope.freq_scale = hp_.rope_freq_scale;
-        rope.freq_factors = cache.n_positions() > n_ctx_orig_ ? w_.rope_long : w_.rope_short;
-        rope.ext_factor = hp_.rope_ext_factor;
-        rope.attn_factor = hp_.rope_attn_factor;
-        rope.corr_low = hp_.rope_corr_low;
-        rope.corr_high = hp_.rope_corr_high;
-        return rope;
+        return hparams_rope(hp_, ops::RopeMode::Neox, cache.n_positions() > n_ctx_orig_ ? w_.rope_long : w_.rope_short);
     }
 
     int n_ctx_orig_;
