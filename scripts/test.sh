@@ -53,9 +53,12 @@ if [[ ! -f build-asan/build.ninja ]]; then
     -DFITLLM_CUDA=OFF -DCMAKE_CXX_FLAGS_RELWITHDEBINFO="-O2 -g1 -DNDEBUG" >/dev/null
 fi
 cmake --build build-asan
-# The demo model's full-size numerics (perplexity, llama.cpp's logits, PyPI's reader: half of the
-# Release suite's time) take code paths the tiny models' tests take too; they run in step 1 only.
-ASAN_EXCLUDED='^(Perplexity\.DemoModel|Gemma3Golden\.|DemoModel\.AgreesWithPyPIGgufReader)'
+# The demo model's full-size numerics (perplexity, llama.cpp's logits, PyPI's reader, long greedy
+# runs with and without drafts or grammars: minutes under the sanitizers) take code paths the tiny
+# models' tests take too; they run in step 1 only.
+ASAN_EXCLUDED='^(Perplexity\.DemoModel|Gemma3Golden\.|DemoModel\.AgreesWithPyPIGgufReader|'
+ASAN_EXCLUDED+='Lookup\.GreedyMatchesGenerateOnTheDemoModel|ChatCommand\.LookupGivesTheSameGreedyReplies|'
+ASAN_EXCLUDED+='GrammarModel\.DemoModel|ModelOffload\.DemoModelSplits)'
 echo "(left out under the sanitizers, run above: tests matching $ASAN_EXCLUDED)"
 ASAN_OPTIONS=detect_leaks=1:abort_on_error=1 UBSAN_OPTIONS=print_stacktrace=1:halt_on_error=1 \
   run_ctest build-asan -E "$ASAN_EXCLUDED"

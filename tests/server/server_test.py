@@ -1,7 +1,8 @@
 #!/usr/bin/env python3
 """HTTP tests of `fitllm serve` against a real server on loopback (ctest: ServerHttp).
 
-Run: .venv/bin/python tests/server/server_test.py BUILD_DIR/fitllm SOURCE_DIR
+Run: .venv/bin/python tests/server/server_test.py BUILD_DIR/fitllm SOURCE_DIR [GROUP]
+(GROUP: one of GROUPS below, or "rest"; without it every class runs).
 Exits 77 (ctest: skipped) when the `openai` package is missing from the venv; without the `ollama`
 package only OllamaClient is skipped.
 Uses the tiny models in tests/model/data/ (fast, nonsense text) and the demo model when present.
@@ -37,6 +38,7 @@ DATA = os.path.join(SOURCE, "tests", "model", "data")
 TINY_LLAMA = os.path.join(DATA, "tiny-llama-q8_0.gguf")
 TINY_QWEN = os.path.join(DATA, "tiny-qwen2-q8_0.gguf")
 DEMO = os.path.join(SOURCE, "models", "gemma-3-270m-q4_k_m.gguf")
+SANITIZED = os.environ.get("FITLLM_SANITIZED") == "1"  # the ASan + UBSan build (tests/CMakeLists.txt)
 
 
 class Server:
@@ -1396,6 +1398,8 @@ class StructuredOutput(unittest.TestCase):
             srv.stop()
 
     @unittest.skipUnless(os.path.exists(DEMO), "the demo model is not in models/ (scripts/setup.sh assembles it)")
+    @unittest.skipIf(SANITIZED, "48 answers of the demo model take minutes under the sanitizers: the Release "
+                     "suite runs them, and the random model's schemas run here")
     def test_schemas_on_the_demo_model(self):
         srv = Server("-m", DEMO, "-np", "2", "-c", "2048")
         try:
@@ -1473,5 +1477,23 @@ class StructuredOutput(unittest.TestCase):
             srv.stop()
 
 
+# ctest runs the classes in groups, so that the groups run in parallel (tests/CMakeLists.txt): a
+# named group runs its classes, "rest" every class no group names, no group name all of them.
+GROUPS = {
+    "ollama": ("Ollama", "OllamaClient", "ModelsDir"),
+    "demo": ("DemoModel", "PromptCache", "StructuredOutput"),
+}
+
 if __name__ == "__main__":
-    unittest.main(argv=[sys.argv[0], "-v"])
+    group = sys.argv[3] if len(sys.argv) > 3 else None
+    cases = [c for c in globals().values() if isinstance(c, type) and issubclass(c, unittest.TestCase)]
+    named = {name for names in GROUPS.values() for name in names}
+    if group is not None and group != "rest" and group not in GROUPS:
+        sys.exit(f"unknown group {group!r} (groups: {', '.join(GROUPS)}, rest)")
+    if group == "rest":
+        cases = [c for c in cases if c.__name__ not in named]
+    elif group is not None:
+        cases = [c for c in cases if c.__name__ in GROUPS[group]]
+    suite = unittest.TestSuite(unittest.defaultTestLoader.loadTestsFromTestCase(c) for c in cases)
+    result = unittest.TextTestRunner(verbosity=2).run(suite)
+    sys.exit(0 if result.wasSuccessful() else 1)
