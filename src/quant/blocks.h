@@ -13,6 +13,7 @@
 #include <string>
 
 #include "quant/ggml_type.h"
+#include "quant/iq_grids.h"
 
 namespace fitllm::quant {
 
@@ -105,6 +106,29 @@ struct BlockMXFP4 {
     uint8_t qs[16];
 };
 
+// ---- i-quants on lattice codebooks (grids in iq_grids.h) ----
+// A super-block of 256 has 8 sub-blocks of 32, each made of groups of 8 (IQ2, IQ1) or 4 (IQ3)
+// values read from a grid point, with per-value signs where the grid holds magnitudes.
+
+// IQ3_XXS (3.06 bits): x = d (0.5 + s) / 2 * sign * kIq3xxsGrid[q]. Sub-block ib: grid points
+// qs[8 ib .. 8 ib + 7] (4 values each); u32 w = bytes 64 + 4 ib of qs: s = w >> 28, group l of 8
+// values takes its signs from kIqSigns[(w >> 7 l) & 127] (bit j negates value j).
+struct BlockIQ3_XXS {
+    uint16_t d;
+    uint8_t qs[3 * kQK / 8];
+};
+
+// IQ3_S (3.44 bits): x = d (1 + 2 s) * sign * kIq3sGrid[q]. Sub-block ib: point k < 8 is
+// qs[8 ib + k] | bit k of qh[ib] << 8; value 8 l + j is negated by bit j of signs[4 ib + l];
+// s = nibble ib % 2 of scales[ib / 2].
+struct BlockIQ3_S {
+    uint16_t d;
+    uint8_t qs[kQK / 4];
+    uint8_t qh[kQK / 32];
+    uint8_t signs[kQK / 8];
+    uint8_t scales[kQK / 64];
+};
+
 // Q2_K: 16 sub-blocks of 16. x = d * (scales[j] & 15) * q - dmin * (scales[j] >> 4), q 2-bit.
 // Element e = 128 * h + 32 * g + l (h < 2, g < 4, l < 32) is bits 2g..2g+1 of qs[32 * h + l],
 // in sub-block j = 8 * h + 2 * g + l / 16.
@@ -170,6 +194,7 @@ static_assert(sizeof(BlockQ2_K) == 84 && sizeof(BlockQ3_K) == 110 && sizeof(Bloc
 static_assert(sizeof(BlockQ5_K) == 176 && sizeof(BlockQ6_K) == 210 && sizeof(BlockQ8_K) == 292);
 static_assert(sizeof(BlockIQ4_NL) == 18 && sizeof(BlockIQ4_XS) == 136);
 static_assert(sizeof(BlockTQ1_0) == 54 && sizeof(BlockTQ2_0) == 66 && sizeof(BlockMXFP4) == 17);
+static_assert(sizeof(BlockIQ3_XXS) == 98 && sizeof(BlockIQ3_S) == 110);
 
 // The block struct of each type, and a compile-time check against the type table of ggml_type.cpp
 // (which tests check against PyPI's gguf).
@@ -229,6 +254,16 @@ template <>
 struct BlockOf<GgmlType::MXFP4> {
     using type = BlockMXFP4;
     static constexpr int elements = 32;
+};
+template <>
+struct BlockOf<GgmlType::IQ3_XXS> {
+    using type = BlockIQ3_XXS;
+    static constexpr int elements = kQK;
+};
+template <>
+struct BlockOf<GgmlType::IQ3_S> {
+    using type = BlockIQ3_S;
+    static constexpr int elements = kQK;
 };
 template <>
 struct BlockOf<GgmlType::Q2_K> {
@@ -400,6 +435,34 @@ inline int quant_of(const BlockMXFP4& b, int l) {
 inline float mxfp4_scale_half(uint8_t e) {
     const uint32_t bits = e < 2 ? (0x00200000u << e) : (static_cast<uint32_t>(e - 1) << 23);
     return std::bit_cast<float>(bits);
+}
+
+// i-quants: the 32 signed grid values of sub-block ib (before the scale) and its scale
+// integer ls: x = d * ls * v / 4 (IQ3_XXS), d * ls * v (IQ3_S), ls = 2 s + 1.
+inline int iq3xxs_subblock(const BlockIQ3_XXS& b, int ib, int8_t v[32]) {
+    const uint32_t w = load_u32(b.qs + kQK / 4 + 4 * ib);
+    for (int k = 0; k < 8; ++k) {
+        const uint32_t point = kIq3xxsGrid[b.qs[8 * ib + k]];
+        const uint8_t signs = kIqSigns[(w >> (7 * (k / 2))) & 127];
+        for (int j = 0; j < 4; ++j) {
+            const int e = 4 * k + j;
+            const int mag = static_cast<int>((point >> (8 * j)) & 0xFF);
+            v[e] = static_cast<int8_t>((signs >> (e % 8)) & 1 ? -mag : mag);
+        }
+    }
+    return 2 * static_cast<int>(w >> 28) + 1;
+}
+inline int iq3s_subblock(const BlockIQ3_S& b, int ib, int8_t v[32]) {
+    for (int k = 0; k < 8; ++k) {
+        const uint32_t point = kIq3sGrid[b.qs[8 * ib + k] | (((b.qh[ib] >> k) & 1) << 8)];
+        const uint8_t signs = b.signs[4 * ib + k / 2];
+        for (int j = 0; j < 4; ++j) {
+            const int e = 4 * k + j;
+            const int mag = static_cast<int>((point >> (8 * j)) & 0xFF);
+            v[e] = static_cast<int8_t>((signs >> (e % 8)) & 1 ? -mag : mag);
+        }
+    }
+    return 2 * ((b.scales[ib / 2] >> (4 * (ib % 2))) & 15) + 1;
 }
 
 // k-quants: element e < 256 of a super-block, in sub-block e / 16 (Q2_K, Q3_K, Q6_K) or e / 32.

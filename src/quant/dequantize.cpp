@@ -74,6 +74,31 @@ void dequant_mxfp4(const BlockMXFP4* x, float* y, int64_t nb) {
     }
 }
 
+// IQ3_XXS: x = (d * (0.5 + s) * 0.5) * v; IQ3_S: x = (d * (1 + 2 s)) * v (ls = 2 s + 1), v the
+// signed grid value: ggml's float steps.
+void dequant_iq3_xxs(const BlockIQ3_XXS* x, float* y, int64_t nb) {
+    for (int64_t i = 0; i < nb; ++i) {
+        const float d = fp16_to_fp32(x[i].d);
+        for (int ib = 0; ib < 8; ++ib, y += 32) {
+            int8_t v[32];
+            const int s = (iq3xxs_subblock(x[i], ib, v) - 1) / 2;
+            const float db = d * (0.5f + static_cast<float>(s)) * 0.5f;
+            for (int l = 0; l < 32; ++l) y[l] = db * static_cast<float>(v[l]);
+        }
+    }
+}
+
+void dequant_iq3_s(const BlockIQ3_S* x, float* y, int64_t nb) {
+    for (int64_t i = 0; i < nb; ++i) {
+        const float d = fp16_to_fp32(x[i].d);
+        for (int ib = 0; ib < 8; ++ib, y += 32) {
+            int8_t v[32];
+            const float db = d * static_cast<float>(iq3s_subblock(x[i], ib, v));
+            for (int l = 0; l < 32; ++l) y[l] = db * static_cast<float>(v[l]);
+        }
+    }
+}
+
 void dequant_q2_K(const BlockQ2_K* x, float* y, int64_t nb) {
     for (int64_t i = 0; i < nb; ++i, y += kQK) {
         const float d = fp16_to_fp32(x[i].d), dmin = fp16_to_fp32(x[i].dmin);
@@ -146,6 +171,8 @@ bool can_dequantize(GgmlType type) {
         case GgmlType::TQ1_0:
         case GgmlType::TQ2_0:
         case GgmlType::MXFP4:
+        case GgmlType::IQ3_XXS:
+        case GgmlType::IQ3_S:
         case GgmlType::Q2_K:
         case GgmlType::Q3_K:
         case GgmlType::Q4_K:
@@ -198,6 +225,10 @@ void dequantize_row(GgmlType type, const void* src, float* dst, int64_t n) {
             return dequant_ternary(as<BlockTQ2_0>(src), dst, nb);
         case GgmlType::MXFP4:
             return dequant_mxfp4(as<BlockMXFP4>(src), dst, nb);
+        case GgmlType::IQ3_XXS:
+            return dequant_iq3_xxs(as<BlockIQ3_XXS>(src), dst, nb);
+        case GgmlType::IQ3_S:
+            return dequant_iq3_s(as<BlockIQ3_S>(src), dst, nb);
         case GgmlType::Q2_K:
             return dequant_q2_K(as<BlockQ2_K>(src), dst, nb);
         case GgmlType::Q3_K:

@@ -22,6 +22,8 @@ GgmlType dot_activation_type(GgmlType weight_type) {
         case GgmlType::IQ4_XS:
         case GgmlType::TQ1_0:
         case GgmlType::TQ2_0:
+        case GgmlType::IQ3_XXS:
+        case GgmlType::IQ3_S:
         case GgmlType::Q2_K:
         case GgmlType::Q3_K:
         case GgmlType::Q4_K:

@@ -12,6 +12,7 @@
 #include <type_traits>
 
 #include "quant/blocks.h"
+#include "quant/dot_iq_avx2.h"
 #include "quant/dot_kernels.h"
 #include "quant/kquant_avx2.h"
 
@@ -401,6 +402,10 @@ DotFn dot_avx2(GgmlType weight_type) {
             return dot_tq2_0;
         case GgmlType::MXFP4:
             return dot_mxfp4;
+        case GgmlType::IQ3_XXS:
+            return iq::dot_iq3_xxs;
+        case GgmlType::IQ3_S:
+            return iq::dot_iq3_s;
         default:
             return nullptr;
     }

@@ -19,6 +19,7 @@
 #include <type_traits>
 
 #include "quant/blocks.h"
+#include "quant/dot_iq_avx2.h"
 #include "quant/dot_kernels.h"
 
 namespace fitllm::quant::detail {
@@ -454,6 +455,10 @@ DotFn table(GgmlType weight_type) {
             return dot_tq2_0<kVnni>;
         case GgmlType::MXFP4:
             return dot_mxfp4<kVnni>;
+        case GgmlType::IQ3_XXS:  // the AVX2 kernels (dot_iq_avx2.h), compiled here
+            return iq::dot_iq3_xxs;
+        case GgmlType::IQ3_S:
+            return iq::dot_iq3_s;
         default:
             return nullptr;
     }

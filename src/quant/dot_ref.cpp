@@ -315,6 +315,32 @@ void dot_mxfp4(int n, float* out, const void* w, const void* a) {
     *out = sum;
 }
 
+// IQ3_XXS, IQ3_S (and the IQ2 types) with Q8_K: the lanes8 order of llama.cpp's
+// ggml_vec_dot_iq*_q8_K (AVX2): lane l sums ls * v * y over the elements with (e mod 32) in
+// [4l, 4l + 4) of each sub-block exactly (ls the sub-block's odd scale integer); per super-block
+// lane = fma(d_w d_a, float(lane sum), lane); the result is hsum8 times 1 / kDiv (IQ3_XXS 4, IQ3_S 1).
+template <typename Block, int (*kSub)(const Block&, int, int8_t*), int kDiv>
+void dot_iq_grid(int n, float* out, const void* w, const void* a) {
+    const auto* x = as<Block>(w);
+    const auto* y = as<BlockQ8_K>(a);
+    float lanes[8] = {};
+    for (int i = 0; i < n / kQK; ++i) {
+        int32_t sums[8] = {};
+        for (int ib = 0; ib < 8; ++ib) {
+            int8_t v[32];
+            const int ls = kSub(x[i], ib, v);
+            for (int l = 0; l < 8; ++l) {
+                int32_t s = 0;
+                for (int j = 4 * l; j < 4 * l + 4; ++j) s += v[j] * y[i].qs[32 * ib + j];
+                sums[l] += ls * s;
+            }
+        }
+        const float d = f16f(x[i].d) * y[i].d;
+        for (int l = 0; l < 8; ++l) lanes[l] = std::fma(d, static_cast<float>(sums[l]), lanes[l]);
+    }
+    *out = (1.0f / kDiv) * hsum8(lanes);
+}
+
 }  // namespace
 
 // _mm512_reduce_add_ps's order (GCC's): halves, then quarters, then (l0 + l2) + (l1 + l3).
@@ -353,6 +379,10 @@ DotFn dot_ref(GgmlType weight_type) {
             return dot_ternary<BlockTQ2_0>;
         case GgmlType::MXFP4:
             return dot_mxfp4;
+        case GgmlType::IQ3_XXS:
+            return dot_iq_grid<BlockIQ3_XXS, iq3xxs_subblock, 4>;
+        case GgmlType::IQ3_S:
+            return dot_iq_grid<BlockIQ3_S, iq3s_subblock, 1>;
         case GgmlType::Q2_K:
             return dot_serial_k<BlockQ2_K>;
         case GgmlType::Q3_K:

@@ -49,6 +49,8 @@ bool exact_arithmetic(GgmlType w) {
         case GgmlType::TQ1_0:
         case GgmlType::TQ2_0:
         case GgmlType::MXFP4:
+        case GgmlType::IQ3_XXS:
+        case GgmlType::IQ3_S:
         case GgmlType::Q2_K:
         case GgmlType::Q3_K:
         case GgmlType::Q4_K:
@@ -134,7 +136,7 @@ TEST(Dot, ActivationPairsFollowLlamaCpp) {
     EXPECT_EQ(dot_activation_type(GgmlType::Q5_1), GgmlType::Q8_1);
     EXPECT_EQ(dot_activation_type(GgmlType::MXFP4), GgmlType::Q8_0);
     for (GgmlType k : {GgmlType::Q2_K, GgmlType::Q3_K, GgmlType::Q4_K, GgmlType::Q5_K, GgmlType::Q6_K, GgmlType::IQ4_XS,
-                       GgmlType::TQ1_0, GgmlType::TQ2_0}) {
+                       GgmlType::TQ1_0, GgmlType::TQ2_0, GgmlType::IQ3_XXS, GgmlType::IQ3_S}) {
         EXPECT_EQ(dot_activation_type(k), GgmlType::Q8_K);
     }
     for (GgmlType f : {GgmlType::F32, GgmlType::BF16}) EXPECT_EQ(dot_activation_type(f), GgmlType::F32);

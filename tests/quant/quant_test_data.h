@@ -25,9 +25,10 @@ namespace fitllm::quant::test {
 
 // Every weight type with a dot kernel.
 inline constexpr GgmlType kDotWeightTypes[] = {
-    GgmlType::F32,  GgmlType::F16,    GgmlType::BF16,   GgmlType::Q4_0,  GgmlType::Q4_1,  GgmlType::Q5_0,
-    GgmlType::Q5_1, GgmlType::Q8_0,   GgmlType::Q2_K,   GgmlType::Q3_K,  GgmlType::Q4_K,  GgmlType::Q5_K,
-    GgmlType::Q6_K, GgmlType::IQ4_NL, GgmlType::IQ4_XS, GgmlType::TQ1_0, GgmlType::TQ2_0, GgmlType::MXFP4,
+    GgmlType::F32,   GgmlType::F16,   GgmlType::BF16,  GgmlType::Q4_0,    GgmlType::Q4_1,
+    GgmlType::Q5_0,  GgmlType::Q5_1,  GgmlType::Q8_0,  GgmlType::Q2_K,    GgmlType::Q3_K,
+    GgmlType::Q4_K,  GgmlType::Q5_K,  GgmlType::Q6_K,  GgmlType::IQ4_NL,  GgmlType::IQ4_XS,
+    GgmlType::TQ1_0, GgmlType::TQ2_0, GgmlType::MXFP4, GgmlType::IQ3_XXS, GgmlType::IQ3_S,
 };
 
 inline size_t bytes_of_row(GgmlType type, int n) {
@@ -101,6 +102,12 @@ inline std::vector<uint8_t> random_blocks(GgmlType type, size_t bytes, uint32_t 
         case GgmlType::TQ2_0:
             for_each_block<BlockTQ2_0>(data, d);
             break;
+        case GgmlType::IQ3_XXS:  // every byte pattern is a valid grid index / sign / scale
+            for_each_block<BlockIQ3_XXS>(data, d);
+            break;
+        case GgmlType::IQ3_S:
+            for_each_block<BlockIQ3_S>(data, d);
+            break;
         case GgmlType::MXFP4:  // shared exponents 2^-17 .. 2^0 (values up to 6)
             for_each_block<BlockMXFP4>(data, [&](BlockMXFP4& b) { b.e = static_cast<uint8_t>(110 + rng() % 18); });
             break;
@@ -131,10 +138,11 @@ inline std::vector<uint8_t> random_blocks(GgmlType type, size_t bytes, uint32_t 
     return data;
 }
 
-// `rows` rows of n weights: quantized Gaussian floats, or random blocks.
+// `rows` rows of n weights: quantized Gaussian floats, or random blocks (also for the types fitllm
+// has no quantizer for: the i-quants on grids, which llama.cpp quantizes with an importance matrix).
 inline std::vector<uint8_t> weight_rows(GgmlType type, int rows, int n, uint32_t seed, bool from_floats) {
     const size_t row = bytes_of_row(type, n);
-    if (!from_floats) return random_blocks(type, row * static_cast<size_t>(rows), seed);
+    if (!from_floats || !can_quantize(type)) return random_blocks(type, row * static_cast<size_t>(rows), seed);
     std::vector<uint8_t> data(row * static_cast<size_t>(rows));
     const auto x = gaussian(static_cast<size_t>(rows) * static_cast<size_t>(n), seed, 0.05f);
     for (int r = 0; r < rows; ++r) quantize_row(type, x.data() + static_cast<size_t>(r) * n, data.data() + r * row, n);

@@ -1,0 +1,113 @@
+#pragma once
+// AVX2 dots of the grid i-quants (IQ3_XXS, IQ3_S) with Q8_K, in dot_ref.cpp's lanes8 order
+// (llama.cpp's ggml_vec_dot_iq*_q8_K for AVX2): bit for bit the reference's floats.
+//
+// Included by dot_avx2.cpp and dot_avx512.cpp: the AVX-512 levels run these same AVX2 kernels,
+// compiled in that file. Internal linkage on purpose (see dot_kernels.h): nothing here calls an
+// inline function of a shared header; the grids (iq_grids.h) are constant data.
+//
+// A sub-block of 32: the grid points are gathered into one vector (set_epi32 / set_epi64x), the
+// sign bits expanded to bytes of -1 / +1 and moved onto the activations (sign_epi8; Q8_K values are
+// never -128), maddubs multiplies the unsigned magnitudes with them, madd applies the scale
+// integer and sums the pairs: lane l of the 8 int32 lanes holds elements 4l .. 4l + 3.
+#include <immintrin.h>
+
+#include <cstdint>
+#include <cstring>
+
+#include "quant/blocks.h"
+#include "quant/iq_grids.h"
+
+namespace fitllm::quant::detail {
+namespace {
+namespace iq {
+
+inline uint32_t u32_at(const void* p) {
+    uint32_t v;
+    std::memcpy(&v, p, 4);
+    return v;
+}
+
+inline float to_f32(uint16_t h) {
+    return _cvtsh_ss(h);
+}
+
+// llama.cpp's hsum_float_8: ((l0 + l4) + (l2 + l6)) + ((l1 + l5) + (l3 + l7)).
+inline float hsum8(__m256 v) {
+    __m128 s = _mm_add_ps(_mm256_extractf128_ps(v, 1), _mm256_castps256_ps128(v));
+    s = _mm_add_ps(s, _mm_movehl_ps(s, s));
+    s = _mm_add_ss(s, _mm_movehdup_ps(s));
+    return _mm_cvtss_f32(s);
+}
+
+// 32 sign bits (bit e for element e) as bytes: -1 where set, +1 elsewhere.
+inline __m256i sign_bytes(uint32_t bits) {
+    const __m256i spread = _mm256_shuffle_epi8(
+        _mm256_set1_epi32(static_cast<int>(bits)),
+        _mm256_set_epi64x(0x0303030303030303, 0x0202020202020202, 0x0101010101010101, 0x0000000000000000));
+    const __m256i bit = _mm256_set1_epi64x(static_cast<long long>(0x8040201008040201ull));
+    const __m256i set = _mm256_cmpeq_epi8(_mm256_and_si256(spread, bit), bit);
+    return _mm256_or_si256(set, _mm256_set1_epi8(1));
+}
+
+// The 4 completed sign bytes of IQ3_XXS / IQ2_XXS: 7 bits each from w.
+inline uint32_t xxs_signs(uint32_t w) {
+    return static_cast<uint32_t>(kIqSigns[w & 127]) | static_cast<uint32_t>(kIqSigns[(w >> 7) & 127]) << 8 |
+           static_cast<uint32_t>(kIqSigns[(w >> 14) & 127]) << 16 |
+           static_cast<uint32_t>(kIqSigns[(w >> 21) & 127]) << 24;
+}
+
+// Lanes of sum(grid * sign * q8) over one sub-block, each times its scale (per 16 elements: lo, hi).
+inline __m256i grid_lanes(__m256i grid, uint32_t signs, const int8_t* q8, int ls_lo, int ls_hi) {
+    const __m256i q = _mm256_sign_epi8(_mm256_loadu_si256(reinterpret_cast<const __m256i*>(q8)), sign_bytes(signs));
+    const __m256i pairs = _mm256_maddubs_epi16(grid, q);
+    const __m256i ls =
+        _mm256_set_m128i(_mm_set1_epi16(static_cast<int16_t>(ls_hi)), _mm_set1_epi16(static_cast<int16_t>(ls_lo)));
+    return _mm256_madd_epi16(pairs, ls);
+}
+
+// Eight 4-value grid points: index k is qs[k] | bit k of high << 8 (IQ3_S's ninth bits; 0 for IQ3_XXS).
+inline __m256i grid4x8(const uint32_t* grid, const uint8_t* qs, int high) {
+    auto idx = [&](int k) { return qs[k] | (((high >> k) & 1) << 8); };
+    return _mm256_set_epi32(static_cast<int>(grid[idx(7)]), static_cast<int>(grid[idx(6)]),
+                            static_cast<int>(grid[idx(5)]), static_cast<int>(grid[idx(4)]),
+                            static_cast<int>(grid[idx(3)]), static_cast<int>(grid[idx(2)]),
+                            static_cast<int>(grid[idx(1)]), static_cast<int>(grid[idx(0)]));
+}
+
+void dot_iq3_xxs(int n, float* out, const void* w, const void* a) {
+    const auto* x = static_cast<const BlockIQ3_XXS*>(w);
+    const auto* y = static_cast<const BlockQ8_K*>(a);
+    __m256 acc = _mm256_setzero_ps();
+    for (int i = 0; i < n / kQK; ++i) {
+        __m256i sums = _mm256_setzero_si256();
+        for (int ib = 0; ib < 8; ++ib) {
+            const uint32_t aux = u32_at(x[i].qs + kQK / 4 + 4 * ib);
+            const int ls = 2 * static_cast<int>(aux >> 28) + 1;
+            const __m256i grid = grid4x8(kIq3xxsGrid, x[i].qs + 8 * ib, 0);
+            sums = _mm256_add_epi32(sums, grid_lanes(grid, xxs_signs(aux), y[i].qs + 32 * ib, ls, ls));
+        }
+        acc = _mm256_fmadd_ps(_mm256_set1_ps(to_f32(x[i].d) * y[i].d), _mm256_cvtepi32_ps(sums), acc);
+    }
+    *out = 0.25f * hsum8(acc);
+}
+
+void dot_iq3_s(int n, float* out, const void* w, const void* a) {
+    const auto* x = static_cast<const BlockIQ3_S*>(w);
+    const auto* y = static_cast<const BlockQ8_K*>(a);
+    __m256 acc = _mm256_setzero_ps();
+    for (int i = 0; i < n / kQK; ++i) {
+        __m256i sums = _mm256_setzero_si256();
+        for (int ib = 0; ib < 8; ++ib) {
+            const int ls = 2 * ((x[i].scales[ib / 2] >> (4 * (ib % 2))) & 15) + 1;
+            const __m256i grid = grid4x8(kIq3sGrid, x[i].qs + 8 * ib, x[i].qh[ib]);
+            sums = _mm256_add_epi32(sums, grid_lanes(grid, u32_at(x[i].signs + 4 * ib), y[i].qs + 32 * ib, ls, ls));
+        }
+        acc = _mm256_fmadd_ps(_mm256_set1_ps(to_f32(x[i].d) * y[i].d), _mm256_cvtepi32_ps(sums), acc);
+    }
+    *out = hsum8(acc);
+}
+
+}  // namespace iq
+}  // namespace
+}  // namespace fitllm::quant::detail
