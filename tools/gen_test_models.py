@@ -25,6 +25,11 @@ Writes, for each architecture,
                       units, 2 used per token (an F32 router, as converted Qwen3-MoE files have);
                       in F16, Q8_0 and Q4_K_M only (the experts' down matrices, rows of 32, fall
                       back from K-quants to what llama.cpp picks for them)
+  tiny-granite-*.gguf granite: llama with Granite's multipliers (embeddings x 2, block outputs x
+                      0.5 before the residual add, attention scale 0.2, logits / 4); F16, Q8_0, Q4_K_M
+  tiny-olmo2-*.gguf   olmo2: llama's SPM vocabulary, untied output, no pre-norms but post-attention
+                      and post-FFN norms, Q and K RMS-normed over all heads, NeoX rotation; F16,
+                      Q8_0, Q4_K_M
 
 first in F16 (1-D tensors F32) with gguf-py from a fixed seed, then quantized by llama.cpp's own
 quantizer (llama-cpp-python's llama_model_quantize, `scripts/setup.sh --oracle`) into Q8_0, Q6_K,
@@ -67,7 +72,9 @@ MODELS = [("llama", "llama", 1, QUANTS + EXTRA_QUANTS["llama"]), ("qwen2", "qwen
           ("qwen3", "qwen3", 3, QUANTS), ("qwen3-yarn", "qwen3", 4, [("q8_0", 7)]),
           ("gemma2", "gemma2", 5, [("q8_0", 7), ("q4_k_m", 15)]),
           ("qwen3moe", "qwen3moe", 6, [("q8_0", 7), ("q4_k_m", 15)]),
-          ("phi3", "phi3", 7, [("q8_0", 7), ("q4_k_m", 15)]), ("phi3-longrope", "phi3", 8, [("q8_0", 7)])]
+          ("phi3", "phi3", 7, [("q8_0", 7), ("q4_k_m", 15)]), ("phi3-longrope", "phi3", 8, [("q8_0", 7)]),
+          ("granite", "granite", 9, [("q8_0", 7), ("q4_k_m", 15)]),
+          ("olmo2", "olmo2", 10, [("q8_0", 7), ("q4_k_m", 15)])]
 ARCHS = [m[0] for m in MODELS]
 YARN_FACTOR, YARN_ORIG_CTX = 4.0, 64
 # gemma2: the sliding window of its even layers and the two soft-capping values, small enough that
@@ -77,6 +84,9 @@ GEMMA2_WINDOW, GEMMA2_ATTN_CAP, GEMMA2_FINAL_CAP = 32, 4.0, 8.0
 MOE_N_EXPERT, MOE_N_USED, MOE_N_FF = 8, 2, 32
 # phi3-longrope: the original context (long factors beyond it) and the rotated dims per head.
 PHI3_ORIG_CTX, PHI3_N_ROT = 32, 48
+# granite: its four multipliers (Granite 3's own are 12, 0.22, 1/128 and 8; these keep a unit-size
+# residual stream on these random weights while each one still moves the logits).
+GRANITE_EMBEDDING_SCALE, GRANITE_RESIDUAL_SCALE, GRANITE_ATTENTION_SCALE, GRANITE_LOGIT_SCALE = 2.0, 0.5, 0.2, 4.0
 
 # Text the vocabularies' merges are learned from (a naive BPE over whitespace-split words).
 CORPUS = """
@@ -186,7 +196,7 @@ def write_f16(arch: str, path: str, seed: int, yarn: bool = False, longrope: boo
         w.add_expert_count(MOE_N_EXPERT)
         w.add_expert_used_count(MOE_N_USED)
         w.add_expert_feed_forward_length(MOE_N_FF)
-    if arch in ("llama", "gemma2", "phi3"):
+    if arch in ("llama", "gemma2", "phi3", "granite", "olmo2"):
         w.add_rope_freq_base(10000.0)
         w.add_layer_norm_rms_eps(1e-6 if arch == "gemma2" else 1e-5)
         tokens, scores, types = spm_vocab()
@@ -228,6 +238,11 @@ def write_f16(arch: str, path: str, seed: int, yarn: bool = False, longrope: boo
         if longrope:
             w.add_rope_scaling_orig_ctx_len(PHI3_ORIG_CTX)
             w.add_rope_scaling_attn_factors(float(np.sqrt(1 + np.log(N_CTX_TRAIN / PHI3_ORIG_CTX) / np.log(PHI3_ORIG_CTX))))
+    if arch == "granite":
+        w.add_embedding_scale(GRANITE_EMBEDDING_SCALE)
+        w.add_residual_scale(GRANITE_RESIDUAL_SCALE)
+        w.add_attention_scale(GRANITE_ATTENTION_SCALE)
+        w.add_logit_scale(GRANITE_LOGIT_SCALE)
     if arch == "gemma2":
         w.add_sliding_window(GEMMA2_WINDOW)
         w.add_attn_logit_softcapping(GEMMA2_ATTN_CAP)
@@ -241,7 +256,7 @@ def write_f16(arch: str, path: str, seed: int, yarn: bool = False, longrope: boo
     def norm(n: int) -> np.ndarray:
         return (1.0 + 0.1 * rng.standard_normal(n, dtype=np.float32)).astype(np.float32)
 
-    tied = arch not in ("llama", "phi3")
+    tied = arch not in ("llama", "phi3", "granite", "olmo2")
     # Untied (llama): unit-scale embeddings; output.weight alone sets the logits' spread. Tied
     # (qwen2): the embedding is also the output matrix. Its scale against the layers' outputs (of
     # about unit size) decides between two degenerate random models: large, and every token
@@ -250,6 +265,8 @@ def write_f16(arch: str, path: str, seed: int, yarn: bool = False, longrope: boo
     # output_norm.weight (which cancels the self term in expectation) keep continuations varied.
     # gemma2 scales the embedding by sqrt(n_embd) on the way in: the same input size as qwen2's.
     emb_std = (0.5 / np.sqrt(N_EMBD) if arch == "gemma2" else 0.5) if tied else 1.0
+    if arch == "granite":  # times GRANITE_EMBEDDING_SCALE on the way in: unit size
+        emb_std = 1.0 / GRANITE_EMBEDDING_SCALE
     w.add_tensor("token_embd.weight", mat(n_vocab, N_EMBD, emb_std))
     if longrope:  # LongRoPE's per-pair divisors: near 1 for the short context, growing to 16 for the long
         ramp = np.linspace(0.0, 1.0, PHI3_N_ROT // 2, dtype=np.float32)
@@ -259,7 +276,8 @@ def write_f16(arch: str, path: str, seed: int, yarn: bool = False, longrope: boo
     q_dim = N_HEAD * head_dim
     for il in range(N_LAYER):
         p = f"blk.{il}."
-        w.add_tensor(p + "attn_norm.weight", norm(N_EMBD))
+        if arch != "olmo2":  # olmo2: post-norms only (below)
+            w.add_tensor(p + "attn_norm.weight", norm(N_EMBD))
         wq = mat(q_dim, N_EMBD, 1.5 / np.sqrt(N_EMBD))
         wk = mat(kv_dim, N_EMBD, 1.5 / np.sqrt(N_EMBD))
         wv = mat(kv_dim, N_EMBD, 1.0 / np.sqrt(N_EMBD))
@@ -276,10 +294,14 @@ def write_f16(arch: str, path: str, seed: int, yarn: bool = False, longrope: boo
         if arch in ("qwen3", "qwen3moe"):  # per-head norms; unit RMS after them, so scale the weights up a little
             w.add_tensor(p + "attn_q_norm.weight", (1.5 * norm(head_dim)).astype(np.float32))
             w.add_tensor(p + "attn_k_norm.weight", (1.5 * norm(head_dim)).astype(np.float32))
+        if arch == "olmo2":  # one weight per row of all heads
+            w.add_tensor(p + "attn_q_norm.weight", (1.5 * norm(q_dim)).astype(np.float32))
+            w.add_tensor(p + "attn_k_norm.weight", (1.5 * norm(kv_dim)).astype(np.float32))
         w.add_tensor(p + "attn_output.weight", mat(N_EMBD, q_dim, 1.0 / np.sqrt(q_dim)))
-        if arch == "gemma2":
+        if arch in ("gemma2", "olmo2"):
             w.add_tensor(p + "post_attention_norm.weight", norm(N_EMBD))
-        w.add_tensor(p + "ffn_norm.weight", norm(N_EMBD))
+        if arch != "olmo2":
+            w.add_tensor(p + "ffn_norm.weight", norm(N_EMBD))
         if arch == "qwen3moe":  # router scores of std 1.5: distinct choices; experts as numpy (expert, rows, cols)
             w.add_tensor(p + "ffn_gate_inp.weight",
                          rng.standard_normal((MOE_N_EXPERT, N_EMBD), dtype=np.float32) * np.float32(1.5 / np.sqrt(N_EMBD)))
@@ -295,14 +317,15 @@ def write_f16(arch: str, path: str, seed: int, yarn: bool = False, longrope: boo
             w.add_tensor(p + "ffn_gate.weight", mat(N_FF, N_EMBD, 1.0 / np.sqrt(N_EMBD)))
             w.add_tensor(p + "ffn_up.weight", mat(N_FF, N_EMBD, 1.0 / np.sqrt(N_EMBD)))
             w.add_tensor(p + "ffn_down.weight", mat(N_EMBD, N_FF, 1.0 / np.sqrt(N_FF)))
-        if arch == "gemma2":
+        if arch in ("gemma2", "olmo2"):
             w.add_tensor(p + "post_ffw_norm.weight", norm(N_EMBD))
     if tied:
         w.add_tensor("output_norm.weight",
                      (LOGIT_STD / (emb_std * np.sqrt(N_EMBD)) * rng.standard_normal(N_EMBD)).astype(np.float32))
     else:
         w.add_tensor("output_norm.weight", norm(N_EMBD))
-        w.add_tensor("output.weight", mat(n_vocab, N_EMBD, LOGIT_STD / np.sqrt(N_EMBD)))
+        logit_scale = GRANITE_LOGIT_SCALE if arch == "granite" else 1.0  # granite divides the logits by it
+        w.add_tensor("output.weight", mat(n_vocab, N_EMBD, logit_scale * LOGIT_STD / np.sqrt(N_EMBD)))
     w.write_header_to_file()
     w.write_kv_data_to_file()
     w.write_tensors_to_file()

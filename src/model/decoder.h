@@ -5,6 +5,7 @@
 // checks and cache bookkeeping around a batch (K shifts, placing, window trimming), attention over
 // the KV cache, and the output rows. Internal to model/.
 #include <cstdint>
+#include <cstring>
 #include <memory>
 #include <optional>
 #include <span>
@@ -191,6 +192,10 @@ public:
     void softcap(float* rows, int64_t n, float cap) {
         if (dev_) return dev_->softcap(rows, n, cap);
         ops::softcap(rows, n, cap);
+    }
+    void copy(const float* in, int64_t n, float* out) {
+        if (dev_) return dev_->copy_on_device(out, in, static_cast<size_t>(n) * sizeof(float));
+        std::memcpy(out, in, static_cast<size_t>(n) * sizeof(float));
     }
 
     // Writes the batch's K ([n, n_head_kv * head_dim]) and V rows of model layer il into its pool.
@@ -586,6 +591,7 @@ inline void DecoderModel::output_logits(const Batch& batch, const BatchRows& row
     if (n_out == 0) return;
     float* logits = mem_.logits_target(hp_, logits_out, n_out);
     o.matmul(output, o.cur, n_out, logits, output_places(batch, rows, mem_));  // logits: [n_out, n_vocab]
+    if (hp_.logit_scale != 0.0f) o.scale(logits, int64_t{n_out} * hp_.n_vocab, 1.0f / hp_.logit_scale);
     if (hp_.final_logit_softcap > 0.0f) o.softcap(logits, int64_t{n_out} * hp_.n_vocab, hp_.final_logit_softcap);
     mem_.finish_logits(logits_out, int64_t{n_out} * hp_.n_vocab);
 }

@@ -47,7 +47,12 @@ struct Hparams {
     float rope_attn_factor = 1.0f;
     float rope_corr_low = 0.0f, rope_corr_high = 0.0f;
     float final_logit_softcap = 0.0f;  // > 0: logits = cap * tanh(logits / cap)
-    float attn_softcap = 0.0f;         // > 0: attention scores = cap * tanh(score / cap) (gemma2)
+    // Granite's multipliers (0: none): the embeddings times embedding_scale, each block's output
+    // times residual_scale before it joins the residual stream, the logits divided by logit_scale.
+    float embedding_scale = 0.0f;
+    float residual_scale = 0.0f;
+    float logit_scale = 0.0f;
+    float attn_softcap = 0.0f;  // > 0: attention scores = cap * tanh(score / cap) (gemma2)
     // Mixture of experts (qwen3moe): each layer's feed-forward block is n_expert experts of
     // n_ff_exp hidden units, of which a router picks n_expert_used per token; 0: a dense block of
     // n_ff. expert_weights_scale (0 or 1: none) scales the picked experts' weights.

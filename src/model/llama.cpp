@@ -6,8 +6,14 @@
 // shared by the heads) before the rotation; its head size is its own (128), not n_embd / n_head.
 // Qwen3-MoE is Qwen3 with a mixture of experts for each feed-forward block (model/moe.h: softmax
 // routing, the top n_expert_used experts, weights normalized to sum 1), no dense FFN.
-// Reference: the Llama papers, the Qwen2 and Qwen3 technical reports; llama.cpp's llama, qwen2,
-// qwen3 and qwen3moe graphs for the exact order of ops.
+// Granite (IBM Granite 3.x dense) is Llama with four multipliers: the embeddings', each block
+// output's before the residual add, the attention scale, and a divisor of the logits.
+// OLMo 2 has no norms before its blocks but one after each (attention output and FFN output,
+// before the residual add), and RMS-norms Q and K whole (one weight per row of all heads) before
+// the rotation, which pairs the halves of each head (NeoX style).
+// Reference: the Llama papers, the Qwen2 and Qwen3 technical reports, the Granite 3.0 and OLMo 2
+// reports; llama.cpp's llama, qwen2, qwen3, qwen3moe, granite and olmo2 graphs for the exact
+// order of ops.
 #include <algorithm>
 #include <cmath>
 
@@ -56,6 +62,37 @@ void read_llama_hparams(const HparamReader& r, Hparams& hp) {
     read_attention_hparams(r, hp);
 }
 
+// Granite (llama.cpp's LLM_ARCH_GRANITE): logit_scale required, the other multipliers optional.
+// rope.scaling.finetuned false means no rotary embeddings at all there, which fitllm refuses.
+void read_granite_hparams(const HparamReader& r, Hparams& hp) {
+    read_llama_hparams(r, hp);
+    if (!r.has("logit_scale")) r.refuse("logit_scale", "(missing)", "Granite files must have it");
+    hp.logit_scale = r.number_or("logit_scale", 0.0f);
+    hp.residual_scale = r.number_or("residual_scale", 0.0f);
+    hp.embedding_scale = r.number_or("embedding_scale", 0.0f);
+    for (const char* key : {"logit_scale", "residual_scale", "embedding_scale"}) {
+        const float v = r.number_or(key, 0.0f);
+        if (!std::isfinite(v)) r.refuse(key, std::to_string(v), "must be finite");
+    }
+    if (r.has("rope.scaling.finetuned") && !r.file().get<bool>(r.key("rope.scaling.finetuned"))) {
+        r.refuse("rope.scaling.finetuned", "false", "Granite without rotary embeddings is not supported");
+    }
+}
+
+// OLMo 2 (llama.cpp's LLM_ARCH_OLMO2): OLMo 3's sliding-window layers (a sliding_window key) are
+// not supported.
+void read_olmo2_hparams(const HparamReader& r, Hparams& hp) {
+    if (r.has("attention.sliding_window") && r.count_or("attention.sliding_window", 0) > 0) {
+        r.refuse("attention.sliding_window", std::to_string(r.count("attention.sliding_window")),
+                 "OLMo 3's sliding-window layers are not supported");
+    }
+    read_attention_hparams(r, hp);
+    if (hp.head_dim * hp.n_head != hp.n_embd) {
+        r.refuse("attention.key_length", std::to_string(hp.head_dim),
+                 "OLMo 2 needs n_embd / n_head = " + std::to_string(hp.n_embd / hp.n_head));
+    }
+}
+
 // Qwen3-MoE (llama.cpp's LLM_ARCH_QWEN3MOE): Qwen3's attention; expert_feed_forward_length falls
 // back to feed_forward_length / expert_used_count as llama.cpp's does.
 void read_qwen3moe_hparams(const HparamReader& r, Hparams& hp) {
@@ -79,31 +116,35 @@ void read_qwen3moe_hparams(const HparamReader& r, Hparams& hp) {
 
 // Llama, Qwen2 and Qwen3, one block: pre-norm attention and SwiGLU feed-forward. Biases and the
 // Q/K norms are nullptr when the architecture has none; Qwen3-MoE has experts (moe) instead of
-// ffn_gate, ffn_up and ffn_down.
+// ffn_gate, ffn_up and ffn_down; OLMo 2 has post-norms instead of pre-norms.
 struct LlamaLayer {
-    const float* attn_norm = nullptr;  // [n_embd]
-    ops::WeightView wq;                // [n_head * head_dim, n_embd]
-    ops::WeightView wk;                // [n_head_kv * head_dim, n_embd]
-    ops::WeightView wv;                // [n_head_kv * head_dim, n_embd]
-    const float* bq = nullptr;         // [n_head * head_dim]     (Qwen2: required)
-    const float* bk = nullptr;         // [n_head_kv * head_dim]  (Qwen2: required)
-    const float* bv = nullptr;         // [n_head_kv * head_dim]  (Qwen2: required)
-    const float* q_norm = nullptr;     // [head_dim]  (Qwen3: required)
-    const float* k_norm = nullptr;     // [head_dim]  (Qwen3: required)
-    ops::WeightView wo;                // [n_embd, n_head * head_dim]
-    const float* bo = nullptr;         // [n_embd]
-    const float* ffn_norm = nullptr;   // [n_embd]
-    ops::WeightView ffn_gate;          // [n_ff, n_embd]
-    ops::WeightView ffn_up;            // [n_ff, n_embd]
-    ops::WeightView ffn_down;          // [n_embd, n_ff]
-    MoeWeights moe;                    // router [n_expert, n_embd] and experts (Qwen3-MoE)
+    const float* attn_norm = nullptr;       // [n_embd]  (OLMo 2: none)
+    ops::WeightView wq;                     // [n_head * head_dim, n_embd]
+    ops::WeightView wk;                     // [n_head_kv * head_dim, n_embd]
+    ops::WeightView wv;                     // [n_head_kv * head_dim, n_embd]
+    const float* bq = nullptr;              // [n_head * head_dim]     (Qwen2: required)
+    const float* bk = nullptr;              // [n_head_kv * head_dim]  (Qwen2: required)
+    const float* bv = nullptr;              // [n_head_kv * head_dim]  (Qwen2: required)
+    const float* q_norm = nullptr;          // [head_dim]  (Qwen3: required; OLMo 2: [n_head * head_dim])
+    const float* k_norm = nullptr;          // [head_dim]  (Qwen3: required; OLMo 2: [n_head_kv * head_dim])
+    ops::WeightView wo;                     // [n_embd, n_head * head_dim]
+    const float* bo = nullptr;              // [n_embd]
+    const float* ffn_norm = nullptr;        // [n_embd]  (OLMo 2: none)
+    const float* attn_post_norm = nullptr;  // [n_embd]  (OLMo 2: required)
+    const float* ffn_post_norm = nullptr;   // [n_embd]  (OLMo 2: required)
+    ops::WeightView ffn_gate;               // [n_ff, n_embd]
+    ops::WeightView ffn_up;                 // [n_ff, n_embd]
+    ops::WeightView ffn_down;               // [n_embd, n_ff]
+    MoeWeights moe;                         // router [n_expert, n_embd] and experts (Qwen3-MoE)
 };
 
 template <class F>
 void for_each_weight(LlamaLayer& L, F&& f) {
-    static_assert(sizeof(LlamaLayer) == 8 * sizeof(const float*) + 11 * sizeof(ops::WeightView),
+    static_assert(sizeof(LlamaLayer) == 10 * sizeof(const float*) + 11 * sizeof(ops::WeightView),
                   "a LlamaLayer field is missing from for_each_weight");
-    for (const float** p : {&L.attn_norm, &L.bq, &L.bk, &L.bv, &L.q_norm, &L.k_norm, &L.bo, &L.ffn_norm}) f(*p);
+    for (const float** p : {&L.attn_norm, &L.bq, &L.bk, &L.bv, &L.q_norm, &L.k_norm, &L.bo, &L.ffn_norm,
+                            &L.attn_post_norm, &L.ffn_post_norm})
+        f(*p);
     for (ops::WeightView* w : {&L.wq, &L.wk, &L.wv, &L.wo, &L.ffn_gate, &L.ffn_up, &L.ffn_down, &L.moe.router,
                                &L.moe.gate_exps, &L.moe.up_exps, &L.moe.down_exps})
         f(w->data);
@@ -118,19 +159,23 @@ struct LlamaWeights {
 };
 
 enum class QkvBias { Optional, Required, None };
+enum class QkNorm { None, PerHead, Whole };  // RMS norms of Q and K before the rotation
 
-// What tells Qwen2 and Qwen3 from Llama.
+// What tells Qwen2, Qwen3, Granite and OLMo 2 from Llama.
 struct Variant {
     QkvBias qkv_bias;
-    bool qk_norm;  // RMS norms of each head of Q and K before the rotation (Qwen3)
+    QkNorm qk_norm;  // per head (Qwen3) or over all heads of a token (OLMo 2)
     ops::RopeMode rope_mode;
-    bool rope_freqs;   // Llama 3.1+'s per-pair frequency divisors, when the file has them
-    bool moe = false;  // routed experts instead of the dense FFN (Qwen3-MoE; model/moe.h)
+    bool rope_freqs;          // Llama 3.1+'s per-pair frequency divisors, when the file has them
+    bool moe = false;         // routed experts instead of the dense FFN (Qwen3-MoE; model/moe.h)
+    bool post_norms = false;  // norms after the attention and FFN blocks instead of before (OLMo 2)
 };
-constexpr Variant kLlamaVariant{QkvBias::Optional, false, ops::RopeMode::Normal, true};  // pairs (x[2i], x[2i+1])
-constexpr Variant kQwen2Variant{QkvBias::Required, false, ops::RopeMode::Neox, false};   // pairs (x[i], x[i + n_rot/2])
-constexpr Variant kQwen3Variant{QkvBias::None, true, ops::RopeMode::Neox, false};
-constexpr Variant kQwen3MoeVariant{QkvBias::None, true, ops::RopeMode::Neox, false, /*moe=*/true};
+constexpr Variant kLlamaVariant{QkvBias::Optional, QkNorm::None, ops::RopeMode::Normal,
+                                true};                                                         // pairs (x[2i], x[2i+1])
+constexpr Variant kQwen2Variant{QkvBias::Required, QkNorm::None, ops::RopeMode::Neox, false};  // (x[i], x[i + n_rot/2])
+constexpr Variant kQwen3Variant{QkvBias::None, QkNorm::PerHead, ops::RopeMode::Neox, false};
+constexpr Variant kQwen3MoeVariant{QkvBias::None, QkNorm::PerHead, ops::RopeMode::Neox, false, /*moe=*/true};
+constexpr Variant kOlmo2Variant{QkvBias::None, QkNorm::Whole, ops::RopeMode::Neox, false, false, /*post_norms=*/true};
 
 // Binds a "llama", "qwen2" or "qwen3" file. Throws ModelError naming the first missing or
 // misshapen tensor, or a tensor the forward pass does not use (FFN biases; Qwen3's Q/K/V biases).
@@ -159,20 +204,29 @@ LlamaWeights bind_llama_weights(const gguf::GgufFile& file, const Hparams& hp, c
     for (int il = 0; il < hp.n_layer; ++il) {
         const std::string p = "blk." + std::to_string(il) + ".";
         LlamaLayer L;
-        L.attn_norm = b.vector(p + "attn_norm.weight", hp.n_embd);
+        if (!variant.post_norms) L.attn_norm = b.vector(p + "attn_norm.weight", hp.n_embd);
         L.wq = b.matrix(p + "attn_q.weight", q_dim, hp.n_embd);
         L.wk = b.matrix(p + "attn_k.weight", kv_dim, hp.n_embd);
         L.wv = b.matrix(p + "attn_v.weight", kv_dim, hp.n_embd);
         L.bq = bias(p + "attn_q.bias", q_dim);
         L.bk = bias(p + "attn_k.bias", kv_dim);
         L.bv = bias(p + "attn_v.bias", kv_dim);
-        if (variant.qk_norm) {
-            L.q_norm = b.vector(p + "attn_q_norm.weight", hp.head_dim);
-            L.k_norm = b.vector(p + "attn_k_norm.weight", hp.head_dim);
+        if (variant.qk_norm != QkNorm::None) {
+            const bool whole = variant.qk_norm == QkNorm::Whole;
+            L.q_norm = b.vector(p + "attn_q_norm.weight", whole ? q_dim : hp.head_dim);
+            L.k_norm = b.vector(p + "attn_k_norm.weight", whole ? kv_dim : hp.head_dim);
         }
         L.wo = b.matrix(p + "attn_output.weight", hp.n_embd, q_dim);
         L.bo = b.optional_vector(p + "attn_output.bias", hp.n_embd);
-        L.ffn_norm = b.vector(p + "ffn_norm.weight", hp.n_embd);
+        if (variant.post_norms) {
+            L.attn_post_norm = b.vector(p + "post_attention_norm.weight", hp.n_embd);
+            L.ffn_post_norm = b.vector(p + "post_ffw_norm.weight", hp.n_embd);
+            for (const char* t : {"attn_norm.weight", "ffn_norm.weight"}) {
+                b.refuse(p + t, hp.arch + " has no norms before its blocks");
+            }
+        } else {
+            L.ffn_norm = b.vector(p + "ffn_norm.weight", hp.n_embd);
+        }
         if (variant.moe) {
             L.moe.router = b.matrix(p + "ffn_gate_inp.weight", hp.n_expert, hp.n_embd);
             L.moe.gate_exps = b.experts(p + "ffn_gate_exps.weight", hp.n_expert, hp.n_ff_exp, hp.n_embd);
@@ -214,7 +268,8 @@ public:
         const int64_t kv_dim = int64_t{hp.n_head_kv} * hp.head_dim;
         const MoeLayout moe = activation_layout(hp, n).moe;  // in the host's work buffer
 
-        ops::embedding_rows(w_.token_embd, batch.tokens.data(), n, mem_.a.x.data());  // x: [n, n_embd]
+        ops::embedding_rows(w_.token_embd, batch.tokens.data(), n, mem_.a.x.data());             // x: [n, n_embd]
+        if (hp.embedding_scale != 0.0f) ops::scale(mem_.a.x.data(), n * E, hp.embedding_scale);  // Granite
 
         for (int il = 0; il < hp.n_layer; ++il) {
             const LayerRef<LlamaLayer> L = mem_.layer(w_.layers, il);  // waits for a streamed layer
@@ -222,28 +277,43 @@ public:
             float* x = o.x;
             float* cur = o.cur;
 
-            // Attention block.
-            o.rms_norm(x, L->attn_norm, hp.norm_eps, n, E, cur);
-            o.matmul(L->wq, cur, n, o.q, places);  // q: [n, n_head, head_dim]
-            o.matmul(L->wk, cur, n, o.k, places);  // k: [n, n_head_kv, head_dim]
-            o.matmul(L->wv, cur, n, o.v, places);  // v: [n, n_head_kv, head_dim]
+            // Attention block (OLMo 2: on x itself).
+            const float* attn_in = x;
+            if (L->attn_norm) {
+                o.rms_norm(x, L->attn_norm, hp.norm_eps, n, E, cur);
+                attn_in = cur;
+            }
+            o.matmul(L->wq, attn_in, n, o.q, places);  // q: [n, n_head, head_dim]
+            o.matmul(L->wk, attn_in, n, o.k, places);  // k: [n, n_head_kv, head_dim]
+            o.matmul(L->wv, attn_in, n, o.v, places);  // v: [n, n_head_kv, head_dim]
             if (L->bq) o.add_bias(o.q, L->bq, n, q_dim);
             if (L->bk) o.add_bias(o.k, L->bk, n, kv_dim);
             if (L->bv) o.add_bias(o.v, L->bv, n, kv_dim);
-            if (L->q_norm) o.rms_norm(o.q, L->q_norm, hp.norm_eps, int64_t{n} * hp.n_head, hp.head_dim, o.q);
-            if (L->k_norm) o.rms_norm(o.k, L->k_norm, hp.norm_eps, int64_t{n} * hp.n_head_kv, hp.head_dim, o.k);
+            if (variant_.qk_norm == QkNorm::PerHead) {
+                o.rms_norm(o.q, L->q_norm, hp.norm_eps, int64_t{n} * hp.n_head, hp.head_dim, o.q);
+                o.rms_norm(o.k, L->k_norm, hp.norm_eps, int64_t{n} * hp.n_head_kv, hp.head_dim, o.k);
+            } else if (variant_.qk_norm == QkNorm::Whole) {
+                o.rms_norm(o.q, L->q_norm, hp.norm_eps, n, q_dim, o.q);
+                o.rms_norm(o.k, L->k_norm, hp.norm_eps, n, kv_dim, o.k);
+            }
             o.rope(o.q, rows.positions, n, hp.n_head, hp.head_dim, rope);
             o.rope(o.k, rows.positions, n, hp.n_head_kv, hp.head_dim, rope);
             o.store_kv(cache, il, o.k, o.v, o.q, rows, hp, rope);                      // q: for the K transform's fit
             attend(o, hp, cache, il, o.q, rows, hp.attn_scale, /*window=*/0, o.attn);  // attn: [n, n_head * head_dim]
             o.matmul(L->wo, o.attn, n, o.attn_out, places);                            // attn_out: [n, n_embd]
             if (L->bo) o.add_bias(o.attn_out, L->bo, n, E);
+            if (L->attn_post_norm) o.rms_norm(o.attn_out, L->attn_post_norm, hp.norm_eps, n, E, o.attn_out);
+            if (hp.residual_scale != 0.0f) o.scale(o.attn_out, n * E, hp.residual_scale);  // Granite
             o.add(x, o.attn_out, n * E, x);
 
             // Feed-forward block: down(silu(gate(h)) * up(h)), a slice of tokens at a time; with
             // experts, the chosen experts' outputs weighted and summed (host only: the constructor
             // refuses to offload such a layer).
-            o.rms_norm(x, L->ffn_norm, hp.norm_eps, n, E, cur);
+            if (L->ffn_norm) {
+                o.rms_norm(x, L->ffn_norm, hp.norm_eps, n, E, cur);
+            } else {
+                o.copy(x, n * E, cur);  // OLMo 2: the block's input is x itself
+            }
             for (int t0 = 0; t0 < n; t0 += o.ffn_slice) {
                 const int m = std::min(o.ffn_slice, n - t0);
                 float* h = cur + t0 * E;
@@ -256,6 +326,8 @@ public:
                 o.swiglu(o.gate, o.up, int64_t{m} * hp.n_ff, o.gate);
                 o.matmul(L->ffn_down, o.gate, m, h, places_of(places, t0, m));  // h: [m, n_embd], over its read rows
             }
+            if (L->ffn_post_norm) o.rms_norm(cur, L->ffn_post_norm, hp.norm_eps, n, E, cur);
+            if (hp.residual_scale != 0.0f) o.scale(cur, n * E, hp.residual_scale);  // Granite
             o.add(x, cur, n * E, x);
         }
         cache.end_batch();
@@ -284,6 +356,10 @@ std::unique_ptr<Model> load_qwen3(const gguf::GgufFile& file, Hparams hp, const 
     return std::make_unique<Llama>(file, std::move(hp), kQwen3Variant, options);
 }
 
+std::unique_ptr<Model> load_olmo2(const gguf::GgufFile& file, Hparams hp, const LoadOptions& options) {
+    return std::make_unique<Llama>(file, std::move(hp), kOlmo2Variant, options);
+}
+
 // The experts run on the host only, for now (issue 21: placement by tensor class comes later).
 std::unique_ptr<Model> load_qwen3moe(const gguf::GgufFile& file, Hparams hp, const LoadOptions& options) {
     if (options.offload != nullptr && options.n_offload_layers > 0) {
@@ -298,6 +374,8 @@ std::unique_ptr<Model> load_qwen3moe(const gguf::GgufFile& file, Hparams hp, con
 extern const Architecture kLlama{"llama", read_llama_hparams, load_llama};
 extern const Architecture kQwen2{"qwen2", read_llama_hparams, load_qwen2};
 extern const Architecture kQwen3{"qwen3", read_llama_hparams, load_qwen3};
+extern const Architecture kGranite{"granite", read_granite_hparams, load_llama};
+extern const Architecture kOlmo2{"olmo2", read_olmo2_hparams, load_olmo2};
 extern const Architecture kQwen3Moe{"qwen3moe", read_qwen3moe_hparams, load_qwen3moe};
 
 }  // namespace fitllm::model

@@ -215,5 +215,15 @@ INSTANTIATE_TEST_SUITE_P(GeneratedPhi3, GeneratedGolden, ::testing::ValuesIn(kGe
                              return name;
                          });
 
+// Llama's variants (model/llama.cpp): Granite's four multipliers, and OLMo 2's post-norms with Q
+// and K normed over all heads. Same tolerances.
+constexpr Generated kGeneratedLlamaVariants[] = {{"granite", "f16"}, {"granite", "q8_0"}, {"granite", "q4_k_m"},
+                                                 {"olmo2", "f16"},   {"olmo2", "q8_0"},   {"olmo2", "q4_k_m"}};
+
+INSTANTIATE_TEST_SUITE_P(GeneratedLlamaVariants, GeneratedGolden, ::testing::ValuesIn(kGeneratedLlamaVariants),
+                         [](const ::testing::TestParamInfo<Generated>& generated) {
+                             return std::string(generated.param.arch) + "_" + generated.param.type;
+                         });
+
 }  // namespace
 }  // namespace fitllm

@@ -13,6 +13,7 @@
 #include "engine/session.h"
 #include "gguf/gguf_reader.h"
 #include "gguf/gguf_writer.h"
+#include "model/gguf_rewrite.h"
 #include "model/hparams.h"
 #include "model/model.h"
 #include "ops/thread_pool.h"
@@ -21,43 +22,9 @@
 namespace fitllm {
 namespace {
 
-gguf::GgufFile open_tiny(const std::string& name) {
-    return gguf::GgufFile::open((test::source_dir() / "tests/model/data" / (name + ".gguf")).string());
-}
-
-// A copy of `source`, its metadata filtered by keep_key and extended by add, each tensor passed
-// through tensor(name, bytes) (false drops it; the bytes may be changed), and extra tensors added
-// by add_tensors.
-struct Rewrite {
-    std::function<bool(const std::string&)> keep_key = [](const std::string&) { return true; };
-    std::function<void(gguf::GgufWriter&)> add = [](gguf::GgufWriter&) {};
-    std::function<bool(const std::string&, std::vector<std::byte>&)> tensor =
-        [](const std::string&, std::vector<std::byte>&) { return true; };
-};
-
-std::vector<std::byte> rewrite(const gguf::GgufFile& source, const Rewrite& r) {
-    gguf::GgufWriter w;
-    for (const gguf::Value& v : source.metadata()) {
-        if (r.keep_key(std::string(v.key()))) w.add_value(v);
-    }
-    r.add(w);
-    for (const gguf::TensorInfo& t : source.tensors()) {
-        std::vector<std::byte> data(t.data.begin(), t.data.end());
-        if (!r.tensor(std::string(t.name), data)) continue;
-        w.add_tensor(t.name, t.type, std::span<const int64_t>(t.ne.data(), t.n_dims), std::move(data));
-    }
-    return w.to_bytes();
-}
-
-std::string load_error(const std::vector<std::byte>& bytes) {
-    const gguf::GgufFile file = gguf::GgufFile::parse(bytes, "phi3.gguf");
-    try {
-        model::Model::load(file);
-    } catch (const model::ModelError& e) {
-        return e.what();
-    }
-    return "";
-}
+using test::load_error;
+using test::open_tiny;
+using test::rewrite;
 
 TEST(Phi3Hparams, NoSlidingWindowFullRotaryAndTheHeadScale) {
     const gguf::GgufFile file = open_tiny("tiny-phi3-f16");

@@ -1,0 +1,113 @@
+// Granite's and OLMo 2's hyper-parameters and refusals (model/llama.cpp's variants of Llama).
+// Their forward passes against llama.cpp: generated_golden_test.cpp (GeneratedLlamaVariants).
+#include <gtest/gtest.h>
+
+#include <cmath>
+#include <cstring>
+#include <string>
+#include <vector>
+
+#include "engine/session.h"
+#include "gguf/gguf_writer.h"
+#include "model/gguf_rewrite.h"
+#include "model/hparams.h"
+#include "model/model.h"
+#include "ops/thread_pool.h"
+#include "quant/ggml_type.h"
+
+namespace fitllm {
+namespace {
+
+using test::load_error;
+using test::open_tiny;
+using test::rewrite;
+
+bool contains(const std::string& s, const std::string& part) {
+    return s.find(part) != std::string::npos;
+}
+
+TEST(GraniteHparams, FourMultipliersFromTheFile) {
+    const model::Hparams hp = model::read_hparams(open_tiny("tiny-granite-f16"));
+    EXPECT_EQ(hp.arch, "granite");
+    EXPECT_FLOAT_EQ(hp.embedding_scale, 2.0f);  // tools/gen_test_models.py's GRANITE_* values
+    EXPECT_FLOAT_EQ(hp.residual_scale, 0.5f);
+    EXPECT_FLOAT_EQ(hp.attn_scale, 0.2f);
+    EXPECT_FLOAT_EQ(hp.logit_scale, 4.0f);
+}
+
+// Each multiplier moves the last logits: a copy without it (residual and embedding scales are
+// optional in Granite files) gives other logits than the file.
+TEST(GraniteHparams, EachOptionalMultiplierMatters) {
+    const gguf::GgufFile file = open_tiny("tiny-granite-f16");
+    ops::ThreadPool pool(2);
+    const std::vector<int32_t> prompt = {1, 40, 41, 42, 43, 44};
+    const auto last_logits = [&](const gguf::GgufFile& f) {
+        const auto model = model::Model::load(f);
+        engine::Session session(*model, {.n_ctx = 64, .n_batch = 64}, pool);
+        const auto logits = session.feed(prompt);
+        return std::vector<float>(logits.begin(), logits.end());
+    };
+    const std::vector<float> base = last_logits(file);
+    for (const std::string key : {"granite.residual_scale", "granite.embedding_scale"}) {
+        const std::vector<std::byte> bytes =
+            rewrite(file, {.keep_key = [&](const std::string& k) { return k != key; }});
+        const gguf::GgufFile copy = gguf::GgufFile::parse(bytes, "granite.gguf");
+        const std::vector<float> other = last_logits(copy);
+        ASSERT_EQ(other.size(), base.size());
+        float diff = 0.0f;
+        for (size_t i = 0; i < base.size(); ++i) diff = std::max(diff, std::fabs(other[i] - base[i]));
+        EXPECT_GT(diff, 0.1f) << "without " << key;
+    }
+}
+
+TEST(GraniteRefusals, NameTheKey) {
+    const gguf::GgufFile file = open_tiny("tiny-granite-f16");
+    EXPECT_EQ(load_error(rewrite(file, {})), "");  // an unchanged copy loads
+    std::string e =
+        load_error(rewrite(file, {.keep_key = [](const std::string& k) { return k != "granite.logit_scale"; }}));
+    EXPECT_TRUE(contains(e, "'granite.logit_scale' = (missing): Granite files must have it")) << e;
+    e = load_error(
+        rewrite(file, {.add = [](gguf::GgufWriter& w) { w.add<bool>("granite.rope.scaling.finetuned", false); }}));
+    EXPECT_TRUE(contains(e, "'granite.rope.scaling.finetuned' = false: Granite without rotary embeddings")) << e;
+}
+
+// An F32 vector of n ones named name.
+void add_ones(gguf::GgufWriter& w, const std::string& name, int64_t n) {
+    std::vector<std::byte> data(static_cast<size_t>(n) * sizeof(float));
+    const float one = 1.0f;
+    for (int64_t i = 0; i < n; ++i) std::memcpy(data.data() + i * sizeof(float), &one, sizeof(float));
+    const int64_t ne[] = {n};
+    w.add_tensor(name, quant::GgmlType::F32, ne, std::move(data));
+}
+
+TEST(Olmo2Hparams, HeadSizeIsTheEmbeddingOverTheHeads) {
+    const model::Hparams hp = model::read_hparams(open_tiny("tiny-olmo2-f16"));
+    EXPECT_EQ(hp.arch, "olmo2");
+    EXPECT_EQ(hp.head_dim * hp.n_head, hp.n_embd);
+    EXPECT_EQ(hp.is_swa, std::vector<bool>(static_cast<size_t>(hp.n_layer), false));
+    EXPECT_FLOAT_EQ(hp.logit_scale, 0.0f);
+}
+
+TEST(Olmo2Refusals, NameTheKeyOrTheTensor) {
+    const gguf::GgufFile file = open_tiny("tiny-olmo2-f16");
+    EXPECT_EQ(load_error(rewrite(file, {})), "");
+    // OLMo 3's sliding window.
+    std::string e = load_error(
+        rewrite(file, {.add = [](gguf::GgufWriter& w) { w.add<uint32_t>("olmo2.attention.sliding_window", 4096); }}));
+    EXPECT_TRUE(
+        contains(e, "'olmo2.attention.sliding_window' = 4096: OLMo 3's sliding-window layers are not supported"))
+        << e;
+    // A pre-norm the forward pass would not use.
+    e = load_error(rewrite(file, {.add = [](gguf::GgufWriter& w) { add_ones(w, "blk.0.attn_norm.weight", 256); }}));
+    EXPECT_TRUE(contains(e, "blk.0.attn_norm.weight")) << e;
+    EXPECT_TRUE(contains(e, "olmo2 has no norms before its blocks")) << e;
+    // Q's norm of one head (Qwen3's shape) instead of all heads.
+    e = load_error(
+        rewrite(file, {.add = [](gguf::GgufWriter& w) { add_ones(w, "blk.1.attn_q_norm.weight", 64); },
+                       .tensor = [](const std::string& name,
+                                    std::vector<std::byte>&) { return name != "blk.1.attn_q_norm.weight"; }}));
+    EXPECT_TRUE(contains(e, "blk.1.attn_q_norm.weight")) << e;
+}
+
+}  // namespace
+}  // namespace fitllm
