@@ -53,6 +53,12 @@ struct LoadConfig {
     bool fit_may_shorten_context = true;
     bool mlock = false;      // lock the resident weights in RAM (within mem and RLIMIT_MEMLOCK)
     int stream_layers = -1;  // stream the last N layers' weights from the file; -1: none (or what fit picks)
+    // A mixture-of-experts model's expert cache (--expert-cache): the dense weights resident, the
+    // routed experts read from the file into this many slots on demand. kExpertsNotSet: none, or
+    // what fit picks; 0: none (off); kExpertsAuto: as many slots as the budget holds.
+    int expert_slots = kExpertsNotSet;
+    static constexpr int kExpertsNotSet = -2;
+    static constexpr int kExpertsAuto = -1;
     OffloadConfig offload;
     // Called while the resident weights are read in: bytes done and total.
     std::function<void(uint64_t done, uint64_t total)> on_load_progress;

@@ -198,6 +198,18 @@ void add_budget_options(ArgParser& p, EngineOptions& o) {
              "stream the weights of the last N layers from the file instead of keeping them "
              "resident (default: none, or what --fit picks)",
              [&o](const std::string& v) { o.load.stream_layers = parse_count("--stream-layers", v); });
+    p.option("--expert-cache", "N|auto|off",
+             "a mixture-of-experts model's routed experts in a cache of N slots (auto: as many as --mem holds), "
+             "read from the file on demand, the dense weights resident (default: off, or what --fit picks)",
+             [&o](const std::string& v) {
+                 if (v == "auto") {
+                     o.load.expert_slots = LoadConfig::kExpertsAuto;
+                 } else if (v == "off") {
+                     o.load.expert_slots = 0;
+                 } else {
+                     o.load.expert_slots = parse_count("--expert-cache", v);
+                 }
+             });
     add_offload_options(p, o.load.offload);
 }
 

@@ -11,6 +11,7 @@
 #include "engine/plan_report.h"
 #include "engine/prefault.h"
 #include "io/mapped_file.h"
+#include "model/expert_cache.h"
 #include "util/text.h"
 
 namespace fitllm::engine {
@@ -18,12 +19,14 @@ namespace {
 
 // [begin, end) file byte ranges of the resident weights (global tensors and the layers before
 // the streamed ones), merged where they touch the same page.
-std::vector<std::pair<uint64_t, uint64_t>> resident_ranges(const gguf::GgufFile& file, int n_layer, int n_streamed) {
+std::vector<std::pair<uint64_t, uint64_t>> resident_ranges(const gguf::GgufFile& file, int n_layer, int n_streamed,
+                                                           bool cached_experts) {
     const uint64_t page = io::MappedFile::page_size();
     std::vector<std::pair<uint64_t, uint64_t>> ranges;
     for (const gguf::TensorInfo& t : file.tensors()) {
         const int il = tensor_layer(t.name);
         if (il >= n_layer - n_streamed || t.n_bytes == 0) continue;
+        if (cached_experts && model::is_expert_tensor(t.name)) continue;  // read into the expert cache
         const uint64_t begin = file.data_offset() + t.offset;
         ranges.emplace_back(begin / page * page, std::min<uint64_t>(file.size(), begin + t.n_bytes));
     }
@@ -60,7 +63,7 @@ uint64_t lock_resident_weights(gguf::GgufFile& file, const Plan& plan, memory::D
     if (mapping == nullptr || !mapping->is_file_mapping()) {
         throw io::IoError("--mlock: " + file.source() + " is not a mapped file; nothing to lock");
     }
-    const auto ranges = resident_ranges(file, n_layer, n_streamed);
+    const auto ranges = resident_ranges(file, n_layer, n_streamed, plan.n_expert_slots > 0);
     const uint64_t page = io::MappedFile::page_size();
     uint64_t pages = 0;
     for (const auto& [b, e] : ranges) pages += (e + page - 1) / page * page - b;
@@ -122,6 +125,7 @@ PlanParams plan_params(const LoadConfig& load, const ContextConfig& context, uin
     p.n_threads = n_threads;
     p.budget = budget;
     p.n_streamed_layers = std::max(load.stream_layers, 0);
+    p.expert_slots = load.expert_slots;  // (the same values: not set, off, auto, N)
     p.device = offload.device;
     p.n_gpu_layers = offload.device.empty() ? 0 : offload.n_gpu_layers;
     p.vram = offload.vram;
@@ -213,6 +217,7 @@ std::unique_ptr<Engine> Engine::load(const LoadConfig& load, const ContextConfig
     e->context_.type_v = kv_type(plan.params.type_v);
     e->context_.n_threads = plan.params.n_threads;
     e->load_.stream_layers = plan.params.n_streamed_layers;
+    e->load_.expert_slots = plan.n_expert_slots;
 
     // Charge, lock, load, read in.
     const int n_layer = plan.shape.hp.n_layer;
@@ -231,7 +236,8 @@ std::unique_ptr<Engine> Engine::load(const LoadConfig& load, const ContextConfig
                                                .n_streamed_layers = plan.params.n_streamed_layers,
                                                .offload = n_gpu_layers > 0 ? offload : nullptr,
                                                .n_offload_layers = n_gpu_layers,
-                                               .offload_kv = plan.params.kv_offload});
+                                               .offload_kv = plan.params.kv_offload,
+                                               .expert_slots = plan.n_expert_slots});
     if (e->locked_bytes_ == 0) prefault(*e->file_, *e->model_, load.on_load_progress);  // mlock read them in
     return e;
 }
@@ -277,6 +283,8 @@ std::string Engine::peak_summary() const {
     const memory::Device& host = resources_->host();
     std::string s = "pools (peak):" + pools_text(host) + "; all " + util::human_bytes(host.peak()) + " of the " +
                     util::human_bytes(host.capacity()) + " budget, plan " + util::human_bytes(plan_.total());
+    if (const model::ExpertCacheStats x = model_->expert_cache_stats(); x.n_slots > 0)
+        s += "; " + model::expert_cache_text(x);
     backend::Backend* offload = resources_->offload();
     if (offload && offload->unified() && plan_.device.n_layer > 0) {
         s += "; " + offload->name() + " (unified) charged the host's pools: its KV " +

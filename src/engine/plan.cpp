@@ -10,6 +10,7 @@
 #include "kv/cache.h"
 #include "memory/pool.h"
 #include "model/activations.h"
+#include "model/expert_cache.h"
 #include "model/layer_stream.h"
 #include "model/offload.h"
 #include "ops/attention.h"
@@ -49,6 +50,18 @@ uint64_t round_up(uint64_t n, uint64_t to) {
 
 }  // namespace
 
+std::string expert_cache_shortfall(const Plan& p) {
+    const model::Hparams& hp = p.shape.hp;
+    const uint64_t rest = p.total() - p.weights_resident - p.expert_cache;
+    return "the dense weights " + util::human_bytes(p.weights_resident) + " resident + the expert cache's " +
+           std::to_string(p.n_expert_slots) + " slots x " + util::human_bytes(p.shape.expert_slot_bytes) + " = " +
+           util::human_bytes(p.expert_cache) + " (at least " + std::to_string(model::min_expert_slots(hp)) + ": " +
+           std::to_string(hp.n_expert_used) + " experts used x " + std::to_string(hp.n_layer) +
+           " layers) + KV cache, scratch, outputs and overhead " + util::human_bytes(rest) + " = " +
+           util::human_bytes(p.total()) + ", over the budget of " + util::human_bytes(p.params.budget) + " by " +
+           util::human_bytes(p.total() - std::min(p.total(), p.params.budget));
+}
+
 int kv_cells(int n_ctx, int n_seq, bool context_shift) {
     return n_ctx + (n_seq > 1 ? n_seq * kBlockSize : 0) + (context_shift ? 2 * kBlockSize : 0);
 }
@@ -69,6 +82,7 @@ ModelShape model_shape(const gguf::GgufFile& file) {
     s.file_bytes = file.size();
     s.metadata_bytes = std::min<uint64_t>(file.data_offset(), file.size());
     s.layer_bytes.assign(static_cast<size_t>(s.hp.n_layer), 0);
+    s.layer_expert_bytes.assign(static_cast<size_t>(s.hp.n_layer), 0);
     try {
         for (int il = 0; il < s.hp.n_layer; ++il) s.layer_stream_bytes.push_back(model::stream_buffer_bytes(file, il));
     } catch (const model::ModelError&) {
@@ -80,6 +94,10 @@ ModelShape model_shape(const gguf::GgufFile& file) {
         const int il = tensor_layer(t.name);
         if (il >= 0 && il < s.hp.n_layer) {
             s.layer_bytes[static_cast<size_t>(il)] += t.n_bytes;
+            if (model::is_expert_tensor(t.name)) {
+                s.layer_expert_bytes[static_cast<size_t>(il)] += t.n_bytes;
+                s.expert_bytes += t.n_bytes;
+            }
             if (t.n_dims >= 2)
                 s.matmuls.push_back({t.type, t.ne[0], false, t.name.find(".ffn_") != std::string_view::npos});
         } else {
@@ -99,7 +117,20 @@ ModelShape model_shape(const gguf::GgufFile& file) {
     }
     for (int n = 0; n <= s.hp.n_layer + 1; ++n)
         s.device_weight_bytes.push_back(model::device_weight_bytes(file, s.hp, n));
+    if (s.hp.is_moe()) {
+        try {
+            s.expert_slot_bytes = model::expert_slot_bytes(file, s.hp);
+        } catch (const model::ModelError&) {
+            s.expert_slot_bytes = 0;  // experts the cache cannot slice: it is refused
+        }
+    }
     return s;
+}
+
+uint64_t ModelShape::dense_bytes() const {
+    uint64_t all = global_bytes;
+    for (const uint64_t b : layer_bytes) all += b;
+    return all - std::min(all, expert_bytes);
 }
 
 uint64_t kv_pool_bytes(int n_layer, int n_head_kv, int head_dim_k, int head_dim_v, int n_cells_rounded, int n_seq,
@@ -284,6 +315,30 @@ Plan plan_for(const ModelShape& shape, const PlanParams& params) {
         static_cast<uint64_t>(params.n_cached_prompts) * static_cast<uint64_t>(params.n_ctx) * sizeof(int32_t);
     p.overhead = kFixedOverhead + kMetadataFactor * shape.metadata_bytes + p.samplers + cached_prompt_tokens;
 
+    // The expert cache: the experts leave the resident weights for slots (make_plan refused it
+    // with streamed or offloaded layers); auto: as many slots as the budget holds after the rest.
+    if (params.expert_slots > 0 || params.expert_slots == PlanParams::kExpertSlotsAuto) {
+        const int all = hp.n_expert * hp.n_layer;
+        const uint64_t slot = shape.expert_slot_bytes;
+        p.weights_resident -= std::min(p.weights_resident, shape.expert_bytes);
+        int slots = params.expert_slots;
+        if (slots == PlanParams::kExpertSlotsAuto) {
+            const uint64_t rest = p.total();
+            const uint64_t left = params.budget > rest ? params.budget - rest : 0;
+            const uint64_t fit = left > model::kExpertAlign ? (left - model::kExpertAlign) / slot : 0;
+            slots = static_cast<int>(std::min<uint64_t>(fit, static_cast<uint64_t>(all)));
+            slots = std::max(slots, model::min_expert_slots(hp));
+        }
+        slots = std::min(slots, all);
+        p.n_expert_slots = slots;
+        p.expert_cache = model::expert_cache_bytes(slot, slots);
+        p.experts_on_demand = shape.expert_bytes;
+        p.expert_miss_rate = 1.0 - static_cast<double>(slots) / static_cast<double>(all);
+        const double per_expert = static_cast<double>(shape.expert_bytes) / static_cast<double>(all);
+        p.expert_read_per_token =
+            static_cast<uint64_t>(static_cast<double>(hp.n_expert_used) * hp.n_layer * per_expert * p.expert_miss_rate);
+    }
+
     if (!params.device.empty()) {
         p.device.name = params.device;
         p.device.capacity = params.vram;
@@ -334,6 +389,29 @@ Plan make_plan(const ModelShape& shape, PlanParams params) {
         if (!kv::is_kv_type(t)) throw std::invalid_argument("KV type " + type_str(t) + " is not one the cache stores");
     }
     params.n_streamed_layers = std::clamp(params.n_streamed_layers, 0, hp.n_layer);
+    if (params.expert_slots > 0 || params.expert_slots == PlanParams::kExpertSlotsAuto) {
+        const std::string what = params.expert_slots > 0
+                                     ? "an expert cache of " + std::to_string(params.expert_slots) + " slots"
+                                     : std::string("an expert cache");
+        if (!hp.is_moe() || shape.expert_slot_bytes == 0) {
+            throw std::invalid_argument(what + ": " + shape.source + " (" + hp.arch +
+                                        ") has no routed experts to cache");
+        }
+        if (params.n_streamed_layers > 0) {
+            throw std::invalid_argument(what + " does not go with streamed layers (--stream-layers " +
+                                        std::to_string(params.n_streamed_layers) + ")");
+        }
+        if (!params.device.empty()) {
+            throw std::invalid_argument(what + " does not go with an offload device (" + params.device +
+                                        "): the experts run on the host only");
+        }
+        const int min_slots = model::min_expert_slots(hp);
+        if (params.expert_slots > 0 && params.expert_slots < min_slots) {
+            throw std::invalid_argument(what + " is too small: it needs at least " + std::to_string(min_slots) + " (" +
+                                        std::to_string(hp.n_expert_used) + " experts used x " +
+                                        std::to_string(hp.n_layer) + " layers, one token's experts)");
+        }
+    }
     if (params.device.empty()) {
         if (params.n_gpu_layers > 0) {
             throw std::invalid_argument("-ngl " + std::to_string(params.n_gpu_layers) +
@@ -435,10 +513,34 @@ Plan fit_plan(const ModelShape& shape, PlanParams params) {
         p = std::move(q);
     }
 
-    // 2. Stream the last layers' weights: as few as needed (at least as many as asked for).
+    // 2a. A mixture of experts: the dense weights resident, the routed experts in a cache of as
+    // many slots as the budget holds (reading an expert on a miss costs less than streaming its
+    // whole layer, every expert of it, at each token).
+    if (!p.fits() && hp.is_moe() && p.params.expert_slots == PlanParams::kExpertSlotsNotSet &&
+        p.params.n_streamed_layers == 0 && p.params.device.empty() && shape.expert_slot_bytes > 0) {
+        PlanParams next = p.params;
+        next.expert_slots = PlanParams::kExpertSlotsAuto;
+        Plan q = plan(next);
+        const int all = hp.n_expert * hp.n_layer;
+        if (q.fits()) {
+            steps.push_back(
+                {"expert cache of " + std::to_string(q.n_expert_slots) + " of " + std::to_string(all) + " experts",
+                 over(p) + " with every expert resident; the dense weights (" + util::human_bytes(shape.dense_bytes()) +
+                     ") stay resident and the routed experts (" + util::human_bytes(shape.expert_bytes) +
+                     ") are read from the file on demand into " + std::to_string(q.n_expert_slots) + " slots of " +
+                     util::human_bytes(shape.expert_slot_bytes) + " (" + util::human_bytes(q.expert_cache) + ")"});
+            p = std::move(q);
+        } else {
+            steps.push_back({"no expert cache", expert_cache_shortfall(q) + "; streaming whole layers instead"});
+        }
+    }
+
+    // 2. Stream the last layers' weights: as few as needed (at least as many as asked for); not
+    // with an expert cache.
     const int min_streamed = p.params.n_streamed_layers;
+    const int max_streamed = p.n_expert_slots > 0 ? min_streamed : hp.n_layer;
     const auto fewest_streamed = [&](PlanParams base) -> std::optional<Plan> {
-        for (int n = min_streamed; n <= hp.n_layer; ++n) {
+        for (int n = min_streamed; n <= max_streamed; ++n) {
             base.n_streamed_layers = n;
             Plan q = plan(base);
             if (q.fits()) return q;
@@ -450,14 +552,14 @@ Plan fit_plan(const ModelShape& shape, PlanParams params) {
     const auto smallest_streamed = [&](PlanParams base) {
         base.n_streamed_layers = min_streamed;
         Plan best = plan(base);
-        for (int n = min_streamed + 1; n <= hp.n_layer; ++n) {
+        for (int n = min_streamed + 1; n <= max_streamed; ++n) {
             base.n_streamed_layers = n;
             Plan q = plan(base);
             if (q.total() < best.total()) best = std::move(q);
         }
         return best;
     };
-    if (!p.fits()) {
+    if (!p.fits() && p.n_expert_slots == 0) {
         const Plan before = p;
         p = fewest_streamed(p.params).value_or(smallest_streamed(p.params));
         if (p.params.n_streamed_layers > before.params.n_streamed_layers) {

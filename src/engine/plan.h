@@ -52,6 +52,13 @@ struct ModelShape {
     // What an offload device's "weights" pool holds with the last n layers there (index n,
     // 0..n_layer + 1; model::device_weight_bytes).
     std::vector<uint64_t> device_weight_bytes;
+    // Mixture of experts: the routed experts' tensors (blk.<i>.ffn_{gate,up,down}_exps.weight,
+    // model::is_expert_tensor), in layer_bytes too; the rest of the file is the dense part
+    // (attention, norms, embeddings, output, router, shared experts).
+    uint64_t expert_bytes = 0;                 // all layers'
+    std::vector<uint64_t> layer_expert_bytes;  // per layer
+    uint64_t expert_slot_bytes = 0;            // one expert cache slot (model::expert_slot_bytes); 0: no experts
+    uint64_t dense_bytes() const;              // tensor bytes less expert_bytes
 };
 
 // The layer of a tensor: "blk.12.attn_q.weight" -> 12; -1 for tensors outside the layers.
@@ -75,6 +82,15 @@ struct PlanParams {
     uint64_t budget = 0;                            // host bytes
     int n_streamed_layers = 0;                      // the last n layers stream instead of staying resident
     uint64_t kv_resident_limit = 0;  // KV spill (--kv-spill-dir, --kv-resident): K/V bytes kept in memory; 0: all
+    // The expert cache (model/expert_cache.h) of a mixture-of-experts model: the routed experts
+    // in this many slots charged to the budget, read from the file on demand, the dense weights
+    // resident. 0 (and kExpertSlotsNotSet): none, every expert resident; kExpertSlotsAuto: as many
+    // slots as the budget holds after the rest of the plan (at least model::min_expert_slots,
+    // at most every expert). fit_plan() picks the cache itself when it is kExpertSlotsNotSet.
+    // Not with streamed or offloaded layers.
+    int expert_slots = kExpertSlotsNotSet;
+    static constexpr int kExpertSlotsNotSet = -2;
+    static constexpr int kExpertSlotsAuto = -1;
     // Offload (docs/architecture.md idea 6): a device (--device; empty: none) that runs the last
     // n_gpu_layers layers (-ngl; more than n_layer: the output layer too), holding their weights
     // and, with kv_offload, their KV cache. n_gpu_layers < 0: as many as fit vram (all when vram
@@ -139,8 +155,20 @@ struct Plan {
     uint64_t weights_resident = 0;  // mapped and kept in memory
     uint64_t weights_streamed = 0;  // read from the file layer by layer, not counted in the total
     uint64_t stream_buffer = 0;     // model::kStreamBuffers buffers of the largest streamed layer
-    uint64_t kv = 0;                // in memory
-    uint64_t kv_spilled = 0;        // in the spill file, not in the total
+    // The expert cache (PlanParams::expert_slots): n_expert_slots slots of shape.expert_slot_bytes
+    // (expert_cache bytes, charged to the "experts" pool, in weights()); the experts then leave
+    // weights_resident and are read from the file on a miss (experts_on_demand, not in the
+    // total). expert_miss_rate and expert_read_per_token: what a token is expected to read,
+    // assuming uniform, independent routing (each of a layer's experts as likely, token after
+    // token), under which a least-recently-used cache of S of the N experts hits S / N of the
+    // lookups: n_expert_used x n_layer x the average expert's bytes x (1 - S / N).
+    int n_expert_slots = 0;
+    uint64_t expert_cache = 0;
+    uint64_t experts_on_demand = 0;
+    double expert_miss_rate = 0.0;
+    uint64_t expert_read_per_token = 0;
+    uint64_t kv = 0;          // in memory
+    uint64_t kv_spilled = 0;  // in the spill file, not in the total
     std::vector<KvPoolPlan> kv_pools;
     uint64_t activations = 0;        // model/activations.h layout + batch positions, for n_batch tokens
     uint64_t matmul_scratch = 0;     // the largest quantized activation block of one matmul
@@ -157,7 +185,7 @@ struct Plan {
     // The offload device's share; name empty (and every number 0) without one.
     DevicePlan device;
 
-    uint64_t weights() const { return weights_resident + stream_buffer; }
+    uint64_t weights() const { return weights_resident + stream_buffer + expert_cache; }
     uint64_t total() const {  // the host's
         return weights() + kv + scratch + logits + prompt_cache + overhead + device_host;
     }
@@ -184,13 +212,19 @@ inline constexpr uint64_t kMetadataFactor = 8;
 // layers offloaded without a device).
 Plan make_plan(const ModelShape& shape, PlanParams params);
 
-// make_plan(), then, while it does not fit: quantize K/V (f16 -> q8_0 -> q4_0), stream the
+// make_plan(), then, while it does not fit: quantize K/V (f16 -> q8_0 -> q4_0); for a mixture of
+// experts (expert_slots not set, nothing streamed or offloaded), an expert cache of as many slots
+// as the budget holds when the fewest fit (then no layer streams); else stream the
 // weights of the last layers (as few as needed, at least params.n_streamed_layers), and only then halve the context
 // (down to 256 cells or n_batch), streaming as few layers as that context needs. With a device and
 // n_gpu_layers < 0, every setting offloads as many layers as the device holds (the first step
 // says how many). Each change is a FitStep. The result may still not fit (fits() false; the last
 // step says why).
 Plan fit_plan(const ModelShape& shape, PlanParams params);
+
+// Why an expert cache plan (n_expert_slots > 0) is over its budget, with the numbers: the dense
+// weights, the slots and their bytes (and the fewest the cache takes), the rest, the total.
+std::string expert_cache_shortfall(const Plan& p);
 
 // The pools of the kv::ModelCache that Model::make_cache() builds for n_cells cells, n_seq
 // sequences and batches of n_batch tokens, with their bytes (KvCache::bytes() of each); with a

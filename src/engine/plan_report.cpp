@@ -114,6 +114,18 @@ nlohmann::ordered_json plan_json(const Plan& p, const std::string& budget_source
         out["settings"]["kv_offload"] = q.kv_offload;
         out["settings"]["unified"] = q.unified;
     }
+    if (p.shape.hp.is_moe()) {
+        const model::Hparams& hp = p.shape.hp;
+        json per_layer = json::array();
+        for (const uint64_t b : p.shape.layer_expert_bytes) per_layer.push_back(b / static_cast<uint64_t>(hp.n_expert));
+        out["experts"] = {{"dense_bytes", p.shape.dense_bytes()},    {"expert_bytes", p.shape.expert_bytes},
+                          {"bytes_per_expert", per_layer},  // per layer: gate + up + down of one expert
+                          {"resident", p.n_expert_slots == 0},       {"n_slots", p.n_expert_slots},
+                          {"slot_bytes", p.shape.expert_slot_bytes}, {"cache_bytes", p.expert_cache},
+                          {"miss_rate_assumed", p.expert_miss_rate}, {"read_per_token", p.expert_read_per_token}};
+        out["devices"][0]["expert_cache"] = p.expert_cache;
+        out["settings"]["expert_slots"] = p.n_expert_slots;
+    }
     out["fits"] = p.fits();
     if (p.fitted) out["fit"] = steps;
     return out;
@@ -128,10 +140,13 @@ std::string plan_text(const Plan& p, const std::string& budget_source) {
                       detail.empty() ? "" : "  ", detail.c_str());
         out += line;
     };
-    const std::string experts = p.shape.hp.is_moe()
-                                    ? ", " + std::to_string(p.shape.hp.n_expert) + " experts (" +
-                                          std::to_string(p.shape.hp.n_expert_used) + " used, all resident)"
-                                    : "";
+    const std::string experts =
+        p.shape.hp.is_moe()
+            ? ", " + std::to_string(p.shape.hp.n_expert) + " experts (" + std::to_string(p.shape.hp.n_expert_used) +
+                  " used, " +
+                  (p.n_expert_slots > 0 ? std::to_string(p.n_expert_slots) + " cached" : std::string("all resident")) +
+                  ")"
+            : "";
     out += "model     " + p.shape.source + " (" + p.shape.hp.arch + ", " + std::to_string(p.shape.hp.n_layer) +
            " layers" + experts + ", " + util::human_bytes(p.shape.file_bytes) + ")\n";
     std::snprintf(line, sizeof line, "settings  -c %d -np %d -b %d -ctk %s -ctv %s", q.n_ctx, q.n_seq, q.n_batch,
@@ -149,6 +164,32 @@ std::string plan_text(const Plan& p, const std::string& budget_source) {
             (dev.unified && dev.n_layer > 0
                  ? " (" + dev.name + " reads " + std::to_string(dev.n_layer) + " of them in place)"
                  : ""));
+    if (p.shape.hp.is_moe()) {
+        const model::Hparams& hp = p.shape.hp;
+        uint64_t lo = UINT64_MAX, hi = 0;
+        for (const uint64_t b : p.shape.layer_expert_bytes) {
+            lo = std::min(lo, b / static_cast<uint64_t>(hp.n_expert));
+            hi = std::max(hi, b / static_cast<uint64_t>(hp.n_expert));
+        }
+        const std::string each =
+            lo == hi ? util::human_bytes(hi) : util::human_bytes(lo) + ".." + util::human_bytes(hi);
+        row("  dense", p.shape.dense_bytes(), "attention, norms, embeddings, output, routers");
+        row("  routed experts", p.shape.expert_bytes,
+            std::to_string(hp.n_layer) + " layers x " + std::to_string(hp.n_expert) + " experts x " + each +
+                " (gate, up, down)" +
+                (p.n_expert_slots > 0 ? ": read from the file on demand (not in the total)" : ": resident"));
+    }
+    if (p.n_expert_slots > 0) {
+        const model::Hparams& hp = p.shape.hp;
+        char rate[32];
+        std::snprintf(rate, sizeof rate, "%.0f%%", 100.0 * p.expert_miss_rate);
+        row("expert cache", p.expert_cache,
+            std::to_string(p.n_expert_slots) + " of " + std::to_string(hp.n_expert * hp.n_layer) +
+                " experts, slots of " + util::human_bytes(p.shape.expert_slot_bytes) + "; expected " +
+                util::human_bytes(p.expert_read_per_token) + " read per token (" + std::to_string(hp.n_expert_used) +
+                " used x " + std::to_string(hp.n_layer) + " layers, miss rate " + rate +
+                " assuming uniform routing: hit rate = slots / experts)");
+    }
     if (q.n_streamed_layers > 0) {
         row("weights streamed", p.weights_streamed,
             std::to_string(q.n_streamed_layers) + " layers read from the file as needed (not in the total)");
@@ -216,6 +257,7 @@ std::string settings_text(const Plan& p) {
                     ", " + std::to_string(q.n_streamed_layers) + " of " + std::to_string(p.shape.hp.n_layer) +
                     " layers streamed";
     if (!p.device.name.empty()) s += ", -ngl " + std::to_string(q.n_gpu_layers) + " on " + p.device.name;
+    if (p.n_expert_slots > 0) s += ", expert cache of " + std::to_string(p.n_expert_slots) + " slots";
     return s;
 }
 
@@ -223,6 +265,8 @@ std::string settings_text(const Plan& p) {
 // them (load: overhead, weights, stream buffers; the session: KV, logits; the first forward
 // pass: scratch): the BudgetError of the first that does not fit, as the run would raise it.
 std::string first_refusal(const Plan& p) {
+    if (p.n_expert_slots > 0 && p.total() > p.params.budget)
+        return "too small for an expert cache: " + expert_cache_shortfall(p);
     memory::Device host("host", p.params.budget);
     std::vector<memory::Charge> charges;
     try {
@@ -230,6 +274,7 @@ std::string first_refusal(const Plan& p) {
         charges.push_back(host.pool(names::kOverhead).charge(p.overhead, "the runtime, metadata and tokenizer"));
         charges.push_back(host.pool(names::kWeights).charge(p.weights_resident, "the resident weights"));
         charges.push_back(host.pool(names::kStaging).charge(p.stream_buffer, "the streamed layers' buffer"));
+        charges.push_back(host.pool(names::kExperts).charge(p.expert_cache, "the expert cache's slots"));
         charges.push_back(host.pool(names::kStaging).charge(p.device_host, "the offload device's host staging"));
         charges.push_back(host.pool(names::kKv).charge(p.kv, "the KV cache"));
         charges.push_back(host.pool(names::kLogits).charge(p.logits, "logits"));

@@ -26,6 +26,7 @@ inline constexpr const char* kKv = "kv";                     // the KV cache
 inline constexpr const char* kScratch = "scratch";           // activations and op scratch of a forward pass
 inline constexpr const char* kLogits = "logits";             // outputs
 inline constexpr const char* kStaging = "staging";           // buffers of streamed layers
+inline constexpr const char* kExperts = "experts";           // the expert cache's slots (model/expert_cache.h)
 inline constexpr const char* kPromptCache = "prompt_cache";  // kept prompts' K/V rows copied out of the KV cache
 // What the plan expects outside the pools (the executable, the C++ runtime, thread stacks, the
 // GGUF metadata and the tokenizer built from it), charged once up front so the device's total

@@ -18,6 +18,7 @@
 #include "memory/device.h"
 #include "memory/pool.h"
 #include "model/activations.h"
+#include "model/expert_cache.h"
 #include "model/hparams.h"
 #include "model/layer_stream.h"
 #include "model/model.h"
@@ -289,6 +290,14 @@ public:
                                               device_.pool(memory::pool_names::kStaging), options.stream_direct_io);
         }
         if (placement_.device) device_weights_ = DeviceWeights(file, hp, placement_);
+        if (options.expert_slots > 0) {
+            if (options.n_streamed_layers > 0 || placement_.device) {
+                throw std::invalid_argument(file.source() +
+                                            ": an expert cache does not go with streamed or offloaded layers");
+            }
+            experts_ = std::make_unique<ExpertCache>(
+                file, hp, options.expert_slots, device_.pool(memory::pool_names::kExperts), options.stream_direct_io);
+        }
     }
     DecoderMemory(const DecoderMemory&) = delete;
     DecoderMemory& operator=(const DecoderMemory&) = delete;
@@ -316,7 +325,17 @@ public:
         return LayerRef<Layer>(mapped);
     }
     int n_streamed_layers() const { return stream_ ? stream_->n_layer() - stream_->first_layer() : 0; }
-    std::vector<FileRange> streamed_ranges() const { return stream_ ? stream_->ranges() : std::vector<FileRange>{}; }
+    // The streamed layers' ranges, and the experts' when an expert cache reads them.
+    std::vector<FileRange> streamed_ranges() const {
+        std::vector<FileRange> r = stream_ ? stream_->ranges() : std::vector<FileRange>{};
+        if (experts_) {
+            for (const FileRange& e : experts_->ranges()) r.push_back(e);
+        }
+        return r;
+    }
+    // The expert cache (LoadOptions::expert_slots), or nullptr.
+    ExpertCache* experts() { return experts_.get(); }
+    ExpertCacheStats expert_stats() const { return experts_ ? experts_->stats() : ExpertCacheStats{}; }
     std::vector<FileRange> offloaded_ranges() const { return device_weights_.ranges(); }
     const Placement& placement() const { return placement_; }
     Model::CachePlacement cache_placement(const Hparams& hp) const {
@@ -407,6 +426,7 @@ public:
 private:
     GrowingCharge scratch_charge_;
     std::unique_ptr<LayerStream> stream_;
+    std::unique_ptr<ExpertCache> experts_;
     DeviceWeights device_weights_;
     DeviceActivations da_;
     Exec host_, dev_ops_;
@@ -425,6 +445,7 @@ public:
     int n_streamed_layers() const final { return mem_.n_streamed_layers(); }
     std::vector<FileRange> streamed_ranges() const final { return mem_.streamed_ranges(); }
     std::vector<FileRange> offloaded_ranges() const final { return mem_.offloaded_ranges(); }
+    ExpertCacheStats expert_cache_stats() const final { return mem_.expert_stats(); }
     CachePlacement cache_placement() const final { return mem_.cache_placement(hp_); }
 
 protected:

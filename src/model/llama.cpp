@@ -270,6 +270,7 @@ public:
 
         ops::embedding_rows(w_.token_embd, batch.tokens.data(), n, mem_.a.x.data());             // x: [n, n_embd]
         if (hp.embedding_scale != 0.0f) ops::scale(mem_.a.x.data(), n * E, hp.embedding_scale);  // Granite
+        if (ExpertCache* experts = mem_.experts()) experts->count_tokens(n);
 
         for (int il = 0; il < hp.n_layer; ++il) {
             const LayerRef<LlamaLayer> L = mem_.layer(w_.layers, il);  // waits for a streamed layer
@@ -318,7 +319,8 @@ public:
                 const int m = std::min(o.ffn_slice, n - t0);
                 float* h = cur + t0 * E;
                 if (variant_.moe) {
-                    moe_ffn(hp, L->moe, h, m, mem_.a.work.data(), moe, places_of(places, t0, m), pool, mem_.scratch);
+                    moe_ffn(hp, L->moe, h, m, mem_.a.work.data(), moe, places_of(places, t0, m), pool, mem_.scratch,
+                            mem_.experts(), il);
                     continue;
                 }
                 o.matmul(L->ffn_gate, h, m, o.gate, places_of(places, t0, m));  // gate: [m, n_ff]

@@ -59,6 +59,24 @@ struct LoadOptions {
     backend::Backend* offload = nullptr;
     int n_offload_layers = 0;
     bool offload_kv = true;
+    // A mixture-of-experts model's routed experts in an expert cache of this many slots
+    // (model/expert_cache.h; at least min_expert_slots()), charged to the device's "experts" pool
+    // and filled from the file on demand (with O_DIRECT where stream_direct_io and the filesystem
+    // allow); the dense weights stay mapped. 0: every expert mapped and resident. Same logits
+    // either way. Not with streamed or offloaded layers.
+    int expert_slots = 0;
+};
+
+// What an expert cache did so far (Model::expert_cache_stats); n_slots 0: the model has none.
+struct ExpertCacheStats {
+    int n_slots = 0;
+    uint64_t slot_bytes = 0;
+    uint64_t hits = 0, misses = 0;  // expert lookups: found in a slot, read from the file
+    uint64_t bytes_read = 0;        // from the file, O_DIRECT block rounding included
+    uint64_t tokens = 0;            // tokens that went through the experts (all layers count once)
+    bool direct_io = false;         // reads bypass the page cache (false: buffered, cache dropped after)
+    double hit_rate() const { return hits + misses == 0 ? 0.0 : double(hits) / double(hits + misses); }
+    double bytes_per_token() const { return tokens == 0 ? 0.0 : double(bytes_read) / double(tokens); }
 };
 
 // Bytes [offset, offset + length) of a file.
@@ -104,6 +122,8 @@ public:
     // The tensors copied to the offload device, whose mapped pages were given back: prefault
     // leaves them alone too (the token embedding, which the host still reads, is not among them).
     virtual std::vector<FileRange> offloaded_ranges() const { return {}; }
+    // The expert cache's counters (LoadOptions::expert_slots); all 0 without one.
+    virtual ExpertCacheStats expert_cache_stats() const { return {}; }
 
     // Where each layer's K/V lives, for make_cache(): layer_device[il] 1 for the layers whose K/V
     // is on the offload device (with offload_kv), else 0; `device` is that device (nullptr: none).

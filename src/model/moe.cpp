@@ -88,7 +88,8 @@ void route_token(const float* probs, int n, int k, float scale, int32_t* chosen,
 }
 
 void moe_ffn(const Hparams& hp, const MoeWeights& w, float* h, int m, float* work, const MoeLayout& l,
-             std::span<const ops::TokenPlace> places, ops::ThreadPool& pool, ops::Scratch& scratch) {
+             std::span<const ops::TokenPlace> places, ops::ThreadPool& pool, ops::Scratch& scratch,
+             ExpertCache* experts, int il) {
     const int n_expert = hp.n_expert;
     const int k = hp.n_expert_used;
     const int64_t E = hp.n_embd;
@@ -123,10 +124,19 @@ void moe_ffn(const Hparams& hp, const MoeWeights& w, float* h, int m, float* wor
             const auto t = static_cast<int64_t>(rows[i]) / k;
             std::memcpy(in + i * E, h + t * E, static_cast<size_t>(E) * sizeof(float));
         }
-        ops::matmul(expert_matrix(w.gate_exps, e, F), in, cnt, gate, pool, scratch);  // gate: [cnt, F]
-        ops::matmul(expert_matrix(w.up_exps, e, F), in, cnt, up, pool, scratch);      // up: [cnt, F]
+        ops::WeightView wg = expert_matrix(w.gate_exps, e, F);
+        ops::WeightView wu = expert_matrix(w.up_exps, e, F);
+        ops::WeightView wd = expert_matrix(w.down_exps, e, E);
+        if (experts != nullptr) {  // the same bytes, in a slot of the cache
+            const ExpertCache::Expert x = experts->get(il, e);
+            wg.data = x.gate;
+            wu.data = x.up;
+            wd.data = x.down;
+        }
+        ops::matmul(wg, in, cnt, gate, pool, scratch);  // gate: [cnt, F]
+        ops::matmul(wu, in, cnt, up, pool, scratch);    // up: [cnt, F]
         ops::swiglu(gate, up, int64_t{cnt} * F, gate);
-        ops::matmul(expert_matrix(w.down_exps, e, E), gate, cnt, in, pool, scratch);  // in: [cnt, E]
+        ops::matmul(wd, gate, cnt, in, pool, scratch);  // in: [cnt, E]
         for (int i = 0; i < cnt; ++i) {
             const auto s = static_cast<int64_t>(rows[i]);
             const float wt = weights[s];

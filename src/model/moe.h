@@ -15,6 +15,7 @@
 #include <span>
 
 #include "model/activations.h"
+#include "model/expert_cache.h"
 #include "model/hparams.h"
 #include "ops/matmul.h"
 #include "ops/scratch.h"
@@ -59,7 +60,10 @@ void route_token(const float* probs, int n, int k, float scale, int32_t* chosen,
 // The block over m tokens (m <= the layout's slice): h [m, n_embd] holds the normed input and
 // receives the output. work: the activations' work buffer, laid out as `l` says. places: the
 // tokens' places for the router's matmul (empty: single-token order).
+// experts: an expert cache (model/expert_cache.h) that gives layer il's experts' matrices
+// instead of w's mapped ones (the same bytes, read into its slots); nullptr: w's.
 void moe_ffn(const Hparams& hp, const MoeWeights& w, float* h, int m, float* work, const MoeLayout& l,
-             std::span<const ops::TokenPlace> places, ops::ThreadPool& pool, ops::Scratch& scratch);
+             std::span<const ops::TokenPlace> places, ops::ThreadPool& pool, ops::Scratch& scratch,
+             ExpertCache* experts = nullptr, int il = 0);
 
 }  // namespace fitllm::model

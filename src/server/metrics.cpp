@@ -132,6 +132,33 @@ std::string Metrics::prometheus_text(ModelRegistry& registry, const TransportSta
     gauge("fitllm_forward_steps_total", "counter", "forward passes run",
           [](const SchedulerStats& s) { return s.n_steps; });
 
+    // The expert cache of each loaded mixture-of-experts model that has one (--expert-cache).
+    std::vector<std::pair<std::string, model::ExpertCacheStats>> experts;
+    for (const ModelInfo& m : models) {
+        if (!m.model) continue;
+        const model::ExpertCacheStats x = m.model->engine().model().expert_cache_stats();
+        if (x.n_slots > 0) experts.emplace_back(m.id, x);
+    }
+    if (!experts.empty()) {
+        const auto expert_metric = [&](const char* name, const char* type, const char* help, auto value) {
+            header(o, name, type, help);
+            for (const auto& [id, x] : experts) o << name << "{model=\"" << label(id) << "\"} " << value(x) << '\n';
+        };
+        expert_metric("fitllm_expert_cache_slots", "gauge", "slots of the expert cache",
+                      [](const model::ExpertCacheStats& x) { return x.n_slots; });
+        expert_metric("fitllm_expert_cache_hits_total", "counter", "expert lookups found in a slot",
+                      [](const model::ExpertCacheStats& x) { return x.hits; });
+        expert_metric("fitllm_expert_cache_misses_total", "counter", "expert lookups read from the file",
+                      [](const model::ExpertCacheStats& x) { return x.misses; });
+        expert_metric("fitllm_expert_cache_hit_rate", "gauge", "hits / lookups since the model loaded",
+                      [](const model::ExpertCacheStats& x) { return x.hit_rate(); });
+        expert_metric("fitllm_expert_cache_read_bytes_total", "counter", "bytes the expert cache read from the file",
+                      [](const model::ExpertCacheStats& x) { return x.bytes_read; });
+        expert_metric("fitllm_expert_cache_read_bytes_per_token", "gauge",
+                      "bytes read per token through the experts since the model loaded",
+                      [](const model::ExpertCacheStats& x) { return x.bytes_per_token(); });
+    }
+
     memory::Device& dev = registry.device();
     header(o, "fitllm_memory_capacity_bytes", "gauge", "the memory budget of each device");
     o << "fitllm_memory_capacity_bytes{device=\"" << label(dev.name()) << "\"} " << dev.capacity() << '\n';

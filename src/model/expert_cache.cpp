@@ -1,0 +1,226 @@
+#include "model/expert_cache.h"
+
+#include <fcntl.h>
+#include <unistd.h>
+
+#include <algorithm>
+#include <cerrno>
+#include <cstdio>
+#include <cstring>
+#include <stdexcept>
+
+#include "io/mapped_file.h"
+#include "util/text.h"
+
+namespace fitllm::model {
+namespace {
+
+uint64_t align_down(uint64_t x) {
+    return x / kExpertAlign * kExpertAlign;
+}
+uint64_t align_up(uint64_t x) {
+    return (x + kExpertAlign - 1) / kExpertAlign * kExpertAlign;
+}
+
+// Layer il's expert tensor m (kExpertTensors), checked to hold n_expert slices.
+const gguf::TensorInfo& expert_tensor(const gguf::GgufFile& file, const Hparams& hp, int il, int m) {
+    const std::string name = "blk." + std::to_string(il) + "." + kExpertTensors[m];
+    const gguf::TensorInfo* t = file.find_tensor(name);
+    if (t == nullptr) throw ModelError(file.source() + ": missing tensor '" + name + "' for the expert cache");
+    if (hp.n_expert <= 0 || t->n_bytes == 0 || t->n_bytes % static_cast<uint64_t>(hp.n_expert) != 0) {
+        throw ModelError(file.source() + ": tensor '" + name + "' of " + std::to_string(t->n_bytes) + " bytes is not " +
+                         std::to_string(hp.n_expert) + " experts' slices of equal size");
+    }
+    return *t;
+}
+
+}  // namespace
+
+bool is_expert_tensor(std::string_view name) {
+    if (!name.starts_with("blk.")) return false;
+    for (const char* t : kExpertTensors) {
+        const std::string_view s(t);
+        if (name.size() > s.size() && name.ends_with(s) && name[name.size() - s.size() - 1] == '.') return true;
+    }
+    return false;
+}
+
+uint64_t expert_slot_bytes(const gguf::GgufFile& file, const Hparams& hp) {
+    uint64_t slot = 0;
+    for (int m = 0; m < 3; ++m) {
+        uint64_t largest = 0;
+        for (int il = 0; il < hp.n_layer; ++il)
+            largest = std::max(largest, expert_tensor(file, hp, il, m).n_bytes / static_cast<uint64_t>(hp.n_expert));
+        slot += align_up(largest) + kExpertAlign;
+    }
+    return slot;
+}
+
+int min_expert_slots(const Hparams& hp) {
+    return std::max(1, hp.n_expert_used * hp.n_layer);
+}
+
+uint64_t expert_cache_bytes(uint64_t slot_bytes, int n_slots) {
+    return n_slots <= 0 ? 0
+                        : memory::PoolBuffer<std::byte>::bytes_for(
+                              static_cast<size_t>(slot_bytes * static_cast<uint64_t>(n_slots) + kExpertAlign));
+}
+
+ExpertCache::ExpertCache(const gguf::GgufFile& file, const Hparams& hp, int n_slots, memory::Pool& pool, bool direct_io)
+    : n_layer_(hp.n_layer), n_expert_(hp.n_expert), n_slots_(n_slots) {
+    if (!hp.is_moe()) throw std::invalid_argument(file.source() + ": an expert cache needs a mixture-of-experts model");
+    if (n_slots < min_expert_slots(hp)) {
+        throw std::invalid_argument(file.source() + ": an expert cache of " + std::to_string(n_slots) +
+                                    " slots is too small: it needs at least " + std::to_string(min_expert_slots(hp)) +
+                                    " (" + std::to_string(hp.n_expert_used) + " experts used x " +
+                                    std::to_string(hp.n_layer) + " layers)");
+    }
+    if (file.mapping() == nullptr) {
+        throw ModelError(file.source() + ": an expert cache needs a model opened from a file (GgufFile::open)");
+    }
+    path_ = file.mapping()->path();
+    for (int il = 0; il < n_layer_; ++il) {
+        for (int m = 0; m < 3; ++m) {
+            const gguf::TensorInfo& t = expert_tensor(file, hp, il, m);
+            const uint64_t each = t.n_bytes / static_cast<uint64_t>(n_expert_);
+            slices_.push_back({file.data_offset() + t.offset, each});
+            region_bytes_[m] = std::max(region_bytes_[m], align_up(each) + kExpertAlign);
+        }
+    }
+    slot_bytes_ = region_bytes_[0] + region_bytes_[1] + region_bytes_[2];
+    const uint64_t total = slot_bytes_ * static_cast<uint64_t>(n_slots) + kExpertAlign;
+    buffer_ = memory::PoolBuffer<std::byte>(
+        pool, static_cast<size_t>(total),
+        "expert cache of " + std::to_string(n_slots) + " slots of " + util::human_bytes(slot_bytes_));
+    const auto address = reinterpret_cast<uintptr_t>(buffer_.data());
+    base_ = buffer_.data() + (kExpertAlign - address % kExpertAlign) % kExpertAlign;
+    where_.assign(static_cast<size_t>(n_layer_) * static_cast<size_t>(n_expert_), -1);
+    owner_.assign(static_cast<size_t>(n_slots), -1);
+    last_use_.assign(static_cast<size_t>(n_slots), 0);
+    ptr_.assign(static_cast<size_t>(n_slots) * 3, nullptr);
+    open_file(direct_io);
+    if (static_cast<uint64_t>(::lseek(fd_, 0, SEEK_END)) != file.size()) {
+        ::close(fd_);
+        fd_ = -1;
+        throw io::IoError(path_ + ": the file changed size since it was mapped; cannot read its experts");
+    }
+}
+
+ExpertCache::~ExpertCache() {
+    if (fd_ >= 0) ::close(fd_);
+}
+
+void ExpertCache::open_file(bool direct) {
+    if (fd_ >= 0) ::close(fd_);
+    fd_ = -1;
+    direct_ = false;
+    if (direct) {
+        fd_ = ::open(path_.c_str(), O_RDONLY | O_CLOEXEC | O_DIRECT);
+        direct_ = fd_ >= 0;
+    }
+    if (fd_ < 0) fd_ = ::open(path_.c_str(), O_RDONLY | O_CLOEXEC);
+    if (fd_ < 0) throw io::IoError(path_ + ": cannot open to read experts: " + std::strerror(errno));
+    if (!direct_) ::posix_fadvise(fd_, 0, 0, POSIX_FADV_RANDOM);
+}
+
+std::vector<FileRange> ExpertCache::ranges() const {
+    std::vector<FileRange> out;
+    for (const Slice& s : slices_) out.push_back({s.offset, s.bytes * static_cast<uint64_t>(n_expert_)});
+    return out;
+}
+
+ExpertCacheStats ExpertCache::stats() const {
+    ExpertCacheStats s;
+    s.n_slots = n_slots_;
+    s.slot_bytes = slot_bytes_;
+    s.hits = hits_.load(std::memory_order_relaxed);
+    s.misses = misses_.load(std::memory_order_relaxed);
+    s.bytes_read = bytes_read_.load(std::memory_order_relaxed);
+    s.tokens = tokens_.load(std::memory_order_relaxed);
+    s.direct_io = direct_.load(std::memory_order_relaxed);
+    return s;
+}
+
+// Expert e's slice of matrix m into `region` (kExpertAlign-aligned, region_bytes_[m] long); the
+// slice starts at ptr_ offset (s.offset + e * bytes) % kExpertAlign. Widened to whole blocks
+// either way, so that the same reads work with and without O_DIRECT.
+void ExpertCache::read(const Slice& s, int m, int il, int e, std::byte* region) {
+    const uint64_t begin = s.offset + static_cast<uint64_t>(e) * s.bytes;
+    const uint64_t from = align_down(begin);
+    const uint64_t needed = begin + s.bytes - from;
+    const uint64_t length = align_up(needed);
+    uint64_t done = 0;
+    while (done < needed) {
+        const ssize_t got = ::pread(fd_, region + done, length - done, static_cast<off_t>(from + done));
+        if (got < 0) {
+            if (errno == EINTR) continue;
+            if (direct_ && errno == EINVAL) {
+                // The filesystem took O_DIRECT at open but refuses these reads: read buffered.
+                open_file(false);
+                continue;
+            }
+            throw io::IoError(path_ + ": reading expert " + std::to_string(e) + " of tensor 'blk." +
+                              std::to_string(il) + "." + kExpertTensors[m] + "' at byte offset " +
+                              std::to_string(from + done) + ": " + std::strerror(errno));
+        }
+        if (got == 0) {
+            throw io::IoError(path_ + ": reading expert " + std::to_string(e) + " of tensor 'blk." +
+                              std::to_string(il) + "." + kExpertTensors[m] + "': the file ends at byte offset " +
+                              std::to_string(from + done) + ", " + std::to_string(needed - done) +
+                              " bytes short (truncated?)");
+        }
+        if (!direct_) ::posix_fadvise(fd_, static_cast<off_t>(from + done), got, POSIX_FADV_DONTNEED);
+        done += static_cast<uint64_t>(got);
+    }
+    bytes_read_.fetch_add(done, std::memory_order_relaxed);
+}
+
+ExpertCache::Expert ExpertCache::get(int il, int e) {
+    if (il < 0 || il >= n_layer_ || e < 0 || e >= n_expert_) {
+        throw std::invalid_argument("expert cache: no expert " + std::to_string(e) + " in layer " + std::to_string(il));
+    }
+    const int key = il * n_expert_ + e;
+    int32_t slot = where_[static_cast<size_t>(key)];
+    if (slot >= 0) {
+        hits_.fetch_add(1, std::memory_order_relaxed);
+    } else {
+        misses_.fetch_add(1, std::memory_order_relaxed);
+        // An empty slot, else the least recently used.
+        slot = 0;
+        for (int s = 0; s < n_slots_; ++s) {
+            const auto i = static_cast<size_t>(s);
+            if (owner_[i] < 0) {
+                slot = s;
+                break;
+            }
+            if (last_use_[i] < last_use_[static_cast<size_t>(slot)]) slot = s;
+        }
+        const auto i = static_cast<size_t>(slot);
+        if (owner_[i] >= 0) where_[static_cast<size_t>(owner_[i])] = -1;
+        owner_[i] = -1;  // (a failed read leaves it empty)
+        std::byte* region = base_ + static_cast<uint64_t>(slot) * slot_bytes_;
+        for (int m = 0; m < 3; ++m) {
+            const Slice& s = slices_[static_cast<size_t>(il) * 3 + static_cast<size_t>(m)];
+            read(s, m, il, e, region);
+            const uint64_t begin = s.offset + static_cast<uint64_t>(e) * s.bytes;
+            ptr_[i * 3 + static_cast<size_t>(m)] = region + (begin - align_down(begin));
+            region += region_bytes_[m];
+        }
+        owner_[i] = key;
+        where_[static_cast<size_t>(key)] = slot;
+    }
+    const auto i = static_cast<size_t>(slot);
+    last_use_[i] = ++tick_;
+    return {ptr_[i * 3], ptr_[i * 3 + 1], ptr_[i * 3 + 2]};
+}
+
+std::string expert_cache_text(const ExpertCacheStats& x) {
+    char rate[32];
+    std::snprintf(rate, sizeof rate, "%.1f%%", 100.0 * x.hit_rate());
+    return "expert cache: " + std::to_string(x.n_slots) + " slots, " + std::to_string(x.hits) + " hits, " +
+           std::to_string(x.misses) + " misses (hit rate " + rate + "), " + util::human_bytes(x.bytes_read) +
+           " read, " + util::human_bytes(static_cast<uint64_t>(x.bytes_per_token())) + " per token" +
+           (x.direct_io ? " (O_DIRECT)" : " (buffered reads: O_DIRECT refused here)");
+}
+
+}  // namespace fitllm::model
