@@ -110,6 +110,31 @@ struct BlockMXFP4 {
 // A super-block of 256 has 8 sub-blocks of 32, each made of groups of 8 (IQ2, IQ1) or 4 (IQ3)
 // values read from a grid point, with per-value signs where the grid holds magnitudes.
 
+// IQ2_XXS (2.06 bits): x = d (0.5 + s) / 4 * sign * kIq2xxsGrid[q]. Sub-block ib: u32 w0, w1 =
+// bytes 8 ib .. 8 ib + 7 of qs; the bytes of w0 are the 4 grid points (8 values each); group l
+// takes its signs from kIqSigns[(w1 >> 7 l) & 127]; s = w1 >> 28.
+struct BlockIQ2_XXS {
+    uint16_t d;
+    uint16_t qs[kQK / 8];
+};
+
+// IQ2_XS (2.31 bits): as IQ2_XXS but each group l of sub-block ib is q = qs[4 ib + l]: point q & 511,
+// signs kIqSigns[q >> 9]; values 0..15 take s = low nibble of scales[ib], 16..31 the high one.
+struct BlockIQ2_XS {
+    uint16_t d;
+    uint16_t qs[kQK / 8];
+    uint8_t scales[kQK / 32];
+};
+
+// IQ2_S (2.56 bits): group l of sub-block ib: point qs[4 ib + l] | ((qh[ib] >> 2 l) & 3) << 8 of
+// kIq2sGrid, negated where bits of qs[32 + 4 ib + l] are set; scales as IQ2_XS.
+struct BlockIQ2_S {
+    uint16_t d;
+    uint8_t qs[kQK / 4];
+    uint8_t qh[kQK / 32];
+    uint8_t scales[kQK / 32];
+};
+
 // IQ3_XXS (3.06 bits): x = d (0.5 + s) / 2 * sign * kIq3xxsGrid[q]. Sub-block ib: grid points
 // qs[8 ib .. 8 ib + 7] (4 values each); u32 w = bytes 64 + 4 ib of qs: s = w >> 28, group l of 8
 // values takes its signs from kIqSigns[(w >> 7 l) & 127] (bit j negates value j).
@@ -195,6 +220,7 @@ static_assert(sizeof(BlockQ5_K) == 176 && sizeof(BlockQ6_K) == 210 && sizeof(Blo
 static_assert(sizeof(BlockIQ4_NL) == 18 && sizeof(BlockIQ4_XS) == 136);
 static_assert(sizeof(BlockTQ1_0) == 54 && sizeof(BlockTQ2_0) == 66 && sizeof(BlockMXFP4) == 17);
 static_assert(sizeof(BlockIQ3_XXS) == 98 && sizeof(BlockIQ3_S) == 110);
+static_assert(sizeof(BlockIQ2_XXS) == 66 && sizeof(BlockIQ2_XS) == 74 && sizeof(BlockIQ2_S) == 82);
 
 // The block struct of each type, and a compile-time check against the type table of ggml_type.cpp
 // (which tests check against PyPI's gguf).
@@ -254,6 +280,21 @@ template <>
 struct BlockOf<GgmlType::MXFP4> {
     using type = BlockMXFP4;
     static constexpr int elements = 32;
+};
+template <>
+struct BlockOf<GgmlType::IQ2_XXS> {
+    using type = BlockIQ2_XXS;
+    static constexpr int elements = kQK;
+};
+template <>
+struct BlockOf<GgmlType::IQ2_XS> {
+    using type = BlockIQ2_XS;
+    static constexpr int elements = kQK;
+};
+template <>
+struct BlockOf<GgmlType::IQ2_S> {
+    using type = BlockIQ2_S;
+    static constexpr int elements = kQK;
 };
 template <>
 struct BlockOf<GgmlType::IQ3_XXS> {
@@ -437,32 +478,52 @@ inline float mxfp4_scale_half(uint8_t e) {
     return std::bit_cast<float>(bits);
 }
 
-// i-quants: the 32 signed grid values of sub-block ib (before the scale) and its scale
-// integer ls: x = d * ls * v / 4 (IQ3_XXS), d * ls * v (IQ3_S), ls = 2 s + 1.
-inline int iq3xxs_subblock(const BlockIQ3_XXS& b, int ib, int8_t v[32]) {
+// i-quants: the 32 signed grid values v of sub-block ib (before the scale) and its odd scale
+// integers ls = 2 s + 1 (ls[0] for values 0..15, ls[1] for 16..31): x = d * ls * v / 4 (IQ3_XXS),
+// d * ls * v (IQ3_S), d * ls * v / 8 (IQ2).
+template <typename Point>
+inline void iq_group(Point point, int values, uint8_t signs, int8_t* v) {
+    for (int j = 0; j < values; ++j) {
+        const int mag = static_cast<int>((point >> (8 * j)) & 0xFF);
+        v[j] = static_cast<int8_t>((signs >> j) & 1 ? -mag : mag);
+    }
+}
+inline void iq3xxs_subblock(const BlockIQ3_XXS& b, int ib, int8_t v[32], int ls[2]) {
     const uint32_t w = load_u32(b.qs + kQK / 4 + 4 * ib);
     for (int k = 0; k < 8; ++k) {
-        const uint32_t point = kIq3xxsGrid[b.qs[8 * ib + k]];
         const uint8_t signs = kIqSigns[(w >> (7 * (k / 2))) & 127];
-        for (int j = 0; j < 4; ++j) {
-            const int e = 4 * k + j;
-            const int mag = static_cast<int>((point >> (8 * j)) & 0xFF);
-            v[e] = static_cast<int8_t>((signs >> (e % 8)) & 1 ? -mag : mag);
-        }
+        iq_group(kIq3xxsGrid[b.qs[8 * ib + k]], 4, static_cast<uint8_t>(signs >> (4 * (k % 2))), v + 4 * k);
     }
-    return 2 * static_cast<int>(w >> 28) + 1;
+    ls[0] = ls[1] = 2 * static_cast<int>(w >> 28) + 1;
 }
-inline int iq3s_subblock(const BlockIQ3_S& b, int ib, int8_t v[32]) {
+inline void iq3s_subblock(const BlockIQ3_S& b, int ib, int8_t v[32], int ls[2]) {
     for (int k = 0; k < 8; ++k) {
         const uint32_t point = kIq3sGrid[b.qs[8 * ib + k] | (((b.qh[ib] >> k) & 1) << 8)];
-        const uint8_t signs = b.signs[4 * ib + k / 2];
-        for (int j = 0; j < 4; ++j) {
-            const int e = 4 * k + j;
-            const int mag = static_cast<int>((point >> (8 * j)) & 0xFF);
-            v[e] = static_cast<int8_t>((signs >> (e % 8)) & 1 ? -mag : mag);
-        }
+        iq_group(point, 4, static_cast<uint8_t>(b.signs[4 * ib + k / 2] >> (4 * (k % 2))), v + 4 * k);
     }
-    return 2 * ((b.scales[ib / 2] >> (4 * (ib % 2))) & 15) + 1;
+    ls[0] = ls[1] = 2 * ((b.scales[ib / 2] >> (4 * (ib % 2))) & 15) + 1;
+}
+inline void iq2xxs_subblock(const BlockIQ2_XXS& b, int ib, int8_t v[32], int ls[2]) {
+    const auto* bytes = reinterpret_cast<const uint8_t*>(b.qs) + 8 * ib;
+    const uint32_t w1 = load_u32(bytes + 4);
+    for (int l = 0; l < 4; ++l) iq_group(kIq2xxsGrid[bytes[l]], 8, kIqSigns[(w1 >> (7 * l)) & 127], v + 8 * l);
+    ls[0] = ls[1] = 2 * static_cast<int>(w1 >> 28) + 1;
+}
+inline void iq2xs_subblock(const BlockIQ2_XS& b, int ib, int8_t v[32], int ls[2]) {
+    for (int l = 0; l < 4; ++l) {
+        const uint16_t q = b.qs[4 * ib + l];
+        iq_group(kIq2xsGrid[q & 511], 8, kIqSigns[q >> 9], v + 8 * l);
+    }
+    ls[0] = 2 * (b.scales[ib] & 15) + 1;
+    ls[1] = 2 * (b.scales[ib] >> 4) + 1;
+}
+inline void iq2s_subblock(const BlockIQ2_S& b, int ib, int8_t v[32], int ls[2]) {
+    for (int l = 0; l < 4; ++l) {
+        const uint64_t point = kIq2sGrid[b.qs[4 * ib + l] | (((b.qh[ib] >> (2 * l)) & 3) << 8)];
+        iq_group(point, 8, b.qs[kQK / 8 + 4 * ib + l], v + 8 * l);
+    }
+    ls[0] = 2 * (b.scales[ib] & 15) + 1;
+    ls[1] = 2 * (b.scales[ib] >> 4) + 1;
 }
 
 // k-quants: element e < 256 of a super-block, in sub-block e / 16 (Q2_K, Q3_K, Q6_K) or e / 32.

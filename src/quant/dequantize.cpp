@@ -74,27 +74,23 @@ void dequant_mxfp4(const BlockMXFP4* x, float* y, int64_t nb) {
     }
 }
 
-// IQ3_XXS: x = (d * (0.5 + s) * 0.5) * v; IQ3_S: x = (d * (1 + 2 s)) * v (ls = 2 s + 1), v the
-// signed grid value: ggml's float steps.
-void dequant_iq3_xxs(const BlockIQ3_XXS* x, float* y, int64_t nb) {
+// The grid i-quants, in ggml's float steps: IQ3_XXS x = (d * (0.5 + s) * 0.5) * v, IQ2 x =
+// (d * (0.5 + s) * 0.25) * v, IQ3_S x = (d * (1 + 2 s)) * v; v the signed grid value, s per
+// half sub-block (ls = 2 s + 1).
+template <typename Block, void (*kSub)(const Block&, int, int8_t*, int*), int kKind>
+void dequant_iq_grid(const Block* x, float* y, int64_t nb) {
     for (int64_t i = 0; i < nb; ++i) {
         const float d = fp16_to_fp32(x[i].d);
         for (int ib = 0; ib < 8; ++ib, y += 32) {
             int8_t v[32];
-            const int s = (iq3xxs_subblock(x[i], ib, v) - 1) / 2;
-            const float db = d * (0.5f + static_cast<float>(s)) * 0.5f;
-            for (int l = 0; l < 32; ++l) y[l] = db * static_cast<float>(v[l]);
-        }
-    }
-}
-
-void dequant_iq3_s(const BlockIQ3_S* x, float* y, int64_t nb) {
-    for (int64_t i = 0; i < nb; ++i) {
-        const float d = fp16_to_fp32(x[i].d);
-        for (int ib = 0; ib < 8; ++ib, y += 32) {
-            int8_t v[32];
-            const float db = d * static_cast<float>(iq3s_subblock(x[i], ib, v));
-            for (int l = 0; l < 32; ++l) y[l] = db * static_cast<float>(v[l]);
+            int ls[2];
+            kSub(x[i], ib, v, ls);
+            for (int h = 0; h < 2; ++h) {
+                const float s = static_cast<float>((ls[h] - 1) / 2);
+                const float db =
+                    kKind == 1 ? d * static_cast<float>(ls[h]) : d * (0.5f + s) * (kKind == 4 ? 0.5f : 0.25f);
+                for (int l = 16 * h; l < 16 * h + 16; ++l) y[l] = db * static_cast<float>(v[l]);
+            }
         }
     }
 }
@@ -173,6 +169,9 @@ bool can_dequantize(GgmlType type) {
         case GgmlType::MXFP4:
         case GgmlType::IQ3_XXS:
         case GgmlType::IQ3_S:
+        case GgmlType::IQ2_XXS:
+        case GgmlType::IQ2_XS:
+        case GgmlType::IQ2_S:
         case GgmlType::Q2_K:
         case GgmlType::Q3_K:
         case GgmlType::Q4_K:
@@ -226,9 +225,15 @@ void dequantize_row(GgmlType type, const void* src, float* dst, int64_t n) {
         case GgmlType::MXFP4:
             return dequant_mxfp4(as<BlockMXFP4>(src), dst, nb);
         case GgmlType::IQ3_XXS:
-            return dequant_iq3_xxs(as<BlockIQ3_XXS>(src), dst, nb);
+            return dequant_iq_grid<BlockIQ3_XXS, iq3xxs_subblock, 4>(as<BlockIQ3_XXS>(src), dst, nb);
         case GgmlType::IQ3_S:
-            return dequant_iq3_s(as<BlockIQ3_S>(src), dst, nb);
+            return dequant_iq_grid<BlockIQ3_S, iq3s_subblock, 1>(as<BlockIQ3_S>(src), dst, nb);
+        case GgmlType::IQ2_XXS:
+            return dequant_iq_grid<BlockIQ2_XXS, iq2xxs_subblock, 8>(as<BlockIQ2_XXS>(src), dst, nb);
+        case GgmlType::IQ2_XS:
+            return dequant_iq_grid<BlockIQ2_XS, iq2xs_subblock, 8>(as<BlockIQ2_XS>(src), dst, nb);
+        case GgmlType::IQ2_S:
+            return dequant_iq_grid<BlockIQ2_S, iq2s_subblock, 8>(as<BlockIQ2_S>(src), dst, nb);
         case GgmlType::Q2_K:
             return dequant_q2_K(as<BlockQ2_K>(src), dst, nb);
         case GgmlType::Q3_K:

@@ -24,6 +24,9 @@ GgmlType dot_activation_type(GgmlType weight_type) {
         case GgmlType::TQ2_0:
         case GgmlType::IQ3_XXS:
         case GgmlType::IQ3_S:
+        case GgmlType::IQ2_XXS:
+        case GgmlType::IQ2_XS:
+        case GgmlType::IQ2_S:
         case GgmlType::Q2_K:
         case GgmlType::Q3_K:
         case GgmlType::Q4_K:

@@ -459,6 +459,12 @@ DotFn table(GgmlType weight_type) {
             return iq::dot_iq3_xxs;
         case GgmlType::IQ3_S:
             return iq::dot_iq3_s;
+        case GgmlType::IQ2_XXS:
+            return iq::dot_iq2_xxs;
+        case GgmlType::IQ2_XS:
+            return iq::dot_iq2_xs;
+        case GgmlType::IQ2_S:
+            return iq::dot_iq2_s;
         default:
             return nullptr;
     }

@@ -1,5 +1,5 @@
 #pragma once
-// AVX2 dots of the grid i-quants (IQ3_XXS, IQ3_S) with Q8_K, in dot_ref.cpp's lanes8 order
+// AVX2 dots of the grid i-quants (IQ3_XXS, IQ3_S, IQ2_XXS, IQ2_XS, IQ2_S) with Q8_K, in dot_ref.cpp's lanes8 order
 // (llama.cpp's ggml_vec_dot_iq*_q8_K for AVX2): bit for bit the reference's floats.
 //
 // Included by dot_avx2.cpp and dot_avx512.cpp: the AVX-512 levels run these same AVX2 kernels,
@@ -106,6 +106,70 @@ void dot_iq3_s(int n, float* out, const void* w, const void* a) {
         acc = _mm256_fmadd_ps(_mm256_set1_ps(to_f32(x[i].d) * y[i].d), _mm256_cvtepi32_ps(sums), acc);
     }
     *out = hsum8(acc);
+}
+
+// Four 8-value grid points.
+inline __m256i grid8x4(uint64_t p0, uint64_t p1, uint64_t p2, uint64_t p3) {
+    return _mm256_set_epi64x(static_cast<long long>(p3), static_cast<long long>(p2), static_cast<long long>(p1),
+                             static_cast<long long>(p0));
+}
+
+// The IQ2 dots: per sub-block the grid vector, the 32 sign bits and the two scales (Sub), the
+// same lanes8 steps as IQ3, times 1/8.
+template <typename Block, typename Sub>
+void dot_iq2(int n, float* out, const void* w, const void* a, Sub sub) {
+    const auto* x = static_cast<const Block*>(w);
+    const auto* y = static_cast<const BlockQ8_K*>(a);
+    __m256 acc = _mm256_setzero_ps();
+    for (int i = 0; i < n / kQK; ++i) {
+        __m256i sums = _mm256_setzero_si256();
+        for (int ib = 0; ib < 8; ++ib) {
+            __m256i grid;
+            uint32_t signs;
+            int ls_lo, ls_hi;
+            sub(x[i], ib, grid, signs, ls_lo, ls_hi);
+            sums = _mm256_add_epi32(sums, grid_lanes(grid, signs, y[i].qs + 32 * ib, ls_lo, ls_hi));
+        }
+        acc = _mm256_fmadd_ps(_mm256_set1_ps(to_f32(x[i].d) * y[i].d), _mm256_cvtepi32_ps(sums), acc);
+    }
+    *out = 0.125f * hsum8(acc);
+}
+
+void dot_iq2_xxs(int n, float* out, const void* w, const void* a) {
+    dot_iq2<BlockIQ2_XXS>(
+        n, out, w, a, [](const BlockIQ2_XXS& b, int ib, __m256i& grid, uint32_t& signs, int& lo, int& hi) {
+            const auto* bytes = reinterpret_cast<const uint8_t*>(b.qs) + 8 * ib;
+            const uint32_t w1 = u32_at(bytes + 4);
+            grid = grid8x4(kIq2xxsGrid[bytes[0]], kIq2xxsGrid[bytes[1]], kIq2xxsGrid[bytes[2]], kIq2xxsGrid[bytes[3]]);
+            signs = xxs_signs(w1);
+            lo = hi = 2 * static_cast<int>(w1 >> 28) + 1;
+        });
+}
+
+void dot_iq2_xs(int n, float* out, const void* w, const void* a) {
+    dot_iq2<BlockIQ2_XS>(
+        n, out, w, a, [](const BlockIQ2_XS& b, int ib, __m256i& grid, uint32_t& signs, int& lo, int& hi) {
+            const uint16_t* q = b.qs + 4 * ib;
+            grid =
+                grid8x4(kIq2xsGrid[q[0] & 511], kIq2xsGrid[q[1] & 511], kIq2xsGrid[q[2] & 511], kIq2xsGrid[q[3] & 511]);
+            signs = static_cast<uint32_t>(kIqSigns[q[0] >> 9]) | static_cast<uint32_t>(kIqSigns[q[1] >> 9]) << 8 |
+                    static_cast<uint32_t>(kIqSigns[q[2] >> 9]) << 16 | static_cast<uint32_t>(kIqSigns[q[3] >> 9]) << 24;
+            lo = 2 * (b.scales[ib] & 15) + 1;
+            hi = 2 * (b.scales[ib] >> 4) + 1;
+        });
+}
+
+void dot_iq2_s(int n, float* out, const void* w, const void* a) {
+    dot_iq2<BlockIQ2_S>(n, out, w, a,
+                        [](const BlockIQ2_S& b, int ib, __m256i& grid, uint32_t& signs, int& lo, int& hi) {
+                            const uint8_t* q = b.qs + 4 * ib;
+                            const int h = b.qh[ib];
+                            grid = grid8x4(kIq2sGrid[q[0] | ((h & 3) << 8)], kIq2sGrid[q[1] | ((h & 12) << 6)],
+                                           kIq2sGrid[q[2] | ((h & 48) << 4)], kIq2sGrid[q[3] | ((h & 192) << 2)]);
+                            signs = u32_at(b.qs + kQK / 8 + 4 * ib);
+                            lo = 2 * (b.scales[ib] & 15) + 1;
+                            hi = 2 * (b.scales[ib] >> 4) + 1;
+                        });
 }
 
 }  // namespace iq

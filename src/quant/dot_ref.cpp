@@ -315,11 +315,12 @@ void dot_mxfp4(int n, float* out, const void* w, const void* a) {
     *out = sum;
 }
 
-// IQ3_XXS, IQ3_S (and the IQ2 types) with Q8_K: the lanes8 order of llama.cpp's
+// IQ3_XXS, IQ3_S, IQ2_XXS, IQ2_XS, IQ2_S with Q8_K: the lanes8 order of llama.cpp's
 // ggml_vec_dot_iq*_q8_K (AVX2): lane l sums ls * v * y over the elements with (e mod 32) in
 // [4l, 4l + 4) of each sub-block exactly (ls the sub-block's odd scale integer); per super-block
-// lane = fma(d_w d_a, float(lane sum), lane); the result is hsum8 times 1 / kDiv (IQ3_XXS 4, IQ3_S 1).
-template <typename Block, int (*kSub)(const Block&, int, int8_t*), int kDiv>
+// lane = fma(d_w d_a, float(lane sum), lane); the result is hsum8 times 1 / kDiv (IQ3_XXS 4, IQ3_S 1,
+// IQ2 8).
+template <typename Block, void (*kSub)(const Block&, int, int8_t*, int*), int kDiv>
 void dot_iq_grid(int n, float* out, const void* w, const void* a) {
     const auto* x = as<Block>(w);
     const auto* y = as<BlockQ8_K>(a);
@@ -328,11 +329,12 @@ void dot_iq_grid(int n, float* out, const void* w, const void* a) {
         int32_t sums[8] = {};
         for (int ib = 0; ib < 8; ++ib) {
             int8_t v[32];
-            const int ls = kSub(x[i], ib, v);
+            int ls[2];
+            kSub(x[i], ib, v, ls);
             for (int l = 0; l < 8; ++l) {
                 int32_t s = 0;
                 for (int j = 4 * l; j < 4 * l + 4; ++j) s += v[j] * y[i].qs[32 * ib + j];
-                sums[l] += ls * s;
+                sums[l] += ls[l / 4] * s;
             }
         }
         const float d = f16f(x[i].d) * y[i].d;
@@ -383,6 +385,12 @@ DotFn dot_ref(GgmlType weight_type) {
             return dot_iq_grid<BlockIQ3_XXS, iq3xxs_subblock, 4>;
         case GgmlType::IQ3_S:
             return dot_iq_grid<BlockIQ3_S, iq3s_subblock, 1>;
+        case GgmlType::IQ2_XXS:
+            return dot_iq_grid<BlockIQ2_XXS, iq2xxs_subblock, 8>;
+        case GgmlType::IQ2_XS:
+            return dot_iq_grid<BlockIQ2_XS, iq2xs_subblock, 8>;
+        case GgmlType::IQ2_S:
+            return dot_iq_grid<BlockIQ2_S, iq2s_subblock, 8>;
         case GgmlType::Q2_K:
             return dot_serial_k<BlockQ2_K>;
         case GgmlType::Q3_K:

@@ -197,7 +197,7 @@ TEST(Matmul, RefusesTypesWithoutKernelAndPartialBlocks) {
     ThreadPool pool(1);
     std::vector<std::byte> data(4096);
     std::vector<float> x(256), y(4);
-    const WeightView iq{GgmlType::IQ2_XXS, 1, 256, data.data(), 0};
+    const WeightView iq{GgmlType::NVFP4, 1, 256, data.data(), 0};
     EXPECT_THROW(matmul(iq, x.data(), 1, y.data(), pool, scratch), std::invalid_argument);
     const WeightView partial{GgmlType::Q4_0, 1, 48, data.data(), 64};
     EXPECT_THROW(matmul(partial, x.data(), 1, y.data(), pool, scratch), std::invalid_argument);

@@ -316,7 +316,7 @@ TEST(Dequantize, RejectsPartialBlocksAndUnknownTypes) {
     std::vector<float> dst(512);
     EXPECT_THROW(dequantize_row(GgmlType::Q4_0, src.data(), dst.data(), 33), std::invalid_argument);
     EXPECT_THROW(dequantize_row(GgmlType::Q4_K, src.data(), dst.data(), 128), std::invalid_argument);
-    EXPECT_THROW(dequantize_row(GgmlType::IQ2_XXS, src.data(), dst.data(), 256), std::invalid_argument);
+    EXPECT_THROW(dequantize_row(GgmlType::NVFP4, src.data(), dst.data(), 256), std::invalid_argument);
     EXPECT_FALSE(can_dequantize(GgmlType::NVFP4));
     EXPECT_TRUE(can_dequantize(GgmlType::Q8_K));
     try {

@@ -51,6 +51,9 @@ bool exact_arithmetic(GgmlType w) {
         case GgmlType::MXFP4:
         case GgmlType::IQ3_XXS:
         case GgmlType::IQ3_S:
+        case GgmlType::IQ2_XXS:
+        case GgmlType::IQ2_XS:
+        case GgmlType::IQ2_S:
         case GgmlType::Q2_K:
         case GgmlType::Q3_K:
         case GgmlType::Q4_K:
@@ -136,7 +139,8 @@ TEST(Dot, ActivationPairsFollowLlamaCpp) {
     EXPECT_EQ(dot_activation_type(GgmlType::Q5_1), GgmlType::Q8_1);
     EXPECT_EQ(dot_activation_type(GgmlType::MXFP4), GgmlType::Q8_0);
     for (GgmlType k : {GgmlType::Q2_K, GgmlType::Q3_K, GgmlType::Q4_K, GgmlType::Q5_K, GgmlType::Q6_K, GgmlType::IQ4_XS,
-                       GgmlType::TQ1_0, GgmlType::TQ2_0, GgmlType::IQ3_XXS, GgmlType::IQ3_S}) {
+                       GgmlType::TQ1_0, GgmlType::TQ2_0, GgmlType::IQ3_XXS, GgmlType::IQ3_S, GgmlType::IQ2_XXS,
+                       GgmlType::IQ2_XS, GgmlType::IQ2_S}) {
         EXPECT_EQ(dot_activation_type(k), GgmlType::Q8_K);
     }
     for (GgmlType f : {GgmlType::F32, GgmlType::BF16}) EXPECT_EQ(dot_activation_type(f), GgmlType::F32);
@@ -158,8 +162,8 @@ TEST(Dot, EveryWeightTypeHasAKernelAtEveryLevel) {
             EXPECT_EQ(k.act_type, dot_activation_type(w));
         }
     }
-    EXPECT_FALSE(has_dot(GgmlType::IQ2_XXS));
-    EXPECT_EQ(select_dot(GgmlType::IQ2_XXS, detect_cpu_features()).fn, nullptr);
+    EXPECT_FALSE(has_dot(GgmlType::NVFP4));
+    EXPECT_EQ(select_dot(GgmlType::NVFP4, detect_cpu_features()).fn, nullptr);
     EXPECT_EQ(select_dot(GgmlType::Q8_K, detect_cpu_features()).fn, nullptr);  // an activation format
 }
 
