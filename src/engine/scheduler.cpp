@@ -43,6 +43,11 @@ struct Scheduler::Sequence {
     kv::SeqId seq = -1;
     bool finished = false;
     bool admitted = false;  // once: the prompt cache's share of the prompt is reported then
+    // submit_group(): the order of the group's first (a request alone: its own); a sibling (not
+    // the first) is first admitted once an admitted one of its group has fed the prompt, and
+    // shares its cells.
+    uint64_t group = 0;
+    bool sibling = false;
 
     int unfed() const { return static_cast<int>(tokens.size()) - n_fed; }
 };
@@ -156,37 +161,59 @@ std::shared_ptr<const sampling::GrammarVocab> Scheduler::grammar_vocab() const {
 }
 
 std::shared_ptr<Job> Scheduler::submit(std::vector<int32_t> prompt, GenerationParams params) {
+    std::vector<GenerationParams> one;
+    one.push_back(std::move(params));
+    return submit_group(std::move(prompt), std::move(one)).front();
+}
+
+std::vector<std::shared_ptr<Job>> Scheduler::submit_group(std::vector<int32_t> prompt,
+                                                          std::vector<GenerationParams> group) {
+    if (group.empty()) throw std::invalid_argument("no requests to submit");
     const int n_prompt = static_cast<int>(prompt.size());
     if (n_prompt == 0) throw std::invalid_argument("the prompt has no tokens");
-    if (params.max_tokens < 1) throw std::invalid_argument("max_tokens must be at least 1");
-    if (static_cast<int64_t>(n_prompt) + params.max_tokens > context_.n_ctx) {
-        throw std::invalid_argument(
-            "this model's context is " + std::to_string(context_.n_ctx) + " tokens; the request asks for " +
-            std::to_string(static_cast<int64_t>(n_prompt) + params.max_tokens) + " (" + std::to_string(n_prompt) +
-            " in the prompt, " + std::to_string(params.max_tokens) + " to generate)");
+    for (GenerationParams& params : group) {
+        if (params.max_tokens < 1) throw std::invalid_argument("max_tokens must be at least 1");
+        if (static_cast<int64_t>(n_prompt) + params.max_tokens > context_.n_ctx) {
+            throw std::invalid_argument(
+                "this model's context is " + std::to_string(context_.n_ctx) + " tokens; the request asks for " +
+                std::to_string(static_cast<int64_t>(n_prompt) + params.max_tokens) + " (" + std::to_string(n_prompt) +
+                " in the prompt, " + std::to_string(params.max_tokens) + " to generate)");
+        }
+        for (const std::string& s : params.stop) {
+            if (s.empty()) throw std::invalid_argument("stop: an empty stop string");
+        }
+        if (params.sampling.grammar && !params.sampling.grammar_vocab) params.sampling.grammar_vocab = grammar_vocab();
     }
-    for (const std::string& s : params.stop) {
-        if (s.empty()) throw std::invalid_argument("stop: an empty stop string");
+    std::vector<std::shared_ptr<Job>> jobs;
+    std::vector<std::unique_ptr<Sequence>> seqs;
+    for (size_t i = 0; i < group.size(); ++i) {
+        jobs.push_back(std::make_shared<Job>(n_prompt));
+        std::vector<int32_t> tokens = i + 1 < group.size() ? prompt : std::move(prompt);  // the last takes it
+        seqs.push_back(std::make_unique<Sequence>(jobs.back(), std::move(tokens), std::move(group[i]), tokenizer_,
+                                                  model_.n_vocab()));
     }
-    if (params.sampling.grammar && !params.sampling.grammar_vocab) params.sampling.grammar_vocab = grammar_vocab();
-    auto job = std::make_shared<Job>(n_prompt);
-    auto seq = std::make_unique<Sequence>(job, std::move(prompt), std::move(params), tokenizer_, model_.n_vocab());
     {
         std::lock_guard lock(mutex_);
         if (stopping_) throw QueueFullError("the server is stopping");
         const int n_waiting = static_cast<int>(queue_.size()) + n_waiting_;
-        if (n_waiting >= options_.max_queue) {
+        if (n_waiting + static_cast<int>(seqs.size()) > options_.max_queue) {
             throw QueueFullError("the request queue is full (" + std::to_string(n_waiting) +
                                  " requests wait for a slot, at most " + std::to_string(options_.max_queue) +
+                                 (seqs.size() > 1 ? "; this one asks for " + std::to_string(seqs.size()) : "") +
                                  "); try again later");
         }
-        seq->order = next_order_++;
-        queue_.push_back(std::move(seq));
-        ++n_unfinished_;
+        const uint64_t first = next_order_;
+        for (size_t i = 0; i < seqs.size(); ++i) {
+            seqs[i]->order = next_order_++;
+            seqs[i]->group = first;
+            seqs[i]->sibling = i > 0;
+            queue_.push_back(std::move(seqs[i]));
+            ++n_unfinished_;
+        }
         stats_.n_queued = static_cast<int>(queue_.size() + preempted_.size());
     }
     cv_.notify_all();
-    return job;
+    return jobs;
 }
 
 SchedulerStats Scheduler::stats() const {
@@ -265,6 +292,7 @@ void Scheduler::admit() {
     const int block = cache_.pool(0).params().block_size;
     while (!preempted_.empty() && !free_ids_.empty()) {
         Sequence& s = *preempted_.front();
+        if (s.sibling && !s.admitted && sibling_feeding(s)) break;  // its prompt's cells come next step
         s.seq = free_ids_.back();
         const int reused = reuse_prompt(s);
         int reserved = 0;
@@ -516,8 +544,16 @@ bool prefix_whole(const kv::ModelCache& cache, size_t n, First&& first) {
 
 }  // namespace
 
+bool Scheduler::sibling_feeding(const Sequence& s) const {
+    // An admitted one of its group that has not fed the prompt's cells s takes (all but its
+    // last token) yet; none: s is admitted as any request (the first finished, or was preempted).
+    return std::any_of(active_.begin(), active_.end(),
+                       [&](const auto& a) { return a->group == s.group && a->n_fed < s.n_prompt - 1; });
+}
+
 int Scheduler::reuse_prompt(Sequence& s) {
-    if (context_.n_cached_prompts == 0) return 0;
+    // Without the prompt cache, only the requests of one submit_group() share their prompt.
+    if (context_.n_cached_prompts == 0 && !s.sibling) return 0;
     // At least the last token is computed again: its logits give the next token.
     const size_t most = s.tokens.size() - 1;
     kv::SeqId best = -1;
@@ -539,6 +575,7 @@ int Scheduler::reuse_prompt(Sequence& s) {
     // Requests still running share what they have fed too (the same system prompt, or a request
     // sent again while the first still generates).
     for (const auto& a : active_) {
+        if (context_.n_cached_prompts == 0 && a->group != s.group) continue;
         if (consider(a->seq, std::span<const int32_t>(a->tokens).first(static_cast<size_t>(a->n_fed))))
             best_kept = nullptr;
     }

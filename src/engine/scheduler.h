@@ -121,6 +121,13 @@ public:
     // max_tokens over n_ctx (the message has the numbers), sampling::SamplingError for bad
     // sampling parameters, QueueFullError when the queue is full.
     std::shared_ptr<Job> submit(std::vector<int32_t> prompt, GenerationParams params);
+    // Queues n requests of one prompt (an API request's n choices), params[i] the i-th's (its
+    // seed, say), a sequence each: the prompt is computed once. The first is admitted as any
+    // request; the others wait until it has fed all but the prompt's last token, then take
+    // those cells from it (kv::KvCache::seq_cp, copy on write), with or without the prompt cache,
+    // and compute only the last token (its logits give their first token). Throws as submit(),
+    // and QueueFullError unless all of them fit the queue (none is queued then).
+    std::vector<std::shared_ptr<Job>> submit_group(std::vector<int32_t> prompt, std::vector<GenerationParams> params);
 
     SchedulerStats stats() const;
     bool idle() const;  // nothing running or waiting
@@ -144,7 +151,8 @@ private:
     };
     void keep_prompt(const Sequence& s);
     int reuse_prompt(Sequence& s);  // the tokens of s now in the cache (cells shared with a kept prompt)
-    bool evict_cached_prompt();     // the least recently used; false when none is kept
+    bool sibling_feeding(const Sequence& s) const;  // an admitted one of s's group still feeds the prompt
+    bool evict_cached_prompt();                     // the least recently used; false when none is kept
     struct SavedPrompt {
         std::vector<int32_t> tokens;               // positions 0 .. size - 1
         std::vector<std::vector<kv::Pos>> places;  // per pool: the positions saved, ascending
