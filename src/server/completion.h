@@ -19,22 +19,33 @@ namespace fitllm::server {
 
 class RequestMemory;
 
-// A chat or text completion, ready to run: the model and the job.
+// One choice's whole answer (Endpoints::wait_whole): its last update (finish reason, counts),
+// its text and its log probabilities.
+struct Answer {
+    Job::Update end;
+    std::string text;
+    std::vector<engine::TokenLogprob> logprobs;
+};
+
+// A chat or text completion, ready to run: the model and the jobs, one per choice (n).
 struct Completion {
     std::shared_ptr<LoadedModel> model;
     bool chat = false;
     bool stream = false;
     bool include_usage = false;
-    bool ollama_chat = false;  // Ollama's /api/chat (its answers carry a message, not a response)
-    std::shared_ptr<Job> job;
+    bool ollama_chat = false;                // Ollama's /api/chat (its answers carry a message, not a response)
+    std::vector<std::shared_ptr<Job>> jobs;  // the choices in order (Ollama's: one)
     std::string id;
     int64_t created = 0;
     std::chrono::steady_clock::time_point start = std::chrono::steady_clock::now();
     std::optional<std::chrono::steady_clock::time_point> first_text;  // when its first text came
     int top_logprobs = -1;                                            // >= 0: log probabilities asked for
-    std::vector<engine::TokenLogprob> logprobs;                       // a whole answer's, as they come
     std::optional<OutputOptions> output;  // chat: reasoning and tool calls split out (chat_output.h)
-    memory::Charge grammar;               // structured output: its matcher's memory, while it runs
+    memory::Charge grammar;               // structured output: its matchers' memory, while they run
+
+    void cancel() const {
+        for (const auto& job : jobs) job->cancel();
+    }
 };
 
 // How often a running request looks whether its client is still there.

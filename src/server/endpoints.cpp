@@ -1,5 +1,6 @@
 #include "server/endpoints.h"
 
+#include <algorithm>
 #include <atomic>
 #include <chrono>
 #include <ctime>
@@ -36,11 +37,13 @@ std::string random_id(const char* prefix) {
     return buf;
 }
 
-json usage_json(const Job::Update& u) {
-    return {{"prompt_tokens", u.n_prompt},
-            {"completion_tokens", u.n_generated},
-            {"total_tokens", u.n_prompt + u.n_generated},
-            {"prompt_tokens_details", {{"cached_tokens", u.n_cached}}}};
+// The usage of n choices: the prompt once (its cached tokens: what the prompt cache gave the
+// first choice; the others share the first's cells), the tokens generated summed.
+json usage_json(const Job::Update& first, int n_generated) {
+    return {{"prompt_tokens", first.n_prompt},
+            {"completion_tokens", n_generated},
+            {"total_tokens", first.n_prompt + n_generated},
+            {"prompt_tokens_details", {{"cached_tokens", first.n_cached}}}};
 }
 
 json finish_reason_json(FinishReason r) {
@@ -90,10 +93,10 @@ json logprobs_json(const Completion& c, const std::vector<engine::TokenLogprob>&
             {"text_offset", std::move(offsets)}};
 }
 
-// One event of a stream: the text so far in this update, or the end.
-json stream_chunk(const Completion& c, const std::string& text, bool first, const json& finish,
+// One event of a stream: choice `index`'s text so far in this update, or its end.
+json stream_chunk(const Completion& c, size_t index, const std::string& text, bool first, const json& finish,
                   const json& logprobs = nullptr) {
-    json choice = {{"index", 0}, {"finish_reason", finish}};
+    json choice = {{"index", index}, {"finish_reason", finish}};
     if (c.chat) {
         json delta = json::object();
         if (first) delta["role"] = "assistant";
@@ -141,8 +144,9 @@ json tool_calls_json(const Completion& c, const std::vector<ToolCall>& calls, st
 }
 
 // A stream event of a split chat answer: reasoning_content, content and tool_calls deltas.
-json delta_chunk(const Completion& c, const OutputDelta& d, bool first, size_t& n_calls, const json& logprobs) {
-    json chunk = stream_chunk(c, d.content, first, nullptr, logprobs);
+json delta_chunk(const Completion& c, size_t index, const OutputDelta& d, bool first, size_t& n_calls,
+                 const json& logprobs) {
+    json chunk = stream_chunk(c, index, d.content, first, nullptr, logprobs);
     json& delta = chunk["choices"][0]["delta"];
     if (!d.reasoning.empty()) delta["reasoning_content"] = d.reasoning;
     if (!d.calls.empty()) {
@@ -152,8 +156,9 @@ json delta_chunk(const Completion& c, const OutputDelta& d, bool first, size_t& 
     return chunk;
 }
 
-json whole_answer(const Completion& c, const Job::Update& u, const std::string& text) {
-    json choice = {{"index", 0}, {"finish_reason", finish_reason_json(u.reason)}};
+json whole_choice(const Completion& c, size_t index, const Answer& a) {
+    const std::string& text = a.text;
+    json choice = {{"index", index}, {"finish_reason", finish_reason_json(a.end.reason)}};
     if (c.chat) {
         // The nullable fields as the OpenAI spec shows them: no refusal, no tool calls.
         choice["message"] = {{"role", "assistant"}, {"content", text}, {"refusal", nullptr}};
@@ -170,13 +175,23 @@ json whole_answer(const Completion& c, const Job::Update& u, const std::string& 
     } else {
         choice["text"] = text;
     }
-    choice["logprobs"] = logprobs_json(c, c.logprobs);
+    choice["logprobs"] = logprobs_json(c, a.logprobs);
+    return choice;
+}
+
+json whole_answer(const Completion& c, const std::vector<Answer>& answers) {
+    json choices = json::array();
+    int n_generated = 0;
+    for (size_t i = 0; i < answers.size(); ++i) {
+        choices.push_back(whole_choice(c, i, answers[i]));
+        n_generated += answers[i].end.n_generated;
+    }
     return {{"id", c.id},
             {"object", c.chat ? "chat.completion" : "text_completion"},
             {"created", c.created},
             {"model", c.model->id()},
-            {"choices", json::array({choice})},
-            {"usage", usage_json(u)}};
+            {"choices", std::move(choices)},
+            {"usage", usage_json(answers.front().end, n_generated)}};
 }
 
 // The answer's text is charged in steps of at least this many bytes.
@@ -393,14 +408,26 @@ void Endpoints::submit(Completion& c, CompletionRequest& request, RequestMemory&
     const int n_prompt = static_cast<int>(prompt.size());
     GenerationParams params = std::move(request.params);
     params.max_tokens = request.max_tokens.value_or(n_ctx - n_prompt);
+    const auto n = static_cast<size_t>(request.n);
     if (params.sampling.grammar) {
+        // A matcher per choice.
         params.sampling.grammar_vocab = m.scheduler().grammar_vocab();
         c.grammar = memory.charge(
-            sampling::GrammarMatcher::memory_bound(*params.sampling.grammar, *params.sampling.grammar_vocab),
-            "the grammar");
+            n * sampling::GrammarMatcher::memory_bound(*params.sampling.grammar, *params.sampling.grammar_vocab),
+            n > 1 ? "the grammars of " + std::to_string(n) + " choices" : std::string("the grammar"));
+    }
+    // Choice i samples with seed + i (a seed asked for), skipping the value that asks for a
+    // random one; without a seed each draws its own.
+    std::vector<GenerationParams> choices(n, params);
+    if (params.sampling.seed != sampling::kRandomSeed) {
+        uint64_t seed = params.sampling.seed;
+        for (GenerationParams& p : choices) {
+            if (seed == sampling::kRandomSeed) ++seed;
+            p.sampling.seed = seed++;
+        }
     }
     try {
-        c.job = m.scheduler().submit(std::move(prompt), std::move(params));
+        c.jobs = m.scheduler().submit_group(std::move(prompt), std::move(choices));
     } catch (const QueueFullError& e) {
         throw ApiError(429, "server_busy", "queue_full", e.what());
     } catch (const std::invalid_argument& e) {
@@ -411,62 +438,71 @@ void Endpoints::submit(Completion& c, CompletionRequest& request, RequestMemory&
 }
 
 void Endpoints::send_whole(Completion& c, HttpRequest& req, HttpResponse& res,
-                           json (*render)(const Completion&, const Job::Update&, const std::string&)) {
-    std::string text;
-    const std::optional<Job::Update> u = wait_whole(c, req, text);
-    if (!u) {
+                           json (*render)(const Completion&, const std::vector<Answer>&)) {
+    const std::optional<std::vector<Answer>> answers = wait_whole(c, req);
+    if (!answers) {
         res.status = 499;  // nobody to answer
         return;
     }
-    set_json(res, 200, render(c, *u, text));
+    set_json(res, 200, render(c, *answers));
 }
 
-std::optional<Job::Update> Endpoints::wait_whole(Completion& c, HttpRequest& req, std::string& text) {
-    // The whole answer once the job ends, with the status it ends with (nothing is sent before);
-    // a client that hangs up meanwhile cancels it, which frees its slot before the scheduler's
-    // next step. The text held meanwhile is charged as it grows; when the budget refuses it the
-    // job is cancelled and the client gets the error instead of a cut answer.
+std::optional<std::vector<Answer>> Endpoints::wait_whole(Completion& c, HttpRequest& req) {
+    // The whole answer once every choice ends, with the status they end with (nothing is sent
+    // before); a client that hangs up meanwhile cancels them, which frees their slots before the
+    // scheduler's next step. The texts held meanwhile are charged as they grow; when the budget
+    // refuses them the jobs are cancelled and the client gets the error instead of a cut answer.
     RequestMemory memory(request_pool());
     std::vector<memory::Charge> text_charges;
-    uint64_t charged = 0;
-    while (true) {
-        Job::Update u = c.job->wait(kPoll);
-        if (!u.text.empty() && !c.first_text) c.first_text = std::chrono::steady_clock::now();
-        text += u.text;
-        for (engine::TokenLogprob& e : u.logprobs) c.logprobs.push_back(std::move(e));
-        // The text, and the log probabilities as the answer will spell them out.
-        const uint64_t held = text.size() + c.logprobs.size() * kLogprobJsonBytes *
-                                                static_cast<uint64_t>(1 + std::max(c.top_logprobs, 0));
-        if (held > charged) {
-            const uint64_t step = std::max<uint64_t>(held - charged, kAnswerChargeStep);
-            try {
-                text_charges.push_back(memory.charge(step, "the answer's text"));
-            } catch (const ApiError& e) {
-                c.job->cancel();
-                throw answer_over_budget(*request_pool(), charged + step, u.n_generated, e);
+    uint64_t charged = 0, held = 0;
+    // The log probabilities as the answer will spell them out.
+    const uint64_t logprob_bytes = kLogprobJsonBytes * static_cast<uint64_t>(1 + std::max(c.top_logprobs, 0));
+    int n_generated = 0;  // by the choices that ended
+    std::vector<Answer> answers(c.jobs.size());
+    for (size_t i = 0; i < c.jobs.size(); ++i) {
+        Answer& a = answers[i];
+        while (true) {
+            Job::Update u = c.jobs[i]->wait(kPoll);
+            if (!u.text.empty() && !c.first_text) c.first_text = std::chrono::steady_clock::now();
+            a.text += u.text;
+            held += u.text.size() + u.logprobs.size() * logprob_bytes;
+            for (engine::TokenLogprob& e : u.logprobs) a.logprobs.push_back(std::move(e));
+            if (held > charged) {
+                const uint64_t step = std::max<uint64_t>(held - charged, kAnswerChargeStep);
+                try {
+                    text_charges.push_back(memory.charge(step, "the answer's text"));
+                } catch (const ApiError& e) {
+                    c.cancel();
+                    throw answer_over_budget(*request_pool(), charged + step, n_generated + u.n_generated, e);
+                }
+                charged += step;
             }
-            charged += step;
-        }
-        if (u.finished) {
-            finished(c, u);
-            if (u.reason == FinishReason::error) {
-                throw ApiError(500, "server_error", "generation_failed", "generation failed: " + u.error);
+            if (u.finished) {
+                finished(c, u, i == 0);
+                if (u.reason == FinishReason::error) {
+                    c.cancel();
+                    throw ApiError(500, "server_error", "generation_failed", "generation failed: " + u.error);
+                }
+                if (u.reason == FinishReason::cancelled) {
+                    c.cancel();
+                    throw ApiError(503, "server_error", "cancelled", "the request was cancelled (server stopping)");
+                }
+                n_generated += u.n_generated;
+                a.end = std::move(u);
+                break;
             }
-            if (u.reason == FinishReason::cancelled) {
-                throw ApiError(503, "server_error", "cancelled", "the request was cancelled (server stopping)");
+            if (req.client_gone()) {
+                c.cancel();
+                return std::nullopt;
             }
-            return u;
-        }
-        if (req.client_gone()) {
-            c.job->cancel();
-            return std::nullopt;
         }
     }
+    return answers;
 }
 
-void Endpoints::finished(const Completion& c, const Job::Update& u) {
+void Endpoints::finished(const Completion& c, const Job::Update& u, bool first) {
     registry_.touch(c.model->id());
-    metrics_.count_tokens(static_cast<uint64_t>(u.n_prompt), static_cast<uint64_t>(u.n_generated));
+    metrics_.count_tokens(first ? static_cast<uint64_t>(u.n_prompt) : 0, static_cast<uint64_t>(u.n_generated));
 }
 
 void Endpoints::completion(bool chat, HttpRequest& req, HttpResponse& res) {
@@ -494,6 +530,12 @@ void Endpoints::completion(bool chat, HttpRequest& req, HttpResponse& res) {
         c->include_usage = request.include_usage;
         c->top_logprobs = request.params.top_logprobs;
         c->model = registry_.acquire(request.model);
+        if (const int slots = c->model->scheduler().context().n_seq; request.n > slots) {
+            throw ApiError::invalid("n: " + std::to_string(request.n) + " choices; this server decodes at most " +
+                                        std::to_string(slots) +
+                                        " sequences together (its -np), so at most that many choices a request",
+                                    "invalid_value", "n");
+        }
         c->id = random_id(chat ? "chatcmpl-" : "cmpl-");
         c->created = static_cast<int64_t>(std::time(nullptr));
         submit(*c, request, memory);
@@ -501,70 +543,98 @@ void Endpoints::completion(bool chat, HttpRequest& req, HttpResponse& res) {
 
     if (!c->stream) return send_whole(*c, req, res, whole_answer);
 
-    // Streaming: one event per piece of text as it comes; a client that goes away cancels the
-    // job, which frees its slot before the scheduler's next step.
+    // Streaming: one event per piece of text as it comes, each naming its choice (index); a
+    // client that goes away cancels the jobs, which frees their slots before the scheduler's next
+    // step.
     res.status = 200;
     res.content_type = "text/event-stream";
     res.headers.emplace_back("Cache-Control", "no-cache");
     res.stream = [this, c](BodyWriter& out) {
-        bool first = true;
-        size_t offset = 0;                           // a text completion's text_offset
-        std::vector<engine::TokenLogprob> logprobs;  // not sent yet: they go with the next text
-        std::optional<OutputSplitter> splitter;      // reasoning and tool calls, split as they come
-        if (c->output) splitter.emplace(*c->output);
-        size_t n_calls = 0;
+        struct ChoiceStream {
+            bool first = true;
+            size_t offset = 0;                           // a text completion's text_offset
+            std::vector<engine::TokenLogprob> logprobs;  // not sent yet: they go with the next text
+            std::optional<OutputSplitter> splitter;      // reasoning and tool calls, split as they come
+            size_t n_calls = 0;
+            Job::Update last;  // its counts
+            bool done = false;
+        };
+        std::vector<ChoiceStream> choices(c->jobs.size());
+        for (ChoiceStream& s : choices) {
+            if (c->output) s.splitter.emplace(*c->output);
+        }
         while (true) {
-            if (out.client_gone()) return c->job->cancel();
-            Job::Update u = c->job->wait(kPoll);
+            if (out.client_gone()) return c->cancel();
             std::string events;
-            for (engine::TokenLogprob& e : u.logprobs) logprobs.push_back(std::move(e));
-            if (first && u.pieces.empty()) u.pieces.emplace_back();  // the role comes first
-            for (size_t i = 0; i < u.pieces.size(); ++i) {
-                // A token's text a piece, mostly: each piece takes the next token's log
-                // probability, the last piece of the update all that are left.
-                json lp = nullptr;
-                if (!u.pieces[i].empty() && !logprobs.empty()) {
-                    const size_t n = i + 1 == u.pieces.size() ? logprobs.size() : 1;
-                    const std::vector<engine::TokenLogprob> some(logprobs.begin(), logprobs.begin() + n);
-                    lp = logprobs_json(*c, some, offset);
-                    for (const auto& e : some) offset += c->model->tokenizer().token_to_piece(e.id, false).size();
-                    logprobs.erase(logprobs.begin(), logprobs.begin() + n);
+            bool waited = false, failed = false;
+            for (size_t k = 0; k < choices.size() && !failed; ++k) {
+                ChoiceStream& s = choices[k];
+                if (s.done) continue;
+                // The first running choice waits; the others' text of the same steps is there.
+                Job::Update u = c->jobs[k]->wait(waited ? std::chrono::milliseconds(0) : kPoll);
+                waited = true;
+                for (engine::TokenLogprob& e : u.logprobs) s.logprobs.push_back(std::move(e));
+                if (s.first && u.pieces.empty()) u.pieces.emplace_back();  // the role comes first
+                for (size_t i = 0; i < u.pieces.size(); ++i) {
+                    // A token's text a piece, mostly: each piece takes the next token's log
+                    // probability, the last piece of the update all that are left.
+                    json lp = nullptr;
+                    if (!u.pieces[i].empty() && !s.logprobs.empty()) {
+                        const size_t n = i + 1 == u.pieces.size() ? s.logprobs.size() : 1;
+                        const std::vector<engine::TokenLogprob> some(s.logprobs.begin(), s.logprobs.begin() + n);
+                        lp = logprobs_json(*c, some, s.offset);
+                        for (const auto& e : some) s.offset += c->model->tokenizer().token_to_piece(e.id, false).size();
+                        s.logprobs.erase(s.logprobs.begin(), s.logprobs.begin() + n);
+                    }
+                    if (s.splitter) {
+                        const OutputDelta d = s.splitter->feed(u.pieces[i]);
+                        if (d.empty() && lp.is_null() && !s.first) continue;  // held: it may be markup
+                        events += sse(delta_chunk(*c, k, d, s.first, s.n_calls, lp));
+                    } else {
+                        events += sse(stream_chunk(*c, k, u.pieces[i], s.first, nullptr, lp));
+                    }
+                    s.first = false;
                 }
-                if (splitter) {
-                    const OutputDelta d = splitter->feed(u.pieces[i]);
-                    if (d.empty() && lp.is_null() && !first) continue;  // held: it may be markup
-                    events += sse(delta_chunk(*c, d, first, n_calls, lp));
-                } else {
-                    events += sse(stream_chunk(*c, u.pieces[i], first, nullptr, lp));
+                if (!u.finished) {
+                    s.last = std::move(u);
+                    continue;
                 }
-                first = false;
-            }
-            if (u.finished) {
-                finished(*c, u);
+                finished(*c, u, k == 0);
+                s.done = true;
                 if (u.reason == FinishReason::error || u.reason == FinishReason::cancelled) {
                     events += sse(error_body("generation " + std::string(finish_reason_name(u.reason)) +
                                                  (u.error.empty() ? "" : ": " + u.error),
                                              "server_error", "generation_failed"));
+                    failed = true;  // the other choices end with it
+                    c->cancel();
                 } else {
-                    if (splitter) {
-                        const OutputDelta d = splitter->finish();
-                        if (!d.empty()) events += sse(delta_chunk(*c, d, false, n_calls, nullptr));
+                    if (s.splitter) {
+                        const OutputDelta d = s.splitter->finish();
+                        if (!d.empty()) events += sse(delta_chunk(*c, k, d, false, s.n_calls, nullptr));
                     }
-                    json end = stream_chunk(*c, "", false, finish_reason_json(u.reason),
-                                            logprobs.empty() ? json(nullptr) : logprobs_json(*c, logprobs, offset));
-                    if (n_calls > 0) end["choices"][0]["finish_reason"] = "tool_calls";
+                    json end =
+                        stream_chunk(*c, k, "", false, finish_reason_json(u.reason),
+                                     s.logprobs.empty() ? json(nullptr) : logprobs_json(*c, s.logprobs, s.offset));
+                    if (s.n_calls > 0) end["choices"][0]["finish_reason"] = "tool_calls";
                     events += sse(end);
                 }
+                s.last = std::move(u);
+            }
+            const bool all_done =
+                failed || std::all_of(choices.begin(), choices.end(), [](const ChoiceStream& s) { return s.done; });
+            if (all_done) {
                 if (c->include_usage) {
-                    json usage = stream_chunk(*c, "", false, nullptr);
+                    int n_generated = 0;
+                    for (const ChoiceStream& s : choices) n_generated += s.last.n_generated;
+                    json usage = stream_chunk(*c, 0, "", false, nullptr);
                     usage["choices"] = json::array();
-                    usage["usage"] = usage_json(u);
+                    usage["usage"] = usage_json(choices.front().last, n_generated);
                     events += sse(usage);
                 }
                 events += "data: [DONE]\n\n";
             }
-            if (!events.empty() && !out.write(events)) return c->job->cancel();
-            if (u.finished) return;
+            if (!events.empty() && !out.write(events)) return c->cancel();
+            if (all_done) return;
         }
     };
 }

@@ -10,6 +10,7 @@
 #include <nlohmann/json.hpp>
 #include <optional>
 #include <string>
+#include <vector>
 
 #include "server/http_transport.h"
 #include "server/metrics.h"
@@ -17,6 +18,7 @@
 
 namespace fitllm::server {
 
+struct Answer;
 struct Completion;
 struct CompletionRequest;
 class RequestMemory;
@@ -53,15 +55,16 @@ public:
 private:
     memory::Pool* request_pool();
     // Renders or tokenizes the request's prompt for c.model (refused by its size first) and
-    // submits its job.
+    // submits its jobs: request.n choices of one prompt, computed once (Scheduler::submit_group).
     void submit(Completion& c, CompletionRequest& request, RequestMemory& memory);
-    // Waits for the whole answer, its text into `text`; std::nullopt when the client went away
-    // (the job cancelled). Throws ApiError when generation failed or its text is over budget.
-    std::optional<Job::Update> wait_whole(Completion& c, HttpRequest& req, std::string& text);
+    // Waits for every choice's whole answer; std::nullopt when the client went away (the jobs
+    // cancelled). Throws ApiError when generation failed or the texts are over budget.
+    std::optional<std::vector<Answer>> wait_whole(Completion& c, HttpRequest& req);
     // wait_whole(), then the answer as `render` writes it (200), or 499 when the client went away.
     void send_whole(Completion& c, HttpRequest& req, HttpResponse& res,
-                    nlohmann::json (*render)(const Completion&, const Job::Update&, const std::string&));
-    void finished(const Completion& c, const Job::Update& u);  // the model touched, tokens counted
+                    nlohmann::json (*render)(const Completion&, const std::vector<Answer>&));
+    // A choice ended: the model touched, its tokens counted (the prompt with the first choice only).
+    void finished(const Completion& c, const Job::Update& u, bool first = true);
 
     ModelRegistry& registry_;
     Metrics& metrics_;

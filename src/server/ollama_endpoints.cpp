@@ -100,6 +100,11 @@ json ollama_done(const Completion& c, const Job::Update& u, const std::string& t
     return line;
 }
 
+// A whole answer: its one choice's last line.
+json ollama_whole(const Completion& c, const std::vector<Answer>& answers) {
+    return ollama_done(c, answers.front().end, answers.front().text);
+}
+
 }  // namespace
 
 void Endpoints::ollama(bool chat, HttpRequest& req, HttpResponse& res) {
@@ -149,7 +154,7 @@ void Endpoints::ollama(bool chat, HttpRequest& req, HttpResponse& res) {
         }
     }
 
-    if (!c->stream) return send_whole(*c, req, res, ollama_done);
+    if (!c->stream) return send_whole(*c, req, res, ollama_whole);
 
     // Streamed: a JSON object a line (application/x-ndjson), one per piece of text, then the end.
     res.status = 200;
@@ -158,8 +163,8 @@ void Endpoints::ollama(bool chat, HttpRequest& req, HttpResponse& res) {
         std::optional<OutputSplitter> splitter;  // thinking and tool calls, split as they come
         if (c->output) splitter.emplace(*c->output);
         while (true) {
-            if (out.client_gone()) return c->job->cancel();
-            const Job::Update u = c->job->wait(kPoll);
+            if (out.client_gone()) return c->cancel();
+            const Job::Update u = c->jobs.front()->wait(kPoll);
             std::string lines;
             for (const std::string& piece : u.pieces) {
                 if (!c->first_text) c->first_text = std::chrono::steady_clock::now();
@@ -184,7 +189,7 @@ void Endpoints::ollama(bool chat, HttpRequest& req, HttpResponse& res) {
                     lines += dump_json(ollama_done(*c, u, "")) + "\n";
                 }
             }
-            if (!lines.empty() && !out.write(lines)) return c->job->cancel();
+            if (!lines.empty() && !out.write(lines)) return c->cancel();
             if (u.finished) return;
         }
     };

@@ -173,10 +173,7 @@ void check_fields(const json& body, bool chat) {
             throw ApiError::unsupported(key, "not a field of POST " + endpoint + " that fitllm knows");
         }
     }
-    // n and best_of: one choice per request.
-    if (const auto n = integer_field(body, "n", 1, std::numeric_limits<int32_t>::max()); n && *n > 1) {
-        throw ApiError::unsupported("n", "one choice per request (n > 1 is not implemented)");
-    }
+    // best_of: one completion per choice (n choices: parse_completion_request).
     if (const auto n = integer_field(body, "best_of", 1, std::numeric_limits<int32_t>::max()); n && *n > 1) {
         throw ApiError::unsupported("best_of", "one choice per request (best_of > 1 is not implemented)");
     }
@@ -342,6 +339,7 @@ CompletionRequest parse_completion_request(const json& body, bool chat) {
     r.params.sampling.grammar = structured_output(body, r.schema_pointer);
     r.chat = chat;
     r.model = model_field(body);
+    r.n = static_cast<int>(integer_field(body, "n", 1, std::numeric_limits<int32_t>::max()).value_or(1));
 
     if (chat) {
         const json* messages = field(body, "messages");

@@ -26,6 +26,9 @@ struct CompletionRequest {
     GenerationParams params;        // max_tokens left 0 until the prompt's length is known
     bool stream = false;
     bool include_usage = false;  // stream_options.include_usage
+    // Choices: n sequences of the prompt, computed once (engine::Scheduler::submit_group); with
+    // a seed, choice i samples with seed + i. The endpoint refuses more than the slots (-np).
+    int n = 1;
     // Chat only (server/chat_request.h): the tools offered to the template (null: none, or
     // tool_choice "none"), the calls parsed at most one when parallel_tool_calls is false,
     // chat_template_kwargs as template variables, and reasoning_format "none" (keep <think> in

@@ -65,5 +65,19 @@ TEST(RequestFields, PenaltiesCountThePromptOnlyWithRepeatPenalty) {
     EXPECT_TRUE(parse_ollama_request(ollama, /*chat=*/false).completion.params.penalize_prompt);
 }
 
+// n: the choices a request asks for (1 when absent); 0, a fraction or a string is refused naming
+// n; Ollama's endpoints have no n (refused as a field they do not know).
+TEST(RequestFields, NChoices) {
+    EXPECT_EQ(parse_completion_request({{"prompt", "x"}}, /*chat=*/false).n, 1);
+    EXPECT_EQ(parse_completion_request({{"prompt", "x"}, {"n", 3}}, /*chat=*/false).n, 3);
+    EXPECT_EQ(parse_completion_request({{"messages", {{{"role", "user"}, {"content", "x"}}}}, {"n", 2}}, true).n, 2);
+    for (const json& n : {json(0), json(-1), json(1.5), json("2")}) {
+        const ApiError e = refusal({{"prompt", "x"}, {"n", n}}, false);
+        EXPECT_EQ(e.status(), 400);
+        EXPECT_EQ(e.param().value_or(""), "n") << n.dump();
+    }
+    EXPECT_EQ(refusal({{"model", "m"}, {"prompt", "x"}, {"n", 2}}, true).param().value_or(""), "n");
+}
+
 }  // namespace
 }  // namespace fitllm::server

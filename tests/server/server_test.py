@@ -306,6 +306,29 @@ class ToolsAndReasoning(unittest.TestCase):
         assert_error(self, self.srv.post(chat, {"messages": msgs, "tools": [weather], "tool_choice": "required",
                                                 "response_format": {"type": "json_object"}}), 400, None, "tool_choice")
 
+    def test_forced_calls_in_each_of_n_choices(self):
+        # n choices: each is a sequence with its own grammar matcher, its calls parsed on its own.
+        msgs = [{"role": "user", "content": "hi"}]
+        weather = {"type": "function", "function": {"name": "get_weather", "parameters": {
+            "type": "object", "properties": {"city": {"type": "string", "maxLength": 8}}, "required": ["city"]}}}
+        c = self.srv.client()
+        r = c.chat.completions.create(model=self.model, messages=msgs, tools=[weather], tool_choice="required",
+                                      max_tokens=200, temperature=0.8, seed=3, n=2)
+        self.assertEqual([ch.index for ch in r.choices], [0, 1])
+        for ch in r.choices:
+            self.assertEqual(ch.finish_reason, "tool_calls", r)
+            self.assertEqual([call.function.name for call in ch.message.tool_calls], ["get_weather"])
+            self.assertLessEqual(len(json.loads(ch.message.tool_calls[0].function.arguments)["city"]), 8)
+        names, finish = {0: [], 1: []}, {}
+        for chunk in c.chat.completions.create(model=self.model, messages=msgs, tools=[weather],
+                                               tool_choice="required", max_tokens=200, seed=3, n=2, stream=True):
+            for ch in chunk.choices:
+                names[ch.index] += [d.function.name for d in ch.delta.tool_calls or []]
+                if ch.finish_reason:
+                    finish[ch.index] = ch.finish_reason
+        self.assertEqual(names, {0: ["get_weather"], 1: ["get_weather"]})
+        self.assertEqual(finish, {0: "tool_calls", 1: "tool_calls"})
+
     @unittest.skipIf(ollama is None, "the ollama package is not installed")
     def test_ollama_client_tools_and_think(self):
         client = ollama.Client(host=self.srv.base)
@@ -483,7 +506,6 @@ class OneModel(unittest.TestCase):
              "response_format.json_schema.other"),
             (chat, {"tools": [tool]}, "tools"),  # this model's template (built-in Mistral v0.1) shows no tools
             (chat, {"functions": [tool["function"]]}, "functions"),
-            (chat, {"n": 2}, "n"),
             (chat, {"audio": {"voice": "alloy", "format": "wav"}}, "audio"),
             (chat, {"modalities": ["text", "audio"]}, "modalities"),
             (chat, {"reasoning_effort": "high"}, "reasoning_effort"),
@@ -494,7 +516,6 @@ class OneModel(unittest.TestCase):
             (chat, {"mirostat": 2}, "mirostat"),  # a field nobody defined here
             (chat, {"prompt": "x"}, "prompt"),  # a completions field
             (comp, {"messages": msgs}, "messages"),  # and the other way round
-            (comp, {"n": 3}, "n"),
             (comp, {"best_of": 2}, "best_of"),
             (comp, {"echo": True}, "echo"),
             (comp, {"suffix": "end"}, "suffix"),
@@ -1475,6 +1496,120 @@ class StructuredOutput(unittest.TestCase):
             self.assertEqual(r.usage.completion_tokens, 2)
         finally:
             srv.stop()
+
+
+class Choices(unittest.TestCase):
+    """n choices a request: a sequence each, the prompt computed once (its cells shared)."""
+
+    @classmethod
+    def setUpClass(cls):
+        cls.srv = Server("-m", TINY_LLAMA, "-np", "3", "-c", "1024")
+        cls.model = "tiny-llama-q8_0"
+
+    @classmethod
+    def tearDownClass(cls):
+        cls.srv.stop()
+
+    def streamed(self, stream):
+        """The texts, finish reasons and usage of a stream of choices, by index."""
+        texts, reasons, usage = {}, {}, []
+        for chunk in stream:
+            if chunk.usage:
+                usage.append(chunk.usage)
+            for ch in chunk.choices:
+                piece = ch.delta.content if hasattr(ch, "delta") else ch.text
+                texts[ch.index] = texts.get(ch.index, "") + (piece or "")
+                if ch.finish_reason:
+                    self.assertNotIn(ch.index, reasons, "a second finish_reason")
+                    reasons[ch.index] = ch.finish_reason
+        self.assertEqual(len(usage), 1)
+        return texts, reasons, usage[0]
+
+    def test_three_choices_whole_and_streamed(self):
+        c = self.srv.client()
+        msgs = [{"role": "user", "content": "Tell me a story about three whole choices"}]
+        one = c.chat.completions.create(model=self.model, messages=msgs, max_tokens=8, temperature=0)
+        r = c.chat.completions.create(model=self.model, messages=msgs, max_tokens=8, temperature=0, n=3)
+        self.assertEqual([ch.index for ch in r.choices], [0, 1, 2])
+        for ch in r.choices:
+            self.assertEqual(ch.message.content, one.choices[0].message.content)  # greedy: the same
+            self.assertEqual(ch.finish_reason, "length")
+        self.assertEqual(r.usage.prompt_tokens, one.usage.prompt_tokens)  # the prompt counted once
+        self.assertEqual(r.usage.completion_tokens, 3 * 8)
+        self.assertEqual(r.usage.total_tokens, one.usage.prompt_tokens + 24)
+        texts, reasons, usage = self.streamed(c.chat.completions.create(
+            model=self.model, messages=msgs, max_tokens=8, temperature=0, n=3, stream=True,
+            stream_options={"include_usage": True}))
+        self.assertEqual(texts, {i: one.choices[0].message.content for i in range(3)})
+        self.assertEqual(reasons, {0: "length", 1: "length", 2: "length"})
+        self.assertEqual((usage.prompt_tokens, usage.completion_tokens), (one.usage.prompt_tokens, 24))
+        # Text completions too, with log probabilities per choice.
+        w = c.completions.create(model=self.model, prompt="Three text choices", max_tokens=6, temperature=0, n=3,
+                                 logprobs=1)
+        self.assertEqual(len(w.choices), 3)
+        self.assertEqual(len({ch.text for ch in w.choices}), 1)
+        for ch in w.choices:
+            self.assertEqual(len(ch.logprobs.token_logprobs), 6)
+            self.assertEqual("".join(ch.logprobs.tokens), ch.text)
+        texts, reasons, usage = self.streamed(c.completions.create(
+            model=self.model, prompt="Three text choices", max_tokens=6, temperature=0, n=3, stream=True,
+            stream_options={"include_usage": True}))
+        self.assertEqual(texts, {i: w.choices[0].text for i in range(3)})
+        self.assertEqual(usage.completion_tokens, 18)
+
+    def test_seeded_choices_differ_and_each_is_its_seed(self):
+        # Choice i samples with seed + i: it is what n=1 gives with that seed.
+        c = self.srv.client()
+        prompt = "Seeded choices differ"
+        r = c.completions.create(model=self.model, prompt=prompt, max_tokens=12, temperature=1.0, seed=100, n=3)
+        texts = [ch.text for ch in r.choices]
+        self.assertEqual(len(set(texts)), 3, texts)
+        for i in range(3):
+            alone = c.completions.create(model=self.model, prompt=prompt, max_tokens=12, temperature=1.0, seed=100 + i)
+            self.assertEqual(alone.choices[0].text, texts[i], f"choice {i}")
+        again = c.completions.create(model=self.model, prompt=prompt, max_tokens=12, temperature=1.0, seed=100, n=3)
+        self.assertEqual([ch.text for ch in again.choices], texts)
+
+    def test_the_prompt_is_computed_once(self):
+        # The other choices take all but the prompt's last token from the first one's cells.
+        cached0 = self.srv.metric("fitllm_prompt_tokens_cached_total")
+        prompt = "A prompt nobody sent before, long enough to tell computing it once from three times " * 3
+        r = self.srv.client().completions.create(model=self.model, prompt=prompt, max_tokens=4, temperature=0, n=3)
+        p = r.usage.prompt_tokens
+        self.assertGreater(p, 40)
+        first = r.usage.prompt_tokens_details.cached_tokens  # what earlier prompts gave the first (BOS, ...)
+        self.assertLess(first, 10)
+        deadline = time.time() + 5  # the scheduler's stats are published after the step
+        while self.srv.metric("fitllm_prompt_tokens_cached_total") - cached0 < first + 2 * (p - 1):
+            self.assertLess(time.time(), deadline, "the choices did not share the prompt's cells")
+            time.sleep(0.02)
+        self.assertEqual(self.srv.metric("fitllm_prompt_tokens_cached_total") - cached0, first + 2 * (p - 1))
+
+    def test_n_over_the_slots_is_refused(self):
+        msgs = [{"role": "user", "content": "hi"}]
+        with self.assertRaises(openai.BadRequestError) as e:
+            self.srv.client().chat.completions.create(model=self.model, messages=msgs, max_tokens=2, n=4)
+        self.assertEqual(e.exception.body["param"], "n")
+        self.assertIn("-np", e.exception.body["message"])
+        assert_error(self, self.srv.post("/v1/completions", {"prompt": "hi", "n": 9}), 400, "invalid_value", "n")
+        assert_error(self, self.srv.post("/v1/completions", {"prompt": "hi", "n": 0}), 400, "invalid_value", "n")
+        assert_error(self, self.srv.post("/v1/completions", {"prompt": "hi", "n": "2"}), 400, "invalid_type", "n")
+
+    def test_disconnect_cancels_every_choice(self):
+        s = socket.create_connection(("127.0.0.1", self.srv.port))
+        body = json.dumps({"prompt": "Once upon a time", "max_tokens": 900, "stream": True, "n": 3,
+                           "temperature": 0})
+        s.sendall((f"POST /v1/completions HTTP/1.1\r\nHost: 127.0.0.1\r\nContent-Type: application/json\r\n"
+                   f"Content-Length: {len(body)}\r\n\r\n{body}").encode())
+        got = b""
+        while got.count(b'"index":2') < 2:
+            got += s.recv(4096)
+        self.assertEqual(self.srv.metric("fitllm_slots_busy"), 3)
+        s.close()
+        deadline = time.time() + 5
+        while self.srv.metric("fitllm_slots_busy") != 0:
+            self.assertLess(time.time(), deadline, "slots still busy after the client went away")
+            time.sleep(0.05)
 
 
 # ctest runs the classes in groups, so that the groups run in parallel (tests/CMakeLists.txt): a
