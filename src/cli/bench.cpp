@@ -66,7 +66,8 @@ uint64_t weights_read_per_token(const gguf::GgufFile& file) {
 }
 
 // The machine's read bandwidth over the model's mapped weights (ops::measure_read_bandwidth), and
-// what one decoded token reads; none where weights stream from the file or run on a device,
+// what one decoded token reads; none where weights stream from the file (layers, or experts into
+// an expert cache: reading them through the mapping would break the budget) or run on a device,
 // whose decode the host's memory does not bound.
 struct Bandwidth {
     ops::ReadBandwidth measured;
@@ -80,7 +81,8 @@ struct Bandwidth {
 
 std::optional<Bandwidth> measure_bandwidth(engine::Engine& e) {
     const engine::PlanParams& p = e.plan().params;
-    if (p.n_streamed_layers > 0 || (!p.device.empty() && p.n_gpu_layers != 0)) return std::nullopt;
+    if (p.n_streamed_layers > 0 || e.plan().n_expert_slots > 0 || (!p.device.empty() && p.n_gpu_layers != 0))
+        return std::nullopt;
     std::vector<std::span<const std::byte>> ranges;
     for (const auto& t : e.file().tensors()) ranges.push_back(t.data);
     return Bandwidth{ops::measure_read_bandwidth(ranges, e.threads()), weights_read_per_token(e.file())};

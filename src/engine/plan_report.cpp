@@ -159,7 +159,8 @@ std::string plan_text(const Plan& p, const std::string& budget_source) {
     const DevicePlan& dev = p.device;
     const int n_resident = n_layer - (dev.unified ? 0 : dev.n_layer) - q.n_streamed_layers;
     row("weights resident", p.weights_resident,
-        "mapped: " + std::to_string(n_resident) + " of " + std::to_string(n_layer) + " layers, embeddings" +
+        "mapped: " + std::to_string(n_resident) + " of " + std::to_string(n_layer) + " layers" +
+            (p.n_expert_slots > 0 ? " (their dense weights)" : "") + ", embeddings" +
             (dev.output && !dev.unified ? "" : " and output") +
             (dev.unified && dev.n_layer > 0
                  ? " (" + dev.name + " reads " + std::to_string(dev.n_layer) + " of them in place)"

@@ -1,0 +1,150 @@
+#!/usr/bin/env python3
+"""The expert cache against every expert resident: fitllm's token generation speed on a generated
+Qwen3-MoE file (random weights, not committed) with a budget of about half the file (--expert-cache
+auto: the dense weights resident, the routed experts read from the file into slots on demand)
+against a budget that holds it all.
+
+  .venv/bin/python bench/moe_cache.py [--layers 10] [--skew] [-n 32] [-r 2] [--budget-fraction 0.5]
+
+The file: n_embd 1024, 32 experts of 512 hidden units per layer, 4 used per token (Qwen3-30B-A3B's
+proportions, smaller), F16, --layers layers (10: about 1 GB), under .cache/moe-bench/. --skew:
+a fifth of the experts get router rows three times larger, so that they win most of the top-4
+choices (routing skewed as real models' often is; the hit rate fitllm reports shows how much).
+Prints one line per setting: tokens/s (fitllm bench's tg test, mean of -r runs), the hit rate and
+the bytes read per token from fitllm's expert cache line, and the run's peak pools.
+"""
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import re
+import subprocess
+import sys
+
+ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+sys.path.insert(0, os.path.join(ROOT, "tools"))
+
+N_EMBD, N_HEAD, N_HEAD_KV, HEAD_DIM = 1024, 16, 4, 64
+N_EXPERT, N_USED, N_FF_EXP = 32, 4, 512
+
+
+def generate(path: str, n_layer: int, skew: bool, seed: int = 7) -> None:
+    import gguf
+    import numpy as np
+    from gen_test_models import bpe_vocab
+
+    rng = np.random.default_rng(seed)
+    w = gguf.GGUFWriter(path, "qwen3moe")
+    w.add_name("moe-bench")
+    w.add_file_type(gguf.LlamaFileType.MOSTLY_F16)
+    w.add_context_length(4096)
+    w.add_embedding_length(N_EMBD)
+    w.add_feed_forward_length(N_FF_EXP * N_USED)
+    w.add_block_count(n_layer)
+    w.add_head_count(N_HEAD)
+    w.add_head_count_kv(N_HEAD_KV)
+    w.add_rope_dimension_count(HEAD_DIM)
+    w.add_key_length(HEAD_DIM)
+    w.add_value_length(HEAD_DIM)
+    w.add_expert_count(N_EXPERT)
+    w.add_expert_used_count(N_USED)
+    w.add_expert_feed_forward_length(N_FF_EXP)
+    w.add_rope_freq_base(1000000.0)
+    w.add_layer_norm_rms_eps(1e-6)
+    tokens, types, merges = bpe_vocab()
+    w.add_tokenizer_model("gpt2")
+    w.add_tokenizer_pre("qwen2")
+    w.add_token_list(tokens)
+    w.add_token_types(types)
+    w.add_token_merges(merges)
+    eot = tokens.index("<|endoftext|>")
+    w.add_bos_token_id(eot)
+    w.add_eos_token_id(eot)
+    w.add_add_bos_token(False)
+    n_vocab = len(tokens)
+    w.add_vocab_size(n_vocab)
+
+    def mat(*shape: int, std: float) -> np.ndarray:  # numpy (rows, cols) = ggml ne (cols, rows)
+        return (rng.standard_normal(shape, dtype=np.float32) * np.float32(std)).astype(np.float16)
+
+    def norm(n: int) -> np.ndarray:
+        return (1.0 + 0.1 * rng.standard_normal(n, dtype=np.float32)).astype(np.float32)
+
+    w.add_tensor("token_embd.weight", mat(n_vocab, N_EMBD, std=0.5))
+    q_dim, kv_dim = N_HEAD * HEAD_DIM, N_HEAD_KV * HEAD_DIM
+    hot = np.zeros(N_EXPERT, dtype=np.float32)
+    hot[: N_EXPERT // 5] = 1.0
+    for il in range(n_layer):
+        p = f"blk.{il}."
+        w.add_tensor(p + "attn_norm.weight", norm(N_EMBD))
+        w.add_tensor(p + "attn_q.weight", mat(q_dim, N_EMBD, std=1.5 / np.sqrt(N_EMBD)))
+        w.add_tensor(p + "attn_k.weight", mat(kv_dim, N_EMBD, std=1.5 / np.sqrt(N_EMBD)))
+        w.add_tensor(p + "attn_v.weight", mat(kv_dim, N_EMBD, std=1.0 / np.sqrt(N_EMBD)))
+        w.add_tensor(p + "attn_q_norm.weight", (1.5 * norm(HEAD_DIM)).astype(np.float32))
+        w.add_tensor(p + "attn_k_norm.weight", (1.5 * norm(HEAD_DIM)).astype(np.float32))
+        w.add_tensor(p + "attn_output.weight", mat(N_EMBD, q_dim, std=1.0 / np.sqrt(q_dim)))
+        w.add_tensor(p + "ffn_norm.weight", norm(N_EMBD))
+        router = rng.standard_normal((N_EXPERT, N_EMBD), dtype=np.float32) * np.float32(1.5 / np.sqrt(N_EMBD))
+        if skew:  # hot experts: larger scores in both directions, so they top the list more often
+            router *= (1.0 + 2.0 * hot)[:, None]
+        w.add_tensor(p + "ffn_gate_inp.weight", router)
+        w.add_tensor(p + "ffn_gate_exps.weight", mat(N_EXPERT, N_FF_EXP, N_EMBD, std=1.0 / np.sqrt(N_EMBD)))
+        w.add_tensor(p + "ffn_up_exps.weight", mat(N_EXPERT, N_FF_EXP, N_EMBD, std=1.0 / np.sqrt(N_EMBD)))
+        w.add_tensor(p + "ffn_down_exps.weight", mat(N_EXPERT, N_EMBD, N_FF_EXP, std=2.0 / np.sqrt(N_FF_EXP)))
+    w.add_tensor("output_norm.weight", (4.0 / (0.5 * np.sqrt(N_EMBD)) * rng.standard_normal(N_EMBD)).astype(np.float32))
+    w.write_header_to_file()
+    w.write_kv_data_to_file()
+    w.write_tensors_to_file()
+    w.close()
+
+
+def run_bench(fitllm: str, model: str, mem: int, expert_cache: str, n_gen: int, reps: int, threads: int) -> dict:
+    cmd = [fitllm, "bench", "-m", model, "-p", "0", "-n", str(n_gen), "-r", str(reps), "-o", "json",
+           "-t", str(threads), "--mem", str(mem), "--expert-cache", expert_cache]
+    r = subprocess.run(cmd, capture_output=True, text=True)
+    if r.returncode != 0:
+        raise SystemExit(f"{' '.join(cmd)}: exit {r.returncode}\n{r.stderr}")
+    rows = json.loads(r.stdout)
+    tg = next(row for row in rows if str(row.get("test", "")).startswith("tg"))
+    out = {"tok_s": tg.get("avg_ts"), "stddev": tg.get("stddev_ts"), "stderr": r.stderr.strip().splitlines()[-1]}
+    m = re.search(r"expert cache: (\d+) slots, (\d+) hits, (\d+) misses \(hit rate ([0-9.]+)%\), ([^,]+) read, "
+                  r"([^ ]+ [^ ]+) per token", r.stderr)
+    if m:
+        out.update(slots=int(m.group(1)), hit_rate=float(m.group(4)), read=m.group(5), per_token=m.group(6))
+    return out
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    ap.add_argument("--layers", type=int, default=10, help="layers (10: about 1 GB)")
+    ap.add_argument("--skew", action="store_true", help="a fifth of the experts take most of the choices")
+    ap.add_argument("-n", type=int, default=32, help="tokens generated per run")
+    ap.add_argument("-r", type=int, default=2, help="runs per setting")
+    ap.add_argument("-t", type=int, default=2, help="threads")
+    ap.add_argument("--budget-fraction", type=float, default=0.5, help="the cached run's --mem, of the file size")
+    ap.add_argument("--fitllm", default=os.path.join(ROOT, "build/fitllm"))
+    args = ap.parse_args()
+
+    out_dir = os.path.join(ROOT, ".cache/moe-bench")
+    os.makedirs(out_dir, exist_ok=True)
+    model = os.path.join(out_dir, f"moe-{args.layers}l{'-skew' if args.skew else ''}.gguf")
+    if not os.path.exists(model):
+        print(f"generating {model} ...", file=sys.stderr)
+        generate(model + ".tmp", args.layers, args.skew)
+        os.replace(model + ".tmp", model)
+    size = os.path.getsize(model)
+    print(f"model {model}: {size / 2**20:.0f} MiB, {args.layers} layers x {N_EXPERT} experts "
+          f"({N_USED} used){', skewed routing' if args.skew else ''}")
+    small = int(size * args.budget_fraction)
+    for label, mem, cache in [("resident", size * 2 + (256 << 20), "off"),
+                              (f"expert cache, --mem {small / 2**20:.0f} MiB", small, "auto")]:
+        r = run_bench(args.fitllm, model, mem, cache, args.n, args.r, args.t)
+        extra = (f" | {r['slots']} slots, hit rate {r['hit_rate']:.1f}%, {r['per_token']} read per token"
+                 if "slots" in r else "")
+        print(f"{label:40s} tg {r['tok_s']:.2f} +- {r['stddev']:.2f} tok/s{extra}")
+        print(f"    {r['stderr']}")
+
+
+if __name__ == "__main__":
+    main()
