@@ -110,6 +110,25 @@ struct BlockMXFP4 {
 // A super-block of 256 has 8 sub-blocks of 32, each made of groups of 8 (IQ2, IQ1) or 4 (IQ3)
 // values read from a grid point, with per-value signs where the grid holds magnitudes.
 
+// IQ1_S (1.56 bits): x = d (2 s + 1) (g + delta), g in {-1, 0, 1} from kIq1sGrid, delta = -1/8
+// where bit 15 of qh[ib] is set, +1/8 otherwise; s = bits 12..14 of qh[ib]. Group l of sub-block
+// ib is point qs[4 ib + l] | ((qh[ib] >> 3 l) & 7) << 8.
+struct BlockIQ1_S {
+    uint16_t d;
+    uint8_t qs[kQK / 8];
+    uint16_t qh[kQK / 32];
+};
+
+// IQ1_M (1.75 bits): no d field: the fp16 scale is the top nibbles of the four little-endian u16
+// words w0..w3 of scales (w0's the lowest). x = d (2 s + 1) (g + delta): group l of sub-block ib is
+// point qs[4 ib + l] | (n & 7) << 8, n the nibble l % 2 of qh[2 ib + l / 2], delta -1/8 where n & 8;
+// s is 3 bits at 6 (ib % 2) (values 0..15) or 6 (ib % 2) + 3 (16..31) of w[ib / 2].
+struct BlockIQ1_M {
+    uint8_t qs[kQK / 8];
+    uint8_t qh[kQK / 16];
+    uint8_t scales[kQK / 32];
+};
+
 // IQ2_XXS (2.06 bits): x = d (0.5 + s) / 4 * sign * kIq2xxsGrid[q]. Sub-block ib: u32 w0, w1 =
 // bytes 8 ib .. 8 ib + 7 of qs; the bytes of w0 are the 4 grid points (8 values each); group l
 // takes its signs from kIqSigns[(w1 >> 7 l) & 127]; s = w1 >> 28.
@@ -220,6 +239,7 @@ static_assert(sizeof(BlockQ5_K) == 176 && sizeof(BlockQ6_K) == 210 && sizeof(Blo
 static_assert(sizeof(BlockIQ4_NL) == 18 && sizeof(BlockIQ4_XS) == 136);
 static_assert(sizeof(BlockTQ1_0) == 54 && sizeof(BlockTQ2_0) == 66 && sizeof(BlockMXFP4) == 17);
 static_assert(sizeof(BlockIQ3_XXS) == 98 && sizeof(BlockIQ3_S) == 110);
+static_assert(sizeof(BlockIQ1_S) == 50 && sizeof(BlockIQ1_M) == 56);
 static_assert(sizeof(BlockIQ2_XXS) == 66 && sizeof(BlockIQ2_XS) == 74 && sizeof(BlockIQ2_S) == 82);
 
 // The block struct of each type, and a compile-time check against the type table of ggml_type.cpp
@@ -280,6 +300,16 @@ template <>
 struct BlockOf<GgmlType::MXFP4> {
     using type = BlockMXFP4;
     static constexpr int elements = 32;
+};
+template <>
+struct BlockOf<GgmlType::IQ1_S> {
+    using type = BlockIQ1_S;
+    static constexpr int elements = kQK;
+};
+template <>
+struct BlockOf<GgmlType::IQ1_M> {
+    using type = BlockIQ1_M;
+    static constexpr int elements = kQK;
 };
 template <>
 struct BlockOf<GgmlType::IQ2_XXS> {
@@ -524,6 +554,37 @@ inline void iq2s_subblock(const BlockIQ2_S& b, int ib, int8_t v[32], int ls[2]) 
     }
     ls[0] = 2 * (b.scales[ib] & 15) + 1;
     ls[1] = 2 * (b.scales[ib] >> 4) + 1;
+}
+
+// IQ1_S / IQ1_M: the 32 grid values g (-1, 0, 1) of sub-block ib, the sign of each group's delta
+// (+1 / -1, delta = sign / 8) and the odd scale integers (ls[0]: values 0..15, ls[1]: 16..31):
+// x = d * ls * (g + delta).
+inline void iq1s_subblock(const BlockIQ1_S& b, int ib, int8_t v[32], int delta[4], int ls[2]) {
+    const int qh = b.qh[ib];
+    for (int l = 0; l < 4; ++l) {
+        const uint64_t point = kIq1sGrid[b.qs[4 * ib + l] | (((qh >> (3 * l)) & 7) << 8)];
+        for (int j = 0; j < 8; ++j) v[8 * l + j] = static_cast<int8_t>(static_cast<uint8_t>(point >> (8 * j)));
+        delta[l] = qh & 0x8000 ? -1 : 1;
+    }
+    ls[0] = ls[1] = 2 * ((qh >> 12) & 7) + 1;
+}
+inline uint16_t iq1m_scale(const BlockIQ1_M& b) {
+    uint16_t w[4];
+    std::memcpy(w, b.scales, sizeof w);
+    return static_cast<uint16_t>((w[0] >> 12) | ((w[1] >> 8) & 0xF0) | ((w[2] >> 4) & 0xF00) | (w[3] & 0xF000));
+}
+inline void iq1m_subblock(const BlockIQ1_M& b, int ib, int8_t v[32], int delta[4], int ls[2]) {
+    for (int l = 0; l < 4; ++l) {
+        const int nib = (b.qh[2 * ib + l / 2] >> (4 * (l % 2))) & 15;
+        const uint64_t point = kIq1sGrid[b.qs[4 * ib + l] | ((nib & 7) << 8)];
+        for (int j = 0; j < 8; ++j) v[8 * l + j] = static_cast<int8_t>(static_cast<uint8_t>(point >> (8 * j)));
+        delta[l] = nib & 8 ? -1 : 1;
+    }
+    uint16_t w[4];
+    std::memcpy(w, b.scales, sizeof w);
+    const int sc = w[ib / 2] >> (6 * (ib % 2));
+    ls[0] = 2 * (sc & 7) + 1;
+    ls[1] = 2 * ((sc >> 3) & 7) + 1;
 }
 
 // k-quants: element e < 256 of a super-block, in sub-block e / 16 (Q2_K, Q3_K, Q6_K) or e / 32.

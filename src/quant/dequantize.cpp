@@ -2,6 +2,7 @@
 
 #include <stdexcept>
 #include <string>
+#include <type_traits>
 
 #include "quant/blocks.h"
 
@@ -95,6 +96,28 @@ void dequant_iq_grid(const Block* x, float* y, int64_t nb) {
     }
 }
 
+// IQ1_S, IQ1_M: x = (d * ls) * (g + delta), delta = +-1/8: ggml's float steps.
+template <typename Block, void (*kSub)(const Block&, int, int8_t*, int*, int*)>
+void dequant_iq1(const Block* x, float* y, int64_t nb) {
+    for (int64_t i = 0; i < nb; ++i) {
+        float d;
+        if constexpr (std::is_same_v<Block, BlockIQ1_M>) {
+            d = fp16_to_fp32(iq1m_scale(x[i]));
+        } else {
+            d = fp16_to_fp32(x[i].d);
+        }
+        for (int ib = 0; ib < 8; ++ib, y += 32) {
+            int8_t v[32];
+            int delta[4], ls[2];
+            kSub(x[i], ib, v, delta, ls);
+            for (int l = 0; l < 32; ++l) {
+                const float dl = d * static_cast<float>(ls[l / 16]);
+                y[l] = dl * (static_cast<float>(v[l]) + (delta[l / 8] < 0 ? -0.125f : 0.125f));
+            }
+        }
+    }
+}
+
 void dequant_q2_K(const BlockQ2_K* x, float* y, int64_t nb) {
     for (int64_t i = 0; i < nb; ++i, y += kQK) {
         const float d = fp16_to_fp32(x[i].d), dmin = fp16_to_fp32(x[i].dmin);
@@ -172,6 +195,8 @@ bool can_dequantize(GgmlType type) {
         case GgmlType::IQ2_XXS:
         case GgmlType::IQ2_XS:
         case GgmlType::IQ2_S:
+        case GgmlType::IQ1_S:
+        case GgmlType::IQ1_M:
         case GgmlType::Q2_K:
         case GgmlType::Q3_K:
         case GgmlType::Q4_K:
@@ -234,6 +259,10 @@ void dequantize_row(GgmlType type, const void* src, float* dst, int64_t n) {
             return dequant_iq_grid<BlockIQ2_XS, iq2xs_subblock, 8>(as<BlockIQ2_XS>(src), dst, nb);
         case GgmlType::IQ2_S:
             return dequant_iq_grid<BlockIQ2_S, iq2s_subblock, 8>(as<BlockIQ2_S>(src), dst, nb);
+        case GgmlType::IQ1_S:
+            return dequant_iq1<BlockIQ1_S, iq1s_subblock>(as<BlockIQ1_S>(src), dst, nb);
+        case GgmlType::IQ1_M:
+            return dequant_iq1<BlockIQ1_M, iq1m_subblock>(as<BlockIQ1_M>(src), dst, nb);
         case GgmlType::Q2_K:
             return dequant_q2_K(as<BlockQ2_K>(src), dst, nb);
         case GgmlType::Q3_K:

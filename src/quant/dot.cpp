@@ -27,6 +27,8 @@ GgmlType dot_activation_type(GgmlType weight_type) {
         case GgmlType::IQ2_XXS:
         case GgmlType::IQ2_XS:
         case GgmlType::IQ2_S:
+        case GgmlType::IQ1_S:
+        case GgmlType::IQ1_M:
         case GgmlType::Q2_K:
         case GgmlType::Q3_K:
         case GgmlType::Q4_K:

@@ -5,7 +5,7 @@
 // activations are quantized once per matmul and the dot runs on integers:
 //   Q4_0, Q5_0, Q8_0, IQ4_NL, MXFP4 -> Q8_0      Q4_1, Q5_1 -> Q8_1 (its s = d * sum(q) carries the min term)
 //   Q2_K, Q3_K, Q4_K, Q5_K, Q6_K, IQ4_XS, TQ1_0, TQ2_0, IQ3_XXS, IQ3_S, IQ2_XXS, IQ2_XS,
-//   IQ2_S -> Q8_K
+//   IQ2_S, IQ1_S, IQ1_M -> Q8_K
 //   F32, F16, BF16 -> F32. llama.cpp rounds activations to F16 / BF16 for these; we keep them in
 //   F32: converting the weights costs one instruction per 8 or 16 values, the activation row of a
 //   matrix-vector product sits in L1 either way, and the result is more accurate.

@@ -465,6 +465,10 @@ DotFn table(GgmlType weight_type) {
             return iq::dot_iq2_xs;
         case GgmlType::IQ2_S:
             return iq::dot_iq2_s;
+        case GgmlType::IQ1_S:
+            return iq::dot_iq1_s;
+        case GgmlType::IQ1_M:
+            return iq::dot_iq1_m;
         default:
             return nullptr;
     }

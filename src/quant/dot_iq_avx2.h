@@ -1,6 +1,6 @@
 #pragma once
-// AVX2 dots of the grid i-quants (IQ3_XXS, IQ3_S, IQ2_XXS, IQ2_XS, IQ2_S) with Q8_K, in dot_ref.cpp's lanes8 order
-// (llama.cpp's ggml_vec_dot_iq*_q8_K for AVX2): bit for bit the reference's floats.
+// AVX2 dots of the grid i-quants (IQ3_XXS, IQ3_S, IQ2_XXS, IQ2_XS, IQ2_S, IQ1_S, IQ1_M) with Q8_K, in dot_ref.cpp's
+// lanes8 order (llama.cpp's ggml_vec_dot_iq*_q8_K for AVX2): bit for bit the reference's floats.
 //
 // Included by dot_avx2.cpp and dot_avx512.cpp: the AVX-512 levels run these same AVX2 kernels,
 // compiled in that file. Internal linkage on purpose (see dot_kernels.h): nothing here calls an
@@ -12,6 +12,7 @@
 // integer and sums the pairs: lane l of the 8 int32 lanes holds elements 4l .. 4l + 3.
 #include <immintrin.h>
 
+#include <cmath>
 #include <cstdint>
 #include <cstring>
 
@@ -170,6 +171,74 @@ void dot_iq2_s(int n, float* out, const void* w, const void* a) {
                             lo = 2 * (b.scales[ib] & 15) + 1;
                             hi = 2 * (b.scales[ib] >> 4) + 1;
                         });
+}
+
+// IQ1: lanes of sum(w * q8) for bytes w in {-1, 0, 1} (grid values or delta signs), each times its
+// scale: |w| unsigned, w's sign moved onto the activations.
+inline __m256i signed_lanes(__m256i w, const int8_t* q8, int ls_lo, int ls_hi) {
+    const __m256i q = _mm256_sign_epi8(_mm256_loadu_si256(reinterpret_cast<const __m256i*>(q8)), w);
+    const __m256i pairs = _mm256_maddubs_epi16(_mm256_abs_epi8(w), q);
+    const __m256i ls =
+        _mm256_set_m128i(_mm_set1_epi16(static_cast<int16_t>(ls_hi)), _mm_set1_epi16(static_cast<int16_t>(ls_lo)));
+    return _mm256_madd_epi16(pairs, ls);
+}
+
+// Bytes of -1 (negative delta) or +1 for the 4 groups of 8.
+inline __m256i delta_bytes(bool n0, bool n1, bool n2, bool n3) {
+    constexpr long long kMinus = -1, kPlus = 0x0101010101010101;
+    return _mm256_set_epi64x(n3 ? kMinus : kPlus, n2 ? kMinus : kPlus, n1 ? kMinus : kPlus, n0 ? kMinus : kPlus);
+}
+
+void dot_iq1_s(int n, float* out, const void* w, const void* a) {
+    const auto* x = static_cast<const BlockIQ1_S*>(w);
+    const auto* y = static_cast<const BlockQ8_K*>(a);
+    __m256 acc = _mm256_setzero_ps();
+    float acc1 = 0.0f;
+    for (int i = 0; i < n / kQK; ++i) {
+        __m256i sums = _mm256_setzero_si256();
+        int delta_sum = 0;
+        for (int ib = 0; ib < 8; ++ib) {
+            const int qh = x[i].qh[ib];
+            const uint8_t* q = x[i].qs + 4 * ib;
+            const __m256i grid = grid8x4(kIq1sGrid[q[0] | ((qh << 8) & 0x700)], kIq1sGrid[q[1] | ((qh << 5) & 0x700)],
+                                         kIq1sGrid[q[2] | ((qh << 2) & 0x700)], kIq1sGrid[q[3] | ((qh >> 1) & 0x700)]);
+            const int ls = 2 * ((qh >> 12) & 7) + 1;
+            sums = _mm256_add_epi32(sums, signed_lanes(grid, y[i].qs + 32 * ib, ls, ls));
+            delta_sum += (qh & 0x8000 ? -ls : ls) * (y[i].bsums[2 * ib] + y[i].bsums[2 * ib + 1]);
+        }
+        const float d = y[i].d * to_f32(x[i].d);
+        acc = _mm256_fmadd_ps(_mm256_set1_ps(d), _mm256_cvtepi32_ps(sums), acc);
+        acc1 = std::fma(d, static_cast<float>(delta_sum), acc1);
+    }
+    *out = hsum8(acc) + 0.125f * acc1;
+}
+
+void dot_iq1_m(int n, float* out, const void* w, const void* a) {
+    const auto* x = static_cast<const BlockIQ1_M*>(w);
+    const auto* y = static_cast<const BlockQ8_K*>(a);
+    __m256 acc = _mm256_setzero_ps(), acc_delta = _mm256_setzero_ps();
+    for (int i = 0; i < n / kQK; ++i) {
+        uint16_t sc[4];
+        std::memcpy(sc, x[i].scales, sizeof sc);
+        const auto scale =
+            static_cast<uint16_t>((sc[0] >> 12) | ((sc[1] >> 8) & 0xF0) | ((sc[2] >> 4) & 0xF00) | (sc[3] & 0xF000));
+        __m256i sums = _mm256_setzero_si256(), delta_sums = _mm256_setzero_si256();
+        for (int ib = 0; ib < 8; ++ib) {
+            const uint8_t* q = x[i].qs + 4 * ib;
+            const int h0 = x[i].qh[2 * ib], h1 = x[i].qh[2 * ib + 1];
+            const __m256i grid = grid8x4(kIq1sGrid[q[0] | ((h0 << 8) & 0x700)], kIq1sGrid[q[1] | ((h0 << 4) & 0x700)],
+                                         kIq1sGrid[q[2] | ((h1 << 8) & 0x700)], kIq1sGrid[q[3] | ((h1 << 4) & 0x700)]);
+            const __m256i delta = delta_bytes(h0 & 0x08, h0 & 0x80, h1 & 0x08, h1 & 0x80);
+            const int s = sc[ib / 2] >> (6 * (ib % 2));
+            const int lo = 2 * (s & 7) + 1, hi = 2 * ((s >> 3) & 7) + 1;
+            sums = _mm256_add_epi32(sums, signed_lanes(grid, y[i].qs + 32 * ib, lo, hi));
+            delta_sums = _mm256_add_epi32(delta_sums, signed_lanes(delta, y[i].qs + 32 * ib, lo, hi));
+        }
+        const __m256 d = _mm256_set1_ps(y[i].d * to_f32(scale));
+        acc = _mm256_fmadd_ps(d, _mm256_cvtepi32_ps(sums), acc);
+        acc_delta = _mm256_fmadd_ps(d, _mm256_cvtepi32_ps(delta_sums), acc_delta);
+    }
+    *out = hsum8(acc) + 0.125f * hsum8(acc_delta);
 }
 
 }  // namespace iq

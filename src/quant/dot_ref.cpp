@@ -343,6 +343,50 @@ void dot_iq_grid(int n, float* out, const void* w, const void* a) {
     *out = (1.0f / kDiv) * hsum8(lanes);
 }
 
+// IQ1_S, IQ1_M with Q8_K: llama.cpp's ggml_vec_dot_iq1_*_q8_K (AVX2). The grid part in lanes8 (lane l:
+// ls * g * y over elements 4l .. 4l + 3 of each sub-block, one fma per lane and super-block); the
+// delta part (sign * ls * y) as one integer per super-block (IQ1_S, from the bsums: acc1 =
+// fma(d, float(sum), acc1)) or in a second set of lanes (IQ1_M). Result: hsum8(grid lanes) + 1/8 *
+// (acc1 or hsum8(delta lanes)).
+template <typename Block, void (*kSub)(const Block&, int, int8_t*, int*, int*)>
+void dot_iq1(int n, float* out, const void* w, const void* a) {
+    constexpr bool kM = std::is_same_v<Block, BlockIQ1_M>;
+    const auto* x = as<Block>(w);
+    const auto* y = as<BlockQ8_K>(a);
+    float lanes[8] = {}, delta_lanes[8] = {}, acc1 = 0.0f;
+    for (int i = 0; i < n / kQK; ++i) {
+        int32_t sums[8] = {}, delta_sums[8] = {}, delta_sum = 0;
+        for (int ib = 0; ib < 8; ++ib) {
+            int8_t v[32];
+            int delta[4], ls[2];
+            kSub(x[i], ib, v, delta, ls);
+            const int8_t* q = y[i].qs + 32 * ib;
+            for (int l = 0; l < 8; ++l) {
+                int32_t s = 0, t = 0;
+                for (int j = 4 * l; j < 4 * l + 4; ++j) {
+                    s += v[j] * q[j];
+                    t += delta[j / 8] * q[j];
+                }
+                sums[l] += ls[l / 4] * s;
+                delta_sums[l] += ls[l / 4] * t;
+            }
+            if constexpr (!kM) delta_sum += delta[0] * ls[0] * (y[i].bsums[2 * ib] + y[i].bsums[2 * ib + 1]);
+        }
+        float d;
+        if constexpr (kM) {
+            d = y[i].d * f16f(iq1m_scale(x[i]));
+        } else {
+            d = y[i].d * f16f(x[i].d);
+        }
+        for (int l = 0; l < 8; ++l) {
+            lanes[l] = std::fma(d, static_cast<float>(sums[l]), lanes[l]);
+            if constexpr (kM) delta_lanes[l] = std::fma(d, static_cast<float>(delta_sums[l]), delta_lanes[l]);
+        }
+        if constexpr (!kM) acc1 = std::fma(d, static_cast<float>(delta_sum), acc1);
+    }
+    *out = hsum8(lanes) + 0.125f * (kM ? hsum8(delta_lanes) : acc1);
+}
+
 }  // namespace
 
 // _mm512_reduce_add_ps's order (GCC's): halves, then quarters, then (l0 + l2) + (l1 + l3).
@@ -391,6 +435,10 @@ DotFn dot_ref(GgmlType weight_type) {
             return dot_iq_grid<BlockIQ2_XS, iq2xs_subblock, 8>;
         case GgmlType::IQ2_S:
             return dot_iq_grid<BlockIQ2_S, iq2s_subblock, 8>;
+        case GgmlType::IQ1_S:
+            return dot_iq1<BlockIQ1_S, iq1s_subblock>;
+        case GgmlType::IQ1_M:
+            return dot_iq1<BlockIQ1_M, iq1m_subblock>;
         case GgmlType::Q2_K:
             return dot_serial_k<BlockQ2_K>;
         case GgmlType::Q3_K:

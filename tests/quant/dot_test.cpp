@@ -54,6 +54,8 @@ bool exact_arithmetic(GgmlType w) {
         case GgmlType::IQ2_XXS:
         case GgmlType::IQ2_XS:
         case GgmlType::IQ2_S:
+        case GgmlType::IQ1_S:
+        case GgmlType::IQ1_M:
         case GgmlType::Q2_K:
         case GgmlType::Q3_K:
         case GgmlType::Q4_K:
@@ -140,7 +142,7 @@ TEST(Dot, ActivationPairsFollowLlamaCpp) {
     EXPECT_EQ(dot_activation_type(GgmlType::MXFP4), GgmlType::Q8_0);
     for (GgmlType k : {GgmlType::Q2_K, GgmlType::Q3_K, GgmlType::Q4_K, GgmlType::Q5_K, GgmlType::Q6_K, GgmlType::IQ4_XS,
                        GgmlType::TQ1_0, GgmlType::TQ2_0, GgmlType::IQ3_XXS, GgmlType::IQ3_S, GgmlType::IQ2_XXS,
-                       GgmlType::IQ2_XS, GgmlType::IQ2_S}) {
+                       GgmlType::IQ2_XS, GgmlType::IQ2_S, GgmlType::IQ1_S, GgmlType::IQ1_M}) {
         EXPECT_EQ(dot_activation_type(k), GgmlType::Q8_K);
     }
     for (GgmlType f : {GgmlType::F32, GgmlType::BF16}) EXPECT_EQ(dot_activation_type(f), GgmlType::F32);

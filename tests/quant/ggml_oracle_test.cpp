@@ -90,7 +90,8 @@ constexpr QuantName kQuantTypes[] = {
     {GgmlType::Q6_K, "q6_K"},       {GgmlType::IQ4_NL, "iq4_nl"}, {GgmlType::IQ4_XS, "iq4_xs"},
     {GgmlType::TQ1_0, "tq1_0"},     {GgmlType::TQ2_0, "tq2_0"},   {GgmlType::MXFP4, "mxfp4"},
     {GgmlType::IQ3_XXS, "iq3_xxs"}, {GgmlType::IQ3_S, "iq3_s"},   {GgmlType::IQ2_XXS, "iq2_xxs"},
-    {GgmlType::IQ2_XS, "iq2_xs"},   {GgmlType::IQ2_S, "iq2_s"},
+    {GgmlType::IQ2_XS, "iq2_xs"},   {GgmlType::IQ2_S, "iq2_s"},   {GgmlType::IQ1_S, "iq1_s"},
+    {GgmlType::IQ1_M, "iq1_m"},
 };
 const char* ggml_name(GgmlType t) {
     switch (t) {
@@ -238,7 +239,7 @@ bool vec_dot_order(GgmlType t) {
     return t == GgmlType::Q8_0 || t == GgmlType::Q5_0 || t == GgmlType::Q3_K || t == GgmlType::Q5_K ||
            t == GgmlType::Q6_K || t == GgmlType::TQ1_0 || t == GgmlType::TQ2_0 || t == GgmlType::MXFP4 ||
            t == GgmlType::IQ3_XXS || t == GgmlType::IQ3_S || t == GgmlType::IQ2_XXS || t == GgmlType::IQ2_XS ||
-           t == GgmlType::IQ2_S;
+           t == GgmlType::IQ2_S || t == GgmlType::IQ1_S || t == GgmlType::IQ1_M;
 }
 
 // Same sums: within 2e-6 of sum |w a| for every type, bit for bit for the vec_dot_order types.
@@ -429,7 +430,7 @@ TEST(MatmulVsGgml, SameBitsWhereFitllmFollowsLlamaCpp) {
         {GgmlType::Q5_K, 7, 64},     {GgmlType::Q6_K, 7, 64},   {GgmlType::Q3_K, 7, 64},     {GgmlType::Q2_K, 3, 64},
         {GgmlType::F16, 1, 64},      {GgmlType::TQ1_0, 64, 64}, {GgmlType::TQ2_0, 64, 64},   {GgmlType::MXFP4, 64, 64},
         {GgmlType::IQ3_XXS, 64, 64}, {GgmlType::IQ3_S, 64, 64}, {GgmlType::IQ2_XXS, 64, 64}, {GgmlType::IQ2_XS, 64, 64},
-        {GgmlType::IQ2_S, 64, 64},
+        {GgmlType::IQ2_S, 64, 64},   {GgmlType::IQ1_S, 64, 64}, {GgmlType::IQ1_M, 64, 64},
     };
     ops::ThreadPool pool(2);
     ops::Scratch scratch;
@@ -444,7 +445,7 @@ TEST(MatmulVsGgml, SameBitsWhereFitllmFollowsLlamaCpp) {
              {GgmlType::Q4_0, 1536},   {GgmlType::Q3_K, 512},     {GgmlType::Q3_K, 2048},  {GgmlType::Q2_K, 512},
              {GgmlType::Q2_K, 2048},   {GgmlType::TQ1_0, 1536},   {GgmlType::TQ2_0, 1536}, {GgmlType::MXFP4, 512},
              {GgmlType::MXFP4, 1536},  {GgmlType::IQ3_XXS, 1536}, {GgmlType::IQ3_S, 1536}, {GgmlType::IQ2_XXS, 1536},
-             {GgmlType::IQ2_XS, 1536}, {GgmlType::IQ2_S, 1536}}) {
+             {GgmlType::IQ2_XS, 1536}, {GgmlType::IQ2_S, 1536},   {GgmlType::IQ1_S, 1536}, {GgmlType::IQ1_M, 1536}}) {
         const auto w = test::weight_rows(type, rows, n, 31 + static_cast<uint32_t>(type), true);
         int exact_up_to = 0, run_exact_up_to = 0;
         for (const Exact& e : kExact) {

@@ -25,10 +25,11 @@ namespace fitllm::quant::test {
 
 // Every weight type with a dot kernel.
 inline constexpr GgmlType kDotWeightTypes[] = {
-    GgmlType::F32,     GgmlType::F16,    GgmlType::BF16,    GgmlType::Q4_0,   GgmlType::Q4_1,  GgmlType::Q5_0,
-    GgmlType::Q5_1,    GgmlType::Q8_0,   GgmlType::Q2_K,    GgmlType::Q3_K,   GgmlType::Q4_K,  GgmlType::Q5_K,
-    GgmlType::Q6_K,    GgmlType::IQ4_NL, GgmlType::IQ4_XS,  GgmlType::TQ1_0,  GgmlType::TQ2_0, GgmlType::MXFP4,
-    GgmlType::IQ3_XXS, GgmlType::IQ3_S,  GgmlType::IQ2_XXS, GgmlType::IQ2_XS, GgmlType::IQ2_S,
+    GgmlType::F32,     GgmlType::F16,    GgmlType::BF16,  GgmlType::Q4_0,    GgmlType::Q4_1,
+    GgmlType::Q5_0,    GgmlType::Q5_1,   GgmlType::Q8_0,  GgmlType::Q2_K,    GgmlType::Q3_K,
+    GgmlType::Q4_K,    GgmlType::Q5_K,   GgmlType::Q6_K,  GgmlType::IQ4_NL,  GgmlType::IQ4_XS,
+    GgmlType::TQ1_0,   GgmlType::TQ2_0,  GgmlType::MXFP4, GgmlType::IQ3_XXS, GgmlType::IQ3_S,
+    GgmlType::IQ2_XXS, GgmlType::IQ2_XS, GgmlType::IQ2_S, GgmlType::IQ1_S,   GgmlType::IQ1_M,
 };
 
 inline size_t bytes_of_row(GgmlType type, int n) {
@@ -116,6 +117,19 @@ inline std::vector<uint8_t> random_blocks(GgmlType type, size_t bytes, uint32_t 
             break;
         case GgmlType::IQ2_S:
             for_each_block<BlockIQ2_S>(data, d);
+            break;
+        case GgmlType::IQ1_S:
+            for_each_block<BlockIQ1_S>(data, d);
+            break;
+        case GgmlType::IQ1_M:  // the fp16 scale in the top nibbles of the four scale words
+            for_each_block<BlockIQ1_M>(data, [&](BlockIQ1_M& b) {
+                const uint16_t h = scale();
+                uint16_t w[4];
+                std::memcpy(w, b.scales, sizeof w);
+                for (int k = 0; k < 4; ++k)
+                    w[k] = static_cast<uint16_t>((w[k] & 0x0FFF) | (((h >> (4 * k)) & 15) << 12));
+                std::memcpy(b.scales, w, sizeof w);
+            });
             break;
         case GgmlType::MXFP4:  // shared exponents 2^-17 .. 2^0 (values up to 6)
             for_each_block<BlockMXFP4>(data, [&](BlockMXFP4& b) { b.e = static_cast<uint8_t>(110 + rng() % 18); });
