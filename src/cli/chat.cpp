@@ -8,6 +8,7 @@
 #include <csignal>
 #include <cstdio>
 #include <iostream>
+#include <memory>
 #include <nlohmann/json.hpp>
 #include <optional>
 #include <span>
@@ -18,6 +19,7 @@
 #include "cli/args.h"
 #include "cli/commands.h"
 #include "cli/engine_options.h"
+#include "engine/drafter.h"
 #include "engine/session.h"
 #include "gguf/gguf_reader.h"
 #include "kv/cache.h"
@@ -82,7 +84,7 @@ ArgParser chat_parser(ChatOptions& o) {
     ArgParser p(
         "fitllm chat -m MODEL [-c CTX] [-t N] [--temp T] [--top-k K] [--top-p P] [--min-p P] [--seed S] "
         "[-ctk TYPE] [-ctv TYPE] [--no-kv-rotation] [--context-shift] [--keep N] [--system TEXT] [-n N] "
-        "[--lookup [--draft-max N]] [--mem SIZE] [--fit] [--mlock] [--stream-layers N]",
+        "[--lookup | -md FILE] [--draft-max N] [--mem SIZE] [--fit] [--mlock] [--stream-layers N]",
         "Talk with a model: each line read from stdin is a user message; the reply, rendered through\n"
         "the model's chat template, streams to stdout. /exit, Ctrl-D or Ctrl-C at the prompt ends\n"
         "the conversation; Ctrl-C during a reply stops that reply.");
@@ -96,6 +98,7 @@ ArgParser chat_parser(ChatOptions& o) {
     add_kv_options(p, c);
     add_context_shift_options(p, c);
     add_lookup_options(p, o.lookup);
+    add_draft_model_options(p, o.lookup, o.engine);
     add_memory_options(p, o.engine);
     return p;
 }
@@ -112,15 +115,15 @@ void validate(const ChatOptions& o) {
 
 namespace {
 
-// --lookup: the reply through Session::generate_lookup (the turn's new tokens are its prompt,
-// where the drafts are looked up). Returns whether the context filled up; `fed` gets what the
-// cache now holds (every token but the last one generated).
-bool reply_with_lookup(engine::Session& session, std::span<const int32_t> suffix, const ChatOptions& o,
-                       sampling::Sampler& sampler, const tokenizer::Vocab& vocab, tokenizer::Detokenizer& detok,
-                       std::string& reply, std::vector<int32_t>& fed) {
+// --lookup or -md: the reply through Session::generate_speculative (the turn's new tokens are
+// its prompt; drafts follow the whole conversation). Returns whether the context filled up; `fed`
+// gets what the cache now holds (every token but the last one generated).
+bool reply_with_drafter(engine::Session& session, std::span<const int32_t> suffix, const ChatOptions& o,
+                        engine::Drafter& drafter, sampling::Sampler& sampler, const tokenizer::Vocab& vocab,
+                        tokenizer::Detokenizer& detok, std::string& reply, std::vector<int32_t>& fed) {
     std::vector<int32_t> generated;
-    const engine::GenerationStats stats = session.generate_lookup(
-        suffix, o.n_predict, sampler, o.lookup.params, [&](int32_t id) { return vocab.is_eog(id); },
+    const engine::GenerationStats stats = session.generate_speculative(
+        suffix, o.n_predict, sampler, drafter, [&](int32_t id) { return vocab.is_eog(id); },
         [&](int32_t id) {
             generated.push_back(id);
             if (vocab.is_eog(id)) return true;
@@ -147,6 +150,13 @@ int converse(engine::Engine& e, const ChatOptions& o) {
     engine::Session session(e.model(), context, e.threads(), &e.host());
     sampling::Sampler sampler(o.sampling, e.model().n_vocab());
     tokenizer::Detokenizer detok(tokenizer, /*remove_special=*/false, /*unparse_special=*/false);
+    std::unique_ptr<engine::Drafter> drafter;
+    if (engine::Engine* d = e.draft()) {
+        drafter =
+            std::make_unique<engine::ModelDrafter>(d->model(), d->context(), d->threads(), o.lookup.draft, &e.host());
+    } else if (o.lookup.enabled) {
+        drafter = std::make_unique<engine::LookupDrafter>(o.lookup.params);
+    }
 
     std::fprintf(stderr, "template: %s\n", resolved.source_description.c_str());
     std::fprintf(stderr, "context: %d tokens, KV cache %s%s\n", n_ctx, engine::describe_kv(context).c_str(),
@@ -194,14 +204,14 @@ int converse(engine::Engine& e, const ChatOptions& o) {
         std::string reply;
         bool full = false;
         std::span<const float> logits;
-        if (o.lookup.enabled) {
-            full = reply_with_lookup(session, suffix, o, sampler, vocab, detok, reply, fed);
+        if (drafter) {
+            full = reply_with_drafter(session, suffix, o, *drafter, sampler, vocab, detok, reply, fed);
         } else {
             logits = session.feed(suffix);
             fed.insert(fed.end(), suffix.begin(), suffix.end());
             for (const int32_t id : suffix) sampler.accept(id);
         }
-        for (int i = 0; i < n_predict && !o.lookup.enabled && !g_interrupted.load(); ++i) {
+        for (int i = 0; i < n_predict && !drafter && !g_interrupted.load(); ++i) {
             const int32_t next = sampler.sample(logits);
             sampler.accept(next);
             if (vocab.is_eog(next)) break;

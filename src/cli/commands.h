@@ -72,6 +72,7 @@ void validate(const PerplexityOptions& o);
 struct PlanOptions {
     EngineOptions engine;
     bool as_json = false;
+    int draft_max = 8;  // with -md: the rows of logits a pass checks (drafts + 1)
 };
 ArgParser plan_parser(PlanOptions& o);
 void validate(const PlanOptions& o);

@@ -156,8 +156,14 @@ void add_lookup_options(ArgParser& p, LookupOptions& lookup) {
            "speculative decoding by prompt lookup: draft the tokens that followed the last few tokens where they "
            "occurred before (prompt or output), check them in one forward pass, keep what the model agrees with; "
            "the same text (greedy) or distribution (sampling), faster when the output repeats the prompt");
-    p.option("--draft-max", "N", "with --lookup: tokens drafted per forward pass at most (default 10)",
-             &lookup.params.n_draft);
+    p.option("--draft-max", "N",
+             "with --lookup or -md: tokens drafted per forward pass at most (default 10 with --lookup, 8 with -md)",
+             [&lookup](const std::string& v) {
+                 const long long n = parse_integer("--draft-max", v);
+                 if (n < 1 || n > 256) throw UsageError("--draft-max: '" + v + "' must be in 1..256");
+                 lookup.params.n_draft = static_cast<int>(n);
+                 lookup.draft.n_draft = static_cast<int>(n);
+             });
     p.option("--lookup-ngram-min", "N", "with --lookup: the shortest run of last tokens looked up (default 1)",
              &lookup.params.ngram_min);
     p.option("--lookup-ngram-max", "N",
@@ -165,16 +171,37 @@ void add_lookup_options(ArgParser& p, LookupOptions& lookup) {
              &lookup.params.ngram_max);
 }
 
+void add_draft_model_options(ArgParser& p, LookupOptions& lookup, EngineOptions& engine) {
+    p.option("-md, --model-draft", "FILE",
+             "speculative decoding with a draft model: a smaller GGUF model with the same vocabulary drafts "
+             "--draft-max tokens greedily, the model checks them in one forward pass and keeps what it agrees "
+             "with; the same text (greedy) or distribution (sampling). Both are planned under --mem",
+             [&lookup, &engine](const std::string& v) {
+                 if (v.empty()) throw UsageError("-md: the draft model's file name is empty");
+                 lookup.draft_model = v;
+                 engine.draft_model_path = v;
+             });
+    p.option("--draft-min", "N", "with -md: a draft of fewer tokens is not checked (default 0)", &lookup.draft.n_min);
+    p.option("--draft-p-min", "P",
+             "with -md: stop drafting at a token the draft model gives a probability below P (default 0.75)",
+             [&lookup](const std::string& v) { lookup.draft.p_min = parse_float("--draft-p-min", v); });
+}
+
 void validate_lookup_options(const LookupOptions& lookup) {
     try {
         engine::check(lookup.params);
+        engine::check(lookup.draft);
     } catch (const ConfigError& e) {
         throw UsageError(e.what());
+    }
+    if (lookup.enabled && !lookup.draft_model.empty()) {
+        throw UsageError("--lookup and -md are two drafters; use one of them");
     }
 }
 
 void apply_lookup_options(const LookupOptions& lookup, ContextConfig& context) {
     if (lookup.enabled) context.n_outputs = std::max(context.n_outputs, lookup.params.n_draft + 1);
+    if (!lookup.draft_model.empty()) context.n_outputs = std::max(context.n_outputs, lookup.draft.n_draft + 1);
 }
 
 int parse_count(const std::string& name, const std::string& text) {
@@ -256,7 +283,8 @@ int with_engine(const char* command, const EngineOptions& options, const std::fu
     std::unique_ptr<engine::Engine> e;
     try {
         e = engine::Engine::load(load, options.context,
-                                 engine::Resources::open(load, options.context.n_threads, options.mem_label));
+                                 engine::Resources::open(load, options.context.n_threads, options.mem_label),
+                                 options.draft_model_path);
     } catch (const DoesNotFitError& err) {
         std::fprintf(stderr, "fitllm %s: %s\n", command, err.what());
         if (!err.plan_text().empty()) {

@@ -14,6 +14,7 @@
 #include <vector>
 
 #include "cli/args.h"
+#include "engine/drafter.h"
 #include "engine/engine.h"
 #include "engine/lookup.h"
 #include "fitllm/config.h"
@@ -28,7 +29,8 @@ inline constexpr int kExitDoesNotFit = 3;
 struct EngineOptions {
     LoadConfig load;
     ContextConfig context;
-    std::string mem_label;  // "--mem 1G" when --mem was given (the plan names its budget so)
+    std::string mem_label;         // "--mem 1G" when --mem was given (the plan names its budget so)
+    std::string draft_model_path;  // -md: a draft model loaded with the model (engine::Engine::load)
 };
 
 // Parses a number for option `name`, with a UsageError naming it on bad input.
@@ -60,16 +62,22 @@ ContextConfig resolve_cached_prompts(ContextConfig context);
 // --context-shift, --keep N.
 void add_context_shift_options(ArgParser& parser, ContextConfig& context);
 // Speculative decoding by prompt lookup (engine/lookup.h), as `run` and `chat` take it.
+// Or by a draft model (-md, engine/drafter.h): its file is EngineOptions::draft_model_path too.
 struct LookupOptions {
     bool enabled = false;  // --lookup
     engine::LookupParams params;
+    std::string draft_model;  // -md
+    engine::DraftParams draft;
 };
-// --lookup, --draft-max N, --lookup-ngram-min N, --lookup-ngram-max N.
+// --lookup, --draft-max N (both drafters), --lookup-ngram-min N, --lookup-ngram-max N.
 void add_lookup_options(ArgParser& parser, LookupOptions& lookup);
-// Throws UsageError for parameters out of range (whether --lookup is on or not).
+// -md / --model-draft FILE (into lookup and engine), --draft-min N, --draft-p-min P.
+void add_draft_model_options(ArgParser& parser, LookupOptions& lookup, EngineOptions& engine);
+// Throws UsageError for parameters out of range (whether --lookup or -md is on or not), and for
+// --lookup with -md.
 void validate_lookup_options(const LookupOptions& lookup);
-// With --lookup: the rows of logits a forward pass returns (drafts + 1), set in the context
-// before it is planned, so that the plan charges them.
+// With --lookup or -md: the rows of logits a forward pass returns (drafts + 1), set in the
+// context before it is planned, so that the plan charges them.
 void apply_lookup_options(const LookupOptions& lookup, ContextConfig& context);
 
 // A count for option `name` (0..1000000), with a UsageError naming it on bad input.

@@ -1,11 +1,13 @@
 // fitllm run -m MODEL -p PROMPT [-n N] [-c CTX] [-b N] [-t N] [sampling options] [KV options]
 #include <cstdio>
+#include <memory>
 #include <string>
 #include <vector>
 
 #include "cli/args.h"
 #include "cli/commands.h"
 #include "cli/engine_options.h"
+#include "engine/drafter.h"
 #include "engine/parallel.h"
 #include "engine/session.h"
 #include "kv/cache.h"
@@ -21,13 +23,13 @@ double per_second(int n, double seconds) {
     return seconds > 0.0 ? n / seconds : 0.0;
 }
 
-// --lookup: how many drafts the model accepted, and what that saved.
-void print_lookup_stats(const engine::GenerationStats& s, int max_draft) {
+// --lookup or -md: how many drafts the model accepted, and what that saved.
+void print_lookup_stats(const char* drafter, const engine::GenerationStats& s, int max_draft) {
     const int plain_passes = s.n_generated - s.n_accepted;  // forward passes of the generated tokens
     std::fprintf(stderr,
-                 "lookup: %d drafted, %d accepted (%.1f%%) in %d draft passes of up to %d | %d tokens in %d forward "
+                 "%s: %d drafted, %d accepted (%.1f%%) in %d draft passes of up to %d | %d tokens in %d forward "
                  "passes (%.2f tokens/pass)\n",
-                 s.n_drafted, s.n_accepted, s.n_drafted > 0 ? 100.0 * s.n_accepted / s.n_drafted : 0.0,
+                 drafter, s.n_drafted, s.n_accepted, s.n_drafted > 0 ? 100.0 * s.n_accepted / s.n_drafted : 0.0,
                  s.n_draft_passes, max_draft, s.n_generated, plain_passes,
                  plain_passes > 0 ? static_cast<double>(s.n_generated) / plain_passes : 0.0);
 }
@@ -99,9 +101,16 @@ int generate(engine::Engine& e, const RunOptions& o) {
         }
         return true;
     };
+    std::unique_ptr<engine::Drafter> drafter;
+    if (engine::Engine* d = e.draft()) {
+        drafter =
+            std::make_unique<engine::ModelDrafter>(d->model(), d->context(), d->threads(), o.lookup.draft, &e.host());
+    } else if (o.lookup.enabled) {
+        drafter = std::make_unique<engine::LookupDrafter>(o.lookup.params);
+    }
     const engine::GenerationStats stats =
-        o.lookup.enabled ? session.generate_lookup(ids, o.n_predict, sampler, o.lookup.params, is_eog, on_token)
-                         : session.generate(ids, o.n_predict, sampler, is_eog, on_token);
+        drafter ? session.generate_speculative(ids, o.n_predict, sampler, *drafter, is_eog, on_token)
+                : session.generate(ids, o.n_predict, sampler, is_eog, on_token);
     std::fputs(detok.flush().c_str(), stdout);
     std::fputs("\n", stdout);
     std::fflush(stdout);
@@ -118,7 +127,14 @@ int generate(engine::Engine& e, const RunOptions& o) {
                  stats.n_prompt, per_second(stats.n_prompt, stats.prompt_seconds), stats.n_generated,
                  per_second(stats.n_generated, stats.generate_seconds), e.threads().size(), peak_rss_kib() / 1024.0,
                  e.peak_summary().c_str());
-    if (o.lookup.enabled) print_lookup_stats(stats, session.max_draft(o.lookup.params));
+    if (drafter) {
+        print_lookup_stats(e.draft() ? "draft model" : "lookup", stats, session.max_draft(drafter->n_draft()));
+    }
+    if (const auto* m = dynamic_cast<const engine::ModelDrafter*>(drafter.get())) {
+        std::fprintf(stderr, "draft model: %lld tokens fed, %lld proposed, %.2f s of the %.2f s of generation\n",
+                     static_cast<long long>(m->n_fed()), static_cast<long long>(m->n_proposed()), m->seconds(),
+                     stats.generate_seconds);
+    }
     return 0;
 }
 
@@ -130,7 +146,7 @@ ArgParser run_parser(RunOptions& o) {
     ArgParser p(
         "fitllm run -m MODEL -p PROMPT [-n N] [-c CTX] [-t N] [--temp T] [--top-k K] [--top-p P] "
         "[--min-p P] [--seed S] [--repeat-penalty R] [-ctk TYPE] [-ctv TYPE] [--no-kv-rotation] "
-        "[--context-shift] [--keep N] [-np N] [--lookup [--draft-max N]] [--mem SIZE] [--fit] [--mlock] "
+        "[--context-shift] [--keep N] [-np N] [--lookup | -md FILE] [--draft-max N] [--mem SIZE] [--fit] [--mlock] "
         "[--stream-layers N]",
         "Generate text after PROMPT on the CPU, streaming it as it comes, then print a summary\n"
         "line (tokens and speed of prompt and generation, peak resident memory) to stderr.\n"
@@ -141,6 +157,7 @@ ArgParser run_parser(RunOptions& o) {
         "shared, one token of each per forward pass) and printed one after the other at the end.\n"
         "With --lookup, drafts taken from the prompt and the output so far are checked several\n"
         "tokens per forward pass (speculative decoding): the same text, sooner when it repeats.\n"
+        "With -md FILE, a smaller model with the same vocabulary drafts them instead.\n"
         "Before loading, the run is planned (as `fitllm plan`) against --mem: a plan over it is\n"
         "refused (exit status 3) unless --fit may change the settings; what the run allocates is\n"
         "charged to the budget, and the summary shows the peak of each pool.");
@@ -158,6 +175,7 @@ ArgParser run_parser(RunOptions& o) {
     p.option("-np, --parallel", "N",
              "decode N continuations together; -c is shared by all, their seeds are --seed + i (default 1)", &c.n_seq);
     add_lookup_options(p, o.lookup);
+    add_draft_model_options(p, o.lookup, o.engine);
     add_memory_options(p, o.engine);
     return p;
 }
@@ -176,6 +194,7 @@ void validate(const RunOptions& o) {
     validate_sampling_options(o.sampling);
     validate_lookup_options(o.lookup);
     if (o.lookup.enabled && c.n_seq > 1) throw UsageError("--lookup works with one sequence only (not -np)");
+    if (!o.lookup.draft_model.empty() && c.n_seq > 1) throw UsageError("-md works with one sequence only (not -np)");
 }
 
 int run_run(const std::vector<std::string>& args) {

@@ -8,6 +8,7 @@
 #include <utility>
 #include <vector>
 
+#include "engine/drafter.h"
 #include "engine/plan_report.h"
 #include "engine/prefault.h"
 #include "io/mapped_file.h"
@@ -134,23 +135,92 @@ PlanParams plan_params(const LoadConfig& load, const ContextConfig& context, uin
     return p;
 }
 
-PlanOnly plan_only(const LoadConfig& load, const ContextConfig& context, std::string budget_source) {
+LoadConfig draft_load_config(const LoadConfig& load, const std::string& draft_model_path) {
+    LoadConfig d;
+    d.model_path = draft_model_path;
+    d.mem = load.mem;
+    d.mlock = load.mlock;
+    d.on_load_progress = load.on_load_progress;
+    return d;
+}
+
+namespace {
+
+// The draft model's plan: as asked (no --fit), on the CPU.
+Plan plan_draft(const LoadConfig& draft, const ContextConfig& context, uint64_t budget, int n_threads) {
+    const PlanParams params = plan_params(draft, context, budget, n_threads, OffloadTarget{});
+    const gguf::GgufFile file = gguf::GgufFile::open(draft.model_path);
+    try {
+        return make_plan(model_shape(file), params);
+    } catch (const std::invalid_argument& e) {
+        throw ConfigError("draft model " + draft.model_path + ": " + e.what());
+    }
+}
+
+// The context with n_ctx 0 resolved to the model's training context (as make_plan resolves it).
+ContextConfig resolved_context(const LoadConfig& load, const ContextConfig& context) {
+    ContextConfig c = context;
+    if (c.n_ctx == 0) c.n_ctx = model_shape(gguf::GgufFile::open(load.model_path)).hp.n_ctx_train;
+    return c;
+}
+
+std::string for_draft(const Plan& draft) {
+    return util::human_bytes(draft.total()) + " for the draft model " + draft.shape.source;
+}
+
+}  // namespace
+
+PlanOnly plan_only(const LoadConfig& load, const ContextConfig& context, std::string budget_source,
+                   const std::string& draft_model_path) {
     const ResolvedBudget budget = resolve_budget(load.mem, std::move(budget_source));
     OffloadTarget target;
     resolve_offload(load.offload, target, /*host=*/nullptr, /*open=*/false);
     const int n_threads = context.n_threads > 0 ? context.n_threads : ops::physical_core_count();
-    const PlanParams params = plan_params(load, context, budget.bytes, n_threads, target);
+    std::optional<Plan> draft;
+    ContextConfig c = context;
+    uint64_t left = budget.bytes;
+    std::string source = budget.source;
+    if (!draft_model_path.empty()) {
+        check(context);
+        c = resolved_context(load, context);
+        draft = plan_draft(draft_load_config(load, draft_model_path), draft_context(c), budget.bytes, n_threads);
+        left = budget.bytes - std::min(budget.bytes, draft->total());
+        source += ", less " + for_draft(*draft);
+    }
+    const PlanParams params = plan_params(load, c, left, n_threads, target);
     const gguf::GgufFile file = gguf::GgufFile::open(load.model_path);
     const ModelShape shape = model_shape(file);
     try {
-        return {load.fit ? fit_plan(shape, params) : make_plan(shape, params), budget.source};
+        return {load.fit ? fit_plan(shape, params) : make_plan(shape, params), source, std::move(draft), budget.source};
     } catch (const std::invalid_argument& e) {
         throw ConfigError(e.what());
     }
 }
 
 std::unique_ptr<Engine> Engine::load(const LoadConfig& load, const ContextConfig& context,
-                                     std::shared_ptr<Resources> resources) {
+                                     std::shared_ptr<Resources> resources, const std::string& draft_model_path) {
+    if (draft_model_path.empty()) return load_one(load, context, std::move(resources), 0, {}, true);
+    check(context);
+    if (!resources) resources = Resources::open(load, context.n_threads);
+    const ContextConfig c = resolved_context(load, context);
+    const LoadConfig draft_load = draft_load_config(load, draft_model_path);
+    const ContextConfig draft_ctx = draft_context(c);
+    const uint64_t capacity = resources->host().capacity();
+    const Plan draft = plan_draft(draft_load, draft_ctx, capacity, static_cast<int>(resources->compute().pool.size()));
+    if (!draft.fits()) {
+        throw DoesNotFitError(
+            "the draft model " + draft_model_path + " alone does not fit the memory budget: " + first_refusal(draft),
+            "host", draft.total(), capacity, engine::plan_text(draft, resources->budget_source()));
+    }
+    std::unique_ptr<Engine> e = load_one(load, c, resources, draft.total(), for_draft(draft), true);
+    e->draft_ = load_one(draft_load, draft_ctx, resources, 0, {}, false);
+    check_same_vocab(e->tokenizer().vocab(), load.model_path, e->draft_->tokenizer().vocab(), draft_model_path);
+    return e;
+}
+
+std::unique_ptr<Engine> Engine::load_one(const LoadConfig& load, const ContextConfig& context,
+                                         std::shared_ptr<Resources> resources, uint64_t reserved,
+                                         const std::string& reserved_for, bool offload_allowed) {
     check(context);
     if (!resources) resources = Resources::open(load, context.n_threads);
     std::unique_ptr<Engine> e(new Engine);
@@ -158,22 +228,24 @@ std::unique_ptr<Engine> Engine::load(const LoadConfig& load, const ContextConfig
     e->resources_ = std::move(resources);
     Resources& r = *e->resources_;
     memory::Device& host = r.host();
-    backend::Backend* offload = r.offload();
+    backend::Backend* offload = offload_allowed ? r.offload() : nullptr;
     memory::Device* gpu = offload && !offload->unified() ? &offload->memory() : nullptr;
+    e->budget_source_ = r.budget_source() + (reserved > 0 ? ", less " + reserved_for : "");
 
     e->file_ = std::make_unique<gguf::GgufFile>(gguf::GgufFile::open(load.model_path));
     const ModelShape shape = model_shape(*e->file_);
-    OffloadTarget target = r.offload_target();
+    OffloadTarget target = offload_allowed ? r.offload_target() : OffloadTarget{};
     // The device's room: what the engines sharing it left (an unlimited device: no limit).
     if (gpu) target.vram = gpu->capacity() == UINT64_MAX ? 0 : gpu->available();
-    const PlanParams params = plan_params(load, context, host.capacity(), r.compute().pool.size(), target);
+    const PlanParams params = plan_params(load, context, host.capacity() - std::min(reserved, host.capacity()),
+                                          r.compute().pool.size(), target);
     try {
         e->plan_ = load.fit ? fit_plan(shape, params) : make_plan(shape, params);
     } catch (const std::invalid_argument& err) {
         throw ConfigError(err.what());
     }
     const Plan& plan = e->plan_;
-    const std::string& source = r.budget_source();
+    const std::string& source = e->budget_source_;
     if (load.fit && plan.fits() && !load.fit_may_shorten_context && plan.params.n_ctx != params.n_ctx) {
         throw DoesNotFitError("--fit: the budget " + util::human_bytes(params.budget) + " (" + source +
                                   ") would need the context shortened from " + std::to_string(params.n_ctx) + " to " +
@@ -191,7 +263,8 @@ std::unique_ptr<Engine> Engine::load(const LoadConfig& load, const ContextConfig
     }
     if (!plan.fits()) {
         const bool host_over = plan.total() > params.budget;
-        throw DoesNotFitError("the plan does not fit the memory budget: " + first_refusal(plan),
+        throw DoesNotFitError("the plan does not fit the memory budget" +
+                                  (reserved > 0 ? " less " + reserved_for : std::string()) + ": " + first_refusal(plan),
                               host_over ? "host" : d.name, host_over ? plan.total() : d.total(),
                               host_over ? params.budget : d.capacity, engine::plan_text(plan, source));
     }
@@ -245,7 +318,9 @@ std::unique_ptr<Engine> Engine::load(const LoadConfig& load, const ContextConfig
 Engine::~Engine() = default;
 
 std::string Engine::plan_text() const {
-    return engine::plan_text(plan_, resources_->budget_source());
+    std::string s = engine::plan_text(plan_, budget_source_);
+    if (draft_) s += "\ndraft model (-md):\n" + draft_->plan_text();
+    return s;
 }
 
 const tokenizer::Tokenizer& Engine::tokenizer() const {
@@ -282,7 +357,9 @@ memory::PoolBuffer<float> Engine::make_logits(int rows) const {
 std::string Engine::peak_summary() const {
     const memory::Device& host = resources_->host();
     std::string s = "pools (peak):" + pools_text(host) + "; all " + util::human_bytes(host.peak()) + " of the " +
-                    util::human_bytes(host.capacity()) + " budget, plan " + util::human_bytes(plan_.total());
+                    util::human_bytes(host.capacity()) + " budget, plan " +
+                    util::human_bytes(plan_.total() + (draft_ ? draft_->plan().total() : 0));
+    if (draft_) s += " (the draft model's " + util::human_bytes(draft_->plan().total()) + " included)";
     if (const model::ExpertCacheStats x = model_->expert_cache_stats(); x.n_slots > 0)
         s += "; " + model::expert_cache_text(x);
     backend::Backend* offload = resources_->offload();

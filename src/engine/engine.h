@@ -14,6 +14,7 @@
 #include <cstdint>
 #include <memory>
 #include <mutex>
+#include <optional>
 #include <string>
 
 #include "chat/chat_template.h"
@@ -48,8 +49,15 @@ public:
     // BudgetBusyError when it fits but shared resources lack the room now, ConfigError for
     // settings refused, and what loading throws (gguf::FormatError, model::ModelError,
     // io::IoError, memory::BudgetError).
+    //
+    // draft_model_path (not empty): a draft model for speculative decoding (engine/drafter.h),
+    // loaded after the model on the same resources and budget (its CPU layers only): it is planned
+    // first, for draft_context(context), and the model is planned (and fitted) for what the budget
+    // leaves. DoesNotFitError when the draft alone does not fit or the two together do not,
+    // ConfigError naming both files when their vocabularies differ.
     static std::unique_ptr<Engine> load(const LoadConfig& load, const ContextConfig& context,
-                                        std::shared_ptr<Resources> resources = nullptr);
+                                        std::shared_ptr<Resources> resources = nullptr,
+                                        const std::string& draft_model_path = {});
     ~Engine();
     Engine(const Engine&) = delete;
     Engine& operator=(const Engine&) = delete;
@@ -61,6 +69,9 @@ public:
     const LoadConfig& load_config() const { return load_; }
     // The plan as `fitllm plan` prints it, with the budget's source.
     std::string plan_text() const;
+    // The draft model loaded with this one (nullptr: none), on the same resources.
+    Engine* draft() { return draft_.get(); }
+    const Engine* draft() const { return draft_.get(); }
     // Bytes of resident weights locked with load.mlock (0 without).
     uint64_t locked_bytes() const { return locked_bytes_; }
 
@@ -95,8 +106,14 @@ public:
 
 private:
     Engine() = default;
+    // load() for one model: the plan's budget is the host's capacity less `reserved` (the draft
+    // model's plan, reserved_for names it); offload: whether layers may go to the offload device.
+    static std::unique_ptr<Engine> load_one(const LoadConfig& load, const ContextConfig& context,
+                                            std::shared_ptr<Resources> resources, uint64_t reserved,
+                                            const std::string& reserved_for, bool offload);
 
     LoadConfig load_;
+    std::string budget_source_;  // the resources', with what a draft model takes of it
     ContextConfig context_;
     Plan plan_;
     std::shared_ptr<Resources> resources_;
@@ -112,6 +129,7 @@ private:
     mutable std::once_flag template_once_;
     mutable std::unique_ptr<chat::ResolvedTemplate> template_;
     std::unique_ptr<model::Model> model_;
+    std::unique_ptr<Engine> draft_;  // goes first
 };
 
 // The plan parameters of a load: the context's sizes and KV settings, load.stream_layers, the host
@@ -123,10 +141,20 @@ PlanParams plan_params(const LoadConfig& load, const ContextConfig& context, uin
 // The plan of a load without loading (`fitllm plan`): as Engine::load plans it, with load.fit's
 // changes, but nothing opened that a plan does not need. Throws ConfigError and what reading the
 // file throws; a plan that does not fit is returned (Plan::fits() false).
+// With draft_model_path: the draft model's plan too (draft_context(context), its CPU layers), and
+// the model's plan for the budget it leaves (budget_source says so): plan.fits() says whether both
+// fit.
 struct PlanOnly {
     Plan plan;
     std::string budget_source;
+    std::optional<Plan> draft;
+    std::string draft_budget_source;  // the budget's source as given (the draft is planned for all of it)
 };
-PlanOnly plan_only(const LoadConfig& load, const ContextConfig& context, std::string budget_source = {});
+PlanOnly plan_only(const LoadConfig& load, const ContextConfig& context, std::string budget_source = {},
+                   const std::string& draft_model_path = {});
+
+// The LoadConfig of a draft model next to `load`: its file, no --fit, nothing streamed or
+// offloaded, load.mlock as given.
+LoadConfig draft_load_config(const LoadConfig& load, const std::string& draft_model_path);
 
 }  // namespace fitllm::engine

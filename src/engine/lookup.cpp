@@ -1,10 +1,11 @@
-// Prompt lookup drafting (engine/lookup.h) and Session::generate_lookup (engine/session.h).
+// Prompt lookup drafting (engine/lookup.h) and Session::generate_speculative (engine/session.h).
 #include "engine/lookup.h"
 
 #include <algorithm>
 #include <chrono>
 #include <string>
 
+#include "engine/drafter.h"
 #include "engine/session.h"
 #include "fitllm/error.h"
 
@@ -74,15 +75,22 @@ private:
 
 }  // namespace
 
-int Session::max_draft(const LookupParams& lookup) const {
-    return std::max(0, std::min({lookup.n_draft, n_logit_rows_ - 1, (context_.n_batch - 1) / 2}));
+int Session::max_draft(int n_draft) const {
+    return std::max(0, std::min({n_draft, n_logit_rows_ - 1, (context_.n_batch - 1) / 2}));
 }
 
 GenerationStats Session::generate_lookup(std::span<const int32_t> prompt, int n_predict, sampling::Sampler& sampler,
                                          const LookupParams& lookup, const std::function<bool(int32_t)>& is_eog,
                                          const std::function<bool(int32_t)>& on_token) {
-    check(lookup);
-    const int most = max_draft(lookup);
+    LookupDrafter drafter(lookup);
+    return generate_speculative(prompt, n_predict, sampler, drafter, is_eog, on_token);
+}
+
+GenerationStats Session::generate_speculative(std::span<const int32_t> prompt, int n_predict,
+                                              sampling::Sampler& sampler, Drafter& drafter,
+                                              const std::function<bool(int32_t)>& is_eog,
+                                              const std::function<bool(int32_t)>& on_token) {
+    const int most = max_draft(drafter.n_draft());
     if (most == 0) return generate(prompt, n_predict, sampler, is_eog, on_token);
 
     GenerationStats stats;
@@ -90,8 +98,10 @@ GenerationStats Session::generate_lookup(std::span<const int32_t> prompt, int n_
     std::span<const float> logits = feed_prompt(prompt, sampler, stats);
 
     const size_t n_vocab = static_cast<size_t>(model_.n_vocab());
-    std::vector<int32_t> history(prompt.begin(), prompt.end());  // what drafts are looked up in
-    history.reserve(history.size() + static_cast<size_t>(std::max(n_predict, 0)));
+    // What drafts follow: the context's tokens and the last emitted one (not fed yet).
+    std::vector<int32_t> history(tokens_.begin(), tokens_.end());
+    history.reserve(static_cast<size_t>(context_.n_ctx) + 1);
+    int shifts_seen = n_shifts_;
     std::vector<int32_t> draft, batch;
     draft.reserve(static_cast<size_t>(most));
     batch.reserve(static_cast<size_t>(most) + 1);
@@ -117,7 +127,7 @@ GenerationStats Session::generate_lookup(std::span<const int32_t> prompt, int n_
         // Drafts that would not fit without a shift, or that n_predict would not emit, are not
         // worth a row: so shifts and a full context come at generate()'s tokens.
         const int room = std::min(context_.n_ctx - n_past_ - 1, n_predict - stats.n_generated - 1);
-        if (lookup_draft(history, lookup, std::min(most, room), draft) > 0) {
+        if (drafter.draft(history, std::min(most, room), draft) > 0) {
             batch.assign(1, last);
             batch.insert(batch.end(), draft.begin(), draft.end());
             const int base = n_past_;
@@ -150,6 +160,10 @@ GenerationStats Session::generate_lookup(std::span<const int32_t> prompt, int n_
             }
         }
         logits = feed(std::span<const int32_t>(&last, 1));
+        if (n_shifts_ != shifts_seen) {  // the context dropped tokens: so does the history
+            shifts_seen = n_shifts_;
+            history.assign(tokens_.begin(), tokens_.end());
+        }
         emit(sampler.sample(logits));
     }
     stats.generate_seconds = seconds_since(start);

@@ -33,13 +33,16 @@ Session::Session(model::Model& model, const ContextConfig& context, ops::ThreadP
       cache_(make_cache(model, context_, device)),
       n_logit_rows_(std::max(1, context_.n_outputs)),
       logits_(make_logits(model, n_logit_rows_, device)),
-      positions_(static_cast<size_t>(context_.n_batch)) {}
+      positions_(static_cast<size_t>(context_.n_batch)) {
+    tokens_.reserve(static_cast<size_t>(context_.n_ctx));
+}
 
 int Session::shift_context() {
     const int n_discard = (n_past_ - context_.n_keep) / 2;
     if (n_discard <= 0) return 0;
     cache_.seq_rm(0, context_.n_keep, context_.n_keep + n_discard);
     cache_.seq_add(0, context_.n_keep + n_discard, n_past_, -n_discard);
+    tokens_.erase(tokens_.begin() + context_.n_keep, tokens_.begin() + context_.n_keep + n_discard);
     n_past_ -= n_discard;
     ++n_shifts_;
     return n_discard;
@@ -72,6 +75,8 @@ std::span<const float> Session::feed(std::span<const int32_t> tokens) {
             }
         }
         n_past_ += static_cast<int>(n);
+        tokens_.insert(tokens_.end(), tokens.begin() + static_cast<ptrdiff_t>(begin),
+                       tokens.begin() + static_cast<ptrdiff_t>(begin + n));
     }
     return {logits_.data(), static_cast<size_t>(model_.n_vocab())};
 }
@@ -96,11 +101,13 @@ std::span<const float> Session::feed_all(std::span<const int32_t> tokens) {
                                 .token_order = true},
                    cache_, logits_.data(), pool_);
     n_past_ += static_cast<int>(n);
+    tokens_.insert(tokens_.end(), tokens.begin(), tokens.end());
     return {logits_.data(), n * static_cast<size_t>(model_.n_vocab())};
 }
 
 void Session::reset() {
     cache_.clear();
+    tokens_.clear();
     n_past_ = 0;
 }
 
@@ -108,6 +115,7 @@ void Session::truncate(int n) {
     if (n <= 0) return reset();
     if (n >= n_past_) return;
     cache_.seq_rm(0, n, -1);
+    tokens_.resize(static_cast<size_t>(n));
     n_past_ = n;
 }
 

@@ -25,6 +25,8 @@
 
 namespace fitllm::engine {
 
+class Drafter;  // engine/drafter.h
+
 struct GenerationStats {
     int n_prompt = 0;
     double prompt_seconds = 0.0;
@@ -32,7 +34,7 @@ struct GenerationStats {
     double generate_seconds = 0.0;  // from the first sampled token to the last
     bool context_full = false;      // stopped because the context was full (no context shift)
     int n_shifts = 0;               // context shifts done
-    // Speculative decoding (generate_lookup): forward passes that checked a draft, the tokens
+    // Speculative decoding (generate_speculative): forward passes that checked a draft, the tokens
     // drafted, and those the model accepted (each an emitted token that cost no pass of its own).
     int n_draft_passes = 0;
     int n_drafted = 0;
@@ -52,6 +54,10 @@ public:
     int n_past() const { return n_past_; }
     int n_ctx() const { return context_.n_ctx; }
     const kv::ModelCache& cache() const { return cache_; }
+    kv::ModelCache& cache() { return cache_; }
+    // The tokens the context holds, in order (n_past() of them): what was fed, less what
+    // truncate(), reset() and context shifts took back.
+    std::span<const int32_t> tokens() const { return tokens_; }
 
     // The most tokens feed_all() takes: context.n_outputs rows of logits (at least 1).
     int n_logit_rows() const { return n_logit_rows_; }
@@ -82,9 +88,9 @@ public:
     GenerationStats generate(std::span<const int32_t> prompt, int n_predict, sampling::Sampler& sampler,
                              const std::function<bool(int32_t)>& is_eog, const std::function<bool(int32_t)>& on_token);
 
-    // generate() with speculative decoding by prompt lookup (engine/lookup.h): before each
-    // forward pass, up to max_draft() tokens are drafted from the prompt and what was generated,
-    // fed after the last token in one pass (feed_all), and checked left to right with
+    // generate() with speculative decoding (engine/drafter.h): before each forward pass, up to
+    // max_draft(drafter.n_draft()) tokens are drafted from the context's tokens and what was
+    // generated, fed after the last token in one pass (feed_all), and checked left to right with
     // Sampler::sample_draft; the first one rejected is replaced by the model's token, and when
     // all are accepted the pass's last row gives one more. The rejected drafts' cells are taken
     // back (truncate). The tokens are generate()'s distribution when sampling, and generate()'s
@@ -92,13 +98,18 @@ public:
     // (model::Batch::token_order), so each row's logits are those a one-token pass gives.
     // Context full and shifts happen at generate()'s tokens: no draft is fed that would need a
     // shift. Without room for a draft (max_draft() 0) it is generate().
+    GenerationStats generate_speculative(std::span<const int32_t> prompt, int n_predict, sampling::Sampler& sampler,
+                                         Drafter& drafter, const std::function<bool(int32_t)>& is_eog,
+                                         const std::function<bool(int32_t)>& on_token);
+    // generate_speculative() with prompt lookup (engine/lookup.h) as the drafter.
     GenerationStats generate_lookup(std::span<const int32_t> prompt, int n_predict, sampling::Sampler& sampler,
                                     const LookupParams& lookup, const std::function<bool(int32_t)>& is_eog,
                                     const std::function<bool(int32_t)>& on_token);
     // The drafts one pass of generate_lookup checks at most: lookup.n_draft, within the rows of
     // logits and half the batch (the sliding-window pools keep that many positions more,
     // kv::ModelCache::set_window_slack).
-    int max_draft(const LookupParams& lookup) const;
+    int max_draft(int n_draft) const;
+    int max_draft(const LookupParams& lookup) const { return max_draft(lookup.n_draft); }
 
 private:
     // generate()'s first step, and generate_lookup()'s: feeds the prompt, shows it to the sampler,
@@ -114,6 +125,7 @@ private:
     int n_logit_rows_;
     memory::PoolBuffer<float> logits_;  // [n_logit_rows, n_vocab]
     std::vector<int32_t> positions_;    // [n_batch]
+    std::vector<int32_t> tokens_;       // what the cache holds, reserved for n_ctx
 };
 
 }  // namespace fitllm::engine

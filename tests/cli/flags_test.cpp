@@ -66,6 +66,7 @@ void add(Fields& f, const EngineOptions& e) {
     add(f, e.load);
     add(f, e.context);
     f["mem_label"] = e.mem_label;
+    f["draft_model_path"] = e.draft_model_path;
 }
 
 void add(Fields& f, const sampling::SamplingParams& s) {
@@ -87,6 +88,10 @@ void add(Fields& f, const LookupOptions& l) {
     f["lookup.n_draft"] = str(l.params.n_draft);
     f["lookup.ngram_min"] = str(l.params.ngram_min);
     f["lookup.ngram_max"] = str(l.params.ngram_max);
+    f["lookup.draft_model"] = l.draft_model;
+    f["draft.n_draft"] = str(l.draft.n_draft);
+    f["draft.n_min"] = str(l.draft.n_min);
+    f["draft.p_min"] = str(l.draft.p_min);
 }
 
 Fields fields(const RunOptions& o) {
@@ -135,6 +140,7 @@ Fields fields(const PlanOptions& o) {
     Fields f;
     add(f, o.engine);
     f["as_json"] = str(o.as_json);
+    f["draft_max"] = str(o.draft_max);
     return f;
 }
 
@@ -222,6 +228,9 @@ const std::map<std::string, std::string> kSamples = {
     {"--draft-max", "4"},
     {"--lookup-ngram-min", "2"},
     {"--lookup-ngram-max", "5"},
+    {"-md", "draft.gguf"},
+    {"--draft-min", "2"},
+    {"--draft-p-min", "0.5"},
 };
 
 // What each flag sets, where every command that has it sets the same.
@@ -282,9 +291,12 @@ const std::map<std::string, std::set<std::string>> kSets = {
     {"--cache-prompts", {"context.n_cached_prompts"}},
     {"--cache-ram", {"context.prompt_cache_ram"}},
     {"--lookup", {"lookup.enabled"}},
-    {"--draft-max", {"lookup.n_draft"}},
+    {"--draft-max", {"lookup.n_draft", "draft.n_draft"}},
     {"--lookup-ngram-min", {"lookup.ngram_min"}},
     {"--lookup-ngram-max", {"lookup.ngram_max"}},
+    {"-md", {"lookup.draft_model", "draft_model_path"}},
+    {"--draft-min", {"draft.n_min"}},
+    {"--draft-p-min", {"draft.p_min"}},
 };
 
 using Overrides = std::map<std::string, std::set<std::string>>;
@@ -350,7 +362,7 @@ TEST(Flags, PerplexitySetsWhatItSays) {
 }
 
 TEST(Flags, PlanSetsWhatItSays) {
-    walk<PlanOptions>("plan", plan_parser);
+    walk<PlanOptions>("plan", plan_parser, {{"-md", {"draft_model_path"}}, {"--draft-max", {"draft_max"}}});
 }
 
 // The server takes the same engine flags as run (its models' LoadConfig and ContextConfig):
