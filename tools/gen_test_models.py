@@ -27,6 +27,8 @@ Writes, for each architecture,
                       back from K-quants to what llama.cpp picks for them)
   tiny-granite-*.gguf granite: llama with Granite's multipliers (embeddings x 2, block outputs x
                       0.5 before the residual add, attention scale 0.2, logits / 4); F16, Q8_0, Q4_K_M
+  tiny-smollm3-*.gguf smollm3: llama with 4 layers, the fourth without RoPE (SmolLM3's NoPE layers);
+                      F16, Q8_0, Q4_K_M
   tiny-olmo2-*.gguf   olmo2: llama's SPM vocabulary, untied output, no pre-norms but post-attention
                       and post-FFN norms, Q and K RMS-normed over all heads, NeoX rotation; F16,
                       Q8_0, Q4_K_M
@@ -74,7 +76,8 @@ MODELS = [("llama", "llama", 1, QUANTS + EXTRA_QUANTS["llama"]), ("qwen2", "qwen
           ("qwen3moe", "qwen3moe", 6, [("q8_0", 7), ("q4_k_m", 15)]),
           ("phi3", "phi3", 7, [("q8_0", 7), ("q4_k_m", 15)]), ("phi3-longrope", "phi3", 8, [("q8_0", 7)]),
           ("granite", "granite", 9, [("q8_0", 7), ("q4_k_m", 15)]),
-          ("olmo2", "olmo2", 10, [("q8_0", 7), ("q4_k_m", 15)])]
+          ("olmo2", "olmo2", 10, [("q8_0", 7), ("q4_k_m", 15)]),
+          ("smollm3", "smollm3", 11, [("q8_0", 7), ("q4_k_m", 15)])]
 ARCHS = [m[0] for m in MODELS]
 YARN_FACTOR, YARN_ORIG_CTX = 4.0, 64
 # gemma2: the sliding window of its even layers and the two soft-capping values, small enough that
@@ -184,7 +187,8 @@ def write_f16(arch: str, path: str, seed: int, yarn: bool = False, longrope: boo
     w.add_context_length(N_CTX_TRAIN)
     w.add_embedding_length(N_EMBD)
     w.add_feed_forward_length(N_FF)
-    w.add_block_count(N_LAYER)
+    n_layer = 4 if arch == "smollm3" else N_LAYER  # smollm3: its fourth layer has no RoPE
+    w.add_block_count(n_layer)
     w.add_head_count(N_HEAD)
     w.add_head_count_kv(N_HEAD_KV)
     head_dim = HEAD_DIM_QWEN3 if arch == "qwen3" else HEAD_DIM
@@ -196,7 +200,7 @@ def write_f16(arch: str, path: str, seed: int, yarn: bool = False, longrope: boo
         w.add_expert_count(MOE_N_EXPERT)
         w.add_expert_used_count(MOE_N_USED)
         w.add_expert_feed_forward_length(MOE_N_FF)
-    if arch in ("llama", "gemma2", "phi3", "granite", "olmo2"):
+    if arch in ("llama", "gemma2", "phi3", "granite", "olmo2", "smollm3"):
         w.add_rope_freq_base(10000.0)
         w.add_layer_norm_rms_eps(1e-6 if arch == "gemma2" else 1e-5)
         tokens, scores, types = spm_vocab()
@@ -256,7 +260,7 @@ def write_f16(arch: str, path: str, seed: int, yarn: bool = False, longrope: boo
     def norm(n: int) -> np.ndarray:
         return (1.0 + 0.1 * rng.standard_normal(n, dtype=np.float32)).astype(np.float32)
 
-    tied = arch not in ("llama", "phi3", "granite", "olmo2")
+    tied = arch not in ("llama", "phi3", "granite", "olmo2", "smollm3")
     # Untied (llama): unit-scale embeddings; output.weight alone sets the logits' spread. Tied
     # (qwen2): the embedding is also the output matrix. Its scale against the layers' outputs (of
     # about unit size) decides between two degenerate random models: large, and every token
@@ -274,7 +278,7 @@ def write_f16(arch: str, path: str, seed: int, yarn: bool = False, longrope: boo
         w.add_tensor("rope_factors_short.weight", (1.0 + 0.5 * ramp).astype(np.float32))
     kv_dim = N_HEAD_KV * head_dim
     q_dim = N_HEAD * head_dim
-    for il in range(N_LAYER):
+    for il in range(n_layer):
         p = f"blk.{il}."
         if arch != "olmo2":  # olmo2: post-norms only (below)
             w.add_tensor(p + "attn_norm.weight", norm(N_EMBD))

@@ -166,7 +166,9 @@ public:
         if (dev_) return dev_->rms_norm(in, weight, eps, n_rows, n, out);
         ops::rms_norm(in, weight, eps, n_rows, n, out);
     }
+    // RopeParams with n_dims 0 (a layer without rotary embeddings): nothing to do.
     void rope(float* rows, const int32_t* pos, int64_t n, int n_head, int head_dim, const ops::RopeParams& p) {
+        if (p.n_dims == 0) return;
         if (dev_) return dev_->rope(rows, pos, n, n_head, head_dim, on_device(p));
         ops::rope(rows, pos, n, n_head, head_dim, p);
     }
@@ -222,6 +224,7 @@ public:
 
     // Re-rotates K of layer il by its pending shift (kv::KvCache::apply_k_shift).
     void k_shift(kv::ModelCache& cache, const Hparams& hp, int il, const ops::RopeParams& rope) {
+        if (rope.n_dims == 0) return;  // K of a layer without rotary embeddings does not move
         kv::KvCache& pool = cache.pool(cache.pool_of(il));
         if (dev_) return dev_->kv_shift(pool, cache.index_in_pool(il), on_device(rope));
         pool.apply_k_shift(cache.index_in_pool(il), [&](float* k_rows, const int32_t* deltas, int n_rows) {

@@ -41,6 +41,9 @@ struct Hparams {
     // sliding-window layers are not scaled).
     int n_rot = 0;
     float rope_freq_scale = 1.0f;
+    // > 0: layers il with (il + 1) % no_rope_every == 0 rotate nothing (SmolLM3's NoPE layers).
+    int no_rope_every = 0;
+    bool rotates(int il) const { return no_rope_every <= 0 || (il + 1) % no_rope_every != 0; }
     // YaRN (rope.scaling.type "yarn"; llama-family files): the mix of scaled and unscaled angles
     // per pair and the magnitude factor, as ops::RopeParams has them. 0 / 1: none.
     float rope_ext_factor = 0.0f;

@@ -6,14 +6,15 @@
 // shared by the heads) before the rotation; its head size is its own (128), not n_embd / n_head.
 // Qwen3-MoE is Qwen3 with a mixture of experts for each feed-forward block (model/moe.h: softmax
 // routing, the top n_expert_used experts, weights normalized to sum 1), no dense FFN.
+// SmolLM3 is Llama whose every fourth layer has no rotary embeddings (NoPE).
 // Granite (IBM Granite 3.x dense) is Llama with four multipliers: the embeddings', each block
 // output's before the residual add, the attention scale, and a divisor of the logits.
 // OLMo 2 has no norms before its blocks but one after each (attention output and FFN output,
 // before the residual add), and RMS-norms Q and K whole (one weight per row of all heads) before
 // the rotation, which pairs the halves of each head (NeoX style).
 // Reference: the Llama papers, the Qwen2 and Qwen3 technical reports, the Granite 3.0 and OLMo 2
-// reports; llama.cpp's llama, qwen2, qwen3, qwen3moe, granite and olmo2 graphs for the exact
-// order of ops.
+// reports; llama.cpp's llama, qwen2, qwen3, qwen3moe, granite, olmo2 and smollm3 graphs for the
+// exact order of ops.
 #include <algorithm>
 #include <cmath>
 
@@ -60,6 +61,13 @@ void read_llama_hparams(const HparamReader& r, Hparams& hp) {
                  "mixture-of-experts models (Mixtral) are not supported");
     }
     read_attention_hparams(r, hp);
+}
+
+// SmolLM3 (llama.cpp's LLM_ARCH_SMOLLM3): layers 3, 7, 11, ... without RoPE (llama.cpp's fixed
+// n_no_rope_layer_step of 4; the files carry no key for it).
+void read_smollm3_hparams(const HparamReader& r, Hparams& hp) {
+    read_llama_hparams(r, hp);
+    hp.no_rope_every = 4;
 }
 
 // Granite (llama.cpp's LLM_ARCH_GRANITE): logit_scale required, the other multipliers optional.
@@ -175,6 +183,7 @@ constexpr Variant kLlamaVariant{QkvBias::Optional, QkNorm::None, ops::RopeMode::
 constexpr Variant kQwen2Variant{QkvBias::Required, QkNorm::None, ops::RopeMode::Neox, false};  // (x[i], x[i + n_rot/2])
 constexpr Variant kQwen3Variant{QkvBias::None, QkNorm::PerHead, ops::RopeMode::Neox, false};
 constexpr Variant kQwen3MoeVariant{QkvBias::None, QkNorm::PerHead, ops::RopeMode::Neox, false, /*moe=*/true};
+constexpr Variant kSmolLm3Variant{QkvBias::Optional, QkNorm::None, ops::RopeMode::Normal, false};
 constexpr Variant kOlmo2Variant{QkvBias::None, QkNorm::Whole, ops::RopeMode::Neox, false, false, /*post_norms=*/true};
 
 // Binds a "llama", "qwen2" or "qwen3" file. Throws ModelError naming the first missing or
@@ -259,7 +268,9 @@ public:
     void forward(const Batch& batch, kv::ModelCache& cache, float* logits_out, ops::ThreadPool& pool) override {
         const Hparams& hp = hp_;
         const ops::RopeParams rope = rope_params();
-        const BatchRows rows = begin_batch(hp, batch, cache, mem_, pool, [&rope](int) { return rope; });
+        const ops::RopeParams no_rope{.n_dims = 0};  // SmolLM3's NoPE layers
+        const auto rope_of = [&](int il) -> const ops::RopeParams& { return hp.rotates(il) ? rope : no_rope; };
+        const BatchRows rows = begin_batch(hp, batch, cache, mem_, pool, rope_of);
         const std::span<const ops::TokenPlace> places =
             batch_places(batch, mem_, rows);  // where each token sits in its run
         const int n = rows.n;
@@ -297,9 +308,9 @@ public:
                 o.rms_norm(o.q, L->q_norm, hp.norm_eps, n, q_dim, o.q);
                 o.rms_norm(o.k, L->k_norm, hp.norm_eps, n, kv_dim, o.k);
             }
-            o.rope(o.q, rows.positions, n, hp.n_head, hp.head_dim, rope);
-            o.rope(o.k, rows.positions, n, hp.n_head_kv, hp.head_dim, rope);
-            o.store_kv(cache, il, o.k, o.v, o.q, rows, hp, rope);                      // q: for the K transform's fit
+            o.rope(o.q, rows.positions, n, hp.n_head, hp.head_dim, rope_of(il));
+            o.rope(o.k, rows.positions, n, hp.n_head_kv, hp.head_dim, rope_of(il));
+            o.store_kv(cache, il, o.k, o.v, o.q, rows, hp, rope_of(il));               // q: for the K transform's fit
             attend(o, hp, cache, il, o.q, rows, hp.attn_scale, /*window=*/0, o.attn);  // attn: [n, n_head * head_dim]
             o.matmul(L->wo, o.attn, n, o.attn_out, places);                            // attn_out: [n, n_embd]
             if (L->bo) o.add_bias(o.attn_out, L->bo, n, E);
@@ -358,6 +369,10 @@ std::unique_ptr<Model> load_qwen3(const gguf::GgufFile& file, Hparams hp, const 
     return std::make_unique<Llama>(file, std::move(hp), kQwen3Variant, options);
 }
 
+std::unique_ptr<Model> load_smollm3(const gguf::GgufFile& file, Hparams hp, const LoadOptions& options) {
+    return std::make_unique<Llama>(file, std::move(hp), kSmolLm3Variant, options);
+}
+
 std::unique_ptr<Model> load_olmo2(const gguf::GgufFile& file, Hparams hp, const LoadOptions& options) {
     return std::make_unique<Llama>(file, std::move(hp), kOlmo2Variant, options);
 }
@@ -378,6 +393,7 @@ extern const Architecture kQwen2{"qwen2", read_llama_hparams, load_qwen2};
 extern const Architecture kQwen3{"qwen3", read_llama_hparams, load_qwen3};
 extern const Architecture kGranite{"granite", read_granite_hparams, load_llama};
 extern const Architecture kOlmo2{"olmo2", read_olmo2_hparams, load_olmo2};
+extern const Architecture kSmolLm3{"smollm3", read_smollm3_hparams, load_smollm3};
 extern const Architecture kQwen3Moe{"qwen3moe", read_qwen3moe_hparams, load_qwen3moe};
 
 }  // namespace fitllm::model

@@ -1,7 +1,9 @@
-// Granite's and OLMo 2's hyper-parameters and refusals (model/llama.cpp's variants of Llama).
+// Granite's, OLMo 2's and SmolLM3's hyper-parameters and refusals (model/llama.cpp's variants of
+// Llama).
 // Their forward passes against llama.cpp: generated_golden_test.cpp (GeneratedLlamaVariants).
 #include <gtest/gtest.h>
 
+#include <algorithm>
 #include <cmath>
 #include <cstring>
 #include <string>
@@ -107,6 +109,15 @@ TEST(Olmo2Refusals, NameTheKeyOrTheTensor) {
                        .tensor = [](const std::string& name,
                                     std::vector<std::byte>&) { return name != "blk.1.attn_q_norm.weight"; }}));
     EXPECT_TRUE(contains(e, "blk.1.attn_q_norm.weight")) << e;
+}
+
+TEST(SmolLm3Hparams, EveryFourthLayerHasNoRope) {
+    const model::Hparams hp = model::read_hparams(open_tiny("tiny-smollm3-f16"));
+    EXPECT_EQ(hp.arch, "smollm3");
+    ASSERT_EQ(hp.n_layer, 4);
+    EXPECT_TRUE(hp.rotates(0));
+    EXPECT_TRUE(hp.rotates(2));
+    EXPECT_FALSE(hp.rotates(3));
 }
 
 }  // namespace
