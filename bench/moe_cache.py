@@ -10,7 +10,8 @@ The file: n_embd 1024, 32 experts of 512 hidden units per layer, 4 used per toke
 proportions, smaller), F16, --layers layers (10: about 1 GB), under .cache/moe-bench/. --skew:
 a fifth of the experts get router rows three times larger, so that they win most of the top-4
 choices (routing skewed as real models' often is; the hit rate fitllm reports shows how much).
-Prints one line per setting: tokens/s (fitllm bench's tg test, mean of -r runs), the hit rate and
+The cached run goes twice: reading ahead the experts the next layer's router would choose
+(--expert-prefetch on, the default) and not. Prints one line per setting: tokens/s (fitllm bench's tg test, mean of -r runs), the hit rate and
 the bytes read per token from fitllm's expert cache line, and the run's peak pools.
 """
 from __future__ import annotations
@@ -99,9 +100,10 @@ def generate(path: str, n_layer: int, skew: bool, seed: int = 7) -> None:
     w.close()
 
 
-def run_bench(fitllm: str, model: str, mem: int, expert_cache: str, n_gen: int, reps: int, threads: int) -> dict:
+def run_bench(fitllm: str, model: str, mem: int, expert_cache: str, prefetch: str, n_gen: int, reps: int,
+              threads: int) -> dict:
     cmd = [fitllm, "bench", "-m", model, "-p", "0", "-n", str(n_gen), "-r", str(reps), "-o", "json",
-           "-t", str(threads), "--mem", str(mem), "--expert-cache", expert_cache]
+           "-t", str(threads), "--mem", str(mem), "--expert-cache", expert_cache, "--expert-prefetch", prefetch]
     r = subprocess.run(cmd, capture_output=True, text=True)
     if r.returncode != 0:
         raise SystemExit(f"{' '.join(cmd)}: exit {r.returncode}\n{r.stderr}")
@@ -137,9 +139,10 @@ def main() -> None:
     print(f"model {model}: {size / 2**20:.0f} MiB, {args.layers} layers x {N_EXPERT} experts "
           f"({N_USED} used){', skewed routing' if args.skew else ''}")
     small = int(size * args.budget_fraction)
-    for label, mem, cache in [("resident", size * 2 + (256 << 20), "off"),
-                              (f"expert cache, --mem {small / 2**20:.0f} MiB", small, "auto")]:
-        r = run_bench(args.fitllm, model, mem, cache, args.n, args.r, args.t)
+    for label, mem, cache, prefetch in [("resident", size * 2 + (256 << 20), "off", "on"),
+                                        (f"expert cache, --mem {small / 2**20:.0f} MiB", small, "auto", "on"),
+                                        ("  the same without read-ahead", small, "auto", "off")]:
+        r = run_bench(args.fitllm, model, mem, cache, prefetch, args.n, args.r, args.t)
         extra = (f" | {r['slots']} slots, hit rate {r['hit_rate']:.1f}%, {r['per_token']} read per token"
                  if "slots" in r else "")
         print(f"{label:40s} tg {r['tok_s']:.2f} +- {r['stddev']:.2f} tok/s{extra}")

@@ -59,6 +59,7 @@ struct LoadConfig {
     int expert_slots = kExpertsNotSet;
     static constexpr int kExpertsNotSet = -2;
     static constexpr int kExpertsAuto = -1;
+    bool expert_prefetch = true;  // with an expert cache, read ahead the next layer's likely experts
     OffloadConfig offload;
     // Called while the resident weights are read in: bytes done and total.
     std::function<void(uint64_t done, uint64_t total)> on_load_progress;

@@ -237,6 +237,13 @@ void add_budget_options(ArgParser& p, EngineOptions& o) {
                      o.load.expert_slots = parse_count("--expert-cache", v);
                  }
              });
+    p.option("--expert-prefetch", "on|off",
+             "with an expert cache, read ahead the experts the next layer's router would choose (default on)",
+             [&o](const std::string& v) {
+                 if (v != "on" && v != "off")
+                     throw UsageError("--expert-prefetch: expected on or off, got '" + v + "'");
+                 o.load.expert_prefetch = v == "on";
+             });
     add_offload_options(p, o.load.offload);
 }
 

@@ -310,7 +310,8 @@ std::unique_ptr<Engine> Engine::load_one(const LoadConfig& load, const ContextCo
                                                .offload = n_gpu_layers > 0 ? offload : nullptr,
                                                .n_offload_layers = n_gpu_layers,
                                                .offload_kv = plan.params.kv_offload,
-                                               .expert_slots = plan.n_expert_slots});
+                                               .expert_slots = plan.n_expert_slots,
+                                               .expert_prefetch = load.expert_prefetch});
     if (e->locked_bytes_ == 0) prefault(*e->file_, *e->model_, load.on_load_progress);  // mlock read them in
     return e;
 }

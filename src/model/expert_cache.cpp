@@ -66,7 +66,8 @@ uint64_t expert_cache_bytes(uint64_t slot_bytes, int n_slots) {
                               static_cast<size_t>(slot_bytes * static_cast<uint64_t>(n_slots) + kExpertAlign));
 }
 
-ExpertCache::ExpertCache(const gguf::GgufFile& file, const Hparams& hp, int n_slots, memory::Pool& pool, bool direct_io)
+ExpertCache::ExpertCache(const gguf::GgufFile& file, const Hparams& hp, int n_slots, memory::Pool& pool, bool direct_io,
+                         bool prefetch)
     : n_layer_(hp.n_layer), n_expert_(hp.n_expert), n_slots_(n_slots) {
     if (!hp.is_moe()) throw std::invalid_argument(file.source() + ": an expert cache needs a mixture-of-experts model");
     if (n_slots < min_expert_slots(hp)) {
@@ -98,29 +99,46 @@ ExpertCache::ExpertCache(const gguf::GgufFile& file, const Hparams& hp, int n_sl
     owner_.assign(static_cast<size_t>(n_slots), -1);
     last_use_.assign(static_cast<size_t>(n_slots), 0);
     ptr_.assign(static_cast<size_t>(n_slots) * 3, nullptr);
-    open_file(direct_io);
-    if (static_cast<uint64_t>(::lseek(fd_, 0, SEEK_END)) != file.size()) {
-        ::close(fd_);
-        fd_ = -1;
+    ready_.assign(static_cast<size_t>(n_slots), 0);
+    ahead_.assign(static_cast<size_t>(n_slots), 0);
+    open_file(file_, direct_io);
+    if (static_cast<uint64_t>(::lseek(file_.fd, 0, SEEK_END)) != file.size()) {
+        ::close(file_.fd);
+        file_.fd = -1;
         throw io::IoError(path_ + ": the file changed size since it was mapped; cannot read its experts");
+    }
+    direct_ = file_.direct;
+    if (prefetch) {
+        open_file(reader_file_, direct_io);
+        reader_ = std::thread([this] { reader(); });
     }
 }
 
 ExpertCache::~ExpertCache() {
-    if (fd_ >= 0) ::close(fd_);
+    if (reader_.joinable()) {
+        {
+            std::lock_guard lock(mutex_);
+            stop_ = true;
+        }
+        changed_.notify_all();
+        reader_.join();
+    }
+    for (const File& f : {file_, reader_file_}) {
+        if (f.fd >= 0) ::close(f.fd);
+    }
 }
 
-void ExpertCache::open_file(bool direct) {
-    if (fd_ >= 0) ::close(fd_);
-    fd_ = -1;
-    direct_ = false;
+void ExpertCache::open_file(File& f, bool direct) {
+    if (f.fd >= 0) ::close(f.fd);
+    f.fd = -1;
+    f.direct = false;
     if (direct) {
-        fd_ = ::open(path_.c_str(), O_RDONLY | O_CLOEXEC | O_DIRECT);
-        direct_ = fd_ >= 0;
+        f.fd = ::open(path_.c_str(), O_RDONLY | O_CLOEXEC | O_DIRECT);
+        f.direct = f.fd >= 0;
     }
-    if (fd_ < 0) fd_ = ::open(path_.c_str(), O_RDONLY | O_CLOEXEC);
-    if (fd_ < 0) throw io::IoError(path_ + ": cannot open to read experts: " + std::strerror(errno));
-    if (!direct_) ::posix_fadvise(fd_, 0, 0, POSIX_FADV_RANDOM);
+    if (f.fd < 0) f.fd = ::open(path_.c_str(), O_RDONLY | O_CLOEXEC);
+    if (f.fd < 0) throw io::IoError(path_ + ": cannot open to read experts: " + std::strerror(errno));
+    if (!f.direct) ::posix_fadvise(f.fd, 0, 0, POSIX_FADV_RANDOM);
 }
 
 std::vector<FileRange> ExpertCache::ranges() const {
@@ -137,26 +155,29 @@ ExpertCacheStats ExpertCache::stats() const {
     s.misses = misses_.load(std::memory_order_relaxed);
     s.bytes_read = bytes_read_.load(std::memory_order_relaxed);
     s.tokens = tokens_.load(std::memory_order_relaxed);
+    s.prefetched = prefetched_.load(std::memory_order_relaxed);
+    s.prefetch_used = prefetch_used_.load(std::memory_order_relaxed);
     s.direct_io = direct_.load(std::memory_order_relaxed);
     return s;
 }
 
 // Expert e's slice of matrix m into `region` (kExpertAlign-aligned, region_bytes_[m] long); the
-// slice starts at ptr_ offset (s.offset + e * bytes) % kExpertAlign. Widened to whole blocks
-// either way, so that the same reads work with and without O_DIRECT.
-void ExpertCache::read(const Slice& s, int m, int il, int e, std::byte* region) {
+// slice starts at (s.offset + e * bytes) % kExpertAlign in it. Widened to whole blocks either
+// way, so that the same reads work with and without O_DIRECT.
+void ExpertCache::read(File& f, const Slice& s, int m, int il, int e, std::byte* region) {
     const uint64_t begin = s.offset + static_cast<uint64_t>(e) * s.bytes;
     const uint64_t from = align_down(begin);
     const uint64_t needed = begin + s.bytes - from;
     const uint64_t length = align_up(needed);
     uint64_t done = 0;
     while (done < needed) {
-        const ssize_t got = ::pread(fd_, region + done, length - done, static_cast<off_t>(from + done));
+        const ssize_t got = ::pread(f.fd, region + done, length - done, static_cast<off_t>(from + done));
         if (got < 0) {
             if (errno == EINTR) continue;
-            if (direct_ && errno == EINVAL) {
+            if (f.direct && errno == EINVAL) {
                 // The filesystem took O_DIRECT at open but refuses these reads: read buffered.
-                open_file(false);
+                open_file(f, false);
+                direct_ = false;
                 continue;
             }
             throw io::IoError(path_ + ": reading expert " + std::to_string(e) + " of tensor 'blk." +
@@ -169,10 +190,101 @@ void ExpertCache::read(const Slice& s, int m, int il, int e, std::byte* region) 
                               std::to_string(from + done) + ", " + std::to_string(needed - done) +
                               " bytes short (truncated?)");
         }
-        if (!direct_) ::posix_fadvise(fd_, static_cast<off_t>(from + done), got, POSIX_FADV_DONTNEED);
+        if (!f.direct) ::posix_fadvise(f.fd, static_cast<off_t>(from + done), got, POSIX_FADV_DONTNEED);
         done += static_cast<uint64_t>(got);
     }
     bytes_read_.fetch_add(done, std::memory_order_relaxed);
+}
+
+// Reads expert e of layer il into `slot` (claimed: owner set, not ready) and sets ptr_; outside
+// mutex_ (the slot is the caller's until it is marked ready).
+void ExpertCache::read_expert(File& f, int slot, int il, int e) {
+    std::byte* region = base_ + static_cast<uint64_t>(slot) * slot_bytes_;
+    const std::byte* ptr[3];
+    for (int m = 0; m < 3; ++m) {
+        const Slice& s = slices_[static_cast<size_t>(il) * 3 + static_cast<size_t>(m)];
+        read(f, s, m, il, e, region);
+        const uint64_t begin = s.offset + static_cast<uint64_t>(e) * s.bytes;
+        ptr[m] = region + (begin - align_down(begin));
+        region += region_bytes_[m];
+    }
+    std::lock_guard lock(mutex_);
+    for (int m = 0; m < 3; ++m) ptr_[static_cast<size_t>(slot) * 3 + static_cast<size_t>(m)] = ptr[m];
+}
+
+int ExpertCache::victim() const {
+    int best = -1;
+    for (int s = 0; s < n_slots_; ++s) {
+        const auto i = static_cast<size_t>(s);
+        if (owner_[i] < 0) return s;
+        if (s == in_use_ || !ready_[i]) continue;
+        if (best < 0 || last_use_[i] < last_use_[static_cast<size_t>(best)]) best = s;
+    }
+    return best;
+}
+
+void ExpertCache::prefetch(int il, const int32_t* experts, int n) {
+    if (!reader_.joinable() || il < 0 || il >= n_layer_) return;
+    {
+        std::lock_guard lock(mutex_);
+        for (int r = 0; r < n; ++r) {
+            if (experts[r] < 0 || experts[r] >= n_expert_) continue;
+            const int key = il * n_expert_ + experts[r];
+            if (where_[static_cast<size_t>(key)] < 0) queue_.push_back(key);
+        }
+    }
+    changed_.notify_all();
+}
+
+void ExpertCache::drain() {
+    std::unique_lock lock(mutex_);
+    changed_.wait(lock, [&] { return queue_.empty() && !reading_; });
+}
+
+void ExpertCache::reader() {
+    for (;;) {
+        int key = -1, slot = -1;
+        {
+            std::unique_lock lock(mutex_);
+            changed_.wait(lock, [&] { return stop_ || !queue_.empty(); });
+            if (stop_) return;
+            key = queue_.front();
+            queue_.pop_front();
+            if (queue_.empty()) changed_.notify_all();            // (drain() waits for it)
+            if (where_[static_cast<size_t>(key)] >= 0) continue;  // got or read meanwhile
+            slot = victim();
+            if (slot < 0) continue;  // every slot in use or being read: drop it
+            const auto i = static_cast<size_t>(slot);
+            if (owner_[i] >= 0) where_[static_cast<size_t>(owner_[i])] = -1;
+            owner_[i] = key;
+            where_[static_cast<size_t>(key)] = slot;
+            ready_[i] = 0;
+            ahead_[i] = 1;
+            last_use_[i] = ++tick_;  // recent: the next layer is about to want it
+            reading_ = true;
+        }
+        bool ok = true;
+        try {
+            read_expert(reader_file_, slot, key / n_expert_, key % n_expert_);
+            prefetched_.fetch_add(1, std::memory_order_relaxed);
+        } catch (...) {
+            ok = false;  // get() reads it again and reports the error
+        }
+        {
+            std::lock_guard lock(mutex_);
+            reading_ = false;
+            const auto i = static_cast<size_t>(slot);
+            if (ok) {
+                ready_[i] = 1;
+            } else {
+                where_[static_cast<size_t>(key)] = -1;
+                owner_[i] = -1;
+                ready_[i] = 1;
+                ahead_[i] = 0;
+            }
+        }
+        changed_.notify_all();
+    }
 }
 
 ExpertCache::Expert ExpertCache::get(int il, int e) {
@@ -180,36 +292,50 @@ ExpertCache::Expert ExpertCache::get(int il, int e) {
         throw std::invalid_argument("expert cache: no expert " + std::to_string(e) + " in layer " + std::to_string(il));
     }
     const int key = il * n_expert_ + e;
-    int32_t slot = where_[static_cast<size_t>(key)];
+    std::unique_lock lock(mutex_);
+    in_use_ = -1;  // the caller is done with the slot it got last
+    int slot = where_[static_cast<size_t>(key)];
+    if (slot >= 0) {  // in a slot, or being read ahead: wait for it
+        changed_.wait(lock, [&] {
+            const int s = where_[static_cast<size_t>(key)];
+            return s < 0 || ready_[static_cast<size_t>(s)];
+        });
+        slot = where_[static_cast<size_t>(key)];
+    }
     if (slot >= 0) {
         hits_.fetch_add(1, std::memory_order_relaxed);
+        if (ahead_[static_cast<size_t>(slot)]) {
+            prefetch_used_.fetch_add(1, std::memory_order_relaxed);
+            ahead_[static_cast<size_t>(slot)] = 0;
+        }
     } else {
         misses_.fetch_add(1, std::memory_order_relaxed);
-        // An empty slot, else the least recently used.
-        slot = 0;
-        for (int s = 0; s < n_slots_; ++s) {
-            const auto i = static_cast<size_t>(s);
-            if (owner_[i] < 0) {
-                slot = s;
-                break;
-            }
-            if (last_use_[i] < last_use_[static_cast<size_t>(slot)]) slot = s;
-        }
+        changed_.wait(lock, [&] { return victim() >= 0; });  // (only while the reader holds every other slot)
+        slot = victim();
         const auto i = static_cast<size_t>(slot);
         if (owner_[i] >= 0) where_[static_cast<size_t>(owner_[i])] = -1;
-        owner_[i] = -1;  // (a failed read leaves it empty)
-        std::byte* region = base_ + static_cast<uint64_t>(slot) * slot_bytes_;
-        for (int m = 0; m < 3; ++m) {
-            const Slice& s = slices_[static_cast<size_t>(il) * 3 + static_cast<size_t>(m)];
-            read(s, m, il, e, region);
-            const uint64_t begin = s.offset + static_cast<uint64_t>(e) * s.bytes;
-            ptr_[i * 3 + static_cast<size_t>(m)] = region + (begin - align_down(begin));
-            region += region_bytes_[m];
-        }
         owner_[i] = key;
         where_[static_cast<size_t>(key)] = slot;
+        ready_[i] = 0;
+        ahead_[i] = 0;
+        in_use_ = slot;  // (the reader leaves it alone while it is read)
+        lock.unlock();
+        try {
+            read_expert(file_, slot, il, e);
+        } catch (...) {
+            lock.lock();
+            where_[static_cast<size_t>(key)] = -1;
+            owner_[i] = -1;
+            ready_[i] = 1;
+            changed_.notify_all();
+            throw;
+        }
+        lock.lock();
+        ready_[i] = 1;
+        changed_.notify_all();
     }
     const auto i = static_cast<size_t>(slot);
+    in_use_ = slot;
     last_use_[i] = ++tick_;
     return {ptr_[i * 3], ptr_[i * 3 + 1], ptr_[i * 3 + 2]};
 }
@@ -220,6 +346,9 @@ std::string expert_cache_text(const ExpertCacheStats& x) {
     return "expert cache: " + std::to_string(x.n_slots) + " slots, " + std::to_string(x.hits) + " hits, " +
            std::to_string(x.misses) + " misses (hit rate " + rate + "), " + util::human_bytes(x.bytes_read) +
            " read, " + util::human_bytes(static_cast<uint64_t>(x.bytes_per_token())) + " per token" +
+           (x.prefetched > 0
+                ? ", " + std::to_string(x.prefetched) + " read ahead (" + std::to_string(x.prefetch_used) + " used)"
+                : std::string()) +
            (x.direct_io ? " (O_DIRECT)" : " (buffered reads: O_DIRECT refused here)");
 }
 

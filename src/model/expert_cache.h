@@ -10,13 +10,20 @@
 //   ExpertCache cache(file, hp, /*n_slots=*/64, device.pool("experts"));
 //   ExpertCache::Expert x = cache.get(il, e);   // x.gate, x.up, x.down: the bytes of expert e
 //
-// A slot stays valid until the next get() that misses and evicts it: the least recently used,
-// never the one got last while there are two slots or more. Not thread-safe (the forward pass
-// calls it from its own thread); stats() may be read from any thread.
+// A slot stays valid until the next get(): eviction takes the least recently used slot, never the
+// one got last nor one being read. prefetch() reads experts ahead on a thread of its own (the
+// forward pass asks for the experts the next layer's router would choose from the current hidden
+// state, while that layer's attention computes); get() waits for one being read. Whatever is
+// prefetched, get() gives the same bytes: only hits and misses change. get() and prefetch() are
+// for one thread (the forward pass); stats() may be read from any thread.
 #include <atomic>
+#include <condition_variable>
 #include <cstddef>
 #include <cstdint>
+#include <deque>
+#include <mutex>
 #include <string>
+#include <thread>
 #include <vector>
 
 #include "gguf/gguf_reader.h"
@@ -55,7 +62,9 @@ public:
     // Charges the slots to `pool` (memory::BudgetError before allocating when they do not fit),
     // opens the file behind `file` (which must come from GgufFile::open). Throws
     // std::invalid_argument for fewer than min_expert_slots() slots or a model without experts.
-    ExpertCache(const gguf::GgufFile& file, const Hparams& hp, int n_slots, memory::Pool& pool, bool direct_io = true);
+    // prefetch: start the reader thread for prefetch() (false: prefetch() does nothing).
+    ExpertCache(const gguf::GgufFile& file, const Hparams& hp, int n_slots, memory::Pool& pool, bool direct_io = true,
+                bool prefetch = false);
     ~ExpertCache();
     ExpertCache(const ExpertCache&) = delete;
     ExpertCache& operator=(const ExpertCache&) = delete;
@@ -68,6 +77,12 @@ public:
     // Expert e of layer il in a slot, read from the file on a miss. Throws io::IoError naming the
     // file, the tensor and the offset when the read fails.
     Expert get(int il, int e);
+    // Queues reads of these experts of layer il that have no slot yet, for the reader thread
+    // (dropped when every slot is in use or being read). Returns at once.
+    void prefetch(int il, const int32_t* experts, int n);
+    bool prefetching() const { return reader_.joinable(); }
+    // Waits until the reader thread has no read queued or running (tests, benchmarks).
+    void drain();
     // Counts tokens that went through the experts (for the bytes read per token).
     void count_tokens(int n) { tokens_.fetch_add(static_cast<uint64_t>(n), std::memory_order_relaxed); }
 
@@ -82,8 +97,19 @@ private:
         uint64_t offset = 0;  // in the file
         uint64_t bytes = 0;   // one expert's
     };
-    void read(const Slice& s, int m, int il, int e, std::byte* region);
-    void open_file(bool direct);
+    // One open file: the forward pass's and the reader thread's each (a fallback from O_DIRECT
+    // reopens only its own).
+    struct File {
+        int fd = -1;
+        bool direct = false;
+    };
+    void read(File& f, const Slice& s, int m, int il, int e, std::byte* region);
+    void read_expert(File& f, int slot, int il, int e);
+    void open_file(File& f, bool direct);
+    // The slot to fill: an empty one, else the least recently used that is neither the one got
+    // last nor being read; -1 when there is none. Under mutex_.
+    int victim() const;
+    void reader();
 
     std::string path_;
     int n_layer_ = 0, n_expert_ = 0, n_slots_ = 0;
@@ -96,10 +122,20 @@ private:
     std::vector<int32_t> owner_;         // [slot]: il * n_expert + e, or -1
     std::vector<uint64_t> last_use_;     // [slot]: the tick of its last get()
     std::vector<const std::byte*> ptr_;  // [slot * 3 + m]: the matrix's first byte in the slot
+    std::vector<uint8_t> ready_;         // [slot]: its owner's bytes are in (0: being read)
+    std::vector<uint8_t> ahead_;         // [slot]: read ahead by prefetch() and not got since
+    int in_use_ = -1;                    // the slot get() gave last
     uint64_t tick_ = 0;
-    int fd_ = -1;
+    File file_, reader_file_;
     std::atomic<bool> direct_ = false;
-    std::atomic<uint64_t> hits_ = 0, misses_ = 0, bytes_read_ = 0, tokens_ = 0;
+    std::atomic<uint64_t> hits_ = 0, misses_ = 0, bytes_read_ = 0, tokens_ = 0, prefetched_ = 0, prefetch_used_ = 0;
+
+    mutable std::mutex mutex_;  // guards where_, owner_, last_use_, ptr_, ready_, ahead_, in_use_, tick_, queue_
+    std::condition_variable changed_;
+    std::deque<int32_t> queue_;  // keys to read ahead
+    bool reading_ = false;       // the reader thread is reading one
+    bool stop_ = false;
+    std::thread reader_;
 };
 
 }  // namespace fitllm::model

@@ -342,6 +342,11 @@ public:
             if (L->ffn_post_norm) o.rms_norm(cur, L->ffn_post_norm, hp.norm_eps, n, E, cur);
             if (hp.residual_scale != 0.0f) o.scale(cur, n * E, hp.residual_scale);  // Granite
             o.add(x, cur, n * E, x);
+            // One token: read ahead the experts layer il + 1's router would choose from x now
+            // (its input, but for that layer's attention), while that attention computes.
+            ExpertCache* experts = mem_.experts();
+            if (experts && experts->prefetching() && n == 1 && il + 1 < hp.n_layer)
+                prefetch_experts(*experts, il + 1, x, pool);
         }
         cache.end_batch();
 
@@ -349,12 +354,36 @@ public:
     }
 
 private:
+    // The experts layer il's router picks for the token whose hidden state is x (before that
+    // layer's attention: a guess), queued for the expert cache to read ahead. Changes no output.
+    void prefetch_experts(ExpertCache& experts, int il, const float* x, ops::ThreadPool& pool) {
+        const Hparams& hp = hp_;
+        const LlamaLayer& L = w_.layers[static_cast<size_t>(il)];
+        predict_.resize(static_cast<size_t>(hp.n_embd + hp.n_expert));
+        float* h = predict_.data();
+        float* scores = h + hp.n_embd;
+        ops::rms_norm(x, L.ffn_norm, hp.norm_eps, 1, hp.n_embd, h);
+        ops::matmul(L.moe.router, h, 1, scores, pool, mem_.scratch);
+        int32_t chosen[kMaxExpertsUsed];
+        for (int r = 0; r < hp.n_expert_used; ++r) {
+            int best = -1;
+            for (int e = 0; e < hp.n_expert; ++e) {
+                bool taken = false;
+                for (int j = 0; j < r && !taken; ++j) taken = chosen[j] == e;
+                if (!taken && (best < 0 || scores[e] > scores[best])) best = e;
+            }
+            chosen[r] = best;
+        }
+        experts.prefetch(il, chosen, hp.n_expert_used);
+    }
+
     ops::RopeParams rope_params() const {
         return hparams_rope(hp_, variant_.rope_mode, variant_.rope_freqs ? w_.rope_freqs : nullptr);
     }
 
     Variant variant_;
     LlamaWeights w_;
+    std::vector<float> predict_;  // prefetch_experts(): n_embd + n_expert floats (not charged: a few KiB)
 };
 
 std::unique_ptr<Model> load_llama(const gguf::GgufFile& file, Hparams hp, const LoadOptions& options) {

@@ -65,6 +65,9 @@ struct LoadOptions {
     // allow); the dense weights stay mapped. 0: every expert mapped and resident. Same logits
     // either way. Not with streamed or offloaded layers.
     int expert_slots = 0;
+    // With an expert cache, one token at a time: read ahead the experts the next layer's router
+    // would choose from the current hidden state (model/expert_cache.h).
+    bool expert_prefetch = true;
 };
 
 // What an expert cache did so far (Model::expert_cache_stats); n_slots 0: the model has none.
@@ -74,6 +77,8 @@ struct ExpertCacheStats {
     uint64_t hits = 0, misses = 0;  // expert lookups: found in a slot, read from the file
     uint64_t bytes_read = 0;        // from the file, O_DIRECT block rounding included
     uint64_t tokens = 0;            // tokens that went through the experts (all layers count once)
+    uint64_t prefetched = 0;        // experts read ahead (prefetch), in bytes_read
+    uint64_t prefetch_used = 0;     // of them, got before they were evicted (hits)
     bool direct_io = false;         // reads bypass the page cache (false: buffered, cache dropped after)
     double hit_rate() const { return hits + misses == 0 ? 0.0 : double(hits) / double(hits + misses); }
     double bytes_per_token() const { return tokens == 0 ? 0.0 : double(bytes_read) / double(tokens); }

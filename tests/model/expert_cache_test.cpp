@@ -178,6 +178,8 @@ TEST(ExpertPlan, TooFewSlotsAreRefusedWithTheNumbers) {
     EXPECT_THROW(engine::make_plan(dense, {.n_ctx = 256, .expert_slots = 8}), std::invalid_argument);
 }
 
+// With and without reading ahead (prefetch only changes what is in the slots), O_DIRECT and
+// buffered: the resident run's logits, bit for bit, for the prompt and each decoded token.
 TEST(ExpertCache, GivesTheResidentLogitsBitForBit) {
     ops::ThreadPool pool(2);
     for (const char* name : kFiles) {
@@ -185,21 +187,27 @@ TEST(ExpertCache, GivesTheResidentLogitsBitForBit) {
         const auto resident = model::Model::load(file);
         const std::vector<float> want = prompt_and_decode(*resident, 12, pool);
         for (const bool direct : {true, false}) {
-            memory::Device host("host", UINT64_MAX);
-            const auto cached =
-                model::Model::load(file, {.device = &host, .stream_direct_io = direct, .expert_slots = 4});
-            const std::vector<float> got = prompt_and_decode(*cached, 12, pool);
-            ASSERT_EQ(got.size(), want.size());
-            EXPECT_EQ(0, std::memcmp(got.data(), want.data(), got.size() * sizeof(float)))
-                << name << (direct ? " O_DIRECT" : " buffered");
-            const model::ExpertCacheStats x = cached->expert_cache_stats();
-            EXPECT_EQ(x.n_slots, 4);
-            EXPECT_GT(x.misses, 4u) << name;  // 4 slots for 16 experts: evictions, read again
-            EXPECT_GT(x.hits, 0u) << name;
-            EXPECT_EQ(x.tokens, 40u + 12u);
-            for (const memory::PoolStats& p : host.pools()) {
-                if (p.name == memory::pool_names::kExperts)
-                    EXPECT_EQ(p.peak, model::expert_cache_bytes(x.slot_bytes, 4));
+            for (const bool prefetch : {true, false}) {
+                memory::Device host("host", UINT64_MAX);
+                const auto cached = model::Model::load(
+                    file,
+                    {.device = &host, .stream_direct_io = direct, .expert_slots = 4, .expert_prefetch = prefetch});
+                const std::vector<float> got = prompt_and_decode(*cached, 12, pool);
+                const std::string what = std::string(name) + (direct ? " O_DIRECT" : " buffered") +
+                                         (prefetch ? " prefetch" : " no prefetch");
+                ASSERT_EQ(got.size(), want.size());
+                EXPECT_EQ(0, std::memcmp(got.data(), want.data(), got.size() * sizeof(float))) << what;
+                const model::ExpertCacheStats x = cached->expert_cache_stats();
+                EXPECT_EQ(x.n_slots, 4);
+                EXPECT_GT(x.misses, 4u) << what;  // 4 slots for 16 experts: evictions, read again
+                EXPECT_GT(x.hits, 0u) << what;
+                EXPECT_EQ(x.tokens, 40u + 12u);
+                if (!prefetch) EXPECT_EQ(x.prefetched, 0u) << what;  // (with it: as the reader thread runs)
+                EXPECT_LE(x.prefetch_used, x.prefetched);
+                for (const memory::PoolStats& p : host.pools()) {
+                    if (p.name == memory::pool_names::kExperts)
+                        EXPECT_EQ(p.peak, model::expert_cache_bytes(x.slot_bytes, 4));
+                }
             }
         }
     }
@@ -210,8 +218,8 @@ TEST(ExpertCache, CountersAddUp) {
     const model::Hparams hp = model::read_hparams(file);
     const uint64_t per_expert = 3 * 8704;  // 69632 / 8 for each of gate, up, down (Q8_0)
     ops::ThreadPool pool(2);
-    // Every expert has a slot: each is read once, then only hit.
-    const auto all = model::Model::load(file, {.expert_slots = hp.n_expert * hp.n_layer});
+    // Every expert has a slot: each is read once, then only hit (no read-ahead: each read counts).
+    const auto all = model::Model::load(file, {.expert_slots = hp.n_expert * hp.n_layer, .expert_prefetch = false});
     prompt_and_decode(*all, 0, pool);
     const model::ExpertCacheStats a = all->expert_cache_stats();
     EXPECT_LE(a.misses, uint64_t(hp.n_expert * hp.n_layer));
@@ -226,7 +234,8 @@ TEST(ExpertCache, CountersAddUp) {
     EXPECT_GT(b.hit_rate(), a.hit_rate());
     EXPECT_DOUBLE_EQ(b.bytes_per_token(), double(b.bytes_read) / double(b.tokens));
 
-    // One token at a time with the fewest slots: exactly n_used x n_layer lookups per token.
+    // One token at a time with the fewest slots: exactly n_used x n_layer lookups per token, read
+    // ahead or not.
     const auto few = model::Model::load(file, {.expert_slots = model::min_expert_slots(hp)});
     kv::ModelCache cache = few->make_cache({.n_cells = 64}, 1);
     std::vector<float> row(static_cast<size_t>(few->n_vocab()));
@@ -236,7 +245,48 @@ TEST(ExpertCache, CountersAddUp) {
         const model::ExpertCacheStats x = few->expert_cache_stats();
         EXPECT_EQ(x.hits + x.misses, uint64_t(i + 1) * uint64_t(hp.n_expert_used * hp.n_layer));
     }
-    EXPECT_NE(model::expert_cache_text(few->expert_cache_stats()).find("expert cache: 4 slots, "), std::string::npos);
+    const model::ExpertCacheStats f = few->expert_cache_stats();
+    EXPECT_LE(f.prefetch_used, f.prefetched);
+    EXPECT_NE(model::expert_cache_text(f).find("expert cache: 4 slots, "), std::string::npos);
+}
+
+// Read-ahead: queued experts are read by the reader thread into slots, a later get() of one is a
+// hit (and counts as used), one already in a slot is not read again, and the bytes are the file's.
+TEST(ExpertCache, PrefetchReadsAheadIntoSlots) {
+    const gguf::GgufFile file = gguf::GgufFile::open(generated("tiny-qwen3moe-q8_0.gguf"));
+    const model::Hparams hp = model::read_hparams(file);
+    memory::Device host("host", UINT64_MAX);
+    for (const bool direct : {true, false}) {
+        model::ExpertCache cache(file, hp, 4, host.pool(memory::pool_names::kExperts), direct, /*prefetch=*/true);
+        ASSERT_TRUE(cache.prefetching());
+        const int32_t ids[] = {3, 5};
+        cache.prefetch(1, ids, 2);
+        cache.drain();
+        model::ExpertCacheStats x = cache.stats();
+        EXPECT_EQ(x.prefetched, 2u);
+        EXPECT_EQ(x.hits + x.misses, 0u);
+        const model::ExpertCache::Expert e = cache.get(1, 5);
+        x = cache.stats();
+        EXPECT_EQ(x.hits, 1u);
+        EXPECT_EQ(x.misses, 0u);
+        EXPECT_EQ(x.prefetch_used, 1u);
+        // The bytes of expert 5 of blk.1.ffn_up_exps.weight, as the mapping has them.
+        const gguf::TensorInfo* up = file.find_tensor("blk.1.ffn_up_exps.weight");
+        ASSERT_NE(up, nullptr);
+        const uint64_t each = up->n_bytes / uint64_t(hp.n_expert);
+        EXPECT_EQ(0, std::memcmp(e.up, up->data.data() + 5 * each, each));
+        cache.prefetch(1, ids, 2);  // both in slots: nothing to read
+        cache.drain();
+        EXPECT_EQ(cache.stats().prefetched, 2u);
+        cache.get(0, 3);  // a miss, read by get() itself
+        EXPECT_EQ(cache.stats().misses, 1u);
+    }
+    // Without its thread, prefetch() does nothing.
+    model::ExpertCache off(file, hp, 4, host.pool(memory::pool_names::kExperts), true, /*prefetch=*/false);
+    const int32_t one[] = {0};
+    off.prefetch(0, one, 1);
+    off.drain();
+    EXPECT_EQ(off.stats().prefetched, 0u);
 }
 
 TEST(ExpertCache, RefusesTooFewSlotsAndSlotsOverBudget) {
