@@ -1,4 +1,5 @@
-// fitllm chat -m MODEL [-c CTX] [-t N] [sampling options] [KV options] [--system TEXT] [-n N]
+// fitllm chat -m MODEL [-c CTX] [-t N] [sampling options] [--grammar GBNF | -j SCHEMA] [KV options]
+//             [--system TEXT] [-n N]
 // An interactive conversation through the model's chat template. Each turn renders the whole
 // conversation and feeds only the tokens the KV cache does not already hold. With
 // --context-shift, a full context drops its oldest tokens (after --keep) and the conversation goes
@@ -25,6 +26,7 @@
 #include "kv/cache.h"
 #include "model/model.h"
 #include "ops/thread_pool.h"
+#include "sampling/grammar.h"
 #include "sampling/sampler.h"
 #include "tokenizer/detokenizer.h"
 #include "tokenizer/tokenizer.h"
@@ -95,6 +97,7 @@ ArgParser chat_parser(ChatOptions& o) {
     p.option("-n, --n-predict", "N", "tokens per reply at most (default 512)", &o.n_predict);
     p.option("--system", "TEXT", "a system message opening the conversation", &o.system_prompt);
     add_sampling_options(p, o.sampling);
+    add_grammar_options(p, o.sampling);
     add_kv_options(p, c);
     add_context_shift_options(p, c);
     add_lookup_options(p, o.lookup);
@@ -148,7 +151,9 @@ int converse(engine::Engine& e, const ChatOptions& o) {
     const chat::ResolvedTemplate& resolved = e.chat_template();
     const chat::RenderOptions& options = e.render_options();
     engine::Session session(e.model(), context, e.threads(), &e.host());
-    sampling::Sampler sampler(o.sampling, e.model().n_vocab());
+    sampling::SamplingParams params = o.sampling;
+    if (params.grammar) params.grammar_vocab = sampling::GrammarVocab::from_tokenizer(tokenizer);
+    sampling::Sampler sampler(params, e.model().n_vocab());  // with --grammar / -j: each reply follows it
     tokenizer::Detokenizer detok(tokenizer, /*remove_special=*/false, /*unparse_special=*/false);
     std::unique_ptr<engine::Drafter> drafter;
     if (engine::Engine* d = e.draft()) {
@@ -204,6 +209,7 @@ int converse(engine::Engine& e, const ChatOptions& o) {
         std::string reply;
         bool full = false;
         std::span<const float> logits;
+        sampler.restart_grammar();
         if (drafter) {
             full = reply_with_drafter(session, suffix, o, *drafter, sampler, vocab, detok, reply, fed);
         } else {

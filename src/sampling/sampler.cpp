@@ -197,6 +197,10 @@ void Sampler::reset() {
     if (grammar_) grammar_->reset();
 }
 
+void Sampler::restart_grammar() {
+    if (grammar_) grammar_->reset();
+}
+
 void Sampler::release_workspace() {
     candidates_.items.clear();
     candidates_.items.shrink_to_fit();

@@ -59,6 +59,9 @@ public:
     // Forgets the penalty window and restarts the random sequence from the seed (and the grammar
     // from its start).
     void reset();
+    // Starts the grammar over (for a new answer), keeping the penalty window and the random
+    // sequence where they are. Nothing without a grammar.
+    void restart_grammar();
     // Gives back the candidate list's memory (n_vocab candidates, workspace_bytes()) until the next
     // sample(): for a sequence that waits (the scheduler's preempted ones). Its state stays.
     void release_workspace();

@@ -1,6 +1,7 @@
 // `fitllm chat`: a conversation piped through stdin on the demo model, /exit, and usage errors.
 #include <gtest/gtest.h>
 
+#include <nlohmann/json.hpp>
 #include <string>
 
 #include "test_support.h"
@@ -46,6 +47,41 @@ TEST(ChatCommand, LookupGivesTheSameGreedyReplies) {
     ASSERT_EQ(spec.status, 0) << spec.output;
     EXPECT_EQ(count_markers(spec.output), 3) << spec.output;
     EXPECT_EQ(spec.output, plain.output);
+}
+
+// -j SCHEMA: every reply (sampled, two turns) is JSON valid for the schema, the grammar started
+// over for each one.
+TEST(ChatCommand, EachReplyFollowsTheJsonSchema) {
+    const auto model = test::demo_model();
+    if (!model) GTEST_SKIP() << "demo model absent (scripts/setup.sh downloads it)";
+    const std::string schema =
+        R"({"type":"object","properties":{"answer":{"type":"integer","minimum":0,"maximum":99}},)"
+        R"("required":["answer"]})";
+    const test::CommandResult r =
+        test::run_command("printf 'What is 2+2?\nAnd 3+5?\n' | " + fitllm_exe() + " chat -m '" + model->string() +
+                          "' --temp 1 --seed 7 -n 64 -t 2 -j '" + schema + "' 2>/dev/null");
+    ASSERT_EQ(r.status, 0) << r.output;
+    ASSERT_EQ(count_markers(r.output), 3) << r.output;
+    // "> REPLY\n> REPLY\n> \n" (a reply may span lines: the grammar allows JSON's whitespace): each
+    // reply is {"answer": N} with 0 <= N <= 99.
+    size_t at = 0;
+    for (int turn = 0; turn < 2; ++turn) {
+        ASSERT_EQ(r.output.compare(at, 2, "> "), 0) << r.output;
+        const size_t end = r.output.find("\n> ", at);
+        ASSERT_NE(end, std::string::npos) << r.output;
+        const nlohmann::json reply = nlohmann::json::parse(r.output.substr(at + 2, end - at - 2));
+        ASSERT_TRUE(reply.is_object()) << reply;
+        ASSERT_EQ(reply.size(), 1u) << reply;
+        ASSERT_TRUE(reply.at("answer").is_number_integer()) << reply;
+        EXPECT_GE(reply.at("answer").get<int>(), 0);
+        EXPECT_LE(reply.at("answer").get<int>(), 99);
+        at = end + 1;
+    }
+    // A schema that is not one is a usage error naming the option.
+    const test::CommandResult bad =
+        test::run_command(fitllm_exe() + " chat -m '" + model->string() + "' -j '{\"type\": 5}' 2>&1 </dev/null");
+    EXPECT_EQ(bad.status, 2) << bad.output;
+    EXPECT_NE(bad.output.find("--json-schema"), std::string::npos) << bad.output;
 }
 
 TEST(ChatCommand, ExitCommandEndsTheConversation) {
