@@ -6,7 +6,8 @@ be identical (exit status 1 otherwise); the decode speed of each run is the `gen
 X tok/s` of run's summary line (from the first generated token to the last, prompt excluded).
 
   .venv/bin/python bench/speculative_draft.py [--fitllm build/fitllm] [--target F16.gguf]
-      [--draft Q4.gguf] [-n 128] [-t 2] [--reps 2] [--draft-max 8] [--draft-p-min 0.75] [--json out.json]
+      [--draft Q4.gguf] [-n 128] [-t 2] [--reps 2] [--draft-max 8] [--draft-p-min 0.75]
+      [--draft-vocab N] [--json out.json]
 
 Without --target, the F16 target is made once from the demo model under .cache/ (each tensor
 dequantized with the gguf package's numpy code: matrices to F16, vectors F32; the metadata as
@@ -73,7 +74,8 @@ def run(prompt: str, args: argparse.Namespace, draft: bool) -> dict:
     cmd = [args.fitllm, "run", "-m", args.target, "-p", chat_prompt(prompt), "-n", str(args.n), "--temp", "0",
            "-t", str(args.threads), "-c", "1024"]
     if draft:
-        cmd += ["-md", args.draft, "--draft-max", str(args.draft_max), "--draft-p-min", str(args.draft_p_min)]
+        cmd += ["-md", args.draft, "--draft-max", str(args.draft_max), "--draft-p-min", str(args.draft_p_min),
+                "--draft-vocab", str(args.draft_vocab)]
     p = subprocess.run(cmd, capture_output=True, text=True, check=False)
     if p.returncode != 0:
         sys.exit(f"speculative_draft.py: {' '.join(cmd)} failed ({p.returncode}):\n{p.stderr}")
@@ -99,6 +101,7 @@ def main() -> int:
     ap.add_argument("--reps", type=int, default=2, help="runs of each prompt and mode (alternating)")
     ap.add_argument("--draft-max", type=int, default=8)
     ap.add_argument("--draft-p-min", type=float, default=0.75)
+    ap.add_argument("--draft-vocab", type=int, default=0, help="the draft scores the first N tokens only (0: all)")
     ap.add_argument("--json", help="write the results here")
     args = ap.parse_args()
     if args.target is None:
@@ -109,7 +112,8 @@ def main() -> int:
 
     rows, same = [], True
     print(f"target {os.path.relpath(args.target, ROOT)}, draft {os.path.relpath(args.draft, ROOT)}, "
-          f"--draft-max {args.draft_max} --draft-p-min {args.draft_p_min}, -t {args.threads}")
+          f"--draft-max {args.draft_max} --draft-p-min {args.draft_p_min} --draft-vocab {args.draft_vocab}, "
+          f"-t {args.threads}")
     print(f"{'prompt':10} {'p tok':>6} {'gen':>5} {'plain tok/s':>12} {'-md tok/s':>10} {'ratio':>6} "
           f"{'accepted':>9} {'draft s':>8}")
     for name, prompt in PROMPTS.items():

@@ -185,6 +185,10 @@ void add_draft_model_options(ArgParser& p, LookupOptions& lookup, EngineOptions&
     p.option("--draft-p-min", "P",
              "with -md: stop drafting at a token the draft model gives a probability below P (default 0.75)",
              [&lookup](const std::string& v) { lookup.draft.p_min = parse_float("--draft-p-min", v); });
+    p.option("--draft-vocab", "N",
+             "with -md: the draft model scores only the first N tokens of the vocabulary, a cheaper output layer "
+             "(the common tokens on most vocabularies); 0: all (default)",
+             [&lookup](const std::string& v) { lookup.draft.n_vocab = parse_count("--draft-vocab", v); });
 }
 
 void validate_lookup_options(const LookupOptions& lookup) {

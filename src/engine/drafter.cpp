@@ -19,6 +19,7 @@ void check(const DraftParams& p) {
              ")");
     }
     if (!(p.p_min >= 0.0f && p.p_min <= 1.0f)) fail("--draft-p-min " + std::to_string(p.p_min) + " must be in 0..1");
+    if (p.n_vocab < 0) fail("--draft-vocab " + std::to_string(p.n_vocab) + " must not be negative");
 }
 
 ContextConfig draft_context(const ContextConfig& target) {
@@ -71,6 +72,7 @@ ModelDrafter::ModelDrafter(model::Model& model, const ContextConfig& context, op
       slack_(std::max(0, std::min(params.n_draft, (context.n_batch - 1) / 2))) {
     check(params_);
     session_.cache().set_window_slack(slack_);
+    session_.set_vocab_limit(params_.n_vocab);
 }
 
 int ModelDrafter::draft(std::span<const int32_t> history, int max_tokens, std::vector<int32_t>& out) {

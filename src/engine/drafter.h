@@ -52,8 +52,13 @@ struct DraftParams {
     int n_draft = 8;      // tokens drafted per forward pass at most (--draft-max)
     int n_min = 0;        // a draft of fewer tokens is not checked: one token is decoded instead (--draft-min)
     float p_min = 0.75f;  // drafting stops at a token the draft model gives less (--draft-p-min)
+    // > 0: the draft model scores only the first n_vocab tokens of the vocabulary (--draft-vocab):
+    // its output layer costs n_vocab / vocabulary size as much, and it drafts no other token (on
+    // vocabularies ordered by merge rank or score, the first tokens are the common ones). 0: all.
+    int n_vocab = 0;
 };
-// Throws ConfigError naming the option: n_draft < 1, n_min outside 0..n_draft, p_min outside 0..1.
+// Throws ConfigError naming the option: n_draft < 1, n_min outside 0..n_draft, p_min outside 0..1,
+// n_vocab < 0.
 void check(const DraftParams& params);
 
 // The draft model's context for a target's: one sequence, the same n_ctx (resolved first), batch

@@ -66,8 +66,10 @@ std::span<const float> Session::feed(std::span<const int32_t> tokens) {
         while (true) {
             for (size_t t = 0; t < n; ++t) positions_[t] = n_past_ + static_cast<int32_t>(t);
             try {
-                model_.forward(tokens.subspan(begin, n), std::span<const int32_t>(positions_.data(), n), cache_,
-                               logits_.data(), /*all_logits=*/false, pool_);
+                model_.forward(model::Batch{.tokens = tokens.subspan(begin, n),
+                                            .positions = std::span<const int32_t>(positions_.data(), n),
+                                            .n_vocab_out = vocab_limit_},
+                               cache_, logits_.data(), pool_);
                 break;
             } catch (const kv::KvCacheError&) {
                 // The cells are there but not in whole blocks (holes a shift left): shift again.
@@ -98,7 +100,8 @@ std::span<const float> Session::feed_all(std::span<const int32_t> tokens) {
     model_.forward(model::Batch{.tokens = tokens,
                                 .positions = std::span<const int32_t>(positions_.data(), n),
                                 .all_logits = true,
-                                .token_order = true},
+                                .token_order = true,
+                                .n_vocab_out = vocab_limit_},
                    cache_, logits_.data(), pool_);
     n_past_ += static_cast<int>(n);
     tokens_.insert(tokens_.end(), tokens.begin(), tokens.end());

@@ -75,6 +75,9 @@ public:
     void reset();
     // Forgets the tokens at positions n and after: the next ones are fed after the first n.
     void truncate(int n);
+    // n > 0: the forward passes score only tokens 0 .. n - 1 (model::Batch::n_vocab_out; the
+    // rest of the logits -infinity); 0: all. A draft model's cheaper output layer.
+    void set_vocab_limit(int n) { vocab_limit_ = n; }
     // Context shifts done since the session began.
     int n_shifts() const { return n_shifts_; }
     // The context shift (llama.cpp's): keeps the first n_keep tokens, drops the next
@@ -126,6 +129,7 @@ private:
     memory::PoolBuffer<float> logits_;  // [n_logit_rows, n_vocab]
     std::vector<int32_t> positions_;    // [n_batch]
     std::vector<int32_t> tokens_;       // what the cache holds, reserved for n_ctx
+    int vocab_limit_ = 0;
 };
 
 }  // namespace fitllm::engine

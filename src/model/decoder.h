@@ -4,8 +4,10 @@
 // layer wherever it runs; activations cross at the first device layer and before the output), the
 // checks and cache bookkeeping around a batch (K shifts, placing, window trimming), attention over
 // the KV cache, and the output rows. Internal to model/.
+#include <algorithm>
 #include <cstdint>
 #include <cstring>
+#include <limits>
 #include <memory>
 #include <optional>
 #include <span>
@@ -615,10 +617,22 @@ inline void DecoderModel::output_logits(const Batch& batch, const BatchRows& row
     const int n_out = output_rows(o, hp_, batch, o.x, output_norm, o.cur);
     if (n_out == 0) return;
     float* logits = mem_.logits_target(hp_, logits_out, n_out);
-    o.matmul(output, o.cur, n_out, logits, output_places(batch, rows, mem_));  // logits: [n_out, n_vocab]
-    if (hp_.logit_scale != 0.0f) o.scale(logits, int64_t{n_out} * hp_.n_vocab, 1.0f / hp_.logit_scale);
-    if (hp_.final_logit_softcap > 0.0f) o.softcap(logits, int64_t{n_out} * hp_.n_vocab, hp_.final_logit_softcap);
-    mem_.finish_logits(logits_out, int64_t{n_out} * hp_.n_vocab);
+    const int64_t V = hp_.n_vocab;
+    // The first n_vocab_out tokens only (host logits): [n_out, n] packed, then spread out to rows
+    // of V, the rest -infinity (from the last row back, so that no row is overwritten unread).
+    const int64_t n = logits == logits_out && batch.n_vocab_out > 0 && batch.n_vocab_out < V ? batch.n_vocab_out : V;
+    ops::WeightView head = output;
+    head.rows = n;
+    o.matmul(head, o.cur, n_out, logits, output_places(batch, rows, mem_));  // logits: [n_out, n]
+    if (hp_.logit_scale != 0.0f) o.scale(logits, int64_t{n_out} * n, 1.0f / hp_.logit_scale);
+    if (hp_.final_logit_softcap > 0.0f) o.softcap(logits, int64_t{n_out} * n, hp_.final_logit_softcap);
+    if (n < V) {
+        for (int64_t r = n_out - 1; r >= 0; --r) {
+            std::copy_backward(logits + r * n, logits + (r + 1) * n, logits + r * V + n);
+            std::fill(logits + r * V + n, logits + (r + 1) * V, -std::numeric_limits<float>::infinity());
+        }
+    }
+    mem_.finish_logits(logits_out, int64_t{n_out} * V);
 }
 
 }  // namespace fitllm::model

@@ -92,6 +92,7 @@ void add(Fields& f, const LookupOptions& l) {
     f["draft.n_draft"] = str(l.draft.n_draft);
     f["draft.n_min"] = str(l.draft.n_min);
     f["draft.p_min"] = str(l.draft.p_min);
+    f["draft.n_vocab"] = str(l.draft.n_vocab);
 }
 
 Fields fields(const RunOptions& o) {
@@ -231,6 +232,7 @@ const std::map<std::string, std::string> kSamples = {
     {"-md", "draft.gguf"},
     {"--draft-min", "2"},
     {"--draft-p-min", "0.5"},
+    {"--draft-vocab", "1000"},
 };
 
 // What each flag sets, where every command that has it sets the same.
@@ -297,6 +299,7 @@ const std::map<std::string, std::set<std::string>> kSets = {
     {"-md", {"lookup.draft_model", "draft_model_path"}},
     {"--draft-min", {"draft.n_min"}},
     {"--draft-p-min", {"draft.p_min"}},
+    {"--draft-vocab", {"draft.n_vocab"}},
 };
 
 using Overrides = std::map<std::string, std::set<std::string>>;

@@ -7,6 +7,7 @@
 #include <algorithm>
 #include <filesystem>
 #include <memory>
+#include <span>
 #include <string>
 #include <vector>
 
@@ -116,6 +117,29 @@ TEST(DraftModel, GreedyMatchesGenerateOnTinyLlamaWithItsOtherQuantizations) {
     }
 }
 
+// --draft-vocab: the draft scores the first tokens only, drafts nothing else, and the text is
+// still the model's.
+TEST(DraftModel, AVocabularyLimitDraftsOnlyTheFirstTokensAndKeepsTheText) {
+    const gguf::GgufFile target_file = gguf::GgufFile::open(data("tiny-llama-q8_0.gguf"));
+    const auto target = model::Model::load(target_file);
+    const gguf::GgufFile draft_file = gguf::GgufFile::open(data("tiny-llama-f16.gguf"));
+    const auto draft = model::Model::load(draft_file);
+    ops::ThreadPool pool{2};
+    const std::vector<int32_t> prompt = some_prompt(target->n_vocab(), 12);
+    const ContextConfig context{.n_ctx = 256, .n_batch = 32};
+    const DraftParams params{.n_draft = 6, .p_min = 0.0f, .n_vocab = 200};
+    engine::ModelDrafter drafter(*draft, context, pool, params);
+    std::vector<int32_t> out;
+    for (int n = 3; n < 12; ++n) {
+        ASSERT_EQ(drafter.draft(std::span<const int32_t>(prompt).first(static_cast<size_t>(n)), 6, out), 6);
+        for (const int32_t id : out) EXPECT_LT(id, 200);
+    }
+    const Generated plain = generate(*target, pool, context, prompt, 100, nullptr, params);
+    const Generated spec = generate(*target, pool, context, prompt, 100, draft.get(), params);
+    expect_same(plain, spec);
+    EXPECT_GT(spec.stats.n_accepted, 0);
+}
+
 // Tiny Gemma 3 whose sliding-window pools (window 4) trim after every pass, drafted by itself and
 // by its 2-layer sibling: rejected drafts are taken back from both caches; and through context
 // shifts, after which the draft model starts over.
@@ -180,6 +204,10 @@ TEST(DraftModel, GreedyMatchesGenerateOnTheDemoModel) {
     const Generated spec = generate(*target, pool, context, prompt, 48, draft.get(), params);
     expect_same(plain, spec);
     EXPECT_GT(spec.stats.n_accepted, spec.stats.n_generated / 3);
+    const Generated limited =
+        generate(*target, pool, context, prompt, 48, draft.get(), DraftParams{.n_draft = 8, .n_vocab = 32768});
+    expect_same(plain, limited);
+    EXPECT_GT(limited.stats.n_accepted, 0);
 }
 
 TEST(DraftModel, ADraftWithAnotherVocabularyIsRefusedNamingBothFiles) {
