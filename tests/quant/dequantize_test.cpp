@@ -4,6 +4,8 @@
 
 #include <gtest/gtest.h>
 
+#include <algorithm>
+#include <bit>
 #include <cmath>
 #include <cstring>
 #include <initializer_list>
@@ -309,6 +311,69 @@ TEST(Dequantize, Mxfp4ByHand) {
     EXPECT_EQ(y[32 + 7], 12 * 0x1p-127f);
     EXPECT_EQ(mxfp4_scale_half(0), 0x1p-128f);
     EXPECT_EQ(mxfp4_scale_half(254), 0x1p126f);
+}
+
+// The grids of the i-quants (generated from llama.cpp's dequantizer): every point distinct, every
+// value one of the type's levels; the IQ2 / IQ3_XXS sign bytes keep the 7 stored bits and an even
+// count of minus signs.
+template <typename Point, size_t N>
+void expect_grid(const Point (&grid)[N], int values, std::initializer_list<int> levels, const char* name) {
+    std::vector<Point> sorted(grid, grid + N);
+    std::sort(sorted.begin(), sorted.end());
+    EXPECT_EQ(std::adjacent_find(sorted.begin(), sorted.end()), sorted.end()) << name << ": a repeated point";
+    int bad = 0;
+    for (Point p : grid) {
+        for (int j = 0; j < values; ++j) {
+            const int v = static_cast<int8_t>(static_cast<uint8_t>(p >> (8 * j)));
+            bad += std::find(levels.begin(), levels.end(), v) == levels.end() ? 1 : 0;
+        }
+    }
+    EXPECT_EQ(bad, 0) << name;
+}
+
+TEST(Dequantize, IqGridsAndSigns) {
+    expect_grid(kIq2xxsGrid, 8, {8, 25, 43}, "IQ2_XXS");
+    expect_grid(kIq2xsGrid, 8, {8, 25, 43}, "IQ2_XS");
+    expect_grid(kIq2sGrid, 8, {8, 25, 43}, "IQ2_S");
+    expect_grid(kIq3xxsGrid, 4, {4, 12, 20, 28, 36, 44, 52, 62}, "IQ3_XXS");
+    expect_grid(kIq3sGrid, 4, {1, 3, 5, 7, 9, 11, 13, 15}, "IQ3_S");
+    expect_grid(kIq1sGrid, 8, {-1, 0, 1}, "IQ1_S");
+    for (int i = 0; i < 128; ++i) {
+        EXPECT_EQ(kIqSigns[i] & 127, i);
+        EXPECT_EQ(std::popcount(static_cast<unsigned>(kIqSigns[i])) % 2, 0) << i;
+    }
+}
+
+// IQ2_XXS: d = 1, sub-block 0 with grid points 1, 0, 0, 0, sign bits 1 (group 0: completed with
+// bit 7), s = 3 (d (0.5 + 3) / 4 = 0.875); point 1 is (43, 8, 8, 8, 8, 8, 8, 8).
+TEST(Dequantize, Iq2XxsByHand) {
+    BlockIQ2_XXS b{};
+    b.d = 0x3C00;
+    const uint32_t w0 = 1, w1 = 1u | (3u << 28);
+    std::memcpy(b.qs, &w0, 4);
+    std::memcpy(b.qs + 2, &w1, 4);
+    std::vector<float> y(256);
+    dequantize_row(GgmlType::IQ2_XXS, &b, y.data(), 256);
+    EXPECT_EQ(y[0], -0.875f * 43);
+    for (int j = 1; j < 7; ++j) EXPECT_EQ(y[j], 0.875f * 8) << j;
+    EXPECT_EQ(y[7], -0.875f * 8);
+    EXPECT_EQ(y[8], 0.875f * 8);         // point 0, no signs
+    EXPECT_EQ(y[32], 0.5f * 0.25f * 8);  // sub-block 1: all zero bytes, s = 0
+}
+
+// IQ1_M: the fp16 scale 0.5 (0x3800) in the top nibbles of the scale words; sub-block 0 has
+// s = 2 / 1 (ls 5 / 3), grid point 0 (all -1), group 0's delta negative.
+TEST(Dequantize, Iq1MByHand) {
+    BlockIQ1_M b{};
+    const uint16_t w[4] = {static_cast<uint16_t>(2 | (1 << 3)), 0, 0x8000, 0x3000};
+    std::memcpy(b.scales, w, sizeof w);
+    EXPECT_EQ(iq1m_scale(b), 0x3800);
+    b.qh[0] = 0x08;
+    std::vector<float> y(256);
+    dequantize_row(GgmlType::IQ1_M, &b, y.data(), 256);
+    EXPECT_EQ(y[0], 0.5f * 5 * (-1 - 0.125f));
+    EXPECT_EQ(y[8], 0.5f * 5 * (-1 + 0.125f));
+    EXPECT_EQ(y[16], 0.5f * 3 * (-1 + 0.125f));
 }
 
 TEST(Dequantize, RejectsPartialBlocksAndUnknownTypes) {
