@@ -88,6 +88,17 @@ struct ContextConfig {
     // when a later request shares a longer prefix with one of them than with anything in the KV
     // cache. Least recently used go first. 0: none. Needs n_cached_prompts > 0.
     uint64_t prompt_cache_ram = 0;
+    // Disk below host memory (serve's --cache-disk, --cache-dir): kept prompts that host memory
+    // gives up are written to files in a directory of their own made under prompt_cache_dir (the
+    // system's temporary directory when empty), at most prompt_cache_disk bytes of them, least
+    // recently used deleted first, and read back through host memory when a later request's
+    // longest prefix is one of them. Their token lists stay in memory: at most
+    // prompt_cache_disk / kPromptCacheDiskIndexShare bytes of them (the oldest files go first), part
+    // of the "prompt_cache" pool. The files go when the scheduler does. 0: none. Needs
+    // prompt_cache_ram.
+    uint64_t prompt_cache_disk = 0;
+    static constexpr uint64_t kPromptCacheDiskIndexShare = 64;
+    std::string prompt_cache_dir;
 };
 
 }  // namespace fitllm

@@ -134,6 +134,13 @@ void add_prompt_cache_options(ArgParser& p, ContextConfig& context) {
              "host memory, within --mem, for kept prompts the KV cache evicts: copied back instead of computed "
              "again when a request shares them (default 0: none)",
              [&context](const std::string& v) { context.prompt_cache_ram = parse_size_option("--cache-ram", v); });
+    p.option("--cache-disk", "SIZE",
+             "disk below --cache-ram: kept prompts host memory gives up go to files (at most SIZE of them), read "
+             "back when a request shares them (default 0: none)",
+             [&context](const std::string& v) { context.prompt_cache_disk = parse_size_option("--cache-disk", v); });
+    p.option("--cache-dir", "DIR",
+             "where --cache-disk makes its directory of files (default: the system's temporary directory)",
+             &context.prompt_cache_dir);
 }
 
 ContextConfig resolve_cached_prompts(ContextConfig c) {

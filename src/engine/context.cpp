@@ -55,6 +55,9 @@ void check(const ContextConfig& c) {
     if (c.prompt_cache_ram > 0 && c.n_cached_prompts == 0) {
         fail("host memory for cached prompts (--cache-ram) needs cached prompts (--cache-prompts above 0)");
     }
+    if (c.prompt_cache_disk > 0 && c.prompt_cache_ram == 0) {
+        fail("a disk tier for cached prompts (--cache-disk) needs host memory for them too (--cache-ram)");
+    }
     if (c.n_batch < 1) fail("batch size (-b) " + std::to_string(c.n_batch) + " must be at least 1");
     if (c.n_outputs < 0) fail("output rows " + std::to_string(c.n_outputs) + " is negative");
     if (c.n_threads < 0) fail("threads (-t) " + std::to_string(c.n_threads) + " is negative");

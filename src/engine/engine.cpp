@@ -116,6 +116,7 @@ PlanParams plan_params(const LoadConfig& load, const ContextConfig& context, uin
     p.n_seq = context.n_seq;
     p.n_cached_prompts = context.n_cached_prompts;
     p.prompt_cache_ram = context.prompt_cache_ram;
+    p.prompt_cache_disk = context.prompt_cache_disk;
     p.context_shift = context.context_shift;
     p.n_batch = std::max(context.n_batch, context.n_seq);
     p.n_outputs = context.n_outputs;

@@ -7,6 +7,7 @@
 #include <stdexcept>
 
 #include "backend/backend.h"
+#include "fitllm/config.h"
 #include "kv/cache.h"
 #include "memory/pool.h"
 #include "model/activations.h"
@@ -307,7 +308,8 @@ Plan plan_for(const ModelShape& shape, const PlanParams& params) {
     p.scratch = p.activations + std::max(p.matmul_scratch, p.attention_scratch) + 64;
 
     p.logits = uint64_t(hp.n_vocab) * sizeof(float) * static_cast<uint64_t>(params.n_outputs);
-    p.prompt_cache = params.prompt_cache_ram;
+    p.prompt_cache =
+        params.prompt_cache_ram + params.prompt_cache_disk / fitllm::ContextConfig::kPromptCacheDiskIndexShare;
     p.samplers = static_cast<uint64_t>(params.n_seq) * sampling::Sampler::workspace_bytes(hp.n_vocab);
     // The scheduler's cached prompts (ContextConfig::n_cached_prompts) keep their tokens: at most
     // the context each.

@@ -71,10 +71,11 @@ struct PlanParams {
     int n_ctx = 2048;          // tokens the context holds, all sequences together (-c); 0: the model's training context
     int n_seq = 1;             // sequences sharing the cache (-np)
     int n_cached_prompts = 0;  // more sequence ids: the prompts the scheduler keeps (ContextConfig)
-    uint64_t prompt_cache_ram = 0;  // host bytes for kept prompts evicted from the KV cache (ContextConfig)
-    bool context_shift = false;     // the cache keeps room for a context shift's holes (kv_cells)
-    int n_batch = 512;              // tokens per forward pass (-b)
-    int n_outputs = 0;              // rows of logits per forward pass; 0: one per sequence
+    uint64_t prompt_cache_ram = 0;   // host bytes for kept prompts evicted from the KV cache (ContextConfig)
+    uint64_t prompt_cache_disk = 0;  // file bytes below them (ContextConfig; their token lists in host memory)
+    bool context_shift = false;      // the cache keeps room for a context shift's holes (kv_cells)
+    int n_batch = 512;               // tokens per forward pass (-b)
+    int n_outputs = 0;               // rows of logits per forward pass; 0: one per sequence
     quant::GgmlType type_k = quant::GgmlType::F16;  // -ctk
     quant::GgmlType type_v = quant::GgmlType::F16;  // -ctv
     bool kv_rotation = true;                        // --no-kv-rotation: false (kv::CacheParams::rotate)
@@ -175,7 +176,8 @@ struct Plan {
     uint64_t attention_scratch = 0;  // ops::attention_kv_scratch_bytes
     uint64_t scratch = 0;            // activations + max(matmul, attention) scratch
     uint64_t logits = 0;             // n_vocab floats per output row
-    uint64_t prompt_cache = 0;       // kept prompts' K/V rows in host memory (PlanParams::prompt_cache_ram)
+    uint64_t prompt_cache = 0;       // kept prompts' K/V rows in host memory (PlanParams::prompt_cache_ram), and
+                                     // the token lists of those on disk (prompt_cache_disk / its index share)
     uint64_t overhead = 0;           // see kFixedOverhead
     uint64_t samplers = 0;           // of the overhead: the sequences' samplers' candidate lists
     // Host memory the offload device's path keeps (backend::host_bytes_for: a CUDA device's pinned

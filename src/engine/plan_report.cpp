@@ -206,7 +206,8 @@ std::string plan_text(const Plan& p, const std::string& budget_source) {
     row("outputs", p.logits,
         "logits: " + std::to_string(q.n_outputs) + " x " + std::to_string(p.shape.hp.n_vocab) + " floats");
     if (p.prompt_cache > 0) {
-        row("prompt cache", p.prompt_cache, "kept prompts' K/V rows out of the KV cache (--cache-ram)");
+        row("prompt cache", p.prompt_cache,
+            "kept prompts' K/V rows out of the KV cache (--cache-ram; and the token lists of --cache-disk's files)");
     }
     row("overhead", p.overhead,
         "runtime " + util::human_bytes(kFixedOverhead) + ", metadata and tokenizer " +

@@ -1,8 +1,15 @@
 #include "engine/scheduler.h"
 
+#include <fcntl.h>
+#include <unistd.h>
+
 #include <algorithm>
+#include <cerrno>
 #include <chrono>
 #include <cmath>
+#include <cstdlib>
+#include <cstring>
+#include <filesystem>
 #include <limits>
 #include <stdexcept>
 
@@ -105,6 +112,16 @@ Scheduler::Scheduler(model::Model& model, const tokenizer::Tokenizer& tokenizer,
     for (int s = context_.n_seq + context_.n_cached_prompts - 1; s >= context_.n_seq; --s) free_cache_ids_.push_back(s);
     stats_.kv_cells_total = context_.n_ctx;
     warm_up();
+    if (context_.prompt_cache_disk > 0) {
+        std::string base = context_.prompt_cache_dir;
+        if (base.empty()) base = std::filesystem::temp_directory_path().string();
+        std::string pattern = base + "/fitllm-prompts-XXXXXX";
+        if (mkdtemp(pattern.data()) == nullptr) {
+            throw ConfigError("--cache-dir: cannot make a directory for kept prompts in '" + base +
+                              "': " + std::strerror(errno));
+        }
+        disk_dir_ = pattern;
+    }
     thread_ = std::thread([this] { loop(); });
 }
 
@@ -133,6 +150,8 @@ void Scheduler::warm_up() {
 
 Scheduler::~Scheduler() {
     shutdown();
+    while (!disk_.empty()) drop_disk_prompt(disk_.size() - 1);
+    if (!disk_dir_.empty()) ::rmdir(disk_dir_.c_str());
 }
 
 void Scheduler::shutdown() {
@@ -592,7 +611,26 @@ int Scheduler::reuse_prompt(Sequence& s) {
         best_saved = i;
         saved_n = n;
     }
-    if (best_saved < saved_.size()) {
+    // Disk: worth reading back only for a longer prefix than host memory gives.
+    size_t best_disk = disk_.size(), disk_n = saved_n;
+    for (size_t i = 0; i < disk_.size(); ++i) {
+        const DiskPrompt& d = disk_[i];
+        const size_t n = common_prefix(d.tokens, s.tokens, most);
+        const auto first = [&](int p) {
+            const std::vector<kv::Pos>& places = d.places[static_cast<size_t>(p)];
+            return places.empty() ? kv::Pos{-1} : places.front();
+        };
+        if (n <= disk_n || !prefix_whole(cache_, n, first)) continue;
+        best_disk = i;
+        disk_n = n;
+    }
+    if (best_disk < disk_.size()) {
+        SavedPrompt read;
+        if (read_disk_prompt(best_disk, read)) {  // through host memory: kept there again when this request ends
+            const int restored = restore_prompt(s, std::move(read), static_cast<int>(disk_n));
+            if (restored > 0) return restored;
+        }
+    } else if (best_saved < saved_.size()) {
         SavedPrompt saved = std::move(saved_[best_saved]);
         drop_saved_prompt(best_saved);  // copied back, it is kept again when this request ends
         const int restored = restore_prompt(s, std::move(saved), static_cast<int>(saved_n));
@@ -640,15 +678,14 @@ void Scheduler::save_prompt(const CachedPrompt& c) {
     }
     const uint64_t charged = memory::PoolBuffer<std::byte>::bytes_for(bytes);
     if (bytes == 0 || charged > context_.prompt_cache_ram) return;
-    // Room: prompts this one holds all of go, then the least recently used.
+    // Room: prompts this one holds all of go (from disk too), then the least recently used.
     for (size_t i = saved_.size(); i-- > 0;) {
         if (starts(c.tokens, saved_[i].tokens)) drop_saved_prompt(i);
     }
-    while (saved_bytes_ + charged > context_.prompt_cache_ram && !saved_.empty()) {
-        const auto lru = std::min_element(saved_.begin(), saved_.end(),
-                                          [](const auto& a, const auto& b) { return a.last_used < b.last_used; });
-        drop_saved_prompt(static_cast<size_t>(lru - saved_.begin()));
+    for (size_t i = disk_.size(); i-- > 0;) {
+        if (starts(c.tokens, disk_[i].tokens)) drop_disk_prompt(i);
     }
+    if (!make_room_in_host_memory(charged)) return;
     SavedPrompt sp{.tokens = c.tokens, .places = {}, .rows = {}, .last_used = c.last_used};
     try {
         sp.rows = memory::PoolBuffer<std::byte>(*saved_pool_, bytes, "a kept prompt's K/V rows");
@@ -675,6 +712,141 @@ void Scheduler::save_prompt(const CachedPrompt& c) {
 void Scheduler::drop_saved_prompt(size_t i) {
     saved_bytes_ -= memory::PoolBuffer<std::byte>::bytes_for(saved_[i].rows.size());
     saved_.erase(saved_.begin() + static_cast<std::ptrdiff_t>(i));
+}
+
+void Scheduler::give_up_saved_prompt(size_t i) {
+    SavedPrompt sp = std::move(saved_[i]);
+    const uint64_t charged = memory::PoolBuffer<std::byte>::bytes_for(sp.rows.size());
+    saved_.erase(saved_.begin() + static_cast<std::ptrdiff_t>(i));
+    if (context_.prompt_cache_disk > 0) write_disk_prompt(std::move(sp));  // frees its host memory after
+    saved_bytes_ -= charged;
+}
+
+bool Scheduler::make_room_in_host_memory(uint64_t charged) {
+    if (charged > context_.prompt_cache_ram) return false;
+    while (saved_bytes_ + charged > context_.prompt_cache_ram && !saved_.empty()) {
+        const auto lru = std::min_element(saved_.begin(), saved_.end(),
+                                          [](const auto& a, const auto& b) { return a.last_used < b.last_used; });
+        give_up_saved_prompt(static_cast<size_t>(lru - saved_.begin()));
+    }
+    return true;
+}
+
+namespace {
+
+// Writes or reads all n bytes at offset 0 of fd; false on an error (errno set) or a short file.
+bool write_all(int fd, const std::byte* data, size_t n) {
+    for (size_t done = 0; done < n;) {
+        const ssize_t w = ::pwrite(fd, data + done, n - done, static_cast<off_t>(done));
+        if (w < 0 && errno == EINTR) continue;
+        if (w <= 0) return false;
+        done += static_cast<size_t>(w);
+    }
+    return true;
+}
+
+bool read_all(int fd, std::byte* data, size_t n) {
+    for (size_t done = 0; done < n;) {
+        const ssize_t r = ::pread(fd, data + done, n - done, static_cast<off_t>(done));
+        if (r < 0 && errno == EINTR) continue;
+        if (r <= 0) return false;
+        done += static_cast<size_t>(r);
+    }
+    return true;
+}
+
+}  // namespace
+
+void Scheduler::write_disk_prompt(SavedPrompt sp) {
+    const uint64_t bytes = sp.rows.size();
+    if (bytes == 0 || bytes > context_.prompt_cache_disk) return;
+    // Prompts this one holds all of go, then the least recently used, until it fits.
+    for (size_t i = disk_.size(); i-- > 0;) {
+        if (starts(sp.tokens, disk_[i].tokens)) drop_disk_prompt(i);
+    }
+    while (disk_bytes_ + bytes > context_.prompt_cache_disk && !disk_.empty()) {
+        const auto lru = std::min_element(disk_.begin(), disk_.end(),
+                                          [](const auto& a, const auto& b) { return a.last_used < b.last_used; });
+        drop_disk_prompt(static_cast<size_t>(lru - disk_.begin()));
+    }
+    DiskPrompt d{.tokens = std::move(sp.tokens),
+                 .places = std::move(sp.places),
+                 .path = disk_dir_ + "/prompt-" + std::to_string(++disk_serial_) + ".kv",
+                 .bytes = bytes,
+                 .last_used = sp.last_used,
+                 .tokens_charge = {}};
+    uint64_t held = d.tokens.size() * sizeof(int32_t);
+    for (const auto& places : d.places) held += places.size() * sizeof(kv::Pos);
+    const uint64_t index_limit = context_.prompt_cache_disk / ContextConfig::kPromptCacheDiskIndexShare;
+    if (held > index_limit) return;
+    while (disk_index_bytes_ + held > index_limit && !disk_.empty()) {
+        const auto lru = std::min_element(disk_.begin(), disk_.end(),
+                                          [](const auto& a, const auto& b) { return a.last_used < b.last_used; });
+        drop_disk_prompt(static_cast<size_t>(lru - disk_.begin()));
+    }
+    d.index_bytes = held;
+    try {
+        d.tokens_charge = memory::Charge(*saved_pool_, held, "a kept prompt's tokens (its rows on disk)");
+    } catch (const memory::BudgetError&) {
+        return;  // no room for its token list: dropped, as without --cache-disk
+    }
+    // Written, synced and dropped from the page cache (which a memory cgroup counts).
+    const int fd = ::open(d.path.c_str(), O_WRONLY | O_CREAT | O_EXCL | O_CLOEXEC, 0600);
+    bool ok = fd >= 0 && write_all(fd, sp.rows.data(), bytes) && ::fdatasync(fd) == 0;
+    if (fd >= 0) {
+        ::posix_fadvise(fd, 0, 0, POSIX_FADV_DONTNEED);
+        ok = ::close(fd) == 0 && ok;
+    }
+    if (!ok) {
+        ::unlink(d.path.c_str());
+        std::lock_guard lock(mutex_);
+        ++stats_.n_disk_failures;
+        return;
+    }
+    disk_bytes_ += bytes;
+    disk_index_bytes_ += held;
+    disk_.push_back(std::move(d));
+}
+
+void Scheduler::drop_disk_prompt(size_t i) {
+    ::unlink(disk_[i].path.c_str());
+    disk_bytes_ -= disk_[i].bytes;
+    disk_index_bytes_ -= disk_[i].index_bytes;
+    disk_.erase(disk_.begin() + static_cast<std::ptrdiff_t>(i));
+}
+
+bool Scheduler::read_disk_prompt(size_t i, SavedPrompt& out) {
+    DiskPrompt d = std::move(disk_[i]);
+    disk_bytes_ -= d.bytes;
+    disk_index_bytes_ -= d.index_bytes;
+    disk_.erase(disk_.begin() + static_cast<std::ptrdiff_t>(i));
+    const uint64_t charged = memory::PoolBuffer<std::byte>::bytes_for(d.bytes);
+    bool ok = make_room_in_host_memory(charged);
+    if (ok) {
+        try {
+            out = SavedPrompt{.tokens = std::move(d.tokens),
+                              .places = std::move(d.places),
+                              .rows = memory::PoolBuffer<std::byte>(*saved_pool_, d.bytes, "a kept prompt's K/V rows"),
+                              .last_used = d.last_used};
+        } catch (const memory::BudgetError&) {
+            ok = false;
+        }
+    }
+    bool failed = false;
+    if (ok) {
+        const int fd = ::open(d.path.c_str(), O_RDONLY | O_CLOEXEC);
+        ok = fd >= 0 && read_all(fd, out.rows.data(), d.bytes);
+        if (fd >= 0) {
+            ::posix_fadvise(fd, 0, 0, POSIX_FADV_DONTNEED);
+            ::close(fd);
+        }
+        failed = !ok;
+    }
+    ::unlink(d.path.c_str());
+    std::lock_guard lock(mutex_);
+    if (failed) ++stats_.n_disk_failures;
+    if (ok) ++stats_.n_disk_reads;
+    return ok;
 }
 
 int Scheduler::restore_prompt(Sequence& s, SavedPrompt saved, int n) {
@@ -742,6 +914,8 @@ void Scheduler::publish_stats() {
     for (const CachedPrompt& c : cached_) stats_.cached_prompt_tokens += static_cast<int>(c.tokens.size());
     stats_.n_saved_prompts = static_cast<int>(saved_.size());
     stats_.saved_prompt_bytes = saved_bytes_;
+    stats_.n_disk_prompts = static_cast<int>(disk_.size());
+    stats_.disk_prompt_bytes = disk_bytes_;
 }
 
 }  // namespace fitllm::engine

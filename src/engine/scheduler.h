@@ -27,6 +27,8 @@
 // many bytes; least recently used go first). A request whose longest prefix is there, longer than
 // anything in the KV cache, gets cells placed for it and the rows copied back, bit for bit, instead
 // of computing them. Not with K/V in a device's memory, nor before the K transforms are fitted.
+// With ContextConfig::prompt_cache_disk too, what host memory gives up goes to files (at most that
+// many bytes, least recently used deleted first) and comes back through host memory the same way.
 //
 //   Scheduler sched(model, tokenizer, {.n_ctx = 4096, .n_seq = 4, .n_batch = 256}, {.max_queue = 64}, compute, &host);
 //   std::shared_ptr<Job> job = sched.submit(prompt_ids, {.max_tokens = 64, .sampling = sp});
@@ -91,6 +93,10 @@ struct SchedulerStats {
     uint64_t n_cache_restores = 0;        // of the hits: prompts copied back from host memory
     int n_saved_prompts = 0;              // kept prompts in host memory (--cache-ram)
     uint64_t saved_prompt_bytes = 0;      // their rows
+    int n_disk_prompts = 0;               // kept prompts in files (--cache-disk)
+    uint64_t disk_prompt_bytes = 0;       // their rows
+    uint64_t n_disk_reads = 0;            // read back into host memory
+    uint64_t n_disk_failures = 0;         // writes or reads that failed (the prompt dropped)
     int n_cached_prompts = 0;             // prompts kept now
     int cached_prompt_tokens = 0;         // their tokens, summed (a prefix two of them share counts twice)
     uint64_t n_steps = 0;
@@ -161,6 +167,22 @@ private:
     };
     void save_prompt(const CachedPrompt& c);  // into host memory, when there is room for it
     void drop_saved_prompt(size_t i);
+    void give_up_saved_prompt(size_t i);  // host memory's: to disk with --cache-disk, else dropped
+    // Host memory for `charged` bytes of rows: the least recently used saved prompts given up until
+    // they fit ContextConfig::prompt_cache_ram. False when they cannot.
+    bool make_room_in_host_memory(uint64_t charged);
+    struct DiskPrompt {
+        std::vector<int32_t> tokens;
+        std::vector<std::vector<kv::Pos>> places;
+        std::string path;
+        uint64_t bytes = 0;        // of rows, in the file
+        uint64_t index_bytes = 0;  // of tokens and places, in host memory
+        uint64_t last_used = 0;
+        memory::Charge tokens_charge;  // tokens and places, in host memory
+    };
+    void write_disk_prompt(SavedPrompt sp);  // when the disk has room for it (else dropped)
+    void drop_disk_prompt(size_t i);
+    bool read_disk_prompt(size_t i, SavedPrompt& out);          // into host memory; the entry is gone either way
     int restore_prompt(Sequence& s, SavedPrompt saved, int n);  // its first n tokens into s's cells
     void warm_up();
     void loop();
@@ -188,6 +210,11 @@ private:
     std::vector<kv::SeqId> free_cache_ids_;  // n_seq .. n_seq + n_cached_prompts - 1
     std::vector<SavedPrompt> saved_;
     uint64_t saved_bytes_ = 0;
+    std::vector<DiskPrompt> disk_;
+    uint64_t disk_bytes_ = 0;
+    uint64_t disk_index_bytes_ = 0;  // at most prompt_cache_disk / ContextConfig::kPromptCacheDiskIndexShare
+    std::string disk_dir_;           // made for this scheduler under ContextConfig::prompt_cache_dir
+    uint64_t disk_serial_ = 0;
     uint64_t cache_clock_ = 0;
     memory::PoolBuffer<float> logits_;  // a row per slot
     std::vector<int32_t> batch_tokens_, batch_pos_;

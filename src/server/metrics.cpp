@@ -129,6 +129,15 @@ std::string Metrics::prometheus_text(ModelRegistry& registry, const TransportSta
           [](const SchedulerStats& s) { return s.saved_prompt_bytes; });
     gauge("fitllm_prompt_cache_restores_total", "counter", "hits copied back from host memory into KV cells",
           [](const SchedulerStats& s) { return s.n_cache_restores; });
+    gauge("fitllm_prompt_cache_disk_prompts", "gauge", "kept prompts in files (--cache-disk)",
+          [](const SchedulerStats& s) { return s.n_disk_prompts; });
+    gauge("fitllm_prompt_cache_disk_bytes", "gauge", "bytes of the kept prompts' files (--cache-disk)",
+          [](const SchedulerStats& s) { return s.disk_prompt_bytes; });
+    gauge("fitllm_prompt_cache_disk_reads_total", "counter", "kept prompts read back from files into host memory",
+          [](const SchedulerStats& s) { return s.n_disk_reads; });
+    gauge("fitllm_prompt_cache_disk_failures_total", "counter",
+          "kept prompts dropped because their file could not be written or read",
+          [](const SchedulerStats& s) { return s.n_disk_failures; });
     gauge("fitllm_forward_steps_total", "counter", "forward passes run",
           [](const SchedulerStats& s) { return s.n_steps; });
 

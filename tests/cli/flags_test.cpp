@@ -43,6 +43,8 @@ void add(Fields& f, const LoadConfig& l) {
     f["load.offload.vram"] = str(l.offload.vram);
     f["load.offload.kv_offload"] = str(l.offload.kv_offload);
     f["load.offload.unified"] = str(l.offload.unified);
+    f["load.expert_slots"] = str(l.expert_slots);
+    f["load.expert_prefetch"] = str(l.expert_prefetch);
 }
 
 void add(Fields& f, const ContextConfig& c) {
@@ -60,6 +62,8 @@ void add(Fields& f, const ContextConfig& c) {
     f["context.n_threads"] = str(c.n_threads);
     f["context.n_cached_prompts"] = str(c.n_cached_prompts);
     f["context.prompt_cache_ram"] = str(c.prompt_cache_ram);
+    f["context.prompt_cache_disk"] = str(c.prompt_cache_disk);
+    f["context.prompt_cache_dir"] = c.prompt_cache_dir;
 }
 
 void add(Fields& f, const EngineOptions& e) {
@@ -225,6 +229,10 @@ const std::map<std::string, std::string> kSamples = {
     {"--max-queue", "3"},
     {"--cache-prompts", "2"},
     {"--cache-ram", "64M"},
+    {"--cache-disk", "1G"},
+    {"--expert-cache", "64"},
+    {"--expert-prefetch", "off"},
+    {"--cache-dir", "/var/tmp"},
     {"--lookup", ""},
     {"--draft-max", "4"},
     {"--lookup-ngram-min", "2"},
@@ -292,6 +300,10 @@ const std::map<std::string, std::set<std::string>> kSets = {
     {"--max-queue", {"max_queue"}},
     {"--cache-prompts", {"context.n_cached_prompts"}},
     {"--cache-ram", {"context.prompt_cache_ram"}},
+    {"--cache-disk", {"context.prompt_cache_disk"}},
+    {"--expert-cache", {"load.expert_slots"}},
+    {"--expert-prefetch", {"load.expert_prefetch"}},
+    {"--cache-dir", {"context.prompt_cache_dir"}},
     {"--lookup", {"lookup.enabled"}},
     {"--draft-max", {"lookup.n_draft", "draft.n_draft"}},
     {"--lookup-ngram-min", {"lookup.ngram_min"}},
@@ -398,6 +410,7 @@ TEST(Flags, ServeSetsWhatItSays) {
     EXPECT_THROW(cached({"--cache-prompts", "61"}), UsageError);
     EXPECT_THROW(cached({"--cache-prompts", "-2"}), UsageError);
     EXPECT_THROW(cached({"--cache-prompts", "0", "--cache-ram", "1G"}), UsageError);  // nothing to keep
+    EXPECT_THROW(cached({"--cache-disk", "1G"}), UsageError);                         // no host memory tier
 }
 
 // What the server cannot do is refused by name rather than accepted.

@@ -5,6 +5,7 @@
 #include <gtest/gtest.h>
 
 #include <chrono>
+#include <filesystem>
 #include <memory>
 #include <string>
 #include <thread>
@@ -211,6 +212,102 @@ TEST_F(PromptCache, HostMemoryHoldsNoMoreThanItsLimit) {
         EXPECT_LE(st.n_saved_prompts, 1);
     }
     EXPECT_EQ(settled(s).n_saved_prompts, 1);
+}
+
+// --cache-disk: host memory with room for one prompt gives the older one to a file; its next turn
+// reads it back (through host memory) and copies it into cells, bit for bit.
+TEST_F(PromptCache, PromptsHostMemoryGivesUpComeBackFromDiskBitForBit) {
+    const std::filesystem::path dir = std::filesystem::temp_directory_path() / "fitllm-disk-tier-test";
+    std::filesystem::remove_all(dir);
+    std::filesystem::create_directories(dir);
+    ContextConfig c{.n_ctx = 256, .n_seq = 1, .n_batch = 1, .n_cached_prompts = 1};
+    {
+        Scheduler probe(*llama_->model, llama_->tokenizer, c, {}, *compute_);
+        c.prompt_cache_ram = 20 * probe.cache().pool(0).cell_bytes() + 4096;  // one prompt of ~13 tokens
+    }
+    c.prompt_cache_disk = 16u << 20;
+    c.prompt_cache_dir = dir.string();
+    const std::vector<int32_t> first = ids("Once upon a time there was");
+    Job::Update a;
+    {
+        Scheduler s(*llama_->model, llama_->tokenizer, c, {}, *compute_);
+        a = s.submit(first, greedy(6))->wait_all();
+        s.submit(ids("The quick brown fox"), greedy(6))->wait_all();      // evicts the first to host memory
+        s.submit(ids("In a hole in the ground"), greedy(6))->wait_all();  // ... and on to disk
+        SchedulerStats st = settled(s);
+        EXPECT_EQ(st.n_saved_prompts, 1);
+        ASSERT_EQ(st.n_disk_prompts, 1);
+        EXPECT_GT(st.disk_prompt_bytes, 0u);
+        EXPECT_LE(st.disk_prompt_bytes, c.prompt_cache_disk);
+        // One directory of this scheduler's, one file in it.
+        std::vector<std::filesystem::path> made(std::filesystem::directory_iterator(dir), {});
+        ASSERT_EQ(made.size(), 1u);
+        EXPECT_EQ(std::distance(std::filesystem::directory_iterator(made[0]), {}), 1);
+
+        const std::vector<int32_t> next = concat(concat(first, sampled_ids(a)), ids(" and so", false));
+        GenerationParams p = greedy(8);
+        p.top_logprobs = 5;
+        const Job::Update b = s.submit(next, p)->wait_all();
+        EXPECT_EQ(b.n_cached, static_cast<int>(first.size()) + 5);
+        st = settled(s);
+        EXPECT_EQ(st.n_disk_reads, 1u);
+        EXPECT_EQ(st.n_disk_failures, 0u);
+        EXPECT_EQ(st.n_cache_restores, 1u);
+        EXPECT_LE(st.saved_prompt_bytes, c.prompt_cache_ram);
+
+        ContextConfig plain = c;
+        plain.n_cached_prompts = 0;
+        plain.prompt_cache_ram = 0;
+        plain.prompt_cache_disk = 0;
+        Scheduler fresh(*llama_->model, llama_->tokenizer, plain, {}, *compute_);
+        const Job::Update e = fresh.submit(next, p)->wait_all();
+        ASSERT_EQ(b.logprobs.size(), e.logprobs.size());
+        for (size_t i = 0; i < e.logprobs.size(); ++i) {
+            EXPECT_EQ(b.logprobs[i].id, e.logprobs[i].id) << i;
+            EXPECT_EQ(b.logprobs[i].logprob, e.logprobs[i].logprob) << i;
+        }
+    }
+    // The scheduler's directory and files are gone with it.
+    EXPECT_TRUE(std::filesystem::is_empty(dir));
+    std::filesystem::remove_all(dir);
+}
+
+TEST_F(PromptCache, DiskHoldsNoMoreThanItsLimit) {
+    ContextConfig c{.n_ctx = 256, .n_seq = 1, .n_batch = 32, .n_cached_prompts = 1};
+    Scheduler probe(*llama_->model, llama_->tokenizer, c, {}, *compute_);
+    const size_t cell = probe.cache().pool(0).cell_bytes();
+    c.prompt_cache_ram = 40 * cell;   // one prompt of ~30 tokens
+    c.prompt_cache_disk = 70 * cell;  // two at most
+    Scheduler s(*llama_->model, llama_->tokenizer, c, {}, *compute_);
+    for (const char* start : {"Once upon a time", "The quick brown fox", "In a hole in the ground", "Call me Ishmael",
+                              "It was a bright cold day"}) {
+        s.submit(ids(start), greedy(20))->wait_all();
+        const SchedulerStats st = settled(s);
+        EXPECT_LE(st.disk_prompt_bytes, c.prompt_cache_disk);
+        EXPECT_LE(st.n_disk_prompts, 2);
+    }
+    const SchedulerStats st = settled(s);
+    EXPECT_GE(st.n_disk_prompts, 1);
+    EXPECT_EQ(st.n_disk_failures, 0u);
+}
+
+TEST_F(PromptCache, DiskNeedsHostMemoryAndAPlaceForItsFiles) {
+    ContextConfig c{.n_ctx = 256, .n_seq = 1, .n_batch = 32, .n_cached_prompts = 1};
+    c.prompt_cache_disk = 1u << 20;
+    try {
+        Scheduler s(*llama_->model, llama_->tokenizer, c, {}, *compute_);
+        FAIL() << "expected ConfigError";
+    } catch (const ConfigError& e) {
+        EXPECT_NE(std::string(e.what()).find("--cache-disk"), std::string::npos) << e.what();
+    }
+    c.prompt_cache_ram = 1u << 20;
+    c.prompt_cache_dir = "/nonexistent/fitllm";
+    try {
+        Scheduler s(*llama_->model, llama_->tokenizer, c, {}, *compute_);
+        FAIL() << "expected ConfigError";
+    } catch (const ConfigError& e) {
+        EXPECT_NE(std::string(e.what()).find("/nonexistent/fitllm"), std::string::npos) << e.what();
+    }
 }
 
 TEST_F(PromptCache, NoneKeptWhenTurnedOff) {
