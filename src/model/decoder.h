@@ -224,9 +224,11 @@ public:
         pool.store(layer, cache.cells(p), k_rows, v_rows);
     }
 
-    // Re-rotates K of layer il by its pending shift (kv::KvCache::apply_k_shift).
-    void k_shift(kv::ModelCache& cache, const Hparams& hp, int il, const ops::RopeParams& rope) {
-        if (rope.n_dims == 0) return;  // K of a layer without rotary embeddings does not move
+    // Re-rotates K of layer il by its pending shift (kv::KvCache::apply_k_shift): a rotation only,
+    // K carries the YaRN / LongRoPE magnitude of its first rotation already.
+    void k_shift(kv::ModelCache& cache, const Hparams& hp, int il, const ops::RopeParams& layer_rope) {
+        if (layer_rope.n_dims == 0) return;  // K of a layer without rotary embeddings does not move
+        const ops::RopeParams rope = ops::rotation_only(layer_rope);
         kv::KvCache& pool = cache.pool(cache.pool_of(il));
         if (dev_) return dev_->kv_shift(pool, cache.index_in_pool(il), on_device(rope));
         pool.apply_k_shift(cache.index_in_pool(il), [&](float* k_rows, const int32_t* deltas, int n_rows) {

@@ -73,6 +73,12 @@ void rope_baseline(float* x, const int32_t* pos, int64_t n_tok, int n_head, int 
 
 }  // namespace
 
+RopeParams rotation_only(RopeParams p) {
+    // rope_impl's mscale: attn_factor * (1 + 0.1 ln(1 / freq_scale)) with YaRN, attn_factor without.
+    p.attn_factor = p.ext_factor != 0.0f ? 1.0f / (1.0f + 0.1f * std::log(1.0f / p.freq_scale)) : 1.0f;
+    return p;
+}
+
 void rope(float* x, const int32_t* pos, int64_t n_tok, int n_head, int head_dim, const RopeParams& params) {
     const int n_dims = params.n_dims;
     if (n_dims <= 0 || n_dims % 2 != 0 || n_dims > head_dim) {

@@ -42,6 +42,11 @@ void yarn_corr_dims(int n_dims, int n_ctx_orig, float freq_base, float beta_fast
 // Throws std::invalid_argument for an odd n_dims or n_dims > head_dim.
 void rope(float* x, const int32_t* pos, int64_t n_tok, int n_head, int head_dim, const RopeParams& params);
 
+// The rotation of p by itself: attn_factor such that rope() multiplies cos and sin by 1 (YaRN's
+// and LongRoPE's magnitude left out). For turning K that rope() scaled once already to other
+// positions (a KV cache shift): scaled again, its norm would grow by that factor each shift.
+RopeParams rotation_only(RopeParams p);
+
 // Which dims of a head rope() turns together and by what angle per position (in double: for the
 // KV cache's K transform, kv/key_transform.h, which averages over the rotations).
 kv::RopeFrame rope_frame(const RopeParams& params, int head_dim);

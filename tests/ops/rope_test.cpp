@@ -2,6 +2,7 @@
 
 #include <gtest/gtest.h>
 
+#include <algorithm>
 #include <cmath>
 #include <random>
 #include <stdexcept>
@@ -132,6 +133,37 @@ TEST(Rope, RejectsBadDimensions) {
     const int32_t pos = 1;
     EXPECT_THROW(rope(x.data(), &pos, 1, 1, 8, RopeParams{RopeMode::Normal, 7}), std::invalid_argument);
     EXPECT_THROW(rope(x.data(), &pos, 1, 1, 8, RopeParams{RopeMode::Normal, 10}), std::invalid_argument);
+}
+
+// A K shift turns K rotated at position p on to p + delta: with YaRN's or LongRoPE's magnitude
+// (attn_factor) that must be rotation_only(), or K grows by the factor once more each shift.
+TEST(Rope, RotationOnlyTurnsRotatedRowsOnWithoutScalingThemAgain) {
+    RopeParams yarn{.mode = RopeMode::Neox, .n_dims = 16, .freq_base = 10000.0f, .freq_scale = 0.25f};
+    yarn.ext_factor = 1.0f;
+    yarn.attn_factor = 1.0f;  // mscale 1 + 0.1 ln 4
+    yarn.corr_low = 2.0f;
+    yarn.corr_high = 5.0f;
+    RopeParams longrope{.mode = RopeMode::Neox, .n_dims = 16, .freq_base = 10000.0f};
+    longrope.attn_factor = 1.19f;
+    for (const RopeParams& p : {yarn, longrope}) {
+        std::mt19937 rng(7);
+        std::normal_distribution<float> dist;
+        std::vector<float> x(2 * 16);
+        for (float& v : x) v = dist(rng);
+        const std::vector<int32_t> at = {20, 31}, delta = {-12, -30}, after = {8, 1};
+        std::vector<float> shifted = x, direct = x;
+        rope(shifted.data(), at.data(), 2, 1, 16, p);
+        rope(shifted.data(), delta.data(), 2, 1, 16, rotation_only(p));
+        rope(direct.data(), after.data(), 2, 1, 16, p);
+        for (size_t i = 0; i < x.size(); ++i) EXPECT_NEAR(shifted[i], direct[i], 1e-4f) << i;
+        RopeParams plain = p;  // the bug this guards against: the shift scaled as well
+        std::vector<float> twice = x;
+        rope(twice.data(), at.data(), 2, 1, 16, p);
+        rope(twice.data(), delta.data(), 2, 1, 16, plain);
+        float most = 0.0f;
+        for (size_t i = 0; i < x.size(); ++i) most = std::max(most, std::fabs(twice[i] - direct[i]));
+        EXPECT_GT(most, 0.05f);
+    }
 }
 
 }  // namespace
