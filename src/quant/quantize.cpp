@@ -453,7 +453,20 @@ Block* as(void* p) {
 
 // The reference codecs exist in pairs: every type that dequantizes also quantizes.
 bool can_quantize(GgmlType type) {
-    return can_dequantize(type);
+    switch (type) {
+        // Decoded and multiplied, never written: llama.cpp quantizes these with a search over the
+        // grid weighted by an importance matrix; fitllm has no such quantizer.
+        case GgmlType::IQ3_XXS:
+        case GgmlType::IQ3_S:
+        case GgmlType::IQ2_XXS:
+        case GgmlType::IQ2_XS:
+        case GgmlType::IQ2_S:
+        case GgmlType::IQ1_S:
+        case GgmlType::IQ1_M:
+            return false;
+        default:
+            return can_dequantize(type);
+    }
 }
 
 void quantize_row_at(Isa isa, GgmlType type, const float* src, void* dst, int64_t n) {

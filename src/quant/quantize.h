@@ -15,6 +15,8 @@
 
 namespace fitllm::quant {
 
+// The types quantize_row writes: those dequantize_row reads but the grid i-quants (IQ1_*, IQ2_*,
+// IQ3_*), which fitllm only reads.
 bool can_quantize(GgmlType type);
 
 // Writes the n values of src as one row of `type` at dst (row_bytes(type, n) bytes). n must be a
