@@ -15,8 +15,10 @@
 #include <cmath>
 #include <cstdint>
 #include <cstring>
+#include <type_traits>
 
 #include "quant/blocks.h"
+#include "quant/gemm.h"
 #include "quant/iq_grids.h"
 
 namespace fitllm::quant::detail {
@@ -240,6 +242,164 @@ void dot_iq1_m(int n, float* out, const void* w, const void* a) {
         acc_delta = _mm256_fmadd_ps(d, _mm256_cvtepi32_ps(delta_sums), acc_delta);
     }
     *out = hsum8(acc) + 0.125f * hsum8(acc_delta);
+}
+
+// ---- llama.cpp's tiled-matmul order (ggml-cpu's tiled/: a batch of 8 or more tokens) ----
+// Per super-block the exact integer sum of ls * w * y (w the signed grid value; IQ1: 8 g + delta,
+// its 1/8 folded into the scale), then block = float(sum) * (d_w / kDiv), out = fma(block, d_a, out).
+// gemm_batch_ref.cpp holds the scalar reference.
+
+inline int32_t hsum_i32(__m256i v) {
+    __m128i s = _mm_add_epi32(_mm256_castsi256_si128(v), _mm256_extracti128_si256(v, 1));
+    s = _mm_add_epi32(s, _mm_unpackhi_epi64(s, s));
+    s = _mm_add_epi32(s, _mm_shuffle_epi32(s, 1));
+    return _mm_cvtsi128_si32(s);
+}
+
+inline int32_t isum_iq3_xxs(const BlockIQ3_XXS& x, const BlockQ8_K& y) {
+    __m256i sums = _mm256_setzero_si256();
+    for (int ib = 0; ib < 8; ++ib) {
+        const uint32_t aux = u32_at(x.qs + kQK / 4 + 4 * ib);
+        const int ls = 2 * static_cast<int>(aux >> 28) + 1;
+        const __m256i grid = grid4x8(kIq3xxsGrid, x.qs + 8 * ib, 0);
+        sums = _mm256_add_epi32(sums, grid_lanes(grid, xxs_signs(aux), y.qs + 32 * ib, ls, ls));
+    }
+    return hsum_i32(sums);
+}
+
+inline int32_t isum_iq3_s(const BlockIQ3_S& x, const BlockQ8_K& y) {
+    __m256i sums = _mm256_setzero_si256();
+    for (int ib = 0; ib < 8; ++ib) {
+        const int ls = 2 * ((x.scales[ib / 2] >> (4 * (ib % 2))) & 15) + 1;
+        const __m256i grid = grid4x8(kIq3sGrid, x.qs + 8 * ib, x.qh[ib]);
+        sums = _mm256_add_epi32(sums, grid_lanes(grid, u32_at(x.signs + 4 * ib), y.qs + 32 * ib, ls, ls));
+    }
+    return hsum_i32(sums);
+}
+
+inline int32_t isum_iq2_xxs(const BlockIQ2_XXS& x, const BlockQ8_K& y) {
+    __m256i sums = _mm256_setzero_si256();
+    for (int ib = 0; ib < 8; ++ib) {
+        const auto* bytes = reinterpret_cast<const uint8_t*>(x.qs) + 8 * ib;
+        const uint32_t w1 = u32_at(bytes + 4);
+        const int ls = 2 * static_cast<int>(w1 >> 28) + 1;
+        const __m256i grid =
+            grid8x4(kIq2xxsGrid[bytes[0]], kIq2xxsGrid[bytes[1]], kIq2xxsGrid[bytes[2]], kIq2xxsGrid[bytes[3]]);
+        sums = _mm256_add_epi32(sums, grid_lanes(grid, xxs_signs(w1), y.qs + 32 * ib, ls, ls));
+    }
+    return hsum_i32(sums);
+}
+
+inline int32_t isum_iq2_xs(const BlockIQ2_XS& x, const BlockQ8_K& y) {
+    __m256i sums = _mm256_setzero_si256();
+    for (int ib = 0; ib < 8; ++ib) {
+        const uint16_t* q = x.qs + 4 * ib;
+        const __m256i grid =
+            grid8x4(kIq2xsGrid[q[0] & 511], kIq2xsGrid[q[1] & 511], kIq2xsGrid[q[2] & 511], kIq2xsGrid[q[3] & 511]);
+        const uint32_t signs =
+            static_cast<uint32_t>(kIqSigns[q[0] >> 9]) | static_cast<uint32_t>(kIqSigns[q[1] >> 9]) << 8 |
+            static_cast<uint32_t>(kIqSigns[q[2] >> 9]) << 16 | static_cast<uint32_t>(kIqSigns[q[3] >> 9]) << 24;
+        sums = _mm256_add_epi32(
+            sums, grid_lanes(grid, signs, y.qs + 32 * ib, 2 * (x.scales[ib] & 15) + 1, 2 * (x.scales[ib] >> 4) + 1));
+    }
+    return hsum_i32(sums);
+}
+
+inline int32_t isum_iq2_s(const BlockIQ2_S& x, const BlockQ8_K& y) {
+    __m256i sums = _mm256_setzero_si256();
+    for (int ib = 0; ib < 8; ++ib) {
+        const uint8_t* q = x.qs + 4 * ib;
+        const int h = x.qh[ib];
+        const __m256i grid = grid8x4(kIq2sGrid[q[0] | ((h & 3) << 8)], kIq2sGrid[q[1] | ((h & 12) << 6)],
+                                     kIq2sGrid[q[2] | ((h & 48) << 4)], kIq2sGrid[q[3] | ((h & 192) << 2)]);
+        sums = _mm256_add_epi32(sums, grid_lanes(grid, u32_at(x.qs + kQK / 8 + 4 * ib), y.qs + 32 * ib,
+                                                 2 * (x.scales[ib] & 15) + 1, 2 * (x.scales[ib] >> 4) + 1));
+    }
+    return hsum_i32(sums);
+}
+
+inline int32_t isum_iq1_s(const BlockIQ1_S& x, const BlockQ8_K& y) {
+    __m256i sums = _mm256_setzero_si256();
+    int delta_sum = 0;
+    for (int ib = 0; ib < 8; ++ib) {
+        const int qh = x.qh[ib];
+        const uint8_t* q = x.qs + 4 * ib;
+        const __m256i grid = grid8x4(kIq1sGrid[q[0] | ((qh << 8) & 0x700)], kIq1sGrid[q[1] | ((qh << 5) & 0x700)],
+                                     kIq1sGrid[q[2] | ((qh << 2) & 0x700)], kIq1sGrid[q[3] | ((qh >> 1) & 0x700)]);
+        const int ls = 2 * ((qh >> 12) & 7) + 1;
+        sums = _mm256_add_epi32(sums, signed_lanes(grid, y.qs + 32 * ib, ls, ls));
+        delta_sum += ls * (1 - ((qh >> 14) & 2)) * (y.bsums[2 * ib] + y.bsums[2 * ib + 1]);
+    }
+    return 8 * hsum_i32(sums) + delta_sum;
+}
+
+inline int32_t isum_iq1_m(const BlockIQ1_M& x, const BlockQ8_K& y) {
+    uint16_t sc[4];
+    std::memcpy(sc, x.scales, sizeof sc);
+    __m256i sums = _mm256_setzero_si256(), delta_sums = _mm256_setzero_si256();
+    for (int ib = 0; ib < 8; ++ib) {
+        const uint8_t* q = x.qs + 4 * ib;
+        const int h0 = x.qh[2 * ib], h1 = x.qh[2 * ib + 1];
+        const __m256i grid = grid8x4(kIq1sGrid[q[0] | ((h0 << 8) & 0x700)], kIq1sGrid[q[1] | ((h0 << 4) & 0x700)],
+                                     kIq1sGrid[q[2] | ((h1 << 8) & 0x700)], kIq1sGrid[q[3] | ((h1 << 4) & 0x700)]);
+        const __m256i delta = delta_bytes((h0 >> 3) & 1, (h0 >> 7) & 1, (h1 >> 3) & 1, (h1 >> 7) & 1);
+        const int s = sc[ib / 2] >> (6 * (ib % 2));
+        const int lo = 2 * (s & 7) + 1, hi = 2 * ((s >> 3) & 7) + 1;
+        sums = _mm256_add_epi32(sums, signed_lanes(grid, y.qs + 32 * ib, lo, hi));
+        delta_sums = _mm256_add_epi32(delta_sums, signed_lanes(delta, y.qs + 32 * ib, lo, hi));
+    }
+    return 8 * hsum_i32(sums) + hsum_i32(delta_sums);
+}
+
+template <typename Block>
+inline float block_d(const Block& x) {
+    if constexpr (std::is_same_v<Block, BlockIQ1_M>) {
+        uint16_t sc[4];
+        std::memcpy(sc, x.scales, sizeof sc);
+        return to_f32(
+            static_cast<uint16_t>((sc[0] >> 12) | ((sc[1] >> 8) & 0xF0) | ((sc[2] >> 4) & 0xF00) | (sc[3] & 0xF000)));
+    } else {
+        return to_f32(x.d);
+    }
+}
+
+template <typename Block, int32_t (*kSum)(const Block&, const BlockQ8_K&), int kDiv>
+void gemm_tiled(int n, int n_rows, int n_tok, const void* w, size_t w_stride, const void* act, size_t act_stride,
+                float* y, size_t y_stride) {
+    for (int t = 0; t < n_tok; ++t) {
+        const auto* a = reinterpret_cast<const BlockQ8_K*>(static_cast<const uint8_t*>(act) + t * act_stride);
+        for (int r = 0; r < n_rows; ++r) {
+            const auto* x = reinterpret_cast<const Block*>(static_cast<const uint8_t*>(w) + r * w_stride);
+            float out = 0.0f;
+            for (int i = 0; i < n / kQK; ++i) {
+                const float block = static_cast<float>(kSum(x[i], a[i])) * (block_d(x[i]) * (1.0f / kDiv));
+                out = std::fma(block, a[i].d, out);
+            }
+            y[t * y_stride + static_cast<size_t>(r)] = out;
+        }
+    }
+}
+
+// The tiled-order kernel of a grid i-quant; nullptr for other types.
+inline GemmFn tiled_gemm(GgmlType weight_type) {
+    switch (weight_type) {
+        case GgmlType::IQ3_XXS:
+            return gemm_tiled<BlockIQ3_XXS, isum_iq3_xxs, 4>;
+        case GgmlType::IQ3_S:
+            return gemm_tiled<BlockIQ3_S, isum_iq3_s, 1>;
+        case GgmlType::IQ2_XXS:
+            return gemm_tiled<BlockIQ2_XXS, isum_iq2_xxs, 8>;
+        case GgmlType::IQ2_XS:
+            return gemm_tiled<BlockIQ2_XS, isum_iq2_xs, 8>;
+        case GgmlType::IQ2_S:
+            return gemm_tiled<BlockIQ2_S, isum_iq2_s, 8>;
+        case GgmlType::IQ1_S:
+            return gemm_tiled<BlockIQ1_S, isum_iq1_s, 8>;
+        case GgmlType::IQ1_M:
+            return gemm_tiled<BlockIQ1_M, isum_iq1_m, 8>;
+        default:
+            return nullptr;
+    }
 }
 
 }  // namespace iq

@@ -69,6 +69,10 @@ constexpr BatchOrderEntry kBatchOrders[] = {
     {GgmlType::Q6_K, detail::tiled_batch_order},    {GgmlType::Q5_K, detail::tiled_batch_order},
     {GgmlType::Q3_K, detail::tiled_batch_order},    {GgmlType::Q4_K, detail::repacked_batch_order},
     {GgmlType::Q2_K, detail::repacked_batch_order}, {GgmlType::F16, detail::sgemm_batch_order},
+    {GgmlType::IQ3_XXS, detail::tiled_batch_order}, {GgmlType::IQ3_S, detail::tiled_batch_order},
+    {GgmlType::IQ2_XXS, detail::tiled_batch_order}, {GgmlType::IQ2_XS, detail::tiled_batch_order},
+    {GgmlType::IQ2_S, detail::tiled_batch_order},   {GgmlType::IQ1_S, detail::tiled_batch_order},
+    {GgmlType::IQ1_M, detail::tiled_batch_order},
 };
 
 }  // namespace

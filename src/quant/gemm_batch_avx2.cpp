@@ -14,6 +14,7 @@
 #include <utility>
 
 #include "quant/blocks.h"
+#include "quant/dot_iq_avx2.h"
 #include "quant/gemm_batch_kernels.h"
 #include "quant/kquant_avx2.h"
 #include "quant/unroll.h"
@@ -195,7 +196,7 @@ GemmFn tiled_order_avx2(GgmlType weight_type) {
         case GgmlType::Q6_K:
             return gemm<Q6K>;
         default:
-            return nullptr;
+            return iq::tiled_gemm(weight_type);  // the grid i-quants (dot_iq_avx2.h), or nullptr
     }
 }
 

@@ -23,6 +23,7 @@
 #include <vector>
 
 #include "quant/blocks.h"
+#include "quant/dot_iq_avx2.h"
 #include "quant/gemm_batch_kernels.h"
 #include "quant/kquant_avx512.h"
 #include "quant/unroll.h"
@@ -263,7 +264,7 @@ GemmFn table(GgmlType weight_type) {
         case GgmlType::Q6_K:
             return gemm<Q6K, kVnni>;
         default:
-            return nullptr;
+            return iq::tiled_gemm(weight_type);  // the AVX2 kernels of dot_iq_avx2.h, compiled here
     }
 }
 

@@ -1,5 +1,5 @@
-// llama.cpp's batch order for Q3_K, Q5_K and Q6_K: the scalar reference, which defines the
-// arithmetic, and the rule for when it applies.
+// llama.cpp's batch order for Q3_K, Q5_K, Q6_K and the grid i-quants (IQ1_*, IQ2_*, IQ3_*): the scalar reference, which
+// defines the arithmetic, and the rule for when it applies.
 //
 // ggml-cpu multiplies a batch of 8 or more activation rows with these types in its tiled matmul
 // (tiled/tiled.cpp: ggml_tiled_min_batch, rows >= 8; weights not repacked, which these types are
@@ -14,6 +14,7 @@
 // machine, tests/quant/ggml_oracle_test.cpp).
 #include <cmath>
 #include <cstddef>
+#include <type_traits>
 
 #include "quant/blocks.h"
 #include "quant/gemm_batch_kernels.h"
@@ -83,6 +84,63 @@ void gemm_ref(int n, int n_rows, int n_tok, const void* w, size_t w_stride, cons
     }
 }
 
+// The grid i-quants in the same order (tiled.cpp's unpackers): per super-block the integer sum of
+// ls * w * y, w the signed grid value (IQ1: 8 g + delta), then block = float(sum) * (d_w / kDiv)
+// (kDiv: IQ2 and IQ1 8, IQ3_XXS 4, IQ3_S 1), out = fma(block, d_a, out).
+template <typename Block, void (*kSub)(const Block&, int, int8_t*, int*), int kDiv>
+void gemm_iq_grid_ref(int n, int n_rows, int n_tok, const void* w, size_t w_stride, const void* act, size_t act_stride,
+                      float* y, size_t y_stride) {
+    for (int t = 0; t < n_tok; ++t) {
+        const auto* a = as<BlockQ8_K>(as<std::byte>(act) + static_cast<size_t>(t) * act_stride);
+        for (int r = 0; r < n_rows; ++r) {
+            const auto* x = as<Block>(as<std::byte>(w) + static_cast<size_t>(r) * w_stride);
+            float out = 0.0f;
+            for (int i = 0; i < n / kQK; ++i) {
+                int32_t sum = 0;
+                for (int ib = 0; ib < 8; ++ib) {
+                    int8_t v[32];
+                    int ls[2];
+                    kSub(x[i], ib, v, ls);
+                    for (int e = 0; e < 32; ++e) sum += ls[e / 16] * v[e] * a[i].qs[32 * ib + e];
+                }
+                const float block = static_cast<float>(sum) * (fp16_to_fp32(x[i].d) * (1.0f / kDiv));
+                out = std::fma(block, a[i].d, out);
+            }
+            y[static_cast<size_t>(t) * y_stride + static_cast<size_t>(r)] = out;
+        }
+    }
+}
+
+template <typename Block, void (*kSub)(const Block&, int, int8_t*, int*, int*)>
+void gemm_iq1_ref(int n, int n_rows, int n_tok, const void* w, size_t w_stride, const void* act, size_t act_stride,
+                  float* y, size_t y_stride) {
+    for (int t = 0; t < n_tok; ++t) {
+        const auto* a = as<BlockQ8_K>(as<std::byte>(act) + static_cast<size_t>(t) * act_stride);
+        for (int r = 0; r < n_rows; ++r) {
+            const auto* x = as<Block>(as<std::byte>(w) + static_cast<size_t>(r) * w_stride);
+            float out = 0.0f;
+            for (int i = 0; i < n / kQK; ++i) {
+                int32_t sum = 0;
+                for (int ib = 0; ib < 8; ++ib) {
+                    int8_t v[32];
+                    int delta[4], ls[2];
+                    kSub(x[i], ib, v, delta, ls);
+                    for (int e = 0; e < 32; ++e) sum += ls[e / 16] * (8 * v[e] + delta[e / 8]) * a[i].qs[32 * ib + e];
+                }
+                float d;
+                if constexpr (std::is_same_v<Block, BlockIQ1_M>) {
+                    d = fp16_to_fp32(iq1m_scale(x[i]));
+                } else {
+                    d = fp16_to_fp32(x[i].d);
+                }
+                const float block = static_cast<float>(sum) * (d * 0.125f);
+                out = std::fma(block, a[i].d, out);
+            }
+            y[static_cast<size_t>(t) * y_stride + static_cast<size_t>(r)] = out;
+        }
+    }
+}
+
 // llama.cpp's rule: the whole matmul has 8 or more activation rows. fitllm asks it of the token's
 // run (its sequence's tokens in the batch), so that a sequence's results do not depend on what is
 // batched with it; for a batch of one sequence (a prompt) the two are the same.
@@ -100,6 +158,20 @@ GemmFn tiled_order_ref(GgmlType weight_type) {
             return gemm_ref<BlockQ5_K>;
         case GgmlType::Q6_K:
             return gemm_ref<BlockQ6_K>;
+        case GgmlType::IQ3_XXS:
+            return gemm_iq_grid_ref<BlockIQ3_XXS, iq3xxs_subblock, 4>;
+        case GgmlType::IQ3_S:
+            return gemm_iq_grid_ref<BlockIQ3_S, iq3s_subblock, 1>;
+        case GgmlType::IQ2_XXS:
+            return gemm_iq_grid_ref<BlockIQ2_XXS, iq2xxs_subblock, 8>;
+        case GgmlType::IQ2_XS:
+            return gemm_iq_grid_ref<BlockIQ2_XS, iq2xs_subblock, 8>;
+        case GgmlType::IQ2_S:
+            return gemm_iq_grid_ref<BlockIQ2_S, iq2s_subblock, 8>;
+        case GgmlType::IQ1_S:
+            return gemm_iq1_ref<BlockIQ1_S, iq1s_subblock>;
+        case GgmlType::IQ1_M:
+            return gemm_iq1_ref<BlockIQ1_M, iq1m_subblock>;
         default:
             return nullptr;
     }

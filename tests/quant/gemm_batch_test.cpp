@@ -20,7 +20,9 @@
 namespace fitllm::quant {
 namespace {
 
-constexpr GgmlType kTiledTypes[] = {GgmlType::Q3_K, GgmlType::Q5_K, GgmlType::Q6_K};
+constexpr GgmlType kTiledTypes[] = {GgmlType::Q3_K,  GgmlType::Q5_K,    GgmlType::Q6_K,   GgmlType::IQ3_XXS,
+                                    GgmlType::IQ3_S, GgmlType::IQ2_XXS, GgmlType::IQ2_XS, GgmlType::IQ2_S,
+                                    GgmlType::IQ1_S, GgmlType::IQ1_M};
 
 struct Problem {
     int n, n_rows, n_tok;

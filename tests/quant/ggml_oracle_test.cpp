@@ -425,14 +425,13 @@ TEST(MatmulVsGgml, SameBitsWhereFitllmFollowsLlamaCpp) {
         int max_tok;      // separate tokens: outputs equal for batches of up to this many tokens
         int max_run_tok;  // one run: likewise
     };
-    // The grid i-quants (IQ1_*, IQ2_*, IQ3_*): ggml_vec_dot's order only; llama.cpp's tiled matmul
-    // (ggml-cpu's tiled/) takes batches of 8 or more of them in another order, not followed yet.
+    // The grid i-quants (IQ1_*, IQ2_*, IQ3_*) go through llama.cpp's tiled matmul from 8 tokens too.
     constexpr Exact kExact[] = {
-        {GgmlType::Q8_0, 64, 64},  {GgmlType::Q5_0, 64, 64},  {GgmlType::Q4_0, 64, 64},  {GgmlType::Q4_K, 3, 64},
-        {GgmlType::Q5_K, 7, 64},   {GgmlType::Q6_K, 7, 64},   {GgmlType::Q3_K, 7, 64},   {GgmlType::Q2_K, 3, 64},
-        {GgmlType::F16, 1, 64},    {GgmlType::TQ1_0, 64, 64}, {GgmlType::TQ2_0, 64, 64}, {GgmlType::MXFP4, 64, 64},
-        {GgmlType::IQ3_XXS, 7, 7}, {GgmlType::IQ3_S, 7, 7},   {GgmlType::IQ2_XXS, 7, 7}, {GgmlType::IQ2_XS, 7, 7},
-        {GgmlType::IQ2_S, 7, 7},   {GgmlType::IQ1_S, 7, 7},   {GgmlType::IQ1_M, 7, 7},
+        {GgmlType::Q8_0, 64, 64},   {GgmlType::Q5_0, 64, 64},  {GgmlType::Q4_0, 64, 64},   {GgmlType::Q4_K, 3, 64},
+        {GgmlType::Q5_K, 7, 64},    {GgmlType::Q6_K, 7, 64},   {GgmlType::Q3_K, 7, 64},    {GgmlType::Q2_K, 3, 64},
+        {GgmlType::F16, 1, 64},     {GgmlType::TQ1_0, 64, 64}, {GgmlType::TQ2_0, 64, 64},  {GgmlType::MXFP4, 64, 64},
+        {GgmlType::IQ3_XXS, 7, 64}, {GgmlType::IQ3_S, 7, 64},  {GgmlType::IQ2_XXS, 7, 64}, {GgmlType::IQ2_XS, 7, 64},
+        {GgmlType::IQ2_S, 7, 64},   {GgmlType::IQ1_S, 7, 64},  {GgmlType::IQ1_M, 7, 64},
     };
     ops::ThreadPool pool(2);
     ops::Scratch scratch;
