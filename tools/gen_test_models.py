@@ -29,6 +29,9 @@ Writes, for each architecture,
                       0.5 before the residual add, attention scale 0.2, logits / 4); F16, Q8_0, Q4_K_M
   tiny-smollm3-*.gguf smollm3: llama with 4 layers, the fourth without RoPE (SmolLM3's NoPE layers);
                       F16, Q8_0, Q4_K_M
+  tiny-mistral3-*.gguf mistral3: llama's SPM vocabulary, untied output, YaRN (factor 4 over an
+                      original context of 64, yarn_log_multiplier 1) and the Llama-4 attention
+                      temperature (Q times 1 + 0.5 ln(floor(pos / 64) + 1)); F16, Q8_0, Q4_K_M
   tiny-olmo2-*.gguf   olmo2: llama's SPM vocabulary, untied output, no pre-norms but post-attention
                       and post-FFN norms, Q and K RMS-normed over all heads, NeoX rotation; F16,
                       Q8_0, Q4_K_M
@@ -77,7 +80,8 @@ MODELS = [("llama", "llama", 1, QUANTS + EXTRA_QUANTS["llama"]), ("qwen2", "qwen
           ("phi3", "phi3", 7, [("q8_0", 7), ("q4_k_m", 15)]), ("phi3-longrope", "phi3", 8, [("q8_0", 7)]),
           ("granite", "granite", 9, [("q8_0", 7), ("q4_k_m", 15)]),
           ("olmo2", "olmo2", 10, [("q8_0", 7), ("q4_k_m", 15)]),
-          ("smollm3", "smollm3", 11, [("q8_0", 7), ("q4_k_m", 15)])]
+          ("smollm3", "smollm3", 11, [("q8_0", 7), ("q4_k_m", 15)]),
+          ("mistral3", "mistral3", 12, [("q8_0", 7), ("q4_k_m", 15)])]
 ARCHS = [m[0] for m in MODELS]
 YARN_FACTOR, YARN_ORIG_CTX = 4.0, 64
 # gemma2: the sliding window of its even layers and the two soft-capping values, small enough that
@@ -90,6 +94,10 @@ PHI3_ORIG_CTX, PHI3_N_ROT = 32, 48
 # granite: its four multipliers (Granite 3's own are 12, 0.22, 1/128 and 8; these keep a unit-size
 # residual stream on these random weights while each one still moves the logits).
 GRANITE_EMBEDDING_SCALE, GRANITE_RESIDUAL_SCALE, GRANITE_ATTENTION_SCALE, GRANITE_LOGIT_SCALE = 2.0, 0.5, 0.2, 4.0
+# mistral3: the attention temperature's beta (Ministral 3's is 0.1; 0.5 moves the logits more) and
+# yarn_log_multiplier (Ministral 3's mscale_all_dim); YaRN as qwen3-yarn's, so that the temperature
+# steps every 64 positions over the goldens' prompts.
+MISTRAL3_TEMP_SCALE, MISTRAL3_YARN_LOG_MUL = 0.5, 1.0
 
 # Text the vocabularies' merges are learned from (a naive BPE over whitespace-split words).
 CORPUS = """
@@ -200,8 +208,14 @@ def write_f16(arch: str, path: str, seed: int, yarn: bool = False, longrope: boo
         w.add_expert_count(MOE_N_EXPERT)
         w.add_expert_used_count(MOE_N_USED)
         w.add_expert_feed_forward_length(MOE_N_FF)
-    if arch in ("llama", "gemma2", "phi3", "granite", "olmo2", "smollm3"):
+    if arch in ("llama", "gemma2", "phi3", "granite", "olmo2", "smollm3", "mistral3"):
         w.add_rope_freq_base(10000.0)
+        if arch == "mistral3":
+            w.add_rope_scaling_type(gguf.RopeScalingType.YARN)
+            w.add_rope_scaling_factor(YARN_FACTOR)
+            w.add_rope_scaling_orig_ctx_len(YARN_ORIG_CTX)
+            w.add_rope_scaling_yarn_log_mul(MISTRAL3_YARN_LOG_MUL)
+            w.add_attn_temperature_scale(MISTRAL3_TEMP_SCALE)
         w.add_layer_norm_rms_eps(1e-6 if arch == "gemma2" else 1e-5)
         tokens, scores, types = spm_vocab()
         if arch == "phi3":  # llama.cpp needs <|endoftext|> in a Phi-3 vocabulary (it sets RSTRIP on specials)
@@ -260,7 +274,7 @@ def write_f16(arch: str, path: str, seed: int, yarn: bool = False, longrope: boo
     def norm(n: int) -> np.ndarray:
         return (1.0 + 0.1 * rng.standard_normal(n, dtype=np.float32)).astype(np.float32)
 
-    tied = arch not in ("llama", "phi3", "granite", "olmo2", "smollm3")
+    tied = arch not in ("llama", "phi3", "granite", "olmo2", "smollm3", "mistral3")
     # Untied (llama): unit-scale embeddings; output.weight alone sets the logits' spread. Tied
     # (qwen2): the embedding is also the output matrix. Its scale against the layers' outputs (of
     # about unit size) decides between two degenerate random models: large, and every token

@@ -1,6 +1,8 @@
 #pragma once
 // A model's hyper-parameters, read from GGUF metadata once and checked for consistency, so the
 // forward pass can trust them.
+#include <cmath>
+#include <cstdint>
 #include <string>
 #include <vector>
 
@@ -49,6 +51,16 @@ struct Hparams {
     float rope_ext_factor = 0.0f;
     float rope_attn_factor = 1.0f;
     float rope_corr_low = 0.0f, rope_corr_high = 0.0f;
+    // Llama-4-style attention temperature (mistral3's attention.temperature_scale; 0: none): Q of
+    // the token at position pos is multiplied by attn_temp(pos) = 1 + attn_temp_scale *
+    // ln(floor(pos / attn_temp_floor) + 1) after RoPE, as llama.cpp computes it (float quotient
+    // and floor, double log).
+    float attn_temp_scale = 0.0f;
+    int attn_temp_floor = 0;
+    float attn_temp(int32_t pos) const {
+        const float q = std::floor(static_cast<float>(pos) / static_cast<float>(attn_temp_floor));
+        return static_cast<float>(std::log(static_cast<double>(q) + 1.0) * attn_temp_scale + 1.0);
+    }
     float final_logit_softcap = 0.0f;  // > 0: logits = cap * tanh(logits / cap)
     // Granite's multipliers (0: none): the embeddings times embedding_scale, each block's output
     // times residual_scale before it joins the residual stream, the logits divided by logit_scale.

@@ -7,14 +7,17 @@
 // Qwen3-MoE is Qwen3 with a mixture of experts for each feed-forward block (model/moe.h: softmax
 // routing, the top n_expert_used experts, weights normalized to sum 1), no dense FFN.
 // SmolLM3 is Llama whose every fourth layer has no rotary embeddings (NoPE).
+// Mistral 3 (Ministral 3, Mistral Small 3.x text) is Llama with YaRN's magnitude set by
+// yarn_log_multiplier and Llama 4's attention temperature: Q times a factor that grows with the
+// token's position, in steps of the original context length.
 // Granite (IBM Granite 3.x dense) is Llama with four multipliers: the embeddings', each block
 // output's before the residual add, the attention scale, and a divisor of the logits.
 // OLMo 2 has no norms before its blocks but one after each (attention output and FFN output,
 // before the residual add), and RMS-norms Q and K whole (one weight per row of all heads) before
 // the rotation, which pairs the halves of each head (NeoX style).
 // Reference: the Llama papers, the Qwen2 and Qwen3 technical reports, the Granite 3.0 and OLMo 2
-// reports; llama.cpp's llama, qwen2, qwen3, qwen3moe, granite, olmo2 and smollm3 graphs for the
-// exact order of ops.
+// reports; llama.cpp's llama, qwen2, qwen3, qwen3moe, granite, olmo2, smollm3 and mistral3 graphs
+// (and llama_context's YaRN attention factor) for the exact order of ops.
 #include <algorithm>
 #include <cmath>
 
@@ -68,6 +71,32 @@ void read_llama_hparams(const HparamReader& r, Hparams& hp) {
 void read_smollm3_hparams(const HparamReader& r, Hparams& hp) {
     read_llama_hparams(r, hp);
     hp.no_rope_every = 4;
+}
+
+// Mistral 3 (llama.cpp's LLM_ARCH_MISTRAL3): attention.temperature_scale (0 or absent: none) with
+// its step the YaRN original context (rope.scaling.original_context_length, else context_length);
+// rope.scaling.yarn_log_multiplier L (0 or absent: none) sets YaRN's magnitude factor as llama.cpp
+// does: mscale(1) / mscale(L) / (1 + 0.1 ln factor), mscale(m) = 0.1 m ln factor + 1, before
+// the rotation's own 1 + 0.1 ln factor. Mixtral-style experts are refused (read_llama_hparams).
+void read_mistral3_hparams(const HparamReader& r, Hparams& hp) {
+    read_llama_hparams(r, hp);
+    const float log_mul = r.number_or("rope.scaling.yarn_log_multiplier", 0.0f);
+    if (!std::isfinite(log_mul) || log_mul < 0.0f) {
+        r.refuse("rope.scaling.yarn_log_multiplier", std::to_string(log_mul), "must be a finite number >= 0");
+    }
+    if (log_mul != 0.0f && hp.rope_ext_factor != 0.0f) {
+        const float factor = 1.0f / hp.rope_freq_scale;
+        const auto mscale = [factor](float m) { return factor <= 1.0f ? 1.0f : 0.1f * m * std::log(factor) + 1.0f; };
+        hp.rope_attn_factor = mscale(1.0f) / mscale(log_mul);
+        hp.rope_attn_factor *= 1.0f / (1.0f + 0.1f * std::log(factor));
+    }
+    hp.attn_temp_scale = r.number_or("attention.temperature_scale", 0.0f);
+    if (!std::isfinite(hp.attn_temp_scale)) {
+        r.refuse("attention.temperature_scale", std::to_string(hp.attn_temp_scale), "must be finite");
+    }
+    if (hp.attn_temp_scale != 0.0f) {
+        hp.attn_temp_floor = r.count_or("rope.scaling.original_context_length", hp.n_ctx_train);
+    }
 }
 
 // Granite (llama.cpp's LLM_ARCH_GRANITE): logit_scale required, the other multipliers optional.
@@ -311,6 +340,7 @@ public:
             o.rope(o.q, rows.positions, n, hp.n_head, hp.head_dim, rope_of(il));
             o.rope(o.k, rows.positions, n, hp.n_head_kv, hp.head_dim, rope_of(il));
             o.store_kv(cache, il, o.k, o.v, o.q, rows, hp, rope_of(il));               // q: for the K transform's fit
+            if (hp.attn_temp_scale != 0.0f) scale_by_temperature(o, rows, q_dim);      // Mistral 3
             attend(o, hp, cache, il, o.q, rows, hp.attn_scale, /*window=*/0, o.attn);  // attn: [n, n_head * head_dim]
             o.matmul(L->wo, o.attn, n, o.attn_out, places);                            // attn_out: [n, n_embd]
             if (L->bo) o.add_bias(o.attn_out, L->bo, n, E);
@@ -354,6 +384,18 @@ public:
     }
 
 private:
+    // Q (q_dim per token) times the attention temperature of each token's position (Mistral 3),
+    // one scale per run of tokens with the same factor.
+    void scale_by_temperature(Exec& o, const BatchRows& rows, int64_t q_dim) const {
+        for (int t0 = 0; t0 < rows.n;) {
+            const float f = hp_.attn_temp(rows.positions[t0]);
+            int t1 = t0 + 1;
+            while (t1 < rows.n && hp_.attn_temp(rows.positions[t1]) == f) ++t1;
+            if (f != 1.0f) o.scale(o.q + t0 * q_dim, (t1 - t0) * q_dim, f);
+            t0 = t1;
+        }
+    }
+
     // The experts layer il's router picks for the token whose hidden state is x (before that
     // layer's attention: a guess), queued for the expert cache to read ahead. Changes no output.
     void prefetch_experts(ExpertCache& experts, int il, const float* x, ops::ThreadPool& pool) {
@@ -423,6 +465,7 @@ extern const Architecture kQwen3{"qwen3", read_llama_hparams, load_qwen3};
 extern const Architecture kGranite{"granite", read_granite_hparams, load_llama};
 extern const Architecture kOlmo2{"olmo2", read_olmo2_hparams, load_olmo2};
 extern const Architecture kSmolLm3{"smollm3", read_smollm3_hparams, load_smollm3};
+extern const Architecture kMistral3{"mistral3", read_mistral3_hparams, load_llama};
 extern const Architecture kQwen3Moe{"qwen3moe", read_qwen3moe_hparams, load_qwen3moe};
 
 }  // namespace fitllm::model

@@ -216,10 +216,13 @@ INSTANTIATE_TEST_SUITE_P(GeneratedPhi3, GeneratedGolden, ::testing::ValuesIn(kGe
                          });
 
 // Llama's variants (model/llama.cpp): Granite's four multipliers, OLMo 2's post-norms with Q and K
-// normed over all heads, SmolLM3's layer without RoPE (the fourth of four). Same tolerances.
-constexpr Generated kGeneratedLlamaVariants[] = {{"granite", "f16"}, {"granite", "q8_0"}, {"granite", "q4_k_m"},
-                                                 {"olmo2", "f16"},   {"olmo2", "q8_0"},   {"olmo2", "q4_k_m"},
-                                                 {"smollm3", "f16"}, {"smollm3", "q8_0"}, {"smollm3", "q4_k_m"}};
+// normed over all heads, SmolLM3's layer without RoPE (the fourth of four), Mistral 3's attention
+// temperature (Q scaled by position, in steps of 64) with YaRN's yarn_log_multiplier. Same
+// tolerances.
+constexpr Generated kGeneratedLlamaVariants[] = {{"granite", "f16"},  {"granite", "q8_0"},  {"granite", "q4_k_m"},
+                                                 {"olmo2", "f16"},    {"olmo2", "q8_0"},    {"olmo2", "q4_k_m"},
+                                                 {"smollm3", "f16"},  {"smollm3", "q8_0"},  {"smollm3", "q4_k_m"},
+                                                 {"mistral3", "f16"}, {"mistral3", "q8_0"}, {"mistral3", "q4_k_m"}};
 
 INSTANTIATE_TEST_SUITE_P(GeneratedLlamaVariants, GeneratedGolden, ::testing::ValuesIn(kGeneratedLlamaVariants),
                          [](const ::testing::TestParamInfo<Generated>& generated) {

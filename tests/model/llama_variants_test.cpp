@@ -1,5 +1,5 @@
-// Granite's, OLMo 2's and SmolLM3's hyper-parameters and refusals (model/llama.cpp's variants of
-// Llama).
+// Granite's, OLMo 2's, SmolLM3's and Mistral 3's hyper-parameters and refusals (model/llama.cpp's
+// variants of Llama).
 // Their forward passes against llama.cpp: generated_golden_test.cpp (GeneratedLlamaVariants).
 #include <gtest/gtest.h>
 
@@ -118,6 +118,72 @@ TEST(SmolLm3Hparams, EveryFourthLayerHasNoRope) {
     EXPECT_TRUE(hp.rotates(0));
     EXPECT_TRUE(hp.rotates(2));
     EXPECT_FALSE(hp.rotates(3));
+}
+
+// tools/gen_test_models.py's MISTRAL3_* values: temperature beta 0.5 stepping every 64 positions
+// (YaRN's original context), yarn_log_multiplier 1 over a YaRN factor of 4.
+TEST(Mistral3Hparams, TemperatureAndYarnMagnitude) {
+    const model::Hparams hp = model::read_hparams(open_tiny("tiny-mistral3-f16"));
+    EXPECT_EQ(hp.arch, "mistral3");
+    EXPECT_FLOAT_EQ(hp.attn_temp_scale, 0.5f);
+    EXPECT_EQ(hp.attn_temp_floor, 64);
+    EXPECT_EQ(hp.attn_temp(0), 1.0f);
+    EXPECT_EQ(hp.attn_temp(63), 1.0f);
+    EXPECT_FLOAT_EQ(hp.attn_temp(64), 1.0f + 0.5f * std::log(2.0f));
+    EXPECT_FLOAT_EQ(hp.attn_temp(200), 1.0f + 0.5f * std::log(4.0f));
+    // mscale(1) / mscale(1) / (1 + 0.1 ln 4): the rotation's own 1 + 0.1 ln 4 cancels to 1.
+    EXPECT_FLOAT_EQ(hp.rope_attn_factor, 1.0f / (1.0f + 0.1f * std::log(4.0f)));
+    EXPECT_FLOAT_EQ(hp.rope_freq_scale, 0.25f);
+}
+
+// The temperature and yarn_log_multiplier each move the logits of a prompt past position 64: a
+// copy without either key gives other logits than the file.
+TEST(Mistral3Hparams, TemperatureAndLogMultiplierMatter) {
+    const gguf::GgufFile file = open_tiny("tiny-mistral3-f16");
+    ops::ThreadPool pool(2);
+    std::vector<int32_t> prompt = {1};
+    for (int i = 0; i < 99; ++i) prompt.push_back(30 + (i * 7) % 200);
+    const auto last_logits = [&](const gguf::GgufFile& f) {
+        const auto model = model::Model::load(f);
+        engine::Session session(*model, {.n_ctx = 128, .n_batch = 128}, pool);
+        const auto logits = session.feed(prompt);
+        return std::vector<float>(logits.begin(), logits.end());
+    };
+    const std::vector<float> base = last_logits(file);
+    for (const std::string key :
+         {"mistral3.attention.temperature_scale", "mistral3.rope.scaling.yarn_log_multiplier"}) {
+        const std::vector<std::byte> bytes =
+            rewrite(file, {.keep_key = [&](const std::string& k) { return k != key; }});
+        const gguf::GgufFile copy = gguf::GgufFile::parse(bytes, "mistral3.gguf");
+        const std::vector<float> other = last_logits(copy);
+        ASSERT_EQ(other.size(), base.size());
+        float diff = 0.0f;
+        for (size_t i = 0; i < base.size(); ++i) diff = std::max(diff, std::fabs(other[i] - base[i]));
+        EXPECT_GT(diff, 0.1f) << "without " << key;
+    }
+}
+
+TEST(Mistral3Refusals, NameTheKey) {
+    const gguf::GgufFile file = open_tiny("tiny-mistral3-f16");
+    EXPECT_EQ(load_error(rewrite(file, {})), "");
+    const auto with = [&](const std::string& key, float value) {
+        return load_error(rewrite(file, {.keep_key = [&](const std::string& k) { return k != key; },
+                                         .add = [&](gguf::GgufWriter& w) { w.add<float>(key, value); }}));
+    };
+    std::string e = with("mistral3.attention.temperature_scale", NAN);
+    EXPECT_TRUE(contains(e, "'mistral3.attention.temperature_scale' = nan: must be finite")) << e;
+    e = with("mistral3.rope.scaling.yarn_log_multiplier", -1.0f);
+    EXPECT_TRUE(contains(e, "'mistral3.rope.scaling.yarn_log_multiplier' = -1.000000: must be a finite number >= 0"))
+        << e;
+    // The temperature's step is YaRN's original context: 0 is refused naming it.
+    e = load_error(rewrite(
+        file,
+        {.keep_key = [](const std::string& k) { return k != "mistral3.rope.scaling.original_context_length"; },
+         .add = [](gguf::GgufWriter& w) { w.add<uint32_t>("mistral3.rope.scaling.original_context_length", 0); }}));
+    EXPECT_TRUE(contains(e, "'mistral3.rope.scaling.original_context_length' = 0")) << e;
+    // Mistral 3's mixture-of-experts files (Mistral Small 4 style) are not supported.
+    e = load_error(rewrite(file, {.add = [](gguf::GgufWriter& w) { w.add<uint32_t>("mistral3.expert_count", 8); }}));
+    EXPECT_TRUE(contains(e, "'mistral3.expert_count' = 8: mixture-of-experts models")) << e;
 }
 
 }  // namespace

@@ -125,7 +125,7 @@ std::vector<Case> tiny_cases() {
     for (const char* f :
          {"tiny-llama-f16.gguf", "tiny-llama-q4_k_m.gguf", "tiny-llama-q8_0.gguf", "tiny-qwen2-q4_0.gguf",
           "tiny-qwen2-q6_k.gguf", "tiny-gemma2-q8_0.gguf", "tiny-phi3-q4_k_m.gguf", "tiny-phi3-longrope-q8_0.gguf",
-          "tiny-granite-q8_0.gguf", "tiny-olmo2-q4_k_m.gguf", "tiny-smollm3-q8_0.gguf"}) {
+          "tiny-granite-q8_0.gguf", "tiny-olmo2-q4_k_m.gguf", "tiny-smollm3-q8_0.gguf", "tiny-mistral3-q8_0.gguf"}) {
         cases.push_back({f, {}, test::source_dir() / "tests/model/data" / f});
     }
     return cases;
