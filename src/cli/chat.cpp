@@ -155,13 +155,7 @@ int converse(engine::Engine& e, const ChatOptions& o) {
     if (params.grammar) params.grammar_vocab = sampling::GrammarVocab::from_tokenizer(tokenizer);
     sampling::Sampler sampler(params, e.model().n_vocab());  // with --grammar / -j: each reply follows it
     tokenizer::Detokenizer detok(tokenizer, /*remove_special=*/false, /*unparse_special=*/false);
-    std::unique_ptr<engine::Drafter> drafter;
-    if (engine::Engine* d = e.draft()) {
-        drafter =
-            std::make_unique<engine::ModelDrafter>(d->model(), d->context(), d->threads(), o.lookup.draft, &e.host());
-    } else if (o.lookup.enabled) {
-        drafter = std::make_unique<engine::LookupDrafter>(o.lookup.params);
-    }
+    const std::unique_ptr<engine::Drafter> drafter = make_drafter(e, o.lookup);
 
     std::fprintf(stderr, "template: %s\n", resolved.source_description.c_str());
     std::fprintf(stderr, "context: %d tokens, KV cache %s%s\n", n_ctx, engine::describe_kv(context).c_str(),

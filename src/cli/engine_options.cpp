@@ -198,6 +198,14 @@ void add_draft_model_options(ArgParser& p, LookupOptions& lookup, EngineOptions&
              [&lookup](const std::string& v) { lookup.draft.n_vocab = parse_count("--draft-vocab", v); });
 }
 
+std::unique_ptr<engine::Drafter> make_drafter(engine::Engine& e, const LookupOptions& lookup) {
+    if (engine::Engine* d = e.draft()) {
+        return std::make_unique<engine::ModelDrafter>(d->model(), d->context(), d->threads(), lookup.draft, &e.host());
+    }
+    if (lookup.enabled) return std::make_unique<engine::LookupDrafter>(lookup.params);
+    return nullptr;
+}
+
 void validate_lookup_options(const LookupOptions& lookup) {
     try {
         engine::check(lookup.params);

@@ -79,6 +79,9 @@ void validate_lookup_options(const LookupOptions& lookup);
 // With --lookup or -md: the rows of logits a forward pass returns (drafts + 1), set in the
 // context before it is planned, so that the plan charges them.
 void apply_lookup_options(const LookupOptions& lookup, ContextConfig& context);
+// The drafter the options ask for: the loaded draft model of e (-md), prompt lookup (--lookup), or
+// nullptr for neither.
+std::unique_ptr<engine::Drafter> make_drafter(engine::Engine& e, const LookupOptions& lookup);
 
 // A count for option `name` (0..1000000), with a UsageError naming it on bad input.
 int parse_count(const std::string& name, const std::string& text);

@@ -101,13 +101,7 @@ int generate(engine::Engine& e, const RunOptions& o) {
         }
         return true;
     };
-    std::unique_ptr<engine::Drafter> drafter;
-    if (engine::Engine* d = e.draft()) {
-        drafter =
-            std::make_unique<engine::ModelDrafter>(d->model(), d->context(), d->threads(), o.lookup.draft, &e.host());
-    } else if (o.lookup.enabled) {
-        drafter = std::make_unique<engine::LookupDrafter>(o.lookup.params);
-    }
+    const std::unique_ptr<engine::Drafter> drafter = make_drafter(e, o.lookup);
     const engine::GenerationStats stats =
         drafter ? session.generate_speculative(ids, o.n_predict, sampler, *drafter, is_eog, on_token)
                 : session.generate(ids, o.n_predict, sampler, is_eog, on_token);

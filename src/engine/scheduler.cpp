@@ -561,6 +561,32 @@ bool prefix_whole(const kv::ModelCache& cache, size_t n, First&& first) {
     return true;
 }
 
+// Of stored prompts outside the cells (host memory's or disk's: tokens, and the positions each
+// pool kept), the one that gives `tokens` the longest prefix a request can take, if it is longer
+// than `at_least`: its index (stored.size() for none) and the prefix's length.
+template <class Stored>
+std::pair<size_t, size_t> longest_stored_prefix(const std::vector<Stored>& stored, const std::vector<int32_t>& tokens,
+                                                size_t most, size_t at_least, const kv::ModelCache& cache) {
+    std::pair<size_t, size_t> best{stored.size(), at_least};
+    for (size_t i = 0; i < stored.size(); ++i) {
+        const size_t n = common_prefix(stored[i].tokens, tokens, most);
+        const auto first = [&](int p) {
+            const std::vector<kv::Pos>& places = stored[i].places[static_cast<size_t>(p)];
+            return places.empty() ? kv::Pos{-1} : places.front();
+        };
+        if (n > best.second && prefix_whole(cache, n, first)) best = {i, n};
+    }
+    return best;
+}
+
+// The index of the least recently used of entries (each with a last_used); entries is not empty.
+template <class Entry>
+size_t least_recently_used(const std::vector<Entry>& entries) {
+    const auto lru = std::min_element(entries.begin(), entries.end(),
+                                      [](const Entry& a, const Entry& b) { return a.last_used < b.last_used; });
+    return static_cast<size_t>(lru - entries.begin());
+}
+
 }  // namespace
 
 bool Scheduler::sibling_feeding(const Sequence& s) const {
@@ -598,32 +624,10 @@ int Scheduler::reuse_prompt(Sequence& s) {
         if (consider(a->seq, std::span<const int32_t>(a->tokens).first(static_cast<size_t>(a->n_fed))))
             best_kept = nullptr;
     }
-    // Host memory: worth copying back only for a longer prefix than the cells give.
-    size_t best_saved = saved_.size(), saved_n = best_n;
-    for (size_t i = 0; i < saved_.size(); ++i) {
-        const SavedPrompt& sp = saved_[i];
-        const size_t n = common_prefix(sp.tokens, s.tokens, most);
-        const auto first = [&](int p) {
-            const std::vector<kv::Pos>& places = sp.places[static_cast<size_t>(p)];
-            return places.empty() ? kv::Pos{-1} : places.front();
-        };
-        if (n <= saved_n || !prefix_whole(cache_, n, first)) continue;
-        best_saved = i;
-        saved_n = n;
-    }
-    // Disk: worth reading back only for a longer prefix than host memory gives.
-    size_t best_disk = disk_.size(), disk_n = saved_n;
-    for (size_t i = 0; i < disk_.size(); ++i) {
-        const DiskPrompt& d = disk_[i];
-        const size_t n = common_prefix(d.tokens, s.tokens, most);
-        const auto first = [&](int p) {
-            const std::vector<kv::Pos>& places = d.places[static_cast<size_t>(p)];
-            return places.empty() ? kv::Pos{-1} : places.front();
-        };
-        if (n <= disk_n || !prefix_whole(cache_, n, first)) continue;
-        best_disk = i;
-        disk_n = n;
-    }
+    // Host memory: worth copying back only for a longer prefix than the cells give; disk: only for
+    // a longer one than host memory gives.
+    const auto [best_saved, saved_n] = longest_stored_prefix(saved_, s.tokens, most, best_n, cache_);
+    const auto [best_disk, disk_n] = longest_stored_prefix(disk_, s.tokens, most, saved_n, cache_);
     if (best_disk < disk_.size()) {
         SavedPrompt read;
         if (read_disk_prompt(best_disk, read)) {  // through host memory: kept there again when this request ends
@@ -644,8 +648,7 @@ int Scheduler::reuse_prompt(Sequence& s) {
 
 bool Scheduler::evict_cached_prompt() {
     if (cached_.empty()) return false;
-    const auto lru = std::min_element(cached_.begin(), cached_.end(),
-                                      [](const auto& a, const auto& b) { return a.last_used < b.last_used; });
+    const auto lru = cached_.begin() + static_cast<std::ptrdiff_t>(least_recently_used(cached_));
     save_prompt(*lru);
     cache_.seq_rm(lru->seq, -1, -1);
     free_cache_ids_.push_back(lru->seq);
@@ -725,9 +728,7 @@ void Scheduler::give_up_saved_prompt(size_t i) {
 bool Scheduler::make_room_in_host_memory(uint64_t charged) {
     if (charged > context_.prompt_cache_ram) return false;
     while (saved_bytes_ + charged > context_.prompt_cache_ram && !saved_.empty()) {
-        const auto lru = std::min_element(saved_.begin(), saved_.end(),
-                                          [](const auto& a, const auto& b) { return a.last_used < b.last_used; });
-        give_up_saved_prompt(static_cast<size_t>(lru - saved_.begin()));
+        give_up_saved_prompt(least_recently_used(saved_));
     }
     return true;
 }
@@ -765,9 +766,7 @@ void Scheduler::write_disk_prompt(SavedPrompt sp) {
         if (starts(sp.tokens, disk_[i].tokens)) drop_disk_prompt(i);
     }
     while (disk_bytes_ + bytes > context_.prompt_cache_disk && !disk_.empty()) {
-        const auto lru = std::min_element(disk_.begin(), disk_.end(),
-                                          [](const auto& a, const auto& b) { return a.last_used < b.last_used; });
-        drop_disk_prompt(static_cast<size_t>(lru - disk_.begin()));
+        drop_disk_prompt(least_recently_used(disk_));
     }
     DiskPrompt d{.tokens = std::move(sp.tokens),
                  .places = std::move(sp.places),
@@ -780,9 +779,7 @@ void Scheduler::write_disk_prompt(SavedPrompt sp) {
     const uint64_t index_limit = context_.prompt_cache_disk / ContextConfig::kPromptCacheDiskIndexShare;
     if (held > index_limit) return;
     while (disk_index_bytes_ + held > index_limit && !disk_.empty()) {
-        const auto lru = std::min_element(disk_.begin(), disk_.end(),
-                                          [](const auto& a, const auto& b) { return a.last_used < b.last_used; });
-        drop_disk_prompt(static_cast<size_t>(lru - disk_.begin()));
+        drop_disk_prompt(least_recently_used(disk_));
     }
     d.index_bytes = held;
     try {

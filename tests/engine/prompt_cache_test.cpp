@@ -49,6 +49,16 @@ std::vector<int32_t> concat(std::vector<int32_t> a, const std::vector<int32_t>& 
     return a;
 }
 
+// The same tokens with the same log-probabilities, bit for bit (and the same top ones).
+void expect_same_logprobs(const Job::Update& got, const Job::Update& want) {
+    ASSERT_EQ(got.logprobs.size(), want.logprobs.size());
+    for (size_t i = 0; i < want.logprobs.size(); ++i) {
+        EXPECT_EQ(got.logprobs[i].id, want.logprobs[i].id) << i;
+        EXPECT_EQ(got.logprobs[i].logprob, want.logprobs[i].logprob) << i;
+        EXPECT_EQ(got.logprobs[i].top, want.logprobs[i].top) << i;
+    }
+}
+
 // Waits for the step after a job's end, which publishes the stats and keeps the prompt.
 SchedulerStats settled(const Scheduler& s) {
     const auto deadline = std::chrono::steady_clock::now() + std::chrono::seconds(5);
@@ -124,12 +134,7 @@ TEST_F(PromptCache, CachedCellsHoldTheBitsOfARecomputation) {
     plain.n_cached_prompts = 0;
     Scheduler fresh(*llama_->model, llama_->tokenizer, plain, {}, *compute_);
     const Job::Update e = fresh.submit(next, p)->wait_all();
-    ASSERT_EQ(b.logprobs.size(), e.logprobs.size());
-    for (size_t i = 0; i < e.logprobs.size(); ++i) {
-        EXPECT_EQ(b.logprobs[i].id, e.logprobs[i].id) << i;
-        EXPECT_EQ(b.logprobs[i].logprob, e.logprobs[i].logprob) << i;
-        EXPECT_EQ(b.logprobs[i].top, e.logprobs[i].top) << i;
-    }
+    expect_same_logprobs(b, e);
 }
 
 TEST_F(PromptCache, TheSamePromptAgainComputesOnlyItsLastToken) {
@@ -191,11 +196,7 @@ TEST_F(PromptCache, EvictedPromptsComeBackFromHostMemoryBitForBit) {
     plain.prompt_cache_ram = 0;
     Scheduler fresh(*llama_->model, llama_->tokenizer, plain, {}, *compute_);
     const Job::Update e = fresh.submit(next, p)->wait_all();
-    ASSERT_EQ(b.logprobs.size(), e.logprobs.size());
-    for (size_t i = 0; i < e.logprobs.size(); ++i) {
-        EXPECT_EQ(b.logprobs[i].id, e.logprobs[i].id) << i;
-        EXPECT_EQ(b.logprobs[i].logprob, e.logprobs[i].logprob) << i;
-    }
+    expect_same_logprobs(b, e);
 }
 
 TEST_F(PromptCache, HostMemoryHoldsNoMoreThanItsLimit) {
@@ -261,11 +262,7 @@ TEST_F(PromptCache, PromptsHostMemoryGivesUpComeBackFromDiskBitForBit) {
         plain.prompt_cache_disk = 0;
         Scheduler fresh(*llama_->model, llama_->tokenizer, plain, {}, *compute_);
         const Job::Update e = fresh.submit(next, p)->wait_all();
-        ASSERT_EQ(b.logprobs.size(), e.logprobs.size());
-        for (size_t i = 0; i < e.logprobs.size(); ++i) {
-            EXPECT_EQ(b.logprobs[i].id, e.logprobs[i].id) << i;
-            EXPECT_EQ(b.logprobs[i].logprob, e.logprobs[i].logprob) << i;
-        }
+        expect_same_logprobs(b, e);
     }
     // The scheduler's directory and files are gone with it.
     EXPECT_TRUE(std::filesystem::is_empty(dir));
