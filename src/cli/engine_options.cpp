@@ -55,8 +55,20 @@ void add_sampling_options(ArgParser& p, sampling::SamplingParams& sp) {
         if (s < 0) throw UsageError("--seed: '" + v + "' must not be negative");
         sp.seed = static_cast<uint64_t>(s);
     });
-    p.option("--repeat-penalty", "R", "penalize repeats of the last 64 tokens; 1: off (default 1)",
+    p.option("--repeat-penalty", "R", "penalize repeats of the last --repeat-last-n tokens; 1: off (default 1)",
              [&sp](const std::string& v) { sp.repeat_penalty = parse_float("--repeat-penalty", v); });
+    p.option("--presence-penalty", "P",
+             "subtract P from a token's logit once if it is among the last --repeat-last-n tokens; 0: off (default 0)",
+             [&sp](const std::string& v) { sp.presence_penalty = parse_float("--presence-penalty", v); });
+    p.option("--frequency-penalty", "F",
+             "subtract F from a token's logit for each time it is among the last --repeat-last-n tokens; 0: off "
+             "(default 0)",
+             [&sp](const std::string& v) { sp.frequency_penalty = parse_float("--frequency-penalty", v); });
+    p.option(
+        "--repeat-last-n", "N", "the tokens the penalties look at; 0: none (default 64)",
+        [&sp](const std::string& v) { sp.penalty_last_n = static_cast<int32_t>(parse_count("--repeat-last-n", v)); });
+    p.option("--typical", "P", "locally typical sampling; 1: off (default 1)",
+             [&sp](const std::string& v) { sp.typical_p = parse_float("--typical", v); });
 }
 
 void add_grammar_options(ArgParser& p, sampling::SamplingParams& sp) {
