@@ -1597,14 +1597,20 @@ class Choices(unittest.TestCase):
 
     def test_disconnect_cancels_every_choice(self):
         s = socket.create_connection(("127.0.0.1", self.srv.port))
-        body = json.dumps({"prompt": "Once upon a time", "max_tokens": 900, "stream": True, "n": 3,
-                           "temperature": 0})
+        # End of text banned (the tiny model's id 2), so that no choice ends before the client goes
+        # (greedy choices end at the same token, the later admitted ones later), and 3 x 300 tokens
+        # fit the cache (no preemption).
+        body = json.dumps({"prompt": "Once upon a time", "max_tokens": 300, "stream": True, "n": 3,
+                           "temperature": 0, "logit_bias": {"2": -100}})
         s.sendall((f"POST /v1/completions HTTP/1.1\r\nHost: 127.0.0.1\r\nContent-Type: application/json\r\n"
                    f"Content-Length: {len(body)}\r\n\r\n{body}").encode())
         got = b""
         while got.count(b'"index":2') < 2:
             got += s.recv(4096)
-        self.assertEqual(self.srv.metric("fitllm_slots_busy"), 3)
+        deadline = time.time() + 5  # the metric follows the scheduler's steps
+        while self.srv.metric("fitllm_slots_busy") != 3:
+            self.assertLess(time.time(), deadline, "the three choices were not all running")
+            time.sleep(0.01)
         s.close()
         deadline = time.time() + 5
         while self.srv.metric("fitllm_slots_busy") != 0:
