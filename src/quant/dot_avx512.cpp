@@ -335,10 +335,7 @@ void dot_tq2_0(int n, float* out, const void* w, const void* a) {
     *out = hsum_lanes(lanes);
 }
 
-// Bytes times 3 modulo 256, and the leading trit (3 q) >> 8 = (q >= 86) + (q >= 171).
-__m512i times3(__m512i v) {
-    return _mm512_add_epi8(v, _mm512_add_epi8(v, v));
-}
+// The leading trit of a byte q: (3 q) >> 8 = (q >= 86) + (q >= 171).
 __m512i leading_trit(__m512i q) {
     const __mmask64 ge86 = _mm512_cmpge_epu8_mask(q, _mm512_set1_epi8(86));
     const __mmask64 ge171 = _mm512_cmpge_epu8_mask(q, _mm512_set1_epi8(static_cast<char>(171)));

@@ -78,7 +78,7 @@ inline __m256i grid4x8(const uint32_t* grid, const uint8_t* qs, int high) {
                             static_cast<int>(grid[idx(1)]), static_cast<int>(grid[idx(0)]));
 }
 
-void dot_iq3_xxs(int n, float* out, const void* w, const void* a) {
+inline void dot_iq3_xxs(int n, float* out, const void* w, const void* a) {
     const auto* x = static_cast<const BlockIQ3_XXS*>(w);
     const auto* y = static_cast<const BlockQ8_K*>(a);
     __m256 acc = _mm256_setzero_ps();
@@ -95,7 +95,7 @@ void dot_iq3_xxs(int n, float* out, const void* w, const void* a) {
     *out = 0.25f * hsum8(acc);
 }
 
-void dot_iq3_s(int n, float* out, const void* w, const void* a) {
+inline void dot_iq3_s(int n, float* out, const void* w, const void* a) {
     const auto* x = static_cast<const BlockIQ3_S*>(w);
     const auto* y = static_cast<const BlockQ8_K*>(a);
     __m256 acc = _mm256_setzero_ps();
@@ -138,7 +138,7 @@ void dot_iq2(int n, float* out, const void* w, const void* a, Sub sub) {
     *out = 0.125f * hsum8(acc);
 }
 
-void dot_iq2_xxs(int n, float* out, const void* w, const void* a) {
+inline void dot_iq2_xxs(int n, float* out, const void* w, const void* a) {
     dot_iq2<BlockIQ2_XXS>(
         n, out, w, a, [](const BlockIQ2_XXS& b, int ib, __m256i& grid, uint32_t& signs, int& lo, int& hi) {
             const auto* bytes = reinterpret_cast<const uint8_t*>(b.qs) + 8 * ib;
@@ -149,7 +149,7 @@ void dot_iq2_xxs(int n, float* out, const void* w, const void* a) {
         });
 }
 
-void dot_iq2_xs(int n, float* out, const void* w, const void* a) {
+inline void dot_iq2_xs(int n, float* out, const void* w, const void* a) {
     dot_iq2<BlockIQ2_XS>(
         n, out, w, a, [](const BlockIQ2_XS& b, int ib, __m256i& grid, uint32_t& signs, int& lo, int& hi) {
             const uint16_t* q = b.qs + 4 * ib;
@@ -162,7 +162,7 @@ void dot_iq2_xs(int n, float* out, const void* w, const void* a) {
         });
 }
 
-void dot_iq2_s(int n, float* out, const void* w, const void* a) {
+inline void dot_iq2_s(int n, float* out, const void* w, const void* a) {
     dot_iq2<BlockIQ2_S>(n, out, w, a,
                         [](const BlockIQ2_S& b, int ib, __m256i& grid, uint32_t& signs, int& lo, int& hi) {
                             const uint8_t* q = b.qs + 4 * ib;
@@ -192,7 +192,7 @@ inline __m256i delta_bytes(int n0, int n1, int n2, int n3) {
     return _mm256_set_epi64x(bytes(n3), bytes(n2), bytes(n1), bytes(n0));
 }
 
-void dot_iq1_s(int n, float* out, const void* w, const void* a) {
+inline void dot_iq1_s(int n, float* out, const void* w, const void* a) {
     const auto* x = static_cast<const BlockIQ1_S*>(w);
     const auto* y = static_cast<const BlockQ8_K*>(a);
     __m256 acc = _mm256_setzero_ps();
@@ -216,7 +216,7 @@ void dot_iq1_s(int n, float* out, const void* w, const void* a) {
     *out = hsum8(acc) + 0.125f * acc1;
 }
 
-void dot_iq1_m(int n, float* out, const void* w, const void* a) {
+inline void dot_iq1_m(int n, float* out, const void* w, const void* a) {
     const auto* x = static_cast<const BlockIQ1_M*>(w);
     const auto* y = static_cast<const BlockQ8_K*>(a);
     __m256 acc = _mm256_setzero_ps(), acc_delta = _mm256_setzero_ps();

@@ -202,11 +202,14 @@ TEST(ExpertCache, GivesTheResidentLogitsBitForBit) {
                 EXPECT_GT(x.misses, 4u) << what;  // 4 slots for 16 experts: evictions, read again
                 EXPECT_GT(x.hits, 0u) << what;
                 EXPECT_EQ(x.tokens, 40u + 12u);
-                if (!prefetch) EXPECT_EQ(x.prefetched, 0u) << what;  // (with it: as the reader thread runs)
+                if (!prefetch) {
+                    EXPECT_EQ(x.prefetched, 0u) << what;  // (with it: as the reader thread runs)
+                }
                 EXPECT_LE(x.prefetch_used, x.prefetched);
                 for (const memory::PoolStats& p : host.pools()) {
-                    if (p.name == memory::pool_names::kExperts)
+                    if (p.name == memory::pool_names::kExperts) {
                         EXPECT_EQ(p.peak, model::expert_cache_bytes(x.slot_bytes, 4));
+                    }
                 }
             }
         }

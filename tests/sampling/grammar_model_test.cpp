@@ -87,8 +87,11 @@ void run_schema(model::Model& model, const tokenizer::Tokenizer& tok, ops::Threa
     const std::string type = schema["type"];
     EXPECT_EQ(type == "object", v.is_object()) << out;
     EXPECT_EQ(type == "array", v.is_array()) << out;
-    if (v.is_object())
-        for (const auto& r : schema["required"]) EXPECT_TRUE(v.contains(r.get<std::string>())) << out;
+    if (v.is_object()) {
+        for (const auto& r : schema["required"]) {
+            EXPECT_TRUE(v.contains(r.get<std::string>())) << out;
+        }
+    }
 }
 
 TEST(GrammarModel, TinyRandomModelFollowsEverySchema) {
