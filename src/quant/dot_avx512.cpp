@@ -452,22 +452,8 @@ DotFn table(GgmlType weight_type) {
             return dot_tq2_0<kVnni>;
         case GgmlType::MXFP4:
             return dot_mxfp4<kVnni>;
-        case GgmlType::IQ3_XXS:  // the AVX2 kernels (dot_iq_avx2.h), compiled here
-            return iq::dot_iq3_xxs;
-        case GgmlType::IQ3_S:
-            return iq::dot_iq3_s;
-        case GgmlType::IQ2_XXS:
-            return iq::dot_iq2_xxs;
-        case GgmlType::IQ2_XS:
-            return iq::dot_iq2_xs;
-        case GgmlType::IQ2_S:
-            return iq::dot_iq2_s;
-        case GgmlType::IQ1_S:
-            return iq::dot_iq1_s;
-        case GgmlType::IQ1_M:
-            return iq::dot_iq1_m;
         default:
-            return nullptr;
+            return iq::dot(weight_type);  // the AVX2 kernels of dot_iq_avx2.h, compiled here
     }
 }
 

@@ -18,6 +18,7 @@
 #include <type_traits>
 
 #include "quant/blocks.h"
+#include "quant/dot.h"
 #include "quant/gemm.h"
 #include "quant/iq_grids.h"
 
@@ -377,6 +378,28 @@ void gemm_tiled(int n, int n_rows, int n_tok, const void* w, size_t w_stride, co
             }
             y[t * y_stride + static_cast<size_t>(r)] = out;
         }
+    }
+}
+
+// The dot of a grid i-quant; nullptr for other types.
+inline DotFn dot(GgmlType weight_type) {
+    switch (weight_type) {
+        case GgmlType::IQ3_XXS:
+            return dot_iq3_xxs;
+        case GgmlType::IQ3_S:
+            return dot_iq3_s;
+        case GgmlType::IQ2_XXS:
+            return dot_iq2_xxs;
+        case GgmlType::IQ2_XS:
+            return dot_iq2_xs;
+        case GgmlType::IQ2_S:
+            return dot_iq2_s;
+        case GgmlType::IQ1_S:
+            return dot_iq1_s;
+        case GgmlType::IQ1_M:
+            return dot_iq1_m;
+        default:
+            return nullptr;
     }
 }
 
