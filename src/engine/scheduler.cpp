@@ -1,15 +1,9 @@
 #include "engine/scheduler.h"
 
-#include <fcntl.h>
-#include <unistd.h>
-
 #include <algorithm>
-#include <cerrno>
 #include <chrono>
 #include <cmath>
 #include <cstdlib>
-#include <cstring>
-#include <filesystem>
 #include <limits>
 #include <stdexcept>
 
@@ -104,24 +98,13 @@ Scheduler::Scheduler(model::Model& model, const tokenizer::Tokenizer& tokenizer,
       options_(options),
       compute_(compute),
       cache_(make_cache(model, context_, device)),
+      prompts_(cache_, context_, pool_of(device, memory::pool_names::kPromptCache)),
       logits_(make_logits(model, context_.n_seq, device)),
-      saved_pool_(&pool_of(device, memory::pool_names::kPromptCache)),
       overhead_pool_(&pool_of(device, memory::pool_names::kOverhead)) {
     kv_bytes_ = cache_.bytes();
     for (int s = context_.n_seq - 1; s >= 0; --s) free_ids_.push_back(s);
-    for (int s = context_.n_seq + context_.n_cached_prompts - 1; s >= context_.n_seq; --s) free_cache_ids_.push_back(s);
     stats_.kv_cells_total = context_.n_ctx;
     warm_up();
-    if (context_.prompt_cache_disk > 0) {
-        std::string base = context_.prompt_cache_dir;
-        if (base.empty()) base = std::filesystem::temp_directory_path().string();
-        std::string pattern = base + "/fitllm-prompts-XXXXXX";
-        if (mkdtemp(pattern.data()) == nullptr) {
-            throw ConfigError("--cache-dir: cannot make a directory for kept prompts in '" + base +
-                              "': " + std::strerror(errno));
-        }
-        disk_dir_ = pattern;
-    }
     thread_ = std::thread([this] { loop(); });
 }
 
@@ -150,8 +133,6 @@ void Scheduler::warm_up() {
 
 Scheduler::~Scheduler() {
     shutdown();
-    while (!disk_.empty()) drop_disk_prompt(disk_.size() - 1);
-    if (!disk_dir_.empty()) ::rmdir(disk_dir_.c_str());
 }
 
 void Scheduler::shutdown() {
@@ -236,8 +217,17 @@ std::vector<std::shared_ptr<Job>> Scheduler::submit_group(std::vector<int32_t> p
 }
 
 SchedulerStats Scheduler::stats() const {
-    std::lock_guard lock(mutex_);
-    return stats_;
+    SchedulerStats s;
+    {
+        std::lock_guard lock(mutex_);
+        s = stats_;
+    }
+    const PromptCache::Counters c = prompts_.counters();
+    s.n_cache_evictions = c.n_evictions;
+    s.n_cache_restores = c.n_restores;
+    s.n_disk_reads = c.n_disk_reads;
+    s.n_disk_failures = c.n_disk_failures;
+    return s;
 }
 
 bool Scheduler::idle() const {
@@ -317,7 +307,7 @@ void Scheduler::admit() {
         int reserved = 0;
         for (const auto& a : active_) reserved += a->unfed() + block;
         const int need = static_cast<int>(s.tokens.size()) - reused + block;
-        while (need + reserved > cache_.pool(0).free_cells() && evict_cached_prompt()) {
+        while (need + reserved > cache_.pool(0).free_cells() && prompts_.evict()) {
         }
         if (!active_.empty() && need + reserved > cache_.pool(0).free_cells()) {
             cache_.seq_rm(s.seq, -1, -1);
@@ -423,7 +413,7 @@ bool Scheduler::step() {
             }
         }
         if (cache_.has_room(batch_seq_)) break;
-        if (evict_cached_prompt()) continue;
+        if (prompts_.evict()) continue;
         if (active_.size() == 1) {
             // Alone and still no room: its tokens outgrew the cache (n_ctx bounds prompt + max_tokens,
             // so only the window pools' rounding could do this).
@@ -506,88 +496,9 @@ void Scheduler::release_finished() {
     }
 }
 
-namespace {
-
-bool starts(std::span<const int32_t> a, std::span<const int32_t> prefix) {
-    return prefix.size() <= a.size() && std::equal(prefix.begin(), prefix.end(), a.begin());
-}
-
-}  // namespace
-
 void Scheduler::keep_prompt(const Sequence& s) {
-    if (context_.n_cached_prompts == 0 || s.n_fed == 0) return;
-    const auto fed = std::span<const int32_t>(s.tokens).first(static_cast<size_t>(s.n_fed));
-    for (auto it = cached_.begin(); it != cached_.end();) {
-        if (starts(it->tokens, fed)) {  // kept already (it shared them, or computed the same)
-            it->last_used = ++cache_clock_;
-            return;
-        }
-        if (starts(fed, it->tokens)) {  // this one holds all of it, and more
-            cache_.seq_rm(it->seq, -1, -1);
-            free_cache_ids_.push_back(it->seq);
-            it = cached_.erase(it);
-        } else {
-            ++it;
-        }
-    }
-    if (free_cache_ids_.empty()) evict_cached_prompt();
-    CachedPrompt kept{.seq = free_cache_ids_.back(), .tokens = {fed.begin(), fed.end()}, .last_used = ++cache_clock_};
-    free_cache_ids_.pop_back();
-    cache_.seq_cp(s.seq, kept.seq, 0, s.n_fed);
-    cached_.push_back(std::move(kept));
+    prompts_.keep(s.seq, std::span<const int32_t>(s.tokens).first(static_cast<size_t>(s.n_fed)));
 }
-
-namespace {
-
-// How many of `tokens` (at most `most`) `held` starts with.
-size_t common_prefix(std::span<const int32_t> held, const std::vector<int32_t>& tokens, size_t most) {
-    const size_t limit = std::min(most, held.size());
-    size_t n = 0;
-    while (n < limit && held[n] == tokens[n]) ++n;
-    return n;
-}
-
-// Whether a prefix of n tokens can be taken from a prompt whose first kept position in pool p is
-// first(p) (-1: none there): a query at position n sees window-pool keys after n - window, and
-// every other pool must hold the prompt from its start.
-template <class First>
-bool prefix_whole(const kv::ModelCache& cache, size_t n, First&& first) {
-    for (int p = 0; p < cache.n_pools(); ++p) {
-        const int window = cache.pool(p).params().window;
-        const kv::Pos needed = window > 0 ? std::max<kv::Pos>(0, static_cast<kv::Pos>(n) - window + 1) : 0;
-        const kv::Pos f = first(p);
-        if (f < 0 || f > needed) return false;
-    }
-    return true;
-}
-
-// Of stored prompts outside the cells (host memory's or disk's: tokens, and the positions each
-// pool kept), the one that gives `tokens` the longest prefix a request can take, if it is longer
-// than `at_least`: its index (stored.size() for none) and the prefix's length.
-template <class Stored>
-std::pair<size_t, size_t> longest_stored_prefix(const std::vector<Stored>& stored, const std::vector<int32_t>& tokens,
-                                                size_t most, size_t at_least, const kv::ModelCache& cache) {
-    std::pair<size_t, size_t> best{stored.size(), at_least};
-    for (size_t i = 0; i < stored.size(); ++i) {
-        const size_t n = common_prefix(stored[i].tokens, tokens, most);
-        const auto first = [&](int p) {
-            const std::vector<kv::Pos>& places = stored[i].places[static_cast<size_t>(p)];
-            return places.empty() ? kv::Pos{-1} : places.front();
-        };
-        if (n > best.second && prefix_whole(cache, n, first)) best = {i, n};
-    }
-    return best;
-}
-
-// The index of the least recently used of entries (each with a last_used); entries is not empty.
-template <class Entry>
-size_t least_recently_used(const std::vector<Entry>& entries) {
-    const auto lru = std::min_element(entries.begin(), entries.end(),
-                                      [](const Entry& a, const Entry& b) { return a.last_used < b.last_used; });
-    return static_cast<size_t>(lru - entries.begin());
-}
-
-}  // namespace
 
 bool Scheduler::sibling_feeding(const Sequence& s) const {
     // An admitted one of its group that has not fed the prompt's cells s takes (all but its
@@ -601,296 +512,15 @@ int Scheduler::reuse_prompt(Sequence& s) {
     if (context_.n_cached_prompts == 0 && !s.sibling) return 0;
     // At least the last token is computed again: its logits give the next token.
     const size_t most = s.tokens.size() - 1;
-    kv::SeqId best = -1;
-    size_t best_n = 0;
-    CachedPrompt* best_kept = nullptr;
-    // The tokens `held` of sequence `seq`, if they give s a longer prefix than the best so far.
-    const auto consider = [&](kv::SeqId seq, std::span<const int32_t> held) {
-        const size_t n = common_prefix(held, s.tokens, most);
-        if (n <= best_n || !prefix_whole(cache_, n, [&](int p) { return cache_.pool(p).seq_pos_min(seq); })) {
-            return false;
-        }
-        best = seq;
-        best_n = n;
-        return true;
-    };
-    for (CachedPrompt& c : cached_) {
-        if (consider(c.seq, c.tokens)) best_kept = &c;
-    }
+    PromptCache::Prefix best = prompts_.longest_kept(s.tokens, most);
     // Requests still running share what they have fed too (the same system prompt, or a request
     // sent again while the first still generates).
     for (const auto& a : active_) {
         if (context_.n_cached_prompts == 0 && a->group != s.group) continue;
-        if (consider(a->seq, std::span<const int32_t>(a->tokens).first(static_cast<size_t>(a->n_fed))))
-            best_kept = nullptr;
+        prompts_.consider(best, a->seq, std::span<const int32_t>(a->tokens).first(static_cast<size_t>(a->n_fed)),
+                          s.tokens, most);
     }
-    // Host memory: worth copying back only for a longer prefix than the cells give; disk: only for
-    // a longer one than host memory gives.
-    const auto [best_saved, saved_n] = longest_stored_prefix(saved_, s.tokens, most, best_n, cache_);
-    const auto [best_disk, disk_n] = longest_stored_prefix(disk_, s.tokens, most, saved_n, cache_);
-    if (best_disk < disk_.size()) {
-        SavedPrompt read;
-        if (read_disk_prompt(best_disk, read)) {  // through host memory: kept there again when this request ends
-            const int restored = restore_prompt(s, std::move(read), static_cast<int>(disk_n));
-            if (restored > 0) return restored;
-        }
-    } else if (best_saved < saved_.size()) {
-        SavedPrompt saved = std::move(saved_[best_saved]);
-        drop_saved_prompt(best_saved);  // copied back, it is kept again when this request ends
-        const int restored = restore_prompt(s, std::move(saved), static_cast<int>(saved_n));
-        if (restored > 0) return restored;
-    }
-    if (best < 0) return 0;
-    if (best_kept) best_kept->last_used = ++cache_clock_;
-    cache_.seq_cp(best, s.seq, 0, static_cast<kv::Pos>(best_n));
-    return static_cast<int>(best_n);
-}
-
-bool Scheduler::evict_cached_prompt() {
-    if (cached_.empty()) return false;
-    const auto lru = cached_.begin() + static_cast<std::ptrdiff_t>(least_recently_used(cached_));
-    save_prompt(*lru);
-    cache_.seq_rm(lru->seq, -1, -1);
-    free_cache_ids_.push_back(lru->seq);
-    cached_.erase(lru);
-    std::lock_guard lock(mutex_);
-    ++stats_.n_cache_evictions;
-    return true;
-}
-
-void Scheduler::save_prompt(const CachedPrompt& c) {
-    if (context_.prompt_cache_ram == 0) return;
-    const int n_pools = cache_.n_pools();
-    for (int p = 0; p < n_pools; ++p) {
-        if (!cache_.pool(p).rows_stable()) return;
-    }
-    // The prompt's cells in each pool, by position.
-    std::vector<std::vector<std::pair<kv::Pos, int32_t>>> cells(static_cast<size_t>(n_pools));
-    size_t bytes = 0;
-    for (int p = 0; p < n_pools; ++p) {
-        const kv::KvCache& pool = cache_.pool(p);
-        const int block = pool.params().block_size;
-        auto& list = cells[static_cast<size_t>(p)];
-        for (const int32_t b : pool.seq_blocks(c.seq)) {
-            for (int32_t cell = b * block; cell < (b + 1) * block; ++cell) {
-                if (pool.cell_has_seq(cell, c.seq)) list.emplace_back(pool.cell_pos(cell), cell);
-            }
-        }
-        std::sort(list.begin(), list.end());
-        bytes += list.size() * pool.cell_bytes();
-    }
-    const uint64_t charged = memory::PoolBuffer<std::byte>::bytes_for(bytes);
-    if (bytes == 0 || charged > context_.prompt_cache_ram) return;
-    // Room: prompts this one holds all of go (from disk too), then the least recently used.
-    for (size_t i = saved_.size(); i-- > 0;) {
-        if (starts(c.tokens, saved_[i].tokens)) drop_saved_prompt(i);
-    }
-    for (size_t i = disk_.size(); i-- > 0;) {
-        if (starts(c.tokens, disk_[i].tokens)) drop_disk_prompt(i);
-    }
-    if (!make_room_in_host_memory(charged)) return;
-    SavedPrompt sp{.tokens = c.tokens, .places = {}, .rows = {}, .last_used = c.last_used};
-    try {
-        sp.rows = memory::PoolBuffer<std::byte>(*saved_pool_, bytes, "a kept prompt's K/V rows");
-    } catch (const memory::BudgetError&) {
-        return;  // the budget has no room now: the prompt is only dropped, as without --cache-ram
-    }
-    std::byte* out = sp.rows.data();
-    std::vector<int32_t> ids;
-    for (int p = 0; p < n_pools; ++p) {
-        const auto& list = cells[static_cast<size_t>(p)];
-        std::vector<kv::Pos>& places = sp.places.emplace_back();
-        ids.clear();
-        for (const auto& [pos, cell] : list) {
-            places.push_back(pos);
-            ids.push_back(cell);
-        }
-        cache_.pool(p).copy_rows_out(ids, out);
-        out += ids.size() * cache_.pool(p).cell_bytes();
-    }
-    saved_bytes_ += charged;
-    saved_.push_back(std::move(sp));
-}
-
-void Scheduler::drop_saved_prompt(size_t i) {
-    saved_bytes_ -= memory::PoolBuffer<std::byte>::bytes_for(saved_[i].rows.size());
-    saved_.erase(saved_.begin() + static_cast<std::ptrdiff_t>(i));
-}
-
-void Scheduler::give_up_saved_prompt(size_t i) {
-    SavedPrompt sp = std::move(saved_[i]);
-    const uint64_t charged = memory::PoolBuffer<std::byte>::bytes_for(sp.rows.size());
-    saved_.erase(saved_.begin() + static_cast<std::ptrdiff_t>(i));
-    if (context_.prompt_cache_disk > 0) write_disk_prompt(std::move(sp));  // frees its host memory after
-    saved_bytes_ -= charged;
-}
-
-bool Scheduler::make_room_in_host_memory(uint64_t charged) {
-    if (charged > context_.prompt_cache_ram) return false;
-    while (saved_bytes_ + charged > context_.prompt_cache_ram && !saved_.empty()) {
-        give_up_saved_prompt(least_recently_used(saved_));
-    }
-    return true;
-}
-
-namespace {
-
-// Writes or reads all n bytes at offset 0 of fd; false on an error (errno set) or a short file.
-bool write_all(int fd, const std::byte* data, size_t n) {
-    for (size_t done = 0; done < n;) {
-        const ssize_t w = ::pwrite(fd, data + done, n - done, static_cast<off_t>(done));
-        if (w < 0 && errno == EINTR) continue;
-        if (w <= 0) return false;
-        done += static_cast<size_t>(w);
-    }
-    return true;
-}
-
-bool read_all(int fd, std::byte* data, size_t n) {
-    for (size_t done = 0; done < n;) {
-        const ssize_t r = ::pread(fd, data + done, n - done, static_cast<off_t>(done));
-        if (r < 0 && errno == EINTR) continue;
-        if (r <= 0) return false;
-        done += static_cast<size_t>(r);
-    }
-    return true;
-}
-
-}  // namespace
-
-void Scheduler::write_disk_prompt(SavedPrompt sp) {
-    const uint64_t bytes = sp.rows.size();
-    if (bytes == 0 || bytes > context_.prompt_cache_disk) return;
-    // Prompts this one holds all of go, then the least recently used, until it fits.
-    for (size_t i = disk_.size(); i-- > 0;) {
-        if (starts(sp.tokens, disk_[i].tokens)) drop_disk_prompt(i);
-    }
-    while (disk_bytes_ + bytes > context_.prompt_cache_disk && !disk_.empty()) {
-        drop_disk_prompt(least_recently_used(disk_));
-    }
-    DiskPrompt d{.tokens = std::move(sp.tokens),
-                 .places = std::move(sp.places),
-                 .path = disk_dir_ + "/prompt-" + std::to_string(++disk_serial_) + ".kv",
-                 .bytes = bytes,
-                 .last_used = sp.last_used,
-                 .tokens_charge = {}};
-    uint64_t held = d.tokens.size() * sizeof(int32_t);
-    for (const auto& places : d.places) held += places.size() * sizeof(kv::Pos);
-    const uint64_t index_limit = context_.prompt_cache_disk / ContextConfig::kPromptCacheDiskIndexShare;
-    if (held > index_limit) return;
-    while (disk_index_bytes_ + held > index_limit && !disk_.empty()) {
-        drop_disk_prompt(least_recently_used(disk_));
-    }
-    d.index_bytes = held;
-    try {
-        d.tokens_charge = memory::Charge(*saved_pool_, held, "a kept prompt's tokens (its rows on disk)");
-    } catch (const memory::BudgetError&) {
-        return;  // no room for its token list: dropped, as without --cache-disk
-    }
-    // Written, synced and dropped from the page cache (which a memory cgroup counts).
-    const int fd = ::open(d.path.c_str(), O_WRONLY | O_CREAT | O_EXCL | O_CLOEXEC, 0600);
-    bool ok = fd >= 0 && write_all(fd, sp.rows.data(), bytes) && ::fdatasync(fd) == 0;
-    if (fd >= 0) {
-        ::posix_fadvise(fd, 0, 0, POSIX_FADV_DONTNEED);
-        ok = ::close(fd) == 0 && ok;
-    }
-    if (!ok) {
-        ::unlink(d.path.c_str());
-        std::lock_guard lock(mutex_);
-        ++stats_.n_disk_failures;
-        return;
-    }
-    disk_bytes_ += bytes;
-    disk_index_bytes_ += held;
-    disk_.push_back(std::move(d));
-}
-
-void Scheduler::drop_disk_prompt(size_t i) {
-    ::unlink(disk_[i].path.c_str());
-    disk_bytes_ -= disk_[i].bytes;
-    disk_index_bytes_ -= disk_[i].index_bytes;
-    disk_.erase(disk_.begin() + static_cast<std::ptrdiff_t>(i));
-}
-
-bool Scheduler::read_disk_prompt(size_t i, SavedPrompt& out) {
-    DiskPrompt d = std::move(disk_[i]);
-    disk_bytes_ -= d.bytes;
-    disk_index_bytes_ -= d.index_bytes;
-    disk_.erase(disk_.begin() + static_cast<std::ptrdiff_t>(i));
-    const uint64_t charged = memory::PoolBuffer<std::byte>::bytes_for(d.bytes);
-    bool ok = make_room_in_host_memory(charged);
-    if (ok) {
-        try {
-            out = SavedPrompt{.tokens = std::move(d.tokens),
-                              .places = std::move(d.places),
-                              .rows = memory::PoolBuffer<std::byte>(*saved_pool_, d.bytes, "a kept prompt's K/V rows"),
-                              .last_used = d.last_used};
-        } catch (const memory::BudgetError&) {
-            ok = false;
-        }
-    }
-    bool failed = false;
-    if (ok) {
-        const int fd = ::open(d.path.c_str(), O_RDONLY | O_CLOEXEC);
-        ok = fd >= 0 && read_all(fd, out.rows.data(), d.bytes);
-        if (fd >= 0) {
-            ::posix_fadvise(fd, 0, 0, POSIX_FADV_DONTNEED);
-            ::close(fd);
-        }
-        failed = !ok;
-    }
-    ::unlink(d.path.c_str());
-    std::lock_guard lock(mutex_);
-    if (failed) ++stats_.n_disk_failures;
-    if (ok) ++stats_.n_disk_reads;
-    return ok;
-}
-
-int Scheduler::restore_prompt(Sequence& s, SavedPrompt saved, int n) {
-    // Cells for positions 0 .. n - 1, placed a batch at a time as the forward pass places them (the
-    // window pools trimmed after each), each filled from the saved rows of its position where the
-    // pool kept one (a window pool's positions before its window were never saved: trimmed at once,
-    // or, one at most, never seen by the tokens after n).
-    const int block = cache_.pool(0).params().block_size;
-    while (cache_.pool(0).free_cells() < n + block && evict_cached_prompt()) {
-    }
-    const int n_pools = cache_.n_pools();
-    std::vector<size_t> offsets(static_cast<size_t>(n_pools));  // where each pool's rows start
-    for (int p = 1; p < n_pools; ++p) {
-        offsets[static_cast<size_t>(p)] =
-            offsets[static_cast<size_t>(p - 1)] +
-            saved.places[static_cast<size_t>(p - 1)].size() * cache_.pool(p - 1).cell_bytes();
-    }
-    std::vector<kv::SeqId> seqs;
-    std::vector<kv::Pos> positions;
-    std::vector<int32_t> cells;
-    for (int a = 0; a < n; a += context_.n_batch) {
-        const int b = std::min(n, a + context_.n_batch);
-        seqs.assign(static_cast<size_t>(b - a), s.seq);
-        positions.resize(static_cast<size_t>(b - a));
-        for (int i = a; i < b; ++i) positions[static_cast<size_t>(i - a)] = i;
-        if (!cache_.has_room(seqs)) {
-            cache_.seq_rm(s.seq, -1, -1);
-            return 0;
-        }
-        cache_.place(seqs, positions);
-        for (int p = 0; p < n_pools; ++p) {
-            const std::vector<kv::Pos>& places = saved.places[static_cast<size_t>(p)];
-            const auto first = std::lower_bound(places.begin(), places.end(), a);
-            const auto last = std::lower_bound(places.begin(), places.end(), b);
-            if (first == last) continue;
-            const std::span<const int32_t> placed = cache_.cells(p);
-            cells.clear();
-            for (auto it = first; it != last; ++it) cells.push_back(placed[static_cast<size_t>(*it - a)]);
-            const size_t index = static_cast<size_t>(first - places.begin());
-            cache_.pool(p).copy_rows_in(
-                cells, saved.rows.data() + offsets[static_cast<size_t>(p)] + index * cache_.pool(p).cell_bytes());
-        }
-        cache_.end_batch();
-    }
-    std::lock_guard lock(mutex_);
-    ++stats_.n_cache_restores;
-    return n;
+    return prompts_.take(s.seq, s.tokens, most, best);
 }
 
 void Scheduler::publish_stats() {
@@ -906,13 +536,13 @@ void Scheduler::publish_stats() {
     stats_.n_active = static_cast<int>(active_.size());
     stats_.n_queued = static_cast<int>(queue_.size() + preempted_.size());
     stats_.kv_cells_used = cache_.pool(0).used_cells();
-    stats_.n_cached_prompts = static_cast<int>(cached_.size());
-    stats_.cached_prompt_tokens = 0;
-    for (const CachedPrompt& c : cached_) stats_.cached_prompt_tokens += static_cast<int>(c.tokens.size());
-    stats_.n_saved_prompts = static_cast<int>(saved_.size());
-    stats_.saved_prompt_bytes = saved_bytes_;
-    stats_.n_disk_prompts = static_cast<int>(disk_.size());
-    stats_.disk_prompt_bytes = disk_bytes_;
+    const PromptCache::Holdings h = prompts_.holdings();
+    stats_.n_cached_prompts = h.n_kept;
+    stats_.cached_prompt_tokens = h.kept_tokens;
+    stats_.n_saved_prompts = h.n_saved;
+    stats_.saved_prompt_bytes = h.saved_bytes;
+    stats_.n_disk_prompts = h.n_disk;
+    stats_.disk_prompt_bytes = h.disk_bytes;
 }
 
 }  // namespace fitllm::engine

@@ -11,24 +11,16 @@
 // and it waits first in line to be fed again (recomputed) when room returns, then goes on where
 // it stopped (its sampler state kept).
 //
-// Prompt cache (ContextConfig::n_cached_prompts > 0): a request that ends (finished, cancelled or
-// preempted) leaves the cells of the tokens it fed under a sequence id of its own, with the token
-// list they hold. A request admitted later starts from the longest prefix it shares with one of
-// them, or with what a running request has fed so far: the cells are shared (kv::KvCache::seq_cp,
-// copy on write), and only the rest of its prompt is computed. A preempted request so finds its own cells again when
-// they were not needed. Kept prompts give their cells back, least recently used first, whenever a request needs room;
-// they never hold more than the cache, so the KV budget is unchanged. A prompt that another kept
-// prompt extends is dropped. A sliding-window pool holds only a window of each kept prompt, so a
-// prefix is taken only where the window before it is still there (all of a kept prompt, or all
-// but its last token).
-//
-// With ContextConfig::prompt_cache_ram, a kept prompt the KV cache evicts is first copied to host
-// memory (its cells' rows in every pool, charged to the budget's "prompt_cache" pool, at most that
-// many bytes; least recently used go first). A request whose longest prefix is there, longer than
-// anything in the KV cache, gets cells placed for it and the rows copied back, bit for bit, instead
-// of computing them. Not with K/V in a device's memory, nor before the K transforms are fitted.
-// With ContextConfig::prompt_cache_disk too, what host memory gives up goes to files (at most that
-// many bytes, least recently used deleted first) and comes back through host memory the same way.
+// Prompt cache (ContextConfig::n_cached_prompts > 0; engine/prompt_cache.h): a request that ends
+// (finished, cancelled or preempted) leaves the cells of the tokens it fed under a sequence id of
+// its own, with the token list they hold. A request admitted later starts from the longest prefix
+// it shares with one of them, or with what a running request has fed so far: the cells are shared
+// (kv::KvCache::seq_cp, copy on write), and only the rest of its prompt is computed. A preempted
+// request so finds its own cells again when they were not needed. Kept prompts give their cells
+// back, least recently used first, whenever a request needs room; they never hold more than the
+// cache, so the KV budget is unchanged. With ContextConfig::prompt_cache_ram and
+// prompt_cache_disk, what the KV cache evicts goes to host memory and then to files, and comes back
+// bit for bit instead of being computed.
 //
 //   Scheduler sched(model, tokenizer, {.n_ctx = 4096, .n_seq = 4, .n_batch = 256}, {.max_queue = 64}, compute, &host);
 //   std::shared_ptr<Job> job = sched.submit(prompt_ids, {.max_tokens = 64, .sampling = sp});
@@ -45,6 +37,7 @@
 #include <vector>
 
 #include "engine/job.h"
+#include "engine/prompt_cache.h"
 #include "engine/resources.h"
 #include "fitllm/config.h"
 #include "kv/cache.h"
@@ -150,40 +143,9 @@ public:
 
 private:
     struct Sequence;
-    struct CachedPrompt {
-        kv::SeqId seq = -1;
-        std::vector<int32_t> tokens;  // the cells hold these at positions 0 .. size - 1
-        uint64_t last_used = 0;
-    };
     void keep_prompt(const Sequence& s);
     int reuse_prompt(Sequence& s);  // the tokens of s now in the cache (cells shared with a kept prompt)
     bool sibling_feeding(const Sequence& s) const;  // an admitted one of s's group still feeds the prompt
-    bool evict_cached_prompt();                     // the least recently used; false when none is kept
-    struct SavedPrompt {
-        std::vector<int32_t> tokens;               // positions 0 .. size - 1
-        std::vector<std::vector<kv::Pos>> places;  // per pool: the positions saved, ascending
-        memory::PoolBuffer<std::byte> rows;        // per pool in turn, each position's cell_bytes()
-        uint64_t last_used = 0;
-    };
-    void save_prompt(const CachedPrompt& c);  // into host memory, when there is room for it
-    void drop_saved_prompt(size_t i);
-    void give_up_saved_prompt(size_t i);  // host memory's: to disk with --cache-disk, else dropped
-    // Host memory for `charged` bytes of rows: the least recently used saved prompts given up until
-    // they fit ContextConfig::prompt_cache_ram. False when they cannot.
-    bool make_room_in_host_memory(uint64_t charged);
-    struct DiskPrompt {
-        std::vector<int32_t> tokens;
-        std::vector<std::vector<kv::Pos>> places;
-        std::string path;
-        uint64_t bytes = 0;        // of rows, in the file
-        uint64_t index_bytes = 0;  // of tokens and places, in host memory
-        uint64_t last_used = 0;
-        memory::Charge tokens_charge;  // tokens and places, in host memory
-    };
-    void write_disk_prompt(SavedPrompt sp);  // when the disk has room for it (else dropped)
-    void drop_disk_prompt(size_t i);
-    bool read_disk_prompt(size_t i, SavedPrompt& out);          // into host memory; the entry is gone either way
-    int restore_prompt(Sequence& s, SavedPrompt saved, int n);  // its first n tokens into s's cells
     void warm_up();
     void loop();
     void admit();
@@ -201,21 +163,12 @@ private:
     Compute& compute_;
     kv::ModelCache cache_;
     size_t kv_bytes_ = 0;
+    PromptCache prompts_;  // kept prompts' cells, host memory and files (scheduler thread)
 
     // Only the scheduler thread touches these.
     std::vector<std::unique_ptr<Sequence>> active_;    // holding a sequence id
     std::deque<std::unique_ptr<Sequence>> preempted_;  // oldest first
     std::vector<kv::SeqId> free_ids_;
-    std::vector<CachedPrompt> cached_;
-    std::vector<kv::SeqId> free_cache_ids_;  // n_seq .. n_seq + n_cached_prompts - 1
-    std::vector<SavedPrompt> saved_;
-    uint64_t saved_bytes_ = 0;
-    std::vector<DiskPrompt> disk_;
-    uint64_t disk_bytes_ = 0;
-    uint64_t disk_index_bytes_ = 0;  // at most prompt_cache_disk / ContextConfig::kPromptCacheDiskIndexShare
-    std::string disk_dir_;           // made for this scheduler under ContextConfig::prompt_cache_dir
-    uint64_t disk_serial_ = 0;
-    uint64_t cache_clock_ = 0;
     memory::PoolBuffer<float> logits_;  // a row per slot
     std::vector<int32_t> batch_tokens_, batch_pos_;
     std::vector<kv::SeqId> batch_seq_;
@@ -235,7 +188,6 @@ private:
     std::thread thread_;
     mutable std::once_flag grammar_vocab_once_;
     mutable std::shared_ptr<const sampling::GrammarVocab> grammar_vocab_;
-    memory::Pool* saved_pool_ = nullptr;  // host memory for kept prompts (--cache-ram)
     memory::Pool* overhead_pool_ = nullptr;
     mutable memory::Charge grammar_vocab_charge_;
 };

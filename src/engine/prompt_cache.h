@@ -1,0 +1,150 @@
+#pragma once
+// The scheduler's prompt cache (engine/scheduler.h), in three tiers: prompts kept in the KV cache
+// (the cells of a sequence id of their own), their rows copied to host memory when the KV cache
+// evicts them (ContextConfig::prompt_cache_ram), and those written to files when host memory gives
+// them up (ContextConfig::prompt_cache_disk). Only the scheduler thread calls it, except counters().
+//
+// Kept prompts: a request that ends leaves the cells of the tokens it fed under a sequence id of
+// the cache's (n_seq .. n_seq + n_cached_prompts - 1), with the token list they hold. A prompt that
+// another kept prompt extends is dropped. They give their cells back, least recently used first,
+// whenever a request needs room (evict()), so they never hold more than the cache.
+//
+// Host memory: an evicted prompt's cells' rows in every pool, charged to the budget's
+// "prompt_cache" pool, at most prompt_cache_ram bytes (least recently used go first). A request
+// whose longest prefix is there, longer than anything in the KV cache, gets cells placed for it and
+// the rows copied back, bit for bit, instead of computing them. Not with K/V in a device's memory,
+// nor before the K transforms are fitted (kv::KvCache::rows_stable()).
+//
+// Disk: what host memory gives up goes to files (at most prompt_cache_disk bytes, least recently
+// used deleted first) in a directory made for this cache under prompt_cache_dir, and comes back
+// through host memory the same way. Their token lists stay in host memory (charged).
+//
+// A sliding-window pool holds only a window of each prompt, so a prefix is taken only where the
+// window before it is still there.
+//
+//   PromptCache prompts(cache, context, pool_of(device, memory::pool_names::kPromptCache));
+//   PromptCache::Prefix best = prompts.longest_kept(tokens, tokens.size() - 1);
+//   prompts.consider(best, running_seq, running_fed, tokens, tokens.size() - 1);  // running ones too
+//   int n = prompts.take(seq, tokens, tokens.size() - 1, best);  // seq's cells hold tokens[0 .. n)
+//   ...
+//   prompts.keep(seq, fed);  // when the request ends, before its cells are freed
+#include <atomic>
+#include <cstddef>
+#include <cstdint>
+#include <limits>
+#include <span>
+#include <string>
+#include <vector>
+
+#include "fitllm/config.h"
+#include "kv/cache.h"
+#include "memory/pool.h"
+
+namespace fitllm::engine {
+
+class PromptCache {
+public:
+    // The sequence ids context.n_seq .. context.n_seq + context.n_cached_prompts - 1 of cache are
+    // its. context is the scheduler's (n_batch: the most positions placed at once when rows are
+    // copied back). Host memory for rows and disk token lists is charged to ram_pool. With
+    // prompt_cache_disk, makes its directory; throws ConfigError when it cannot.
+    PromptCache(kv::ModelCache& cache, const ContextConfig& context, memory::Pool& ram_pool);
+    ~PromptCache();  // deletes its files and directory
+    PromptCache(const PromptCache&) = delete;
+    PromptCache& operator=(const PromptCache&) = delete;
+
+    // The cells of seq hold `fed` at positions 0 .. size - 1 (its request ends): they are kept
+    // (shared, copy on write) unless a kept prompt holds them already; kept prompts they extend go.
+    // Nothing without n_cached_prompts or with nothing fed.
+    void keep(kv::SeqId seq, std::span<const int32_t> fed);
+
+    // A prefix of a request's tokens that cells hold: seq's first n. kept: the kept prompt's index
+    // (kNone: a running sequence's, or none).
+    static constexpr size_t kNone = std::numeric_limits<size_t>::max();
+    struct Prefix {
+        kv::SeqId seq = -1;
+        size_t n = 0;
+        size_t kept = kNone;
+    };
+    // Of the kept prompts, the one giving `tokens` the longest prefix (at most `most` tokens).
+    Prefix longest_kept(std::span<const int32_t> tokens, size_t most) const;
+    // Whether the cells of seq, holding `held` at positions 0 .., give `tokens` a longer prefix
+    // than best (at most `most`); if so, best becomes it (kept: kNone).
+    bool consider(Prefix& best, kv::SeqId seq, std::span<const int32_t> held, std::span<const int32_t> tokens,
+                  size_t most) const;
+    // Gives seq (with no cells) the longest prefix of `tokens` there is, at most `most`: copied back
+    // from host memory or disk when one there is longer than best, else best's cells shared. Returns
+    // how many tokens seq's cells now hold.
+    int take(kv::SeqId seq, std::span<const int32_t> tokens, size_t most, const Prefix& best);
+
+    // Drops the least recently used kept prompt (to host memory when it can); false when none is kept.
+    bool evict();
+
+    // What it holds now (scheduler thread).
+    struct Holdings {
+        int n_kept = 0;
+        int kept_tokens = 0;  // summed (a prefix two of them share counts twice)
+        int n_saved = 0;      // in host memory
+        uint64_t saved_bytes = 0;
+        int n_disk = 0;  // in files
+        uint64_t disk_bytes = 0;
+    };
+    Holdings holdings() const;
+    // Events so far (any thread).
+    struct Counters {
+        uint64_t n_evictions = 0;      // kept prompts dropped for room
+        uint64_t n_restores = 0;       // prompts copied back from host memory into cells
+        uint64_t n_disk_reads = 0;     // read back from files into host memory
+        uint64_t n_disk_failures = 0;  // writes or reads that failed (the prompt dropped)
+    };
+    Counters counters() const;
+
+private:
+    struct Kept {
+        kv::SeqId seq = -1;
+        std::vector<int32_t> tokens;  // the cells hold these at positions 0 .. size - 1
+        uint64_t last_used = 0;
+    };
+    struct Saved {
+        std::vector<int32_t> tokens;               // positions 0 .. size - 1
+        std::vector<std::vector<kv::Pos>> places;  // per pool: the positions saved, ascending
+        memory::PoolBuffer<std::byte> rows;        // per pool in turn, each position's cell_bytes()
+        uint64_t last_used = 0;
+    };
+    struct OnDisk {
+        std::vector<int32_t> tokens;
+        std::vector<std::vector<kv::Pos>> places;
+        std::string path;
+        uint64_t bytes = 0;        // of rows, in the file
+        uint64_t index_bytes = 0;  // of tokens and places, in host memory
+        uint64_t last_used = 0;
+        memory::Charge tokens_charge;  // tokens and places, in host memory
+    };
+    void save(const Kept& c);  // into host memory, when there is room for it
+    void drop_saved(size_t i);
+    void give_up_saved(size_t i);  // host memory's: to disk with --cache-disk, else dropped
+    // Host memory for `charged` bytes of rows: the least recently used saved prompts given up until
+    // they fit ContextConfig::prompt_cache_ram. False when they cannot.
+    bool make_room_in_host_memory(uint64_t charged);
+    void write_disk(Saved sp);  // when the disk has room for it (else dropped)
+    void drop_disk(size_t i);
+    bool read_disk(size_t i, Saved& out);                   // into host memory; the entry is gone either way
+    int restore(kv::SeqId seq, const Saved& saved, int n);  // its first n tokens into seq's cells
+
+    kv::ModelCache& cache_;
+    ContextConfig context_;
+    memory::Pool& ram_pool_;
+    std::vector<Kept> kept_;
+    std::vector<kv::SeqId> free_ids_;  // n_seq .. n_seq + n_cached_prompts - 1
+    std::vector<Saved> saved_;
+    uint64_t saved_bytes_ = 0;
+    std::vector<OnDisk> disk_;
+    uint64_t disk_bytes_ = 0;
+    uint64_t disk_index_bytes_ = 0;  // at most prompt_cache_disk / ContextConfig::kPromptCacheDiskIndexShare
+    std::string disk_dir_;           // made for this cache under ContextConfig::prompt_cache_dir
+    uint64_t disk_serial_ = 0;
+    uint64_t clock_ = 0;
+    std::atomic<uint64_t> n_evictions_{0}, n_restores_{0}, n_disk_reads_{0}, n_disk_failures_{0};
+};
+
+}  // namespace fitllm::engine
