@@ -250,6 +250,7 @@ private:
         rope.n_dims = hp_.n_rot;
         rope.freq_base = local ? hp_.rope_base_swa : hp_.rope_base;
         rope.freq_scale = local && variant_.local_rope_unscaled ? 1.0f : hp_.rope_freq_scale;
+        rope.attn_factor = hp_.rope_attn_factor;  // rope.scaling.attn_factor, on every layer as llama.cpp
         return rope;
     }
 

@@ -116,6 +116,13 @@ Hparams read_hparams(const gguf::GgufFile& file) {
     hp.n_vocab = static_cast<int>(embd->ne[1]);
 
     architecture->read_hparams(r, hp);
+    // As llama.cpp for every architecture: cos and sin scaled by rope.scaling.attn_factor on top of
+    // what the architecture's scaling set (its yarn_attn_factor *= rope_attn_factor).
+    const float attn_factor = r.number_or("rope.scaling.attn_factor", 1.0f);
+    if (!(attn_factor > 0.0f) || !std::isfinite(attn_factor)) {
+        r.refuse("rope.scaling.attn_factor", std::to_string(attn_factor), "must be a positive number");
+    }
+    hp.rope_attn_factor *= attn_factor;
     return hp;
 }
 

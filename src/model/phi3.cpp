@@ -4,8 +4,8 @@
 // rotary embeddings on the first rope.dimension_count dims of each head (Phi-4-mini: 3/4 of them),
 // and LongRoPE for the 128k files: per-pair frequency divisors, rope_factors_short.weight for a
 // context of at most rope.scaling.original_context_length positions per sequence and
-// rope_factors_long.weight beyond, cos and sin scaled by rope.scaling.attn_factor (written by the
-// converter as sqrt(1 + ln(s) / ln(n_ctx_orig)), s the context extension).
+// rope_factors_long.weight beyond, cos and sin scaled by rope.scaling.attn_factor (read for every
+// architecture by read_hparams; the converter writes sqrt(1 + ln(s) / ln(n_ctx_orig)), s the context extension).
 // Reference: the Phi-3 technical report; llama.cpp's phi3 graph and its get_rope_factors for the
 // exact order of ops and the choice of factors. Phi-3-small (blocksparse attention) has no GGUF
 // form llama.cpp reads; Phi-3.5-MoE is the "phimoe" architecture: both refused.
@@ -60,11 +60,6 @@ void read_phi3_hparams(const HparamReader& r, Hparams& hp) {
     } else {
         r.rope_scaling(hp);  // linear, none or YaRN; others refused by name
     }
-    const float attn_factor = r.number_or("rope.scaling.attn_factor", 1.0f);
-    if (!(attn_factor > 0.0f) || !std::isfinite(attn_factor)) {
-        r.refuse("rope.scaling.attn_factor", std::to_string(attn_factor), "must be a positive number");
-    }
-    hp.rope_attn_factor *= attn_factor;  // llama.cpp: yarn_attn_factor *= rope_attn_factor
     hp.attn_scale = 1.0f / std::sqrt(static_cast<float>(hp.head_dim));
 }
 
