@@ -25,7 +25,9 @@ struct Scheduler::Sequence {
           max_tokens(params.max_tokens),
           top_logprobs(params.top_logprobs),
           sampler(params.sampling, n_vocab),
-          text(tokenizer, std::move(params.stop)) {
+          text(tokenizer, std::move(params.stop)),
+          draft_max(params.draft_max),
+          draft_min(params.draft_min) {
         if (params.penalize_prompt) {
             for (const int32_t id : tokens) sampler.accept(id);
         }
@@ -49,6 +51,11 @@ struct Scheduler::Sequence {
     // shares its cells.
     uint64_t group = 0;
     bool sibling = false;
+    // Speculative decoding (SchedulerOptions::lookup): GenerationParams::draft_max and draft_min,
+    // and this step's drafts, fed after the last token in its batch.
+    int draft_max = -1;
+    int draft_min = 0;
+    std::vector<int32_t> draft;
 
     int unfed() const { return static_cast<int>(tokens.size()) - n_fed; }
 };
@@ -88,6 +95,12 @@ ContextConfig checked(ContextConfig c, const SchedulerOptions& o) {
     return c;
 }
 
+// The rows of logits a step returns at most: one per slot, or context.n_outputs (within the
+// batch) for the drafts of speculative decoding.
+int logit_rows(const ContextConfig& c) {
+    return std::max(c.n_seq, std::min(c.n_outputs, c.n_batch));
+}
+
 }  // namespace
 
 Scheduler::Scheduler(model::Model& model, const tokenizer::Tokenizer& tokenizer, const ContextConfig& context,
@@ -99,12 +112,26 @@ Scheduler::Scheduler(model::Model& model, const tokenizer::Tokenizer& tokenizer,
       compute_(compute),
       cache_(make_cache(model, context_, device)),
       prompts_(cache_, context_, pool_of(device, memory::pool_names::kPromptCache)),
-      logits_(make_logits(model, context_.n_seq, device)),
+      logits_(make_logits(model, logit_rows(context_), device)),
       overhead_pool_(&pool_of(device, memory::pool_names::kOverhead)) {
     kv_bytes_ = cache_.bytes();
     for (int s = context_.n_seq - 1; s >= 0; --s) free_ids_.push_back(s);
     stats_.kv_cells_total = context_.n_ctx;
+    n_rows_ = logit_rows(context_);
     warm_up();
+    if (options_.lookup) {
+        check(*options_.lookup);
+        // A draft pass holds the last token and the drafts; rejected ones are taken back, so the
+        // sliding-window pools keep that many positions more (kv::ModelCache::set_window_slack),
+        // within the spare block a sequence has there.
+        max_draft_ = std::min({options_.lookup->n_draft, n_rows_ - 1, (context_.n_batch - 1) / 2});
+        for (int p = 0; p < cache_.n_pools(); ++p) {
+            if (cache_.pool(p).params().window > 0)
+                max_draft_ = std::min(max_draft_, cache_.pool(p).params().block_size / 2);
+        }
+        max_draft_ = std::max(max_draft_, 0);
+        cache_.set_window_slack(max_draft_);
+    }
     thread_ = std::thread([this] { loop(); });
 }
 
@@ -115,6 +142,7 @@ void Scheduler::warm_up() {
     // (A step never holds more tokens than the cache: n_ctx bounds them.)
     const int n_tokens = std::min(context_.n_batch, context_.n_ctx);
     const int per_slot = n_tokens / context_.n_seq;
+    const int rows = std::max(1, n_rows_ / context_.n_seq);  // each slot's last tokens want logits
     for (int s = 0; s < context_.n_seq; ++s) {
         const int n = per_slot + (s < n_tokens % context_.n_seq ? 1 : 0);
         if (n == 0) continue;
@@ -122,7 +150,7 @@ void Scheduler::warm_up() {
             batch_tokens_.push_back(0);
             batch_pos_.push_back(t);
             batch_seq_.push_back(s);
-            batch_output_.push_back(t + 1 == n ? 1 : 0);
+            batch_output_.push_back(t + rows >= n ? 1 : 0);
         }
     }
     std::lock_guard lock(compute_.mutex);
@@ -349,7 +377,6 @@ void Scheduler::preempt(size_t i) {
 }
 
 void Scheduler::accept_token(Sequence& s, int32_t id) {
-    s.sampler.accept(id);
     s.tokens.push_back(id);
     ++s.n_generated;
     if (tokenizer_.vocab().is_eog(id)) {
@@ -363,6 +390,75 @@ void Scheduler::accept_token(Sequence& s, int32_t id) {
     } else if (s.n_generated >= s.max_tokens || static_cast<int>(s.tokens.size()) >= context_.n_ctx) {
         finish(s, FinishReason::length);
     }
+}
+
+void Scheduler::make_drafts() {
+    // Every decoding sequence (its last token not yet fed) drafts by prompt lookup over its
+    // tokens, as many as its request, the rows of logits and the batch leave (a row and a token
+    // of each active sequence come first), and never past max_tokens or the context.
+    int rows_left = n_rows_ - static_cast<int>(active_.size());
+    int tokens_left = context_.n_batch - static_cast<int>(active_.size());
+    for (const auto& a : active_) {
+        Sequence& s = *a;
+        s.draft.clear();
+        if (s.unfed() != 1 || s.draft_max == 0) continue;
+        const int asked = s.draft_max < 0 ? max_draft_ : std::min(s.draft_max, max_draft_);
+        const int most = std::min({asked, context_.n_ctx - static_cast<int>(s.tokens.size()),
+                                   s.max_tokens - s.n_generated - 1, rows_left, tokens_left});
+        if (most < std::max(1, s.draft_min)) continue;
+        lookup_draft(s.tokens, *options_.lookup, most, s.draft);
+        if (static_cast<int>(s.draft.size()) < s.draft_min) s.draft.clear();
+        rows_left -= static_cast<int>(s.draft.size());
+        tokens_left -= static_cast<int>(s.draft.size());
+    }
+}
+
+bool Scheduler::drop_drafts() {
+    bool any = false;
+    for (const auto& a : active_) {
+        any = any || !a->draft.empty();
+        a->draft.clear();
+    }
+    return any;
+}
+
+int Scheduler::check_drafts(Sequence& s, const float* rows, std::vector<Sampled>& sampled, uint64_t& n_accepted) {
+    // Row j holds the logits after the last token and the first j drafts. Each draft is kept while
+    // the model agrees (Sampler::sample_draft: greedy, when it is the best token; sampling, with the
+    // probability the model gives it, else a token drawn from the rest, so the tokens have the
+    // model's distribution); the first one it rejects is replaced by its token, and when all are
+    // kept the last row gives one more. The sampler sees each token before the next row.
+    const auto n_vocab = static_cast<size_t>(model_.n_vocab());
+    const auto n_draft = static_cast<int>(s.draft.size());
+    int emitted = 0;
+    try {
+        for (int j = 0; j <= n_draft; ++j) {
+            const std::span<const float> logits(rows + static_cast<size_t>(j) * n_vocab, n_vocab);
+            int32_t id = 0;
+            bool kept = false;
+            if (j == n_draft) {
+                id = s.sampler.sample(logits);
+            } else {
+                const sampling::Sampler::DraftVerdict v =
+                    s.sampler.sample_draft(logits, s.draft[static_cast<size_t>(j)]);
+                id = v.token;
+                kept = v.accepted;
+            }
+            s.sampler.accept(id);
+            sampled.push_back({&s, id, {}});
+            ++emitted;
+            const bool eog = tokenizer_.vocab().is_eog(id);
+            if (s.top_logprobs >= 0 && !eog) sampled.back().logprob = logprob_of(logits, id, s.top_logprobs);
+            if (kept) ++n_accepted;
+            // What ends the request ends the pass's tokens too (a stop string: accept_token).
+            const bool ends = eog || s.n_generated + emitted >= s.max_tokens ||
+                              static_cast<int>(s.tokens.size()) + emitted >= context_.n_ctx;
+            if (!kept || ends) break;
+        }
+    } catch (const std::exception& e) {
+        finish(s, FinishReason::error, e.what());
+    }
+    return emitted;
 }
 
 bool Scheduler::step() {
@@ -380,6 +476,7 @@ bool Scheduler::step() {
     }
     if (active_.empty()) return !preempted_.empty() ? false : true;
     std::sort(active_.begin(), active_.end(), [](const auto& a, const auto& b) { return a->order < b->order; });
+    if (max_draft_ > 0) make_drafts();
 
     // The batch: one token of each decoding sequence, then prompt chunks, oldest first, up to
     // n_batch tokens. When the cache cannot hold it, the youngest sequence gives its cells back.
@@ -390,7 +487,10 @@ bool Scheduler::step() {
         batch_seq_.clear();
         batch_output_.clear();
         int budget = context_.n_batch;
-        for (size_t i = 0; i < active_.size(); ++i) take[i] = active_[i]->unfed() == 1 ? 1 : 0;
+        batch_order_.clear();
+        for (size_t i = 0; i < active_.size(); ++i) {
+            take[i] = active_[i]->unfed() == 1 ? 1 + static_cast<int>(active_[i]->draft.size()) : 0;
+        }
         for (const int t : take) budget -= t;
         for (size_t i = 0; i < active_.size() && budget > 0; ++i) {
             if (take[i] != 0) continue;
@@ -404,15 +504,19 @@ bool Scheduler::step() {
         }
         for (size_t i = 0; i < active_.size(); ++i) {
             Sequence& s = *active_[i];
+            const auto n_tokens = static_cast<int>(s.tokens.size());
             for (int t = 0; t < take[i]; ++t) {
-                const int p = s.n_fed + t;
-                batch_tokens_.push_back(s.tokens[static_cast<size_t>(p)]);
+                const int p = s.n_fed + t;  // past the tokens: a draft
+                batch_tokens_.push_back(p < n_tokens ? s.tokens[static_cast<size_t>(p)]
+                                                     : s.draft[static_cast<size_t>(p - n_tokens)]);
                 batch_pos_.push_back(p);
                 batch_seq_.push_back(s.seq);
-                batch_output_.push_back(p + 1 == static_cast<int>(s.tokens.size()) ? 1 : 0);
+                batch_output_.push_back(p + 1 >= n_tokens ? 1 : 0);
+                batch_order_.push_back(s.draft.empty() ? 0 : 1);
             }
         }
         if (cache_.has_room(batch_seq_)) break;
+        if (drop_drafts()) continue;  // before anything is evicted or preempted for them
         if (prompts_.evict()) continue;
         if (active_.size() == 1) {
             // Alone and still no room: its tokens outgrew the cache (n_ctx bounds prompt + max_tokens,
@@ -428,13 +532,20 @@ bool Scheduler::step() {
         take.resize(active_.size());
     }
     if (batch_tokens_.empty()) return false;
+    // Draft passes in the one-token arithmetic (model::Batch::token_order_rows): each row's logits
+    // are those decoding the tokens one a step gives, so greedy text does not change with drafts.
+    const bool drafts = std::find(batch_order_.begin(), batch_order_.end(), uint8_t{1}) != batch_order_.end();
 
     const auto start = std::chrono::steady_clock::now();
     try {
         std::lock_guard lock(compute_.mutex);
         model_.forward(
-            {.tokens = batch_tokens_, .positions = batch_pos_, .seq_ids = batch_seq_, .output = batch_output_}, cache_,
-            logits_.data(), compute_.pool);
+            {.tokens = batch_tokens_,
+             .positions = batch_pos_,
+             .seq_ids = batch_seq_,
+             .output = batch_output_,
+             .token_order_rows = drafts ? std::span<const uint8_t>(batch_order_) : std::span<const uint8_t>()},
+            cache_, logits_.data(), compute_.pool);
     } catch (const std::exception& e) {
         // The pass failed (working memory over budget, ...): the batch's requests get the error,
         // the server goes on.
@@ -450,21 +561,36 @@ bool Scheduler::step() {
     // never seen before its tokens are counted); then pass the tokens on and drop the finished.
     const auto n_vocab = static_cast<size_t>(model_.n_vocab());
     size_t row = 0;
-    uint64_t n_prompt_fed = 0, n_sampled = 0;
-    std::vector<std::pair<Sequence*, int32_t>> sampled;
+    uint64_t n_prompt_fed = 0, n_sampled = 0, n_drafted = 0, n_accepted = 0;
+    std::vector<Sampled> sampled;
+    std::vector<Sequence*> checked;  // sequences whose drafts this step checked
     for (size_t i = 0; i < active_.size(); ++i) {
         Sequence& s = *active_[i];
         if (take[i] == 0) continue;
         if (s.n_fed < s.n_prompt) n_prompt_fed += static_cast<uint64_t>(std::min(take[i], s.n_prompt - s.n_fed));
+        if (!s.draft.empty()) {
+            const int emitted = check_drafts(s, logits_.data() + row * n_vocab, sampled, n_accepted);
+            row += s.draft.size() + 1;
+            n_sampled += static_cast<uint64_t>(emitted);
+            n_drafted += s.draft.size();
+            // The cells of the last token and the drafts kept stay; the rejected ones go.
+            s.n_fed += emitted;
+            cache_.seq_rm(s.seq, s.n_fed, -1);
+            s.draft.clear();
+            checked.push_back(&s);
+            continue;
+        }
         s.n_fed += take[i];
         if (s.unfed() != 0) continue;
         const std::span<const float> logits(logits_.data() + row * n_vocab, n_vocab);
         ++row;
         try {
-            sampled.emplace_back(&s, s.sampler.sample(logits));
+            const int32_t id = s.sampler.sample(logits);
+            s.sampler.accept(id);
+            sampled.push_back({&s, id, {}});
             ++n_sampled;
-            if (s.top_logprobs >= 0 && !tokenizer_.vocab().is_eog(sampled.back().second)) {
-                s.job->add_logprob(logprob_of(logits, sampled.back().second, s.top_logprobs));
+            if (s.top_logprobs >= 0 && !tokenizer_.vocab().is_eog(id)) {
+                sampled.back().logprob = logprob_of(logits, id, s.top_logprobs);
             }
         } catch (const std::exception& e) {
             finish(s, FinishReason::error, e.what());
@@ -477,8 +603,22 @@ bool Scheduler::step() {
         stats_.n_generated_tokens += n_sampled;
         ++stats_.n_steps;
         stats_.busy_seconds += seconds;
+        stats_.n_drafted += n_drafted;
+        stats_.n_draft_accepted += n_accepted;
     }
-    for (const auto& [seq, id] : sampled) accept_token(*seq, id);
+    for (Sampled& e : sampled) {
+        if (e.seq->finished) continue;  // a stop string (or an error) ended it before this token
+        if (e.logprob) e.seq->job->add_logprob(std::move(*e.logprob));
+        accept_token(*e.seq, e.id);
+    }
+    for (Sequence* s : checked) {
+        // Ended before all it sampled was taken: its cells hold no more than its tokens.
+        const auto n_tokens = static_cast<int>(s->tokens.size());
+        if (s->n_fed > n_tokens) {
+            s->n_fed = n_tokens;
+            cache_.seq_rm(s->seq, s->n_fed, -1);
+        }
+    }
     release_finished();
     return true;
 }

@@ -32,11 +32,13 @@
 #include <deque>
 #include <memory>
 #include <mutex>
+#include <optional>
 #include <string>
 #include <thread>
 #include <vector>
 
 #include "engine/job.h"
+#include "engine/lookup.h"
 #include "engine/prompt_cache.h"
 #include "engine/resources.h"
 #include "fitllm/config.h"
@@ -52,6 +54,13 @@ namespace fitllm::engine {
 
 struct SchedulerOptions {
     int max_queue = 64;  // requests that may wait for a slot; more get QueueFullError
+    // Speculative decoding by prompt lookup (engine/lookup.h; serve --lookup): each decoding
+    // sequence drafts up to n_draft tokens from its own tokens, fed after its last token in the
+    // step's batch with a row of logits each, and keeps what the model agrees with
+    // (Sampler::sample_draft): the same text when greedy, the same distribution when sampling.
+    // The rejected drafts' cells are taken back. Drafts take rows of logits beyond one a slot
+    // (ContextConfig::n_outputs) and tokens of the batch; without either there are none.
+    std::optional<LookupParams> lookup;
 };
 
 struct GenerationParams {
@@ -64,6 +73,11 @@ struct GenerationParams {
     // The prompt's tokens count for the penalties (llama.cpp's repeat penalty); false: only the
     // generated ones (OpenAI's presence and frequency penalties, "the text so far").
     bool penalize_prompt = true;
+    // With SchedulerOptions::lookup: the most tokens drafted per step for this request
+    // (llama-server's speculative.n_max; -1: the scheduler's, 0: none, above it: the scheduler's),
+    // and the fewest worth checking (speculative.n_min: a shorter draft is not fed).
+    int draft_max = -1;
+    int draft_min = 0;
 };
 
 // submit() when max_queue requests already wait.
@@ -93,6 +107,8 @@ struct SchedulerStats {
     int n_cached_prompts = 0;             // prompts kept now
     int cached_prompt_tokens = 0;         // their tokens, summed (a prefix two of them share counts twice)
     uint64_t n_steps = 0;
+    uint64_t n_drafted = 0;          // speculative decoding: tokens drafted and checked
+    uint64_t n_draft_accepted = 0;   // of them, those the model agreed with (tokens without a pass)
     double busy_seconds = 0.0;       // in forward passes
     double tokens_per_second = 0.0;  // tokens sampled per second over the last few seconds
 };
@@ -152,8 +168,19 @@ private:
     bool step();
     void finish(Sequence& s, FinishReason reason, std::string error = {});
     void preempt(size_t active_index);
-    void release_finished();  // finished sequences leave their slots and cells
-    void accept_token(Sequence& s, int32_t id);
+    void release_finished();                     // finished sequences leave their slots and cells
+    void accept_token(Sequence& s, int32_t id);  // the sampler has seen it
+    // Speculative decoding: a token sampled in a step, taken after every sequence sampled.
+    struct Sampled {
+        Sequence* seq;
+        int32_t id;
+        std::optional<TokenLogprob> logprob;
+    };
+    void make_drafts();  // each decoding sequence's drafts for this step
+    bool drop_drafts();  // false when there were none
+    // The tokens of s's draft pass (rows: its 1 + draft.size() rows of logits), into sampled;
+    // returns how many (the drafts kept, and the model's token after them).
+    int check_drafts(Sequence& s, const float* rows, std::vector<Sampled>& sampled, uint64_t& n_accepted);
     void publish_stats();
 
     model::Model& model_;
@@ -169,7 +196,10 @@ private:
     std::vector<std::unique_ptr<Sequence>> active_;    // holding a sequence id
     std::deque<std::unique_ptr<Sequence>> preempted_;  // oldest first
     std::vector<kv::SeqId> free_ids_;
-    memory::PoolBuffer<float> logits_;  // a row per slot
+    memory::PoolBuffer<float> logits_;  // n_rows_ rows: one per slot, more for drafts
+    int n_rows_ = 1;
+    int max_draft_ = 0;                 // drafts per sequence and step at most (0: no speculative decoding)
+    std::vector<uint8_t> batch_order_;  // the rows of drafting sequences (model::Batch::token_order_rows)
     std::vector<int32_t> batch_tokens_, batch_pos_;
     std::vector<kv::SeqId> batch_seq_;
     std::vector<uint8_t> batch_output_;

@@ -499,6 +499,9 @@ inline void check_batch(const Hparams& hp, const Batch& b) {
     if (!b.all_logits && !b.output.empty() && b.output.size() != n) {
         bad(std::to_string(b.output.size()) + " output flags");
     }
+    if (!b.token_order_rows.empty() && b.token_order_rows.size() != n) {
+        bad(std::to_string(b.token_order_rows.size()) + " token order flags");
+    }
 }
 
 // Before a batch: checks it, sizes the working memory (DecoderMemory::begin), applies the cache's
@@ -549,6 +552,9 @@ inline void token_places(const kv::SeqId* seq, int n, ops::TokenPlace* out) {
 inline std::span<const ops::TokenPlace> batch_places(const Batch& b, DecoderMemory& mem, const BatchRows& rows) {
     if (b.token_order) return {};
     token_places(rows.seq_ids, rows.n, mem.a.places.data());
+    for (size_t t = 0; t < b.token_order_rows.size(); ++t) {
+        if (b.token_order_rows[t] != 0) mem.a.places[t] = ops::TokenPlace{};  // a run of 1: the one-token path
+    }
     return {mem.a.places.data(), static_cast<size_t>(rows.n)};
 }
 
@@ -569,6 +575,14 @@ inline std::span<const ops::TokenPlace> output_places(const Batch& b, const Batc
         if (wanted) seq[n_out++] = rows.seq_ids[t];
     }
     token_places(seq, n_out, mem.a.out_places.data());
+    if (!b.token_order_rows.empty()) {
+        for (int t = 0, i = 0; t < n; ++t) {
+            const bool wanted = b.all_logits || (b.output.empty() ? t == n - 1 : b.output[static_cast<size_t>(t)] != 0);
+            if (!wanted) continue;
+            if (b.token_order_rows[static_cast<size_t>(t)] != 0) mem.a.out_places[static_cast<size_t>(i)] = {};
+            ++i;
+        }
+    }
     return {mem.a.out_places.data(), static_cast<size_t>(n_out)};
 }
 

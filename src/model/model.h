@@ -105,6 +105,10 @@ struct Batch {
     // that greedy output does not depend on how many drafts a pass carries). Off: a prompt's
     // rows take llama.cpp's batch kernels where they are faster (ops::matmul's token places).
     bool token_order = false;
+    // One flag per token (nonzero: that row in the one-token arithmetic, as token_order puts every
+    // row), or empty: none. The scheduler's drafts (engine/scheduler.h) in a batch whose prompt
+    // chunks keep the batch kernels.
+    std::span<const uint8_t> token_order_rows;
     // > 0 (and below n_vocab): only tokens 0 .. n_vocab_out - 1 are scored, the rest of each row of
     // logits is -infinity: a draft model's cheaper output layer (engine::DraftParams::n_vocab).
     // Ignored when the output layer runs on an offload device.
