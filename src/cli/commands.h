@@ -87,6 +87,7 @@ struct ServeOptions {
     std::string alias;                // --alias: the -m model's id
     bool strict_model_names = false;  // --strict-model-names
     server::HttpOptions http;         // the API key, request and connection limits, web safety
+    LookupOptions lookup;             // --lookup, --draft-max, --lookup-ngram-min/max (no -md)
 };
 ArgParser serve_parser(ServeOptions& o);
 void validate(const ServeOptions& o);

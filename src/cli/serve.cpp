@@ -91,14 +91,17 @@ ArgParser serve_parser(ServeOptions& o) {
         "[-ctk TYPE] [-ctv TYPE] [--no-kv-rotation] [--kv-spill-dir DIR] [--kv-resident SIZE] [--device NAME] "
         "[-ngl N] [--vram SIZE] [--no-kv-offload] [--unified] [--max-body SIZE] [--request-timeout SECONDS] "
         "[--max-connections N] [--max-connections-per-client N] [--allowed-hosts NAMES] [--cors-origin ORIGINS] "
-        "[--cache-prompts N] [--cache-ram SIZE]",
+        "[--cache-prompts N] [--cache-ram SIZE] [--lookup [--draft-max N]]",
         "Serve models over HTTP with an OpenAI-compatible API: POST /v1/chat/completions and\n"
         "/v1/completions (streamed as server-sent events with \"stream\": true), GET /v1/models,\n"
         "POST /tokenize and /detokenize, GET /health, /metrics (Prometheus), /v1/memory, a chat\n"
         "page at /, and Ollama's POST /api/chat and /api/generate (NDJSON) and GET /api/tags.\n"
         "Requests share one KV cache per model (-c tokens for -np sequences decoded together);\n"
         "with --models-dir each DIR/NAME.gguf is the model NAME, loaded when a request names it\n"
-        "and unloaded after --ttl idle seconds, all within the --mem budget.");
+        "and unloaded after --ttl idle seconds, all within the --mem budget.\n"
+        "With --lookup, each decoding sequence drafts tokens by prompt lookup and the model\n"
+        "checks them in the batch's forward pass (speculative decoding): the same text (greedy)\n"
+        "or distribution (sampling), sooner when the answer repeats the prompt.");
     p.option("-m, --model", "MODEL", "serve this GGUF model (loaded at start)", &o.engine.load.model_path);
     p.option("--models-dir", "DIR", "serve every *.gguf in DIR, each loaded on first use", &o.models_dir);
     p.option("--alias", "NAME", "the -m model's id in /v1/models and answers (default: its file name without .gguf)",
@@ -123,6 +126,7 @@ ArgParser serve_parser(ServeOptions& o) {
     add_kv_options(p, c);
     add_memory_options(p, o.engine);
     add_http_options(p, o.http);
+    add_lookup_options(p, o.lookup);
     return p;
 }
 
@@ -144,6 +148,7 @@ void validate(const ServeOptions& o) {
     }
     if (o.max_queue < 0) throw UsageError("--max-queue: " + std::to_string(o.max_queue) + " must not be negative");
     if (o.ttl < 0) throw UsageError("--ttl: " + std::to_string(o.ttl) + " must not be negative");
+    validate_lookup_options(o.lookup);
     if (!o.alias.empty() && !o.models_dir.empty()) {
         throw UsageError("--alias names the -m model; with --models-dir each file's name is its id");
     }
@@ -155,12 +160,20 @@ void validate(const ServeOptions& o) {
 }
 
 server::RegistryOptions registry_options(const ServeOptions& o) {
+    ContextConfig context = resolve_cached_prompts(o.engine.context);
+    engine::SchedulerOptions scheduler{.max_queue = o.max_queue, .lookup = std::nullopt};
+    if (o.lookup.enabled) {
+        // A row of logits for each slot's token and its drafts (within the batch): in the plan.
+        scheduler.lookup = o.lookup.params;
+        const int rows = context.n_seq * (o.lookup.params.n_draft + 1);
+        context.n_outputs = std::max(context.n_outputs, std::min(rows, std::max(context.n_batch, context.n_seq)));
+    }
     return {.model_path = o.engine.load.model_path,
             .models_dir = o.models_dir,
             .ttl_seconds = static_cast<double>(o.ttl),
             .load = o.engine.load,
-            .context = resolve_cached_prompts(o.engine.context),
-            .scheduler = {.max_queue = o.max_queue},
+            .context = context,
+            .scheduler = scheduler,
             .mem_label = o.engine.mem_label,
             .alias = o.alias,
             .strict_model_names = o.strict_model_names};

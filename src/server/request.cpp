@@ -130,6 +130,9 @@ constexpr std::pair<const char*, Fields> kKnownFields[] = {
     {"n", Fields::common},
     {"logprobs", Fields::common},
     {"user", Fields::common},
+    {"speculative.n_max", Fields::common},
+    {"speculative.n_min", Fields::common},
+    {"speculative.p_min", Fields::common},
     {"messages", Fields::chat},
     {"chat_template_kwargs", Fields::chat},
     {"reasoning_format", Fields::chat},
@@ -463,6 +466,20 @@ CompletionRequest parse_completion_request(const json& body, bool chat) {
         sampling::validate_sampling_params(sp);
     } catch (const sampling::SamplingError& e) {
         throw ApiError::invalid(e.what(), "invalid_value");
+    }
+    // llama-server's per-request limits of speculative decoding (serve --lookup): the most tokens
+    // drafted per pass (0: none; above --draft-max: --draft-max) and the fewest worth checking.
+    // p_min is a draft model's, which serve does not run.
+    if (const auto v = integer_field(body, "speculative.n_max", 0, 256)) r.params.draft_max = static_cast<int>(*v);
+    if (const auto v = integer_field(body, "speculative.n_min", 0, 256)) r.params.draft_min = static_cast<int>(*v);
+    if (r.params.draft_max >= 0 && r.params.draft_min > r.params.draft_max) {
+        invalid_value("speculative.n_min", std::to_string(r.params.draft_min) + " is above speculative.n_max (" +
+                                               std::to_string(r.params.draft_max) + ")");
+    }
+    if (field(body, "speculative.p_min")) {
+        throw ApiError::unsupported("speculative.p_min",
+                                    "a draft model's; fitllm serve drafts by prompt lookup (--lookup), which has no "
+                                    "draft probability");
     }
 
     if (const json* stop = field(body, "stop")) {
