@@ -10,6 +10,7 @@
 #include <functional>
 #include <string>
 #include <string_view>
+#include <vector>
 
 #include "fitllm/export.h"
 
@@ -38,6 +39,15 @@ struct OffloadConfig {
     uint64_t vram = 0;       // the device's budget in bytes; 0: its free memory (virtual: no limit)
     bool kv_offload = true;  // the offloaded layers' KV cache on the device (false: in host memory)
     bool unified = false;    // the device shares the host's memory (integrated GPUs): one budget, `mem`
+    // Tensors of offloaded layers kept in host memory (llama.cpp's --override-tensor / -ot): each
+    // item "REGEX=DEVICE[,REGEX=DEVICE...]" as given to -ot (DEVICE: CPU or `device`); the first
+    // rule whose REGEX is found in a tensor's name decides. An offloaded layer splits only at its
+    // routed experts (ffn_{gate,up,down}_exps, with their router), which then run on the host.
+    std::vector<std::string> override_tensors;
+    // --cpu-moe (kAllLayers) / --n-cpu-moe N: the routed experts of every / the first N layers stay
+    // on the host (as -ot rules); 0: none.
+    int n_cpu_moe = 0;
+    static constexpr int kAllLayers = -1;
     static constexpr int kNotSet = -2;
     static constexpr int kAllThatFit = -1;
 };

@@ -299,6 +299,18 @@ void add_offload_options(ArgParser& p, OffloadConfig& offload) {
              [&offload](const std::string& v) { offload.vram = parse_size_option("--vram", v); });
     p.option("--no-kv-offload", "", "keep the KV cache of offloaded layers in host memory",
              [&offload](const std::string&) { offload.kv_offload = false; });
+    p.option("--cpu-moe", "",
+             "keep the routed experts (ffn_{gate,up,down}_exps and their router) of every offloaded layer on the "
+             "host, where they run; the rest of each layer runs on the device (a mixture of experts offloads "
+             "only so)",
+             [&offload](const std::string&) { offload.n_cpu_moe = OffloadConfig::kAllLayers; });
+    p.option("--n-cpu-moe", "N", "--cpu-moe for the first N layers only",
+             [&offload](const std::string& v) { offload.n_cpu_moe = parse_count("--n-cpu-moe", v); });
+    p.option("-ot, --override-tensor", "REGEX=DEVICE,...",
+             "tensors whose name REGEX finds go to DEVICE: CPU (kept on the host) or the -ngl device; the first "
+             "rule that matches decides; repeatable. Only the routed experts of an offloaded layer can stay on "
+             "the host (e.g. 'exps=CPU'); others are refused",
+             [&offload](const std::string& v) { offload.override_tensors.push_back(v); });
     p.flag("--unified", &offload.unified,
            "the device shares the host's memory (integrated GPUs; automatic for a CUDA device that reports itself "
            "integrated): offloaded layers read their weights in place from the mapped file, no copies, and the "

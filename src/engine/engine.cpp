@@ -13,6 +13,7 @@
 #include "engine/prefault.h"
 #include "io/mapped_file.h"
 #include "model/expert_cache.h"
+#include "model/tensor_override.h"
 #include "util/text.h"
 
 namespace fitllm::engine {
@@ -133,6 +134,21 @@ PlanParams plan_params(const LoadConfig& load, const ContextConfig& context, uin
     p.vram = offload.vram;
     p.kv_offload = offload.kv_offload;
     p.unified = offload.unified;
+    try {  // placement by tensor class (model/tensor_override.h): -ot rules first, then --cpu-moe's
+        for (const std::string& list : load.offload.override_tensors) {
+            for (model::TensorOverride& o : model::parse_tensor_overrides(list, "-ot"))
+                p.tensor_overrides.push_back(std::move(o));
+        }
+        if (load.offload.n_cpu_moe < OffloadConfig::kAllLayers) {
+            throw std::invalid_argument("--n-cpu-moe " + std::to_string(load.offload.n_cpu_moe) + " is negative");
+        }
+        if (load.offload.n_cpu_moe != 0) {
+            for (model::TensorOverride& o : model::cpu_moe_overrides(load.offload.n_cpu_moe))
+                p.tensor_overrides.push_back(std::move(o));
+        }
+    } catch (const std::invalid_argument& e) {
+        throw ConfigError(e.what());
+    }
     return p;
 }
 
@@ -306,11 +322,15 @@ std::unique_ptr<Engine> Engine::load_one(const LoadConfig& load, const ContextCo
     // The model charges its working memory ("scratch", as it grows) and its stream buffers
     // ("staging") itself.
     const int n_gpu_layers = offload ? plan.params.n_gpu_layers : 0;
+    // The tensor overrides (--cpu-moe, -ot) place tensors of offloaded layers: none without them.
+    const std::vector<model::TensorOverride> overrides =
+        n_gpu_layers > 0 ? plan.params.tensor_overrides : std::vector<model::TensorOverride>{};
     e->model_ = model::Model::load(*e->file_, {.device = &host,
                                                .n_streamed_layers = plan.params.n_streamed_layers,
                                                .offload = n_gpu_layers > 0 ? offload : nullptr,
                                                .n_offload_layers = n_gpu_layers,
                                                .offload_kv = plan.params.kv_offload,
+                                               .tensor_overrides = overrides,
                                                .expert_slots = plan.n_expert_slots,
                                                .expert_prefetch = load.expert_prefetch});
     if (e->locked_bytes_ == 0) prefault(*e->file_, *e->model_, load.on_load_progress);  // mlock read them in

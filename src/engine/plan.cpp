@@ -84,6 +84,8 @@ ModelShape model_shape(const gguf::GgufFile& file) {
     s.metadata_bytes = std::min<uint64_t>(file.data_offset(), file.size());
     s.layer_bytes.assign(static_cast<size_t>(s.hp.n_layer), 0);
     s.layer_expert_bytes.assign(static_cast<size_t>(s.hp.n_layer), 0);
+    s.layer_routed_bytes.assign(static_cast<size_t>(s.hp.n_layer), 0);
+    s.layer_routed_device_bytes.assign(static_cast<size_t>(s.hp.n_layer), 0);
     try {
         for (int il = 0; il < s.hp.n_layer; ++il) s.layer_stream_bytes.push_back(model::stream_buffer_bytes(file, il));
     } catch (const model::ModelError&) {
@@ -92,9 +94,14 @@ ModelShape model_shape(const gguf::GgufFile& file) {
     const bool has_output = file.find_tensor("output.weight") != nullptr;
     s.tied_output = !has_output;
     for (const gguf::TensorInfo& t : file.tensors()) {
+        s.tensor_names.emplace_back(t.name);
         const int il = tensor_layer(t.name);
         if (il >= 0 && il < s.hp.n_layer) {
             s.layer_bytes[static_cast<size_t>(il)] += t.n_bytes;
+            if (model::is_routed_block_tensor(t.name)) {
+                s.layer_routed_bytes[static_cast<size_t>(il)] += t.n_bytes;
+                s.layer_routed_device_bytes[static_cast<size_t>(il)] += model::device_copy_bytes(t.n_bytes);
+            }
             if (model::is_expert_tensor(t.name)) {
                 s.layer_expert_bytes[static_cast<size_t>(il)] += t.n_bytes;
                 s.expert_bytes += t.n_bytes;
@@ -272,6 +279,34 @@ Plan plan_for(const ModelShape& shape, const PlanParams& params) {
         for (int il = first_device; il < hp.n_layer; ++il) p.device.weights_in_place += shape.layer_bytes[size_t(il)];
         if (output_on_device) p.device.weights_in_place += shape.output_bytes;
     }
+    // Placement by tensor class: the routed-expert blocks kept on the host stay in its resident
+    // weights and are not copied (model::DeviceWeights).
+    if (n_device > 0 && !params.tensor_overrides.empty()) {
+        const std::vector<bool> host =
+            model::experts_on_host(shape.tensor_names, hp, params.n_gpu_layers, params.device, params.tensor_overrides);
+        for (int il = first_device; il < hp.n_layer; ++il) {
+            const auto i = static_cast<size_t>(il);
+            if (!host[i]) continue;
+            ++p.device.n_host_expert_layers;
+            p.device.host_experts += shape.layer_routed_bytes[i];
+            if (unified) {
+                p.device.weights_in_place -= shape.layer_routed_bytes[i];
+            } else {
+                p.device.weights -= shape.layer_routed_device_bytes[i];
+                p.weights_resident += shape.layer_routed_bytes[i];
+            }
+        }
+    } else if (!params.tensor_overrides.empty()) {  // the rules' devices and patterns, checked
+        model::experts_on_host(shape.tensor_names, hp, 0, params.device, params.tensor_overrides);
+    }
+    // The routed experts run on the host only (model/llama.cpp, load_qwen3moe).
+    if (hp.is_moe() && n_device > 0 && p.device.n_host_expert_layers < n_device) {
+        throw std::invalid_argument(
+            "-ngl " + std::to_string(params.n_gpu_layers) + " offloads " + std::to_string(n_device) +
+            " mixture-of-experts layers with their routed experts, but fitllm runs those on the host only: keep "
+            "them there with --cpu-moe (or --n-cpu-moe " +
+            std::to_string(hp.n_layer) + ", or -ot 'exps=CPU'); the rest of each layer runs on " + params.device);
+    }
     // As model::LayerStream charges its "staging" pool (model::stream_staging_bytes).
     p.stream_buffer =
         largest_streamed == 0 ? 0 : model::kStreamBuffers * memory::PoolBuffer<std::byte>::bytes_for(largest_streamed);
@@ -438,8 +473,14 @@ Plan make_plan(const ModelShape& shape, PlanParams params) {
     std::optional<Plan> best;
     for (int n = hp.n_layer + 1; n >= 0; --n) {
         params.n_gpu_layers = n;
-        Plan q = plan_for(shape, params);
-        if (q.device.fits()) return q;
+        std::optional<Plan> q;
+        try {
+            q = plan_for(shape, params);
+        } catch (const std::invalid_argument&) {
+            if (n == 0) throw;
+            continue;  // a placement the runtime refuses at n (a mixture of experts without --cpu-moe)
+        }
+        if (q->device.fits()) return *q;
         if (n == 0) best = std::move(q);
     }
     return *best;

@@ -19,6 +19,7 @@
 
 #include "gguf/gguf_reader.h"
 #include "model/hparams.h"
+#include "model/tensor_override.h"
 #include "quant/ggml_type.h"
 
 namespace fitllm::engine {
@@ -58,7 +59,13 @@ struct ModelShape {
     uint64_t expert_bytes = 0;                 // all layers'
     std::vector<uint64_t> layer_expert_bytes;  // per layer
     uint64_t expert_slot_bytes = 0;            // one expert cache slot (model::expert_slot_bytes); 0: no experts
-    uint64_t dense_bytes() const;              // tensor bytes less expert_bytes
+    // Placement by tensor class (PlanParams::tensor_overrides): the file's tensor names, and per
+    // layer its routed-expert block (router and ffn_{gate,up,down}_exps, model::is_routed_block_tensor)
+    // as file bytes and as the device's copies of them (model::device_copy_bytes each).
+    std::vector<std::string> tensor_names;
+    std::vector<uint64_t> layer_routed_bytes;
+    std::vector<uint64_t> layer_routed_device_bytes;
+    uint64_t dense_bytes() const;  // tensor bytes less expert_bytes
 };
 
 // The layer of a tensor: "blk.12.attn_q.weight" -> 12; -1 for tensors outside the layers.
@@ -100,6 +107,10 @@ struct PlanParams {
     int n_gpu_layers = 0;
     uint64_t vram = 0;
     bool kv_offload = true;
+    // Tensors of offloaded layers kept on the host (--override-tensor / -ot, --cpu-moe, --n-cpu-moe;
+    // model/tensor_override.h): an offloaded layer splits at its routed-expert block, which stays
+    // in the host's resident weights and runs there (model::experts_on_host refuses other splits).
+    std::vector<model::TensorOverride> tensor_overrides;
     // The device shares the host's memory (backend::Backend::unified(), --unified): its layers
     // read their weights in place (they stay in weights_resident), its KV and scratch are the
     // host's (in Plan::kv and Plan::scratch), and there is one budget (vram is ignored). With
@@ -137,6 +148,10 @@ struct DevicePlan {
     bool unified = false;
     uint64_t weights = 0;
     uint64_t weights_in_place = 0;  // unified: the file bytes of its tensors, read in place (host's resident weights)
+    // Of its layers, those whose routed-expert blocks stay on the host (tensor_overrides), and those
+    // blocks' file bytes (in the host's weights_resident, not in weights).
+    int n_host_expert_layers = 0;
+    uint64_t host_experts = 0;
     uint64_t kv = 0;
     uint64_t scratch = 0;
     uint64_t total() const { return weights + kv + scratch; }

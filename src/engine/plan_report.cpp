@@ -101,6 +101,9 @@ nlohmann::ordered_json plan_json(const Plan& p, const std::string& budget_source
                   {"output", p.device.output},   {"weights", p.device.weights}, {"kv", p.device.kv},
                   {"kv_pools", dpools},          {"scratch", p.device.scratch}, {"total", p.device.total()},
                   {"budget", p.device.capacity}, {"fits", p.device.fits()}};
+        // Placement by tensor class: the routed experts of these offloaded layers stay on the host.
+        d["host_expert_layers"] = p.device.n_host_expert_layers;
+        d["host_experts"] = p.device.host_experts;
         if (p.device.unified) {
             // Its share is inside the host's numbers above; nothing of its own to budget.
             d["weights_in_place"] = p.device.weights_in_place;
@@ -129,6 +132,13 @@ nlohmann::ordered_json plan_json(const Plan& p, const std::string& budget_source
     out["fits"] = p.fits();
     if (p.fitted) out["fit"] = steps;
     return out;
+}
+
+// "; their routed experts stay on the host (8 layers, 1.2 GiB)" (tensor overrides), or "".
+static std::string host_experts_text(const DevicePlan& d) {
+    if (d.n_host_expert_layers == 0) return "";
+    return "; the routed experts of " + std::to_string(d.n_host_expert_layers) + " of them stay on the host (" +
+           util::human_bytes(d.host_experts) + ", --cpu-moe / -ot)";
 }
 
 std::string plan_text(const Plan& p, const std::string& budget_source) {
@@ -164,6 +174,10 @@ std::string plan_text(const Plan& p, const std::string& budget_source) {
             (dev.output && !dev.unified ? "" : " and output") +
             (dev.unified && dev.n_layer > 0
                  ? " (" + dev.name + " reads " + std::to_string(dev.n_layer) + " of them in place)"
+                 : "") +
+            (dev.n_host_expert_layers > 0 && !dev.unified
+                 ? ", and the routed experts of " + std::to_string(dev.n_host_expert_layers) + " offloaded layers (" +
+                       util::human_bytes(dev.host_experts) + ")"
                  : ""));
     if (p.shape.hp.is_moe()) {
         const model::Hparams& hp = p.shape.hp;
@@ -226,7 +240,8 @@ std::string plan_text(const Plan& p, const std::string& budget_source) {
         row("weights", d.weights,
             std::to_string(d.n_layer) + " of " + std::to_string(n_layer) + " layers" +
                 (d.output ? " and the output layer" : "") + " (-ngl " + std::to_string(q.n_gpu_layers) +
-                "): " + util::human_bytes(d.weights_in_place) + " read in place from the mapped file, no copy");
+                "): " + util::human_bytes(d.weights_in_place) + " read in place from the mapped file, no copy" +
+                host_experts_text(d));
         row("KV cache", d.kv, q.kv_offload ? kv_detail(p, true) + ", in the host's" : "none (--no-kv-offload)");
         row("scratch", d.scratch,
             d.n_layer > 0 ? "activations and op scratch for " + std::to_string(q.n_batch) + " tokens, in the host's"
@@ -237,7 +252,8 @@ std::string plan_text(const Plan& p, const std::string& budget_source) {
         out += "\ndevice " + d.name + "\n";
         row("weights", d.weights,
             std::to_string(d.n_layer) + " of " + std::to_string(n_layer) + " layers" +
-                (d.output ? " and the output layer" : "") + " (-ngl " + std::to_string(q.n_gpu_layers) + ")");
+                (d.output ? " and the output layer" : "") + " (-ngl " + std::to_string(q.n_gpu_layers) + ")" +
+                host_experts_text(d));
         row("KV cache", d.kv, q.kv_offload ? kv_detail(p, true) : "none (--no-kv-offload)");
         row("scratch", d.scratch,
             d.n_layer > 0 ? "activations and op scratch for " + std::to_string(q.n_batch) + " tokens" : "");

@@ -286,7 +286,7 @@ public:
     DecoderMemory(const gguf::GgufFile& file, const Hparams& hp, const LoadOptions& options)
         : own_device_(options.device ? nullptr : std::make_unique<memory::Device>("model", UINT64_MAX)),
           device_(options.device ? *options.device : *own_device_),
-          placement_(place_layers(hp, options)),
+          placement_(place_layers(file, hp, options)),
           a(device_.pool(memory::pool_names::kScratch)),
           scratch_charge_(device_.pool(memory::pool_names::kScratch)) {
         scratch.on_grow([this](size_t, size_t bytes) { scratch_charge_.grow_to(bytes, "op scratch"); });
@@ -385,6 +385,14 @@ public:
         if (!placement_.on_device(il)) return host_;
         if (!x_on_device_) cross(/*to_device=*/true);
         return dev_ops_;
+    }
+    // Rows of n floats between the device's activations and the host's (an offloaded layer whose
+    // routed experts stay on the host: its FFN input goes there and the block's output comes back).
+    void to_host(float* host, const float* dev, int64_t n) {
+        placement_.device->copy_to_host(host, dev, static_cast<size_t>(n) * sizeof(float));
+    }
+    void to_device(float* dev, const float* host, int64_t n) {
+        placement_.device->copy_to_device(dev, host, static_cast<size_t>(n) * sizeof(float));
     }
     // The ops of layer il, where x is not needed (K shifts).
     Exec& ops_of(int il) { return placement_.on_device(il) ? dev_ops_ : host_; }

@@ -349,8 +349,9 @@ public:
             o.add(x, o.attn_out, n * E, x);
 
             // Feed-forward block: down(silu(gate(h)) * up(h)), a slice of tokens at a time; with
-            // experts, the chosen experts' outputs weighted and summed (host only: the constructor
-            // refuses to offload such a layer).
+            // experts, the chosen experts' outputs weighted and summed, on the host (an offloaded
+            // layer's normed rows go to the host's cur and the block's output comes back: its
+            // routed-expert block stays on the host, model/offload.h experts_on_host).
             if (L->ffn_norm) {
                 o.rms_norm(x, L->ffn_norm, hp.norm_eps, n, E, cur);
             } else {
@@ -360,8 +361,11 @@ public:
                 const int m = std::min(o.ffn_slice, n - t0);
                 float* h = cur + t0 * E;
                 if (variant_.moe) {
-                    moe_ffn(hp, L->moe, h, m, mem_.a.work.data(), moe, places_of(places, t0, m), pool, mem_.scratch,
+                    float* hh = o.on_device() ? mem_.a.cur.data() + t0 * E : h;
+                    if (o.on_device()) mem_.to_host(hh, h, m * E);
+                    moe_ffn(hp, L->moe, hh, m, mem_.a.work.data(), moe, places_of(places, t0, m), pool, mem_.scratch,
                             mem_.experts(), il);
+                    if (o.on_device()) mem_.to_device(h, hh, m * E);
                     continue;
                 }
                 o.matmul(L->ffn_gate, h, m, o.gate, places_of(places, t0, m));  // gate: [m, n_ff]
@@ -448,11 +452,27 @@ std::unique_ptr<Model> load_olmo2(const gguf::GgufFile& file, Hparams hp, const 
     return std::make_unique<Llama>(file, std::move(hp), kOlmo2Variant, options);
 }
 
-// The experts run on the host only, for now (issue 21: placement by tensor class comes later).
+// The routed experts run on the host only: an offloaded layer must keep its routed-expert block
+// there (--cpu-moe, --n-cpu-moe, -ot; model/offload.h experts_on_host), the rest of it runs on the
+// device.
 std::unique_ptr<Model> load_qwen3moe(const gguf::GgufFile& file, Hparams hp, const LoadOptions& options) {
     if (options.offload != nullptr && options.n_offload_layers > 0) {
-        throw std::invalid_argument(file.source() + ": cannot offload layers of " + hp.arch +
-                                    ": fitllm runs mixture-of-experts layers on the host only (yet)");
+        const Placement p = place_layers(file, hp, options);
+        for (int il = p.first_device_layer; il < hp.n_layer; ++il) {
+            if (p.host_experts(il)) continue;
+            std::string given;
+            for (const TensorOverride& o : options.tensor_overrides) {
+                if (given.find(o.flag) == std::string::npos) given += (given.empty() ? "" : ", ") + o.flag;
+            }
+            throw std::invalid_argument(
+                file.source() + ": cannot offload layer " + std::to_string(il) + " of " + hp.arch +
+                " with its routed experts" +
+                (given.empty() ? std::string() : " (not kept on the host by " + given + ")") +
+                ": fitllm runs them on the host only; keep every offloaded layer's there with --cpu-moe (or "
+                "--n-cpu-moe " +
+                std::to_string(hp.n_layer) + ", or -ot 'exps=CPU'), and the rest of each layer runs on " +
+                options.offload->name());
+        }
     }
     return std::make_unique<Llama>(file, std::move(hp), kQwen3MoeVariant, options);
 }

@@ -20,6 +20,7 @@
 #include "gguf/gguf_reader.h"
 #include "kv/cache.h"
 #include "model/hparams.h"
+#include "model/tensor_override.h"
 #include "ops/thread_pool.h"
 
 namespace fitllm::memory {
@@ -59,6 +60,10 @@ struct LoadOptions {
     backend::Backend* offload = nullptr;
     int n_offload_layers = 0;
     bool offload_kv = true;
+    // Tensors of offloaded layers kept in host memory (model/tensor_override.h; llama.cpp's -ot,
+    // --cpu-moe): an offloaded layer splits at its routed experts, which then run on the host
+    // (model/offload.h, experts_on_host). Empty: whole layers on the device.
+    std::vector<TensorOverride> tensor_overrides;
     // A mixture-of-experts model's routed experts in an expert cache of this many slots
     // (model/expert_cache.h; at least min_expert_slots()), charged to the device's "experts" pool
     // and filled from the file on demand (with O_DIRECT where stream_direct_io and the filesystem

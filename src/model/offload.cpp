@@ -1,14 +1,17 @@
 #include "model/offload.h"
 
 #include <algorithm>
+#include <cctype>
+#include <regex>
 #include <stdexcept>
 #include <string>
 
 #include "io/mapped_file.h"
+#include "model/expert_cache.h"
 
 namespace fitllm::model {
 
-Placement place_layers(const Hparams& hp, const LoadOptions& options) {
+Placement place_layers(const gguf::GgufFile& file, const Hparams& hp, const LoadOptions& options) {
     const int n = options.n_offload_layers;
     if (n < 0) throw std::invalid_argument("cannot offload " + std::to_string(n) + " layers");
     if (n > 0 && options.offload == nullptr) {
@@ -16,7 +19,11 @@ Placement place_layers(const Hparams& hp, const LoadOptions& options) {
     }
     Placement p;
     p.first_device_layer = hp.n_layer;
-    if (n == 0 || options.offload == nullptr) return p;
+    if (n == 0 || options.offload == nullptr) {
+        if (!options.tensor_overrides.empty())  // checks the rules (CPU only without a device)
+            experts_on_host(tensor_names(file), hp, 0, "", options.tensor_overrides);
+        return p;
+    }
     p.device = options.offload;
     p.first_device_layer = hp.n_layer - std::min(n, hp.n_layer);
     p.output_on_device = n > hp.n_layer;
@@ -27,7 +34,155 @@ Placement place_layers(const Hparams& hp, const LoadOptions& options) {
                                     std::to_string(hp.n_layer) + " offloaded to " + p.device->name() + ": only the " +
                                     std::to_string(p.first_device_layer) + " layers left on the host can stream");
     }
+    if (!options.tensor_overrides.empty())
+        p.experts_on_host = experts_on_host(tensor_names(file), hp, n, p.device->name(), options.tensor_overrides);
     return p;
+}
+
+std::vector<std::string> tensor_names(const gguf::GgufFile& file) {
+    std::vector<std::string> names;
+    names.reserve(file.tensors().size());
+    for (const gguf::TensorInfo& t : file.tensors()) names.emplace_back(t.name);
+    return names;
+}
+
+bool is_routed_block_tensor(std::string_view name) {
+    if (is_expert_tensor(name)) return true;
+    if (!name.starts_with("blk.")) return false;
+    return name.ends_with(".ffn_gate_inp.weight") || name.ends_with(".exp_probs_b.bias");
+}
+
+namespace {
+
+// The layer of "blk.<il>.<rest>", or -1.
+int layer_of(std::string_view name) {
+    if (name.substr(0, 4) != "blk.") return -1;
+    int il = 0;
+    size_t i = 4;
+    for (; i < name.size() && name[i] >= '0' && name[i] <= '9' && il < 1'000'000; ++i) il = il * 10 + (name[i] - '0');
+    if (i == 4 || i >= name.size() || name[i] != '.') return -1;
+    return il;
+}
+
+std::string lower(std::string_view s) {
+    std::string r(s);
+    for (char& c : r) c = static_cast<char>(std::tolower(static_cast<unsigned char>(c)));
+    return r;
+}
+
+std::string rule_text(const TensorOverride& o) {
+    return o.flag.empty() ? "'" + o.pattern + "=" + o.device + "'" : o.flag;
+}
+
+}  // namespace
+
+std::vector<TensorOverride> parse_tensor_overrides(std::string_view list, std::string_view flag) {
+    std::vector<TensorOverride> rules;
+    size_t start = 0;
+    while (start <= list.size()) {
+        const size_t comma = std::min(list.find(',', start), list.size());
+        const std::string_view item = list.substr(start, comma - start);
+        const size_t eq = item.rfind('=');
+        const std::string where = std::string(flag) + " '" + std::string(item) + "'";
+        if (eq == std::string_view::npos || eq == 0 || eq + 1 == item.size()) {
+            throw std::invalid_argument(where + ": expected REGEX=DEVICE (DEVICE: CPU or the -ngl device's name), " +
+                                        "several separated by commas");
+        }
+        TensorOverride o{std::string(item.substr(0, eq)), std::string(item.substr(eq + 1)), where};
+        try {
+            const std::regex check(o.pattern);
+        } catch (const std::regex_error& e) {
+            throw std::invalid_argument(where + ": '" + o.pattern + "' is not a regular expression (" + e.what() + ")");
+        }
+        rules.push_back(std::move(o));
+        start = comma + 1;
+    }
+    return rules;
+}
+
+std::vector<TensorOverride> cpu_moe_overrides(int n_layers) {
+    if (n_layers < 0) return {{"\\.ffn_(up|down|gate)_exps", "CPU", "--cpu-moe"}};
+    std::vector<TensorOverride> rules;
+    for (int il = 0; il < n_layers; ++il) {
+        rules.push_back({"blk\\." + std::to_string(il) + "\\.ffn_(up|down|gate)_exps", "CPU",
+                         "--n-cpu-moe " + std::to_string(n_layers)});
+    }
+    return rules;
+}
+
+std::vector<bool> experts_on_host(const std::vector<std::string>& names, const Hparams& hp, int n_offload_layers,
+                                  std::string_view device_name, const std::vector<TensorOverride>& overrides) {
+    const std::string device = lower(device_name);
+    const std::string device_base = lower(backend::strip_unified_suffix(device_name).first);
+    std::vector<std::regex> patterns;
+    std::vector<bool> to_host;
+    for (const TensorOverride& o : overrides) {
+        const std::string d = lower(o.device);
+        if (d == "cpu") {
+            to_host.push_back(true);
+        } else if (!device.empty() && (d == device || d == device_base)) {
+            to_host.push_back(false);
+        } else {
+            throw std::invalid_argument(rule_text(o) + ": unknown device '" + o.device + "': " +
+                                        (device.empty()
+                                             ? std::string("without an offload device (--device, -ngl) only CPU is one")
+                                             : "CPU or " + std::string(device_name) + " (the -ngl device)"));
+        }
+        try {
+            patterns.emplace_back(o.pattern);
+        } catch (const std::regex_error& e) {
+            throw std::invalid_argument(rule_text(o) + ": '" + o.pattern + "' is not a regular expression (" +
+                                        e.what() + ")");
+        }
+    }
+    const int n = std::max(n_offload_layers, 0);
+    const int first = device.empty() ? hp.n_layer : hp.n_layer - std::min(n, hp.n_layer);
+    const bool output_on_device = !device.empty() && n > hp.n_layer;
+    std::vector<bool> host(static_cast<size_t>(hp.n_layer), false);
+    std::vector<int> experts_kept(static_cast<size_t>(hp.n_layer), 0);  // of the three expert tensors
+    std::vector<int> experts_in_file(static_cast<size_t>(hp.n_layer), 0);
+    std::vector<const TensorOverride*> kept_by(static_cast<size_t>(hp.n_layer), nullptr);
+    for (const std::string& name : names) {
+        const int il = layer_of(name);
+        const bool layer_tensor = il >= 0 && il < hp.n_layer;
+        if (layer_tensor && is_expert_tensor(name)) ++experts_in_file[size_t(il)];
+        size_t r = 0;
+        while (r < patterns.size() && !std::regex_search(name, patterns[r])) ++r;
+        if (r == patterns.size()) continue;
+        const TensorOverride& o = overrides[r];
+        const bool output_tensor = name == "output.weight" || name == "output_norm.weight";
+        const bool on_device = layer_tensor ? il >= first : output_tensor && output_on_device;
+        if (!to_host[r]) {
+            if (on_device) continue;  // where -ngl puts it
+            throw std::invalid_argument(
+                rule_text(o) + " would put " + name + " on " + std::string(device_name) + ", but " +
+                (layer_tensor ? "layer " + std::to_string(il) : std::string("it")) +
+                " runs on the host: -ngl moves whole layers (the last N), and a rule may only keep tensors of "
+                "offloaded layers on the host (=CPU)");
+        }
+        if (!on_device) continue;  // on the host already
+        if (!layer_tensor || !is_routed_block_tensor(name)) {
+            throw std::invalid_argument(
+                rule_text(o) + " would keep " + name +
+                (layer_tensor ? " of offloaded layer " + std::to_string(il) : "") +
+                " on the host, which fitllm cannot split from " + (layer_tensor ? "its layer" : "the output layer") +
+                ": an offloaded layer splits only at its routed experts (ffn_{gate,up,down}_exps, e.g. -ot "
+                "'exps=CPU' or --cpu-moe); the layers themselves move with -ngl");
+        }
+        host[size_t(il)] = true;
+        if (is_expert_tensor(name)) ++experts_kept[size_t(il)];
+        if (!kept_by[size_t(il)]) kept_by[size_t(il)] = &o;
+    }
+    for (int il = first; il < hp.n_layer; ++il) {
+        const auto i = static_cast<size_t>(il);
+        if (host[i] && (experts_kept[i] == 0 || experts_kept[i] < experts_in_file[i])) {
+            throw std::invalid_argument(
+                rule_text(*kept_by[i]) + " keeps " + std::to_string(experts_kept[i]) + " of the " +
+                std::to_string(experts_in_file[i]) + " expert tensors of offloaded layer " + std::to_string(il) +
+                " on the host: the routed experts stay together (ffn_{gate,up,down}_exps, with their router)");
+        }
+    }
+    return host;
 }
 
 std::vector<int> cache_layer_devices(const Hparams& hp, int n_offload_layers, bool offload_kv) {
@@ -38,18 +193,18 @@ std::vector<int> cache_layer_devices(const Hparams& hp, int n_offload_layers, bo
     return devices;
 }
 
-std::vector<std::string> device_tensor_names(const gguf::GgufFile& file, const Hparams& hp, int n_offload_layers) {
+std::vector<std::string> device_tensor_names(const gguf::GgufFile& file, const Hparams& hp, int n_offload_layers,
+                                             const std::vector<bool>& experts_on_host) {
     std::vector<std::string> names;
     if (n_offload_layers <= 0) return names;
     const int first = hp.n_layer - std::min(n_offload_layers, hp.n_layer);
     for (const gguf::TensorInfo& t : file.tensors()) {
-        const std::string_view name = t.name;
-        if (name.substr(0, 4) != "blk.") continue;
-        int il = 0;
-        size_t i = 4;
-        for (; i < name.size() && name[i] >= '0' && name[i] <= '9'; ++i) il = il * 10 + (name[i] - '0');
-        if (i == 4 || i >= name.size() || name[i] != '.') continue;
-        if (il >= first && il < hp.n_layer) names.emplace_back(name);
+        const int il = layer_of(t.name);
+        if (il < first || il >= hp.n_layer) continue;
+        if (static_cast<size_t>(il) < experts_on_host.size() && experts_on_host[size_t(il)] &&
+            is_routed_block_tensor(t.name))
+            continue;  // stays on the host
+        names.emplace_back(t.name);
     }
     if (n_offload_layers > hp.n_layer) {
         names.emplace_back("output_norm.weight");
@@ -70,11 +225,16 @@ uint64_t aligned(uint64_t n) {
 
 }  // namespace
 
-uint64_t device_weight_bytes(const gguf::GgufFile& file, const Hparams& hp, int n_offload_layers, bool unified) {
+uint64_t device_copy_bytes(uint64_t n_bytes) {
+    return aligned(n_bytes + kWeightSkew);
+}
+
+uint64_t device_weight_bytes(const gguf::GgufFile& file, const Hparams& hp, int n_offload_layers, bool unified,
+                             const std::vector<bool>& experts_on_host) {
     if (unified) return 0;
     uint64_t bytes = 0;
-    for (const std::string& name : device_tensor_names(file, hp, n_offload_layers))
-        bytes += aligned(file.find_tensor(name)->n_bytes + kWeightSkew);
+    for (const std::string& name : device_tensor_names(file, hp, n_offload_layers, experts_on_host))
+        bytes += device_copy_bytes(file.find_tensor(name)->n_bytes);
     return bytes;
 }
 
@@ -110,7 +270,8 @@ DeviceWeights::DeviceWeights(const gguf::GgufFile& file, const Hparams& hp, cons
     // a file read into memory would lose them, and other models may share it: left alone.
     auto* mapping = const_cast<io::MappedFile*>(file.mapping());
     const bool release = mapping != nullptr && mapping->is_file_mapping();
-    for (const std::string& name : device_tensor_names(file, hp, n_offload)) {
+    keep_on_host(file, hp, placement);
+    for (const std::string& name : device_tensor_names(file, hp, n_offload, placement.experts_on_host)) {
         const gguf::TensorInfo& t = *file.find_tensor(name);
         backend::Buffer& b = buffers_.emplace_back(
             dev.alloc(memory::pool_names::kWeights, t.n_bytes + kWeightSkew, name + " on " + dev.name()));
@@ -157,7 +318,8 @@ void DeviceWeights::map_in_place(const gguf::GgufFile& file, const Hparams& hp, 
     };
     std::vector<Span> spans;
     const int n_offload = hp.n_layer - placement.first_device_layer + (placement.output_on_device ? 1 : 0);
-    for (const std::string& name : device_tensor_names(file, hp, n_offload)) {
+    keep_on_host(file, hp, placement);
+    for (const std::string& name : device_tensor_names(file, hp, n_offload, placement.experts_on_host)) {
         const gguf::TensorInfo& t = *file.find_tensor(name);
         const auto at = reinterpret_cast<uintptr_t>(t.data.data());
         spans.push_back({std::max(file_begin, at / page * page),
@@ -180,6 +342,16 @@ void DeviceWeights::map_in_place(const gguf::GgufFile& file, const Hparams& hp, 
             s.end > s.begin ? static_cast<const std::byte*>(mappings_.map(*placement.device, host, s.end - s.begin))
                             : host;
         for (const std::byte* t : s.tensors) copies_[t] = mapped + (t - host);
+    }
+}
+
+// The routed-expert blocks the placement keeps on the host: "copies" that are the mapped tensors.
+void DeviceWeights::keep_on_host(const gguf::GgufFile& file, const Hparams& hp, const Placement& placement) {
+    for (const gguf::TensorInfo& t : file.tensors()) {
+        const int il = layer_of(t.name);
+        if (il >= placement.first_device_layer && placement.host_experts(il) && is_routed_block_tensor(t.name) &&
+            il < hp.n_layer)
+            copies_[t.data.data()] = t.data.data();
     }
 }
 

@@ -15,6 +15,7 @@
 #include "gguf/gguf_reader.h"
 #include "model/hparams.h"
 #include "model/model.h"
+#include "model/tensor_override.h"
 
 namespace fitllm::model {
 
@@ -23,12 +24,38 @@ struct Placement {
     int first_device_layer = 0;          // layers [first_device_layer, n_layer) run on the device
     bool output_on_device = false;
     bool kv_on_device = false;  // the device layers' K/V in the device's memory
+    // Per layer (n_layer, or empty: none): the routed-expert block of an offloaded layer (router and
+    // ffn_{gate,up,down}_exps) stays in host memory and runs on the host (experts_on_host()).
+    std::vector<bool> experts_on_host;
     bool on_device(int il) const { return device != nullptr && il >= first_device_layer; }
+    bool host_experts(int il) const {
+        return il >= 0 && static_cast<size_t>(il) < experts_on_host.size() && experts_on_host[size_t(il)];
+    }
 };
 
-// Throws std::invalid_argument for n_offload_layers < 0, a count without a device, or streamed
-// layers that are not among the layers left on the host (n_streamed <= n_layer - offloaded).
-Placement place_layers(const Hparams& hp, const LoadOptions& options);
+// Throws std::invalid_argument for n_offload_layers < 0, a count without a device, streamed
+// layers that are not among the layers left on the host (n_streamed <= n_layer - offloaded), or
+// tensor overrides experts_on_host() refuses.
+Placement place_layers(const gguf::GgufFile& file, const Hparams& hp, const LoadOptions& options);
+
+// The names of the file's tensors, in its order.
+std::vector<std::string> tensor_names(const gguf::GgufFile& file);
+
+// A tensor of a layer's routed-expert block: blk.<i>.ffn_{gate,up,down}_exps.weight and the router
+// blk.<i>.ffn_gate_inp.weight (with its selection bias exp_probs_b.bias where a file has one).
+bool is_routed_block_tensor(std::string_view name);
+
+// Which offloaded layers keep their routed-expert block on the host under `overrides`
+// (tensor_override.h), for the last n_offload_layers layers on device `device_name` (empty: none):
+// a vector of n_layer. An offloaded layer splits only there: its three expert tensors stay on the
+// host, and their router with them (the host routes, so the experts chosen are the CPU run's on any
+// device), while attention, norms and the rest run on the device. Throws std::invalid_argument
+// naming the rule's flag and pattern for a device that is neither CPU nor device_name, a rule that
+// keeps any other tensor of an offloaded layer (or the output layer's) on the host, one that keeps
+// some of a layer's expert tensors but not all three, and one that sends a tensor of a layer left on
+// the host to the device (-ngl moves whole layers).
+std::vector<bool> experts_on_host(const std::vector<std::string>& tensor_names, const Hparams& hp, int n_offload_layers,
+                                  std::string_view device_name, const std::vector<TensorOverride>& overrides);
 
 // The device's copies of the tensors it needs, one Buffer each (charged to its "weights" pool),
 // found by the address of their mapped bytes (a unified device's "copies" are the mapped tensors
@@ -38,7 +65,8 @@ Placement place_layers(const Hparams& hp, const LoadOptions& options);
 class DeviceWeights {
 public:
     DeviceWeights() = default;
-    // Copies "blk.<il>.*" for the device's layers, and output_norm / the output matrix (token_embd
+    // Copies "blk.<il>.*" for the device's layers (less the routed-expert blocks the placement keeps
+    // on the host: on_device() gives their mapped address back), and output_norm / the output matrix (token_embd
     // when the file has no output.weight) when the output is on the device, and rope_freqs.weight
     // for a llama file that has it. memory::BudgetError when the device has no room.
     DeviceWeights(const gguf::GgufFile& file, const Hparams& hp, const Placement& placement);
@@ -78,6 +106,7 @@ private:
     };
 
     void map_in_place(const gguf::GgufFile& file, const Hparams& hp, const Placement& placement);
+    void keep_on_host(const gguf::GgufFile& file, const Hparams& hp, const Placement& placement);
     const void* find(const void* host) const;
     HostMappings mappings_;
     std::vector<backend::Buffer> buffers_;
@@ -95,12 +124,17 @@ inline constexpr size_t kWeightSkew = 64;
 // kv::ModelCache::bytes_per_device): 1 for the offloaded layers when offload_kv, else 0.
 std::vector<int> cache_layer_devices(const Hparams& hp, int n_offload_layers, bool offload_kv);
 
-// The names of the tensors DeviceWeights copies (for plans).
-std::vector<std::string> device_tensor_names(const gguf::GgufFile& file, const Hparams& hp, int n_offload_layers);
+// The names of the tensors DeviceWeights copies (for plans): those of the offloaded layers less the
+// routed-expert blocks that experts_on_host (n_layer flags, or empty) keeps on the host.
+std::vector<std::string> device_tensor_names(const gguf::GgufFile& file, const Hparams& hp, int n_offload_layers,
+                                             const std::vector<bool>& experts_on_host = {});
 // What the device's "weights" pool holds for n_offload_layers: every tensor of
-// device_tensor_names(), its n_bytes + kWeightSkew rounded up to backend::kBufferAlign.
-// A unified device copies nothing: 0.
-uint64_t device_weight_bytes(const gguf::GgufFile& file, const Hparams& hp, int n_offload_layers, bool unified = false);
+// device_tensor_names(), device_copy_bytes() of each. A unified device copies nothing: 0.
+uint64_t device_weight_bytes(const gguf::GgufFile& file, const Hparams& hp, int n_offload_layers, bool unified = false,
+                             const std::vector<bool>& experts_on_host = {});
+// The device buffer of one copied tensor of n_bytes: n_bytes + kWeightSkew rounded up to
+// backend::kBufferAlign.
+uint64_t device_copy_bytes(uint64_t n_bytes);
 // What the device's "scratch" pool holds for batches of up to n_tok tokens of which up to n_out
 // want logits (the virtual device's op scratch aside): the activations, and n_out logits rows
 // when the output is on the device.

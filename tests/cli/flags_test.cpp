@@ -43,6 +43,10 @@ void add(Fields& f, const LoadConfig& l) {
     f["load.offload.vram"] = str(l.offload.vram);
     f["load.offload.kv_offload"] = str(l.offload.kv_offload);
     f["load.offload.unified"] = str(l.offload.unified);
+    std::string rules;
+    for (const std::string& r : l.offload.override_tensors) rules += r + ";";
+    f["load.offload.override_tensors"] = rules;
+    f["load.offload.n_cpu_moe"] = str(l.offload.n_cpu_moe);
     f["load.expert_slots"] = str(l.expert_slots);
     f["load.expert_prefetch"] = str(l.expert_prefetch);
 }
@@ -195,6 +199,9 @@ const std::map<std::string, std::string> kSamples = {
     {"--vram", "1G"},
     {"--no-kv-offload", ""},
     {"--unified", ""},
+    {"--cpu-moe", ""},
+    {"--n-cpu-moe", "3"},
+    {"-ot", "exps=CPU"},
     {"--temp", "0.5"},
     {"--top-k", "7"},
     {"--top-p", "0.5"},
@@ -270,6 +277,9 @@ const std::map<std::string, std::set<std::string>> kSets = {
     {"--vram", {"load.offload.vram"}},
     {"--no-kv-offload", {"load.offload.kv_offload"}},
     {"--unified", {"load.offload.unified"}},
+    {"--cpu-moe", {"load.offload.n_cpu_moe"}},
+    {"--n-cpu-moe", {"load.offload.n_cpu_moe"}},
+    {"-ot", {"load.offload.override_tensors"}},
     {"--temp", {"sampling.temperature"}},
     {"--top-k", {"sampling.top_k"}},
     {"--top-p", {"sampling.top_p"}},

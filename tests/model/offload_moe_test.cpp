@@ -1,0 +1,296 @@
+// Placement by tensor class (model/tensor_override.h, model/offload.h experts_on_host; llama.cpp's
+// --cpu-moe, --n-cpu-moe, -ot): offloaded mixture-of-experts layers whose routed experts stay on the
+// host give the CPU's logits bit for bit on the virtual device, for every split and the KV on either
+// side; the device is charged what the plan says; rules the forward pass cannot follow are refused
+// naming the flag and pattern.
+//
+// Tolerance: none (as offload_test.cpp: the virtual device runs the host's kernels on copies of the
+// same bytes, the experts run on the host as in the CPU run, rows cross by memcpy).
+#include <gtest/gtest.h>
+
+#include <algorithm>
+#include <cstdint>
+#include <cstring>
+#include <numeric>
+#include <string>
+#include <vector>
+
+#include "backend/virtual_device.h"
+#include "engine/plan.h"
+#include "engine/plan_report.h"
+#include "gguf/gguf_reader.h"
+#include "kv/cache.h"
+#include "memory/device.h"
+#include "memory/pool.h"
+#include "model/model.h"
+#include "model/offload.h"
+#include "model/tensor_override.h"
+#include "model/tiny_llama.h"
+#include "ops/thread_pool.h"
+#include "test_support.h"
+
+namespace fitllm {
+namespace {
+
+std::string data(const std::string& name) {
+    return (test::source_dir() / "tests/model/data" / name).string();
+}
+
+test::TinyLlamaOptions qwen3moe() {
+    test::TinyLlamaOptions o;
+    o.arch = "qwen3moe";
+    o.qk_norm = true;
+    o.tied = true;
+    o.head_dim = 16;
+    o.expert_count = 6;
+    o.expert_used = 2;
+    return o;
+}
+
+// A prompt of 40 tokens in one batch (all rows), greedy steps, then two sequences in one batch and
+// a decode step of both: every logit, in order.
+std::vector<float> script(model::Model& m, ops::ThreadPool& pool) {
+    const int V = m.n_vocab();
+    std::vector<float> all;
+    {
+        std::vector<int32_t> tokens(40), pos(40);
+        for (int i = 0; i < 40; ++i) tokens[size_t(i)] = (i * 37 + 11) % std::min(V, 300);
+        std::iota(pos.begin(), pos.end(), 0);
+        kv::ModelCache cache = m.make_cache({.n_cells = 128, .block_size = 4}, 40);
+        std::vector<float> rows(40 * size_t(V));
+        m.forward(tokens, pos, cache, rows.data(), /*all_logits=*/true, pool);
+        all.insert(all.end(), rows.begin(), rows.end());
+        std::vector<float> row(rows.end() - V, rows.end());
+        for (int32_t p = 40; p < 44; ++p) {
+            const auto t = static_cast<int32_t>(std::max_element(row.begin(), row.end()) - row.begin());
+            m.forward(std::span(&t, 1), std::span(&p, 1), cache, row.data(), false, pool);
+            all.insert(all.end(), row.begin(), row.end());
+        }
+    }
+    kv::ModelCache cache = m.make_cache({.n_cells = 128, .n_seq_max = 2, .block_size = 4}, 16);
+    const std::vector<int32_t> tokens = {1, 9, 7, 4, 3, 12, 5}, pos = {0, 0, 1, 1, 2, 2, 3};
+    const std::vector<kv::SeqId> seq = {0, 1, 0, 1, 0, 1, 0};
+    std::vector<float> rows(7 * size_t(V));
+    m.forward({.tokens = tokens, .positions = pos, .seq_ids = seq, .all_logits = true}, cache, rows.data(), pool);
+    all.insert(all.end(), rows.begin(), rows.end());
+    const std::vector<int32_t> t2 = {8, 2}, p2 = {4, 3};
+    const std::vector<kv::SeqId> s2 = {0, 1};
+    m.forward({.tokens = t2, .positions = p2, .seq_ids = s2, .all_logits = true}, cache, rows.data(), pool);
+    all.insert(all.end(), rows.begin(), rows.begin() + 2 * V);
+    return all;
+}
+
+void expect_same(const std::vector<float>& want, const std::vector<float>& got) {
+    ASSERT_EQ(want.size(), got.size());
+    EXPECT_EQ(0, std::memcmp(want.data(), got.data(), want.size() * sizeof(float)));
+}
+
+struct Rules {
+    std::string name;
+    std::vector<model::TensorOverride> rules;
+};
+
+std::vector<Rules> host_expert_rules(int n_layer) {
+    return {{"--cpu-moe", model::cpu_moe_overrides(-1)},
+            {"--n-cpu-moe n_layer", model::cpu_moe_overrides(n_layer)},
+            {"-ot exps=CPU", model::parse_tensor_overrides("exps=CPU", "-ot")},
+            {"-ot attention on the device first, then the experts",
+             model::parse_tensor_overrides("blk\\.1\\.attn=VIRTUAL,ffn_(up|gate|down)_exps=cpu", "-ot")}};
+}
+
+// Every split, with each way of keeping the experts on the host, the KV on the device and on the
+// host: the CPU's logits; the device's "weights" pool holds what model::device_weight_bytes and the
+// plan say (no expert), its scratch what device_scratch_bytes says.
+TEST(ModelOffloadMoe, HostExpertsGiveTheLogitsOfTheCpu) {
+    ops::ThreadPool pool(2);
+    for (const char* f : {"tiny-qwen3moe-f16.gguf", "tiny-qwen3moe-q8_0.gguf", "tiny-qwen3moe-q4_k_m.gguf"}) {
+        SCOPED_TRACE(f);
+        const gguf::GgufFile file = gguf::GgufFile::open(data(f));
+        const auto cpu = model::Model::load(file);
+        const std::vector<float> want = script(*cpu, pool);
+        const int n_layer = cpu->hparams().n_layer;
+        const engine::ModelShape shape = engine::model_shape(file);
+        for (const Rules& r : host_expert_rules(n_layer)) {
+            for (int ngl = 1; ngl <= n_layer + 1; ++ngl) {
+                for (const bool offload_kv : {true, false}) {
+                    SCOPED_TRACE(r.name + ", -ngl " + std::to_string(ngl) + (offload_kv ? ", kv on device" : ""));
+                    backend::VirtualDevice dev("virtual", 256 << 20);
+                    auto m = model::Model::load(file, {.offload = &dev,
+                                                       .n_offload_layers = ngl,
+                                                       .offload_kv = offload_kv,
+                                                       .tensor_overrides = r.rules});
+                    const std::vector<bool> host =
+                        model::experts_on_host(model::tensor_names(file), m->hparams(), ngl, "virtual", r.rules);
+                    const uint64_t weights = dev.memory().pool(memory::pool_names::kWeights).live();
+                    EXPECT_EQ(weights, model::device_weight_bytes(file, m->hparams(), ngl, false, host));
+                    EXPECT_LT(weights, model::device_weight_bytes(file, m->hparams(), ngl));  // no expert copied
+                    const engine::Plan p = engine::make_plan(shape, {.n_ctx = 128,
+                                                                     .n_batch = 40,
+                                                                     .n_outputs = 40,
+                                                                     .n_threads = 2,
+                                                                     .device = "virtual",
+                                                                     .n_gpu_layers = ngl,
+                                                                     .kv_offload = offload_kv,
+                                                                     .tensor_overrides = r.rules});
+                    EXPECT_EQ(p.device.weights, weights);
+                    EXPECT_EQ(p.device.n_host_expert_layers, std::min(ngl, n_layer));
+                    expect_same(want, script(*m, pool));
+                    EXPECT_EQ(dev.memory().pool(memory::pool_names::kScratch).live() - dev.op_scratch_bytes(),
+                              model::device_scratch_bytes(m->hparams(), ngl, 40, 40));
+                    EXPECT_LE(dev.memory().pool(memory::pool_names::kScratch).peak(), p.device.scratch);
+                }
+            }
+        }
+    }
+}
+
+// A generated file whose device copies are then overwritten with NaNs on the host: the host reads
+// only its experts (and the embedding), never the copied tensors.
+TEST(ModelOffloadMoe, TheHostReadsOnlyItsExperts) {
+    ops::ThreadPool pool(2);
+    std::vector<std::byte> bytes = test::tiny_llama_bytes(qwen3moe());
+    const gguf::GgufFile file = gguf::GgufFile::parse(bytes, "tiny-moe.gguf");
+    const auto cpu = model::Model::load(file);
+    const int n_layer = cpu->hparams().n_layer;
+    const std::vector<float> want = script(*cpu, pool);
+    backend::VirtualDevice dev("virtual", 256 << 20);
+    const std::vector<model::TensorOverride> rules = model::cpu_moe_overrides(-1);
+    auto m = model::Model::load(file, {.offload = &dev, .n_offload_layers = n_layer + 1, .tensor_overrides = rules});
+    const std::vector<bool> host =
+        model::experts_on_host(model::tensor_names(file), m->hparams(), n_layer + 1, "virtual", rules);
+    int poisoned = 0;
+    for (const std::string& name : model::device_tensor_names(file, m->hparams(), n_layer + 1, host)) {
+        if (name == "token_embd.weight") continue;  // tied: the host embeds with it
+        EXPECT_FALSE(model::is_routed_block_tensor(name)) << name;
+        const gguf::TensorInfo& t = *file.find_tensor(name);
+        std::fill_n(bytes.begin() + static_cast<std::ptrdiff_t>(file.data_offset() + t.offset), t.n_bytes,
+                    std::byte{0xFF});
+        ++poisoned;
+    }
+    EXPECT_GT(poisoned, 10);
+    expect_same(want, script(*m, pool));
+}
+
+// A unified device reads the dense tensors in place and leaves the experts to the host: the same.
+TEST(ModelOffloadMoe, UnifiedDeviceWithHostExperts) {
+    ops::ThreadPool pool(2);
+    const gguf::GgufFile file = gguf::GgufFile::open(data("tiny-qwen3moe-q8_0.gguf"));
+    const auto cpu = model::Model::load(file);
+    memory::Device host("host", UINT64_MAX);
+    const auto dev = backend::open_unified_device("virtual", host);
+    auto m = model::Model::load(file, {.device = &host,
+                                       .offload = dev.get(),
+                                       .n_offload_layers = 3,
+                                       .tensor_overrides = model::cpu_moe_overrides(-1)});
+    expect_same(script(*cpu, pool), script(*m, pool));
+}
+
+std::string load_error(const gguf::GgufFile& file, int ngl, const std::vector<model::TensorOverride>& rules) {
+    backend::VirtualDevice dev("virtual", 256 << 20);
+    try {
+        model::Model::load(file, {.offload = &dev, .n_offload_layers = ngl, .tensor_overrides = rules});
+    } catch (const std::invalid_argument& e) {
+        return e.what();
+    }
+    return "(loaded)";
+}
+
+std::string parse_error(const std::string& list) {
+    try {
+        model::parse_tensor_overrides(list, "-ot");
+    } catch (const std::invalid_argument& e) {
+        return e.what();
+    }
+    return "(parsed)";
+}
+
+bool has(const std::string& text, const std::string& part) {
+    return text.find(part) != std::string::npos;
+}
+
+TEST(ModelOffloadMoe, RulesItCannotFollowAreRefusedByName) {
+    const gguf::GgufFile file = gguf::GgufFile::open(data("tiny-qwen3moe-q8_0.gguf"));  // 2 layers
+    const auto ot = [](const std::string& list) { return model::parse_tensor_overrides(list, "-ot"); };
+    // Experts on the device: the forward pass runs them on the host only.
+    std::string e = load_error(file, 1, {});
+    EXPECT_TRUE(has(e, "layer 1 of qwen3moe with its routed experts") && has(e, "--cpu-moe")) << e;
+    e = load_error(file, 2, model::cpu_moe_overrides(1));
+    EXPECT_TRUE(has(e, "layer 1 ") && has(e, "not kept on the host by --n-cpu-moe 1") && has(e, "--n-cpu-moe 2")) << e;
+    e = load_error(file, 2, ot("exps=virtual,exps=CPU"));  // the first rule decides
+    EXPECT_TRUE(has(e, "not kept on the host by -ot 'exps=virtual'")) << e;
+    // A tensor class the forward pass cannot split off.
+    e = load_error(file, 1, ot("attn_q=CPU"));
+    EXPECT_TRUE(has(e, "-ot 'attn_q=CPU'") && has(e, "blk.1.attn_q.weight of offloaded layer 1")) << e;
+    e = load_error(file, 3, ot("output_norm=CPU,exps=CPU"));
+    EXPECT_TRUE(has(e, "-ot 'output_norm=CPU'") && has(e, "output_norm.weight")) << e;
+    e = load_error(file, 1, ot("ffn_up_exps=CPU"));
+    EXPECT_TRUE(has(e, "-ot 'ffn_up_exps=CPU'") && has(e, "1 of the 3 expert tensors of offloaded layer 1")) << e;
+    // A host layer's tensor sent to the device.
+    e = load_error(file, 1, ot("blk\\.0\\.attn=virtual,exps=CPU"));
+    EXPECT_TRUE(has(e, "-ot 'blk\\.0\\.attn=virtual'") && has(e, "layer 0 runs on the host")) << e;
+    // Unknown devices, also without an offload device.
+    e = load_error(file, 1, ot("exps=CUDA0"));
+    EXPECT_TRUE(has(e, "-ot 'exps=CUDA0'") && has(e, "unknown device 'CUDA0'") && has(e, "CPU or virtual")) << e;
+    try {
+        model::Model::load(file, {.tensor_overrides = ot("exps=virtual")});
+        ADD_FAILURE() << "a device rule without a device";
+    } catch (const std::invalid_argument& x) {
+        EXPECT_TRUE(has(x.what(), "-ot 'exps=virtual'") && has(x.what(), "only CPU")) << x.what();
+    }
+    // Syntax.
+    e = parse_error("exps");
+    EXPECT_TRUE(has(e, "-ot 'exps'") && has(e, "expected REGEX=DEVICE")) << e;
+    e = parse_error("exps=CPU,=CPU");
+    EXPECT_TRUE(has(e, "-ot '=CPU'")) << e;
+    e = parse_error("ffn_(up=CPU");
+    EXPECT_TRUE(has(e, "-ot 'ffn_(up=CPU'") && has(e, "is not a regular expression")) << e;
+    EXPECT_EQ(parse_error("a=b=CPU"), "(parsed)");  // split at the last '='
+    EXPECT_EQ(model::parse_tensor_overrides("a=b=CPU", "-ot")[0].pattern, "a=b");
+    // Rules about host layers' tensors going to the host change nothing: a dense model loads.
+    const gguf::GgufFile dense = gguf::GgufFile::open(data("tiny-qwen3-q8_0.gguf"));
+    EXPECT_EQ(load_error(dense, 1, model::cpu_moe_overrides(-1)), "(loaded)");
+    EXPECT_EQ(load_error(dense, 1, ot("blk\\.0\\.=CPU")), "(loaded)");
+}
+
+// The plan: per device what is resident (the experts of the offloaded layers on the host, in its
+// resident weights), the same refusals.
+TEST(ModelOffloadMoe, ThePlanShowsWhereTheExpertsAre) {
+    const gguf::GgufFile file = gguf::GgufFile::open(data("tiny-qwen3moe-q8_0.gguf"));
+    const engine::ModelShape shape = engine::model_shape(file);
+    const engine::PlanParams base{.n_ctx = 128, .n_threads = 2, .device = "virtual", .n_gpu_layers = 3};
+    engine::PlanParams q = base;
+    q.tensor_overrides = model::cpu_moe_overrides(-1);
+    const engine::Plan p = engine::make_plan(shape, q);
+    const engine::Plan cpu = engine::make_plan(shape, {.n_ctx = 128, .n_threads = 2});
+    EXPECT_EQ(p.device.n_host_expert_layers, 2);
+    uint64_t routed = 0;
+    for (const uint64_t b : shape.layer_routed_bytes) routed += b;
+    EXPECT_GT(routed, shape.expert_bytes);  // and the routers
+    EXPECT_EQ(p.device.host_experts, routed);
+    // Every layer and the output on the device: the host keeps the globals (the embedding; the output
+    // when tied to it) and the routed-expert blocks.
+    EXPECT_EQ(p.weights_resident, shape.global_bytes - (shape.tied_output ? 0 : shape.output_bytes) + routed);
+    EXPECT_LT(p.weights_resident, cpu.weights_resident);
+    const std::string text = engine::plan_text(p, "test");
+    EXPECT_TRUE(has(text, "the routed experts of 2 offloaded layers")) << text;
+    EXPECT_TRUE(has(text, "the routed experts of 2 of them stay on the host")) << text;
+    const auto json = engine::plan_json(p, "test");
+    EXPECT_EQ(json.at("devices").at(1).at("host_expert_layers"), 2);
+    EXPECT_EQ(json.at("devices").at(1).at("host_experts"), routed);
+    try {
+        engine::make_plan(shape, base);
+        ADD_FAILURE() << "planned the experts on the device";
+    } catch (const std::invalid_argument& e) {
+        EXPECT_TRUE(has(e.what(), "--cpu-moe")) << e.what();
+    }
+    // Auto (-ngl unset) without --cpu-moe: no layer (the refused placements are skipped); with it, all.
+    engine::PlanParams a = base;
+    a.n_gpu_layers = -1;
+    EXPECT_EQ(engine::make_plan(shape, a).device.n_layer, 0);
+    a.tensor_overrides = model::cpu_moe_overrides(-1);
+    EXPECT_EQ(engine::make_plan(shape, a).device.n_layer, 2);
+    EXPECT_TRUE(engine::make_plan(shape, a).device.output);
+}
+
+}  // namespace
+}  // namespace fitllm
