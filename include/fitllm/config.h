@@ -104,7 +104,10 @@ struct ContextConfig {
     // recently used deleted first, and read back through host memory when a later request's
     // longest prefix is one of them. Their token lists stay in memory: at most
     // prompt_cache_disk / kPromptCacheDiskIndexShare bytes of them (the oldest files go first), part
-    // of the "prompt_cache" pool. The files go when the scheduler does. 0: none. Needs
+    // of the "prompt_cache" pool. The files go when the scheduler does, unless it has the model
+    // file's identity (engine::SchedulerOptions::prompt_cache_model, which serve gives) and
+    // prompt_cache_dir is set: then they are in prompt_cache_dir itself and a later scheduler of
+    // the same model file and KV layout takes them up (engine/prompt_cache.h). 0: none. Needs
     // prompt_cache_ram.
     uint64_t prompt_cache_disk = 0;
     static constexpr uint64_t kPromptCacheDiskIndexShare = 64;

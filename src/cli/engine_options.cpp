@@ -151,7 +151,9 @@ void add_prompt_cache_options(ArgParser& p, ContextConfig& context) {
              "back when a request shares them (default 0: none)",
              [&context](const std::string& v) { context.prompt_cache_disk = parse_size_option("--cache-disk", v); });
     p.option("--cache-dir", "DIR",
-             "where --cache-disk makes its directory of files (default: the system's temporary directory)",
+             "where --cache-disk keeps its files, which then outlive the server: a restart of the same model "
+             "file and KV layout takes them up (default: a directory of the server's in the system's temporary "
+             "directory, deleted when it stops)",
              &context.prompt_cache_dir);
 }
 

@@ -1,14 +1,17 @@
 #include "engine/prompt_cache.h"
 
 #include <fcntl.h>
+#include <sys/stat.h>
 #include <unistd.h>
 
 #include <algorithm>
 #include <cerrno>
 #include <cstring>
 #include <filesystem>
+#include <random>
 
 #include "fitllm/error.h"
+#include "gguf/gguf_reader.h"
 
 namespace fitllm::engine {
 
@@ -66,10 +69,11 @@ size_t least_recently_used(const std::vector<Entry>& entries) {
     return static_cast<size_t>(lru - entries.begin());
 }
 
-// Writes or reads all n bytes at offset 0 of fd; false on an error (errno set) or a short file.
-bool write_all(int fd, const std::byte* data, size_t n) {
+// Writes or reads all n bytes at `offset` of fd; false on an error (errno set) or a short file.
+bool write_all(int fd, const void* data, size_t n, uint64_t offset) {
+    const auto* bytes = static_cast<const std::byte*>(data);
     for (size_t done = 0; done < n;) {
-        const ssize_t w = ::pwrite(fd, data + done, n - done, static_cast<off_t>(done));
+        const ssize_t w = ::pwrite(fd, bytes + done, n - done, static_cast<off_t>(offset + done));
         if (w < 0 && errno == EINTR) continue;
         if (w <= 0) return false;
         done += static_cast<size_t>(w);
@@ -77,9 +81,10 @@ bool write_all(int fd, const std::byte* data, size_t n) {
     return true;
 }
 
-bool read_all(int fd, std::byte* data, size_t n) {
+bool read_all(int fd, void* data, size_t n, uint64_t offset) {
+    auto* bytes = static_cast<std::byte*>(data);
     for (size_t done = 0; done < n;) {
-        const ssize_t r = ::pread(fd, data + done, n - done, static_cast<off_t>(done));
+        const ssize_t r = ::pread(fd, bytes + done, n - done, static_cast<off_t>(offset + done));
         if (r < 0 && errno == EINTR) continue;
         if (r <= 0) return false;
         done += static_cast<size_t>(r);
@@ -87,26 +92,309 @@ bool read_all(int fd, std::byte* data, size_t n) {
     return true;
 }
 
+// A 64-bit hash of bytes, a word at a time (for identities and to catch corrupt files, not
+// against an adversary).
+class Hash {
+public:
+    void add(const void* data, size_t n) {
+        const auto* p = static_cast<const unsigned char*>(data);
+        size_t i = 0;
+        for (; i + 8 <= n; i += 8) {
+            uint64_t w;
+            std::memcpy(&w, p + i, 8);
+            word(w);
+        }
+        if (i < n) {
+            uint64_t w = 0;
+            std::memcpy(&w, p + i, n - i);
+            word(w ^ (uint64_t{n - i} << 59));
+        }
+        length_ += n;
+    }
+    template <class T>
+    void add_value(const T& v) {
+        add(&v, sizeof v);
+    }
+    uint64_t value() const {
+        uint64_t h = h_ ^ length_;
+        h ^= h >> 33;
+        h *= 0xff51afd7ed558ccdULL;
+        h ^= h >> 33;
+        return h;
+    }
+
+private:
+    void word(uint64_t w) {
+        h_ ^= w * 0x9E3779B97F4A7C15ULL;
+        h_ = (h_ << 27 | h_ >> 37) * 0xC2B2AE3D27D4EB4FULL + 0x165667B19E3779F9ULL;
+    }
+    uint64_t h_ = 0x27D4EB2F165667C5ULL;
+    uint64_t length_ = 0;
+};
+
+constexpr char kMagic[8] = {'F', 'I', 'T', 'L', 'L', 'M', 'K', 'V'};
+constexpr uint32_t kFileVersion = 1;
+constexpr const char* kFileSuffix = ".fitllm-prompt";
+constexpr size_t kMaxNotes = 8;
+
+std::string hex(uint64_t v) {
+    char buf[17];
+    std::snprintf(buf, sizeof buf, "%016llx", static_cast<unsigned long long>(v));
+    return buf;
+}
+
 }  // namespace
 
-PromptCache::PromptCache(kv::ModelCache& cache, const ContextConfig& context, memory::Pool& ram_pool)
-    : cache_(cache), context_(context), ram_pool_(ram_pool) {
-    for (int s = context_.n_seq + context_.n_cached_prompts - 1; s >= context_.n_seq; --s) free_ids_.push_back(s);
-    if (context_.prompt_cache_disk > 0) {
-        std::string base = context_.prompt_cache_dir;
-        if (base.empty()) base = std::filesystem::temp_directory_path().string();
-        std::string pattern = base + "/fitllm-prompts-XXXXXX";
-        if (mkdtemp(pattern.data()) == nullptr) {
-            throw ConfigError("--cache-dir: cannot make a directory for kept prompts in '" + base +
-                              "': " + std::strerror(errno));
-        }
-        disk_dir_ = pattern;
+uint64_t model_file_identity(const gguf::GgufFile& file) {
+    Hash h;
+    const std::span<const std::byte> bytes = file.bytes();
+    h.add_value(static_cast<uint64_t>(bytes.size()));
+    h.add(bytes.data(), std::min<size_t>(bytes.size(), file.data_offset()));
+    for (const gguf::TensorInfo& t : file.tensors()) {
+        const size_t n = std::min<size_t>(t.data.size(), 64);
+        h.add(t.data.data(), n);
+        h.add(t.data.data() + t.data.size() - n, n);
     }
+    const uint64_t v = h.value();
+    return v != 0 ? v : 1;
+}
+
+uint64_t kv_layout_identity(const kv::ModelCache& cache) {
+    Hash h;
+    h.add_value(cache.n_pools());
+    for (int p = 0; p < cache.n_pools(); ++p) {
+        const kv::KvCache& pool = cache.pool(p);
+        h.add_value(pool.params().window);
+        h.add_value(static_cast<uint64_t>(pool.cell_bytes()));
+        h.add_value(pool.n_layer());
+        for (int l = 0; l < pool.n_layer(); ++l) {
+            const kv::KvCache::LayerView v = pool.layer_view(l);
+            const int32_t fields[] = {static_cast<int32_t>(v.type_k),
+                                      static_cast<int32_t>(v.type_v),
+                                      v.n_head_kv,
+                                      v.head_dim_k,
+                                      v.head_dim_v,
+                                      v.rotated ? 1 : 0};
+            h.add(fields, sizeof fields);
+            const uint64_t rows[] = {v.k_row_bytes, v.k_head_bytes, v.v_row_bytes, v.v_head_bytes};
+            h.add(rows, sizeof rows);
+        }
+    }
+    return h.value();
+}
+
+PromptCache::PromptCache(kv::ModelCache& cache, const ContextConfig& context, memory::Pool& ram_pool, uint64_t model)
+    : cache_(cache), context_(context), ram_pool_(ram_pool), model_(model) {
+    for (int s = context_.n_seq + context_.n_cached_prompts - 1; s >= context_.n_seq; --s) free_ids_.push_back(s);
+    if (context_.prompt_cache_disk == 0) return;
+    layout_ = kv_layout_identity(cache_);
+    // Rows another run copies back must be the ones this run would compute: on the host, and no K
+    // transform fitted per run.
+    persistent_ = model_ != 0 && !context_.prompt_cache_dir.empty();
+    for (int p = 0; p < cache_.n_pools(); ++p) {
+        if (cache_.pool(p).params().external_storage || cache_.pool(p).shapes_keys()) persistent_ = false;
+    }
+    if (persistent_) {
+        disk_dir_ = context_.prompt_cache_dir;
+        std::error_code ec;
+        std::filesystem::create_directory(disk_dir_, ec);
+        if (!std::filesystem::is_directory(disk_dir_) || ::access(disk_dir_.c_str(), W_OK | X_OK) != 0) {
+            throw ConfigError("--cache-dir: '" + disk_dir_ + "' is not a directory this process can write" +
+                              (ec ? ": " + ec.message() : std::string()));
+        }
+    } else {
+        make_dir();
+    }
+    std::random_device random;
+    file_prefix_ = disk_dir_ + "/prompt-" + hex((uint64_t{random()} << 32) ^ random() ^ uint64_t(::getpid()));
+    if (persistent_) index_dir();
+}
+
+void PromptCache::make_dir() {
+    std::string base = context_.prompt_cache_dir;
+    if (base.empty()) base = std::filesystem::temp_directory_path().string();
+    std::string pattern = base + "/fitllm-prompts-XXXXXX";
+    if (mkdtemp(pattern.data()) == nullptr) {
+        throw ConfigError("--cache-dir: cannot make a directory for kept prompts in '" + base +
+                          "': " + std::strerror(errno));
+    }
+    disk_dir_ = pattern;
 }
 
 PromptCache::~PromptCache() {
+    if (persistent_) {
+        persist();
+        return;
+    }
     while (!disk_.empty()) drop_disk(disk_.size() - 1);
     if (!disk_dir_.empty()) ::rmdir(disk_dir_.c_str());
+}
+
+void PromptCache::persist() {
+    // Least recently used first, so that the files' times order them as their use did.
+    try {
+        while (evict()) {
+        }
+        while (!saved_.empty()) give_up_saved(least_recently_used(saved_));
+    } catch (const std::exception&) {
+        // Whatever is not written is computed again after the restart.
+    }
+}
+
+std::string PromptCache::check_head(const FileHead& h, uint64_t size, bool& foreign) const {
+    foreign = false;
+    if (std::memcmp(h.magic, kMagic, sizeof kMagic) != 0) return "not a fitllm prompt file (its first bytes)";
+    foreign = true;
+    if (h.version != kFileVersion)
+        return "format version " + std::to_string(h.version) + ", not " + std::to_string(kFileVersion);
+    if (h.model != model_) return "another model file";
+    if (h.layout != layout_) return "another KV layout (types, layers, heads or rows)";
+    if (h.n_tokens > static_cast<uint32_t>(context_.n_ctx)) {
+        return std::to_string(h.n_tokens) + " tokens, more than this context's " + std::to_string(context_.n_ctx);
+    }
+    foreign = false;
+    if (h.n_pools != static_cast<uint32_t>(cache_.n_pools())) {
+        return "a header of " + std::to_string(h.n_pools) + " pools, the cache has " + std::to_string(cache_.n_pools());
+    }
+    if (h.n_tokens == 0) return "a header of no tokens";
+    // The smallest file the counts allow: the place counts and tokens at least.
+    const uint64_t least = sizeof(FileHead) + 4ull * (h.n_pools + h.n_tokens);
+    if (size < least)
+        return "truncated: " + std::to_string(size) + " bytes, its header needs at least " + std::to_string(least);
+    return {};
+}
+
+std::string PromptCache::read_index(int fd, OnDisk& d) const {
+    const FileHead& h = d.head;
+    const size_t n_pools = h.n_pools;
+    std::vector<uint32_t> counts(n_pools);
+    if (!read_all(fd, counts.data(), n_pools * 4, sizeof(FileHead))) return "cannot read its place counts";
+    uint64_t n_places = 0, rows = 0;
+    for (size_t p = 0; p < n_pools; ++p) {
+        if (counts[p] > h.n_tokens) {
+            return "pool " + std::to_string(p) + " keeps " + std::to_string(counts[p]) + " positions of " +
+                   std::to_string(h.n_tokens) + " tokens";
+        }
+        n_places += counts[p];
+        rows += uint64_t{counts[p]} * cache_.pool(static_cast<int>(p)).cell_bytes();
+    }
+    if (rows != h.rows_bytes) {
+        return "a header of " + std::to_string(h.rows_bytes) + " bytes of rows, its positions take " +
+               std::to_string(rows);
+    }
+    d.rows_offset = sizeof(FileHead) + 4 * (n_pools + h.n_tokens + n_places);
+    const uint64_t want = d.rows_offset + rows;
+    if (d.bytes != want) {
+        return (d.bytes < want ? "truncated: " : "too long: ") + std::to_string(d.bytes) + " bytes, its header says " +
+               std::to_string(want);
+    }
+    // The place counts again, then the tokens and places: hashed as written, in one piece.
+    std::vector<int32_t> index(n_pools + h.n_tokens + n_places);
+    if (!read_all(fd, index.data(), index.size() * 4, sizeof(FileHead))) return "cannot read its tokens";
+    Hash hash;
+    FileHead zeroed = h;
+    zeroed.index_hash = 0;
+    hash.add_value(zeroed);
+    hash.add(index.data(), index.size() * 4);
+    if (hash.value() != h.index_hash || !std::equal(counts.begin(), counts.end(), index.begin(),
+                                                    [](uint32_t a, int32_t b) { return a == uint32_t(b); })) {
+        return "corrupt: its tokens and positions do not match their hash";
+    }
+    const auto tokens = index.begin() + static_cast<std::ptrdiff_t>(n_pools);
+    d.tokens.assign(tokens, tokens + h.n_tokens);
+    d.places.assign(n_pools, {});
+    auto it = tokens + h.n_tokens;
+    for (size_t p = 0; p < n_pools; ++p) {
+        std::vector<kv::Pos>& places = d.places[p];
+        places.assign(it, it + counts[p]);
+        it += counts[p];
+        for (size_t i = 0; i < places.size(); ++i) {
+            if (places[i] < 0 || places[i] >= static_cast<kv::Pos>(h.n_tokens) ||
+                (i > 0 && places[i] <= places[i - 1])) {
+                return "corrupt: pool " + std::to_string(p) + "'s positions are not ascending within its tokens";
+            }
+        }
+    }
+    return {};
+}
+
+void PromptCache::index_dir() {
+    // The files of this model and layout, their sizes and times first (headers only); then newest
+    // first, their tokens, within prompt_cache_disk and the index's share (older ones deleted).
+    struct Found {
+        OnDisk d;
+        struct timespec mtime {};
+    };
+    std::vector<Found> found;
+    const auto note = [&](const std::string& path, const std::string& why) {
+        if (notes_.size() < kMaxNotes) notes_.push_back(path + ": skipped, " + why);
+    };
+    std::error_code ec;
+    for (std::filesystem::directory_iterator it(disk_dir_, ec), end; !ec && it != end; it.increment(ec)) {
+        const std::string path = it->path().string();
+        if (!path.ends_with(kFileSuffix)) continue;
+        const int fd = ::open(path.c_str(), O_RDONLY | O_CLOEXEC | O_NOFOLLOW);
+        struct stat st {};
+        if (fd < 0 || ::fstat(fd, &st) != 0 || !S_ISREG(st.st_mode)) {
+            if (fd >= 0) ::close(fd);
+            continue;  // gone meanwhile, or not a file
+        }
+        Found f;
+        f.d.path = path;
+        f.d.bytes = static_cast<uint64_t>(st.st_size);
+        f.mtime = st.st_mtim;
+        bool foreign = false;
+        std::string why;
+        if (f.d.bytes < sizeof(FileHead) || !read_all(fd, &f.d.head, sizeof(FileHead), 0)) {
+            why = "truncated: " + std::to_string(f.d.bytes) + " bytes, less than a header";
+        } else {
+            why = check_head(f.d.head, f.d.bytes, foreign);
+        }
+        ::close(fd);
+        if (!why.empty()) {
+            ++(foreign ? n_disk_foreign_ : n_disk_bad_);
+            note(path, why);
+            continue;
+        }
+        found.push_back(std::move(f));
+    }
+    std::sort(found.begin(), found.end(), [](const Found& a, const Found& b) {
+        return a.mtime.tv_sec != b.mtime.tv_sec ? a.mtime.tv_sec > b.mtime.tv_sec : a.mtime.tv_nsec > b.mtime.tv_nsec;
+    });
+    const uint64_t index_limit = context_.prompt_cache_disk / ContextConfig::kPromptCacheDiskIndexShare;
+    for (Found& f : found) {
+        OnDisk& d = f.d;
+        const int fd = ::open(d.path.c_str(), O_RDONLY | O_CLOEXEC | O_NOFOLLOW);
+        if (fd < 0) continue;
+        std::string why = read_index(fd, d);
+        ::close(fd);
+        if (!why.empty()) {
+            ++n_disk_bad_;
+            note(d.path, why);
+            continue;
+        }
+        uint64_t held = d.tokens.size() * sizeof(int32_t);
+        for (const auto& places : d.places) held += places.size() * sizeof(kv::Pos);
+        bool room = disk_bytes_ + d.bytes <= context_.prompt_cache_disk && disk_index_bytes_ + held <= index_limit;
+        if (room) {
+            try {
+                d.tokens_charge = memory::Charge(ram_pool_, held, "a kept prompt's tokens (its rows on disk)");
+            } catch (const memory::BudgetError&) {
+                room = false;
+            }
+        }
+        if (!room) {
+            ::unlink(d.path.c_str());  // this model's, older than what fits: as least recently used
+            continue;
+        }
+        d.index_bytes = held;
+        disk_bytes_ += d.bytes;
+        disk_index_bytes_ += held;
+        ++n_disk_loaded_;
+        disk_.push_back(std::move(d));
+    }
+    // Oldest first: the least recently used.
+    for (size_t i = disk_.size(); i-- > 0;) disk_[i].last_used = ++clock_;
 }
 
 void PromptCache::keep(kv::SeqId seq, std::span<const int32_t> fed) {
@@ -154,16 +442,29 @@ int PromptCache::take(kv::SeqId seq, std::span<const int32_t> tokens, size_t mos
     // a longer one than host memory gives.
     const auto [best_saved, saved_n] = longest_stored_prefix(saved_, tokens, most, best.n, cache_);
     const auto [best_disk, disk_n] = longest_stored_prefix(disk_, tokens, most, saved_n, cache_);
+    // Copied back whole, a stored prompt is kept again when this request ends (its cells); one
+    // whose prefix only is taken (a system prompt another conversation shares) stays where it was.
     if (best_disk < disk_.size()) {
         Saved read;
-        if (read_disk(best_disk, read)) {  // through host memory: kept there again when this request ends
+        const bool part = disk_n < disk_[best_disk].tokens.size();
+        if (read_disk(best_disk, read, part)) {  // through host memory
             const int restored = restore(seq, read, static_cast<int>(disk_n));
             if (restored > 0) return restored;
         }
     } else if (best_saved < saved_.size()) {
+        // Out of the list while cells are made for it (which may give host memory's to disk).
+        saved_bytes_ -= memory::PoolBuffer<std::byte>::bytes_for(saved_[best_saved].rows.size());
         Saved saved = std::move(saved_[best_saved]);
-        drop_saved(best_saved);  // copied back, it is kept again when this request ends
+        saved_.erase(saved_.begin() + static_cast<std::ptrdiff_t>(best_saved));
         const int restored = restore(seq, saved, static_cast<int>(saved_n));
+        if (saved_n < saved.tokens.size()) {
+            const uint64_t charged = memory::PoolBuffer<std::byte>::bytes_for(saved.rows.size());
+            if (make_room_in_host_memory(charged)) {
+                saved.last_used = ++clock_;
+                saved_bytes_ += charged;
+                saved_.push_back(std::move(saved));
+            }
+        }
         if (restored > 0) return restored;
     }
     if (best.seq < 0) return 0;
@@ -265,17 +566,44 @@ void PromptCache::write_disk(Saved sp) {
     for (size_t i = disk_.size(); i-- > 0;) {
         if (starts(sp.tokens, disk_[i].tokens)) drop_disk(i);
     }
-    while (disk_bytes_ + bytes > context_.prompt_cache_disk && !disk_.empty()) {
-        drop_disk(least_recently_used(disk_));
-    }
     OnDisk d{.tokens = std::move(sp.tokens),
              .places = std::move(sp.places),
-             .path = disk_dir_ + "/prompt-" + std::to_string(++disk_serial_) + ".kv",
-             .bytes = bytes,
+             .path = file_prefix_ + "-" + std::to_string(++disk_serial_) + kFileSuffix,
+             .head = {},
+             .bytes = 0,
+             .rows_offset = 0,
+             .index_bytes = 0,
              .last_used = sp.last_used,
              .tokens_charge = {}};
     uint64_t held = d.tokens.size() * sizeof(int32_t);
     for (const auto& places : d.places) held += places.size() * sizeof(kv::Pos);
+    // The header: place counts, tokens, places.
+    std::vector<int32_t> index;
+    index.reserve(d.places.size() + held / 4);
+    for (const auto& places : d.places) index.push_back(static_cast<int32_t>(places.size()));
+    index.insert(index.end(), d.tokens.begin(), d.tokens.end());
+    for (const auto& places : d.places) index.insert(index.end(), places.begin(), places.end());
+    FileHead& h = d.head;
+    std::memcpy(h.magic, kMagic, sizeof kMagic);
+    h.version = kFileVersion;
+    h.n_pools = static_cast<uint32_t>(d.places.size());
+    h.model = model_;
+    h.layout = layout_;
+    h.n_tokens = static_cast<uint32_t>(d.tokens.size());
+    h.rows_bytes = bytes;
+    Hash rows_hash;
+    rows_hash.add(sp.rows.data(), bytes);
+    h.rows_hash = rows_hash.value();
+    Hash index_hash;
+    index_hash.add_value(h);  // index_hash 0
+    index_hash.add(index.data(), index.size() * 4);
+    h.index_hash = index_hash.value();
+    d.rows_offset = sizeof(FileHead) + index.size() * 4;
+    d.bytes = d.rows_offset + bytes;
+    if (d.bytes > context_.prompt_cache_disk) return;
+    while (disk_bytes_ + d.bytes > context_.prompt_cache_disk && !disk_.empty()) {
+        drop_disk(least_recently_used(disk_));
+    }
     const uint64_t index_limit = context_.prompt_cache_disk / ContextConfig::kPromptCacheDiskIndexShare;
     if (held > index_limit) return;
     while (disk_index_bytes_ + held > index_limit && !disk_.empty()) {
@@ -287,19 +615,24 @@ void PromptCache::write_disk(Saved sp) {
     } catch (const memory::BudgetError&) {
         return;  // no room for its token list: dropped, as without --cache-disk
     }
-    // Written, synced and dropped from the page cache (which a memory cgroup counts).
-    const int fd = ::open(d.path.c_str(), O_WRONLY | O_CREAT | O_EXCL | O_CLOEXEC, 0600);
-    bool ok = fd >= 0 && write_all(fd, sp.rows.data(), bytes) && ::fdatasync(fd) == 0;
+    // Written under a temporary name, synced and dropped from the page cache (which a memory
+    // cgroup counts), then renamed: a file of that name is whole.
+    const std::string temp = d.path + ".tmp";
+    const int fd = ::open(temp.c_str(), O_WRONLY | O_CREAT | O_EXCL | O_CLOEXEC, 0600);
+    bool ok = fd >= 0 && write_all(fd, &h, sizeof h, 0) &&
+              write_all(fd, index.data(), index.size() * 4, sizeof(FileHead)) &&
+              write_all(fd, sp.rows.data(), bytes, d.rows_offset) && ::fdatasync(fd) == 0;
     if (fd >= 0) {
         ::posix_fadvise(fd, 0, 0, POSIX_FADV_DONTNEED);
         ok = ::close(fd) == 0 && ok;
     }
+    ok = ok && ::rename(temp.c_str(), d.path.c_str()) == 0;
     if (!ok) {
-        ::unlink(d.path.c_str());
+        ::unlink(temp.c_str());
         ++n_disk_failures_;
         return;
     }
-    disk_bytes_ += bytes;
+    disk_bytes_ += d.bytes;
     disk_index_bytes_ += held;
     disk_.push_back(std::move(d));
 }
@@ -311,18 +644,19 @@ void PromptCache::drop_disk(size_t i) {
     disk_.erase(disk_.begin() + static_cast<std::ptrdiff_t>(i));
 }
 
-bool PromptCache::read_disk(size_t i, Saved& out) {
+bool PromptCache::read_disk(size_t i, Saved& out, bool keep) {
     OnDisk d = std::move(disk_[i]);
     disk_bytes_ -= d.bytes;
     disk_index_bytes_ -= d.index_bytes;
     disk_.erase(disk_.begin() + static_cast<std::ptrdiff_t>(i));
-    const uint64_t charged = memory::PoolBuffer<std::byte>::bytes_for(d.bytes);
+    const uint64_t rows = d.head.rows_bytes;
+    const uint64_t charged = memory::PoolBuffer<std::byte>::bytes_for(rows);
     bool ok = make_room_in_host_memory(charged);
     if (ok) {
         try {
-            out = Saved{.tokens = std::move(d.tokens),
-                        .places = std::move(d.places),
-                        .rows = memory::PoolBuffer<std::byte>(ram_pool_, d.bytes, "a kept prompt's K/V rows"),
+            out = Saved{.tokens = keep ? d.tokens : std::move(d.tokens),
+                        .places = keep ? d.places : std::move(d.places),
+                        .rows = memory::PoolBuffer<std::byte>(ram_pool_, rows, "a kept prompt's K/V rows"),
                         .last_used = d.last_used};
         } catch (const memory::BudgetError&) {
             ok = false;
@@ -330,17 +664,42 @@ bool PromptCache::read_disk(size_t i, Saved& out) {
     }
     bool failed = false;
     if (ok) {
-        const int fd = ::open(d.path.c_str(), O_RDONLY | O_CLOEXEC);
-        ok = fd >= 0 && read_all(fd, out.rows.data(), d.bytes);
+        // The file as written: the same header, size and rows (another process may have deleted
+        // it; nothing else writes a file of its name).
+        const int fd = ::open(d.path.c_str(), O_RDONLY | O_CLOEXEC | O_NOFOLLOW);
+        struct stat st {};
+        FileHead head{};
+        ok = fd >= 0 && ::fstat(fd, &st) == 0 && static_cast<uint64_t>(st.st_size) == d.bytes &&
+             read_all(fd, &head, sizeof head, 0) && std::memcmp(&head, &d.head, sizeof head) == 0 &&
+             read_all(fd, out.rows.data(), rows, d.rows_offset);
+        if (ok) {
+            Hash hash;
+            hash.add(out.rows.data(), rows);
+            ok = hash.value() == d.head.rows_hash;
+        }
         if (fd >= 0) {
             ::posix_fadvise(fd, 0, 0, POSIX_FADV_DONTNEED);
             ::close(fd);
         }
         failed = !ok;
     }
-    ::unlink(d.path.c_str());
     if (failed) ++n_disk_failures_;
     if (ok) ++n_disk_reads_;
+    if (ok && keep) {
+        // Back in the list, as used now (what was written while it was out may leave no room).
+        const uint64_t index_limit = context_.prompt_cache_disk / ContextConfig::kPromptCacheDiskIndexShare;
+        while (
+            (disk_bytes_ + d.bytes > context_.prompt_cache_disk || disk_index_bytes_ + d.index_bytes > index_limit) &&
+            !disk_.empty()) {
+            drop_disk(least_recently_used(disk_));
+        }
+        d.last_used = ++clock_;
+        disk_bytes_ += d.bytes;
+        disk_index_bytes_ += d.index_bytes;
+        disk_.push_back(std::move(d));
+    } else {
+        ::unlink(d.path.c_str());
+    }
     return ok;
 }
 
@@ -405,7 +764,10 @@ PromptCache::Counters PromptCache::counters() const {
     return {.n_evictions = n_evictions_.load(),
             .n_restores = n_restores_.load(),
             .n_disk_reads = n_disk_reads_.load(),
-            .n_disk_failures = n_disk_failures_.load()};
+            .n_disk_failures = n_disk_failures_.load(),
+            .n_disk_loaded = n_disk_loaded_,
+            .n_disk_foreign = n_disk_foreign_,
+            .n_disk_bad = n_disk_bad_};
 }
 
 }  // namespace fitllm::engine

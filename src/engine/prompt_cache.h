@@ -16,8 +16,21 @@
 // nor before the K transforms are fitted (kv::KvCache::rows_stable()).
 //
 // Disk: what host memory gives up goes to files (at most prompt_cache_disk bytes, least recently
-// used deleted first) in a directory made for this cache under prompt_cache_dir, and comes back
-// through host memory the same way. Their token lists stay in host memory (charged).
+// used deleted first) and comes back through host memory the same way. Their token lists stay in
+// host memory (charged). Each file starts with a header: a format version, the identities of the
+// model file and of the KV layout, the token list and the positions each pool kept, hashed, then
+// the rows (hashed too, checked when read back). Written to a temporary name and renamed, so a
+// reader never sees half a file; names are unique per process, so servers sharing a directory
+// never write the same file.
+//
+// Persistent (a model identity given, prompt_cache_dir set, K/V rows on the host and no pool
+// shaping K): the files are in prompt_cache_dir itself and outlive the cache. At its end, the
+// prompts in the cells and in host memory are written there too; at its start, the files already
+// there of the same model file and KV layout are indexed, newest first, within prompt_cache_disk
+// (older ones deleted), and the others skipped and counted: of another model, layout or format
+// version (left alone), truncated or corrupt (left alone too). Otherwise the files are in a
+// directory made for this cache under prompt_cache_dir (the system's temporary directory when
+// empty), deleted with it.
 //
 // A sliding-window pool holds only a window of each prompt, so a prefix is taken only where the
 // window before it is still there.
@@ -40,16 +53,34 @@
 #include "kv/cache.h"
 #include "memory/pool.h"
 
+namespace fitllm::gguf {
+class GgufFile;
+}
+
 namespace fitllm::engine {
+
+// An identity of a model file for the prompt cache's files (never 0): a hash of its size, its
+// header (metadata and tensor table) and the first and last bytes of every tensor's data.
+uint64_t model_file_identity(const gguf::GgufFile& file);
+// An identity of the rows a cache's cells hold: per pool, per layer, the K and V types, heads,
+// head sizes, rotation and row bytes, and the pool's window.
+uint64_t kv_layout_identity(const kv::ModelCache& cache);
 
 class PromptCache {
 public:
     // The sequence ids context.n_seq .. context.n_seq + context.n_cached_prompts - 1 of cache are
     // its. context is the scheduler's (n_batch: the most positions placed at once when rows are
-    // copied back). Host memory for rows and disk token lists is charged to ram_pool. With
-    // prompt_cache_disk, makes its directory; throws ConfigError when it cannot.
-    PromptCache(kv::ModelCache& cache, const ContextConfig& context, memory::Pool& ram_pool);
-    ~PromptCache();  // deletes its files and directory
+    // copied back). Host memory for rows and disk token lists is charged to ram_pool. model: the
+    // model file's identity (model_file_identity(); 0: none, the files are not kept). With
+    // prompt_cache_disk, makes its directory, or indexes the files of an earlier run (persistent);
+    // throws ConfigError when it cannot.
+    PromptCache(kv::ModelCache& cache, const ContextConfig& context, memory::Pool& ram_pool, uint64_t model = 0);
+    // Persistent: writes the prompts in the cells and host memory to files; else deletes its files
+    // and directory.
+    ~PromptCache();
+    bool persistent() const { return persistent_; }
+    // Persistent: what the start found in the directory, a line per file skipped (at most a few).
+    const std::vector<std::string>& notes() const { return notes_; }
     PromptCache(const PromptCache&) = delete;
     PromptCache& operator=(const PromptCache&) = delete;
 
@@ -96,6 +127,9 @@ public:
         uint64_t n_restores = 0;       // prompts copied back from host memory into cells
         uint64_t n_disk_reads = 0;     // read back from files into host memory
         uint64_t n_disk_failures = 0;  // writes or reads that failed (the prompt dropped)
+        // Persistent, at the start: files of an earlier run indexed; skipped as another model's,
+        // KV layout's or format version's; skipped as truncated or corrupt.
+        uint64_t n_disk_loaded = 0, n_disk_foreign = 0, n_disk_bad = 0;
     };
     Counters counters() const;
 
@@ -111,15 +145,41 @@ private:
         memory::PoolBuffer<std::byte> rows;        // per pool in turn, each position's cell_bytes()
         uint64_t last_used = 0;
     };
+    // A file's fixed header (prompt_cache.cpp); the pools' place counts, the tokens and the places
+    // follow (int32 each), then the rows.
+    struct FileHead {
+        char magic[8];
+        uint32_t version;
+        uint32_t n_pools;
+        uint64_t model;   // model_file_identity()
+        uint64_t layout;  // kv_layout_identity()
+        uint32_t n_tokens;
+        uint32_t reserved;
+        uint64_t rows_bytes;
+        uint64_t rows_hash;
+        uint64_t index_hash;  // of this header (index_hash 0) and what follows up to the rows
+    };
+    static_assert(sizeof(FileHead) == 64);
     struct OnDisk {
         std::vector<int32_t> tokens;
         std::vector<std::vector<kv::Pos>> places;
         std::string path;
-        uint64_t bytes = 0;        // of rows, in the file
+        FileHead head{};
+        uint64_t bytes = 0;        // the file's (charged to prompt_cache_disk)
+        uint64_t rows_offset = 0;  // where its rows start
         uint64_t index_bytes = 0;  // of tokens and places, in host memory
         uint64_t last_used = 0;
         memory::Charge tokens_charge;  // tokens and places, in host memory
     };
+    void make_dir();   // the directory of a cache that is not persistent
+    void index_dir();  // persistent: the files an earlier run left
+    void persist();    // persistent: the prompts in the cells and host memory to files
+    // A file's header checked against this cache (nothing read past `size` bytes); empty when it is
+    // this cache's, else why not (foreign: another model, layout or version, or longer than the context).
+    std::string check_head(const FileHead& h, uint64_t size, bool& foreign) const;
+    // Reads a checked file's place counts, tokens and places into d (tokens, places, head, bytes,
+    // rows_offset); empty when they hold together, else why not.
+    std::string read_index(int fd, OnDisk& d) const;
     void save(const Kept& c);  // into host memory, when there is room for it
     void drop_saved(size_t i);
     void give_up_saved(size_t i);  // host memory's: to disk with --cache-disk, else dropped
@@ -128,7 +188,8 @@ private:
     bool make_room_in_host_memory(uint64_t charged);
     void write_disk(Saved sp);  // when the disk has room for it (else dropped)
     void drop_disk(size_t i);
-    bool read_disk(size_t i, Saved& out);                   // into host memory; the entry is gone either way
+    // Into host memory; the entry (and its file) is gone, unless `keep` and it was read.
+    bool read_disk(size_t i, Saved& out, bool keep);
     int restore(kv::SeqId seq, const Saved& saved, int n);  // its first n tokens into seq's cells
 
     kv::ModelCache& cache_;
@@ -141,10 +202,15 @@ private:
     std::vector<OnDisk> disk_;
     uint64_t disk_bytes_ = 0;
     uint64_t disk_index_bytes_ = 0;  // at most prompt_cache_disk / ContextConfig::kPromptCacheDiskIndexShare
-    std::string disk_dir_;           // made for this cache under ContextConfig::prompt_cache_dir
+    std::string disk_dir_;           // persistent: prompt_cache_dir; else made for this cache under it
+    std::string file_prefix_;        // disk_dir_ + "/prompt-" + a random tag of this cache's
     uint64_t disk_serial_ = 0;
+    uint64_t model_ = 0, layout_ = 0;
+    bool persistent_ = false;
+    std::vector<std::string> notes_;
     uint64_t clock_ = 0;
     std::atomic<uint64_t> n_evictions_{0}, n_restores_{0}, n_disk_reads_{0}, n_disk_failures_{0};
+    uint64_t n_disk_loaded_ = 0, n_disk_foreign_ = 0, n_disk_bad_ = 0;  // set by the constructor
 };
 
 }  // namespace fitllm::engine

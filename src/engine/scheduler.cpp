@@ -111,7 +111,7 @@ Scheduler::Scheduler(model::Model& model, const tokenizer::Tokenizer& tokenizer,
       options_(options),
       compute_(compute),
       cache_(make_cache(model, context_, device)),
-      prompts_(cache_, context_, pool_of(device, memory::pool_names::kPromptCache)),
+      prompts_(cache_, context_, pool_of(device, memory::pool_names::kPromptCache), options.prompt_cache_model),
       logits_(make_logits(model, logit_rows(context_), device)),
       overhead_pool_(&pool_of(device, memory::pool_names::kOverhead)) {
     kv_bytes_ = cache_.bytes();
@@ -255,6 +255,9 @@ SchedulerStats Scheduler::stats() const {
     s.n_cache_restores = c.n_restores;
     s.n_disk_reads = c.n_disk_reads;
     s.n_disk_failures = c.n_disk_failures;
+    s.n_disk_loaded = c.n_disk_loaded;
+    s.n_disk_foreign = c.n_disk_foreign;
+    s.n_disk_bad = c.n_disk_bad;
     return s;
 }
 

@@ -54,6 +54,11 @@ namespace fitllm::engine {
 
 struct SchedulerOptions {
     int max_queue = 64;  // requests that may wait for a slot; more get QueueFullError
+    // The model file's identity (engine::model_file_identity()): with ContextConfig's
+    // prompt_cache_disk and prompt_cache_dir, the prompt cache's files outlive the scheduler and a
+    // later one of the same model file and KV layout takes them up (engine/prompt_cache.h).
+    // 0: the files go with the scheduler.
+    uint64_t prompt_cache_model = 0;
     // Speculative decoding by prompt lookup (engine/lookup.h; serve --lookup): each decoding
     // sequence drafts up to n_draft tokens from its own tokens, fed after its last token in the
     // step's batch with a row of logits each, and keeps what the model agrees with
@@ -104,6 +109,9 @@ struct SchedulerStats {
     uint64_t disk_prompt_bytes = 0;       // their rows
     uint64_t n_disk_reads = 0;            // read back into host memory
     uint64_t n_disk_failures = 0;         // writes or reads that failed (the prompt dropped)
+    uint64_t n_disk_loaded = 0;           // files of an earlier run taken up at the start
+    uint64_t n_disk_foreign = 0;          // files there of another model, KV layout or version (skipped)
+    uint64_t n_disk_bad = 0;              // files there truncated or corrupt (skipped)
     int n_cached_prompts = 0;             // prompts kept now
     int cached_prompt_tokens = 0;         // their tokens, summed (a prefix two of them share counts twice)
     uint64_t n_steps = 0;
@@ -149,6 +157,8 @@ public:
     const ContextConfig& context() const { return context_; }
     // The KV cache every request shares (its bookkeeping belongs to the scheduler thread).
     const kv::ModelCache& cache() const { return cache_; }
+    // The prompt cache (its notes(), persistent(); the rest belongs to the scheduler thread).
+    const PromptCache& prompt_cache() const { return prompts_; }
     int n_ctx() const { return context_.n_ctx; }
     size_t kv_bytes() const { return kv_bytes_; }
     // The vocabulary as a grammar sees it (sampling/grammar.h), built on first use and kept (a few

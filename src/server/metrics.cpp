@@ -142,6 +142,15 @@ std::string Metrics::prometheus_text(ModelRegistry& registry, const TransportSta
     gauge("fitllm_prompt_cache_disk_failures_total", "counter",
           "kept prompts dropped because their file could not be written or read",
           [](const SchedulerStats& s) { return s.n_disk_failures; });
+    gauge("fitllm_prompt_cache_disk_loaded_total", "counter",
+          "kept prompts' files of an earlier run taken up at the start (--cache-dir)",
+          [](const SchedulerStats& s) { return s.n_disk_loaded; });
+    gauge("fitllm_prompt_cache_disk_skipped_total", "counter",
+          "files in --cache-dir skipped at the start: of another model, KV layout or format version",
+          [](const SchedulerStats& s) { return s.n_disk_foreign; });
+    gauge("fitllm_prompt_cache_disk_corrupt_total", "counter",
+          "files in --cache-dir skipped at the start: truncated or corrupt",
+          [](const SchedulerStats& s) { return s.n_disk_bad; });
     gauge("fitllm_forward_steps_total", "counter", "forward passes run",
           [](const SchedulerStats& s) { return s.n_steps; });
 

@@ -43,10 +43,27 @@ LoadedModel::LoadedModel(std::string id, const std::filesystem::path& path, cons
                      plan.device.name.c_str(), memory::format_size(plan.device.total()).c_str());
     }
     try {
+        engine::SchedulerOptions scheduler = options.scheduler;
+        // --cache-dir's files of this model file outlive the server (engine/prompt_cache.h).
+        if (engine_->context().prompt_cache_disk > 0) {
+            scheduler.prompt_cache_model = engine::model_file_identity(engine_->file());
+        }
         scheduler_ = std::make_unique<engine::Scheduler>(engine_->model(), engine_->tokenizer(), engine_->context(),
-                                                         options.scheduler, engine_->compute(), &engine_->host());
+                                                         scheduler, engine_->compute(), &engine_->host());
     } catch (const memory::BudgetError& e) {
         throw ApiError(503, "insufficient_memory", "budget_busy", model + e.what());
+    }
+    if (scheduler_->prompt_cache().persistent()) {
+        const engine::SchedulerStats st = scheduler_->stats();
+        std::fprintf(stderr,
+                     "fitllm serve: model '%s': prompt cache: %llu prompts taken up from %s; %llu files of "
+                     "another model or KV layout, %llu truncated or corrupt (skipped)\n",
+                     id_.c_str(), static_cast<unsigned long long>(st.n_disk_loaded),
+                     engine_->context().prompt_cache_dir.c_str(), static_cast<unsigned long long>(st.n_disk_foreign),
+                     static_cast<unsigned long long>(st.n_disk_bad));
+        for (const std::string& note : scheduler_->prompt_cache().notes()) {
+            std::fprintf(stderr, "fitllm serve: model '%s': prompt cache: %s\n", id_.c_str(), note.c_str());
+        }
     }
     load_seconds_ = seconds_since(start);
 }

@@ -2,10 +2,14 @@
 // with a finished one computes only the rest, gives the text it gives without the cache, and kept
 // prompts give their cells back when requests need them. On the tiny Llama, and on the demo
 // model (Gemma 3) for its sliding-window pools.
+#include "engine/prompt_cache.h"
+
 #include <gtest/gtest.h>
 
+#include <algorithm>
 #include <chrono>
 #include <filesystem>
+#include <fstream>
 #include <memory>
 #include <string>
 #include <thread>
@@ -190,6 +194,12 @@ TEST_F(PromptCache, EvictedPromptsComeBackFromHostMemoryBitForBit) {
     EXPECT_EQ(b.n_cached, static_cast<int>(first.size()) + 5);
     st = settled(s);
     EXPECT_EQ(st.n_cache_restores, 1u);
+    // Host memory holds the second conversation now (the first's next turn took its cells): its
+    // rows' bytes only, the first's given back when they were copied into cells.
+    EXPECT_EQ(st.n_saved_prompts, 1);
+    const size_t fox_fed = ids("The quick brown fox").size() + 5;
+    EXPECT_EQ(st.saved_prompt_bytes,
+              memory::PoolBuffer<std::byte>::bytes_for(fox_fed * s.cache().pool(0).cell_bytes()));
 
     ContextConfig plain = c;
     plain.n_cached_prompts = 0;
@@ -305,6 +315,182 @@ TEST_F(PromptCache, DiskNeedsHostMemoryAndAPlaceForItsFiles) {
     } catch (const ConfigError& e) {
         EXPECT_NE(std::string(e.what()).find("/nonexistent/fitllm"), std::string::npos) << e.what();
     }
+}
+
+// --cache-dir with the model file's identity: the files outlive the scheduler. The first one's end
+// writes the prompt it keeps in its cells to a file; the second takes it up at its start and
+// answers the conversation's next turn from it, bit for bit as a recomputation.
+class PersistentPromptCache : public PromptCache {
+protected:
+    void SetUp() override {
+        dir_ = std::filesystem::temp_directory_path() /
+               ("fitllm-persistent-prompts-" + std::to_string(::testing::UnitTest::GetInstance()->random_seed()) + "-" +
+                ::testing::UnitTest::GetInstance()->current_test_info()->name());
+        std::filesystem::remove_all(dir_);
+        std::filesystem::create_directories(dir_);
+        c_.prompt_cache_ram = 16u << 20;
+        c_.prompt_cache_disk = 16u << 20;
+        c_.prompt_cache_dir = dir_.string();
+        options_.prompt_cache_model = model_file_identity(llama_->file);
+    }
+    void TearDown() override { std::filesystem::remove_all(dir_); }
+    std::vector<std::filesystem::path> files() const {
+        std::vector<std::filesystem::path> out;
+        for (const auto& e : std::filesystem::directory_iterator(dir_)) out.push_back(e.path());
+        std::sort(out.begin(), out.end());
+        return out;
+    }
+    // A first turn in a scheduler of its own, kept in a file when it ends.
+    Job::Update first_turn(const std::vector<int32_t>& prompt, ContextConfig c, SchedulerOptions o) {
+        Scheduler s(*llama_->model, llama_->tokenizer, c, o, *compute_);
+        Job::Update a = s.submit(prompt, greedy(6))->wait_all();
+        settled(s);
+        return a;
+    }
+    // The next turn of `first` (answered a) in a scheduler that starts on the directory; expects
+    // `cached` tokens taken from the files and the logprobs of a recomputation.
+    SchedulerStats next_turn(const std::vector<int32_t>& first, const Job::Update& a, int cached) {
+        const std::vector<int32_t> next = concat(concat(first, sampled_ids(a)), ids(" and so", false));
+        GenerationParams p = greedy(8);
+        p.top_logprobs = 5;
+        Scheduler s(*llama_->model, llama_->tokenizer, c_, options_, *compute_);
+        EXPECT_TRUE(s.prompt_cache().persistent());
+        const Job::Update b = s.submit(next, p)->wait_all();
+        EXPECT_EQ(b.n_cached, cached);
+        const SchedulerStats st = settled(s);
+        ContextConfig plain = c_;
+        plain.n_cached_prompts = 0;
+        plain.prompt_cache_ram = 0;
+        plain.prompt_cache_disk = 0;
+        Scheduler fresh(*llama_->model, llama_->tokenizer, plain, {}, *compute_);
+        expect_same_logprobs(b, fresh.submit(next, p)->wait_all());
+        return st;
+    }
+    std::filesystem::path dir_;
+    ContextConfig c_{.n_ctx = 256, .n_seq = 1, .n_batch = 1, .n_cached_prompts = 1};
+    SchedulerOptions options_;
+};
+
+TEST_F(PersistentPromptCache, ARestartedSchedulerAnswersTheNextTurnFromTheFiles) {
+    const std::vector<int32_t> first = ids("Once upon a time there was");
+    const Job::Update a = first_turn(first, c_, options_);
+    // One whole file, in the directory itself.
+    const std::vector<std::filesystem::path> made = files();
+    ASSERT_EQ(made.size(), 1u);
+    EXPECT_EQ(made[0].extension(), ".fitllm-prompt");
+    EXPECT_TRUE(std::filesystem::is_regular_file(made[0]));
+
+    const SchedulerStats st = next_turn(first, a, static_cast<int>(first.size()) + 5);
+    EXPECT_EQ(st.n_disk_loaded, 1u);
+    EXPECT_EQ(st.n_disk_reads, 1u);
+    EXPECT_EQ(st.n_cache_restores, 1u);
+    EXPECT_EQ(st.n_disk_failures, 0u);
+    EXPECT_EQ(st.n_disk_foreign + st.n_disk_bad, 0u);
+    // The second scheduler's end wrote the longer conversation; the file it read is gone.
+    const std::vector<std::filesystem::path> after = files();
+    ASSERT_EQ(after.size(), 1u);
+    EXPECT_NE(after[0], made[0]);
+}
+
+TEST_F(PersistentPromptCache, FilesOfAnotherModelOrLayoutAndBrokenOnesAreSkipped) {
+    const std::vector<int32_t> first = ids("Once upon a time there was");
+    const Job::Update a = first_turn(first, c_, options_);
+    const std::filesystem::path good = files().at(0);
+    // Another model file's (its identity), another KV layout's (q8_0 V), both of other prompts.
+    SchedulerOptions other = options_;
+    other.prompt_cache_model = options_.prompt_cache_model + 1;
+    first_turn(ids("The quick brown fox"), c_, other);
+    ContextConfig q8 = c_;
+    q8.type_v = KvType::q8_0;
+    first_turn(ids("Call me Ishmael"), q8, options_);
+    ASSERT_EQ(files().size(), 3u);
+    // Broken copies of the good one: truncated in its rows, in its header, a token changed, and
+    // files that are no prompt file at all.
+    const auto copy = [&](const std::string& name) {
+        const std::filesystem::path to = dir_ / name;
+        std::filesystem::copy_file(good, to);
+        return to;
+    };
+    const uint64_t size = std::filesystem::file_size(good);
+    std::filesystem::resize_file(copy("rows-cut.fitllm-prompt"), size - 10);
+    std::filesystem::resize_file(copy("head-cut.fitllm-prompt"), 40);
+    {
+        std::fstream f(copy("token.fitllm-prompt"), std::ios::in | std::ios::out | std::ios::binary);
+        f.seekp(64 + 4 + 4);  // the second token (after the pool's place count)
+        f.put('\x7f');
+    }
+    {
+        std::ofstream f(dir_ / "garbage.fitllm-prompt", std::ios::binary);
+        f << std::string(4096, 'x');
+    }
+    std::ofstream(dir_ / "empty.fitllm-prompt").close();
+    std::ofstream(dir_ / "notes.txt") << "not a prompt";
+
+    const SchedulerStats st = next_turn(first, a, static_cast<int>(first.size()) + 5);
+    EXPECT_EQ(st.n_disk_loaded, 1u);
+    EXPECT_EQ(st.n_disk_foreign, 2u);
+    EXPECT_EQ(st.n_disk_bad, 5u);
+    EXPECT_EQ(st.n_disk_reads, 1u);
+    EXPECT_EQ(st.n_disk_failures, 0u);
+    // What is not this model's is left alone: the two foreign files, the five broken ones and the
+    // text; the good one was read (and deleted), and the scheduler's end wrote the next turn.
+    EXPECT_EQ(files().size(), 2u + 5u + 1u + 1u);
+}
+
+TEST_F(PersistentPromptCache, RowsThatDoNotMatchTheirHashAreComputedAgain) {
+    const std::vector<int32_t> first = ids("Once upon a time there was");
+    const Job::Update a = first_turn(first, c_, options_);
+    const std::filesystem::path good = files().at(0);
+    {
+        std::fstream f(good, std::ios::in | std::ios::out | std::ios::binary);
+        f.seekp(-3, std::ios::end);
+        f.put('\x55');
+    }
+    const SchedulerStats st = next_turn(first, a, 0);
+    EXPECT_EQ(st.n_disk_loaded, 1u);
+    EXPECT_EQ(st.n_disk_reads, 0u);
+    EXPECT_EQ(st.n_disk_failures, 1u);
+}
+
+TEST_F(PersistentPromptCache, TheStartTakesUpTheNewestFilesWithinItsLimit) {
+    first_turn(ids("Once upon a time there was"), c_, options_);
+    const std::filesystem::path older = files().at(0);
+    std::this_thread::sleep_for(std::chrono::milliseconds(20));  // a later modification time
+    const std::vector<int32_t> second = ids("The quick brown fox jumps over");
+    const Job::Update a = first_turn(second, c_, options_);
+    // The second took only the older file's first token (BOS): the file stays.
+    ASSERT_EQ(files().size(), 2u);
+    ContextConfig small = c_;
+    small.prompt_cache_disk = std::max(std::filesystem::file_size(files()[0]), std::filesystem::file_size(files()[1])) +
+                              std::min(std::filesystem::file_size(files()[0]), std::filesystem::file_size(files()[1])) -
+                              1;
+    c_ = small;
+    const SchedulerStats st = next_turn(second, a, static_cast<int>(second.size()) + 5);
+    EXPECT_EQ(st.n_disk_loaded, 1u);
+    EXPECT_EQ(st.n_disk_reads, 1u);
+    EXPECT_FALSE(std::filesystem::exists(older));  // the least recently used, deleted
+}
+
+TEST_F(PersistentPromptCache, SchedulersSharingTheDirectoryWriteFilesOfTheirOwn) {
+    {
+        Scheduler s1(*llama_->model, llama_->tokenizer, c_, options_, *compute_);
+        Scheduler s2(*llama_->model, llama_->tokenizer, c_, options_, *compute_);
+        s1.submit(ids("Once upon a time there was"), greedy(6))->wait_all();
+        s2.submit(ids("The quick brown fox jumps over"), greedy(6))->wait_all();
+        settled(s1);
+        settled(s2);
+    }
+    ASSERT_EQ(files().size(), 2u);
+    Scheduler s(*llama_->model, llama_->tokenizer, c_, options_, *compute_);
+    EXPECT_EQ(s.stats().n_disk_loaded, 2u);
+    EXPECT_EQ(s.stats().n_disk_bad, 0u);
+}
+
+// Without the model's identity, --cache-dir holds a directory of the scheduler's, gone with it.
+TEST_F(PersistentPromptCache, NoIdentityNoFilesLeft) {
+    options_.prompt_cache_model = 0;
+    first_turn(ids("Once upon a time there was"), c_, options_);
+    EXPECT_TRUE(files().empty());
 }
 
 TEST_F(PromptCache, NoneKeptWhenTurnedOff) {
