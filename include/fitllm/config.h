@@ -52,6 +52,11 @@ struct OffloadConfig {
     static constexpr int kAllThatFit = -1;
 };
 
+// Which slot a full expert cache gives up (--expert-evict): the least recently used one, or the
+// one whose expert was looked up least often lately (counts halved every 32 tokens' lookups;
+// ties: least recently used).
+enum class ExpertEvict { lru, lfu };
+
 struct LoadConfig {
     std::string model_path;  // a GGUF file
     // The host memory budget in bytes; 0: what this process may use (its memory cgroup's limit, else
@@ -70,6 +75,7 @@ struct LoadConfig {
     static constexpr int kExpertsNotSet = -2;
     static constexpr int kExpertsAuto = -1;
     bool expert_prefetch = true;  // with an expert cache, read ahead the next layer's likely experts
+    ExpertEvict expert_evict = ExpertEvict::lfu;
     OffloadConfig offload;
     // Called while the resident weights are read in: bytes done and total.
     std::function<void(uint64_t done, uint64_t total)> on_load_progress;

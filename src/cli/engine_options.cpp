@@ -277,6 +277,13 @@ void add_budget_options(ArgParser& p, EngineOptions& o) {
                      throw UsageError("--expert-prefetch: expected on or off, got '" + v + "'");
                  o.load.expert_prefetch = v == "on";
              });
+    p.option("--expert-evict", "lfu|lru",
+             "with an expert cache, give up the slot of the expert looked up least often lately (lfu, the "
+             "default) or least recently (lru)",
+             [&o](const std::string& v) {
+                 if (v != "lfu" && v != "lru") throw UsageError("--expert-evict: expected lfu or lru, got '" + v + "'");
+                 o.load.expert_evict = v == "lfu" ? ExpertEvict::lfu : ExpertEvict::lru;
+             });
     add_offload_options(p, o.load.offload);
 }
 

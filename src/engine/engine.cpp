@@ -332,7 +332,8 @@ std::unique_ptr<Engine> Engine::load_one(const LoadConfig& load, const ContextCo
                                                .offload_kv = plan.params.kv_offload,
                                                .tensor_overrides = overrides,
                                                .expert_slots = plan.n_expert_slots,
-                                               .expert_prefetch = load.expert_prefetch});
+                                               .expert_prefetch = load.expert_prefetch,
+                                               .expert_evict = load.expert_evict});
     if (e->locked_bytes_ == 0) prefault(*e->file_, *e->model_, load.on_load_progress);  // mlock read them in
     return e;
 }

@@ -302,9 +302,9 @@ public:
                 throw std::invalid_argument(file.source() +
                                             ": an expert cache does not go with streamed or offloaded layers");
             }
-            experts_ = std::make_unique<ExpertCache>(file, hp, options.expert_slots,
-                                                     device_.pool(memory::pool_names::kExperts),
-                                                     options.stream_direct_io, options.expert_prefetch);
+            experts_ = std::make_unique<ExpertCache>(
+                file, hp, options.expert_slots, device_.pool(memory::pool_names::kExperts), options.stream_direct_io,
+                options.expert_prefetch, options.expert_evict);
         }
     }
     DecoderMemory(const DecoderMemory&) = delete;

@@ -7,6 +7,7 @@
 #include <cerrno>
 #include <cstdio>
 #include <cstring>
+#include <functional>
 #include <stdexcept>
 
 #include "io/mapped_file.h"
@@ -35,6 +36,28 @@ const gguf::TensorInfo& expert_tensor(const gguf::GgufFile& file, const Hparams&
 }
 
 }  // namespace
+
+std::string_view expert_evict_name(ExpertEvict e) {
+    return e == ExpertEvict::lfu ? "lfu" : "lru";
+}
+
+double top_fifth_share(const std::vector<uint64_t>& counts, int n_layer, int n_expert) {
+    if (n_layer <= 0 || n_expert <= 0 || counts.size() != static_cast<size_t>(n_layer) * static_cast<size_t>(n_expert))
+        return 0.0;
+    const auto top = static_cast<std::ptrdiff_t>(std::max(1, n_expert / 5));
+    uint64_t all = 0, busiest = 0;
+    std::vector<uint64_t> layer(static_cast<size_t>(n_expert));
+    for (int il = 0; il < n_layer; ++il) {
+        const auto from = counts.begin() + static_cast<std::ptrdiff_t>(il) * n_expert;
+        std::copy(from, from + n_expert, layer.begin());
+        std::partial_sort(layer.begin(), layer.begin() + top, layer.end(), std::greater<>());
+        for (std::ptrdiff_t i = 0; i < n_expert; ++i) {
+            all += layer[static_cast<size_t>(i)];
+            if (i < top) busiest += layer[static_cast<size_t>(i)];
+        }
+    }
+    return all == 0 ? 0.0 : double(busiest) / double(all);
+}
 
 bool is_expert_tensor(std::string_view name) {
     if (!name.starts_with("blk.")) return false;
@@ -67,8 +90,8 @@ uint64_t expert_cache_bytes(uint64_t slot_bytes, int n_slots) {
 }
 
 ExpertCache::ExpertCache(const gguf::GgufFile& file, const Hparams& hp, int n_slots, memory::Pool& pool, bool direct_io,
-                         bool prefetch)
-    : n_layer_(hp.n_layer), n_expert_(hp.n_expert), n_slots_(n_slots) {
+                         bool prefetch, ExpertEvict evict)
+    : n_layer_(hp.n_layer), n_expert_(hp.n_expert), n_used_(hp.n_expert_used), n_slots_(n_slots), evict_(evict) {
     if (!hp.is_moe()) throw std::invalid_argument(file.source() + ": an expert cache needs a mixture-of-experts model");
     if (n_slots < min_expert_slots(hp)) {
         throw std::invalid_argument(file.source() + ": an expert cache of " + std::to_string(n_slots) +
@@ -101,6 +124,9 @@ ExpertCache::ExpertCache(const gguf::GgufFile& file, const Hparams& hp, int n_sl
     ptr_.assign(static_cast<size_t>(n_slots) * 3, nullptr);
     ready_.assign(static_cast<size_t>(n_slots), 0);
     ahead_.assign(static_cast<size_t>(n_slots), 0);
+    recent_.assign(where_.size(), 0);
+    chosen_.assign(where_.size(), 0);
+    age_period_ = static_cast<uint64_t>(kLfuAgeTokens) * static_cast<uint64_t>(min_expert_slots(hp));
     open_file(file_, direct_io);
     if (static_cast<uint64_t>(::lseek(file_.fd, 0, SEEK_END)) != file.size()) {
         ::close(file_.fd);
@@ -158,6 +184,9 @@ ExpertCacheStats ExpertCache::stats() const {
     s.prefetched = prefetched_.load(std::memory_order_relaxed);
     s.prefetch_used = prefetch_used_.load(std::memory_order_relaxed);
     s.direct_io = direct_.load(std::memory_order_relaxed);
+    s.evict = evict_;
+    std::lock_guard lock(mutex_);
+    s.top_fifth_share = top_fifth_share(chosen_, n_layer_, n_expert_);
     return s;
 }
 
@@ -214,11 +243,33 @@ void ExpertCache::read_expert(File& f, int slot, int il, int e) {
 
 int ExpertCache::victim() const {
     int best = -1;
+    if (evict_ == ExpertEvict::lru) {
+        for (int s = 0; s < n_slots_; ++s) {
+            const auto i = static_cast<size_t>(s);
+            if (owner_[i] < 0) return s;
+            if (s == in_use_ || !ready_[i]) continue;
+            if (best < 0 || last_use_[i] < last_use_[static_cast<size_t>(best)]) best = s;
+        }
+        return best;
+    }
+    // lfu: the fewest recent lookups, then the least recently used; an expert read ahead is spared
+    // while the next layer may still want it (its lookups and read-aheads: a few n_used of ticks).
+    const uint64_t spare_ticks = 4 * static_cast<uint64_t>(std::max(1, n_used_));
+    bool best_spared = false;
+    uint32_t best_count = 0;
     for (int s = 0; s < n_slots_; ++s) {
         const auto i = static_cast<size_t>(s);
         if (owner_[i] < 0) return s;
         if (s == in_use_ || !ready_[i]) continue;
-        if (best < 0 || last_use_[i] < last_use_[static_cast<size_t>(best)]) best = s;
+        const bool spared = ahead_[i] && tick_ - last_use_[i] <= spare_ticks;
+        const uint32_t count = recent_[static_cast<size_t>(owner_[i])];
+        if (best < 0 || spared < best_spared ||
+            (spared == best_spared &&
+             (count < best_count || (count == best_count && last_use_[i] < last_use_[static_cast<size_t>(best)])))) {
+            best = s;
+            best_spared = spared;
+            best_count = count;
+        }
     }
     return best;
 }
@@ -294,6 +345,12 @@ ExpertCache::Expert ExpertCache::get(int il, int e) {
     const int key = il * n_expert_ + e;
     std::unique_lock lock(mutex_);
     in_use_ = -1;  // the caller is done with the slot it got last
+    ++chosen_[static_cast<size_t>(key)];
+    if (uint32_t& r = recent_[static_cast<size_t>(key)]; r < UINT32_MAX) ++r;
+    if (++since_aged_ >= age_period_) {
+        since_aged_ = 0;
+        for (uint32_t& r : recent_) r >>= 1;
+    }
     int slot = where_[static_cast<size_t>(key)];
     if (slot >= 0) {  // in a slot, or being read ahead: wait for it
         changed_.wait(lock, [&] {
@@ -343,13 +400,17 @@ ExpertCache::Expert ExpertCache::get(int il, int e) {
 std::string expert_cache_text(const ExpertCacheStats& x) {
     char rate[32];
     std::snprintf(rate, sizeof rate, "%.1f%%", 100.0 * x.hit_rate());
+    char share[32];
+    std::snprintf(share, sizeof share, "%.1f%%", 100.0 * x.top_fifth_share);
     return "expert cache: " + std::to_string(x.n_slots) + " slots, " + std::to_string(x.hits) + " hits, " +
            std::to_string(x.misses) + " misses (hit rate " + rate + "), " + util::human_bytes(x.bytes_read) +
            " read, " + util::human_bytes(static_cast<uint64_t>(x.bytes_per_token())) + " per token" +
            (x.prefetched > 0
                 ? ", " + std::to_string(x.prefetched) + " read ahead (" + std::to_string(x.prefetch_used) + " used)"
                 : std::string()) +
-           (x.direct_io ? " (O_DIRECT)" : " (buffered reads: O_DIRECT refused here)");
+           (x.direct_io ? " (O_DIRECT)" : " (buffered reads: O_DIRECT refused here)") + ", " +
+           std::string(expert_evict_name(x.evict)) + " eviction; routing: each layer's busiest fifth of experts took " +
+           share + " of the lookups";
 }
 
 }  // namespace fitllm::model

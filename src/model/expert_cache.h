@@ -10,12 +10,16 @@
 //   ExpertCache cache(file, hp, /*n_slots=*/64, device.pool("experts"));
 //   ExpertCache::Expert x = cache.get(il, e);   // x.gate, x.up, x.down: the bytes of expert e
 //
-// A slot stays valid until the next get(): eviction takes the least recently used slot, never the
-// one got last nor one being read. prefetch() reads experts ahead on a thread of its own (the
-// forward pass asks for the experts the next layer's router would choose from the current hidden
-// state, while that layer's attention computes); get() waits for one being read. Whatever is
-// prefetched, get() gives the same bytes: only hits and misses change. get() and prefetch() are
-// for one thread (the forward pass); stats() may be read from any thread.
+// A slot stays valid until the next get(): eviction (ExpertEvict) takes the least recently used
+// slot (lru) or the one whose expert was looked up least often lately (lfu: a count per expert,
+// kept while it has no slot too, all counts halved every kLfuAgeTokens tokens' worth of lookups;
+// ties go to the least recently used), never the one got last nor one being read; lfu also
+// spares an expert read ahead until the next layer had its chance to use it. prefetch() reads
+// experts ahead on a thread of its own (the forward pass asks for the experts the next layer's
+// router would choose from the current hidden state, while that layer's attention computes);
+// get() waits for one being read. Whatever is prefetched, get() gives the same bytes: only hits
+// and misses change. get() and prefetch() are for one thread (the forward pass); stats() may be
+// read from any thread.
 #include <atomic>
 #include <condition_variable>
 #include <cstddef>
@@ -35,6 +39,13 @@ namespace fitllm::model {
 
 // Reads are aligned to this (O_DIRECT needs the logical block size; 4096 covers 512 and 4096).
 inline constexpr uint64_t kExpertAlign = 4096;
+// lfu: the lookup counts are halved after this many tokens' lookups (n_expert_used x n_layer each).
+inline constexpr int kLfuAgeTokens = 32;
+// "lru" or "lfu".
+std::string_view expert_evict_name(ExpertEvict e);
+// The share of the lookups that went to each layer's most looked-up fifth of its experts (at
+// least one): counts[il * n_expert + e] the lookups of expert e of layer il. 0 without lookups.
+double top_fifth_share(const std::vector<uint64_t>& counts, int n_layer, int n_expert);
 
 // The three routed-expert tensors of layer il, in the order gate, up, down.
 inline constexpr const char* kExpertTensors[3] = {"ffn_gate_exps.weight", "ffn_up_exps.weight", "ffn_down_exps.weight"};
@@ -64,7 +75,7 @@ public:
     // std::invalid_argument for fewer than min_expert_slots() slots or a model without experts.
     // prefetch: start the reader thread for prefetch() (false: prefetch() does nothing).
     ExpertCache(const gguf::GgufFile& file, const Hparams& hp, int n_slots, memory::Pool& pool, bool direct_io = true,
-                bool prefetch = false);
+                bool prefetch = false, ExpertEvict evict = ExpertEvict::lru);
     ~ExpertCache();
     ExpertCache(const ExpertCache&) = delete;
     ExpertCache& operator=(const ExpertCache&) = delete;
@@ -112,7 +123,8 @@ private:
     void reader();
 
     std::string path_;
-    int n_layer_ = 0, n_expert_ = 0, n_slots_ = 0;
+    int n_layer_ = 0, n_expert_ = 0, n_used_ = 0, n_slots_ = 0;
+    ExpertEvict evict_ = ExpertEvict::lru;
     std::vector<Slice> slices_;  // [il][3]: the tensors of layer il
     uint64_t region_bytes_[3] = {};
     uint64_t slot_bytes_ = 0;
@@ -124,13 +136,17 @@ private:
     std::vector<const std::byte*> ptr_;  // [slot * 3 + m]: the matrix's first byte in the slot
     std::vector<uint8_t> ready_;         // [slot]: its owner's bytes are in (0: being read)
     std::vector<uint8_t> ahead_;         // [slot]: read ahead by prefetch() and not got since
-    int in_use_ = -1;                    // the slot get() gave last
+    std::vector<uint32_t> recent_;       // [il * n_expert + e]: lookups, halved every age_period_ (lfu)
+    std::vector<uint64_t> chosen_;       // [il * n_expert + e]: all its lookups (top_fifth_share)
+    uint64_t age_period_ = 0, since_aged_ = 0;
+    int in_use_ = -1;  // the slot get() gave last
     uint64_t tick_ = 0;
     File file_, reader_file_;
     std::atomic<bool> direct_ = false;
     std::atomic<uint64_t> hits_ = 0, misses_ = 0, bytes_read_ = 0, tokens_ = 0, prefetched_ = 0, prefetch_used_ = 0;
 
-    mutable std::mutex mutex_;  // guards where_, owner_, last_use_, ptr_, ready_, ahead_, in_use_, tick_, queue_
+    mutable std::mutex mutex_;  // guards where_, owner_, last_use_, ptr_, ready_, ahead_, recent_, chosen_,
+                                // since_aged_, in_use_, tick_, queue_
     std::condition_variable changed_;
     std::deque<int32_t> queue_;  // keys to read ahead
     bool reading_ = false;       // the reader thread is reading one

@@ -17,6 +17,7 @@
 #include <span>
 #include <vector>
 
+#include "fitllm/config.h"
 #include "gguf/gguf_reader.h"
 #include "kv/cache.h"
 #include "model/hparams.h"
@@ -73,6 +74,8 @@ struct LoadOptions {
     // With an expert cache, one token at a time: read ahead the experts the next layer's router
     // would choose from the current hidden state (model/expert_cache.h).
     bool expert_prefetch = true;
+    // Which slot a full expert cache gives up (fitllm/config.h).
+    ExpertEvict expert_evict = ExpertEvict::lfu;
 };
 
 // What an expert cache did so far (Model::expert_cache_stats); n_slots 0: the model has none.
@@ -85,6 +88,10 @@ struct ExpertCacheStats {
     uint64_t prefetched = 0;        // experts read ahead (prefetch), in bytes_read
     uint64_t prefetch_used = 0;     // of them, got before they were evicted (hits)
     bool direct_io = false;         // reads bypass the page cache (false: buffered, cache dropped after)
+    ExpertEvict evict = ExpertEvict::lru;
+    // The routing as the lookups saw it: of all lookups, the share that went to each layer's most
+    // looked-up fifth of its experts (0.2 for uniform routing over many tokens).
+    double top_fifth_share = 0.0;
     double hit_rate() const { return hits + misses == 0 ? 0.0 : double(hits) / double(hits + misses); }
     double bytes_per_token() const { return tokens == 0 ? 0.0 : double(bytes_read) / double(tokens); }
 };

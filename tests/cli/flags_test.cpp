@@ -49,6 +49,7 @@ void add(Fields& f, const LoadConfig& l) {
     f["load.offload.n_cpu_moe"] = str(l.offload.n_cpu_moe);
     f["load.expert_slots"] = str(l.expert_slots);
     f["load.expert_prefetch"] = str(l.expert_prefetch);
+    f["load.expert_evict"] = l.expert_evict == ExpertEvict::lfu ? "lfu" : "lru";
 }
 
 void add(Fields& f, const ContextConfig& c) {
@@ -243,6 +244,7 @@ const std::map<std::string, std::string> kSamples = {
     {"--cache-disk", "1G"},
     {"--expert-cache", "64"},
     {"--expert-prefetch", "off"},
+    {"--expert-evict", "lru"},
     {"--cache-dir", "/var/tmp"},
     {"--lookup", ""},
     {"--draft-max", "4"},
@@ -321,6 +323,7 @@ const std::map<std::string, std::set<std::string>> kSets = {
     {"--cache-disk", {"context.prompt_cache_disk"}},
     {"--expert-cache", {"load.expert_slots"}},
     {"--expert-prefetch", {"load.expert_prefetch"}},
+    {"--expert-evict", {"load.expert_evict"}},
     {"--cache-dir", {"context.prompt_cache_dir"}},
     {"--lookup", {"lookup.enabled"}},
     {"--draft-max", {"lookup.n_draft", "draft.n_draft"}},

@@ -179,26 +179,35 @@ TEST(ExpertPlan, TooFewSlotsAreRefusedWithTheNumbers) {
 }
 
 // With and without reading ahead (prefetch only changes what is in the slots), O_DIRECT and
-// buffered: the resident run's logits, bit for bit, for the prompt and each decoded token.
+// buffered, either eviction: the resident run's logits, bit for bit, for the prompt and each
+// decoded token.
 TEST(ExpertCache, GivesTheResidentLogitsBitForBit) {
     ops::ThreadPool pool(2);
     for (const char* name : kFiles) {
         const gguf::GgufFile file = gguf::GgufFile::open(generated(name));
         const auto resident = model::Model::load(file);
         const std::vector<float> want = prompt_and_decode(*resident, 12, pool);
-        for (const bool direct : {true, false}) {
-            for (const bool prefetch : {true, false}) {
+        for (int variant = 0; variant < 8; ++variant) {
+            const bool direct = (variant & 1) != 0, prefetch = (variant & 2) != 0;
+            const ExpertEvict evict = (variant & 4) != 0 ? ExpertEvict::lfu : ExpertEvict::lru;
+            {
                 memory::Device host("host", UINT64_MAX);
-                const auto cached = model::Model::load(
-                    file,
-                    {.device = &host, .stream_direct_io = direct, .expert_slots = 4, .expert_prefetch = prefetch});
+                const auto cached = model::Model::load(file, {.device = &host,
+                                                              .stream_direct_io = direct,
+                                                              .expert_slots = 4,
+                                                              .expert_prefetch = prefetch,
+                                                              .expert_evict = evict});
                 const std::vector<float> got = prompt_and_decode(*cached, 12, pool);
                 const std::string what = std::string(name) + (direct ? " O_DIRECT" : " buffered") +
-                                         (prefetch ? " prefetch" : " no prefetch");
+                                         (prefetch ? " prefetch " : " no prefetch ") +
+                                         std::string(model::expert_evict_name(evict));
                 ASSERT_EQ(got.size(), want.size());
                 EXPECT_EQ(0, std::memcmp(got.data(), want.data(), got.size() * sizeof(float))) << what;
                 const model::ExpertCacheStats x = cached->expert_cache_stats();
                 EXPECT_EQ(x.n_slots, 4);
+                EXPECT_EQ(x.evict, evict);
+                EXPECT_GT(x.top_fifth_share, 0.0) << what;
+                EXPECT_LE(x.top_fifth_share, 1.0) << what;
                 EXPECT_GT(x.misses, 4u) << what;  // 4 slots for 16 experts: evictions, read again
                 EXPECT_GT(x.hits, 0u) << what;
                 EXPECT_EQ(x.tokens, 40u + 12u);
@@ -290,6 +299,53 @@ TEST(ExpertCache, PrefetchReadsAheadIntoSlots) {
     off.prefetch(0, one, 1);
     off.drain();
     EXPECT_EQ(off.stats().prefetched, 0u);
+}
+
+// lfu keeps the expert looked up most often where lru gives it up to four newer ones, and lets
+// it go once its count has aged below the others'.
+TEST(ExpertCache, LfuKeepsTheBusyExpertUntilItsCountAges) {
+    const gguf::GgufFile file = gguf::GgufFile::open(generated("tiny-qwen3moe-q8_0.gguf"));
+    const model::Hparams hp = model::read_hparams(file);
+    ASSERT_EQ(model::min_expert_slots(hp), 4);
+    ASSERT_GE(hp.n_expert, 8);
+    memory::Device host("host", UINT64_MAX);
+    for (const ExpertEvict evict : {ExpertEvict::lru, ExpertEvict::lfu}) {
+        const std::string what(model::expert_evict_name(evict));
+        model::ExpertCache cache(file, hp, 4, host.pool(memory::pool_names::kExperts), true, false, evict);
+        for (int i = 0; i < 5; ++i) cache.get(0, 0);   // 1 miss, 4 hits
+        for (int e = 1; e <= 5; ++e) cache.get(0, e);  // 5 misses: the fifth evicts a slot
+        EXPECT_EQ(cache.stats().misses, 6u) << what;
+        cache.get(0, 0);
+        const model::ExpertCacheStats x = cache.stats();
+        EXPECT_EQ(x.misses, evict == ExpertEvict::lfu ? 6u : 7u) << what;
+        EXPECT_EQ(x.hits, evict == ExpertEvict::lfu ? 5u : 4u) << what;
+        EXPECT_EQ(x.evict, evict);
+        EXPECT_NE(model::expert_cache_text(x).find(what + " eviction"), std::string::npos)
+            << model::expert_cache_text(x);
+        if (evict == ExpertEvict::lfu) {
+            // 200 more lookups of expert 0, then 14 other experts in turn for 8 of the counts'
+            // half-lives (about 73 lookups each, fewer than expert 0's): aged, expert 0's count
+            // halves to nothing while each of theirs gets about 9 a half-life, so it loses its slot.
+            for (int i = 0; i < 200; ++i) cache.get(0, 0);
+            const int n = 8 * model::kLfuAgeTokens * model::min_expert_slots(hp);
+            for (int i = 0; i < n; ++i) cache.get(i / 7 % 2, 1 + i % 7);
+            const uint64_t misses = cache.stats().misses;
+            cache.get(0, 0);
+            EXPECT_EQ(cache.stats().misses, misses + 1) << what;
+        }
+    }
+}
+
+TEST(ExpertCache, TopFifthShareIsTheBusiestFifthsShareOfEachLayer) {
+    // 2 layers of 10 experts: the busiest 2 of each.
+    std::vector<uint64_t> counts(20, 0);
+    counts[3] = 6, counts[7] = 2, counts[1] = 1, counts[0] = 1;        // layer 0: 6 + 2 of 10
+    for (int e = 10; e < 20; ++e) counts[static_cast<size_t>(e)] = 1;  // layer 1: 2 of 10
+    EXPECT_DOUBLE_EQ(model::top_fifth_share(counts, 2, 10), 10.0 / 20.0);
+    EXPECT_DOUBLE_EQ(model::top_fifth_share(std::vector<uint64_t>(20, 0), 2, 10), 0.0);
+    EXPECT_DOUBLE_EQ(model::top_fifth_share(counts, 3, 10), 0.0);  // the wrong size
+    // Fewer than 5 experts: the busiest one.
+    EXPECT_DOUBLE_EQ(model::top_fifth_share({3, 1}, 1, 2), 0.75);
 }
 
 TEST(ExpertCache, RefusesTooFewSlotsAndSlotsOverBudget) {
