@@ -208,6 +208,8 @@ def main() -> int:
                          "at barriers, which on a busy machine (load above the core count) is many times faster")
     ap.add_argument("--warm", action="store_true", help="do not drop the page cache before each run")
     ap.add_argument("--json", metavar="FILE", help="also write every row as JSON to FILE")
+    ap.add_argument("--target", type=float, default=3.0,
+                    help="the decode speed ratio over llama.cpp under the cap to meet (default 3; issue 21's MoE: 4)")
     args = ap.parse_args()
     signal.signal(signal.SIGTERM, lambda s, f: sys.exit(128 + s))  # so the cgroup of a run is removed
     args.model = os.path.abspath(args.model)
@@ -279,10 +281,12 @@ def main() -> int:
         if ours and theirs:
             ratio = (sum(ours) / len(ours)) / (sum(theirs) / len(theirs))
             print(f"\nunder {cap >> 20} MiB: fitllm decodes at {ratio:.2f}x llama.cpp's speed, {kills} OOM kills "
-                  f"(target: >= 3x, 0 kills): {'met' if ratio >= 3 and kills == 0 else 'not met'}")
+                  f"(target: >= {args.target:g}x, 0 kills): "
+                  f"{'met' if ratio >= args.target and kills == 0 else 'not met'}")
         else:
             print(f"\nunder {cap >> 20} MiB: no decode speed for "
-                  f"{'fitllm' if not ours else 'llama.cpp'}; fitllm OOM kills {kills} (target: >= 3x, 0 kills): not met")
+                  f"{'fitllm' if not ours else 'llama.cpp'}; fitllm OOM kills {kills} (target: >= {args.target:g}x, "
+                  f"0 kills): not met")
     return 0
 
 
