@@ -26,6 +26,7 @@ int run_chat(const std::vector<std::string>& args);
 int run_perplexity(const std::vector<std::string>& args);
 int run_plan(const std::vector<std::string>& args);
 int run_serve(const std::vector<std::string>& args);
+int run_quantize(const std::vector<std::string>& args);
 
 struct RunOptions {
     EngineOptions engine;

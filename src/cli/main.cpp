@@ -28,6 +28,8 @@ constexpr Command kCommands[] = {
      fitllm::cli::run_plan},
     {"serve", "serve models over HTTP (OpenAI-compatible API, continuous batching, models on demand)",
      fitllm::cli::run_serve},
+    {"quantize", "rewrite a GGUF model with its weights quantized (Q4_K_M, Q8_0, ...), as llama-quantize does",
+     fitllm::cli::run_quantize},
 };
 
 void print_help() {

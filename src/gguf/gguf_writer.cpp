@@ -86,8 +86,7 @@ void GgufWriter::add_value(const Value& v) {
     }
 }
 
-void GgufWriter::add_tensor(std::string_view name, quant::GgmlType type, std::span<const int64_t> dims,
-                            std::span<const std::byte> data) {
+uint64_t GgufWriter::check_tensor(std::string_view name, quant::GgmlType type, std::span<const int64_t> dims) const {
     const std::string where = "GgufWriter: tensor '" + std::string(name) + "': ";
     if (dims.size() > kMaxDims) throw Error(where + "has more than 4 dimensions");  // 0 dims: a scalar
     uint64_t n = 1;
@@ -100,12 +99,20 @@ void GgufWriter::add_tensor(std::string_view name, quant::GgmlType type, std::sp
         throw Error(where + "row length " + std::to_string(row) + " is not a multiple of the block size of " +
                     std::string(quant::traits(type).name));
     }
-    const uint64_t expected = n / quant::traits(type).block_elements * quant::traits(type).block_bytes;
+    if (tensor_names_.count(std::string(name)) != 0) throw Error(where + "duplicate tensor name");
+    return n / quant::traits(type).block_elements * quant::traits(type).block_bytes;
+}
+
+void GgufWriter::add_tensor(std::string_view name, quant::GgmlType type, std::span<const int64_t> dims,
+                            std::span<const std::byte> data) {
+    const uint64_t expected = check_tensor(name, type, dims);
     if (data.size() != expected) {
-        throw Error(where + std::to_string(data.size()) + " bytes given, " + std::to_string(expected) + " expected");
+        throw Error("GgufWriter: tensor '" + std::string(name) + "': " + std::to_string(data.size()) +
+                    " bytes given, " + std::to_string(expected) + " expected");
     }
-    if (!tensor_names_.emplace(name).second) throw Error(where + "duplicate tensor name");
-    tensors_.push_back({std::string(name), type, std::vector<int64_t>(dims.begin(), dims.end()), data, {}});
+    tensor_names_.emplace(name);
+    tensors_.push_back(
+        {std::string(name), type, std::vector<int64_t>(dims.begin(), dims.end()), data, {}, expected, false});
 }
 
 void GgufWriter::add_tensor(std::string_view name, quant::GgmlType type, std::span<const int64_t> dims,
@@ -115,7 +122,14 @@ void GgufWriter::add_tensor(std::string_view name, quant::GgmlType type, std::sp
     tensors_.back().data = tensors_.back().owned;
 }
 
-std::vector<std::byte> GgufWriter::to_bytes() const {
+void GgufWriter::add_tensor_info(std::string_view name, quant::GgmlType type, std::span<const int64_t> dims) {
+    const uint64_t n_bytes = check_tensor(name, type, dims);
+    tensor_names_.emplace(name);
+    tensors_.push_back(
+        {std::string(name), type, std::vector<int64_t>(dims.begin(), dims.end()), {}, {}, n_bytes, true});
+}
+
+std::vector<std::byte> GgufWriter::header_bytes() const {
     const uint64_t a = alignment_;
     auto padded = [a](uint64_t n) { return (n + a - 1) / a * a; };
     std::vector<std::byte> out;
@@ -133,13 +147,24 @@ std::vector<std::byte> GgufWriter::to_bytes() const {
         for (int64_t d : t.dims) le(static_cast<uint64_t>(d));
         le(static_cast<uint32_t>(t.type));
         le(offset);
-        offset += padded(t.data.size());
+        offset += padded(t.n_bytes);
     }
     // A file without tensors ends right after its header, as llama.cpp and gguf-py write
     // vocab-only files: the data section (and its padding) is empty.
-    if (tensors_.empty()) return out;
-    out.resize(padded(out.size()));
-    out.reserve(out.size() + offset);
+    if (!tensors_.empty()) out.resize(padded(out.size()));
+    return out;
+}
+
+std::vector<std::byte> GgufWriter::to_bytes() const {
+    const uint64_t a = alignment_;
+    auto padded = [a](uint64_t n) { return (n + a - 1) / a * a; };
+    std::vector<std::byte> out = header_bytes();
+    uint64_t total = 0;
+    for (const Tensor& t : tensors_) {
+        if (t.info_only) throw Error("GgufWriter: tensor '" + t.name + "' has no data (added with add_tensor_info)");
+        total += padded(t.n_bytes);
+    }
+    out.reserve(out.size() + total);
     for (const Tensor& t : tensors_) {
         put(out, t.data.data(), t.data.size());
         out.resize(padded(out.size()));

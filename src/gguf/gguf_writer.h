@@ -42,7 +42,14 @@ public:
     void add_tensor(std::string_view name, quant::GgmlType type, std::span<const int64_t> dims,
                     std::vector<std::byte>&& data);
 
+    // Only a tensor's info, its bytes written by the caller after header_bytes() (streaming):
+    // n_bytes of data padded to the alignment, in the order of the infos. to_bytes() refuses
+    // a writer with such tensors.
+    void add_tensor_info(std::string_view name, quant::GgmlType type, std::span<const int64_t> dims);
+
     uint32_t alignment() const { return alignment_; }
+    // Everything before the data section: header, metadata, tensor infos, padding.
+    std::vector<std::byte> header_bytes() const;
     std::vector<std::byte> to_bytes() const;
     // Writes to PATH.tmp and renames it over PATH, so PATH is never left half-written.
     void write_file(const std::string& path) const;
@@ -54,7 +61,10 @@ private:
         std::vector<int64_t> dims;
         std::span<const std::byte> data;
         std::vector<std::byte> owned;
+        uint64_t n_bytes = 0;
+        bool info_only = false;
     };
+    uint64_t check_tensor(std::string_view name, quant::GgmlType type, std::span<const int64_t> dims) const;
     void begin_key(std::string_view key, ValueType type);
     void add_raw_scalar(std::string_view key, ValueType type, const void* value, size_t size);
     void add_raw_array(std::string_view key, ValueType elem, uint64_t count, const void* data, size_t bytes);

@@ -280,10 +280,10 @@ int nearest_iq4_nl(float x) {
 //    keeps the fit with the smallest weighted error (largest sum(w q x)^2 / sum(w q^2)) and
 //    recomputes the indices for it.
 // Blocks with max|x| < 1e-15 get d = 0.
-void quant_iq4_nl_block(const float* x, BlockIQ4_NL& y, int ntry) {
+float fit_iq4_nl_block(const float* x, uint8_t* index, int ntry) {
     constexpr float kFirst = kValuesIQ4NL[0];
     float weight[32];
-    uint8_t index[32] = {};
+    std::fill(index, index + 32, uint8_t{0});
     float amax = 0.0f, max = 0.0f;
     for (int l = 0; l < 32; ++l) {
         weight[l] = x[l] * x[l];
@@ -321,7 +321,11 @@ void quant_iq4_nl_block(const float* x, BlockIQ4_NL& y, int ntry) {
         const float id = d != 0.0f ? 1.0f / d : 0.0f;
         for (int l = 0; l < 32; ++l) index[l] = static_cast<uint8_t>(nearest_iq4_nl(id * x[l]));
     }
-    y.d = fp32_to_fp16(d);
+    return d;
+}
+void quant_iq4_nl_block(const float* x, BlockIQ4_NL& y, int ntry) {
+    uint8_t index[32];
+    y.d = fp32_to_fp16(fit_iq4_nl_block(x, index, ntry));
     for (int l = 0; l < 16; ++l) y.qs[l] = static_cast<uint8_t>(index[l] | (index[l + 16] << 4));
 }
 
@@ -332,17 +336,16 @@ void quant_iq4_nl(const float* x, BlockIQ4_NL* y, int64_t nb, int ntry) {
 }
 
 // IQ4_XS, as llama.cpp builds it from IQ4_NL blocks without an importance matrix: each sub-block's
-// scale fitted as IQ4_NL's (with its scale search), the super-block scale d = -max / 32 from the
-// largest of them in magnitude, each sub-block scale rounded to d * l (l in -32 .. 31), and the
-// indices recomputed for d * l.
+// scale fitted as IQ4_NL's (with its scale search, the fitted float kept), the super-block scale
+// d = -max / 32 from the largest of them in magnitude, each sub-block scale rounded to d * l (l in
+// -32 .. 31), and the indices recomputed for d * l with the unrounded d, as llama.cpp does.
 void quant_iq4_xs(const float* x, BlockIQ4_XS* y, int64_t nb) {
     for (int64_t i = 0; i < nb; ++i, x += kQK) {
         float scales[kQK / 32];
         float max_scale = 0.0f, amax = 0.0f;
         for (int ib = 0; ib < kQK / 32; ++ib) {
-            BlockIQ4_NL b;
-            quant_iq4_nl_block(x + 32 * ib, b, 7);
-            scales[ib] = fp16_to_fp32(b.d);
+            uint8_t unused[32];
+            scales[ib] = fit_iq4_nl_block(x + 32 * ib, unused, 7);
             if (std::fabs(scales[ib]) > amax) amax = std::fabs(scales[ib]), max_scale = scales[ib];
         }
         BlockIQ4_XS& out = y[i];
@@ -355,7 +358,7 @@ void quant_iq4_xs(const float* x, BlockIQ4_XS* y, int64_t nb) {
             const int ls = l + 32;
             out.scales_l[ib / 2] |= static_cast<uint8_t>((ls & 0xF) << (4 * (ib % 2)));
             out.scales_h |= static_cast<uint16_t>((ls >> 4) << (2 * ib));
-            const float dl = fp16_to_fp32(out.d) * static_cast<float>(l);
+            const float dl = d * static_cast<float>(l);
             const float idl = dl != 0.0f ? 1.0f / dl : 0.0f;
             uint8_t index[32];
             for (int j = 0; j < 32; ++j) index[j] = static_cast<uint8_t>(nearest_iq4_nl(idl * x[32 * ib + j]));

@@ -23,6 +23,7 @@
 #include "quant/dot.h"
 #include "quant/gemm_batch_q4k.h"
 #include "quant/quantize.h"
+#include "quant/quantize_ref.h"
 #include "quant_test_data.h"
 #include "test_support.h"
 
@@ -686,6 +687,42 @@ TEST(FlashAttentionVsGgml, TiledKernelHasTheSameBits) {
         int differ = 0;
         for (size_t i = 0; i < q.size(); ++i) differ += same_bits(one_query[i], theirs[i]) ? 0 : 1;
         EXPECT_GT(differ, static_cast<int>(q.size() / 2)) << "the one-query kernel's bits";
+    }
+}
+
+// fitllm quantize's rows (quantize_model_row) against ggml_quantize_chunk without an importance
+// matrix, what llama-quantize runs: the same bytes for every type fitllm quantize writes. Gaussian
+// rows at three scales, rows with an outlier, a zero block, equal values, a tiny block.
+TEST(QuantizeVsGgml, ModelRowsHaveLlamaQuantizeBytes) {
+    REQUIRE_GGML();
+    using ChunkFn = size_t (*)(int, const float*, void*, int64_t, int64_t, int64_t, const float*);
+    auto chunk = ggml()->base_fn<ChunkFn>("ggml_quantize_chunk");
+    ASSERT_NE(chunk, nullptr);
+    const GgmlType types[] = {GgmlType::Q4_0,  GgmlType::Q4_1, GgmlType::Q5_0,   GgmlType::Q5_1,   GgmlType::Q8_0,
+                              GgmlType::Q2_K,  GgmlType::Q3_K, GgmlType::Q4_K,   GgmlType::Q5_K,   GgmlType::Q6_K,
+                              GgmlType::F16,   GgmlType::BF16, GgmlType::IQ4_NL, GgmlType::IQ4_XS, GgmlType::TQ1_0,
+                              GgmlType::TQ2_0, GgmlType::MXFP4};
+    const int n = 4096, rows = 4;
+    for (uint32_t seed = 0; seed < 4; ++seed) {
+        auto x = test::gaussian(static_cast<size_t>(n) * rows, 90 + seed, seed == 1 ? 0.02f : seed == 2 ? 30.0f : 1.0f);
+        if (seed == 3) {
+            for (int i = 0; i < 256; ++i) x[i] = 0.0f;
+            for (int i = 256; i < 512; ++i) x[i] = -0.75f;
+            for (int i = 512; i < 768; ++i) x[i] *= 1e-20f;
+            x[1000] = 40.0f;
+            x[3000] = -55.0f;
+        }
+        for (GgmlType type : types) {
+            SCOPED_TRACE(std::string(traits(type).name) + " seed " + std::to_string(seed));
+            ASSERT_TRUE(can_quantize_model(type));
+            const size_t row = test::bytes_of_row(type, n);
+            std::vector<uint8_t> ours(row * rows, 0xAA), theirs(row * rows, 0x55);
+            for (int r = 0; r < rows; ++r) quantize_model_row(type, x.data() + r * n, ours.data() + r * row, n);
+            chunk(static_cast<int>(type), x.data(), theirs.data(), 0, rows, n, nullptr);
+            size_t first = ours.size();
+            for (size_t i = 0; i < ours.size() && first == ours.size(); ++i) first = ours[i] != theirs[i] ? i : first;
+            EXPECT_EQ(first, ours.size()) << "first differing byte " << first << " of " << ours.size();
+        }
     }
 }
 

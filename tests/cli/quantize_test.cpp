@@ -1,0 +1,86 @@
+// `fitllm quantize`: the executable end to end (a quantized model runs, and gives the text of the
+// file llama.cpp quantized from the same F16 model), and its usage errors.
+#include <gtest/gtest.h>
+
+#include <filesystem>
+#include <string>
+
+#include "test_support.h"
+
+namespace fitllm {
+namespace {
+
+namespace fs = std::filesystem;
+
+std::string fitllm_exe() {
+    return std::string(FITLLM_BINARY_DIR) + "/fitllm";
+}
+
+std::string model_data(const std::string& name) {
+    return (test::source_dir() / "tests" / "model" / "data" / name).string();
+}
+
+std::string run_text(const std::string& model) {
+    const test::CommandResult r =
+        test::run_command(fitllm_exe() + " run -m '" + model + "' -p 'hello world' -n 12 --temp 0 -t 2 2>/dev/null");
+    EXPECT_EQ(r.status, 0) << r.output;
+    return r.output;
+}
+
+TEST(QuantizeCommand, QuantizedModelRunsAsLlamaCppsDoes) {
+    test::TempDir dir;
+    const std::string out = (dir / "q4km.gguf").string();
+    const test::CommandResult q = test::run_command(fitllm_exe() + " quantize -t 2 '" +
+                                                    model_data("tiny-llama-f16.gguf") + "' '" + out + "' Q4_K_M 2>&1");
+    ASSERT_EQ(q.status, 0) << q.output;
+    EXPECT_NE(q.output.find("wrote " + out + ": Q4_K_M"), std::string::npos) << q.output;
+    EXPECT_NE(q.output.find("peak RSS"), std::string::npos) << q.output;
+    EXPECT_NE(q.output.find("output.weight"), std::string::npos) << q.output;
+    const std::string ours = run_text(out);
+    EXPECT_FALSE(ours.empty());
+    EXPECT_EQ(ours, run_text(model_data("tiny-llama-q4_k_m.gguf")));
+
+    // The output exists now: refused without --force, written with it.
+    test::CommandResult again = test::run_command(fitllm_exe() + " quantize '" + model_data("tiny-llama-f16.gguf") +
+                                                  "' '" + out + "' Q8_0 2>&1");
+    EXPECT_EQ(again.status, 2) << again.output;
+    EXPECT_NE(again.output.find("--force"), std::string::npos) << again.output;
+    again = test::run_command(fitllm_exe() + " quantize --force '" + model_data("tiny-llama-f16.gguf") + "' '" + out +
+                              "' Q8_0 2>&1");
+    EXPECT_EQ(again.status, 0) << again.output;
+    EXPECT_EQ(run_text(out), run_text(model_data("tiny-llama-q8_0.gguf")));
+
+    const test::CommandResult dry = test::run_command(fitllm_exe() + " quantize --dry-run '" +
+                                                      model_data("tiny-llama-f16.gguf") + "' '" + out + "' q2_k 2>&1");
+    EXPECT_EQ(dry.status, 0) << dry.output;
+    EXPECT_NE(dry.output.find("tensor data:"), std::string::npos) << dry.output;
+}
+
+TEST(QuantizeCommand, UsageErrors) {
+    test::TempDir dir;
+    const std::string in = model_data("tiny-llama-f16.gguf"), out = (dir / "o.gguf").string();
+    struct Case {
+        std::string args;
+        int status;
+        std::string says;
+    };
+    const Case cases[] = {
+        {"'" + in + "' '" + out + "' Q9_9", 2, "unknown file type 'Q9_9'"},
+        {"'" + in + "' '" + in + "' Q8_0", 2, "is the input file"},
+        {"'" + in + "' '" + out + "' IQ2_XS", 1, "importance matrix"},
+        {"--imatrix x.dat '" + in + "' '" + out + "' Q4_K_M", 2, "--imatrix"},
+        {"--output-tensor-type q9 '" + in + "' '" + out + "' Q4_K_M", 2, "unknown tensor type 'q9'"},
+        {"--tensor-type attn_v '" + in + "' '" + out + "' Q4_K_M", 2, "PATTERN=TYPE"},
+        {"'" + (dir / "missing.gguf").string() + "' '" + out + "' Q8_0", 1, "no such file"},
+        {"'" + model_data("tiny-llama-q8_0.gguf") + "' '" + out + "' Q4_0", 1, "--allow-requantize"},
+    };
+    for (const Case& c : cases) {
+        const test::CommandResult r = test::run_command(fitllm_exe() + " quantize " + c.args + " 2>&1");
+        EXPECT_EQ(r.status, c.status) << c.args << "\n" << r.output;
+        EXPECT_NE(r.output.find(c.says), std::string::npos) << c.args << "\n" << r.output;
+        EXPECT_FALSE(fs::exists(out)) << c.args;
+    }
+}
+
+}  // namespace
+}  // namespace fitllm
