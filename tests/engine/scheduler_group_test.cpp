@@ -10,6 +10,7 @@
 #include <vector>
 
 #include "engine/scheduler.h"
+#include "engine/tiny_llama_scheduler.h"
 #include "gguf/gguf_reader.h"
 #include "model/model.h"
 #include "test_support.h"
@@ -18,22 +19,8 @@
 namespace fitllm::engine {
 namespace {
 
-class SchedulerGroupTest : public ::testing::Test {
+class SchedulerGroupTest : public test_fixtures::TinyLlamaScheduler {
 protected:
-    static void SetUpTestSuite() {
-        file_ = new gguf::GgufFile(
-            gguf::GgufFile::open((test::source_dir() / "tests/model/data/tiny-llama-q8_0.gguf").string()));
-        tokenizer_ = new tokenizer::Tokenizer(tokenizer::Tokenizer::from_gguf(*file_));
-        model_ = model::Model::load(*file_).release();
-        compute_ = new Compute(2);
-    }
-    static void TearDownTestSuite() {
-        delete compute_;
-        delete model_;
-        delete tokenizer_;
-        delete file_;
-    }
-
     static std::vector<int32_t> long_prompt() {
         std::string text;
         for (int i = 0; i < 12; ++i) text += "the story goes on and on ";
@@ -46,10 +33,6 @@ protected:
         p.sampling.seed = seed;
         return p;
     }
-    static Job::Update alone(const std::vector<int32_t>& prompt, const GenerationParams& p, const ContextConfig& c) {
-        Scheduler s(*model_, *tokenizer_, c, {}, *compute_);
-        return s.submit(prompt, p)->wait_all();
-    }
     // The stats once nothing runs (the step after the last end publishes them).
     static SchedulerStats settled(const Scheduler& s) {
         const auto deadline = std::chrono::steady_clock::now() + std::chrono::seconds(5);
@@ -59,16 +42,7 @@ protected:
         std::this_thread::sleep_for(std::chrono::milliseconds(20));
         return s.stats();
     }
-
-    static gguf::GgufFile* file_;
-    static tokenizer::Tokenizer* tokenizer_;
-    static model::Model* model_;
-    static Compute* compute_;
 };
-gguf::GgufFile* SchedulerGroupTest::file_ = nullptr;
-tokenizer::Tokenizer* SchedulerGroupTest::tokenizer_ = nullptr;
-model::Model* SchedulerGroupTest::model_ = nullptr;
-Compute* SchedulerGroupTest::compute_ = nullptr;
 
 TEST_F(SchedulerGroupTest, ThePromptIsComputedOnceWithOrWithoutThePromptCache) {
     const std::vector<int32_t> prompt = long_prompt();

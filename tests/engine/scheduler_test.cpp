@@ -10,6 +10,7 @@
 #include <cmath>
 #include <thread>
 
+#include "engine/tiny_llama_scheduler.h"
 #include "gguf/gguf_reader.h"
 #include "memory/budget.h"
 #include "memory/pool.h"
@@ -21,23 +22,8 @@
 namespace fitllm::engine {
 namespace {
 
-class SchedulerTest : public ::testing::Test {
+class SchedulerTest : public test_fixtures::TinyLlamaScheduler {
 protected:
-    static void SetUpTestSuite() {
-        file_ = new gguf::GgufFile(
-            gguf::GgufFile::open((test::source_dir() / "tests/model/data/tiny-llama-q8_0.gguf").string()));
-        tokenizer_ = new tokenizer::Tokenizer(tokenizer::Tokenizer::from_gguf(*file_));
-        model_ = model::Model::load(*file_).release();
-        compute_ = new Compute(2);
-    }
-    static void TearDownTestSuite() {
-        delete compute_;
-        delete model_;
-        delete tokenizer_;
-        delete file_;
-    }
-
-    static std::vector<int32_t> ids(const std::string& text) { return tokenizer_->tokenize(text, true, false); }
     static GenerationParams greedy(int max_tokens) {
         GenerationParams p;
         p.max_tokens = max_tokens;
@@ -45,19 +31,9 @@ protected:
         return p;
     }
     static Job::Update alone(const std::vector<int32_t>& prompt, int max_tokens, const ContextConfig& c) {
-        Scheduler s(*model_, *tokenizer_, c, {}, *compute_);
-        return s.submit(prompt, greedy(max_tokens))->wait_all();
+        return TinyLlamaScheduler::alone(prompt, greedy(max_tokens), c);
     }
-
-    static gguf::GgufFile* file_;
-    static tokenizer::Tokenizer* tokenizer_;
-    static model::Model* model_;
-    static Compute* compute_;
 };
-gguf::GgufFile* SchedulerTest::file_ = nullptr;
-tokenizer::Tokenizer* SchedulerTest::tokenizer_ = nullptr;
-model::Model* SchedulerTest::model_ = nullptr;
-Compute* SchedulerTest::compute_ = nullptr;
 
 TEST_F(SchedulerTest, RequestsDecodedTogetherGiveWhatEachGivesAlone) {
     std::string long_text;
