@@ -14,6 +14,7 @@
 #include "engine/drafter.h"
 #include "engine/engine.h"
 #include "engine/session.h"
+#include "engine/speculative_checks.h"
 #include "fitllm/error.h"
 #include "gguf/gguf_reader.h"
 #include "model/model.h"
@@ -26,16 +27,12 @@ namespace fitllm {
 namespace {
 
 using engine::DraftParams;
+using test::expect_same;
+using test::Generated;
 
 std::string data(const char* name) {
     return (test::source_dir() / "tests/model/data" / name).string();
 }
-
-struct Generated {
-    std::vector<int32_t> tokens;
-    engine::GenerationStats stats;
-    int n_past = 0;
-};
 
 // Greedy generation on `target`, with a draft model when draft is not null.
 Generated generate(model::Model& target, ops::ThreadPool& pool, ContextConfig context,
@@ -60,15 +57,6 @@ Generated generate(model::Model& target, ops::ThreadPool& pool, ContextConfig co
     }
     r.n_past = session.n_past();
     return r;
-}
-
-void expect_same(const Generated& plain, const Generated& spec) {
-    EXPECT_EQ(spec.tokens, plain.tokens);
-    EXPECT_EQ(spec.stats.n_generated, plain.stats.n_generated);
-    EXPECT_EQ(spec.stats.context_full, plain.stats.context_full);
-    EXPECT_EQ(spec.stats.n_shifts, plain.stats.n_shifts);
-    EXPECT_EQ(spec.n_past, plain.n_past);
-    EXPECT_LE(spec.stats.n_accepted, spec.stats.n_drafted);
 }
 
 std::vector<int32_t> some_prompt(int n_vocab, int n) {

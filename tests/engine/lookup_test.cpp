@@ -10,6 +10,7 @@
 #include <vector>
 
 #include "engine/session.h"
+#include "engine/speculative_checks.h"
 #include "fitllm/error.h"
 #include "gguf/gguf_reader.h"
 #include "model/model.h"
@@ -22,6 +23,8 @@ namespace fitllm {
 namespace {
 
 using engine::LookupParams;
+using test::expect_same;
+using test::Generated;
 
 TEST(LookupDraft, ProposesWhatFollowedTheLongestSuffixFoundEarlier) {
     std::vector<int32_t> out;
@@ -62,12 +65,6 @@ TEST(LookupDraft, ParametersOutOfRangeAreRefused) {
     EXPECT_THROW(engine::check(LookupParams{.ngram_max = engine::kMaxLookupNgram + 1}), ConfigError);
 }
 
-struct Generated {
-    std::vector<int32_t> tokens;
-    engine::GenerationStats stats;
-    int n_past = 0;
-};
-
 // Greedy generation with or without lookup.
 Generated generate(model::Model& m, ops::ThreadPool& pool, ContextConfig context, const std::vector<int32_t>& prompt,
                    int n_predict, const LookupParams* lookup, int32_t eog = -1, float repeat_penalty = 1.0f) {
@@ -88,16 +85,6 @@ Generated generate(model::Model& m, ops::ThreadPool& pool, ContextConfig context
                                 : session.generate(prompt, n_predict, sampler, is_eog, on_token);
     r.n_past = session.n_past();
     return r;
-}
-
-// The same tokens, and the same end (context full, shifts, what the session holds).
-void expect_same(const Generated& plain, const Generated& spec) {
-    EXPECT_EQ(spec.tokens, plain.tokens);
-    EXPECT_EQ(spec.stats.n_generated, plain.stats.n_generated);
-    EXPECT_EQ(spec.stats.context_full, plain.stats.context_full);
-    EXPECT_EQ(spec.stats.n_shifts, plain.stats.n_shifts);
-    EXPECT_EQ(spec.n_past, plain.n_past);
-    EXPECT_LE(spec.stats.n_accepted, spec.stats.n_drafted);
 }
 
 std::vector<int32_t> repeating_prompt(int n_vocab, int period, int repeats) {
