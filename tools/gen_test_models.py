@@ -35,6 +35,9 @@ Writes, for each architecture,
   tiny-olmo2-*.gguf   olmo2: llama's SPM vocabulary, untied output, no pre-norms but post-attention
                       and post-FFN norms, Q and K RMS-normed over all heads, NeoX rotation; F16,
                       Q8_0, Q4_K_M
+  tiny-mixtral-*.gguf mixtral: a "llama" file (llama's vocabulary, untied output) with expert_count 8,
+                      expert_used_count 2 and, for each FFN, 8 experts feed_forward_length 32 wide
+                      (an F32 router); F16, Q8_0, Q4_K_M
 
 first in F16 (1-D tensors F32) with gguf-py from a fixed seed, then quantized by llama.cpp's own
 quantizer (llama-cpp-python's llama_model_quantize, `scripts/setup.sh --oracle`) into Q8_0, Q6_K,
@@ -81,13 +84,14 @@ MODELS = [("llama", "llama", 1, QUANTS + EXTRA_QUANTS["llama"]), ("qwen2", "qwen
           ("granite", "granite", 9, [("q8_0", 7), ("q4_k_m", 15)]),
           ("olmo2", "olmo2", 10, [("q8_0", 7), ("q4_k_m", 15)]),
           ("smollm3", "smollm3", 11, [("q8_0", 7), ("q4_k_m", 15)]),
-          ("mistral3", "mistral3", 12, [("q8_0", 7), ("q4_k_m", 15)])]
+          ("mistral3", "mistral3", 12, [("q8_0", 7), ("q4_k_m", 15)]),
+          ("mixtral", "llama", 13, [("q8_0", 7), ("q4_k_m", 15)])]
 ARCHS = [m[0] for m in MODELS]
 YARN_FACTOR, YARN_ORIG_CTX = 4.0, 64
 # gemma2: the sliding window of its even layers and the two soft-capping values, small enough that
 # a wrong window or a missing cap moves the logits well past the tests' tolerances.
 GEMMA2_WINDOW, GEMMA2_ATTN_CAP, GEMMA2_FINAL_CAP = 32, 4.0, 8.0
-# qwen3moe: experts per layer, used per token, hidden units per expert (small: files under 2 MB).
+# qwen3moe and mixtral: experts per layer, used per token, hidden units per expert (files under 2 MB).
 MOE_N_EXPERT, MOE_N_USED, MOE_N_FF = 8, 2, 32
 # phi3-longrope: the original context (long factors beyond it) and the rotated dims per head.
 PHI3_ORIG_CTX, PHI3_N_ROT = 32, 48
@@ -187,14 +191,14 @@ def bpe_vocab() -> tuple[list[str], list[int], list[str]]:
     return tokens, types, [f"{a} {b}" for a, b in merges]
 
 
-def write_f16(arch: str, path: str, seed: int, yarn: bool = False, longrope: bool = False) -> None:
+def write_f16(arch: str, path: str, seed: int, yarn: bool = False, longrope: bool = False, moe: bool = False) -> None:
     rng = np.random.default_rng(seed)
     w = gguf.GGUFWriter(path, arch)
     w.add_name(f"tiny-{arch}")
     w.add_file_type(gguf.LlamaFileType.MOSTLY_F16)
     w.add_context_length(N_CTX_TRAIN)
     w.add_embedding_length(N_EMBD)
-    w.add_feed_forward_length(N_FF)
+    w.add_feed_forward_length(MOE_N_FF if moe else N_FF)  # mixtral: each expert's width
     n_layer = 4 if arch == "smollm3" else N_LAYER  # smollm3: its fourth layer has no RoPE
     w.add_block_count(n_layer)
     w.add_head_count(N_HEAD)
@@ -208,6 +212,9 @@ def write_f16(arch: str, path: str, seed: int, yarn: bool = False, longrope: boo
         w.add_expert_count(MOE_N_EXPERT)
         w.add_expert_used_count(MOE_N_USED)
         w.add_expert_feed_forward_length(MOE_N_FF)
+    if moe:  # mixtral: llama with experts
+        w.add_expert_count(MOE_N_EXPERT)
+        w.add_expert_used_count(MOE_N_USED)
     if arch in ("llama", "gemma2", "phi3", "granite", "olmo2", "smollm3", "mistral3"):
         w.add_rope_freq_base(10000.0)
         if arch == "mistral3":
@@ -320,7 +327,7 @@ def write_f16(arch: str, path: str, seed: int, yarn: bool = False, longrope: boo
             w.add_tensor(p + "post_attention_norm.weight", norm(N_EMBD))
         if arch != "olmo2":
             w.add_tensor(p + "ffn_norm.weight", norm(N_EMBD))
-        if arch == "qwen3moe":  # router scores of std 1.5: distinct choices; experts as numpy (expert, rows, cols)
+        if arch == "qwen3moe" or moe:  # router scores of std 1.5: distinct choices; experts as numpy (expert, rows, cols)
             w.add_tensor(p + "ffn_gate_inp.weight",
                          rng.standard_normal((MOE_N_EXPERT, N_EMBD), dtype=np.float32) * np.float32(1.5 / np.sqrt(N_EMBD)))
             for name, rows, cols, std in [("gate", MOE_N_FF, N_EMBD, 1.0 / np.sqrt(N_EMBD)),
@@ -372,7 +379,8 @@ def main() -> None:
         if args.arch and model not in args.arch:
             continue
         f16 = os.path.join(args.out, f"tiny-{model}-f16.gguf")
-        write_f16(arch, f16, seed, yarn=model.endswith("-yarn"), longrope=model.endswith("-longrope"))
+        write_f16(arch, f16, seed, yarn=model.endswith("-yarn"), longrope=model.endswith("-longrope"),
+                  moe=model == "mixtral")
         paths = [f16]
         for name, ftype in quants:
             paths.append(os.path.join(args.out, f"tiny-{model}-{name}.gguf"))

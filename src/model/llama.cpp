@@ -6,6 +6,8 @@
 // shared by the heads) before the rotation; its head size is its own (128), not n_embd / n_head.
 // Qwen3-MoE is Qwen3 with a mixture of experts for each feed-forward block (model/moe.h: softmax
 // routing, the top n_expert_used experts, weights normalized to sum 1), no dense FFN.
+// Mixtral is a "llama" file with expert_count > 0: Llama's attention, the same routing, each
+// expert feed_forward_length wide (the variant is picked at load from expert_count).
 // SmolLM3 is Llama whose every fourth layer has no rotary embeddings (NoPE).
 // Mistral 3 (Ministral 3, Mistral Small 3.x text) is Llama with YaRN's magnitude set by
 // yarn_log_multiplier and Llama 4's attention temperature: Q times a factor that grows with the
@@ -58,10 +60,40 @@ void read_attention_hparams(const HparamReader& r, Hparams& hp) {
     hp.attn_scale = scale != 0.0f ? scale : 1.0f / std::sqrt(static_cast<float>(hp.head_dim));
 }
 
+// Llama's relatives (Qwen2, Qwen3, Granite, SmolLM3, Mistral 3) with a dense feed-forward block
+// only: experts in those are refused; a "llama" file with them is Mixtral (read_llama_arch_hparams).
 void read_llama_hparams(const HparamReader& r, Hparams& hp) {
-    if (r.has("expert_count") && r.file().get_int(r.key("expert_count")) > 0) {
-        r.refuse("expert_count", std::to_string(r.file().get_int(r.key("expert_count"))),
-                 "mixture-of-experts models (Mixtral) are not supported");
+    if (r.has("expert_count") && r.file().get_int(r.key("expert_count")) != 0) {
+        r.refuse(
+            "expert_count", std::to_string(r.file().get_int(r.key("expert_count"))),
+            "mixture-of-experts models are supported as 'llama' (Mixtral) and 'qwen3moe' files, not as " + hp.arch);
+    }
+    read_attention_hparams(r, hp);
+}
+
+// The routed experts' counts (qwen3moe, Mixtral): expert_count and expert_used_count required.
+void read_expert_counts(const HparamReader& r, Hparams& hp) {
+    hp.n_expert = r.count("expert_count");
+    hp.n_expert_used = r.count("expert_used_count");
+    if (hp.n_expert > kMaxExperts) {
+        r.refuse("expert_count", std::to_string(hp.n_expert), "more than " + std::to_string(kMaxExperts));
+    }
+    if (hp.n_expert_used > hp.n_expert || hp.n_expert_used > kMaxExpertsUsed) {
+        r.refuse("expert_used_count", std::to_string(hp.n_expert_used),
+                 "must be at most '" + r.key("expert_count") + "' = " + std::to_string(hp.n_expert) + " and " +
+                     std::to_string(kMaxExpertsUsed));
+    }
+}
+
+// "llama" (llama.cpp's LLM_ARCH_LLAMA): dense, or Mixtral when expert_count is non-zero. Mixtral's
+// experts are feed_forward_length wide each (llama.cpp's llama builds them with n_ff; it reads no
+// expert_feed_forward_length nor expert_weights_scale for llama), softmax-routed, the top
+// expert_used_count weights normalized to sum 1, no shared expert.
+void read_llama_arch_hparams(const HparamReader& r, Hparams& hp) {
+    if (r.has("expert_count") && r.file().get_int(r.key("expert_count")) != 0) {
+        read_expert_counts(r, hp);
+        hp.n_ff_exp = hp.n_ff;
+        hp.expert_weights_scale = 0.0f;
     }
     read_attention_hparams(r, hp);
 }
@@ -77,7 +109,7 @@ void read_smollm3_hparams(const HparamReader& r, Hparams& hp) {
 // its step the YaRN original context (rope.scaling.original_context_length, else context_length);
 // rope.scaling.yarn_log_multiplier L (0 or absent: none) sets YaRN's magnitude factor as llama.cpp
 // does: mscale(1) / mscale(L) / (1 + 0.1 ln factor), mscale(m) = 0.1 m ln factor + 1, before
-// the rotation's own 1 + 0.1 ln factor. Mixtral-style experts are refused (read_llama_hparams).
+// the rotation's own 1 + 0.1 ln factor. Experts are refused (read_llama_hparams).
 void read_mistral3_hparams(const HparamReader& r, Hparams& hp) {
     read_llama_hparams(r, hp);
     const float log_mul = r.number_or("rope.scaling.yarn_log_multiplier", 0.0f);
@@ -133,16 +165,7 @@ void read_olmo2_hparams(const HparamReader& r, Hparams& hp) {
 // Qwen3-MoE (llama.cpp's LLM_ARCH_QWEN3MOE): Qwen3's attention; expert_feed_forward_length falls
 // back to feed_forward_length / expert_used_count as llama.cpp's does.
 void read_qwen3moe_hparams(const HparamReader& r, Hparams& hp) {
-    hp.n_expert = r.count("expert_count");
-    hp.n_expert_used = r.count("expert_used_count");
-    if (hp.n_expert > kMaxExperts) {
-        r.refuse("expert_count", std::to_string(hp.n_expert), "more than " + std::to_string(kMaxExperts));
-    }
-    if (hp.n_expert_used > hp.n_expert || hp.n_expert_used > kMaxExpertsUsed) {
-        r.refuse("expert_used_count", std::to_string(hp.n_expert_used),
-                 "must be at most '" + r.key("expert_count") + "' = " + std::to_string(hp.n_expert) + " and " +
-                     std::to_string(kMaxExpertsUsed));
-    }
+    read_expert_counts(r, hp);
     hp.n_ff_exp = r.count_or("expert_feed_forward_length", hp.n_ff / hp.n_expert_used);
     hp.expert_weights_scale = r.number_or("expert_weights_scale", 0.0f);
     if (!std::isfinite(hp.expert_weights_scale)) {
@@ -172,7 +195,7 @@ struct LlamaLayer {
     ops::WeightView ffn_gate;               // [n_ff, n_embd]
     ops::WeightView ffn_up;                 // [n_ff, n_embd]
     ops::WeightView ffn_down;               // [n_embd, n_ff]
-    MoeWeights moe;                         // router [n_expert, n_embd] and experts (Qwen3-MoE)
+    MoeWeights moe;                         // router [n_expert, n_embd] and experts (Qwen3-MoE, Mixtral)
 };
 
 template <class F>
@@ -204,13 +227,14 @@ struct Variant {
     QkNorm qk_norm;  // per head (Qwen3) or over all heads of a token (OLMo 2)
     ops::RopeMode rope_mode;
     bool rope_freqs;          // Llama 3.1+'s per-pair frequency divisors, when the file has them
-    bool moe = false;         // routed experts instead of the dense FFN (Qwen3-MoE; model/moe.h)
+    bool moe = false;         // routed experts instead of the dense FFN (Qwen3-MoE, Mixtral; model/moe.h)
     bool post_norms = false;  // norms after the attention and FFN blocks instead of before (OLMo 2)
 };
 constexpr Variant kLlamaVariant{QkvBias::Optional, QkNorm::None, ops::RopeMode::Normal,
                                 true};                                                         // pairs (x[2i], x[2i+1])
 constexpr Variant kQwen2Variant{QkvBias::Required, QkNorm::None, ops::RopeMode::Neox, false};  // (x[i], x[i + n_rot/2])
 constexpr Variant kQwen3Variant{QkvBias::None, QkNorm::PerHead, ops::RopeMode::Neox, false};
+constexpr Variant kMixtralVariant{QkvBias::Optional, QkNorm::None, ops::RopeMode::Normal, true, /*moe=*/true};
 constexpr Variant kQwen3MoeVariant{QkvBias::None, QkNorm::PerHead, ops::RopeMode::Neox, false, /*moe=*/true};
 constexpr Variant kSmolLm3Variant{QkvBias::Optional, QkNorm::None, ops::RopeMode::Normal, false};
 constexpr Variant kOlmo2Variant{QkvBias::None, QkNorm::Whole, ops::RopeMode::Neox, false, false, /*post_norms=*/true};
@@ -455,7 +479,7 @@ std::unique_ptr<Model> load_olmo2(const gguf::GgufFile& file, Hparams hp, const 
 // The routed experts run on the host only: an offloaded layer must keep its routed-expert block
 // there (--cpu-moe, --n-cpu-moe, -ot; model/offload.h experts_on_host), the rest of it runs on the
 // device.
-std::unique_ptr<Model> load_qwen3moe(const gguf::GgufFile& file, Hparams hp, const LoadOptions& options) {
+void check_experts_on_host(const gguf::GgufFile& file, const Hparams& hp, const LoadOptions& options) {
     if (options.offload != nullptr && options.n_offload_layers > 0) {
         const Placement p = place_layers(file, hp, options);
         for (int il = p.first_device_layer; il < hp.n_layer; ++il) {
@@ -474,12 +498,23 @@ std::unique_ptr<Model> load_qwen3moe(const gguf::GgufFile& file, Hparams hp, con
                 options.offload->name());
         }
     }
+}
+
+std::unique_ptr<Model> load_qwen3moe(const gguf::GgufFile& file, Hparams hp, const LoadOptions& options) {
+    check_experts_on_host(file, hp, options);
     return std::make_unique<Llama>(file, std::move(hp), kQwen3MoeVariant, options);
+}
+
+// "llama": Mixtral (the llama variant with routed experts) when the file declares experts.
+std::unique_ptr<Model> load_llama_arch(const gguf::GgufFile& file, Hparams hp, const LoadOptions& options) {
+    if (hp.n_expert == 0) return load_llama(file, std::move(hp), options);
+    check_experts_on_host(file, hp, options);
+    return std::make_unique<Llama>(file, std::move(hp), kMixtralVariant, options);
 }
 
 }  // namespace
 
-extern const Architecture kLlama{"llama", read_llama_hparams, load_llama};
+extern const Architecture kLlama{"llama", read_llama_arch_hparams, load_llama_arch};
 extern const Architecture kQwen2{"qwen2", read_llama_hparams, load_qwen2};
 extern const Architecture kQwen3{"qwen3", read_llama_hparams, load_qwen3};
 extern const Architecture kGranite{"granite", read_granite_hparams, load_llama};

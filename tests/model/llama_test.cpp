@@ -84,9 +84,60 @@ TEST(LlamaHparams, BadRopeDimensionCountIsNamed) {
     EXPECT_NE(error.find("llama.rope.dimension_count"), std::string::npos) << error;
 }
 
-TEST(LlamaHparams, MixtureOfExpertsIsRefused) {
+// Mixtral ("llama" with experts, issue 21): the expert counts are read, feed_forward_length is each
+// expert's width; what is missing or out of range is refused by its key.
+TEST(MixtralHparams, ReadsTheExpertCounts) {
+    const std::vector<std::byte> bytes = test::tiny_llama_bytes({.expert_count = 6, .expert_used = 2});
+    const model::Hparams hp = model::read_hparams(gguf::GgufFile::parse(bytes, "tiny.gguf"));
+    EXPECT_EQ(hp.arch, "llama");
+    EXPECT_TRUE(hp.is_moe());
+    EXPECT_EQ(hp.n_expert, 6);
+    EXPECT_EQ(hp.n_expert_used, 2);
+    EXPECT_EQ(hp.n_ff_exp, test::kTinyFfExp);
+    EXPECT_EQ(hp.expert_weights_scale, 0.0f);
+}
+
+TEST(MixtralHparams, MissingExpertUsedCountIsNamed) {
     const std::string error = test::tiny_load_error({.expert_count = 8});
-    EXPECT_NE(error.find("llama.expert_count"), std::string::npos) << error;
+    EXPECT_NE(error.find("missing metadata key 'llama.expert_used_count'"), std::string::npos) << error;
+}
+
+TEST(MixtralHparams, MoreExpertsUsedThanThereAreIsRefused) {
+    const std::string error = test::tiny_load_error({.expert_count = 2, .expert_used = 3});
+    EXPECT_NE(error.find("'llama.expert_used_count' = 3"), std::string::npos) << error;
+}
+
+TEST(MixtralHparams, TooManyExpertsAreRefused) {
+    const std::string error = test::tiny_load_error({.expert_count = 513, .expert_used = 2});
+    EXPECT_NE(error.find("'llama.expert_count' = 513"), std::string::npos) << error;
+}
+
+TEST(MixtralWeights, DenseFeedForwardInsteadOfExpertsIsNamed) {
+    const std::string error =
+        test::tiny_load_error({.skip = "blk.0.ffn_gate_exps.weight", .expert_count = 6, .expert_used = 2});
+    EXPECT_NE(error.find("missing tensor 'blk.0.ffn_gate_exps.weight'"), std::string::npos) << error;
+}
+
+TEST(MixtralWeights, SharedExpertIsRefusedByName) {
+    const std::string error =
+        test::tiny_load_error({.extra = "blk.1.ffn_gate_shexp.weight", .expert_count = 6, .expert_used = 2});
+    EXPECT_NE(error.find("blk.1.ffn_gate_shexp.weight"), std::string::npos) << error;
+    EXPECT_NE(error.find("shared expert"), std::string::npos) << error;
+}
+
+// Experts in Llama's relatives stay refused, by the key.
+TEST(MixtralHparams, ExpertsInQwen3AreRefused) {
+    const std::string error =
+        test::tiny_load_error({.arch = "qwen3", .expert_count = 6, .expert_used = 2, .qk_norm = true, .head_dim = 16});
+    EXPECT_NE(error.find("'qwen3.expert_count' = 6: mixture-of-experts models"), std::string::npos) << error;
+}
+
+TEST(MixtralForward, MatchesTheReference) {
+    test::expect_matches_reference({.expert_count = 6, .expert_used = 2});
+}
+
+TEST(MixtralForward, MatchesTheReferenceWithOneExpertPerToken) {
+    test::expect_matches_reference({.expert_count = 6, .expert_used = 1});
 }
 
 TEST(LlamaWeights, MissingTensorIsNamed) {

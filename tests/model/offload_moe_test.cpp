@@ -103,7 +103,8 @@ std::vector<Rules> host_expert_rules(int n_layer) {
 // plan say (no expert), its scratch what device_scratch_bytes says.
 TEST(ModelOffloadMoe, HostExpertsGiveTheLogitsOfTheCpu) {
     ops::ThreadPool pool(2);
-    for (const char* f : {"tiny-qwen3moe-f16.gguf", "tiny-qwen3moe-q8_0.gguf", "tiny-qwen3moe-q4_k_m.gguf"}) {
+    for (const char* f : {"tiny-qwen3moe-f16.gguf", "tiny-qwen3moe-q8_0.gguf", "tiny-qwen3moe-q4_k_m.gguf",
+                          "tiny-mixtral-f16.gguf", "tiny-mixtral-q8_0.gguf", "tiny-mixtral-q4_k_m.gguf"}) {
         SCOPED_TRACE(f);
         const gguf::GgufFile file = gguf::GgufFile::open(data(f));
         const auto cpu = model::Model::load(file);

@@ -35,7 +35,7 @@ struct TinyLlamaOptions {
     std::string extra;            // an extra F32 tensor of 4 values to write (e.g. blk.0.ffn_up.bias)
     bool with_vocab = false;      // write an SPM vocabulary of 40 tokens (for the CLI)
     uint32_t expert_count = 0;    // > 0: written as <arch>.expert_count
-    uint32_t expert_used = 0;     // > 0: experts instead of the dense FFN (qwen3moe), this many per token
+    uint32_t expert_used = 0;     // > 0: experts instead of the dense FFN (qwen3moe, llama: Mixtral), per token
     int64_t expert_ff = 0;        // > 0: the experts' tensors have this many hidden units, not kTinyFfExp
     bool qk_norm = false;         // write blk.*.attn_{q,k}_norm.weight (qwen3 needs them)
     int head_dim = 0;             // > 0: written as attention.key_length / value_length
@@ -56,7 +56,8 @@ inline std::vector<std::byte> tiny_llama_bytes(const TinyLlamaOptions& o = {}) {
     const std::string p = o.arch + ".";
     w.add<uint32_t>(p + "block_count", kTinyLayers);
     w.add<uint32_t>(p + "embedding_length", kTinyEmbd);
-    w.add<uint32_t>(p + "feed_forward_length", kTinyFf);
+    // Mixtral ("llama" with experts): its experts are feed_forward_length wide.
+    w.add<uint32_t>(p + "feed_forward_length", o.arch == "llama" && o.expert_used > 0 ? kTinyFfExp : kTinyFf);
     w.add<uint32_t>(p + "context_length", 128);
     w.add<uint32_t>(p + "attention.head_count", kTinyHeads);
     w.add<uint32_t>(p + "attention.head_count_kv", kTinyHeadsKv);
