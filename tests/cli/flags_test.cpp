@@ -157,6 +157,7 @@ Fields fields(const PlanOptions& o) {
 Fields fields(const ServeOptions& o) {
     Fields f;
     add(f, o.engine);
+    add(f, o.lookup);
     f["models_dir"] = o.models_dir;
     f["alias"] = o.alias;
     f["strict_model_names"] = o.strict_model_names ? "true" : "false";
