@@ -51,6 +51,19 @@ public:
     // Ollama's GET /api/ps: the loaded models, their planned size (size_vram: the offload
     // device's share) and when they unload if idle.
     void ollama_ps(HttpResponse& res);
+    // Ollama's model management on a --models-dir server (ModelRegistry::put_model,
+    // remove_model): POST /api/copy {source, destination} (the new name a hard link to the file,
+    // or a symbolic link where the file system has none), DELETE /api/delete {model}, POST
+    // /api/create {model, from, system, parameters, license} (from: a model here or a GGUF file
+    // the server can read; status lines streamed unless stream is false). A created model's
+    // system and parameters are the defaults of its /api/chat and /api/generate requests.
+    void ollama_copy(HttpRequest& req, HttpResponse& res);
+    void ollama_delete(HttpRequest& req, HttpResponse& res);
+    void ollama_create(HttpRequest& req, HttpResponse& res);
+    // POST /api/pull and /api/push: fitllm downloads and uploads nothing. A pull of a model it has
+    // answers success (up to date, as Ollama answers); any other is 404 saying how to add one. A
+    // push is 501.
+    void ollama_pull(bool push, HttpRequest& req, HttpResponse& res);
 
 private:
     memory::Pool* request_pool();

@@ -36,6 +36,12 @@ enum class Route {
     ollama_generate,
     ollama_show,
     ollama_ps,
+    ollama_copy,
+    ollama_delete,
+    ollama_create,
+    ollama_pull,
+    ollama_push,
+    ollama_embed,
 };
 
 struct RouteInfo {
@@ -62,6 +68,13 @@ constexpr RouteInfo kRoutes[] = {
     {Route::ollama_generate, "POST", "/api/generate", false, false},
     {Route::ollama_show, "POST", "/api/show", false, false},
     {Route::ollama_ps, "GET", "/api/ps", false, false},
+    {Route::ollama_copy, "POST", "/api/copy", false, false},
+    {Route::ollama_delete, "DELETE", "/api/delete", false, false},
+    {Route::ollama_create, "POST", "/api/create", false, false},
+    {Route::ollama_pull, "POST", "/api/pull", false, false},
+    {Route::ollama_push, "POST", "/api/push", false, false},
+    {Route::ollama_embed, "POST", "/api/embed", false, true},
+    {Route::ollama_embed, "POST", "/api/embeddings", false, true},
 };
 
 // Ollama's endpoints answer errors as Ollama does: {"error": "message"}.
@@ -290,6 +303,19 @@ private:
                 return endpoints_.ollama_show(req, res);
             case Route::ollama_ps:
                 return endpoints_.ollama_ps(res);
+            case Route::ollama_copy:
+                return endpoints_.ollama_copy(req, res);
+            case Route::ollama_delete:
+                return endpoints_.ollama_delete(req, res);
+            case Route::ollama_create:
+                return endpoints_.ollama_create(req, res);
+            case Route::ollama_pull:
+                return endpoints_.ollama_pull(false, req, res);
+            case Route::ollama_push:
+                return endpoints_.ollama_pull(true, req, res);
+            case Route::ollama_embed:
+                throw ApiError(501, "invalid_request_error", "not_implemented",
+                               req.path + ": fitllm computes no embeddings (no embedding endpoint is implemented)");
         }
     }
 

@@ -312,6 +312,145 @@ void ModelRegistry::set_keep_alive(const std::string& id, std::optional<double> 
     reaper_cv_.notify_all();
 }
 
+std::string ModelRegistry::name_problem(const std::string& id, bool new_name) {
+    if (id.empty()) return "a name is required";
+    if (id.find_first_of(std::string("/\\\0", 3)) != std::string::npos || id[0] == '.') {
+        return "a model's name must not hold '/', '\\' or NUL, nor start with '.'";
+    }
+    if (!new_name) return "";
+    const auto plain = [](char ch) {
+        return (ch >= 'a' && ch <= 'z') || (ch >= 'A' && ch <= 'Z') || (ch >= '0' && ch <= '9') || ch == '_';
+    };
+    const size_t colon = id.find(':');
+    const std::string name = id.substr(0, colon);
+    const std::string tag = colon == std::string::npos ? std::string("x") : id.substr(colon + 1);
+    const bool ok =
+        id.size() <= 128 && !name.empty() && !tag.empty() && plain(name[0]) && plain(tag[0]) &&
+        std::all_of(name.begin(), name.end(), [&](char ch) { return plain(ch) || ch == '-' || ch == '.'; }) &&
+        std::all_of(tag.begin(), tag.end(), [&](char ch) { return plain(ch) || ch == '-' || ch == '.'; });
+    if (ok) return "";
+    return "a new model's name is NAME or NAME:TAG of letters, digits, '_', '-' and '.', each starting with a "
+           "letter, digit or '_', at most 128 bytes";
+}
+
+std::filesystem::path ModelRegistry::settings_file(const std::filesystem::path& gguf) {
+    std::filesystem::path p = gguf;
+    p.replace_extension(".fitllm.json");
+    return p;
+}
+
+void ModelRegistry::require_models_dir(const std::string& what) const {
+    if (!options_.models_dir.empty()) return;
+    throw ApiError(400, "invalid_request_error", "needs_models_dir",
+                   what + ": this server serves the one model of -m ('" + entries_.begin()->first +
+                       "'); adding, copying and deleting models needs `fitllm serve --models-dir DIR`");
+}
+
+std::shared_ptr<LoadedModel> ModelRegistry::take_idle_locked(const std::string& id, Entry& e, const std::string& what) {
+    if (!e.loaded) return nullptr;
+    if (e.loaded.use_count() > 1 || !e.loaded->scheduler().idle()) {
+        throw ApiError(409, "invalid_request_error", "model_busy",
+                       what + ": model '" + id +
+                           "' is loaded and serving requests; try again when they are done (GET /api/ps lists "
+                           "the loaded models)");
+    }
+    ++n_unloads_;
+    return std::move(e.loaded);
+}
+
+void ModelRegistry::put_model(
+    const std::string& id,
+    const std::function<void(const std::filesystem::path& gguf, const std::filesystem::path& settings)>& write) {
+    require_models_dir("model '" + id + "'");
+    if (const std::string why = name_problem(id, true); !why.empty()) {
+        throw ApiError::invalid("model: invalid name '" + id + "': " + why, "invalid_model_name", "model");
+    }
+    const std::filesystem::path file = options_.models_dir / (id + ".gguf");
+    const std::filesystem::path settings = settings_file(file);
+    // Not *.gguf, and hidden: no scan takes them for models while they are written.
+    const std::filesystem::path tmp_file = options_.models_dir / ("." + id + ".gguf.partial");
+    const std::filesystem::path tmp_settings = options_.models_dir / ("." + id + ".fitllm.json.partial");
+    const auto drop_temporaries = [&] {
+        std::error_code ec;
+        std::filesystem::remove(tmp_file, ec);
+        std::filesystem::remove(tmp_settings, ec);
+    };
+    std::lock_guard load_lock(load_mutex_);  // no load of it meanwhile, nor another change
+    {
+        std::lock_guard lock(mutex_);  // a busy model is refused before the work
+        scan_locked();
+        const auto it = entries_.find(id);
+        if (it != entries_.end() && it->second.loaded &&
+            (it->second.loaded.use_count() > 1 || !it->second.loaded->scheduler().idle())) {
+            take_idle_locked(id, it->second, "model '" + id + "'");
+        }
+    }
+    drop_temporaries();
+    try {
+        write(tmp_file, tmp_settings);
+    } catch (...) {
+        drop_temporaries();
+        throw;
+    }
+    std::shared_ptr<LoadedModel> unloaded;
+    {
+        std::lock_guard lock(mutex_);
+        scan_locked();
+        const auto it = entries_.find(id);
+        try {
+            if (it != entries_.end()) unloaded = take_idle_locked(id, it->second, "model '" + id + "'");
+            std::error_code ec;
+            if (std::filesystem::exists(tmp_settings)) {
+                std::filesystem::rename(tmp_settings, settings);
+            } else {
+                std::filesystem::remove(settings, ec);  // the old model's, if any
+            }
+            std::filesystem::rename(tmp_file, file);
+        } catch (const std::filesystem::filesystem_error& e) {
+            drop_temporaries();
+            throw ApiError(500, "server_error", "model_write_failed", "model '" + id + "': " + e.what());
+        } catch (...) {
+            drop_temporaries();
+            throw;
+        }
+        Entry& e = entries_[id];
+        e.path = file;
+        e.keep_alive.reset();
+    }
+    unloaded.reset();  // joins its scheduler thread: not under the lock
+}
+
+void ModelRegistry::remove_model(const std::string& requested) {
+    require_models_dir("model '" + requested + "'");
+    if (const std::string why = name_problem(requested, false); !why.empty()) {
+        throw ApiError::invalid("model: invalid name '" + requested + "': " + why, "invalid_model_name", "model");
+    }
+    std::lock_guard load_lock(load_mutex_);
+    std::shared_ptr<LoadedModel> unloaded;
+    {
+        std::lock_guard lock(mutex_);
+        scan_locked();
+        const auto it = entries_.find(requested);
+        if (it == entries_.end()) {
+            throw ApiError(404, "invalid_request_error", "model_not_found",
+                           "model '" + requested + "' does not exist (GET /api/tags lists the models)", "model");
+        }
+        unloaded = take_idle_locked(requested, it->second, "model '" + requested + "'");
+        std::error_code ec;
+        std::filesystem::remove(it->second.path, ec);
+        if (ec && std::filesystem::exists(it->second.path)) {
+            it->second.loaded = std::move(unloaded);  // still offered, as it was
+            if (it->second.loaded) --n_unloads_;
+            throw ApiError(
+                500, "server_error", "model_remove_failed",
+                "model '" + requested + "': cannot remove " + it->second.path.string() + ": " + ec.message());
+        }
+        std::filesystem::remove(settings_file(it->second.path), ec);
+        entries_.erase(it);
+    }
+    unloaded.reset();
+}
+
 uint64_t ModelRegistry::n_loads() const {
     std::lock_guard lock(mutex_);
     return n_loads_;

@@ -15,6 +15,7 @@
 #include <chrono>
 #include <condition_variable>
 #include <filesystem>
+#include <functional>
 #include <map>
 #include <memory>
 #include <mutex>
@@ -131,6 +132,31 @@ public:
     // Cancels every request of every loaded model (for a server that stops: streams end at once).
     void shutdown();
 
+    // Model management (Ollama's /api/copy, /api/create, /api/delete), with --models-dir only:
+    // with -m each throws ApiError 400 saying so. A model is its file DIR/ID.gguf and, when a
+    // create gave it settings (system prompt, parameters, license), DIR/ID.fitllm.json beside it.
+    //
+    // Why a name cannot name a model, or "" when it can. A new name (new_name) is NAME or
+    // NAME:TAG of letters, digits, '_', '-' and '.', starting with a letter, digit or '_', at
+    // most 128 bytes; a name looked up only must not hold '/', '\\' or NUL, nor start with '.'.
+    static std::string name_problem(const std::string& id, bool new_name);
+    // Makes (or replaces) the model `id`: `write` writes its file at `gguf` and, if it has
+    // settings, them at `settings` (paths of new files in the directory, not yet models); then
+    // they take the model's names. A model of that id that is loaded is unloaded first if idle.
+    // Throws ApiError: 400 for a bad name, 409 when the model it replaces is busy; what `write`
+    // throws (its files removed).
+    void put_model(
+        const std::string& id,
+        const std::function<void(const std::filesystem::path& gguf, const std::filesystem::path& settings)>& write);
+    // Removes the model's file and settings, unloading it first if it is loaded and idle.
+    // Throws ApiError: 400 for a bad name, 404 for a model that is not offered, 409 when it is
+    // busy (requests running or waiting), 500 when the file cannot be removed.
+    void remove_model(const std::string& id);
+    // Throws ApiError 400 unless this is a --models-dir server; `what` names the request.
+    void require_models_dir(const std::string& what) const;
+    // Where a model file's settings are: "DIR/ID.fitllm.json" for "DIR/ID.gguf".
+    static std::filesystem::path settings_file(const std::filesystem::path& gguf);
+
     std::vector<ModelInfo> models() const;  // offered models, sorted by id (the directory rescanned)
     memory::Device& device() { return resources_->host(); }
     // The offload device every model's last layers run on, or nullptr.
@@ -155,6 +181,8 @@ private:
     double idle_limit_locked(const Entry& e) const;
     ModelInfo info_locked(const std::string& id, const Entry& e) const;
     bool evict_one_idle_locked(const std::string& except);
+    // The loaded model of that entry, taken out of it to be unloaded; ApiError 409 when busy.
+    std::shared_ptr<LoadedModel> take_idle_locked(const std::string& id, Entry& e, const std::string& what);
     void reaper();
 
     RegistryOptions options_;

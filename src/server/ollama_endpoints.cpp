@@ -1,7 +1,10 @@
-// Ollama's API (/api/chat, /api/generate, /api/tags, /api/show, /api/ps): the Endpoints
+// Ollama's API (/api/chat, /api/generate, /api/tags, /api/show, /api/ps, and the model
+// management of /api/copy, /api/delete, /api/create, /api/pull, /api/push): the Endpoints
 // methods that answer it, on the same scheduler and limits as the OpenAI endpoints
 // (endpoints.cpp).
+#include <algorithm>
 #include <chrono>
+#include <cstdio>
 #include <ctime>
 #include <filesystem>
 #include <optional>
@@ -105,6 +108,77 @@ json ollama_whole(const Completion& c, const std::vector<Answer>& answers) {
     return ollama_done(c, answers.front().end, answers.front().text);
 }
 
+// A model name as Ollama's clients send it: "NAME:latest" is NAME.
+std::string strip_latest(std::string name) {
+    if (name.size() > 7 && name.compare(name.size() - 7, 7, ":latest") == 0) name.resize(name.size() - 7);
+    return name;
+}
+
+// The settings a create gave a model (ModelRegistry::settings_file): {"system": "...",
+// "parameters": {...}, "license": "..."}, or an empty object when it has none.
+json read_settings(const std::filesystem::path& gguf) {
+    const std::filesystem::path path = ModelRegistry::settings_file(gguf);
+    std::error_code ec;
+    const uintmax_t size = std::filesystem::file_size(path, ec);
+    if (ec) return json::object();
+    constexpr uintmax_t kMaxSettings = 1 << 20;
+    if (size > kMaxSettings) {
+        throw ApiError(
+            500, "server_error", "model_settings_unreadable",
+            path.string() + ": " + std::to_string(size) + " bytes, more than the 1 MiB a model's settings may have");
+    }
+    std::string text(static_cast<size_t>(size), '\0');
+    std::FILE* f = std::fopen(path.c_str(), "rb");
+    if (!f) return json::object();  // gone meanwhile
+    const size_t n = std::fread(text.data(), 1, text.size(), f);
+    std::fclose(f);
+    text.resize(n);
+    json settings = json::parse(text, nullptr, false);
+    if (!settings.is_object()) {
+        throw ApiError(500, "server_error", "model_settings_unreadable",
+                       path.string() + ": not a JSON object (a model's settings, written by /api/create)");
+    }
+    return settings;
+}
+
+// A created model's settings as the defaults of an /api/chat or /api/generate request: its
+// system prompt when the request has none (nor, for /api/generate, raw), its parameters where
+// the request's options do not set them.
+void apply_model_settings(ModelRegistry& registry, json& body, bool chat) {
+    if (registry.options().models_dir.empty() || !body.is_object()) return;
+    const auto model = body.find("model");
+    const std::string name = model != body.end() && model->is_string() ? strip_latest(model->get<std::string>()) : "";
+    if (!ModelRegistry::name_problem(name, false).empty() && !name.empty()) return;
+    std::filesystem::path path;
+    try {
+        path = registry.find(name).path;
+    } catch (const ApiError&) {
+        return;  // the request's acquire() says why
+    }
+    const json settings = read_settings(path);
+    if (const auto system = settings.find("system"); system != settings.end() && system->is_string()) {
+        if (chat) {
+            json* messages = body.contains("messages") ? &body["messages"] : nullptr;
+            if (messages && messages->is_array() && std::none_of(messages->begin(), messages->end(), [](const json& m) {
+                    return m.is_object() && m.contains("role") && m["role"] == "system";
+                })) {
+                messages->insert(messages->begin(), json{{"role", "system"}, {"content", *system}});
+            }
+        } else if (!body.contains("system") && !(body.contains("raw") && body["raw"] == true)) {
+            body["system"] = *system;
+        }
+    }
+    if (const auto parameters = settings.find("parameters");
+        parameters != settings.end() && parameters->is_object() && !parameters->empty()) {
+        if (!body.contains("options") || body["options"].is_null()) body["options"] = json::object();
+        json& options = body["options"];
+        if (!options.is_object()) return;  // parse_ollama_request says why
+        for (const auto& [key, value] : parameters->items()) {
+            if (!options.contains(key) || options[key].is_null()) options[key] = value;
+        }
+    }
+}
+
 }  // namespace
 
 void Endpoints::ollama(bool chat, HttpRequest& req, HttpResponse& res) {
@@ -119,7 +193,9 @@ void Endpoints::ollama(bool chat, HttpRequest& req, HttpResponse& res) {
             const JsonBody text(req.body);
             const memory::Charge dom = memory.charge(text.memory_bound(), "the request's JSON");
             request_charge = memory.charge(text.memory_bound(), "the request's fields");
-            request = parse_ollama_request(text.parse(), chat);
+            json body = text.parse();
+            apply_model_settings(registry_, body, chat);
+            request = parse_ollama_request(body, chat);
             if (!request.completion.schema_pointer.empty()) {
                 const memory::Charge ordered = memory.charge(text.memory_bound(), "the request's JSON, in order");
                 order_schema_grammar(request.completion, req.body);
@@ -286,7 +362,7 @@ void Endpoints::ollama_show(HttpRequest& req, HttpResponse& res) {
         if (!it->is_string()) throw ApiError::invalid(std::string(key) + ": expected a string", "invalid_type", key);
         if (name.empty()) name = it->get<std::string>();
     }
-    if (name.size() > 7 && name.compare(name.size() - 7, 7, ":latest") == 0) name.resize(name.size() - 7);
+    name = strip_latest(name);
     if (name.empty()) throw ApiError::invalid("model: required", "missing_field", "model");
     const ModelInfo m = registry_.find(name);
     // The file's header, mapped (the model need not be loaded); nothing of the tensors is read.
@@ -321,10 +397,33 @@ void Endpoints::ollama_show(HttpRequest& req, HttpResponse& res) {
     const auto modified = std::filesystem::last_write_time(m.path, time_error);
     const auto modified_sys = std::chrono::time_point_cast<std::chrono::system_clock::duration>(
         modified - std::filesystem::file_time_type::clock::now() + std::chrono::system_clock::now());
-    const json license =
+    // What a create gave it: its system prompt, parameters and license, and the Modelfile that
+    // says so.
+    const json settings = registry_.options().models_dir.empty() ? json::object() : read_settings(m.path);
+    json license =
         info.contains("general.license") && info["general.license"].is_string() ? info["general.license"] : json("");
+    if (settings.contains("license") && settings["license"].is_string()) license = settings["license"];
+    const std::string system =
+        settings.contains("system") && settings["system"].is_string() ? settings["system"].get<std::string>() : "";
+    // "parameters" as Ollama lists them, a line per value (a list a line per item), and the
+    // Modelfile's PARAMETER lines.
+    std::string parameters, parameter_lines;
+    if (settings.contains("parameters") && settings["parameters"].is_object()) {
+        for (const auto& [key, value] : settings["parameters"].items()) {
+            for (const json& v : value.is_array() ? value : json::array({value})) {
+                parameters += key + std::string(key.size() < 30 ? 30 - key.size() : 1, ' ') + dump_json(v) + "\n";
+                parameter_lines += "PARAMETER " + key + " " + dump_json(v) + "\n";
+            }
+        }
+    }
+    std::string modelfile = "# Modelfile of '" + m.id + "' (fitllm)\nFROM " + m.path.string() + "\n";
+    if (!system.empty()) modelfile += "SYSTEM \"\"\"" + system + "\"\"\"\n";
+    modelfile += parameter_lines;
+    if (license.is_string() && !license.get_ref<const std::string&>().empty()) {
+        modelfile += "LICENSE \"\"\"" + license.get<std::string>() + "\"\"\"\n";
+    }
     // The answer's text: its strings at most 6 bytes a byte once escaped, and room for each number.
-    uint64_t answer_bytes = tmpl.size() * 6 + 4096;
+    uint64_t answer_bytes = (tmpl.size() + 2 * modelfile.size()) * 6 + 4096;
     for (const auto& [key, value] : info.items()) {
         answer_bytes += key.size() + 32 + (value.is_string() ? value.get_ref<const std::string&>().size() * 6 : 0);
     }
@@ -337,8 +436,9 @@ void Endpoints::ollama_show(HttpRequest& req, HttpResponse& res) {
     if (traits.thinks) capabilities.push_back("thinking");
     set_json(res, 200,
              {{"license", license},
-              {"modelfile", ""},
-              {"parameters", ""},
+              {"modelfile", modelfile},
+              {"parameters", parameters},
+              {"system", system},
               {"template", tmpl},
               {"details", model_details(f, n_params)},
               {"model_info", info},
@@ -381,6 +481,307 @@ void Endpoints::ollama_ps(HttpResponse& res) {
                           {"context_length", m.model->scheduler().n_ctx()}});
     }
     set_json(res, 200, {{"models", models}});
+}
+
+namespace {
+
+// The JSON object of a management request (small: names, a path, a system prompt), charged.
+json management_body(HttpRequest& req, RequestMemory& memory, memory::Charge& charge) {
+    memory.note(req.body.size());
+    json body = parse_charged(req, memory, charge);
+    if (!body.is_object()) throw ApiError::invalid("the request body: expected a JSON object", "invalid_type");
+    return body;
+}
+
+// A string field, or "" when absent or null; ApiError 400 naming it when it is not a string.
+std::string string_field(const json& body, const char* key) {
+    const auto it = body.find(key);
+    if (it == body.end() || it->is_null()) return "";
+    if (!it->is_string()) throw ApiError::invalid(std::string(key) + ": expected a string", "invalid_type", key);
+    return it->get<std::string>();
+}
+
+// "model", or Ollama's older "name", as a model's id (":latest" dropped); ApiError 400 when
+// neither is there.
+std::string model_name(const json& body) {
+    std::string name = string_field(body, "model");
+    if (name.empty()) name = string_field(body, "name");
+    if (name.empty()) throw ApiError::invalid("model: required", "missing_field", "model");
+    return strip_latest(name);
+}
+
+// Ollama's "stream" (true when absent); ApiError 400 when it is not a boolean.
+bool stream_field(const json& body) {
+    const auto it = body.find("stream");
+    if (it == body.end() || it->is_null()) return true;
+    if (!it->is_boolean()) throw ApiError::invalid("stream: expected a boolean", "invalid_type", "stream");
+    return it->get<bool>();
+}
+
+// Refuses a field that is not in `known`, naming it.
+void only_fields(const json& body, std::initializer_list<const char*> known, const char* endpoint) {
+    for (const auto& item : body.items()) {
+        const std::string& key = item.key();
+        if (std::none_of(known.begin(), known.end(), [&key](const char* k) { return key == k; })) {
+            throw ApiError::unsupported(key, std::string("not a field of ") + endpoint + " that fitllm knows");
+        }
+    }
+}
+
+// Ollama's status answer: {"status": ...} lines (NDJSON) when streamed, else the last one.
+void status_answer(HttpResponse& res, bool stream, const std::vector<std::string>& statuses) {
+    if (!stream) return set_json(res, 200, {{"status", statuses.back()}});
+    res.status = 200;
+    res.content_type = "application/x-ndjson";
+    for (const std::string& status : statuses) res.body += dump_json({{"status", status}}) + "\n";
+}
+
+// The model file `source` under a new name `target` (a new file in the same models directory):
+// a symbolic link as it is (its target stays the same), else a hard link (no bytes copied; each
+// name removed alone), else, where the file system has no hard links or refuses one, a
+// symbolic link to the source's absolute path.
+void link_model_file(const std::filesystem::path& source, const std::filesystem::path& target) {
+    namespace fs = std::filesystem;
+    try {
+        if (fs::is_symlink(source)) {
+            fs::path to = fs::read_symlink(source);
+            if (to.is_relative()) to = fs::canonical(source);  // relative to the source's folder
+            fs::create_symlink(to, target);
+            return;
+        }
+        std::error_code ec;
+        fs::create_hard_link(source, target, ec);
+        if (!ec) return;
+        fs::create_symlink(fs::canonical(source), target);
+    } catch (const fs::filesystem_error& e) {
+        throw ApiError(500, "server_error", "model_write_failed",
+                       "cannot link " + source.string() + " as " + target.string() + ": " + e.what());
+    }
+}
+
+void write_settings(const json& settings, const std::filesystem::path& path) {
+    const std::string text = settings.dump(2) + "\n";
+    std::FILE* f = std::fopen(path.c_str(), "wb");
+    const bool ok = f && std::fwrite(text.data(), 1, text.size(), f) == text.size();
+    if (f && std::fclose(f) != 0) {
+        throw ApiError(500, "server_error", "model_write_failed", "cannot write " + path.string());
+    }
+    if (!ok) throw ApiError(500, "server_error", "model_write_failed", "cannot write " + path.string());
+}
+
+// A new model's name: ApiError 400 naming the field and the name when it cannot be one.
+std::string new_model_name(const std::string& name, const char* field) {
+    if (const std::string why = ModelRegistry::name_problem(name, true); !why.empty()) {
+        throw ApiError::invalid(std::string(field) + ": invalid name '" + name + "': " + why, "invalid_model_name",
+                                field);
+    }
+    return name;
+}
+
+}  // namespace
+
+void Endpoints::ollama_copy(HttpRequest& req, HttpResponse& res) {
+    RequestMemory memory(request_pool());
+    memory::Charge charge;
+    const json body = management_body(req, memory, charge);
+    only_fields(body, {"source", "destination"}, "POST /api/copy");
+    registry_.require_models_dir("POST /api/copy");
+    const std::string source = strip_latest(string_field(body, "source"));
+    const std::string destination = strip_latest(string_field(body, "destination"));
+    if (source.empty()) throw ApiError::invalid("source: required", "missing_field", "source");
+    if (destination.empty()) throw ApiError::invalid("destination: required", "missing_field", "destination");
+    if (const std::string why = ModelRegistry::name_problem(source, false); !why.empty()) {
+        throw ApiError::invalid("source: invalid name '" + source + "': " + why, "invalid_model_name", "source");
+    }
+    new_model_name(destination, "destination");
+    const ModelInfo from = [&] {
+        try {
+            return registry_.find(source);
+        } catch (const ApiError& e) {
+            if (e.status() != 404) throw;
+            throw ApiError(404, e.type(), e.code(), "source: model '" + source + "' does not exist", "source");
+        }
+    }();
+    if (from.id == destination) {
+        throw ApiError::invalid("destination: '" + destination + "' is the source model itself", "invalid_value",
+                                "destination");
+    }
+    registry_.put_model(destination, [&](const std::filesystem::path& gguf, const std::filesystem::path& settings) {
+        link_model_file(from.path, gguf);
+        const json kept = read_settings(from.path);
+        if (!kept.empty()) write_settings(kept, settings);
+    });
+    set_json(res, 200, {{"status", "success"}});
+}
+
+void Endpoints::ollama_delete(HttpRequest& req, HttpResponse& res) {
+    RequestMemory memory(request_pool());
+    memory::Charge charge;
+    const json body = management_body(req, memory, charge);
+    only_fields(body, {"model", "name"}, "DELETE /api/delete");
+    registry_.require_models_dir("DELETE /api/delete");
+    registry_.remove_model(model_name(body));
+    set_json(res, 200, {{"status", "success"}});
+}
+
+void Endpoints::ollama_create(HttpRequest& req, HttpResponse& res) {
+    RequestMemory memory(request_pool());
+    memory::Charge charge;
+    const json body = management_body(req, memory, charge);
+    // Ollama's create fields fitllm cannot keep, and why.
+    static constexpr std::pair<const char*, const char*> kRefused[] = {
+        {"template",
+         "Ollama's Go templates are not supported: fitllm renders the chat template of the GGUF file (its "
+         "tokenizer.chat_template)"},
+        {"files",
+         "uploaded blobs (/api/blobs) are not supported: give \"from\" the path of a GGUF file the server "
+         "can read"},
+        {"adapters", "LoRA adapters are not supported"},
+        {"quantize", "not done by the server: run `fitllm quantize IN OUT TYPE` and create the model from OUT"},
+        {"messages", "a conversation kept with the model is not supported"},
+        {"modelfile", "the Modelfile text of Ollama before 0.5.5 is not read: give from, system, parameters"},
+        {"path", "the Modelfile path of Ollama before 0.5.5 is not read: give from, system, parameters"},
+    };
+    for (const auto& [field, why] : kRefused) {
+        const auto it = body.find(field);
+        if (it != body.end() && !it->is_null() && !(it->is_object() && it->empty()) &&
+            !(it->is_array() && it->empty()) && *it != "") {
+            throw ApiError::unsupported(field, why);
+        }
+    }
+    only_fields(body,
+                {"model", "name", "from", "system", "parameters", "license", "stream", "template", "files", "adapters",
+                 "quantize", "messages", "modelfile", "path"},
+                "POST /api/create");
+    registry_.require_models_dir("POST /api/create");
+    const std::string id = new_model_name(model_name(body), "model");
+    const bool stream = stream_field(body);
+    const std::string from = string_field(body, "from");
+    if (from.empty()) {
+        throw ApiError::invalid("from: required (a model here, or the path of a GGUF file the server can read)",
+                                "missing_field", "from");
+    }
+    // The settings: the base model's, then the request's.
+    json settings = json::object();
+    std::filesystem::path source;
+    ModelInfo base;
+    bool from_model = false;
+    if (ModelRegistry::name_problem(strip_latest(from), false).empty()) {
+        try {
+            base = registry_.find(strip_latest(from));
+            from_model = true;
+        } catch (const ApiError& e) {
+            if (e.status() != 404) throw;
+        }
+    }
+    std::vector<std::string> statuses;
+    if (from_model) {
+        source = base.path;
+        settings = read_settings(source);
+        statuses.push_back("using the model '" + base.id + "'");
+    } else {
+        std::error_code ec;
+        source = std::filesystem::canonical(from, ec);
+        if (ec || !std::filesystem::is_regular_file(source)) {
+            throw ApiError(404, "invalid_request_error", "model_not_found",
+                           "from: '" + from +
+                               "' is neither a model here (GET /api/tags lists them) nor a GGUF file the server can "
+                               "read" +
+                               (ec ? " (" + ec.message() + ")" : std::string(" (not a file)")),
+                           "from");
+        }
+        statuses.push_back("reading model metadata");
+        try {
+            const gguf::GgufFile f = gguf::GgufFile::open(source.string());  // the header, checked
+        } catch (const std::exception& e) {
+            throw ApiError::invalid("from: " + source.string() + " is not a GGUF file fitllm reads: " + e.what(),
+                                    "invalid_value", "from");
+        }
+    }
+    if (const auto it = body.find("system"); it != body.end() && !it->is_null()) {
+        if (!it->is_string()) throw ApiError::invalid("system: expected a string", "invalid_type", "system");
+        settings["system"] = *it;
+    }
+    if (const auto it = body.find("license"); it != body.end() && !it->is_null()) {
+        std::string license;
+        if (it->is_string()) {
+            license = it->get<std::string>();
+        } else if (it->is_array() && std::all_of(it->begin(), it->end(), [](const json& l) { return l.is_string(); })) {
+            for (const json& l : *it) license += (license.empty() ? "" : "\n\n") + l.get<std::string>();
+        } else {
+            throw ApiError::invalid("license: expected a string or an array of strings", "invalid_type", "license");
+        }
+        settings["license"] = license;
+    }
+    if (const auto it = body.find("parameters"); it != body.end() && !it->is_null()) {
+        if (!it->is_object()) throw ApiError::invalid("parameters: expected an object", "invalid_type", "parameters");
+        json merged = settings.contains("parameters") && settings["parameters"].is_object() ? settings["parameters"]
+                                                                                            : json::object();
+        for (const auto& [key, value] : it->items()) {
+            if (value.is_null()) {
+                merged.erase(key);
+            } else {
+                merged[key] = value;
+            }
+        }
+        // Checked as a request's options are: the ones fitllm implements, with values it takes.
+        try {
+            parse_ollama_request({{"prompt", "x"}, {"options", merged}}, false);
+        } catch (const ApiError& e) {
+            std::string message = e.what();
+            std::optional<std::string> param = e.param();
+            if (message.rfind("options.", 0) == 0) message = "parameters." + message.substr(8);
+            if (param && param->rfind("options.", 0) == 0) param = "parameters." + param->substr(8);
+            throw ApiError(e.status(), e.type(), e.code(), message, param);
+        }
+        settings["parameters"] = std::move(merged);
+    }
+    statuses.push_back("linking the model file");
+    if (!settings.empty()) statuses.push_back("writing the model's settings");
+    registry_.put_model(id, [&](const std::filesystem::path& gguf, const std::filesystem::path& settings_path) {
+        link_model_file(source, gguf);
+        if (!settings.empty()) write_settings(settings, settings_path);
+    });
+    statuses.push_back("success");
+    status_answer(res, stream, statuses);
+}
+
+void Endpoints::ollama_pull(bool push, HttpRequest& req, HttpResponse& res) {
+    RequestMemory memory(request_pool());
+    memory::Charge charge;
+    const json body = management_body(req, memory, charge);
+    const char* endpoint = push ? "POST /api/push" : "POST /api/pull";
+    only_fields(body, {"model", "name", "insecure", "stream", "username", "password"}, endpoint);
+    const std::string name = model_name(body);
+    const bool stream = stream_field(body);
+    if (const std::string why = ModelRegistry::name_problem(name, false); !why.empty()) {
+        throw ApiError::invalid("model: invalid name '" + name + "': " + why, "invalid_model_name", "model");
+    }
+    const bool dir = !registry_.options().models_dir.empty();
+    const std::string how =
+        dir ? "add a model as a GGUF file in the --models-dir directory (" +
+                  (registry_.options().models_dir / (name + ".gguf")).string() +
+                  ") or with POST /api/create {\"model\": \"" + name + "\", \"from\": \"/path/to/file.gguf\"}"
+            : "this server serves the one model of -m; to offer others, start `fitllm serve --models-dir DIR` and "
+              "put GGUF files in DIR";
+    try {
+        registry_.find(name);  // here already: up to date, as Ollama answers a pull of a model it has
+    } catch (const ApiError& e) {
+        if (e.status() != 404) throw;
+        throw ApiError(404, "invalid_request_error", "model_not_found",
+                       std::string(push ? "push" : "pull") + " model '" + name +
+                           "': the model is not here and fitllm " + (push ? "uploads" : "downloads") + " no models; " +
+                           how,
+                       "model");
+    }
+    if (push) {
+        throw ApiError(501, "invalid_request_error", "not_implemented",
+                       "push model '" + name +
+                           "': fitllm uploads no models to a registry (the model is the GGUF "
+                           "file the server serves; copy that file instead)",
+                       "model");
+    }
+    status_answer(res, stream, {"success"});
 }
 
 }  // namespace fitllm::server

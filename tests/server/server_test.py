@@ -1246,6 +1246,90 @@ class OllamaClient(unittest.TestCase):
             time.sleep(0.05)
 
 
+@unittest.skipUnless(ollama is not None, "the Python package 'ollama' is not installed (pip install -r requirements.txt)")
+class OllamaManage(unittest.TestCase):
+    """PyPI's ollama client managing a --models-dir of the tiny models: copy, create (from a model
+    or a GGUF path, with a system prompt and parameters), delete, list; pull and push refused as
+    fitllm downloads and uploads nothing."""
+
+    def setUp(self):
+        self.dir = tempfile.mkdtemp(prefix="fitllm-manage-")
+        shutil.copy(TINY_LLAMA, os.path.join(self.dir, "tiny.gguf"))
+        self.srv = Server("--models-dir", self.dir, "-c", "256", "--ttl", "300")
+        self.ol = ollama.Client(host=self.srv.base, timeout=60)
+
+    def tearDown(self):
+        self.srv.stop()
+        shutil.rmtree(self.dir)
+
+    def names(self):
+        return sorted(m.model for m in self.ol.list().models)
+
+    def test_copy_create_delete_list(self):
+        self.assertEqual(self.ol.copy("tiny:latest", "other:v1").status, "success")
+        self.assertEqual(self.names(), ["other:v1", "tiny"])
+        self.assertEqual(os.stat(os.path.join(self.dir, "tiny.gguf")).st_nlink, 2)  # a hard link
+        r = self.ol.chat(model="other:v1", messages=[{"role": "user", "content": "hi"}], options={"num_predict": 2})
+        self.assertEqual(r.eval_count, 2)
+        # Create from a GGUF path, streamed as Ollama streams it, with a system prompt and parameters.
+        parts = list(self.ol.create(model="brief", from_=TINY_QWEN, system="Answer in one word.",
+                                    parameters={"num_predict": 3, "temperature": 0}, stream=True))
+        self.assertEqual([p.status for p in parts][-1], "success")
+        self.assertIn("reading model metadata", [p.status for p in parts])
+        self.assertEqual(self.names(), ["brief", "other:v1", "tiny"])
+        r = self.ol.chat(model="brief", messages=[{"role": "user", "content": "hi"}])
+        self.assertEqual(r.eval_count, 3)  # the model's num_predict
+        plain = self.srv.client().chat.completions.create(
+            model="brief", max_tokens=3, temperature=0,
+            messages=[{"role": "system", "content": "Answer in one word."}, {"role": "user", "content": "hi"}])
+        self.assertEqual((r.message.content, r.prompt_eval_count), (plain.choices[0].message.content,
+                                                                    plain.usage.prompt_tokens))
+        s = self.ol.show("brief")
+        self.assertIn('SYSTEM """Answer in one word."""', s.modelfile)
+        self.assertIn("num_predict", s.parameters)
+        # From a model here, not streamed; its settings come along, the request's override them.
+        self.assertEqual(self.ol.create(model="brief:two", from_="brief", parameters={"num_predict": 1}).status,
+                         "success")
+        r = self.ol.generate(model="brief:two", prompt="hi")
+        self.assertEqual(r.eval_count, 1)
+        with self.assertRaises(ollama.ResponseError) as e:
+            self.ol.create(model="x", from_="brief", template="{{ .Prompt }}")
+        self.assertEqual(e.exception.status_code, 400)
+        self.assertIn("template", e.exception.error)
+        with self.assertRaises(ollama.ResponseError) as e:
+            self.ol.create(model="../x", from_="tiny")
+        self.assertEqual(e.exception.status_code, 400)
+        self.assertIn("'../x'", e.exception.error)
+        with self.assertRaises(ollama.ResponseError) as e:
+            self.ol.create(model="x", from_="/no/such/file.gguf")
+        self.assertEqual(e.exception.status_code, 404)
+        self.assertFalse(os.path.exists(os.path.join(os.path.dirname(self.dir), "x.gguf")))
+        # Delete: the name goes, the file's other name stays; unknown names are 404.
+        self.assertEqual(self.ol.delete("tiny").status, "success")
+        self.assertEqual(self.names(), ["brief", "brief:two", "other:v1"])
+        self.assertTrue(os.path.exists(TINY_QWEN))  # created from a path: the source is untouched
+        self.assertEqual(self.ol.delete("brief").status, "success")
+        self.assertTrue(os.path.exists(TINY_QWEN))
+        with self.assertRaises(ollama.ResponseError) as e:
+            self.ol.delete("tiny")
+        self.assertEqual(e.exception.status_code, 404)
+        r = self.ol.generate(model="other:v1", prompt="hi", options={"num_predict": 2})
+        self.assertEqual(r.eval_count, 2)
+
+    def test_pull_and_push(self):
+        self.assertEqual(self.ol.pull("tiny").status, "success")  # here: up to date
+        self.assertEqual([p.status for p in self.ol.pull("tiny:latest", stream=True)], ["success"])
+        with self.assertRaises(ollama.ResponseError) as e:
+            self.ol.pull("llama3.2")
+        self.assertEqual(e.exception.status_code, 404)
+        self.assertIn("downloads no models", e.exception.error)
+        self.assertIn(os.path.join(self.dir, "llama3.2.gguf"), e.exception.error)
+        with self.assertRaises(ollama.ResponseError) as e:
+            self.ol.push("tiny")
+        self.assertEqual(e.exception.status_code, 501)
+        self.assertIn("uploads no models", e.exception.error)
+
+
 @unittest.skipUnless(os.path.exists(DEMO), "the demo model is not in models/ (scripts/setup.sh assembles it)")
 class PromptCache(unittest.TestCase):
     """A conversation's next turn starts from the cells its last turn left (--cache-prompts, on by
@@ -1621,7 +1705,7 @@ class Choices(unittest.TestCase):
 # ctest runs the classes in groups, so that the groups run in parallel (tests/CMakeLists.txt): a
 # named group runs its classes, "rest" every class no group names, no group name all of them.
 GROUPS = {
-    "ollama": ("Ollama", "OllamaClient", "ModelsDir"),
+    "ollama": ("Ollama", "OllamaClient", "ModelsDir", "OllamaManage"),
     "demo": ("DemoModel", "PromptCache", "StructuredOutput"),
 }
 
