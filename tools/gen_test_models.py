@@ -38,6 +38,10 @@ Writes, for each architecture,
   tiny-mixtral-*.gguf mixtral: a "llama" file (llama's vocabulary, untied output) with expert_count 8,
                       expert_used_count 2 and, for each FFN, 8 experts feed_forward_length 32 wide
                       (an F32 router); F16, Q8_0, Q4_K_M
+  tiny-qwen2moe-*.gguf qwen2moe: qwen2's vocabulary and Q/K/V biases, untied output, 8 experts of 32
+                      hidden units (2 used, their weights not normalized) and a shared expert of 256
+                      (expert_shared_feed_forward_length; feed_forward_length 128 is neither) gated
+                      by sigmoid(ffn_gate_inp_shexp . h); F16, Q8_0, Q4_K_M
 
 first in F16 (1-D tensors F32) with gguf-py from a fixed seed, then quantized by llama.cpp's own
 quantizer (llama-cpp-python's llama_model_quantize, `scripts/setup.sh --oracle`) into Q8_0, Q6_K,
@@ -85,7 +89,8 @@ MODELS = [("llama", "llama", 1, QUANTS + EXTRA_QUANTS["llama"]), ("qwen2", "qwen
           ("olmo2", "olmo2", 10, [("q8_0", 7), ("q4_k_m", 15)]),
           ("smollm3", "smollm3", 11, [("q8_0", 7), ("q4_k_m", 15)]),
           ("mistral3", "mistral3", 12, [("q8_0", 7), ("q4_k_m", 15)]),
-          ("mixtral", "llama", 13, [("q8_0", 7), ("q4_k_m", 15)])]
+          ("mixtral", "llama", 13, [("q8_0", 7), ("q4_k_m", 15)]),
+          ("qwen2moe", "qwen2moe", 14, [("q8_0", 7), ("q4_k_m", 15)])]
 ARCHS = [m[0] for m in MODELS]
 YARN_FACTOR, YARN_ORIG_CTX = 4.0, 64
 # gemma2: the sliding window of its even layers and the two soft-capping values, small enough that
@@ -93,6 +98,10 @@ YARN_FACTOR, YARN_ORIG_CTX = 4.0, 64
 GEMMA2_WINDOW, GEMMA2_ATTN_CAP, GEMMA2_FINAL_CAP = 32, 4.0, 8.0
 # qwen3moe and mixtral: experts per layer, used per token, hidden units per expert (files under 2 MB).
 MOE_N_EXPERT, MOE_N_USED, MOE_N_FF = 8, 2, 32
+# qwen2moe: feed_forward_length (which llama.cpp falls back to for the shared expert's width, so a
+# reader that ignores expert_shared_feed_forward_length fails on the tensors' shapes) and the shared
+# expert's hidden units.
+QWEN2MOE_N_FF, QWEN2MOE_N_FF_SHEXP = 128, 256
 # phi3-longrope: the original context (long factors beyond it) and the rotated dims per head.
 PHI3_ORIG_CTX, PHI3_N_ROT = 32, 48
 # granite: its four multipliers (Granite 3's own are 12, 0.22, 1/128 and 8; these keep a unit-size
@@ -198,7 +207,8 @@ def write_f16(arch: str, path: str, seed: int, yarn: bool = False, longrope: boo
     w.add_file_type(gguf.LlamaFileType.MOSTLY_F16)
     w.add_context_length(N_CTX_TRAIN)
     w.add_embedding_length(N_EMBD)
-    w.add_feed_forward_length(MOE_N_FF if moe else N_FF)  # mixtral: each expert's width
+    # mixtral: each expert's width; qwen2moe: a width neither of its FFNs has
+    w.add_feed_forward_length(MOE_N_FF if moe else QWEN2MOE_N_FF if arch == "qwen2moe" else N_FF)
     n_layer = 4 if arch == "smollm3" else N_LAYER  # smollm3: its fourth layer has no RoPE
     w.add_block_count(n_layer)
     w.add_head_count(N_HEAD)
@@ -212,6 +222,11 @@ def write_f16(arch: str, path: str, seed: int, yarn: bool = False, longrope: boo
         w.add_expert_count(MOE_N_EXPERT)
         w.add_expert_used_count(MOE_N_USED)
         w.add_expert_feed_forward_length(MOE_N_FF)
+    if arch == "qwen2moe":
+        w.add_expert_count(MOE_N_EXPERT)
+        w.add_expert_used_count(MOE_N_USED)
+        w.add_expert_feed_forward_length(MOE_N_FF)
+        w.add_expert_shared_feed_forward_length(QWEN2MOE_N_FF_SHEXP)
     if moe:  # mixtral: llama with experts
         w.add_expert_count(MOE_N_EXPERT)
         w.add_expert_used_count(MOE_N_USED)
@@ -281,7 +296,7 @@ def write_f16(arch: str, path: str, seed: int, yarn: bool = False, longrope: boo
     def norm(n: int) -> np.ndarray:
         return (1.0 + 0.1 * rng.standard_normal(n, dtype=np.float32)).astype(np.float32)
 
-    tied = arch not in ("llama", "phi3", "granite", "olmo2", "smollm3", "mistral3")
+    tied = arch not in ("llama", "phi3", "granite", "olmo2", "smollm3", "mistral3", "qwen2moe")
     # Untied (llama): unit-scale embeddings; output.weight alone sets the logits' spread. Tied
     # (qwen2): the embedding is also the output matrix. Its scale against the layers' outputs (of
     # about unit size) decides between two degenerate random models: large, and every token
@@ -312,7 +327,7 @@ def write_f16(arch: str, path: str, seed: int, yarn: bool = False, longrope: boo
             w.add_tensor(p + "attn_q.weight", wq)
             w.add_tensor(p + "attn_k.weight", wk)
             w.add_tensor(p + "attn_v.weight", wv)
-        if arch == "qwen2":
+        if arch in ("qwen2", "qwen2moe"):
             w.add_tensor(p + "attn_q.bias", (0.5 * rng.standard_normal(N_EMBD, dtype=np.float32)))
             w.add_tensor(p + "attn_k.bias", (0.5 * rng.standard_normal(kv_dim, dtype=np.float32)))
             w.add_tensor(p + "attn_v.bias", (0.1 * rng.standard_normal(kv_dim, dtype=np.float32)))
@@ -327,7 +342,7 @@ def write_f16(arch: str, path: str, seed: int, yarn: bool = False, longrope: boo
             w.add_tensor(p + "post_attention_norm.weight", norm(N_EMBD))
         if arch != "olmo2":
             w.add_tensor(p + "ffn_norm.weight", norm(N_EMBD))
-        if arch == "qwen3moe" or moe:  # router scores of std 1.5: distinct choices; experts as numpy (expert, rows, cols)
+        if arch in ("qwen3moe", "qwen2moe") or moe:  # router scores of std 1.5: distinct choices; experts as numpy (expert, rows, cols)
             w.add_tensor(p + "ffn_gate_inp.weight",
                          rng.standard_normal((MOE_N_EXPERT, N_EMBD), dtype=np.float32) * np.float32(1.5 / np.sqrt(N_EMBD)))
             for name, rows, cols, std in [("gate", MOE_N_FF, N_EMBD, 1.0 / np.sqrt(N_EMBD)),
@@ -335,6 +350,13 @@ def write_f16(arch: str, path: str, seed: int, yarn: bool = False, longrope: boo
                                           ("down", N_EMBD, MOE_N_FF, 2.0 / np.sqrt(MOE_N_FF))]:
                 w.add_tensor(p + f"ffn_{name}_exps.weight",
                              (rng.standard_normal((MOE_N_EXPERT, rows, cols), dtype=np.float32) * std).astype(np.float16))
+            if arch == "qwen2moe":  # the shared expert; its gate's input scores of std 1.5
+                w.add_tensor(p + "ffn_gate_inp_shexp.weight",
+                             rng.standard_normal(N_EMBD, dtype=np.float32) * np.float32(1.5 / np.sqrt(N_EMBD)))
+                w.add_tensor(p + "ffn_gate_shexp.weight", mat(QWEN2MOE_N_FF_SHEXP, N_EMBD, 1.0 / np.sqrt(N_EMBD)))
+                w.add_tensor(p + "ffn_up_shexp.weight", mat(QWEN2MOE_N_FF_SHEXP, N_EMBD, 1.0 / np.sqrt(N_EMBD)))
+                w.add_tensor(p + "ffn_down_shexp.weight",
+                             mat(N_EMBD, QWEN2MOE_N_FF_SHEXP, 1.0 / np.sqrt(QWEN2MOE_N_FF_SHEXP)))
         elif arch == "phi3":  # fused gate-up: gate's rows, then up's
             w.add_tensor(p + "ffn_up.weight", mat(2 * N_FF, N_EMBD, 1.0 / np.sqrt(N_EMBD)))
             w.add_tensor(p + "ffn_down.weight", mat(N_EMBD, N_FF, 1.0 / np.sqrt(N_FF)))

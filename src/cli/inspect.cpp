@@ -123,6 +123,7 @@ json hparams_section(const gguf::GgufFile& f, const std::string& arch) {
     copy_if(f, a + "expert_count", h, "n_expert");
     copy_if(f, a + "expert_used_count", h, "n_expert_used");
     copy_if(f, a + "expert_feed_forward_length", h, "n_ff_exp");
+    copy_if(f, a + "expert_shared_feed_forward_length", h, "n_ff_shexp");  // qwen2moe's shared expert
     copy_if(f, a + "context_length", h, "context_length");
     copy_if(f, a + "vocab_size", h, "vocab_size");
     copy_if(f, a + "attention.layer_norm_rms_epsilon", h, "rms_norm_eps");

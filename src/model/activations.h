@@ -39,8 +39,12 @@ inline int ffn_slice_tokens(int n) {
 // expert [s] (token * k + rank, as float values); the expert's input rows [s, n_embd] (then its
 // output rows); its gate and up [s, n_ff_exp] each; every chosen expert's weighted output
 // [s, k, n_embd], summed per token in rank order as llama.cpp sums them. k = n_expert_used.
+// With a shared expert (qwen2moe, hp.n_ff_shexp > 0), which runs first: its gate and up
+// [s, n_ff_shexp] each from the start (over the routed experts' buffers, free then), then its
+// output [s, n_embd] and gate values [s] past both (they wait for the routed experts' sum).
 struct MoeLayout {
     uint64_t probs = 0, ids = 0, weights = 0, rows = 0, in = 0, gate = 0, up = 0, outs = 0;
+    uint64_t sh_gate = 0, sh_up = 0, sh_out = 0, sh_w = 0;
     uint64_t floats = 0;  // all of them
 };
 
@@ -55,6 +59,12 @@ inline MoeLayout moe_layout(const Hparams& hp, uint64_t slice) {
     m.up = m.gate + slice * uint64_t(hp.n_ff_exp);
     m.outs = m.up + slice * uint64_t(hp.n_ff_exp);
     m.floats = m.outs + slice * k * uint64_t(hp.n_embd);
+    if (hp.n_ff_shexp > 0) {
+        m.sh_up = slice * uint64_t(hp.n_ff_shexp);
+        m.sh_out = std::max(m.floats, 2 * m.sh_up);
+        m.sh_w = m.sh_out + slice * uint64_t(hp.n_embd);
+        m.floats = m.sh_w + slice;
+    }
     return m;
 }
 

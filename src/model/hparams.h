@@ -75,6 +75,10 @@ struct Hparams {
     int n_expert_used = 0;
     int n_ff_exp = 0;
     float expert_weights_scale = 0.0f;
+    bool expert_weights_norm = true;  // the picked weights normalized to sum 1 (qwen2moe: off)
+    // qwen2moe's shared expert: a dense SwiGLU of n_ff_shexp hidden units (0: none) that every token
+    // runs, its output times sigmoid(gate_inp_shexp . h), added to the routed experts'.
+    int n_ff_shexp = 0;
     bool is_moe() const { return n_expert > 0; }
 };
 

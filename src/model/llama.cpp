@@ -8,6 +8,9 @@
 // routing, the top n_expert_used experts, weights normalized to sum 1), no dense FFN.
 // Mixtral is a "llama" file with expert_count > 0: Llama's attention, the same routing, each
 // expert feed_forward_length wide (the variant is picked at load from expert_count).
+// Qwen2-MoE (Qwen1.5-MoE, Qwen2-57B-A14B) is Qwen2's attention with routed experts whose weights
+// are the softmax probabilities as they are (not normalized), plus a shared expert every token
+// runs: a dense SwiGLU whose output, times sigmoid(gate_inp_shexp . h), joins the routed sum.
 // SmolLM3 is Llama whose every fourth layer has no rotary embeddings (NoPE).
 // Mistral 3 (Ministral 3, Mistral Small 3.x text) is Llama with YaRN's magnitude set by
 // yarn_log_multiplier and Llama 4's attention temperature: Q times a factor that grows with the
@@ -18,7 +21,7 @@
 // before the residual add), and RMS-norms Q and K whole (one weight per row of all heads) before
 // the rotation, which pairs the halves of each head (NeoX style).
 // Reference: the Llama papers, the Qwen2 and Qwen3 technical reports, the Granite 3.0 and OLMo 2
-// reports; llama.cpp's llama, qwen2, qwen3, qwen3moe, granite, olmo2, smollm3 and mistral3 graphs
+// reports; llama.cpp's llama, qwen2, qwen2moe, qwen3, qwen3moe, granite, olmo2, smollm3 and mistral3 graphs
 // (and llama_context's YaRN attention factor) for the exact order of ops.
 #include <algorithm>
 #include <cmath>
@@ -174,6 +177,28 @@ void read_qwen3moe_hparams(const HparamReader& r, Hparams& hp) {
     read_attention_hparams(r, hp);
 }
 
+// Qwen2-MoE (llama.cpp's LLM_ARCH_QWEN2MOE): expert_feed_forward_length falls back to
+// feed_forward_length / expert_used_count and expert_shared_feed_forward_length to
+// feed_forward_length, as llama.cpp's do. The routed weights are not normalized (llama.cpp's
+// qwen2moe graph) unless the file sets expert_weights_norm true (HF's norm_topk_prob); no
+// expert_weights_scale. n_ff becomes the shared expert's width: the dense block every token runs.
+void read_qwen2moe_hparams(const HparamReader& r, Hparams& hp) {
+    read_expert_counts(r, hp);
+    hp.n_ff_exp = r.count_or("expert_feed_forward_length", hp.n_ff / hp.n_expert_used);
+    hp.n_ff_shexp = r.count_or("expert_shared_feed_forward_length", hp.n_ff);
+    hp.n_ff = hp.n_ff_shexp;
+    hp.expert_weights_scale = 0.0f;
+    hp.expert_weights_norm = r.has("expert_weights_norm") && r.file().get<bool>(r.key("expert_weights_norm"));
+    read_attention_hparams(r, hp);
+}
+
+// qwen2moe's shared expert, dense (it runs on the layer's device; --cpu-moe keeps only the routed
+// experts on the host): gate_inp [1, n_embd] (a vector in the file), gate and up [n_ff_shexp,
+// n_embd], down [n_embd, n_ff_shexp].
+struct SharedExpert {
+    ops::WeightView gate_inp, gate, up, down;
+};
+
 // Llama, Qwen2 and Qwen3, one block: pre-norm attention and SwiGLU feed-forward. Biases and the
 // Q/K norms are nullptr when the architecture has none; Qwen3-MoE has experts (moe) instead of
 // ffn_gate, ffn_up and ffn_down; OLMo 2 has post-norms instead of pre-norms.
@@ -196,17 +221,19 @@ struct LlamaLayer {
     ops::WeightView ffn_up;                 // [n_ff, n_embd]
     ops::WeightView ffn_down;               // [n_embd, n_ff]
     MoeWeights moe;                         // router [n_expert, n_embd] and experts (Qwen3-MoE, Mixtral)
+    SharedExpert shexp;                     // Qwen2-MoE's shared expert
 };
 
 template <class F>
 void for_each_weight(LlamaLayer& L, F&& f) {
-    static_assert(sizeof(LlamaLayer) == 10 * sizeof(const float*) + 11 * sizeof(ops::WeightView),
+    static_assert(sizeof(LlamaLayer) == 10 * sizeof(const float*) + 15 * sizeof(ops::WeightView),
                   "a LlamaLayer field is missing from for_each_weight");
     for (const float** p : {&L.attn_norm, &L.bq, &L.bk, &L.bv, &L.q_norm, &L.k_norm, &L.bo, &L.ffn_norm,
                             &L.attn_post_norm, &L.ffn_post_norm})
         f(*p);
-    for (ops::WeightView* w : {&L.wq, &L.wk, &L.wv, &L.wo, &L.ffn_gate, &L.ffn_up, &L.ffn_down, &L.moe.router,
-                               &L.moe.gate_exps, &L.moe.up_exps, &L.moe.down_exps})
+    for (ops::WeightView* w :
+         {&L.wq, &L.wk, &L.wv, &L.wo, &L.ffn_gate, &L.ffn_up, &L.ffn_down, &L.moe.router, &L.moe.gate_exps,
+          &L.moe.up_exps, &L.moe.down_exps, &L.shexp.gate_inp, &L.shexp.gate, &L.shexp.up, &L.shexp.down})
         f(w->data);
 }
 
@@ -226,15 +253,18 @@ struct Variant {
     QkvBias qkv_bias;
     QkNorm qk_norm;  // per head (Qwen3) or over all heads of a token (OLMo 2)
     ops::RopeMode rope_mode;
-    bool rope_freqs;          // Llama 3.1+'s per-pair frequency divisors, when the file has them
-    bool moe = false;         // routed experts instead of the dense FFN (Qwen3-MoE, Mixtral; model/moe.h)
-    bool post_norms = false;  // norms after the attention and FFN blocks instead of before (OLMo 2)
+    bool rope_freqs;             // Llama 3.1+'s per-pair frequency divisors, when the file has them
+    bool moe = false;            // routed experts instead of the dense FFN (Qwen3-MoE, Mixtral; model/moe.h)
+    bool post_norms = false;     // norms after the attention and FFN blocks instead of before (OLMo 2)
+    bool shared_expert = false;  // beside the routed experts (Qwen2-MoE)
 };
 constexpr Variant kLlamaVariant{QkvBias::Optional, QkNorm::None, ops::RopeMode::Normal,
                                 true};                                                         // pairs (x[2i], x[2i+1])
 constexpr Variant kQwen2Variant{QkvBias::Required, QkNorm::None, ops::RopeMode::Neox, false};  // (x[i], x[i + n_rot/2])
 constexpr Variant kQwen3Variant{QkvBias::None, QkNorm::PerHead, ops::RopeMode::Neox, false};
 constexpr Variant kMixtralVariant{QkvBias::Optional, QkNorm::None, ops::RopeMode::Normal, true, /*moe=*/true};
+constexpr Variant kQwen2MoeVariant{QkvBias::Required, QkNorm::None, ops::RopeMode::Neox,   false,
+                                   /*moe=*/true,      false,        /*shared_expert=*/true};
 constexpr Variant kQwen3MoeVariant{QkvBias::None, QkNorm::PerHead, ops::RopeMode::Neox, false, /*moe=*/true};
 constexpr Variant kSmolLm3Variant{QkvBias::Optional, QkNorm::None, ops::RopeMode::Normal, false};
 constexpr Variant kOlmo2Variant{QkvBias::None, QkNorm::Whole, ops::RopeMode::Neox, false, false, /*post_norms=*/true};
@@ -294,10 +324,21 @@ LlamaWeights bind_llama_weights(const gguf::GgufFile& file, const Hparams& hp, c
             L.moe.gate_exps = b.experts(p + "ffn_gate_exps.weight", hp.n_expert, hp.n_ff_exp, hp.n_embd);
             L.moe.up_exps = b.experts(p + "ffn_up_exps.weight", hp.n_expert, hp.n_ff_exp, hp.n_embd);
             L.moe.down_exps = b.experts(p + "ffn_down_exps.weight", hp.n_expert, hp.n_embd, hp.n_ff_exp);
-            for (const char* t : {"ffn_gate_inp_shexp.weight", "ffn_gate_shexp.weight", "ffn_up_shexp.weight",
-                                  "ffn_down_shexp.weight", "exp_probs_b.bias"}) {
-                b.refuse(p + t, hp.arch + " has no shared expert and no expert selection bias");
+            if (variant.shared_expert) {
+                L.shexp.gate_inp = {.type = quant::GgmlType::F32,
+                                    .rows = 1,
+                                    .cols = hp.n_embd,
+                                    .data = b.vector(p + "ffn_gate_inp_shexp.weight", hp.n_embd)};
+                L.shexp.gate = b.matrix(p + "ffn_gate_shexp.weight", hp.n_ff_shexp, hp.n_embd);
+                L.shexp.up = b.matrix(p + "ffn_up_shexp.weight", hp.n_ff_shexp, hp.n_embd);
+                L.shexp.down = b.matrix(p + "ffn_down_shexp.weight", hp.n_embd, hp.n_ff_shexp);
+            } else {
+                for (const char* t : {"ffn_gate_inp_shexp.weight", "ffn_gate_shexp.weight", "ffn_up_shexp.weight",
+                                      "ffn_down_shexp.weight"}) {
+                    b.refuse(p + t, hp.arch + " has no shared expert");
+                }
             }
+            b.refuse(p + "exp_probs_b.bias", hp.arch + " has no expert selection bias");
         } else {
             L.ffn_gate = b.matrix(p + "ffn_gate.weight", hp.n_ff, hp.n_embd);
             L.ffn_up = b.matrix(p + "ffn_up.weight", hp.n_ff, hp.n_embd);
@@ -386,9 +427,14 @@ public:
                 float* h = cur + t0 * E;
                 if (variant_.moe) {
                     float* hh = o.on_device() ? mem_.a.cur.data() + t0 * E : h;
-                    if (o.on_device()) mem_.to_host(hh, h, m * E);
+                    // Qwen2-MoE: the shared expert's output first (it hands h to the host).
+                    const float* shared = variant_.shared_expert
+                                              ? shared_expert(o, L->shexp, h, hh, m, moe, places_of(places, t0, m))
+                                              : nullptr;
+                    if (o.on_device() && !shared) mem_.to_host(hh, h, m * E);
                     moe_ffn(hp, L->moe, hh, m, mem_.a.work.data(), moe, places_of(places, t0, m), pool, mem_.scratch,
                             mem_.experts(), il);
+                    if (shared) ops::add(hh, shared, m * E, hh);  // routed + shared, as llama.cpp adds them
                     if (o.on_device()) mem_.to_device(h, hh, m * E);
                     continue;
                 }
@@ -412,6 +458,40 @@ public:
     }
 
 private:
+    // Qwen2-MoE's shared expert over m tokens whose normed input h [m, n_embd] is on o's device:
+    // down(silu(gate h) * up h) times sigmoid(gate_inp . h) per token, as llama.cpp's qwen2moe graph
+    // (its sigmoid is silu(x) / x), on that device; returns it in the host's work buffer (l.sh_out),
+    // where moe_ffn leaves it alone. hh: the host's copy of h for the routed experts (h itself on the
+    // host; on a device, copied here before h takes the expert's output).
+    const float* shared_expert(Exec& o, const SharedExpert& w, float* h, float* hh, int m, const MoeLayout& l,
+                               std::span<const ops::TokenPlace> places) {
+        const int64_t E = hp_.n_embd;
+        const int64_t F = hp_.n_ff_shexp;
+        float* work = mem_.a.work.data();
+        float* gate = o.on_device() ? o.gate : work + l.sh_gate;  // [m, F]
+        float* up = o.on_device() ? o.up : work + l.sh_up;        // [m, F]
+        float* out = work + l.sh_out;                             // [m, E] (host)
+        float* g = work + l.sh_w;                                 // [m] (host)
+        o.matmul(w.gate, h, m, gate, places);
+        o.matmul(w.up, h, m, up, places);
+        o.swiglu(gate, up, int64_t{m} * F, gate);
+        float* g_here = o.on_device() ? o.up : g;  // up is free after the swiglu
+        o.matmul(w.gate_inp, h, m, g_here, places);
+        if (o.on_device()) {
+            mem_.to_host(hh, h, m * E);
+            o.matmul(w.down, gate, m, h, places);  // h is free now
+            mem_.to_host(out, h, m * E);
+            mem_.to_host(g, g_here, m);
+        } else {
+            o.matmul(w.down, gate, m, out, places);
+        }
+        for (int t = 0; t < m; ++t) {
+            const float x = g[t];
+            ops::scale(out + t * E, E, x == 0.0f ? 0.5f : ops::silu(x) / x);
+        }
+        return out;
+    }
+
     // Q (q_dim per token) times the attention temperature of each token's position (Mistral 3),
     // one scale per run of tokens with the same factor.
     void scale_by_temperature(Exec& o, const BatchRows& rows, int64_t q_dim) const {
@@ -500,6 +580,11 @@ void check_experts_on_host(const gguf::GgufFile& file, const Hparams& hp, const 
     }
 }
 
+std::unique_ptr<Model> load_qwen2moe(const gguf::GgufFile& file, Hparams hp, const LoadOptions& options) {
+    check_experts_on_host(file, hp, options);
+    return std::make_unique<Llama>(file, std::move(hp), kQwen2MoeVariant, options);
+}
+
 std::unique_ptr<Model> load_qwen3moe(const gguf::GgufFile& file, Hparams hp, const LoadOptions& options) {
     check_experts_on_host(file, hp, options);
     return std::make_unique<Llama>(file, std::move(hp), kQwen3MoeVariant, options);
@@ -522,5 +607,6 @@ extern const Architecture kOlmo2{"olmo2", read_olmo2_hparams, load_olmo2};
 extern const Architecture kSmolLm3{"smollm3", read_smollm3_hparams, load_smollm3};
 extern const Architecture kMistral3{"mistral3", read_mistral3_hparams, load_llama};
 extern const Architecture kQwen3Moe{"qwen3moe", read_qwen3moe_hparams, load_qwen3moe};
+extern const Architecture kQwen2Moe{"qwen2moe", read_qwen2moe_hparams, load_qwen2moe};
 
 }  // namespace fitllm::model

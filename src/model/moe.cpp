@@ -65,7 +65,7 @@ void router_softmax(float* p, int n) {
     for (int k = 0; k < n; ++k) p[k] *= inv;
 }
 
-void route_token(const float* probs, int n, int k, float scale, int32_t* chosen, float* weights) {
+void route_token(const float* probs, int n, int k, float scale, int32_t* chosen, float* weights, bool normalize) {
     // k passes of a max over the rest: k and n are small (8 of 128), and the order is llama.cpp's
     // (a descending argsort).
     for (int r = 0; r < k; ++r) {
@@ -78,10 +78,12 @@ void route_token(const float* probs, int n, int k, float scale, int32_t* chosen,
         chosen[r] = best;
         weights[r] = probs[best];
     }
-    double sum = 0.0;  // as ggml_sum_rows
-    for (int r = 0; r < k; ++r) sum += weights[r];
-    const float total = std::max(static_cast<float>(sum), 6.103515625e-5f);  // the smallest normal f16
-    for (int r = 0; r < k; ++r) weights[r] /= total;
+    if (normalize) {
+        double sum = 0.0;  // as ggml_sum_rows
+        for (int r = 0; r < k; ++r) sum += weights[r];
+        const float total = std::max(static_cast<float>(sum), 6.103515625e-5f);  // the smallest normal f16
+        for (int r = 0; r < k; ++r) weights[r] /= total;
+    }
     if (scale != 0.0f && scale != 1.0f) {
         for (int r = 0; r < k; ++r) weights[r] *= scale;
     }
@@ -109,7 +111,7 @@ void moe_ffn(const Hparams& hp, const MoeWeights& w, float* h, int m, float* wor
     for (int t = 0; t < m; ++t) {
         float* p = probs + int64_t{t} * n_expert;
         router_softmax(p, n_expert);
-        route_token(p, n_expert, k, hp.expert_weights_scale, chosen, weights + int64_t{t} * k);
+        route_token(p, n_expert, k, hp.expert_weights_scale, chosen, weights + int64_t{t} * k, hp.expert_weights_norm);
         for (int r = 0; r < k; ++r) ids[int64_t{t} * k + r] = static_cast<float>(chosen[r]);
     }
 

@@ -54,8 +54,9 @@ void router_softmax(float* p, int n);
 
 // The k experts of one token's probabilities (n of them), best first (the lower index first
 // among equals), and their weights: the probabilities normalized to sum 1 (the sum clamped
-// below at 2^-14 as llama.cpp does), then scaled by `scale` unless it is 0 or 1.
-void route_token(const float* probs, int n, int k, float scale, int32_t* chosen, float* weights);
+// below at 2^-14 as llama.cpp does; normalize false, qwen2moe: the probabilities as they are),
+// then scaled by `scale` unless it is 0 or 1.
+void route_token(const float* probs, int n, int k, float scale, int32_t* chosen, float* weights, bool normalize = true);
 
 // The block over m tokens (m <= the layout's slice): h [m, n_embd] holds the normed input and
 // receives the output. work: the activations' work buffer, laid out as `l` says. places: the
