@@ -91,7 +91,8 @@ ArgParser serve_parser(ServeOptions& o) {
         "[-ctk TYPE] [-ctv TYPE] [--no-kv-rotation] [--kv-spill-dir DIR] [--kv-resident SIZE] [--device NAME] "
         "[-ngl N] [--vram SIZE] [--no-kv-offload] [--unified] [--max-body SIZE] [--request-timeout SECONDS] "
         "[--max-connections N] [--max-connections-per-client N] [--allowed-hosts NAMES] [--cors-origin ORIGINS] "
-        "[--cache-prompts N] [--cache-ram SIZE] [--lookup [--draft-max N]]",
+        "[--cache-prompts N] [--cache-ram SIZE] [--lookup | -md FILE] [--draft-max N] [--draft-min N] "
+        "[--draft-p-min P] [--draft-vocab N]",
         "Serve models over HTTP with an OpenAI-compatible API: POST /v1/chat/completions and\n"
         "/v1/completions (streamed as server-sent events with \"stream\": true), GET /v1/models,\n"
         "POST /tokenize and /detokenize, GET /health, /metrics (Prometheus), /v1/memory, a chat\n"
@@ -101,7 +102,9 @@ ArgParser serve_parser(ServeOptions& o) {
         "and unloaded after --ttl idle seconds, all within the --mem budget.\n"
         "With --lookup, each decoding sequence drafts tokens by prompt lookup and the model\n"
         "checks them in the batch's forward pass (speculative decoding): the same text (greedy)\n"
-        "or distribution (sampling), sooner when the answer repeats the prompt.");
+        "or distribution (sampling), sooner when the answer repeats the prompt. With -md FILE\n"
+        "(-m only), a smaller model with the same vocabulary drafts them instead, with a KV cache\n"
+        "of its own for each slot, planned within --mem.");
     p.option("-m, --model", "MODEL", "serve this GGUF model (loaded at start)", &o.engine.load.model_path);
     p.option("--models-dir", "DIR", "serve every *.gguf in DIR, each loaded on first use", &o.models_dir);
     p.option("--alias", "NAME", "the -m model's id in /v1/models and answers (default: its file name without .gguf)",
@@ -127,6 +130,7 @@ ArgParser serve_parser(ServeOptions& o) {
     add_memory_options(p, o.engine);
     add_http_options(p, o.http);
     add_lookup_options(p, o.lookup);
+    add_draft_model_options(p, o.lookup, o.engine);
     return p;
 }
 
@@ -149,6 +153,9 @@ void validate(const ServeOptions& o) {
     if (o.max_queue < 0) throw UsageError("--max-queue: " + std::to_string(o.max_queue) + " must not be negative");
     if (o.ttl < 0) throw UsageError("--ttl: " + std::to_string(o.ttl) + " must not be negative");
     validate_lookup_options(o.lookup);
+    if (!o.lookup.draft_model.empty() && !o.models_dir.empty()) {
+        throw UsageError("-md drafts for the -m model; with --models-dir, give each model's draft by -m instead");
+    }
     if (!o.alias.empty() && !o.models_dir.empty()) {
         throw UsageError("--alias names the -m model; with --models-dir each file's name is its id");
     }
@@ -168,6 +175,12 @@ server::RegistryOptions registry_options(const ServeOptions& o) {
         const int rows = context.n_seq * (o.lookup.params.n_draft + 1);
         context.n_outputs = std::max(context.n_outputs, std::min(rows, std::max(context.n_batch, context.n_seq)));
     }
+    if (!o.lookup.draft_model.empty()) {
+        // -md: the same rows; the draft model is loaded with the model (RegistryOptions::draft_model_path).
+        scheduler.draft = o.lookup.draft;
+        const int rows = context.n_seq * (o.lookup.draft.n_draft + 1);
+        context.n_outputs = std::max(context.n_outputs, std::min(rows, std::max(context.n_batch, context.n_seq)));
+    }
     return {.model_path = o.engine.load.model_path,
             .models_dir = o.models_dir,
             .ttl_seconds = static_cast<double>(o.ttl),
@@ -176,7 +189,8 @@ server::RegistryOptions registry_options(const ServeOptions& o) {
             .scheduler = scheduler,
             .mem_label = o.engine.mem_label,
             .alias = o.alias,
-            .strict_model_names = o.strict_model_names};
+            .strict_model_names = o.strict_model_names,
+            .draft_model_path = o.lookup.draft_model};
 }
 
 namespace {

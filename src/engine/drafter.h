@@ -88,6 +88,10 @@ public:
     int64_t n_proposed() const { return n_proposed_; }
     // Seconds spent in draft() (the draft model's forward passes and picking its tokens).
     double seconds() const { return seconds_; }
+    // Forgets what the session holds (its cells freed): the next draft() feeds the whole history.
+    void reset() { session_.reset(); }
+    // The KV cells the session holds (its first pool's).
+    int cells_used() const { return session_.cache().pool(0).used_cells(); }
 
 private:
     DraftParams params_;

@@ -161,14 +161,28 @@ LoadConfig draft_load_config(const LoadConfig& load, const std::string& draft_mo
     return d;
 }
 
+Plan draft_plan(const ModelShape& shape, const PlanParams& params, int draft_slots) {
+    if (draft_slots < 1) throw std::invalid_argument("draft slots " + std::to_string(draft_slots) + " (>= 1)");
+    Plan p = make_plan(shape, params);
+    const auto n = static_cast<uint64_t>(draft_slots);
+    p.kv *= n;
+    p.kv_spilled *= n;
+    p.logits *= n;
+    p.overhead -= std::min(p.overhead, kFixedOverhead + p.samplers);
+    p.samplers = 0;
+    p.draft_slots = draft_slots;
+    return p;
+}
+
 namespace {
 
 // The draft model's plan: as asked (no --fit), on the CPU.
-Plan plan_draft(const LoadConfig& draft, const ContextConfig& context, uint64_t budget, int n_threads) {
+Plan plan_draft(const LoadConfig& draft, const ContextConfig& context, uint64_t budget, int n_threads,
+                int draft_slots) {
     const PlanParams params = plan_params(draft, context, budget, n_threads, OffloadTarget{});
     const gguf::GgufFile file = gguf::GgufFile::open(draft.model_path);
     try {
-        return make_plan(model_shape(file), params);
+        return draft_plan(model_shape(file), params, draft_slots);
     } catch (const std::invalid_argument& e) {
         throw ConfigError("draft model " + draft.model_path + ": " + e.what());
     }
@@ -181,14 +195,21 @@ ContextConfig resolved_context(const LoadConfig& load, const ContextConfig& cont
     return c;
 }
 
+// " (its KV cache 12 MiB for 4 slots)", or nothing for one slot.
+std::string draft_slots_text(const Plan& draft) {
+    return draft.draft_slots > 1 ? " (its KV cache " + util::human_bytes(draft.kv) + " for " +
+                                       std::to_string(draft.draft_slots) + " slots)"
+                                 : "";
+}
+
 std::string for_draft(const Plan& draft) {
-    return util::human_bytes(draft.total()) + " for the draft model " + draft.shape.source;
+    return util::human_bytes(draft.total()) + " for the draft model " + draft.shape.source + draft_slots_text(draft);
 }
 
 }  // namespace
 
 PlanOnly plan_only(const LoadConfig& load, const ContextConfig& context, std::string budget_source,
-                   const std::string& draft_model_path) {
+                   const std::string& draft_model_path, int draft_slots) {
     const ResolvedBudget budget = resolve_budget(load.mem, std::move(budget_source));
     OffloadTarget target;
     resolve_offload(load.offload, target, /*host=*/nullptr, /*open=*/false);
@@ -200,7 +221,8 @@ PlanOnly plan_only(const LoadConfig& load, const ContextConfig& context, std::st
     if (!draft_model_path.empty()) {
         check(context);
         c = resolved_context(load, context);
-        draft = plan_draft(draft_load_config(load, draft_model_path), draft_context(c), budget.bytes, n_threads);
+        draft = plan_draft(draft_load_config(load, draft_model_path), draft_context(c), budget.bytes, n_threads,
+                           draft_slots);
         left = budget.bytes - std::min(budget.bytes, draft->total());
         source += ", less " + for_draft(*draft);
     }
@@ -215,30 +237,33 @@ PlanOnly plan_only(const LoadConfig& load, const ContextConfig& context, std::st
 }
 
 std::unique_ptr<Engine> Engine::load(const LoadConfig& load, const ContextConfig& context,
-                                     std::shared_ptr<Resources> resources, const std::string& draft_model_path) {
-    if (draft_model_path.empty()) return load_one(load, context, std::move(resources), 0, {}, true);
+                                     std::shared_ptr<Resources> resources, const std::string& draft_model_path,
+                                     int draft_slots) {
+    if (draft_model_path.empty()) return load_one(load, context, std::move(resources), 0, {}, 0);
     check(context);
     if (!resources) resources = Resources::open(load, context.n_threads);
     const ContextConfig c = resolved_context(load, context);
     const LoadConfig draft_load = draft_load_config(load, draft_model_path);
     const ContextConfig draft_ctx = draft_context(c);
     const uint64_t capacity = resources->host().capacity();
-    const Plan draft = plan_draft(draft_load, draft_ctx, capacity, static_cast<int>(resources->compute().pool.size()));
+    const Plan draft =
+        plan_draft(draft_load, draft_ctx, capacity, static_cast<int>(resources->compute().pool.size()), draft_slots);
     if (!draft.fits()) {
-        throw DoesNotFitError(
-            "the draft model " + draft_model_path + " alone does not fit the memory budget: " + first_refusal(draft),
-            "host", draft.total(), capacity, engine::plan_text(draft, resources->budget_source()));
+        throw DoesNotFitError("the draft model " + draft_model_path + draft_slots_text(draft) +
+                                  " alone does not fit the memory budget: " + first_refusal(draft),
+                              "host", draft.total(), capacity, engine::plan_text(draft, resources->budget_source()));
     }
-    std::unique_ptr<Engine> e = load_one(load, c, resources, draft.total(), for_draft(draft), true);
-    e->draft_ = load_one(draft_load, draft_ctx, resources, 0, {}, false);
+    std::unique_ptr<Engine> e = load_one(load, c, resources, draft.total(), for_draft(draft), 0);
+    e->draft_ = load_one(draft_load, draft_ctx, resources, 0, {}, draft_slots);
     check_same_vocab(e->tokenizer().vocab(), load.model_path, e->draft_->tokenizer().vocab(), draft_model_path);
     return e;
 }
 
 std::unique_ptr<Engine> Engine::load_one(const LoadConfig& load, const ContextConfig& context,
                                          std::shared_ptr<Resources> resources, uint64_t reserved,
-                                         const std::string& reserved_for, bool offload_allowed) {
+                                         const std::string& reserved_for, int draft_slots) {
     check(context);
+    const bool offload_allowed = draft_slots == 0;
     if (!resources) resources = Resources::open(load, context.n_threads);
     std::unique_ptr<Engine> e(new Engine);
     e->load_ = load;
@@ -257,7 +282,9 @@ std::unique_ptr<Engine> Engine::load_one(const LoadConfig& load, const ContextCo
     const PlanParams params = plan_params(load, context, host.capacity() - std::min(reserved, host.capacity()),
                                           r.compute().pool.size(), target);
     try {
-        e->plan_ = load.fit ? fit_plan(shape, params) : make_plan(shape, params);
+        e->plan_ = draft_slots > 0 ? draft_plan(shape, params, draft_slots)
+                   : load.fit      ? fit_plan(shape, params)
+                                   : make_plan(shape, params);
     } catch (const std::invalid_argument& err) {
         throw ConfigError(err.what());
     }

@@ -54,10 +54,12 @@ public:
     // loaded after the model on the same resources and budget (its CPU layers only): it is planned
     // first, for draft_context(context), and the model is planned (and fitted) for what the budget
     // leaves. DoesNotFitError when the draft alone does not fit or the two together do not,
-    // ConfigError naming both files when their vocabularies differ.
+    // ConfigError naming both files when their vocabularies differ. draft_slots: the draft
+    // sessions the model's user runs (serve: one per slot), each with a KV cache and a row of
+    // logits of its own: the draft's plan counts them all (Plan::draft_slots).
     static std::unique_ptr<Engine> load(const LoadConfig& load, const ContextConfig& context,
                                         std::shared_ptr<Resources> resources = nullptr,
-                                        const std::string& draft_model_path = {});
+                                        const std::string& draft_model_path = {}, int draft_slots = 1);
     ~Engine();
     Engine(const Engine&) = delete;
     Engine& operator=(const Engine&) = delete;
@@ -107,10 +109,11 @@ public:
 private:
     Engine() = default;
     // load() for one model: the plan's budget is the host's capacity less `reserved` (the draft
-    // model's plan, reserved_for names it); offload: whether layers may go to the offload device.
+    // model's plan, reserved_for names it); draft_slots > 0: the draft model (planned by
+    // draft_plan(), on the CPU only), 0: the model (its layers may go to the offload device).
     static std::unique_ptr<Engine> load_one(const LoadConfig& load, const ContextConfig& context,
                                             std::shared_ptr<Resources> resources, uint64_t reserved,
-                                            const std::string& reserved_for, bool offload);
+                                            const std::string& reserved_for, int draft_slots);
 
     LoadConfig load_;
     std::string budget_source_;  // the resources', with what a draft model takes of it
@@ -143,7 +146,7 @@ PlanParams plan_params(const LoadConfig& load, const ContextConfig& context, uin
 // file throws; a plan that does not fit is returned (Plan::fits() false).
 // With draft_model_path: the draft model's plan too (draft_context(context), its CPU layers), and
 // the model's plan for the budget it leaves (budget_source says so): plan.fits() says whether both
-// fit.
+// fit. draft_slots: as Engine::load's.
 struct PlanOnly {
     Plan plan;
     std::string budget_source;
@@ -151,7 +154,14 @@ struct PlanOnly {
     std::string draft_budget_source;  // the budget's source as given (the draft is planned for all of it)
 };
 PlanOnly plan_only(const LoadConfig& load, const ContextConfig& context, std::string budget_source = {},
-                   const std::string& draft_model_path = {});
+                   const std::string& draft_model_path = {}, int draft_slots = 1);
+
+// A draft model's plan: make_plan(shape, params) (params.n_seq 1, no --fit), its KV cache and
+// logits times draft_slots (n_slots sessions of its own), and its overhead only its metadata and
+// tokenizer: the runtime (kFixedOverhead) and the samplers are in the model's plan (the draft
+// model proposes without a sampler). Throws std::invalid_argument as make_plan, and for
+// draft_slots < 1.
+Plan draft_plan(const ModelShape& shape, const PlanParams& params, int draft_slots);
 
 // The LoadConfig of a draft model next to `load`: its file, no --fit, nothing streamed or
 // offloaded, load.mlock as given.

@@ -210,6 +210,10 @@ struct Plan {
 
     std::vector<FitStep> fit_steps;  // empty unless fit_plan() changed something (or chose the offload)
     bool fitted = false;             // fit_plan() ran
+    // > 0: a draft model's plan (engine::Engine::load with a draft model): draft_slots copies of
+    // its KV cache and its row of logits (serve: a draft session per slot), and no runtime or
+    // samplers in the overhead (the model's plan has them).
+    int draft_slots = 0;
 };
 
 // What the plan adds besides weights, KV, scratch and outputs: kFixedOverhead for the executable,

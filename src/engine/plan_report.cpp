@@ -87,6 +87,7 @@ nlohmann::ordered_json plan_json(const Plan& p, const std::string& budget_source
                                   {"budget_source", budget_source},
                                   {"fits", p.total() <= q.budget}}})},
     };
+    if (p.draft_slots > 0) out["settings"]["draft_slots"] = p.draft_slots;  // kv_pools: each slot's
     if (!p.device.name.empty()) {
         json dpools = json::array();
         for (const KvPoolPlan& pool : p.kv_pools) {
@@ -210,23 +211,30 @@ std::string plan_text(const Plan& p, const std::string& budget_source) {
             std::to_string(q.n_streamed_layers) + " layers read from the file as needed (not in the total)");
         row("stream buffer", p.stream_buffer, "two of the largest streamed layers");
     }
+    const std::string slots = p.draft_slots > 1 ? ", for each of " + std::to_string(p.draft_slots) + " slots" : "";
     row("KV cache", p.kv,
-        kv_detail(p, false) +
+        kv_detail(p, false) + slots +
             (dev.unified && dev.kv > 0 ? "; and " + dev.name + "'s " + util::human_bytes(dev.kv) : ""));
     row("scratch", p.scratch,
         "activations " + util::human_bytes(p.activations) + " for " + std::to_string(q.n_batch) +
             " tokens, op scratch " + util::human_bytes(std::max(p.matmul_scratch, p.attention_scratch)) +
             (dev.unified && dev.scratch > 0 ? ", " + dev.name + "'s " + util::human_bytes(dev.scratch) : ""));
     row("outputs", p.logits,
-        "logits: " + std::to_string(q.n_outputs) + " x " + std::to_string(p.shape.hp.n_vocab) + " floats");
+        "logits: " + std::to_string(q.n_outputs) + " x " + std::to_string(p.shape.hp.n_vocab) + " floats" + slots);
     if (p.prompt_cache > 0) {
         row("prompt cache", p.prompt_cache,
             "kept prompts' K/V rows out of the KV cache (--cache-ram; and the token lists of --cache-disk's files)");
     }
-    row("overhead", p.overhead,
-        "runtime " + util::human_bytes(kFixedOverhead) + ", metadata and tokenizer " +
-            util::human_bytes(kMetadataFactor * p.shape.metadata_bytes) + ", samplers " +
-            util::human_bytes(p.samplers));
+    if (p.draft_slots > 0) {
+        row("overhead", p.overhead,
+            "metadata and tokenizer " + util::human_bytes(kMetadataFactor * p.shape.metadata_bytes) +
+                " (the runtime and the samplers are the model's)");
+    } else {
+        row("overhead", p.overhead,
+            "runtime " + util::human_bytes(kFixedOverhead) + ", metadata and tokenizer " +
+                util::human_bytes(kMetadataFactor * p.shape.metadata_bytes) + ", samplers " +
+                util::human_bytes(p.samplers));
+    }
     if (p.device_host > 0) {
         row("device staging", p.device_host, "pinned buffer of " + p.device.name + "'s copies (fixed)");
     }

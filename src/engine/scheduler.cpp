@@ -119,12 +119,23 @@ Scheduler::Scheduler(model::Model& model, const tokenizer::Tokenizer& tokenizer,
     stats_.kv_cells_total = context_.n_ctx;
     n_rows_ = logit_rows(context_);
     warm_up();
-    if (options_.lookup) {
-        check(*options_.lookup);
+    if (options_.lookup && options_.draft_model) {
+        throw std::invalid_argument("scheduler: prompt lookup and a draft model are two drafters; use one of them");
+    }
+    if (options_.draft_model) {
+        check(options_.draft);
+        for (int s = 0; s < context_.n_seq; ++s) {
+            drafters_.push_back(std::make_unique<ModelDrafter>(*options_.draft_model, options_.draft_context,
+                                                               compute_.pool, options_.draft, device));
+        }
+    }
+    if (options_.lookup || options_.draft_model) {
+        if (options_.lookup) check(*options_.lookup);
+        const int n_draft = options_.lookup ? options_.lookup->n_draft : options_.draft.n_draft;
         // A draft pass holds the last token and the drafts; rejected ones are taken back, so the
         // sliding-window pools keep that many positions more (kv::ModelCache::set_window_slack),
         // within the spare block a sequence has there.
-        max_draft_ = std::min({options_.lookup->n_draft, n_rows_ - 1, (context_.n_batch - 1) / 2});
+        max_draft_ = std::min({n_draft, n_rows_ - 1, (context_.n_batch - 1) / 2});
         for (int p = 0; p < cache_.n_pools(); ++p) {
             if (cache_.pool(p).params().window > 0)
                 max_draft_ = std::min(max_draft_, cache_.pool(p).params().block_size / 2);
@@ -367,6 +378,7 @@ void Scheduler::preempt(size_t i) {
     keep_prompt(*s);  // it finds its cells again if nobody needs them before it resumes
     cache_.seq_rm(s->seq, -1, -1);
     free_ids_.push_back(s->seq);
+    clear_draft(s->seq);
     s->seq = -1;
     s->n_fed = 0;
     s->sampler.release_workspace();  // only the slots' samplers hold candidate lists (the plan's)
@@ -397,8 +409,8 @@ void Scheduler::accept_token(Sequence& s, int32_t id) {
 
 void Scheduler::make_drafts() {
     // Every decoding sequence (its last token not yet fed) drafts by prompt lookup over its
-    // tokens, as many as its request, the rows of logits and the batch leave (a row and a token
-    // of each active sequence come first), and never past max_tokens or the context.
+    // tokens (or with its slot's draft model), as many as its request, the rows of logits and the batch leave (a row
+    // and a token of each active sequence come first), and never past max_tokens or the context.
     int rows_left = n_rows_ - static_cast<int>(active_.size());
     int tokens_left = context_.n_batch - static_cast<int>(active_.size());
     for (const auto& a : active_) {
@@ -409,11 +421,32 @@ void Scheduler::make_drafts() {
         const int most = std::min({asked, context_.n_ctx - static_cast<int>(s.tokens.size()),
                                    s.max_tokens - s.n_generated - 1, rows_left, tokens_left});
         if (most < std::max(1, s.draft_min)) continue;
-        lookup_draft(s.tokens, *options_.lookup, most, s.draft);
+        if (options_.lookup) {
+            lookup_draft(s.tokens, *options_.lookup, most, s.draft);
+        } else {
+            draft_with_model(s, most);
+        }
         if (static_cast<int>(s.draft.size()) < s.draft_min) s.draft.clear();
         rows_left -= static_cast<int>(s.draft.size());
         tokens_left -= static_cast<int>(s.draft.size());
     }
+}
+
+void Scheduler::draft_with_model(Sequence& s, int most) {
+    ModelDrafter& drafter = *drafters_[static_cast<size_t>(s.seq)];
+    try {
+        std::lock_guard lock(compute_.mutex);
+        drafter.draft(s.tokens, most, s.draft);
+    } catch (const std::exception&) {
+        // The draft pass failed (its working memory over budget, ...): no draft this step, the
+        // next starts over; the model's own pass decides the token either way.
+        s.draft.clear();
+        drafter.reset();
+    }
+}
+
+void Scheduler::clear_draft(kv::SeqId seq) {
+    if (!drafters_.empty()) drafters_[static_cast<size_t>(seq)]->reset();
 }
 
 bool Scheduler::drop_drafts() {
@@ -471,6 +504,7 @@ bool Scheduler::step() {
             keep_prompt(*active_[i]);
             cache_.seq_rm(active_[i]->seq, -1, -1);
             free_ids_.push_back(active_[i]->seq);
+            clear_draft(active_[i]->seq);
             finish(*active_[i], FinishReason::cancelled);
             active_.erase(active_.begin() + static_cast<std::ptrdiff_t>(i));
         } else {
@@ -527,6 +561,7 @@ bool Scheduler::step() {
             Sequence& s = *active_[0];
             cache_.seq_rm(s.seq, -1, -1);
             free_ids_.push_back(s.seq);
+            clear_draft(s.seq);
             finish(s, FinishReason::length);
             active_.clear();
             return true;
@@ -632,6 +667,7 @@ void Scheduler::release_finished() {
             keep_prompt(*active_[i]);
             cache_.seq_rm(active_[i]->seq, -1, -1);
             free_ids_.push_back(active_[i]->seq);
+            clear_draft(active_[i]->seq);
             active_.erase(active_.begin() + static_cast<std::ptrdiff_t>(i));
         } else {
             ++i;
@@ -679,6 +715,8 @@ void Scheduler::publish_stats() {
     stats_.n_active = static_cast<int>(active_.size());
     stats_.n_queued = static_cast<int>(queue_.size() + preempted_.size());
     stats_.kv_cells_used = cache_.pool(0).used_cells();
+    stats_.draft_cells_used = 0;
+    for (const auto& d : drafters_) stats_.draft_cells_used += d->cells_used();
     const PromptCache::Holdings h = prompts_.holdings();
     stats_.n_cached_prompts = h.n_kept;
     stats_.cached_prompt_tokens = h.kept_tokens;

@@ -37,6 +37,7 @@
 #include <thread>
 #include <vector>
 
+#include "engine/drafter.h"
 #include "engine/job.h"
 #include "engine/lookup.h"
 #include "engine/prompt_cache.h"
@@ -66,6 +67,17 @@ struct SchedulerOptions {
     // The rejected drafts' cells are taken back. Drafts take rows of logits beyond one a slot
     // (ContextConfig::n_outputs) and tokens of the batch; without either there are none.
     std::optional<LookupParams> lookup;
+    // Speculative decoding with a draft model (serve -md; engine/drafter.h), not with lookup: each
+    // slot has a ModelDrafter of its own (draft_context: the draft engine's context, one sequence;
+    // its KV cache and row of logits charged to the device, Plan::draft_slots) that its decoding
+    // sequence drafts with, greedily, before each step; the drafts are checked as lookup's are.
+    // A sequence that leaves its slot (finished, cancelled, preempted) clears the slot's draft
+    // cells; the next one there feeds the draft model what it lacks (a prefix the prompt cache
+    // gave the model is computed again by the draft). nullptr: none. The draft model must have
+    // the model's vocabulary (check_same_vocab) and outlive the scheduler.
+    model::Model* draft_model = nullptr;
+    ContextConfig draft_context;
+    DraftParams draft;
 };
 
 struct GenerationParams {
@@ -103,6 +115,7 @@ struct SchedulerStats {
     uint64_t n_cache_hits = 0;            // requests (and resumptions) that took a cached prefix
     uint64_t n_cache_evictions = 0;       // kept prompts dropped for room
     uint64_t n_cache_restores = 0;        // of the hits: prompts copied back from host memory
+    int draft_cells_used = 0;             // the draft model's KV cells in use, all slots (-md)
     int n_saved_prompts = 0;              // kept prompts in host memory (--cache-ram)
     uint64_t saved_prompt_bytes = 0;      // their rows
     int n_disk_prompts = 0;               // kept prompts in files (--cache-disk)
@@ -186,8 +199,10 @@ private:
         int32_t id;
         std::optional<TokenLogprob> logprob;
     };
-    void make_drafts();  // each decoding sequence's drafts for this step
-    bool drop_drafts();  // false when there were none
+    void make_drafts();                            // each decoding sequence's drafts for this step
+    void draft_with_model(Sequence& s, int most);  // s's drafts from its slot's ModelDrafter
+    void clear_draft(kv::SeqId seq);               // the slot's draft cells (a sequence left it)
+    bool drop_drafts();                            // false when there were none
     // The tokens of s's draft pass (rows: its 1 + draft.size() rows of logits), into sampled;
     // returns how many (the drafts kept, and the model's token after them).
     int check_drafts(Sequence& s, const float* rows, std::vector<Sampled>& sampled, uint64_t& n_accepted);
@@ -208,7 +223,8 @@ private:
     std::vector<kv::SeqId> free_ids_;
     memory::PoolBuffer<float> logits_;  // n_rows_ rows: one per slot, more for drafts
     int n_rows_ = 1;
-    int max_draft_ = 0;                 // drafts per sequence and step at most (0: no speculative decoding)
+    int max_draft_ = 0;  // drafts per sequence and step at most (0: no speculative decoding)
+    std::vector<std::unique_ptr<ModelDrafter>> drafters_;  // SchedulerOptions::draft_model: one per slot
     std::vector<uint8_t> batch_order_;  // the rows of drafting sequences (model::Batch::token_order_rows)
     std::vector<int32_t> batch_tokens_, batch_pos_;
     std::vector<kv::SeqId> batch_seq_;

@@ -113,7 +113,8 @@ std::string Metrics::prometheus_text(ModelRegistry& registry, const TransportSta
           [](const SchedulerStats& s) { return s.n_queued; });
     gauge("fitllm_preemptions_total", "counter", "sequences whose KV cells were taken back under pressure",
           [](const SchedulerStats& s) { return s.n_preemptions; });
-    gauge("fitllm_spec_drafted_total", "counter", "tokens drafted and checked by speculative decoding (--lookup)",
+    gauge("fitllm_spec_drafted_total", "counter",
+          "tokens drafted and checked by speculative decoding (--lookup or -md)",
           [](const SchedulerStats& s) { return s.n_drafted; });
     gauge("fitllm_spec_accepted_total", "counter", "drafted tokens the model accepted (each a token without a pass)",
           [](const SchedulerStats& s) { return s.n_draft_accepted; });

@@ -24,7 +24,8 @@ LoadedModel::LoadedModel(std::string id, const std::filesystem::path& path, cons
     load.model_path = path.string();
     const std::string model = "model '" + id_ + "': ";
     try {
-        engine_ = engine::Engine::load(load, options.context, resources);
+        engine_ =
+            engine::Engine::load(load, options.context, resources, options.draft_model_path, options.context.n_seq);
     } catch (const DoesNotFitError& e) {
         throw ApiError(507, "insufficient_memory", "model_too_large",
                        "model '" + id_ + "' needs " + memory::format_size(e.needed()) + " on " + e.device() +
@@ -47,6 +48,10 @@ LoadedModel::LoadedModel(std::string id, const std::filesystem::path& path, cons
         // --cache-dir's files of this model file outlive the server (engine/prompt_cache.h).
         if (engine_->context().prompt_cache_disk > 0) {
             scheduler.prompt_cache_model = engine::model_file_identity(engine_->file());
+        }
+        if (engine::Engine* draft = engine_->draft()) {
+            scheduler.draft_model = &draft->model();
+            scheduler.draft_context = draft->context();
         }
         scheduler_ = std::make_unique<engine::Scheduler>(engine_->model(), engine_->tokenizer(), engine_->context(),
                                                          scheduler, engine_->compute(), &engine_->host());

@@ -57,6 +57,9 @@ struct RegistryOptions {
     // With model_path, a request naming another model gets 404 (--strict-model-names) instead of
     // the one model (clients send their own default name). --models-dir is always strict.
     bool strict_model_names = false;
+    // -md: the draft model of speculative decoding, loaded with each model (engine::Engine::load,
+    // its KV cache planned for every slot); scheduler.draft has its parameters. Empty: none.
+    std::string draft_model_path;
 };
 
 // A model the registry has loaded: its engine and the scheduler that serves it.

@@ -478,8 +478,8 @@ CompletionRequest parse_completion_request(const json& body, bool chat) {
     }
     if (field(body, "speculative.p_min")) {
         throw ApiError::unsupported("speculative.p_min",
-                                    "a draft model's; fitllm serve drafts by prompt lookup (--lookup), which has no "
-                                    "draft probability");
+                                    "the server's: --draft-p-min with a draft model (-md); prompt lookup (--lookup) "
+                                    "has no draft probability");
     }
 
     if (const json* stop = field(body, "stop")) {

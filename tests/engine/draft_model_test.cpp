@@ -13,10 +13,12 @@
 
 #include "engine/drafter.h"
 #include "engine/engine.h"
+#include "engine/plan_report.h"
 #include "engine/session.h"
 #include "engine/speculative_checks.h"
 #include "fitllm/error.h"
 #include "gguf/gguf_reader.h"
+#include "memory/pool.h"
 #include "model/model.h"
 #include "model/tiny_gemma3.h"
 #include "sampling/sampler.h"
@@ -259,6 +261,62 @@ TEST(DraftModel, ThePlanAndTheBudgetIncludeTheDraft) {
     EXPECT_EQ(&e->draft()->host(), &e->host());
     EXPECT_NE(e->plan_text().find("draft model"), std::string::npos);
     EXPECT_NE(e->peak_summary().find("draft model"), std::string::npos);
+}
+
+// The draft's plan counts what it adds and nothing twice: its weights, scratch and metadata once,
+// its KV cache and row of logits once per slot (serve: a draft session each), and neither the
+// runtime's fixed overhead nor a sampler (the model's plan has them; the draft proposes without
+// one). What the two engines charge to the overhead pool is the two plans' overhead, exactly.
+TEST(DraftModel, TheDraftsPlanIsExactForEachSlot) {
+    const std::string target = data("tiny-llama-q8_0.gguf");
+    const std::string draft = data("tiny-llama-f16.gguf");
+    const ContextConfig context{.n_ctx = 256, .n_outputs = 9, .n_threads = 1};
+    const LoadConfig load{.model_path = target, .mem = uint64_t{256} << 20};
+    const engine::PlanOnly one = engine::plan_only(load, context, "test", draft);
+    const engine::PlanOnly three = engine::plan_only(load, context, "test", draft, 3);
+    ASSERT_TRUE(one.draft && three.draft);
+    // The draft model alone, planned as a model of its own (for the draft's context).
+    const engine::PlanOnly own =
+        engine::plan_only(LoadConfig{.model_path = draft, .mem = load.mem}, engine::draft_context(context), "test");
+    const engine::Plan& d = *one.draft;
+    EXPECT_EQ(d.draft_slots, 1);
+    EXPECT_EQ(d.samplers, 0u);
+    EXPECT_EQ(d.overhead, engine::kMetadataFactor * d.shape.metadata_bytes);
+    EXPECT_GT(own.plan.samplers, 0u);
+    EXPECT_EQ(own.plan.total() - d.total(), engine::kFixedOverhead + own.plan.samplers);
+    EXPECT_EQ(d.kv, own.plan.kv);
+    EXPECT_EQ(d.logits, own.plan.logits);
+
+    const engine::Plan& d3 = *three.draft;
+    EXPECT_EQ(d3.draft_slots, 3);
+    EXPECT_EQ(d3.kv, 3 * d.kv);
+    EXPECT_EQ(d3.logits, 3 * d.logits);
+    EXPECT_EQ(d3.weights(), d.weights());
+    EXPECT_EQ(d3.scratch, d.scratch);
+    EXPECT_EQ(d3.overhead, d.overhead);
+    EXPECT_EQ(three.plan.params.budget, load.mem - d3.total());
+    EXPECT_NE(three.budget_source.find("for 3 slots"), std::string::npos) << three.budget_source;
+    EXPECT_NE(engine::plan_text(d3, "test").find("for each of 3 slots"), std::string::npos);
+    EXPECT_EQ(engine::plan_json(d3, "test")["settings"]["draft_slots"], 3);
+
+    // Loaded: the overhead pool holds the two plans' overhead, no more.
+    const auto e = engine::Engine::load(load, context, nullptr, draft, 3);
+    ASSERT_NE(e->draft(), nullptr);
+    EXPECT_EQ(e->draft()->plan().draft_slots, 3);
+    EXPECT_EQ(e->draft()->plan().total(), d3.total());
+    EXPECT_EQ(e->host().pool(memory::pool_names::kOverhead).live(), e->plan().overhead + d3.overhead);
+
+    // A budget with room for one slot's draft but not three is refused, naming the slots.
+    const uint64_t mem = one.plan.total() + d.total() + (d3.total() - d.total()) / 2;
+    const LoadConfig tight{.model_path = target, .mem = mem};
+    EXPECT_TRUE(engine::plan_only(tight, context, "test", draft, 1).plan.fits());
+    EXPECT_FALSE(engine::plan_only(tight, context, "test", draft, 3).plan.fits());
+    try {
+        (void)engine::Engine::load(tight, context, nullptr, draft, 3);
+        ADD_FAILURE() << "three slots' drafts fitted";
+    } catch (const DoesNotFitError& err) {
+        EXPECT_NE(std::string(err.what()).find("for 3 slots"), std::string::npos) << err.what();
+    }
 }
 
 }  // namespace

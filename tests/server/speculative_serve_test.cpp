@@ -1,15 +1,18 @@
-// `fitllm serve --lookup`: the flags reach the scheduler of the model the registry loads, its rows
+// `fitllm serve --lookup` and `-md`: the flags reach the scheduler of the model the registry loads, its rows
 // of logits for the drafts are in the plan and charged as the buffer, /metrics counts the drafted
 // and accepted tokens, and a request's speculative.n_max / speculative.n_min are read (p_min, a
 // draft model's, is refused: serve has none).
 #include <gtest/gtest.h>
 
+#include <chrono>
 #include <nlohmann/json.hpp>
 #include <string>
+#include <thread>
 #include <vector>
 
 #include "cli/args.h"
 #include "cli/commands.h"
+#include "engine/engine.h"
 #include "memory/pool.h"
 #include "server/api_error.h"
 #include "server/metrics.h"
@@ -85,11 +88,80 @@ TEST(ServeSpeculative, WithoutLookupNothingIsDrafted) {
     registry.shutdown();
 }
 
+// -md: the draft model is loaded with the model, planned for every slot (its KV cache and row of
+// logits each), each slot drafts with it; the text is the server's without it, and /metrics counts
+// the drafts.
+TEST(ServeSpeculative, ADraftModelDraftsForEverySlot) {
+    const std::string draft = (test::source_dir() / "tests/model/data/tiny-llama-q4_k_m.gguf").string();
+    const server::RegistryOptions options = parse_serve({"-m", tiny_llama(), "-c", "512", "-np", "3", "-t", "1", "-md",
+                                                         draft, "--draft-max", "5", "--draft-p-min", "0"});
+    EXPECT_FALSE(options.scheduler.lookup);
+    EXPECT_EQ(options.draft_model_path, draft);
+    EXPECT_EQ(options.scheduler.draft.n_draft, 5);
+    EXPECT_EQ(options.scheduler.draft.p_min, 0.0f);
+    EXPECT_EQ(options.context.n_outputs, 3 * 6);
+    server::ModelRegistry registry(options);
+    registry.load_startup_model();
+    const auto m = registry.models().front().model;
+    ASSERT_TRUE(m);
+    const engine::Engine* d = m->engine().draft();
+    ASSERT_NE(d, nullptr);
+    EXPECT_EQ(d->plan().draft_slots, 3);
+    // Three draft sessions' caches beside the model's, as planned.
+    EXPECT_EQ(registry.device().pool(memory::pool_names::kKv).live(), m->scheduler().kv_bytes() + d->plan().kv);
+
+    const server::RegistryOptions plain_options = parse_serve({"-m", tiny_llama(), "-c", "512", "-np", "3", "-t", "1"});
+    server::ModelRegistry plain(plain_options);
+    plain.load_startup_model();
+    const auto pm = plain.models().front().model;
+    std::vector<std::shared_ptr<engine::Job>> with, without;
+    engine::GenerationParams p;
+    p.max_tokens = 40;
+    p.sampling.temperature = 0.0f;
+    for (const char* text : {"Once upon a time", "The capital of France is", "one two three four five"}) {
+        with.push_back(m->scheduler().submit(m->engine().tokenizer().tokenize(text, true, false), p));
+        without.push_back(pm->scheduler().submit(pm->engine().tokenizer().tokenize(text, true, false), p));
+    }
+    for (size_t i = 0; i < with.size(); ++i) EXPECT_EQ(with[i]->wait_all().text, without[i]->wait_all().text) << i;
+    std::this_thread::sleep_for(std::chrono::milliseconds(100));
+    server::Metrics metrics;
+    const std::string out = metrics.prometheus_text(registry, {});
+    EXPECT_GT(metric(out, "fitllm_spec_drafted_total"), 0) << out;
+    EXPECT_GT(metric(out, "fitllm_spec_accepted_total"), 0) << out;
+    EXPECT_LE(metric(out, "fitllm_spec_accepted_total"), metric(out, "fitllm_spec_drafted_total"));
+    plain.shutdown();
+    registry.shutdown();
+}
+
+TEST(ServeSpeculative, ADraftModelThatDoesNotFitIsRefusedWithItsNumbers) {
+    const std::string draft = (test::source_dir() / "tests/model/data/tiny-llama-f16.gguf").string();
+    // Room for the model, not for it and eight slots' drafts.
+    const engine::PlanOnly alone =
+        engine::plan_only(LoadConfig{.model_path = tiny_llama(), .mem = uint64_t{1} << 30},
+                          ContextConfig{.n_ctx = 512, .n_seq = 8, .n_batch = 256, .n_threads = 1});
+    const std::string mem = std::to_string(alone.plan.total() + (uint64_t{1} << 20));
+    server::ModelRegistry registry(parse_serve(
+        {"-m", tiny_llama(), "-c", "512", "-np", "8", "-t", "1", "--cache-prompts", "0", "--mem", mem, "-md", draft}));
+    try {
+        registry.load_startup_model();
+        ADD_FAILURE() << "loaded";
+    } catch (const server::ApiError& e) {
+        EXPECT_EQ(e.status(), 507);
+        const std::string what = e.what();
+        EXPECT_NE(what.find("for the draft model"), std::string::npos) << what;
+        EXPECT_NE(what.find("for 8 slots"), std::string::npos) << what;
+    }
+    registry.shutdown();
+}
+
 TEST(ServeSpeculative, BadFlagsAreRefused) {
     for (const std::vector<std::string>& args : std::vector<std::vector<std::string>>{
              {"-m", tiny_llama(), "--lookup", "--draft-max", "0"},
              {"-m", tiny_llama(), "--lookup", "--lookup-ngram-min", "0"},
-             {"-m", tiny_llama(), "--lookup", "--lookup-ngram-min", "4", "--lookup-ngram-max", "3"}}) {
+             {"-m", tiny_llama(), "--lookup", "--lookup-ngram-min", "4", "--lookup-ngram-max", "3"},
+             {"-m", tiny_llama(), "--lookup", "-md", tiny_llama()},
+             {"--models-dir", "/tmp", "-md", tiny_llama()},
+             {"-m", tiny_llama(), "-md", tiny_llama(), "--draft-p-min", "2"}}) {
         cli::ServeOptions o;
         cli::ArgParser p = cli::serve_parser(o);
         EXPECT_ANY_THROW({
