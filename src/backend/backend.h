@@ -286,7 +286,9 @@ int cuda_device_count();
 //    [L - min(N, L), L) (tensors named "blk.<il>.*"), each n_bytes + 64 (model::kWeightSkew)
 //    rounded up to kBufferAlign;
 //    when N > L also output_norm.weight and the output matrix (output.weight, or a copy of
-//    token_embd.weight when tied); for a llama file with rope_freqs.weight, that too.
+//    token_embd.weight when tied); for a llama file with rope_freqs.weight, that too. Less what
+//    tensor overrides keep on the host (model::host_kept_tensors: routed-expert blocks, other
+//    weight matrices, the output layer), which the model's ops read from the mapped file there.
 //  D "scratch" (model::device_scratch_bytes(hp, N, n, n_out)): the activations of the largest
 //    batch n seen (x, cur, q, k, v, attn, gate, up: n rows each, one Buffer each, each rounded to
 //    kBufferAlign), plus, when the output layer is there, the logits of the most rows n_out that

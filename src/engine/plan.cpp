@@ -5,6 +5,8 @@
 #include <map>
 #include <optional>
 #include <stdexcept>
+#include <string_view>
+#include <unordered_set>
 
 #include "backend/backend.h"
 #include "fitllm/config.h"
@@ -95,6 +97,8 @@ ModelShape model_shape(const gguf::GgufFile& file) {
     s.tied_output = !has_output;
     for (const gguf::TensorInfo& t : file.tensors()) {
         s.tensor_names.emplace_back(t.name);
+        s.tensor_dims.push_back(static_cast<int>(t.n_dims));
+        s.tensor_bytes.push_back(t.n_bytes);
         const int il = tensor_layer(t.name);
         if (il >= 0 && il < s.hp.n_layer) {
             s.layer_bytes[static_cast<size_t>(il)] += t.n_bytes;
@@ -107,7 +111,8 @@ ModelShape model_shape(const gguf::GgufFile& file) {
                 s.expert_bytes += t.n_bytes;
             }
             if (t.n_dims >= 2)
-                s.matmuls.push_back({t.type, t.ne[0], false, t.name.find(".ffn_") != std::string_view::npos});
+                s.matmuls.push_back({t.type, t.ne[0], false, t.name.find(".ffn_") != std::string_view::npos,
+                                     static_cast<int>(s.tensor_names.size() - 1)});
         } else {
             s.global_bytes += t.n_bytes;
             const bool is_embd = t.name == "token_embd.weight";
@@ -116,7 +121,7 @@ ModelShape model_shape(const gguf::GgufFile& file) {
                 s.token_embd_row_bytes = t.ne[1] > 0 ? t.n_bytes / static_cast<uint64_t>(t.ne[1]) : t.n_bytes;
             }
             if (t.name == "output.weight" || (!has_output && is_embd)) {
-                s.matmuls.push_back({t.type, t.ne[0], true, false});
+                s.matmuls.push_back({t.type, t.ne[0], true, false, static_cast<int>(s.tensor_names.size() - 1)});
             }
             if (t.name == "output.weight" || t.name == "output_norm.weight" || (!has_output && is_embd)) {
                 s.output_bytes += t.n_bytes;
@@ -133,6 +138,21 @@ ModelShape model_shape(const gguf::GgufFile& file) {
         }
     }
     return s;
+}
+
+std::vector<model::TensorEntry> ModelShape::tensor_entries() const {
+    std::vector<model::TensorEntry> entries;
+    entries.reserve(tensor_names.size());
+    for (size_t i = 0; i < tensor_names.size(); ++i)
+        entries.push_back({tensor_names[i], i < tensor_dims.size() ? tensor_dims[i] : 2});
+    return entries;
+}
+
+int ModelShape::tensor_index(std::string_view name) const {
+    for (size_t i = 0; i < tensor_names.size(); ++i) {
+        if (tensor_names[i] == name) return static_cast<int>(i);
+    }
+    throw std::logic_error("ModelShape: no tensor " + std::string(name));
 }
 
 uint64_t ModelShape::dense_bytes() const {
@@ -235,7 +255,14 @@ Plan plan_for(const ModelShape& shape, const PlanParams& params) {
     // Placement: the last n_device layers run on the offload device (the output layer too when
     // n_gpu_layers > n_layer); of the rest, the last n_streamed_layers stream.
     const int n_device = std::min(params.n_gpu_layers, hp.n_layer);
-    const bool output_on_device = params.n_gpu_layers > hp.n_layer;
+    // Placement by tensor class (tensor_overrides; model::host_kept_tensors): what of the device's
+    // share stays on the host. The rules' devices and patterns are checked without a device too.
+    model::HostKept kept;
+    if (!params.tensor_overrides.empty()) {
+        kept = model::host_kept_tensors(shape.tensor_entries(), hp, n_device > 0 ? params.n_gpu_layers : 0,
+                                        n_device > 0 ? params.device : std::string(), params.tensor_overrides);
+    }
+    const bool output_on_device = params.n_gpu_layers > hp.n_layer && !kept.output;
     const int first_device = hp.n_layer - n_device;
     const int first_streamed = first_device - std::min(params.n_streamed_layers, first_device);
     // Only layers left on the host stream (model::place_layers refuses more).
@@ -272,7 +299,7 @@ Plan plan_for(const ModelShape& shape, const PlanParams& params) {
         }
     }
     if (params.n_gpu_layers > 0 && !unified) {
-        const auto n = static_cast<size_t>(std::min(params.n_gpu_layers, hp.n_layer + 1));
+        const auto n = static_cast<size_t>(n_device + (output_on_device ? 1 : 0));
         p.device.weights = n < shape.device_weight_bytes.size() ? shape.device_weight_bytes[n] : 0;
     }
     if (unified) {
@@ -282,8 +309,7 @@ Plan plan_for(const ModelShape& shape, const PlanParams& params) {
     // Placement by tensor class: the routed-expert blocks kept on the host stay in its resident
     // weights and are not copied (model::DeviceWeights).
     if (n_device > 0 && !params.tensor_overrides.empty()) {
-        const std::vector<bool> host =
-            model::experts_on_host(shape.tensor_names, hp, params.n_gpu_layers, params.device, params.tensor_overrides);
+        const std::vector<bool>& host = kept.experts;
         for (int il = first_device; il < hp.n_layer; ++il) {
             const auto i = static_cast<size_t>(il);
             if (!host[i]) continue;
@@ -296,8 +322,19 @@ Plan plan_for(const ModelShape& shape, const PlanParams& params) {
                 p.weights_resident += shape.layer_routed_bytes[i];
             }
         }
-    } else if (!params.tensor_overrides.empty()) {  // the rules' devices and patterns, checked
-        model::experts_on_host(shape.tensor_names, hp, 0, params.device, params.tensor_overrides);
+        // The other matrices kept on the host (KV-only offload: all of them): in its resident
+        // weights, multiplied there (their rows cross through the host's activations, planned).
+        for (const std::string& name : kept.matrices) {
+            const auto i = static_cast<size_t>(shape.tensor_index(name));
+            ++p.device.n_host_matrices;
+            p.device.host_matrices += shape.tensor_bytes[i];
+            if (unified) {
+                p.device.weights_in_place -= shape.tensor_bytes[i];
+            } else {
+                p.device.weights -= model::device_copy_bytes(shape.tensor_bytes[i]);
+                p.weights_resident += shape.tensor_bytes[i];
+            }
+        }
     }
     // The routed experts run on the host only (model/llama.cpp, load_qwen3moe).
     if (hp.is_moe() && n_device > 0 && p.device.n_host_expert_layers < n_device) {
@@ -326,6 +363,18 @@ Plan plan_for(const ModelShape& shape, const PlanParams& params) {
     const auto nb = static_cast<uint64_t>(params.n_batch);
     const model::ActivationLayout layout = model::activation_layout(hp, params.n_batch);
     p.activations = layout.floats() * sizeof(float) + nb * sizeof(int32_t) * 2;  // + seq ids, positions
+    // The offload device's matmuls: those of its layers and the output layer's when it is there,
+    // less the matrices kept on the host (the host multiplies by them, with its own scratch).
+    const std::unordered_set<std::string_view> host_matrices(kept.matrices.begin(), kept.matrices.end());
+    const auto on_device = [&](const ModelShape::Matmul& m) {
+        if (m.output) return output_on_device;
+        const std::string& name = shape.tensor_names[static_cast<size_t>(m.tensor)];
+        const int il = tensor_layer(name);
+        if (il < first_device || host_matrices.contains(name)) return false;
+        return !(model::is_routed_block_tensor(name) && static_cast<size_t>(il) < kept.experts.size() &&
+                 kept.experts[static_cast<size_t>(il)]);
+    };
+    uint64_t device_matmul_scratch = 0;
     for (const ModelShape::Matmul& m : shape.matmuls) {
         const quant::GgmlType act = quant::dot_activation_type(m.type);
         if (act == quant::GgmlType::F32) continue;  // multiplies the floats as they are
@@ -333,7 +382,9 @@ Plan plan_for(const ModelShape& shape, const PlanParams& params) {
                                                 : m.ffn  ? layout.ffn_slice
                                                          : params.n_batch);
         const auto row = quant::row_bytes(act, static_cast<uint64_t>(m.cols));
-        if (row) p.matmul_scratch = std::max(p.matmul_scratch, *row * rows);
+        if (!row) continue;
+        p.matmul_scratch = std::max(p.matmul_scratch, *row * rows);
+        if (n_device > 0 && on_device(m)) device_matmul_scratch = std::max(device_matmul_scratch, *row * rows);
     }
     ops::AttentionParams ap;
     ap.n_head = hp.n_head;
@@ -386,8 +437,9 @@ Plan plan_for(const ModelShape& shape, const PlanParams& params) {
             // layer is there (model::device_scratch_bytes), and op scratch as the host's (the
             // virtual device runs the host's kernels). The crossings use the host's activations
             // and logits: nothing more on the host.
-            p.device.scratch = model::device_scratch_bytes(hp, params.n_gpu_layers, params.n_batch, params.n_outputs) +
-                               (p.scratch - p.activations);
+            p.device.scratch = model::device_scratch_bytes(hp, params.n_gpu_layers, params.n_batch, params.n_outputs,
+                                                           /*output_on_host=*/!output_on_device) +
+                               std::max(device_matmul_scratch, p.attention_scratch) + 64;
             p.device_host = backend::host_bytes_for(params.device);
         }
         if (unified) {

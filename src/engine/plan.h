@@ -22,6 +22,10 @@
 #include "model/tensor_override.h"
 #include "quant/ggml_type.h"
 
+namespace fitllm::model {
+struct TensorEntry;  // model/offload.h
+}  // namespace fitllm::model
+
 namespace fitllm::engine {
 
 // What the plan needs from a model file, read once.
@@ -42,6 +46,7 @@ struct ModelShape {
         int64_t cols;
         bool output;  // the output projection: n_outputs rows instead of n_batch
         bool ffn;     // a feed-forward matrix: the rows of an FFN slice (model::ffn_slice_tokens)
+        int tensor;   // its index in tensor_names
     };
     std::vector<Matmul> matmuls;
     // The token embedding (looked up a row per token) and the output layer (output norm and
@@ -63,6 +68,10 @@ struct ModelShape {
     // layer its routed-expert block (router and ffn_{gate,up,down}_exps, model::is_routed_block_tensor)
     // as file bytes and as the device's copies of them (model::device_copy_bytes each).
     std::vector<std::string> tensor_names;
+    std::vector<int> tensor_dims;                            // of each tensor in tensor_names
+    std::vector<uint64_t> tensor_bytes;                      // of each tensor in tensor_names, in the file
+    std::vector<model::TensorEntry> tensor_entries() const;  // names and dims, for model::host_kept_tensors
+    int tensor_index(std::string_view name) const;           // in tensor_names; std::logic_error when none
     std::vector<uint64_t> layer_routed_bytes;
     std::vector<uint64_t> layer_routed_device_bytes;
     uint64_t dense_bytes() const;  // tensor bytes less expert_bytes
@@ -152,6 +161,10 @@ struct DevicePlan {
     // blocks' file bytes (in the host's weights_resident, not in weights).
     int n_host_expert_layers = 0;
     uint64_t host_experts = 0;
+    // Other weight matrices of its layers kept on the host (tensor_overrides, e.g. -ot '.*=CPU': KV-only
+    // offload), multiplied there: how many, and their file bytes (in weights_resident, not in weights).
+    int n_host_matrices = 0;
+    uint64_t host_matrices = 0;
     uint64_t kv = 0;
     uint64_t scratch = 0;
     uint64_t total() const { return weights + kv + scratch; }

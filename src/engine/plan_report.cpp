@@ -105,6 +105,9 @@ nlohmann::ordered_json plan_json(const Plan& p, const std::string& budget_source
         // Placement by tensor class: the routed experts of these offloaded layers stay on the host.
         d["host_expert_layers"] = p.device.n_host_expert_layers;
         d["host_experts"] = p.device.host_experts;
+        // The other weight matrices of its layers kept on the host (-ot '.*=CPU': KV-only offload).
+        d["host_matrices"] = p.device.n_host_matrices;
+        d["host_matrix_bytes"] = p.device.host_matrices;
         if (p.device.unified) {
             // Its share is inside the host's numbers above; nothing of its own to budget.
             d["weights_in_place"] = p.device.weights_in_place;
@@ -137,9 +140,16 @@ nlohmann::ordered_json plan_json(const Plan& p, const std::string& budget_source
 
 // "; their routed experts stay on the host (8 layers, 1.2 GiB)" (tensor overrides), or "".
 static std::string host_experts_text(const DevicePlan& d) {
-    if (d.n_host_expert_layers == 0) return "";
-    return "; the routed experts of " + std::to_string(d.n_host_expert_layers) + " of them stay on the host (" +
-           util::human_bytes(d.host_experts) + ", --cpu-moe / -ot)";
+    std::string text;
+    if (d.n_host_expert_layers > 0) {
+        text = "; the routed experts of " + std::to_string(d.n_host_expert_layers) + " of them stay on the host (" +
+               util::human_bytes(d.host_experts) + ", --cpu-moe / -ot)";
+    }
+    if (d.n_host_matrices > 0) {
+        text += "; " + std::to_string(d.n_host_matrices) + " of their weight matrices stay on the host (" +
+                util::human_bytes(d.host_matrices) + ", -ot), multiplied there";
+    }
+    return text;
 }
 
 std::string plan_text(const Plan& p, const std::string& budget_source) {
@@ -179,6 +189,10 @@ std::string plan_text(const Plan& p, const std::string& budget_source) {
             (dev.n_host_expert_layers > 0 && !dev.unified
                  ? ", and the routed experts of " + std::to_string(dev.n_host_expert_layers) + " offloaded layers (" +
                        util::human_bytes(dev.host_experts) + ")"
+                 : "") +
+            (dev.n_host_matrices > 0 && !dev.unified
+                 ? ", and " + std::to_string(dev.n_host_matrices) + " weight matrices of offloaded layers (" +
+                       util::human_bytes(dev.host_matrices) + ", -ot)"
                  : ""));
     if (p.shape.hp.is_moe()) {
         const model::Hparams& hp = p.shape.hp;

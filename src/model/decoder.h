@@ -7,12 +7,14 @@
 #include <algorithm>
 #include <cstdint>
 #include <cstring>
+#include <iterator>
 #include <limits>
 #include <memory>
 #include <optional>
 #include <span>
 #include <stdexcept>
 #include <string>
+#include <utility>
 #include <vector>
 
 #include "backend/backend.h"
@@ -143,6 +145,47 @@ struct DeviceActivations {
     }
 };
 
+// Host rows for an offloaded layer's matmul whose weight stays on the host (Placement::host_matrices):
+// the input rows copied from the device, and the product before it goes back. They are the host's
+// activations x and work (idle while the device runs the layer, already planned and charged; cur
+// is left alone: a mixture-of-experts block's rows cross there), the smaller of the two that fits
+// each; rows that fit neither take `extra`, charged to the host's "scratch" pool as it grows (none
+// of the architectures' matmuls needs it: x holds n_embd floats a token, work the widest product).
+class HostStaging {
+public:
+    explicit HostStaging(memory::Pool& pool) : charge_(pool) {}
+    // In and out rows of n_in and n_out floats, distinct.
+    std::pair<float*, float*> rows(Activations& a, size_t n_in, size_t n_out) {
+        std::vector<float>* bufs[] = {&a.x, &a.work};
+        std::sort(std::begin(bufs), std::end(bufs),
+                  [](const std::vector<float>* l, const std::vector<float>* r) { return l->size() < r->size(); });
+        std::vector<float>* in = nullptr;
+        for (std::vector<float>* b : bufs) {
+            if (in == nullptr && b->size() >= n_in) in = b;
+        }
+        std::vector<float>* out = nullptr;
+        for (std::vector<float>* b : bufs) {
+            if (out == nullptr && b != in && b->size() >= n_out) out = b;
+        }
+        float* in_rows = in ? in->data() : grow(n_in + (out ? 0 : n_out));
+        float* out_rows = out ? out->data() : in ? grow(n_out) : in_rows + n_in;
+        return {in_rows, out_rows};
+    }
+    uint64_t extra_bytes() const { return charge_.bytes(); }
+
+private:
+    float* grow(size_t floats) {
+        if (extra_.size() < floats) {
+            charge_.grow_to(floats * sizeof(float), "host rows of a device layer's host matmul");
+            std::vector<float>().swap(extra_);
+            extra_.resize(floats);
+        }
+        return extra_.data();
+    }
+    std::vector<float> extra_;
+    GrowingCharge charge_;
+};
+
 // The ops of one layer on the device that runs it: the host (ops::, with the forward pass's
 // threads and scratch) or the offload device (backend::Backend). x .. up are that device's
 // activations; on the host several share memory (model/activations.h), so a pass uses them in
@@ -160,8 +203,19 @@ public:
 
     // places: the n tokens' places in their runs (ops::matmul; the virtual device follows them,
     // devices with kernels of their own ignore them).
+    // On the device, a weight the placement keeps on the host (DeviceWeights::on_host) is multiplied
+    // there: the n input rows go to the host, the host's kernels (its threads and scratch) run, and
+    // the product comes back.
     void matmul(const ops::WeightView& w, const float* in, int n, float* out, std::span<const ops::TokenPlace> places) {
-        if (dev_) return dev_->matmul_in_runs(w, in, n, out, places);
+        if (dev_) {
+            if (!weights_->on_host(w.data)) return dev_->matmul_in_runs(w, in, n, out, places);
+            const size_t n_in = static_cast<size_t>(n) * static_cast<size_t>(w.cols);
+            const size_t n_out = static_cast<size_t>(n) * static_cast<size_t>(w.rows);
+            const auto [host_in, host_out] = staging_->rows(*host_a_, n_in, n_out);
+            dev_->copy_to_host(host_in, in, n_in * sizeof(float));
+            ops::matmul(w, host_in, n, host_out, *pool_, *scratch_, places);
+            return dev_->copy_to_device(out, host_out, n_out * sizeof(float));
+        }
         ops::matmul(w, in, n, out, *pool_, *scratch_, places);
     }
     void rms_norm(const float* in, const float* weight, float eps, int64_t n_rows, int64_t n, float* out) {
@@ -251,8 +305,10 @@ private:
     }
     backend::Backend* dev_ = nullptr;
     const DeviceWeights* weights_ = nullptr;
-    ops::ThreadPool* pool_ = nullptr;
+    ops::ThreadPool* pool_ = nullptr;  // the host's, for its ops (and a device layer's host matmuls)
     ops::Scratch* scratch_ = nullptr;
+    Activations* host_a_ = nullptr;  // a device layer's host matmuls: their rows (HostStaging)
+    HostStaging* staging_ = nullptr;
 };
 
 // A layer's weights for one step of a forward pass: the mapped ones of a resident layer, or a copy
@@ -288,7 +344,8 @@ public:
           device_(options.device ? *options.device : *own_device_),
           placement_(place_layers(file, hp, options)),
           a(device_.pool(memory::pool_names::kScratch)),
-          scratch_charge_(device_.pool(memory::pool_names::kScratch)) {
+          scratch_charge_(device_.pool(memory::pool_names::kScratch)),
+          staging_(device_.pool(memory::pool_names::kScratch)) {
         scratch.on_grow([this](size_t, size_t bytes) { scratch_charge_.grow_to(bytes, "op scratch"); });
         if (options.n_streamed_layers > 0) {
             const int end = placement_.first_device_layer;
@@ -375,6 +432,7 @@ public:
         da_.reserve(dev, hp, n);
         dev_ops_.dev_ = &dev;
         dev_ops_.weights_ = &device_weights_;
+        dev_ops_.pool_ = &pool, dev_ops_.scratch_ = &scratch, dev_ops_.host_a_ = &a, dev_ops_.staging_ = &staging_;
         dev_ops_.x = da_.x.f32(), dev_ops_.cur = da_.cur.f32(), dev_ops_.q = da_.q.f32(), dev_ops_.k = da_.k.f32();
         dev_ops_.v = da_.v.f32(), dev_ops_.attn = da_.attn.f32(), dev_ops_.attn_out = da_.cur.f32();
         dev_ops_.gate = da_.gate.f32(), dev_ops_.up = da_.up.f32();
@@ -441,6 +499,7 @@ public:
 
 private:
     GrowingCharge scratch_charge_;
+    HostStaging staging_;
     std::unique_ptr<LayerStream> stream_;
     std::unique_ptr<ExpertCache> experts_;
     DeviceWeights device_weights_;

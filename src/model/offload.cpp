@@ -5,11 +5,21 @@
 #include <regex>
 #include <stdexcept>
 #include <string>
+#include <string_view>
+#include <unordered_set>
 
 #include "io/mapped_file.h"
 #include "model/expert_cache.h"
 
 namespace fitllm::model {
+
+namespace {
+
+HostKept kept_of(const Placement& p) {
+    return HostKept{p.experts_on_host, p.host_matrices, false};  // n_offload counts the output layer when it is there
+}
+
+}  // namespace
 
 Placement place_layers(const gguf::GgufFile& file, const Hparams& hp, const LoadOptions& options) {
     const int n = options.n_offload_layers;
@@ -21,12 +31,18 @@ Placement place_layers(const gguf::GgufFile& file, const Hparams& hp, const Load
     p.first_device_layer = hp.n_layer;
     if (n == 0 || options.offload == nullptr) {
         if (!options.tensor_overrides.empty())  // checks the rules (CPU only without a device)
-            experts_on_host(tensor_names(file), hp, 0, "", options.tensor_overrides);
+            host_kept_tensors(tensor_entries(file), hp, 0, "", options.tensor_overrides);
         return p;
     }
     p.device = options.offload;
     p.first_device_layer = hp.n_layer - std::min(n, hp.n_layer);
     p.output_on_device = n > hp.n_layer;
+    HostKept kept;
+    if (!options.tensor_overrides.empty())
+        kept = host_kept_tensors(tensor_entries(file), hp, n, p.device->name(), options.tensor_overrides);
+    p.output_on_device = p.output_on_device && !kept.output;
+    p.experts_on_host = std::move(kept.experts);
+    p.host_matrices = std::move(kept.matrices);
     p.kv_on_device = options.offload_kv;
     if (options.n_streamed_layers > p.first_device_layer) {
         throw std::invalid_argument("cannot stream " + std::to_string(options.n_streamed_layers) + " layers with " +
@@ -34,8 +50,6 @@ Placement place_layers(const gguf::GgufFile& file, const Hparams& hp, const Load
                                     std::to_string(hp.n_layer) + " offloaded to " + p.device->name() + ": only the " +
                                     std::to_string(p.first_device_layer) + " layers left on the host can stream");
     }
-    if (!options.tensor_overrides.empty())
-        p.experts_on_host = experts_on_host(tensor_names(file), hp, n, p.device->name(), options.tensor_overrides);
     return p;
 }
 
@@ -44,6 +58,13 @@ std::vector<std::string> tensor_names(const gguf::GgufFile& file) {
     names.reserve(file.tensors().size());
     for (const gguf::TensorInfo& t : file.tensors()) names.emplace_back(t.name);
     return names;
+}
+
+std::vector<TensorEntry> tensor_entries(const gguf::GgufFile& file) {
+    std::vector<TensorEntry> entries;
+    entries.reserve(file.tensors().size());
+    for (const gguf::TensorInfo& t : file.tensors()) entries.push_back({std::string(t.name), int(t.n_dims)});
+    return entries;
 }
 
 bool is_routed_block_tensor(std::string_view name) {
@@ -110,8 +131,8 @@ std::vector<TensorOverride> cpu_moe_overrides(int n_layers) {
     return rules;
 }
 
-std::vector<bool> experts_on_host(const std::vector<std::string>& names, const Hparams& hp, int n_offload_layers,
-                                  std::string_view device_name, const std::vector<TensorOverride>& overrides) {
+HostKept host_kept_tensors(const std::vector<TensorEntry>& tensors, const Hparams& hp, int n_offload_layers,
+                           std::string_view device_name, const std::vector<TensorOverride>& overrides) {
     const std::string device = lower(device_name);
     const std::string device_base = lower(backend::strip_unified_suffix(device_name).first);
     std::vector<std::regex> patterns;
@@ -138,11 +159,17 @@ std::vector<bool> experts_on_host(const std::vector<std::string>& names, const H
     const int n = std::max(n_offload_layers, 0);
     const int first = device.empty() ? hp.n_layer : hp.n_layer - std::min(n, hp.n_layer);
     const bool output_on_device = !device.empty() && n > hp.n_layer;
-    std::vector<bool> host(static_cast<size_t>(hp.n_layer), false);
+    bool has_output = false;
+    for (const TensorEntry& t : tensors) has_output = has_output || t.name == "output.weight";
+    const std::string output_matrix = has_output ? "output.weight" : "token_embd.weight";
+    HostKept kept;
+    kept.experts.assign(static_cast<size_t>(hp.n_layer), false);
+    std::vector<bool>& host = kept.experts;
     std::vector<int> experts_kept(static_cast<size_t>(hp.n_layer), 0);  // of the three expert tensors
     std::vector<int> experts_in_file(static_cast<size_t>(hp.n_layer), 0);
     std::vector<const TensorOverride*> kept_by(static_cast<size_t>(hp.n_layer), nullptr);
-    for (const std::string& name : names) {
+    for (const TensorEntry& t : tensors) {
+        const std::string& name = t.name;
         const int il = layer_of(name);
         const bool layer_tensor = il >= 0 && il < hp.n_layer;
         if (layer_tensor && is_expert_tensor(name)) ++experts_in_file[size_t(il)];
@@ -160,18 +187,19 @@ std::vector<bool> experts_on_host(const std::vector<std::string>& names, const H
                 " runs on the host: -ngl moves whole layers (the last N), and a rule may only keep tensors of "
                 "offloaded layers on the host (=CPU)");
         }
-        if (!on_device) continue;  // on the host already
-        if (!layer_tensor || !is_routed_block_tensor(name)) {
-            throw std::invalid_argument(
-                rule_text(o) + " would keep " + name +
-                (layer_tensor ? " of offloaded layer " + std::to_string(il) : "") +
-                " on the host, which fitllm cannot split from " + (layer_tensor ? "its layer" : "the output layer") +
-                ": an offloaded layer splits only at its routed experts (ffn_{gate,up,down}_exps, e.g. -ot "
-                "'exps=CPU' or --cpu-moe); the layers themselves move with -ngl");
+        if (!layer_tensor) {
+            // The output matrix (the token embedding when tied) keeps the output layer on the host.
+            if (output_on_device && name == output_matrix) kept.output = true;
+            continue;  // the rest outside the layers: on the host already, or read by the device's layers
         }
-        host[size_t(il)] = true;
-        if (is_expert_tensor(name)) ++experts_kept[size_t(il)];
-        if (!kept_by[size_t(il)]) kept_by[size_t(il)] = &o;
+        if (il < first) continue;  // on the host already
+        if (is_routed_block_tensor(name)) {
+            host[size_t(il)] = true;
+            if (is_expert_tensor(name)) ++experts_kept[size_t(il)];
+            if (!kept_by[size_t(il)]) kept_by[size_t(il)] = &o;
+            continue;
+        }
+        if (t.n_dims >= 2) kept.matrices.push_back(name);  // 1-D tensors follow their layer
     }
     for (int il = first; il < hp.n_layer; ++il) {
         const auto i = static_cast<size_t>(il);
@@ -182,7 +210,15 @@ std::vector<bool> experts_on_host(const std::vector<std::string>& names, const H
                 " on the host: the routed experts stay together (ffn_{gate,up,down}_exps, with their router)");
         }
     }
-    return host;
+    return kept;
+}
+
+std::vector<bool> experts_on_host(const std::vector<std::string>& names, const Hparams& hp, int n_offload_layers,
+                                  std::string_view device_name, const std::vector<TensorOverride>& overrides) {
+    std::vector<TensorEntry> tensors;
+    tensors.reserve(names.size());
+    for (const std::string& name : names) tensors.push_back({name, 2});
+    return host_kept_tensors(tensors, hp, n_offload_layers, device_name, overrides).experts;
 }
 
 std::vector<int> cache_layer_devices(const Hparams& hp, int n_offload_layers, bool offload_kv) {
@@ -195,6 +231,13 @@ std::vector<int> cache_layer_devices(const Hparams& hp, int n_offload_layers, bo
 
 std::vector<std::string> device_tensor_names(const gguf::GgufFile& file, const Hparams& hp, int n_offload_layers,
                                              const std::vector<bool>& experts_on_host) {
+    return device_tensor_names(file, hp, n_offload_layers, HostKept{experts_on_host, {}, false});
+}
+
+std::vector<std::string> device_tensor_names(const gguf::GgufFile& file, const Hparams& hp, int n_offload_layers,
+                                             const HostKept& kept) {
+    const std::vector<bool>& experts_on_host = kept.experts;
+    const std::unordered_set<std::string_view> host_matrices(kept.matrices.begin(), kept.matrices.end());
     std::vector<std::string> names;
     if (n_offload_layers <= 0) return names;
     const int first = hp.n_layer - std::min(n_offload_layers, hp.n_layer);
@@ -204,9 +247,10 @@ std::vector<std::string> device_tensor_names(const gguf::GgufFile& file, const H
         if (static_cast<size_t>(il) < experts_on_host.size() && experts_on_host[size_t(il)] &&
             is_routed_block_tensor(t.name))
             continue;  // stays on the host
+        if (host_matrices.contains(t.name)) continue;
         names.emplace_back(t.name);
     }
-    if (n_offload_layers > hp.n_layer) {
+    if (n_offload_layers > hp.n_layer && !kept.output) {
         names.emplace_back("output_norm.weight");
         names.emplace_back(file.find_tensor("output.weight") ? "output.weight" : "token_embd.weight");
     }
@@ -231,14 +275,19 @@ uint64_t device_copy_bytes(uint64_t n_bytes) {
 
 uint64_t device_weight_bytes(const gguf::GgufFile& file, const Hparams& hp, int n_offload_layers, bool unified,
                              const std::vector<bool>& experts_on_host) {
+    return device_weight_bytes(file, hp, n_offload_layers, unified, HostKept{experts_on_host, {}, false});
+}
+
+uint64_t device_weight_bytes(const gguf::GgufFile& file, const Hparams& hp, int n_offload_layers, bool unified,
+                             const HostKept& kept) {
     if (unified) return 0;
     uint64_t bytes = 0;
-    for (const std::string& name : device_tensor_names(file, hp, n_offload_layers, experts_on_host))
+    for (const std::string& name : device_tensor_names(file, hp, n_offload_layers, kept))
         bytes += device_copy_bytes(file.find_tensor(name)->n_bytes);
     return bytes;
 }
 
-uint64_t device_scratch_bytes(const Hparams& hp, int n_offload_layers, int n_tok, int n_out) {
+uint64_t device_scratch_bytes(const Hparams& hp, int n_offload_layers, int n_tok, int n_out, bool output_on_host) {
     if (n_offload_layers <= 0) return 0;
     const auto n = static_cast<uint64_t>(n_tok);
     const uint64_t rows[] = {
@@ -253,7 +302,7 @@ uint64_t device_scratch_bytes(const Hparams& hp, int n_offload_layers, int n_tok
     };
     uint64_t bytes = 0;
     for (const uint64_t row : rows) bytes += aligned(n * row * sizeof(float));
-    if (n_offload_layers > hp.n_layer && n_out > 0)
+    if (n_offload_layers > hp.n_layer && !output_on_host && n_out > 0)
         bytes += aligned(static_cast<uint64_t>(n_out) * static_cast<uint64_t>(hp.n_vocab) * sizeof(float));
     return bytes;
 }
@@ -271,7 +320,7 @@ DeviceWeights::DeviceWeights(const gguf::GgufFile& file, const Hparams& hp, cons
     auto* mapping = const_cast<io::MappedFile*>(file.mapping());
     const bool release = mapping != nullptr && mapping->is_file_mapping();
     keep_on_host(file, hp, placement);
-    for (const std::string& name : device_tensor_names(file, hp, n_offload, placement.experts_on_host)) {
+    for (const std::string& name : device_tensor_names(file, hp, n_offload, kept_of(placement))) {
         const gguf::TensorInfo& t = *file.find_tensor(name);
         backend::Buffer& b = buffers_.emplace_back(
             dev.alloc(memory::pool_names::kWeights, t.n_bytes + kWeightSkew, name + " on " + dev.name()));
@@ -319,7 +368,7 @@ void DeviceWeights::map_in_place(const gguf::GgufFile& file, const Hparams& hp, 
     std::vector<Span> spans;
     const int n_offload = hp.n_layer - placement.first_device_layer + (placement.output_on_device ? 1 : 0);
     keep_on_host(file, hp, placement);
-    for (const std::string& name : device_tensor_names(file, hp, n_offload, placement.experts_on_host)) {
+    for (const std::string& name : device_tensor_names(file, hp, n_offload, kept_of(placement))) {
         const gguf::TensorInfo& t = *file.find_tensor(name);
         const auto at = reinterpret_cast<uintptr_t>(t.data.data());
         spans.push_back({std::max(file_begin, at / page * page),
@@ -345,7 +394,8 @@ void DeviceWeights::map_in_place(const gguf::GgufFile& file, const Hparams& hp, 
     }
 }
 
-// The routed-expert blocks the placement keeps on the host: "copies" that are the mapped tensors.
+// The routed-expert blocks and the matrices the placement keeps on the host: "copies" that are the
+// mapped tensors (the matrices' ranges listed for on_host()).
 void DeviceWeights::keep_on_host(const gguf::GgufFile& file, const Hparams& hp, const Placement& placement) {
     for (const gguf::TensorInfo& t : file.tensors()) {
         const int il = layer_of(t.name);
@@ -353,6 +403,13 @@ void DeviceWeights::keep_on_host(const gguf::GgufFile& file, const Hparams& hp, 
             il < hp.n_layer)
             copies_[t.data.data()] = t.data.data();
     }
+    for (const std::string& name : placement.host_matrices) {
+        const gguf::TensorInfo& t = *file.find_tensor(name);
+        copies_[t.data.data()] = t.data.data();
+        host_ranges_.push_back({t.data.data(), t.data.data() + t.n_bytes});
+    }
+    std::sort(host_ranges_.begin(), host_ranges_.end(),
+              [](const HostRange& a, const HostRange& b) { return a.begin < b.begin; });
 }
 
 const void* DeviceWeights::HostMappings::map(backend::Backend& device, const void* host, size_t bytes) {

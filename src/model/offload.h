@@ -5,7 +5,10 @@
 //
 // As llama.cpp's -ngl: the last n_offload_layers layers run on the device; more than n_layer also
 // puts the output layer (output_norm, output matrix) there. The token embedding stays on the host.
+#include <algorithm>
+#include <cstddef>
 #include <cstdint>
+#include <iterator>
 #include <string>
 #include <unordered_map>
 #include <utility>
@@ -27,6 +30,9 @@ struct Placement {
     // Per layer (n_layer, or empty: none): the routed-expert block of an offloaded layer (router and
     // ffn_{gate,up,down}_exps) stays in host memory and runs on the host (experts_on_host()).
     std::vector<bool> experts_on_host;
+    // Other weight matrices of offloaded layers that stay in host memory (host_kept_tensors()): the
+    // device's Exec multiplies by them on the host (its input rows copied there, the product back).
+    std::vector<std::string> host_matrices;
     bool on_device(int il) const { return device != nullptr && il >= first_device_layer; }
     bool host_experts(int il) const {
         return il >= 0 && static_cast<size_t>(il) < experts_on_host.size() && experts_on_host[size_t(il)];
@@ -45,15 +51,38 @@ std::vector<std::string> tensor_names(const gguf::GgufFile& file);
 // blk.<i>.ffn_gate_inp.weight (with its selection bias exp_probs_b.bias where a file has one).
 bool is_routed_block_tensor(std::string_view name);
 
-// Which offloaded layers keep their routed-expert block on the host under `overrides`
-// (tensor_override.h), for the last n_offload_layers layers on device `device_name` (empty: none):
-// a vector of n_layer. An offloaded layer splits only there: its three expert tensors stay on the
-// host, and their router with them (the host routes, so the experts chosen are the CPU run's on any
-// device), while attention, norms and the rest run on the device. Throws std::invalid_argument
-// naming the rule's flag and pattern for a device that is neither CPU nor device_name, a rule that
-// keeps any other tensor of an offloaded layer (or the output layer's) on the host, one that keeps
-// some of a layer's expert tensors but not all three, and one that sends a tensor of a layer left on
-// the host to the device (-ngl moves whole layers).
+// A tensor's name and dimensions (a weight matrix has 2 or more), in the file's order.
+struct TensorEntry {
+    std::string name;
+    int n_dims = 1;
+};
+std::vector<TensorEntry> tensor_entries(const gguf::GgufFile& file);
+
+// What tensor overrides (-ot REGEX=CPU, --cpu-moe) keep on the host of what -ngl offloads.
+struct HostKept {
+    std::vector<bool> experts;          // per layer (n_layer): its routed-expert block (with its router)
+    std::vector<std::string> matrices;  // other weight matrices (2-D and more) of offloaded layers
+    bool output = false;                // the output matrix: the output layer (norm too) runs on the host
+};
+
+// Which tensors of the last n_offload_layers layers (on device `device_name`; empty: none) stay on
+// the host under `overrides` (tensor_override.h; the first rule that matches a name decides):
+//  - a layer's routed-expert block, all of it (its three ffn_{gate,up,down}_exps tensors, and the
+//    router with them: the host routes, so the experts chosen are the CPU run's on any device);
+//  - any other weight matrix of an offloaded layer (attn_q, ffn_down, ..., '.*=CPU' all of them):
+//    the device multiplies by it on the host, everything else of the layer (norms, RoPE, the KV
+//    store, attention, element-wise ops) stays on the device;
+//  - the output matrix (output.weight, or token_embd.weight when tied): the output layer stays on
+//    the host.
+// 1-D tensors (norm weights, biases) and the global tensors the layers read (rope_freqs) follow
+// their layer whatever a rule says. Throws std::invalid_argument naming the rule's flag and
+// pattern for a device that is neither CPU nor device_name, a rule that keeps some of a layer's
+// expert tensors but not all three, and one that sends a tensor of a layer left on the host to the
+// device (-ngl moves whole layers).
+HostKept host_kept_tensors(const std::vector<TensorEntry>& tensors, const Hparams& hp, int n_offload_layers,
+                           std::string_view device_name, const std::vector<TensorOverride>& overrides);
+
+// host_kept_tensors(...).experts for tensors known by name only (each counted as a matrix).
 std::vector<bool> experts_on_host(const std::vector<std::string>& tensor_names, const Hparams& hp, int n_offload_layers,
                                   std::string_view device_name, const std::vector<TensorOverride>& overrides);
 
@@ -79,6 +108,15 @@ public:
     }
     // The copied tensors' bytes in the file (prefault leaves them alone).
     const std::vector<FileRange>& ranges() const { return ranges_; }
+    // True when `p` lies in a weight matrix the placement keeps on the host (Placement::
+    // host_matrices; a view of part of one, e.g. Phi-3's fused QKV rows, too).
+    bool on_host(const void* p) const {
+        if (host_ranges_.empty()) return false;
+        const auto* b = static_cast<const std::byte*>(p);
+        auto it = std::upper_bound(host_ranges_.begin(), host_ranges_.end(), b,
+                                   [](const std::byte* v, const HostRange& r) { return v < r.begin; });
+        return it != host_ranges_.begin() && b < std::prev(it)->end;
+    }
     uint64_t bytes() const;  // charged to the device's "weights" pool
 
 private:
@@ -108,6 +146,11 @@ private:
     void map_in_place(const gguf::GgufFile& file, const Hparams& hp, const Placement& placement);
     void keep_on_host(const gguf::GgufFile& file, const Hparams& hp, const Placement& placement);
     const void* find(const void* host) const;
+    struct HostRange {
+        const std::byte* begin;
+        const std::byte* end;
+    };
+    std::vector<HostRange> host_ranges_;  // sorted by begin
     HostMappings mappings_;
     std::vector<backend::Buffer> buffers_;
     std::unordered_map<const void*, const void*> copies_;
@@ -128,16 +171,22 @@ std::vector<int> cache_layer_devices(const Hparams& hp, int n_offload_layers, bo
 // routed-expert blocks that experts_on_host (n_layer flags, or empty) keeps on the host.
 std::vector<std::string> device_tensor_names(const gguf::GgufFile& file, const Hparams& hp, int n_offload_layers,
                                              const std::vector<bool>& experts_on_host = {});
+// The same less everything `kept` keeps on the host (its matrices; the output layer when kept.output).
+std::vector<std::string> device_tensor_names(const gguf::GgufFile& file, const Hparams& hp, int n_offload_layers,
+                                             const HostKept& kept);
 // What the device's "weights" pool holds for n_offload_layers: every tensor of
 // device_tensor_names(), device_copy_bytes() of each. A unified device copies nothing: 0.
 uint64_t device_weight_bytes(const gguf::GgufFile& file, const Hparams& hp, int n_offload_layers, bool unified = false,
                              const std::vector<bool>& experts_on_host = {});
+uint64_t device_weight_bytes(const gguf::GgufFile& file, const Hparams& hp, int n_offload_layers, bool unified,
+                             const HostKept& kept);
 // The device buffer of one copied tensor of n_bytes: n_bytes + kWeightSkew rounded up to
 // backend::kBufferAlign.
 uint64_t device_copy_bytes(uint64_t n_bytes);
 // What the device's "scratch" pool holds for batches of up to n_tok tokens of which up to n_out
 // want logits (the virtual device's op scratch aside): the activations, and n_out logits rows
-// when the output is on the device.
-uint64_t device_scratch_bytes(const Hparams& hp, int n_offload_layers, int n_tok, int n_out);
+// when the output is on the device (n_offload_layers > n_layer and not output_on_host).
+uint64_t device_scratch_bytes(const Hparams& hp, int n_offload_layers, int n_tok, int n_out,
+                              bool output_on_host = false);
 
 }  // namespace fitllm::model

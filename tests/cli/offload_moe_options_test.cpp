@@ -36,9 +36,33 @@ TEST(OffloadMoeOptions, HostExpertsOnTheVirtualDeviceGiveTheSameText) {
         EXPECT_EQ(text_of(on + " --cpu-moe"), cpu) << ngl;
         EXPECT_EQ(text_of(on + " --n-cpu-moe 2 --no-kv-offload"), cpu) << ngl;
         EXPECT_EQ(text_of(on + " -ot 'ffn_(up|down)_exps=CPU' --override-tensor 'gate_exps=CPU'"), cpu) << ngl;
+        EXPECT_EQ(text_of(on + " -ot '.*=CPU'"), cpu) << ngl;  // every matrix on the host: KV-only offload
+        EXPECT_EQ(text_of(on + " --cpu-moe -ot 'attn_(q|output)=CPU'"), cpu) << ngl;
     }
     // Without -ngl the device takes every layer that fits (no --vram: all), the experts on the host.
     EXPECT_EQ(text_of(base + " --device virtual --cpu-moe"), cpu);
+}
+
+// KV-only offload of a dense model (llama.cpp's -ngl 99 -ot '.*=CPU'): the CPU's text, and the plan
+// keeps no matrix on the device.
+TEST(OffloadMoeOptions, KvOnlyOffloadGivesTheSameTextAndPlansNoDeviceWeights) {
+    const std::string base = fitllm_exe() + " run -m " + tiny("tiny-qwen2-q4_k_m.gguf") +
+                             " -p 'the quick brown fox' -n 12 --temp 0 -t 1 -c 256";
+    const std::string cpu = text_of(base);
+    ASSERT_FALSE(cpu.empty());
+    EXPECT_EQ(text_of(base + " --device virtual -ngl 99 -ot '.*=CPU'"), cpu);
+    EXPECT_EQ(text_of(base + " --device virtual -ngl 99 -ot '.*=CPU' --no-kv-offload"), cpu);
+    EXPECT_EQ(text_of(base + " --device virtual -ngl 2 -ot 'attn_(q|k|v)=CPU'"), cpu);
+    const auto r = test::run_command(fitllm_exe() + " plan -m " + tiny("tiny-qwen2-q4_k_m.gguf") +
+                                     " -c 256 --device virtual -ngl 99 -ot '.*=CPU' --json 2>&1");
+    ASSERT_EQ(r.status, 0) << r.output;
+    const auto j = nlohmann::json::parse(r.output);
+    const auto& d = j["devices"].back();
+    EXPECT_GT(d["host_matrices"].get<int>(), 0) << r.output;
+    // Only the 1-D norm weights and biases, which follow their layer.
+    EXPECT_LT(d["weights"].get<uint64_t>() * 20, d["host_matrix_bytes"].get<uint64_t>()) << r.output;
+    EXPECT_GT(d["kv"].get<uint64_t>(), 0u) << r.output;
+    EXPECT_EQ(d["output"], false) << r.output;
 }
 
 TEST(OffloadMoeOptions, RefusalsNameTheFlag) {
@@ -49,9 +73,9 @@ TEST(OffloadMoeOptions, RefusalsNameTheFlag) {
     r = test::run_command(base + " --device virtual -ngl 3 --n-cpu-moe 1 2>&1");
     EXPECT_NE(r.status, 0);
     EXPECT_TRUE(has(r.output, "--n-cpu-moe 2")) << r.output;
-    r = test::run_command(base + " --device virtual -ngl 3 --cpu-moe -ot 'attn_q=CPU' 2>&1");
+    r = test::run_command(base + " --device virtual -ngl 3 -ot 'attn_q=CPU' 2>&1");  // experts on the device
     EXPECT_NE(r.status, 0);
-    EXPECT_TRUE(has(r.output, "-ot 'attn_q=CPU'") && has(r.output, "blk.0.attn_q.weight")) << r.output;
+    EXPECT_TRUE(has(r.output, "routed experts") && has(r.output, "--cpu-moe")) << r.output;
     r = test::run_command(base + " --device virtual -ngl 3 -ot 'exps=cuda0' 2>&1");
     EXPECT_NE(r.status, 0);
     EXPECT_TRUE(has(r.output, "-ot 'exps=cuda0'") && has(r.output, "unknown device")) << r.output;
