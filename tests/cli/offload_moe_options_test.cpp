@@ -53,6 +53,7 @@ TEST(OffloadMoeOptions, KvOnlyOffloadGivesTheSameTextAndPlansNoDeviceWeights) {
     EXPECT_EQ(text_of(base + " --device virtual -ngl 99 -ot '.*=CPU'"), cpu);
     EXPECT_EQ(text_of(base + " --device virtual -ngl 99 -ot '.*=CPU' --no-kv-offload"), cpu);
     EXPECT_EQ(text_of(base + " --device virtual -ngl 2 -ot 'attn_(q|k|v)=CPU'"), cpu);
+    EXPECT_EQ(text_of(base + " --device virtual --unified -ngl 99 -ot '.*=CPU'"), cpu);
     const auto r = test::run_command(fitllm_exe() + " plan -m " + tiny("tiny-qwen2-q4_k_m.gguf") +
                                      " -c 256 --device virtual -ngl 99 -ot '.*=CPU' --json 2>&1");
     ASSERT_EQ(r.status, 0) << r.output;

@@ -285,6 +285,41 @@ TEST(ModelOffloadKvOnly, PlanMatchesWhatTheModelCharges) {
     }
 }
 
+// A unified device (shared memory) with every matrix on the host: the CPU's logits, the host's KV
+// as planned byte for byte, its scratch within the plan, the device's buffers its activations, and
+// the plan reads in place only the 1-D tensors.
+TEST(ModelOffloadKvOnly, UnifiedDevice) {
+    ops::ThreadPool pool(2);
+    for (const char* f : {"tiny-llama-q8_0.gguf", "tiny-qwen3moe-q8_0.gguf"}) {
+        SCOPED_TRACE(f);
+        const gguf::GgufFile file = gguf::GgufFile::open(data(f));
+        const engine::ModelShape shape = engine::model_shape(file);
+        const auto cpu = model::Model::load(file);
+        const std::vector<float> want = script(*cpu, pool);
+        engine::PlanParams q{.n_ctx = 128, .n_batch = 40, .n_outputs = 40, .n_threads = 2, .budget = 1ull << 32};
+        q.device = "virtual-unified";
+        q.unified = true;
+        q.n_gpu_layers = 99;
+        q.tensor_overrides = ot(".*=CPU");
+        const engine::Plan p = engine::make_plan(shape, q);
+        uint64_t in_place = 0;
+        for (const model::TensorEntry& t : shape.tensor_entries()) {
+            if (t.n_dims == 1 && t.name.starts_with("blk.")) in_place += file.find_tensor(t.name)->n_bytes;
+        }
+        EXPECT_EQ(p.device.weights_in_place, in_place);
+        memory::Device host("host", UINT64_MAX);
+        const auto dev = backend::open_unified_device("virtual", host);
+        auto m = model::Model::load(
+            file,
+            {.device = &host, .offload = dev.get(), .n_offload_layers = 99, .tensor_overrides = q.tensor_overrides});
+        expect_same(want, script(*m, pool));
+        const auto& virt = dynamic_cast<const backend::VirtualDevice&>(*dev);
+        EXPECT_EQ(virt.allocated_bytes(), model::device_scratch_bytes(shape.hp, 99, 40, 40, /*output_on_host=*/true));
+        EXPECT_EQ(peak_of(host, pools::kWeights), 0u);
+        EXPECT_LE(peak_of(host, pools::kScratch), p.scratch);
+    }
+}
+
 // Rules the placement cannot follow are still refused by name; 1-D tensors follow their layer.
 TEST(ModelOffloadKvOnly, RefusalsAndWhatFollowsTheLayer) {
     const gguf::GgufFile file = gguf::GgufFile::open(data("tiny-llama-q8_0.gguf"));
