@@ -1,14 +1,16 @@
 #!/usr/bin/env python3
-"""Speculative decoding by prompt lookup through the server (`fitllm serve --lookup`), measured
+"""Speculative decoding through the server (`fitllm serve --lookup`, or `-md` with --md), measured
 (issue 23): bench/speculative.py's edit / summarise / code-refactor prompts, greedy, sent to one
 server started without --lookup and one started with it (the same settings otherwise, -np 1),
-one request at a time, one server at a time, --reps rounds of both. The texts must be identical (exit
+one request at a time, one server at a time, --reps rounds of both. With --md, the drafter is a
+draft model instead, as bench/speculative_draft.py runs it: the target is the demo model in F16
+(made under .cache/ when missing), the draft the demo model itself (Q4_K_M), --draft-p-min as given. The texts must be identical (exit
 status 1 otherwise). A request's decode speed is its streamed tokens after the first over the time
 from the first streamed token to the last (prompt excluded), as `run`'s summary line counts it;
 the drafted and accepted totals come from /metrics.
 
   .venv/bin/python bench/speculative_serve.py [--fitllm build/fitllm] [-n 256] [-t 2] [--reps 2]
-                                              [--draft-max 10] [--json out.json]
+                                              [--draft-max 10] [--md [--draft-p-min P] [--draft-vocab N]] [--json out.json]
 """
 from __future__ import annotations
 
@@ -30,9 +32,13 @@ LISTENING = re.compile(r"listening on http://[^:]+:(\d+)")
 
 class Server:
     def __init__(self, args: argparse.Namespace, lookup: bool):
+        # lookup: the server that drafts (by prompt lookup, or with args.draft_model).
         cmd = [args.fitllm, "serve", "-m", args.model, "--port", "0", "-t", str(args.threads), "-np", "1",
                "-c", "2048"]
-        if lookup:
+        if lookup and args.md:
+            cmd += ["-md", args.draft_model, "--draft-max", str(args.draft_max), "--draft-p-min", str(args.draft_p_min),
+                    "--draft-vocab", str(args.draft_vocab)]
+        elif lookup:
             cmd += ["--lookup", "--draft-max", str(args.draft_max)]
         self.proc = subprocess.Popen(cmd, stderr=subprocess.PIPE, text=True)
         self.port = None
@@ -106,9 +112,25 @@ def main() -> int:
     ap.add_argument("-n", type=int, default=256, help="tokens to generate at most per prompt")
     ap.add_argument("-t", "--threads", type=int, default=2)
     ap.add_argument("--reps", type=int, default=2, help="requests of each prompt per server (alternating)")
-    ap.add_argument("--draft-max", type=int, default=10)
+    ap.add_argument("--draft-max", type=int, help="default 10 (--lookup), 8 (--md)")
+    ap.add_argument("--md", action="store_true", help="draft with a draft model (-md) instead of --lookup")
+    ap.add_argument("--draft-model", help="with --md: the draft (default: the demo model, Q4_K_M)")
+    ap.add_argument("--draft-p-min", type=float, default=0.75, help="with --md (default 0.75)")
+    ap.add_argument("--draft-vocab", type=int, default=0, help="with --md: the draft scores the first N tokens only")
     ap.add_argument("--json", help="write the results here")
     args = ap.parse_args()
+    if args.draft_max is None:
+        args.draft_max = 8 if args.md else 10
+    if args.md:
+        from speculative_draft import DEMO, F16, make_f16  # noqa: E402
+        args.draft_model = args.draft_model or DEMO
+        if args.model == MODEL:  # the target: the demo model in F16
+            if not os.path.exists(F16):
+                os.makedirs(os.path.dirname(F16), exist_ok=True)
+                make_f16(DEMO, F16)
+            args.model = F16
+        print(f"target {os.path.relpath(args.model, ROOT)}, draft {os.path.relpath(args.draft_model, ROOT)}",
+              file=sys.stderr)
 
     # One server at a time (an idle one would still hold its threads): each round runs every
     # prompt on a server without --lookup, then on one with it.
@@ -126,7 +148,8 @@ def main() -> int:
             finally:
                 srv.stop()
     rows, same = [], True
-    print(f"{'prompt':18} {'p tok':>6} {'gen':>5} {'plain tok/s':>12} {'lookup tok/s':>13} {'ratio':>6}")
+    spec_name = "-md tok/s" if args.md else "lookup tok/s"
+    print(f"{'prompt':18} {'p tok':>6} {'gen':>5} {'plain tok/s':>12} {spec_name:>13} {'ratio':>6}")
     for name, (plain, spec) in results.items():
         identical = len({r["text"] for r in plain + spec}) == 1
         same &= identical
@@ -145,8 +168,8 @@ def main() -> int:
           f"texts {'identical' if same else 'DIFFER'}; drafted {drafted:.0f}, accepted {accepted:.0f}")
     if args.json:
         with open(args.json, "w") as f:
-            json.dump({"rows": rows, "ratio": t_plain / t_spec, "identical": same, "drafted": drafted,
-                       "accepted": accepted}, f, indent=1)
+            json.dump({"drafter": "draft model" if args.md else "lookup", "rows": rows, "ratio": t_plain / t_spec,
+                       "identical": same, "drafted": drafted, "accepted": accepted}, f, indent=1)
     return 0 if same else 1
 
 
