@@ -39,7 +39,8 @@ ArgParser plan_parser(PlanOptions& o) {
     add_budget_options(p, o.engine);
     p.option("-md, --model-draft", "FILE",
              "plan a draft model for speculative decoding too (run's -md): its weights, KV cache and scratch, "
-             "and the model's plan for what the budget leaves",
+             "and the model's plan for what the budget leaves; with -np N, as serve -md runs it: a draft KV "
+             "cache and row of logits for each of the N slots",
              &o.engine.draft_model_path);
     p.option("--draft-max", "N", "with -md: tokens drafted per forward pass at most, as run's (default 8)",
              &o.draft_max);
@@ -60,10 +61,17 @@ namespace {
 int show_plan(const PlanOptions& o) {
     engine::PlanOnly planned;
     ContextConfig context = o.engine.context;
-    // A draft's tokens and the one before them are checked in one pass: as many rows of logits.
-    if (!o.engine.draft_model_path.empty()) context.n_outputs = std::max(context.n_outputs, o.draft_max + 1);
+    // A draft's tokens and the one before them are checked in one pass: as many rows of logits,
+    // for each slot with -np (serve's, within the batch).
+    if (!o.engine.draft_model_path.empty()) {
+        const int rows = context.n_seq > 1
+                             ? std::min(context.n_seq * (o.draft_max + 1), std::max(context.n_batch, context.n_seq))
+                             : o.draft_max + 1;
+        context.n_outputs = std::max(context.n_outputs, rows);
+    }
     try {
-        planned = engine::plan_only(o.engine.load, context, o.engine.mem_label, o.engine.draft_model_path);
+        planned = engine::plan_only(o.engine.load, context, o.engine.mem_label, o.engine.draft_model_path,
+                                    std::max(1, context.n_seq));
     } catch (const ConfigError& e) {
         throw UsageError(e.what());
     }

@@ -55,6 +55,25 @@ TEST(PlanCommand, JsonHasTheSameNumbersAsThePlan) {
     EXPECT_FALSE(j.contains("fit"));
 }
 
+// -md with -np N: the draft as serve -md runs it, a KV cache and a row of logits per slot; the
+// model's rows of logits for every slot's drafts (within -b).
+TEST(PlanCommand, ADraftModelWithSlotsIsPlannedAsServeRunsIt) {
+    const std::string draft = (test::source_dir() / "tests/model/data/tiny-llama-f16.gguf").string();
+    const auto plan = [&](const std::string& np) {
+        const auto r = test::run_command(fitllm_exe() + " plan -m " + tiny_llama() + " -md " + draft + " -c 256 -b 64" +
+                                         np + " -t 2 --mem 1G --json");
+        EXPECT_EQ(r.status, 0) << r.output;
+        return nlohmann::json::parse(r.output);
+    };
+    const auto one = plan(""), three = plan(" -np 3");
+    EXPECT_EQ(one["draft"]["settings"]["draft_slots"], 1);
+    EXPECT_EQ(three["draft"]["settings"]["draft_slots"], 3);
+    EXPECT_EQ(three["draft"]["devices"][0]["kv"].get<uint64_t>(), 3 * one["draft"]["devices"][0]["kv"].get<uint64_t>());
+    EXPECT_EQ(three["draft"]["devices"][0]["weights_resident"], one["draft"]["devices"][0]["weights_resident"]);
+    EXPECT_EQ(one["settings"]["n_outputs"], 9);
+    EXPECT_EQ(three["settings"]["n_outputs"], 27);
+}
+
 TEST(PlanCommand, FitSaysWhatItChoseAndWhy) {
     const auto file = gguf::GgufFile::open(tiny_llama());
     engine::PlanParams q8{.n_ctx = 65536,
