@@ -10,7 +10,8 @@ from the first streamed token to the last (prompt excluded), as `run`'s summary 
 the drafted and accepted totals come from /metrics.
 
   .venv/bin/python bench/speculative_serve.py [--fitllm build/fitllm] [-n 256] [-t 2] [--reps 2]
-                                              [--draft-max 10] [--md [--draft-p-min P] [--draft-vocab N]] [--json out.json]
+                                              [--draft-max 10] [--md [--draft-p-min P] [--draft-vocab N]]
+                                              [--parallel N] [--json out.json]
 """
 from __future__ import annotations
 
@@ -33,7 +34,7 @@ LISTENING = re.compile(r"listening on http://[^:]+:(\d+)")
 class Server:
     def __init__(self, args: argparse.Namespace, lookup: bool):
         # lookup: the server that drafts (by prompt lookup, or with args.draft_model).
-        cmd = [args.fitllm, "serve", "-m", args.model, "--port", "0", "-t", str(args.threads), "-np", "1",
+        cmd = [args.fitllm, "serve", "-m", args.model, "--port", "0", "-t", str(args.threads), "-np", str(args.parallel),
                "-c", "2048"]
         if lookup and args.md:
             cmd += ["-md", args.draft_model, "--draft-max", str(args.draft_max), "--draft-p-min", str(args.draft_p_min),
@@ -117,6 +118,8 @@ def main() -> int:
     ap.add_argument("--draft-model", help="with --md: the draft (default: the demo model, Q4_K_M)")
     ap.add_argument("--draft-p-min", type=float, default=0.75, help="with --md (default 0.75)")
     ap.add_argument("--draft-vocab", type=int, default=0, help="with --md: the draft scores the first N tokens only")
+    ap.add_argument("--parallel", type=int, default=1,
+                    help="-np N, and N requests in flight at once; adds the throughput of all (tokens over wall time)")
     ap.add_argument("--json", help="write the results here")
     args = ap.parse_args()
     if args.draft_max is None:
@@ -136,12 +139,22 @@ def main() -> int:
     # prompt on a server without --lookup, then on one with it.
     results = {name: ([], []) for name in PROMPTS}
     drafted = accepted = 0.0
+    wall = [[], []]  # with --parallel: each round's seconds for all prompts, without and with drafts
     for _ in range(args.reps):
         for lookup in (False, True):
             srv = Server(args, lookup)
             try:
-                for name, prompt in PROMPTS.items():
-                    results[name][1 if lookup else 0].append(srv.complete(prompt, args.n))
+                if args.parallel > 1:
+                    from concurrent.futures import ThreadPoolExecutor
+                    start = time.perf_counter()
+                    with ThreadPoolExecutor(max_workers=args.parallel) as pool:
+                        futures = {name: pool.submit(srv.complete, prompt, args.n) for name, prompt in PROMPTS.items()}
+                    wall[1 if lookup else 0].append(time.perf_counter() - start)
+                    for name, f in futures.items():
+                        results[name][1 if lookup else 0].append(f.result())
+                else:
+                    for name, prompt in PROMPTS.items():
+                        results[name][1 if lookup else 0].append(srv.complete(prompt, args.n))
                 if lookup:
                     drafted += srv.metric("fitllm_spec_drafted_total")
                     accepted += srv.metric("fitllm_spec_accepted_total")
@@ -166,10 +179,17 @@ def main() -> int:
     t_spec = sum(r["n_gen"] / r["lookup_tok_s"] for r in rows)
     print(f"{'all':18} {'':6} {gen:5d} {gen / t_plain:12.1f} {gen / t_spec:13.1f} {t_plain / t_spec:5.2f}x   "
           f"texts {'identical' if same else 'DIFFER'}; drafted {drafted:.0f}, accepted {accepted:.0f}")
+    throughput = None
+    if args.parallel > 1:
+        # All prompts' tokens over the wall time of the round (prompts included), the best round.
+        throughput = [gen / min(w) for w in wall]
+        print(f"-np {args.parallel}, {args.parallel} requests in flight: {throughput[0]:.1f} tok/s without, "
+              f"{throughput[1]:.1f} tok/s with drafts ({throughput[1] / throughput[0]:.2f}x), prompts included")
     if args.json:
         with open(args.json, "w") as f:
             json.dump({"drafter": "draft model" if args.md else "lookup", "rows": rows, "ratio": t_plain / t_spec,
-                       "identical": same, "drafted": drafted, "accepted": accepted}, f, indent=1)
+                       "identical": same, "drafted": drafted, "accepted": accepted, "parallel": args.parallel,
+                       "throughput_tok_s": throughput}, f, indent=1)
     return 0 if same else 1
 
 

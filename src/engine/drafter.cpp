@@ -75,7 +75,8 @@ ModelDrafter::ModelDrafter(model::Model& model, const ContextConfig& context, op
     session_.set_vocab_limit(params_.n_vocab);
 }
 
-int ModelDrafter::draft(std::span<const int32_t> history, int max_tokens, std::vector<int32_t>& out) {
+int ModelDrafter::draft(std::span<const int32_t> history, int max_tokens, std::vector<int32_t>& out, float p_min) {
+    if (p_min < 0.0f) p_min = params_.p_min;
     const auto start = std::chrono::steady_clock::now();
     const struct Timer {
         std::chrono::steady_clock::time_point start;
@@ -112,7 +113,7 @@ int ModelDrafter::draft(std::span<const int32_t> history, int max_tokens, std::v
         n_fed_ += static_cast<int64_t>(missing.size());
         for (int i = 0; i < max_tokens; ++i) {
             const auto [token, p] = top_token(logits);
-            if (i > 0 && p < params_.p_min) break;
+            if (i > 0 && p < p_min) break;
             out.push_back(token);
             if (i + 1 < max_tokens) logits = session_.feed(std::span<const int32_t>(&token, 1));
         }

@@ -81,7 +81,11 @@ public:
     ModelDrafter(model::Model& model, const ContextConfig& context, ops::ThreadPool& pool, const DraftParams& params,
                  memory::Device* device = nullptr);
     int n_draft() const override { return params_.n_draft; }
-    int draft(std::span<const int32_t> history, int max_tokens, std::vector<int32_t>& out) override;
+    int draft(std::span<const int32_t> history, int max_tokens, std::vector<int32_t>& out) override {
+        return draft(history, max_tokens, out, params_.p_min);
+    }
+    // draft() stopping at a token whose probability is below p_min instead (< 0: params' p_min).
+    int draft(std::span<const int32_t> history, int max_tokens, std::vector<int32_t>& out, float p_min);
 
     // Tokens the draft model fed to catch up with the history, and drafted (fed or not).
     int64_t n_fed() const { return n_fed_; }

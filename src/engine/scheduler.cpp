@@ -27,7 +27,8 @@ struct Scheduler::Sequence {
           sampler(params.sampling, n_vocab),
           text(tokenizer, std::move(params.stop)),
           draft_max(params.draft_max),
-          draft_min(params.draft_min) {
+          draft_min(params.draft_min),
+          draft_p_min(params.draft_p_min) {
         if (params.penalize_prompt) {
             for (const int32_t id : tokens) sampler.accept(id);
         }
@@ -55,6 +56,7 @@ struct Scheduler::Sequence {
     // and this step's drafts, fed after the last token in its batch.
     int draft_max = -1;
     int draft_min = 0;
+    float draft_p_min = -1.0f;
     std::vector<int32_t> draft;
 
     int unfed() const { return static_cast<int>(tokens.size()) - n_fed; }
@@ -436,7 +438,7 @@ void Scheduler::draft_with_model(Sequence& s, int most) {
     ModelDrafter& drafter = *drafters_[static_cast<size_t>(s.seq)];
     try {
         std::lock_guard lock(compute_.mutex);
-        drafter.draft(s.tokens, most, s.draft);
+        drafter.draft(s.tokens, most, s.draft, s.draft_p_min);
     } catch (const std::exception&) {
         // The draft pass failed (its working memory over budget, ...): no draft this step, the
         // next starts over; the model's own pass decides the token either way.

@@ -95,6 +95,9 @@ struct GenerationParams {
     // and the fewest worth checking (speculative.n_min: a shorter draft is not fed).
     int draft_max = -1;
     int draft_min = 0;
+    // With SchedulerOptions::draft_model: its drafting stops at a token it gives less than this
+    // (llama-server's speculative.p_min; < 0: the scheduler's DraftParams::p_min).
+    float draft_p_min = -1.0f;
 };
 
 // submit() when max_queue requests already wait.

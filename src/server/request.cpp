@@ -476,11 +476,9 @@ CompletionRequest parse_completion_request(const json& body, bool chat) {
         invalid_value("speculative.n_min", std::to_string(r.params.draft_min) + " is above speculative.n_max (" +
                                                std::to_string(r.params.draft_max) + ")");
     }
-    if (field(body, "speculative.p_min")) {
-        throw ApiError::unsupported("speculative.p_min",
-                                    "the server's: --draft-p-min with a draft model (-md); prompt lookup (--lookup) "
-                                    "has no draft probability");
-    }
+    // With a draft model (serve -md): drafting stops at a token it gives less (--draft-p-min's
+    // default); prompt lookup has no draft probability and ignores it, as llama-server's.
+    if (const auto v = number_field(body, "speculative.p_min", 0.0, 1.0)) r.params.draft_p_min = static_cast<float>(*v);
 
     if (const json* stop = field(body, "stop")) {
         if (stop->is_string()) {

@@ -124,6 +124,15 @@ TEST_F(SchedulerDraftTest, GreedyTextIsTheSameWithEverySlotDrafting) {
     none.draft_max = 0;
     EXPECT_EQ(spec.submit(prompts[2], none)->wait_all().text, plain.submit(prompts[2], greedy(20))->wait_all().text);
     EXPECT_EQ(settled(spec).n_drafted, st.n_drafted);
+
+    // speculative.p_min 1: the draft model stops after its first token (always drafted), so a step
+    // checks one draft at most; the text is the same.
+    GenerationParams strict = greedy(30);
+    strict.draft_p_min = 1.0f;
+    EXPECT_EQ(spec.submit(prompts[0], strict)->wait_all().text, plain.submit(prompts[0], greedy(30))->wait_all().text);
+    const SchedulerStats after = settled(spec);
+    EXPECT_GT(after.n_drafted, st.n_drafted);
+    EXPECT_LE(after.n_drafted - st.n_drafted, after.n_steps - st.n_steps);
 }
 
 TEST_F(SchedulerDraftTest, ACancelledRequestFreesItsDraftCells) {

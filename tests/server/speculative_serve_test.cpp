@@ -1,7 +1,6 @@
 // `fitllm serve --lookup` and `-md`: the flags reach the scheduler of the model the registry loads, its rows
 // of logits for the drafts are in the plan and charged as the buffer, /metrics counts the drafted
-// and accepted tokens, and a request's speculative.n_max / speculative.n_min are read (p_min, a
-// draft model's, is refused: serve has none).
+// and accepted tokens, and a request's speculative.n_max / n_min / p_min are read.
 #include <gtest/gtest.h>
 
 #include <chrono>
@@ -194,7 +193,10 @@ TEST(ServeSpeculative, RequestFieldsOfLlamaServer) {
     refused({{"prompt", "x"}, {"speculative.n_max", "4"}}, "speculative.n_max");
     refused({{"prompt", "x"}, {"speculative.n_min", 300}}, "speculative.n_min");
     refused({{"prompt", "x"}, {"speculative.n_max", 2}, {"speculative.n_min", 3}}, "speculative.n_min");
-    refused({{"prompt", "x"}, {"speculative.p_min", 0.5}}, "speculative.p_min");
+    refused({{"prompt", "x"}, {"speculative.p_min", 1.5}}, "speculative.p_min");
+    refused({{"prompt", "x"}, {"speculative.p_min", "0.5"}}, "speculative.p_min");
+    EXPECT_EQ(plain.params.draft_p_min, -1.0f);
+    EXPECT_EQ(parse({{"prompt", "x"}, {"speculative.p_min", 0.5}}).params.draft_p_min, 0.5f);
 }
 
 }  // namespace
