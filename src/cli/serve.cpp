@@ -154,7 +154,7 @@ void validate(const ServeOptions& o) {
     if (o.ttl < 0) throw UsageError("--ttl: " + std::to_string(o.ttl) + " must not be negative");
     validate_lookup_options(o.lookup);
     if (!o.lookup.draft_model.empty() && !o.models_dir.empty()) {
-        throw UsageError("-md drafts for the -m model; with --models-dir, give each model's draft by -m instead");
+        throw UsageError("-md FILE drafts for one model: use it with -m MODEL, not --models-dir");
     }
     if (!o.alias.empty() && !o.models_dir.empty()) {
         throw UsageError("--alias names the -m model; with --models-dir each file's name is its id");
@@ -230,6 +230,12 @@ int serve(const ServeOptions& o) {
         try {
             registry.load_startup_model();
             const auto models = registry.models();
+            if (models[0].model && models[0].model->engine().draft()) {
+                const engine::Plan& d = models[0].model->engine().draft()->plan();
+                std::fprintf(stderr, "fitllm serve: draft model %s (-md): %s planned, its KV cache %s for %d slots\n",
+                             o.lookup.draft_model.c_str(), memory::format_size(d.total()).c_str(),
+                             memory::format_size(d.kv).c_str(), d.draft_slots);
+            }
             std::fprintf(stderr, "fitllm serve: model '%s' loaded in %.2f s; ready\n", models[0].id.c_str(),
                          models[0].model ? models[0].model->load_seconds() : 0.0);
         } catch (const std::exception& e) {
