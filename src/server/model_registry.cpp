@@ -469,21 +469,28 @@ uint64_t ModelRegistry::n_unloads() const {
 void ModelRegistry::reaper() {
     if (options_.models_dir.empty()) return;  // the -m model stays
     std::unique_lock lock(mutex_);
+    bool held = false;  // an expired model was in use at the last look
     while (!stopping_) {
-        // Looks again at a quarter of the shortest idle limit (50 ms to 1 s), or when woken.
+        // Looks again at a quarter of the shortest idle limit (50 ms to 1 s), or when woken; after
+        // 50 ms when an expired model was in use (a request, or a reader of /api/ps or /metrics
+        // holding it for a moment: a client polling those must not keep it loaded).
         double shortest = -1;
         for (const auto& [id, e] : entries_) {
             const double limit = idle_limit_locked(e);
             if (e.loaded && limit >= 0 && (shortest < 0 || limit < shortest)) shortest = limit;
         }
-        const auto period =
-            std::chrono::milliseconds(shortest < 0 ? 1000 : std::clamp(static_cast<int>(shortest * 250), 50, 1000));
-        reaper_cv_.wait_for(lock, period);
+        const int ms = shortest < 0 ? 1000 : std::clamp(static_cast<int>(shortest * 250), 50, 1000);
+        reaper_cv_.wait_for(lock, std::chrono::milliseconds(held ? 50 : ms));
         if (stopping_) break;
+        held = false;
         for (auto& [id, e] : entries_) {
-            if (!e.loaded || e.loaded.use_count() > 1 || !e.loaded->scheduler().idle()) continue;
+            if (!e.loaded) continue;
             const double limit = idle_limit_locked(e);
             if (limit < 0 || seconds_since(e.last_used) < limit) continue;
+            if (e.loaded.use_count() > 1 || !e.loaded->scheduler().idle()) {
+                held = true;
+                continue;
+            }
             std::shared_ptr<LoadedModel> gone = std::move(e.loaded);
             ++n_unloads_;
             lock.unlock();

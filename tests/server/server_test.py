@@ -1235,7 +1235,7 @@ class OllamaClient(unittest.TestCase):
         deadline = time.time() + 6
         while "gemma" in self.ps():
             self.assertLess(time.time(), deadline, "still loaded 1.5 s after its last request")
-            time.sleep(0.1)
+            time.sleep(0.25)
         # Ollama's way to unload a model (`ollama stop`): a generate without a prompt, keep_alive 0.
         self.ol.generate(model="gemma", prompt="hi", options={"num_predict": 1})
         r = self.ol.generate(model="gemma", keep_alive=0)
