@@ -26,6 +26,7 @@
 #include "memory/pool.h"
 #include "model/model.h"
 #include "model/offload.h"
+#include "model/offload_script.h"
 #include "model/tensor_override.h"
 #include "model/tiny_gemma3.h"
 #include "ops/thread_pool.h"
@@ -38,44 +39,6 @@ namespace pools = memory::pool_names;
 
 std::string data(const std::string& name) {
     return (test::source_dir() / "tests/model/data" / name).string();
-}
-
-// A prompt of 40 tokens in one batch (all rows), greedy steps, then two sequences in one batch and
-// a decode step of both: every logit, in order.
-std::vector<float> script(model::Model& m, ops::ThreadPool& pool) {
-    const int V = m.n_vocab();
-    std::vector<float> all;
-    {
-        std::vector<int32_t> tokens(40), pos(40);
-        for (int i = 0; i < 40; ++i) tokens[size_t(i)] = (i * 37 + 11) % std::min(V, 300);
-        std::iota(pos.begin(), pos.end(), 0);
-        kv::ModelCache cache = m.make_cache({.n_cells = 128, .block_size = 4}, 40);
-        std::vector<float> rows(40 * size_t(V));
-        m.forward(tokens, pos, cache, rows.data(), /*all_logits=*/true, pool);
-        all.insert(all.end(), rows.begin(), rows.end());
-        std::vector<float> row(rows.end() - V, rows.end());
-        for (int32_t p = 40; p < 44; ++p) {
-            const auto t = static_cast<int32_t>(std::max_element(row.begin(), row.end()) - row.begin());
-            m.forward(std::span(&t, 1), std::span(&p, 1), cache, row.data(), false, pool);
-            all.insert(all.end(), row.begin(), row.end());
-        }
-    }
-    kv::ModelCache cache = m.make_cache({.n_cells = 128, .n_seq_max = 2, .block_size = 4}, 16);
-    const std::vector<int32_t> tokens = {1, 9, 7, 4, 3, 12, 5}, pos = {0, 0, 1, 1, 2, 2, 3};
-    const std::vector<kv::SeqId> seq = {0, 1, 0, 1, 0, 1, 0};
-    std::vector<float> rows(7 * size_t(V));
-    m.forward({.tokens = tokens, .positions = pos, .seq_ids = seq, .all_logits = true}, cache, rows.data(), pool);
-    all.insert(all.end(), rows.begin(), rows.end());
-    const std::vector<int32_t> t2 = {8, 2}, p2 = {4, 3};
-    const std::vector<kv::SeqId> s2 = {0, 1};
-    m.forward({.tokens = t2, .positions = p2, .seq_ids = s2, .all_logits = true}, cache, rows.data(), pool);
-    all.insert(all.end(), rows.begin(), rows.begin() + 2 * V);
-    return all;
-}
-
-void expect_same(const std::vector<float>& want, const std::vector<float>& got) {
-    ASSERT_EQ(want.size(), got.size());
-    EXPECT_EQ(0, std::memcmp(want.data(), got.data(), want.size() * sizeof(float)));
 }
 
 std::vector<model::TensorOverride> ot(const std::string& list) {
@@ -126,7 +89,7 @@ TEST(ModelOffloadKvOnly, HostMatricesGiveTheLogitsOfTheCpu) {
         SCOPED_TRACE(c.name);
         const gguf::GgufFile file = open_case(c);
         const auto cpu = model::Model::load(file);
-        const std::vector<float> want = script(*cpu, pool);
+        const std::vector<float> want = test::offload_script(*cpu, pool);
         const model::Hparams& hp = cpu->hparams();
         const int n_layer = hp.n_layer;
         for (const std::string& list : rule_lists(c.moe)) {
@@ -150,7 +113,7 @@ TEST(ModelOffloadKvOnly, HostMatricesGiveTheLogitsOfTheCpu) {
                         for (const std::string& name : model::device_tensor_names(file, hp, ngl, kept))
                             EXPECT_EQ(file.find_tensor(name)->n_dims, 1u) << name << " copied to the device";
                     }
-                    expect_same(want, script(*m, pool));
+                    test::expect_same_bits(want, test::offload_script(*m, pool));
                     EXPECT_EQ(dev.memory().pool(pools::kScratch).live() - dev.op_scratch_bytes(),
                               model::device_scratch_bytes(hp, ngl, 40, 40, kept.output));
                     if (HasFatalFailure()) return;
@@ -168,14 +131,16 @@ TEST(ModelOffloadKvOnly, DemoModelGivesTheLogitsOfTheCpu) {
     ops::ThreadPool pool(2);
     const gguf::GgufFile file = gguf::GgufFile::open(path->string());
     const auto cpu = model::Model::load(file);
-    const std::vector<float> want = script(*cpu, pool);
+    const std::vector<float> want = test::offload_script(*cpu, pool);
     for (const std::string& list : {std::string(".*=CPU"), std::string("attn_(q|k|v|output)=CPU")}) {
         SCOPED_TRACE(list);
         backend::VirtualDevice dev("virtual", 1ull << 30);
         auto m = model::Model::load(
             file, {.offload = &dev, .n_offload_layers = cpu->hparams().n_layer + 1, .tensor_overrides = ot(list)});
-        if (list == ".*=CPU") EXPECT_LT(dev.memory().pool(pools::kWeights).live(), uint64_t{1} << 20);
-        expect_same(want, script(*m, pool));
+        if (list == ".*=CPU") {
+            EXPECT_LT(dev.memory().pool(pools::kWeights).live(), uint64_t{1} << 20);
+        }
+        test::expect_same_bits(want, test::offload_script(*m, pool));
     }
 }
 
@@ -188,7 +153,7 @@ TEST(ModelOffloadKvOnly, TheHostReadsItsMatricesAndNothingCopied) {
     std::vector<std::byte> bytes = test::tiny_gemma3_bytes({.n_layer = 6});
     const gguf::GgufFile file = gguf::GgufFile::parse(bytes, "generated gemma3");
     const auto cpu = model::Model::load(file);
-    const std::vector<float> want = script(*cpu, pool);
+    const std::vector<float> want = test::offload_script(*cpu, pool);
     const model::Hparams& hp = cpu->hparams();
     const int ngl = hp.n_layer + 1;
     backend::VirtualDevice dev("virtual", 256 << 20);
@@ -201,13 +166,13 @@ TEST(ModelOffloadKvOnly, TheHostReadsItsMatricesAndNothingCopied) {
         std::fill_n(bytes.begin() + static_cast<std::ptrdiff_t>(file.data_offset() + t.offset), t.n_bytes,
                     std::byte{0xFF});
     }
-    expect_same(want, script(*m, pool));
+    test::expect_same_bits(want, test::offload_script(*m, pool));
     for (const std::string& name : kept.matrices) {
         const gguf::TensorInfo& t = *file.find_tensor(name);
         std::fill_n(bytes.begin() + static_cast<std::ptrdiff_t>(file.data_offset() + t.offset), t.n_bytes,
                     std::byte{0xFF});
     }
-    const std::vector<float> poisoned = script(*m, pool);
+    const std::vector<float> poisoned = test::offload_script(*m, pool);
     EXPECT_TRUE(std::any_of(poisoned.begin(), poisoned.end(), [](float v) { return v != v; }));
 }
 
@@ -295,7 +260,7 @@ TEST(ModelOffloadKvOnly, UnifiedDevice) {
         const gguf::GgufFile file = gguf::GgufFile::open(data(f));
         const engine::ModelShape shape = engine::model_shape(file);
         const auto cpu = model::Model::load(file);
-        const std::vector<float> want = script(*cpu, pool);
+        const std::vector<float> want = test::offload_script(*cpu, pool);
         engine::PlanParams q{.n_ctx = 128, .n_batch = 40, .n_outputs = 40, .n_threads = 2, .budget = 1ull << 32};
         q.device = "virtual-unified";
         q.unified = true;
@@ -312,7 +277,7 @@ TEST(ModelOffloadKvOnly, UnifiedDevice) {
         auto m = model::Model::load(
             file,
             {.device = &host, .offload = dev.get(), .n_offload_layers = 99, .tensor_overrides = q.tensor_overrides});
-        expect_same(want, script(*m, pool));
+        test::expect_same_bits(want, test::offload_script(*m, pool));
         const auto& virt = dynamic_cast<const backend::VirtualDevice&>(*dev);
         EXPECT_EQ(virt.allocated_bytes(), model::device_scratch_bytes(shape.hp, 99, 40, 40, /*output_on_host=*/true));
         EXPECT_EQ(peak_of(host, pools::kWeights), 0u);

@@ -24,6 +24,7 @@
 #include "memory/pool.h"
 #include "model/model.h"
 #include "model/offload.h"
+#include "model/offload_script.h"
 #include "model/tensor_override.h"
 #include "model/tiny_llama.h"
 #include "ops/thread_pool.h"
@@ -45,44 +46,6 @@ test::TinyLlamaOptions qwen3moe() {
     o.expert_count = 6;
     o.expert_used = 2;
     return o;
-}
-
-// A prompt of 40 tokens in one batch (all rows), greedy steps, then two sequences in one batch and
-// a decode step of both: every logit, in order.
-std::vector<float> script(model::Model& m, ops::ThreadPool& pool) {
-    const int V = m.n_vocab();
-    std::vector<float> all;
-    {
-        std::vector<int32_t> tokens(40), pos(40);
-        for (int i = 0; i < 40; ++i) tokens[size_t(i)] = (i * 37 + 11) % std::min(V, 300);
-        std::iota(pos.begin(), pos.end(), 0);
-        kv::ModelCache cache = m.make_cache({.n_cells = 128, .block_size = 4}, 40);
-        std::vector<float> rows(40 * size_t(V));
-        m.forward(tokens, pos, cache, rows.data(), /*all_logits=*/true, pool);
-        all.insert(all.end(), rows.begin(), rows.end());
-        std::vector<float> row(rows.end() - V, rows.end());
-        for (int32_t p = 40; p < 44; ++p) {
-            const auto t = static_cast<int32_t>(std::max_element(row.begin(), row.end()) - row.begin());
-            m.forward(std::span(&t, 1), std::span(&p, 1), cache, row.data(), false, pool);
-            all.insert(all.end(), row.begin(), row.end());
-        }
-    }
-    kv::ModelCache cache = m.make_cache({.n_cells = 128, .n_seq_max = 2, .block_size = 4}, 16);
-    const std::vector<int32_t> tokens = {1, 9, 7, 4, 3, 12, 5}, pos = {0, 0, 1, 1, 2, 2, 3};
-    const std::vector<kv::SeqId> seq = {0, 1, 0, 1, 0, 1, 0};
-    std::vector<float> rows(7 * size_t(V));
-    m.forward({.tokens = tokens, .positions = pos, .seq_ids = seq, .all_logits = true}, cache, rows.data(), pool);
-    all.insert(all.end(), rows.begin(), rows.end());
-    const std::vector<int32_t> t2 = {8, 2}, p2 = {4, 3};
-    const std::vector<kv::SeqId> s2 = {0, 1};
-    m.forward({.tokens = t2, .positions = p2, .seq_ids = s2, .all_logits = true}, cache, rows.data(), pool);
-    all.insert(all.end(), rows.begin(), rows.begin() + 2 * V);
-    return all;
-}
-
-void expect_same(const std::vector<float>& want, const std::vector<float>& got) {
-    ASSERT_EQ(want.size(), got.size());
-    EXPECT_EQ(0, std::memcmp(want.data(), got.data(), want.size() * sizeof(float)));
 }
 
 struct Rules {
@@ -109,7 +72,7 @@ TEST(ModelOffloadMoe, HostExpertsGiveTheLogitsOfTheCpu) {
         SCOPED_TRACE(f);
         const gguf::GgufFile file = gguf::GgufFile::open(data(f));
         const auto cpu = model::Model::load(file);
-        const std::vector<float> want = script(*cpu, pool);
+        const std::vector<float> want = test::offload_script(*cpu, pool);
         const int n_layer = cpu->hparams().n_layer;
         const engine::ModelShape shape = engine::model_shape(file);
         for (const Rules& r : host_expert_rules(n_layer)) {
@@ -136,7 +99,7 @@ TEST(ModelOffloadMoe, HostExpertsGiveTheLogitsOfTheCpu) {
                                                                      .tensor_overrides = r.rules});
                     EXPECT_EQ(p.device.weights, weights);
                     EXPECT_EQ(p.device.n_host_expert_layers, std::min(ngl, n_layer));
-                    expect_same(want, script(*m, pool));
+                    test::expect_same_bits(want, test::offload_script(*m, pool));
                     EXPECT_EQ(dev.memory().pool(memory::pool_names::kScratch).live() - dev.op_scratch_bytes(),
                               model::device_scratch_bytes(m->hparams(), ngl, 40, 40));
                     EXPECT_LE(dev.memory().pool(memory::pool_names::kScratch).peak(), p.device.scratch);
@@ -154,7 +117,7 @@ TEST(ModelOffloadMoe, TheHostReadsOnlyItsExperts) {
     const gguf::GgufFile file = gguf::GgufFile::parse(bytes, "tiny-moe.gguf");
     const auto cpu = model::Model::load(file);
     const int n_layer = cpu->hparams().n_layer;
-    const std::vector<float> want = script(*cpu, pool);
+    const std::vector<float> want = test::offload_script(*cpu, pool);
     backend::VirtualDevice dev("virtual", 256 << 20);
     const std::vector<model::TensorOverride> rules = model::cpu_moe_overrides(-1);
     auto m = model::Model::load(file, {.offload = &dev, .n_offload_layers = n_layer + 1, .tensor_overrides = rules});
@@ -170,7 +133,7 @@ TEST(ModelOffloadMoe, TheHostReadsOnlyItsExperts) {
         ++poisoned;
     }
     EXPECT_GT(poisoned, 10);
-    expect_same(want, script(*m, pool));
+    test::expect_same_bits(want, test::offload_script(*m, pool));
 }
 
 // A unified device reads the dense tensors in place and leaves the experts to the host: the same.
@@ -184,7 +147,7 @@ TEST(ModelOffloadMoe, UnifiedDeviceWithHostExperts) {
                                        .offload = dev.get(),
                                        .n_offload_layers = 3,
                                        .tensor_overrides = model::cpu_moe_overrides(-1)});
-    expect_same(script(*cpu, pool), script(*m, pool));
+    test::expect_same_bits(test::offload_script(*cpu, pool), test::offload_script(*m, pool));
 }
 
 std::string load_error(const gguf::GgufFile& file, int ngl, const std::vector<model::TensorOverride>& rules) {
