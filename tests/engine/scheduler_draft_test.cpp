@@ -15,6 +15,7 @@
 #include <vector>
 
 #include "engine/scheduler.h"
+#include "engine/speculative_checks.h"
 #include "gguf/gguf_reader.h"
 #include "memory/device.h"
 #include "memory/pool.h"
@@ -223,33 +224,7 @@ TEST_F(SchedulerDraftTest, SampledTokensFollowTheModelsDistribution) {
     ASSERT_GT(st.n_drafted, 100u);
     EXPECT_GT(st.n_draft_accepted, 0u);
     EXPECT_LT(st.n_draft_accepted, st.n_drafted);  // rejections happened too
-    for (int t = 0; t < kTokens; ++t) {
-        std::map<int32_t, std::pair<int, int>> bins;
-        for (const auto& [id, n] : a[static_cast<size_t>(t)]) bins[id].first += n;
-        for (const auto& [id, n] : b[static_cast<size_t>(t)]) bins[id].second += n;
-        double chi2 = 0.0;
-        int dof = -1;
-        std::pair<int, int> rare{0, 0};
-        const auto add = [&](int x, int y) {
-            const double e = (x + y) / 2.0;
-            chi2 += (x - e) * (x - e) / e + (y - e) * (y - e) / e;
-            ++dof;
-        };
-        for (const auto& [id, xy] : bins) {
-            if (xy.first + xy.second < 10) {
-                rare.first += xy.first;
-                rare.second += xy.second;
-            } else {
-                add(xy.first, xy.second);
-            }
-        }
-        if (rare.first + rare.second > 0) add(rare.first, rare.second);
-        if (dof < 1) continue;
-        // The 99.9th percentile of chi-squared with dof degrees of freedom (Wilson-Hilferty).
-        const double z = 3.09, k = dof;
-        const double limit = k * std::pow(1.0 - 2.0 / (9.0 * k) + z * std::sqrt(2.0 / (9.0 * k)), 3.0);
-        EXPECT_LT(chi2, limit) << "token " << t << ": " << dof << " degrees of freedom";
-    }
+    test::expect_same_distribution(a, b);
 }
 
 // Each slot's draft session (its KV cache and row of logits) is charged to the device; lookup and

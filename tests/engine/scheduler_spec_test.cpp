@@ -18,6 +18,7 @@
 #include <vector>
 
 #include "engine/scheduler.h"
+#include "engine/speculative_checks.h"
 #include "gguf/gguf_reader.h"
 #include "model/model.h"
 #include "sampling/grammar.h"
@@ -367,34 +368,7 @@ TEST_F(SchedulerSpecTest, SampledTokensFollowTheModelsDistribution) {
     ASSERT_GT(spec.stats().n_drafted, 100u);
     EXPECT_GT(spec.stats().n_draft_accepted, 0u);
     EXPECT_LT(spec.stats().n_draft_accepted, spec.stats().n_drafted);  // rejections happened too
-    for (int t = 0; t < kTokens; ++t) {
-        // Chi-squared over the tokens seen (bins under 5 in both pooled into one).
-        std::map<int32_t, std::pair<int, int>> bins;
-        for (const auto& [id, n] : a[static_cast<size_t>(t)]) bins[id].first += n;
-        for (const auto& [id, n] : b[static_cast<size_t>(t)]) bins[id].second += n;
-        double chi2 = 0.0;
-        int dof = -1;
-        std::pair<int, int> rare{0, 0};
-        const auto add = [&](int x, int y) {
-            const double e = (x + y) / 2.0;
-            chi2 += (x - e) * (x - e) / e + (y - e) * (y - e) / e;
-            ++dof;
-        };
-        for (const auto& [id, xy] : bins) {
-            if (xy.first + xy.second < 10) {
-                rare.first += xy.first;
-                rare.second += xy.second;
-            } else {
-                add(xy.first, xy.second);
-            }
-        }
-        if (rare.first + rare.second > 0) add(rare.first, rare.second);
-        if (dof < 1) continue;
-        // The 99.9th percentile of chi-squared with dof degrees of freedom (Wilson-Hilferty).
-        const double z = 3.09, k = dof;
-        const double limit = k * std::pow(1.0 - 2.0 / (9.0 * k) + z * std::sqrt(2.0 / (9.0 * k)), 3.0);
-        EXPECT_LT(chi2, limit) << "token " << t << ": " << dof << " degrees of freedom";
-    }
+    test::expect_same_distribution(a, b);
 }
 
 // The demo model (Gemma 3 270M Q4_K_M: a window of 512 in pools of their own) on an edit of a text
