@@ -378,9 +378,7 @@ void Scheduler::preempt(size_t i) {
     std::unique_ptr<Sequence> s = std::move(active_[i]);
     active_.erase(active_.begin() + static_cast<std::ptrdiff_t>(i));
     keep_prompt(*s);  // it finds its cells again if nobody needs them before it resumes
-    cache_.seq_rm(s->seq, -1, -1);
-    free_ids_.push_back(s->seq);
-    clear_draft(s->seq);
+    free_slot(s->seq);
     s->seq = -1;
     s->n_fed = 0;
     s->sampler.release_workspace();  // only the slots' samplers hold candidate lists (the plan's)
@@ -447,8 +445,10 @@ void Scheduler::draft_with_model(Sequence& s, int most) {
     }
 }
 
-void Scheduler::clear_draft(kv::SeqId seq) {
-    if (!drafters_.empty()) drafters_[static_cast<size_t>(seq)]->reset();
+void Scheduler::free_slot(kv::SeqId seq) {
+    cache_.seq_rm(seq, -1, -1);
+    free_ids_.push_back(seq);
+    if (!drafters_.empty()) drafters_[static_cast<size_t>(seq)]->reset();  // its draft cells too
 }
 
 bool Scheduler::drop_drafts() {
@@ -504,9 +504,7 @@ bool Scheduler::step() {
     for (size_t i = 0; i < active_.size();) {
         if (active_[i]->job->cancelled()) {
             keep_prompt(*active_[i]);
-            cache_.seq_rm(active_[i]->seq, -1, -1);
-            free_ids_.push_back(active_[i]->seq);
-            clear_draft(active_[i]->seq);
+            free_slot(active_[i]->seq);
             finish(*active_[i], FinishReason::cancelled);
             active_.erase(active_.begin() + static_cast<std::ptrdiff_t>(i));
         } else {
@@ -561,9 +559,7 @@ bool Scheduler::step() {
             // Alone and still no room: its tokens outgrew the cache (n_ctx bounds prompt + max_tokens,
             // so only the window pools' rounding could do this).
             Sequence& s = *active_[0];
-            cache_.seq_rm(s.seq, -1, -1);
-            free_ids_.push_back(s.seq);
-            clear_draft(s.seq);
+            free_slot(s.seq);
             finish(s, FinishReason::length);
             active_.clear();
             return true;
@@ -667,9 +663,7 @@ void Scheduler::release_finished() {
     for (size_t i = 0; i < active_.size();) {
         if (active_[i]->finished) {
             keep_prompt(*active_[i]);
-            cache_.seq_rm(active_[i]->seq, -1, -1);
-            free_ids_.push_back(active_[i]->seq);
-            clear_draft(active_[i]->seq);
+            free_slot(active_[i]->seq);
             active_.erase(active_.begin() + static_cast<std::ptrdiff_t>(i));
         } else {
             ++i;

@@ -186,6 +186,8 @@ public:
 private:
     struct Sequence;
     void keep_prompt(const Sequence& s);
+    // A sequence left slot seq: its cells (and its draft model's) freed, the id free again.
+    void free_slot(kv::SeqId seq);
     int reuse_prompt(Sequence& s);  // the tokens of s now in the cache (cells shared with a kept prompt)
     bool sibling_feeding(const Sequence& s) const;  // an admitted one of s's group still feeds the prompt
     void warm_up();
@@ -204,7 +206,6 @@ private:
     };
     void make_drafts();                            // each decoding sequence's drafts for this step
     void draft_with_model(Sequence& s, int most);  // s's drafts from its slot's ModelDrafter
-    void clear_draft(kv::SeqId seq);               // the slot's draft cells (a sequence left it)
     bool drop_drafts();                            // false when there were none
     // The tokens of s's draft pass (rows: its 1 + draft.size() rows of logits), into sampled;
     // returns how many (the drafts kept, and the model's token after them).
