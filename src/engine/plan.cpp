@@ -109,6 +109,8 @@ ModelShape model_shape(const gguf::GgufFile& file) {
             if (model::is_expert_tensor(t.name)) {
                 s.layer_expert_bytes[static_cast<size_t>(il)] += t.n_bytes;
                 s.expert_bytes += t.n_bytes;
+            } else if (t.name.find("_shexp.") != std::string_view::npos) {
+                s.shared_expert_bytes += t.n_bytes;
             }
             if (t.n_dims >= 2)
                 s.matmuls.push_back({t.type, t.ne[0], false, t.name.find(".ffn_") != std::string_view::npos,

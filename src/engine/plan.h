@@ -63,6 +63,7 @@ struct ModelShape {
     // (attention, norms, embeddings, output, router, shared experts).
     uint64_t expert_bytes = 0;                 // all layers'
     std::vector<uint64_t> layer_expert_bytes;  // per layer
+    uint64_t shared_expert_bytes = 0;          // of the dense part: the shared experts' (ffn_*_shexp), qwen2moe's
     uint64_t expert_slot_bytes = 0;            // one expert cache slot (model::expert_slot_bytes); 0: no experts
     // Placement by tensor class (PlanParams::tensor_overrides): the file's tensor names, and per
     // layer its routed-expert block (router and ffn_{gate,up,down}_exps, model::is_routed_block_tensor)

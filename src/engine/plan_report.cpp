@@ -125,11 +125,16 @@ nlohmann::ordered_json plan_json(const Plan& p, const std::string& budget_source
         const model::Hparams& hp = p.shape.hp;
         json per_layer = json::array();
         for (const uint64_t b : p.shape.layer_expert_bytes) per_layer.push_back(b / static_cast<uint64_t>(hp.n_expert));
-        out["experts"] = {{"dense_bytes", p.shape.dense_bytes()},    {"expert_bytes", p.shape.expert_bytes},
+        out["experts"] = {{"dense_bytes", p.shape.dense_bytes()},
+                          {"shared_expert_bytes", p.shape.shared_expert_bytes},  // of dense_bytes
+                          {"expert_bytes", p.shape.expert_bytes},
                           {"bytes_per_expert", per_layer},  // per layer: gate + up + down of one expert
-                          {"resident", p.n_expert_slots == 0},       {"n_slots", p.n_expert_slots},
-                          {"slot_bytes", p.shape.expert_slot_bytes}, {"cache_bytes", p.expert_cache},
-                          {"miss_rate_assumed", p.expert_miss_rate}, {"read_per_token", p.expert_read_per_token}};
+                          {"resident", p.n_expert_slots == 0},
+                          {"n_slots", p.n_expert_slots},
+                          {"slot_bytes", p.shape.expert_slot_bytes},
+                          {"cache_bytes", p.expert_cache},
+                          {"miss_rate_assumed", p.expert_miss_rate},
+                          {"read_per_token", p.expert_read_per_token}};
         out["devices"][0]["expert_cache"] = p.expert_cache;
         out["settings"]["expert_slots"] = p.n_expert_slots;
     }
@@ -203,7 +208,11 @@ std::string plan_text(const Plan& p, const std::string& budget_source) {
         }
         const std::string each =
             lo == hi ? util::human_bytes(hi) : util::human_bytes(lo) + ".." + util::human_bytes(hi);
-        row("  dense", p.shape.dense_bytes(), "attention, norms, embeddings, output, routers");
+        row("  dense", p.shape.dense_bytes(),
+            "attention, norms, embeddings, output, routers" +
+                (p.shape.shared_expert_bytes > 0
+                     ? ", shared experts (" + util::human_bytes(p.shape.shared_expert_bytes) + ", every token)"
+                     : std::string()));
         row("  routed experts", p.shape.expert_bytes,
             std::to_string(hp.n_layer) + " layers x " + std::to_string(hp.n_expert) + " experts x " + each +
                 " (gate, up, down)" +

@@ -66,11 +66,12 @@ TEST(ExpertPlan, SplitsDenseAndExpertBytesAsTheFileHasThem) {
         const gguf::GgufFile file = gguf::GgufFile::open(generated(name));
         const engine::ModelShape shape = engine::model_shape(file);
         const model::Hparams& hp = shape.hp;
-        uint64_t all = 0, experts = 0;
+        uint64_t all = 0, experts = 0, shared = 0;
         std::vector<uint64_t> per_layer(static_cast<size_t>(hp.n_layer), 0);
         uint64_t largest[3] = {};
         for (const gguf::TensorInfo& t : file.tensors()) {
             all += t.n_bytes;
+            if (t.name.find("_shexp.") != std::string::npos) shared += t.n_bytes;
             for (int m = 0; m < 3; ++m) {
                 if (t.name.ends_with(std::string(".") + model::kExpertTensors[m])) {
                     experts += t.n_bytes;
@@ -84,6 +85,8 @@ TEST(ExpertPlan, SplitsDenseAndExpertBytesAsTheFileHasThem) {
         EXPECT_EQ(shape.expert_bytes, experts) << name;
         EXPECT_EQ(shape.layer_expert_bytes, per_layer) << name;
         EXPECT_EQ(shape.dense_bytes(), all - experts) << name;
+        EXPECT_EQ(shape.shared_expert_bytes, shared) << name;
+        EXPECT_EQ(shared > 0, hp.n_ff_shexp > 0) << name;  // qwen2moe's files have one, the others none
         uint64_t slot = 0;
         for (const uint64_t b : largest) slot += (b + 4095) / 4096 * 4096 + 4096;
         EXPECT_EQ(shape.expert_slot_bytes, slot) << name;
@@ -107,7 +110,9 @@ TEST(ExpertPlan, SplitsDenseAndExpertBytesAsTheFileHasThem) {
         EXPECT_NE(text.find("2 layers x 8 experts x "), std::string::npos) << text;
         EXPECT_NE(text.find("expert cache"), std::string::npos) << text;
         EXPECT_NE(text.find("5 of 16 experts"), std::string::npos) << text;
+        EXPECT_EQ(text.find("shared experts (") != std::string::npos, shared > 0) << text;
         const auto json = engine::plan_json(cached, "test");
+        EXPECT_EQ(json.at("experts").at("shared_expert_bytes"), shared);
         EXPECT_EQ(json.at("experts").at("expert_bytes"), experts);
         EXPECT_EQ(json.at("experts").at("dense_bytes"), all - experts);
         EXPECT_EQ(json.at("experts").at("n_slots"), 5);
