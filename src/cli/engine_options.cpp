@@ -3,6 +3,7 @@
 #include <unistd.h>
 
 #include <algorithm>
+#include <climits>
 #include <cstdint>
 #include <cstdio>
 #include <exception>
@@ -20,6 +21,15 @@
 #include "util/text.h"
 
 namespace fitllm::cli {
+namespace {
+
+int parse_int(const std::string& name, const std::string& text) {
+    const long long n = parse_integer(name, text);
+    if (n < INT_MIN || n > INT_MAX) throw UsageError(name + ": " + text + " is out of range");
+    return static_cast<int>(n);
+}
+
+}  // namespace
 
 float parse_float(const std::string& name, const std::string& text) {
     size_t used = 0;
@@ -184,12 +194,19 @@ void add_lookup_options(ArgParser& p, LookupOptions& lookup) {
                  if (n < 1 || n > 256) throw UsageError("--draft-max: '" + v + "' must be in 1..256");
                  lookup.params.n_draft = static_cast<int>(n);
                  lookup.draft.n_draft = static_cast<int>(n);
+                 lookup.draft_max_given = true;
              });
     p.option("--lookup-ngram-min", "N", "with --lookup: the shortest run of last tokens looked up (default 1)",
-             &lookup.params.ngram_min);
+             [&lookup](const std::string& v) {
+                 lookup.params.ngram_min = parse_int("--lookup-ngram-min", v);
+                 lookup.lookup_only_flags.push_back("--lookup-ngram-min");
+             });
     p.option("--lookup-ngram-max", "N",
              "with --lookup: the longest run of last tokens looked up, tried first (default 3)",
-             &lookup.params.ngram_max);
+             [&lookup](const std::string& v) {
+                 lookup.params.ngram_max = parse_int("--lookup-ngram-max", v);
+                 lookup.lookup_only_flags.push_back("--lookup-ngram-max");
+             });
 }
 
 void add_draft_model_options(ArgParser& p, LookupOptions& lookup, EngineOptions& engine) {
@@ -202,14 +219,24 @@ void add_draft_model_options(ArgParser& p, LookupOptions& lookup, EngineOptions&
                  lookup.draft_model = v;
                  engine.draft_model_path = v;
              });
-    p.option("--draft-min", "N", "with -md: a draft of fewer tokens is not checked (default 0)", &lookup.draft.n_min);
+    p.option("--draft-min", "N", "with -md: a draft of fewer tokens is not checked (default 0)",
+             [&lookup](const std::string& v) {
+                 lookup.draft.n_min = parse_int("--draft-min", v);
+                 lookup.draft_only_flags.push_back("--draft-min");
+             });
     p.option("--draft-p-min", "P",
              "with -md: stop drafting at a token the draft model gives a probability below P (default 0.75)",
-             [&lookup](const std::string& v) { lookup.draft.p_min = parse_float("--draft-p-min", v); });
+             [&lookup](const std::string& v) {
+                 lookup.draft.p_min = parse_float("--draft-p-min", v);
+                 lookup.draft_only_flags.push_back("--draft-p-min");
+             });
     p.option("--draft-vocab", "N",
              "with -md: the draft model scores only the first N tokens of the vocabulary, a cheaper output layer "
              "(the common tokens on most vocabularies); 0: all (default)",
-             [&lookup](const std::string& v) { lookup.draft.n_vocab = parse_count("--draft-vocab", v); });
+             [&lookup](const std::string& v) {
+                 lookup.draft.n_vocab = parse_count("--draft-vocab", v);
+                 lookup.draft_only_flags.push_back("--draft-vocab");
+             });
 }
 
 std::unique_ptr<engine::Drafter> make_drafter(engine::Engine& e, const LookupOptions& lookup) {
@@ -229,6 +256,16 @@ void validate_lookup_options(const LookupOptions& lookup) {
     }
     if (lookup.enabled && !lookup.draft_model.empty()) {
         throw UsageError("--lookup and -md are two drafters; use one of them");
+    }
+    // A drafter's flag without its drafter would be accepted and ignored: refused instead.
+    if (!lookup.enabled && !lookup.lookup_only_flags.empty()) {
+        throw UsageError(lookup.lookup_only_flags.front() + " works with --lookup only, which is not given");
+    }
+    if (lookup.draft_model.empty() && !lookup.draft_only_flags.empty()) {
+        throw UsageError(lookup.draft_only_flags.front() + " works with -md (a draft model) only, which is not given");
+    }
+    if (!lookup.enabled && lookup.draft_model.empty() && lookup.draft_max_given) {
+        throw UsageError("--draft-max works with --lookup or -md only; neither is given");
     }
 }
 

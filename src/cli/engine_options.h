@@ -68,13 +68,18 @@ struct LookupOptions {
     engine::LookupParams params;
     std::string draft_model;  // -md
     engine::DraftParams draft;
+    // The flags given that only one drafter reads, checked by validate_lookup_options: one given
+    // without its drafter is refused rather than ignored.
+    std::vector<std::string> lookup_only_flags;  // --lookup-ngram-min/max
+    std::vector<std::string> draft_only_flags;   // --draft-min, --draft-p-min, --draft-vocab
+    bool draft_max_given = false;                // --draft-max (either drafter)
 };
 // --lookup, --draft-max N (both drafters), --lookup-ngram-min N, --lookup-ngram-max N.
 void add_lookup_options(ArgParser& parser, LookupOptions& lookup);
 // -md / --model-draft FILE (into lookup and engine), --draft-min N, --draft-p-min P.
 void add_draft_model_options(ArgParser& parser, LookupOptions& lookup, EngineOptions& engine);
-// Throws UsageError for parameters out of range (whether --lookup or -md is on or not), and for
-// --lookup with -md.
+// Throws UsageError for parameters out of range (whether --lookup or -md is on or not), for
+// --lookup with -md, and for a drafter's flag given without that drafter.
 void validate_lookup_options(const LookupOptions& lookup);
 // With --lookup or -md: the rows of logits a forward pass returns (drafts + 1), set in the
 // context before it is planned, so that the plan charges them.

@@ -2,6 +2,8 @@
 #include <gtest/gtest.h>
 
 #include <string>
+#include <utility>
+#include <vector>
 
 #include "model/tiny_llama.h"
 #include "test_support.h"
@@ -49,6 +51,16 @@ TEST(RunCommand, LookupGivesTheSameGreedyTextAndReportsItsDrafts) {
     const test::CommandResult ngram = test::run_command(base + " --lookup-ngram-min 3 --lookup-ngram-max 2 2>&1");
     EXPECT_EQ(ngram.status, 2) << ngram.output;
     EXPECT_NE(ngram.output.find("--lookup-ngram-max 2"), std::string::npos) << ngram.output;
+    // A drafter's flag without its drafter is refused by name, not accepted and ignored.
+    for (const auto& [flags, says] : std::vector<std::pair<std::string, std::string>>{
+             {" --lookup-ngram-min 2", "--lookup-ngram-min works with --lookup only"},
+             {" --lookup --draft-p-min 0.5", "--draft-p-min works with -md (a draft model) only"},
+             {" --draft-vocab 100", "--draft-vocab works with -md (a draft model) only"},
+             {" --draft-max 4", "--draft-max works with --lookup or -md only"}}) {
+        const test::CommandResult r = test::run_command(base + flags + " 2>&1");
+        EXPECT_EQ(r.status, 2) << flags << ": " << r.output;
+        EXPECT_NE(r.output.find(says), std::string::npos) << flags << ": " << r.output;
+    }
 }
 
 // A written tiny random Llama (with an SPM vocabulary) runs end to end: load, prompt, decode.
