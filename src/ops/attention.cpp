@@ -106,8 +106,9 @@ void attend_heads(const float* q, int n_heads, int32_t q_pos, const float* k, co
         }
     }
     for (int h = 0; h < n_heads; ++h) {
+        const float ms = p.sinks ? apply_sink(p.sinks[h], st.running_max[h], st.running_sum[h]) : 1.0f;
         const float inv = st.running_sum[h] > 0.0f ? 1.0f / st.running_sum[h] : 0.0f;
-        for (int i = 0; i < d; ++i) out[h * d + i] = st.acc[h * d + i] * inv;
+        for (int i = 0; i < d; ++i) out[h * d + i] = st.acc[h * d + i] * ms * inv;
     }
 }
 
@@ -154,8 +155,10 @@ void attention(const float* q, const int32_t* q_pos, int64_t n_tok, const float*
             const int h0 = static_cast<int>(task % blocks_per_token) * per_task;
             const int64_t g = h0 / group;
             const int64_t row = t * params.n_head + h0;
-            attend_heads(q + row * d, per_task, q_pos[t], k + g * d, v + g * d, kv_pos, n_kv, kv_row_stride, params,
-                         state, out + row * d);
+            AttentionParams p = params;
+            if (p.sinks) p.sinks += h0;  // attend_heads' head h is h0 + h
+            attend_heads(q + row * d, per_task, q_pos[t], k + g * d, v + g * d, kv_pos, n_kv, kv_row_stride, p, state,
+                         out + row * d);
         }
     });
 }

@@ -37,7 +37,7 @@ template <bool kFma, int kLanes>
         if (!visible(kv_pos[j], q_pos, p.sliding_window)) continue;
         f16_attention::step_one<kFma, kLanes>(st, k + j * kv_row_stride, v + j * kv_row_stride, d, p);
     }
-    f16_attention::end_one(st, out, d);
+    f16_attention::end_one(st, out, d, p.sinks);  // p.sinks: this head's (attention_f16)
 }
 
 // Compiled for AVX-512 (the dot in ggml's AVX-512 order), for AVX2 with FMA, where the loops above
@@ -519,8 +519,11 @@ void attention_f16_blocked(const float* q, const int32_t* q_pos, int64_t n_tok, 
             const int64_t t0 = b * tokens;
             const int n_tokens = static_cast<int>(std::min(tokens, n_tok - t0));
             const int64_t g = h0 / group;
+            AttentionParams block_params = p;
+            if (block_params.sinks) block_params.sinks += h0;  // attend_block's head h is h0 + h
             attend_block(q + t0 * token_stride + h0 * d, q_pos + t0, n_tokens, heads, token_stride, k + g * d,
-                         v + g * d, kv_pos, n_kv, kv_row_stride, p, q16, acc, out + t0 * token_stride + h0 * d);
+                         v + g * d, kv_pos, n_kv, kv_row_stride, block_params, q16, acc,
+                         out + t0 * token_stride + h0 * d);
         }
     });
 }
@@ -578,7 +581,9 @@ void attention_f16(const float* q, const int32_t* q_pos, int64_t n_tok, const fl
             const int64_t h = task % params.n_head;
             const int64_t g = h / group;
             const int64_t row = t * params.n_head + h;
-            attend_one(q + row * d, q_pos[t], k + g * d, v + g * d, kv_pos, n_kv, kv_row_stride, params, q16, acc,
+            AttentionParams head_params = params;
+            if (head_params.sinks) head_params.sinks += h;
+            attend_one(q + row * d, q_pos[t], k + g * d, v + g * d, kv_pos, n_kv, kv_row_stride, head_params, q16, acc,
                        out + row * d);
         }
     });

@@ -155,9 +155,13 @@ template <bool kFma, int kLanes>
     st.sum = fused_multiply_add<kFma>(st.sum, rescale, weight);
 }
 
-[[gnu::always_inline]] inline void end_one(const OneState& st, float* out, int d) {
-    const float inv = st.sum == 0.0f ? 0.0f : 1.0f / st.sum;
-    for (int i = 0; i < d; ++i) out[i] = st.acc[i] * inv;
+// The query's result; with a sink (nullptr: none), its term joins the sum first (apply_sink) and
+// the f16 sum of V, converted to float, is rescaled in float, as ggml does after the keys.
+[[gnu::always_inline]] inline void end_one(const OneState& st, float* out, int d, const float* sink = nullptr) {
+    float sum = st.sum;
+    const float ms = sink ? apply_sink(*sink, st.running_max, sum) : 1.0f;
+    const float inv = sum == 0.0f ? 0.0f : 1.0f / sum;
+    for (int i = 0; i < d; ++i) out[i] = st.acc[i] * ms * inv;
 }
 
 // ---- The blocked kernel (attention_f16.cpp, attention_f16_block.inc) ---------------------------
@@ -183,8 +187,9 @@ struct BlockKernel {
     // n_heads queries are rows t * n_heads + h.
     void (*keys)(BlockState& st, int n, const uint16_t* const* k_rows, const uint16_t* const* v_rows,
                  const uint32_t* token_masks, int n_tokens, int n_heads, const AttentionParams& p);
-    // out_rows[r] receives query r's result.
-    void (*end)(const BlockState& st, float* const* out_rows, int n_queries, int head_dim);
+    // out_rows[r] receives query r's result; row_sinks[r] is its sink (end_one), row_sinks nullptr
+    // for none.
+    void (*end)(const BlockState& st, float* const* out_rows, int n_queries, int head_dim, const float* row_sinks);
 };
 
 // The AVX-512 or AVX2 + F16C kernel the features allow for this head size (a multiple of 32), or

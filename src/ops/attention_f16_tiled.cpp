@@ -128,11 +128,13 @@ void begin(State& st, float* qt, float* acc, float* w, const float* const* q_row
     std::fill(st.sum, st.sum + kRows, 0.0f);
 }
 
-void end(const State& st, float* const* out_rows) {
+void end(const State& st, float* const* out_rows, const float* row_sinks) {
     for (int r = 0; r < st.n_rows; ++r) {
-        const float inv = st.sum[r] == 0.0f ? 0.0f : 1.0f / st.sum[r];
+        float sum = st.sum[r];
+        const float ms = row_sinks ? apply_sink(row_sinks[r], st.max[r], sum) : 1.0f;
+        const float inv = sum == 0.0f ? 0.0f : 1.0f / sum;
         const float* acc = st.acc + r * st.d;
-        for (int i = 0; i < st.d; ++i) out_rows[r][i] = acc[i] * inv;
+        for (int i = 0; i < st.d; ++i) out_rows[r][i] = acc[i] * ms * inv;
     }
 }
 
@@ -321,7 +323,11 @@ void attention_f16_tiled(const float* q, const int32_t* q_pos, int64_t n_tok, co
                 }
                 if (n > 0) tile(st, fa_tiled::TileKeys{n, slot, k_tile, v_tile, rows}, params);
             }
-            fa_tiled::end(st, out_rows);
+            float row_sinks[kRows];
+            if (params.sinks) {
+                for (int r = 0; r < n_tokens * heads; ++r) row_sinks[r] = params.sinks[h0 + r % heads];
+            }
+            fa_tiled::end(st, out_rows, params.sinks ? row_sinks : nullptr);
         }
     });
 }

@@ -16,7 +16,8 @@
 //   S  += the e_j summed per group of 16 slots as _mm512_reduce_add_ps does, the four group sums
 //         added in double, the result rounded to float once
 //   acc[i] = fma(e_j, v_j[i], acc[i])  for the keys in slot order (simd_gemm)
-// and at the end out = acc * (1 / S) (0 where S is 0).
+// and at the end out = acc * (1 / S) (0 where S is 0); with a sink, first S and acc take it
+// (ops::apply_sink).
 //
 // The kernels vectorize over queries (lanes) and keys; every variant (the scalar reference, AVX2,
 // AVX-512) gives the reference's bits: the AVX2 one reproduces the AVX-512 build's exponential and
@@ -56,8 +57,9 @@ struct TileKeys {
 // Sets up st with its buffers (qt and acc kRows * d floats, w kKeys * kRows) for the queries
 // q_rows[r], r < n_rows <= kRows.
 void begin(State& st, float* qt, float* acc, float* w, const float* const* q_rows, int n_rows, int d);
-// out_rows[r] receives row r's result.
-void end(const State& st, float* const* out_rows);
+// out_rows[r] receives row r's result; row_sinks[r] is row r's attention sink (nullptr: none),
+// applied after the last tile as ggml does (ops::apply_sink).
+void end(const State& st, float* const* out_rows, const float* row_sinks = nullptr);
 
 enum class Isa { Reference, Avx2, Avx512 };
 using TileFn = void (*)(State& st, const TileKeys& keys, const AttentionParams& p);

@@ -313,6 +313,16 @@ float center_bias(const Plan& pl, const Item& it, int r) {
     return dot * pl.p.scale;
 }
 
+// The item's queries' attention sinks (AttentionParams::sinks, query r's head's in row_sinks[r]),
+// in the frame of the scores the kernels compute: centred keys take q . c times the scale off every
+// score of a query (center_bias), so off its sink too. nullptr when the layer has no sinks.
+const float* item_sinks(const Plan& pl, const Item& it, float* row_sinks) {
+    if (pl.p.sinks == nullptr) return nullptr;
+    const int n_queries = it.n_tokens * pl.heads;
+    for (int r = 0; r < n_queries; ++r) row_sinks[r] = pl.p.sinks[it.h0 + r % pl.heads] - center_bias(pl, it, r);
+    return row_sinks;
+}
+
 // The query-aware kind (kv/key_transform.h): the item's query rows, gathered into tmp, shaped into
 // out (row r at r * d), all at once (the transform is read once for several rows).
 void shape_all_queries(const Plan& pl, const Item& it, float* tmp, float* out) {
@@ -381,7 +391,8 @@ void item_f16_blocked(const Plan& pl, int64_t task, float* base) {
     }
     float* out_rows[kMaxQueries];
     for (int r = 0; r < n_queries; ++r) out_rows[r] = out_row(pl, it, r);
-    kernel.end(st, out_rows, n_queries, d);
+    float row_sinks[kMaxQueries];
+    kernel.end(st, out_rows, n_queries, d, item_sinks(pl, it, row_sinks));
     finish_outputs(pl, it);
 }
 
@@ -414,7 +425,9 @@ template <bool kFma, int kLanes>
             for (int a = 0; a < n_active; ++a) fa::step_one<kFma, kLanes>(st[rows[a]], buf.k_row, buf.v_row, d, pl.p);
         }
     }
-    for (int r = 0; r < n_queries; ++r) fa::end_one(st[r], out_row(pl, it, r), d);
+    float row_sinks[kMaxQueries];
+    const float* sinks = item_sinks(pl, it, row_sinks);
+    for (int r = 0; r < n_queries; ++r) fa::end_one(st[r], out_row(pl, it, r), d, sinks ? sinks + r : nullptr);
     finish_outputs(pl, it);
 }
 
@@ -488,7 +501,8 @@ void item_exact_tiled(const Plan& pl, int64_t task, float* base) {
         }
         pl.exact_tile(st, fa_tiled::TileKeys{tile.n, tile.slot, buf.k, buf.v, rows}, pl.p);
     }
-    fa_tiled::end(st, out_rows);
+    float row_sinks[kTiledRows];
+    fa_tiled::end(st, out_rows, item_sinks(pl, it, row_sinks));
     finish_outputs(pl, it);
 }
 

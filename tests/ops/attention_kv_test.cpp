@@ -127,7 +127,8 @@ std::vector<float> reference_with(const KvCache& cache, const std::vector<float>
                 score[j] = s;
                 max = std::max(max, s);
             }
-            double sum = 0;
+            if (p.sinks) max = std::max(max, static_cast<double>(p.sinks[h]));  // gpt-oss's sink: no value
+            double sum = p.sinks ? std::exp(p.sinks[h] - max) : 0.0;
             for (double& s : score) sum += s = std::exp(s - max);
             for (size_t i = 0; i < d; ++i) {
                 double acc = 0;
@@ -591,6 +592,55 @@ TEST(AttentionKv, SlidingWindowAndSoftcap) {
     }
 }
 
+// gpt-oss's attention sinks (AttentionParams::sinks) in every kernel attention_kv takes: f16 (the
+// blocked kernels, the one-query kernels without AVX2) and f32 K/V, one sequence of 70 queries (the
+// tiled kernels) beside a decode token, and quantized types through the tiled (AVX2, AVX-512) and
+// generic (scalar) kernels, centred K included; sinks above, near and below the scores. Against
+// exact attention whose softmax denominator has exp(sink); ignoring the sinks would fail.
+TEST(AttentionKv, SinksJoinTheSoftmaxOnEveryPathAndIsa) {
+    const Shape s{.n_head = 8, .n_head_kv = 2, .head_dim = 64};
+    std::vector<float> sinks = {6.0f, -4.0f, 0.5f, 2.0f, -1.0f, 12.0f, 0.0f, 1.5f};
+    struct TypeTol {
+        GgmlType type;
+        bool rotate;
+        double tol;
+    };
+    for (const TypeTol tt : {TypeTol{GgmlType::F16, false, 1e-2}, TypeTol{GgmlType::F32, false, 1e-4},
+                             TypeTol{GgmlType::Q8_0, false, 4e-2}, TypeTol{GgmlType::Q8_0, true, 4e-2},
+                             TypeTol{GgmlType::Q4_0, true, 1.5e-1}}) {
+        KvCache cache({kv::LayerShape{s.n_head_kv, s.head_dim, s.head_dim}}, kv::CacheParams{.n_cells = 512,
+                                                                                             .n_seq_max = 2,
+                                                                                             .block_size = 16,
+                                                                                             .type_k = tt.type,
+                                                                                             .type_v = tt.type,
+                                                                                             .rotate = tt.rotate});
+        add_sequence(cache, s, 1, 0, 40, 2, 40);
+        std::vector<SeqId> q_seq(70, 0);
+        std::vector<Pos> q_pos(70);
+        for (int i = 0; i < 70; ++i) q_pos[i] = i;
+        add_tokens(cache, s, q_seq, q_pos, std::vector<uint32_t>(70, 1));
+        q_seq.push_back(1);
+        q_pos.push_back(39);
+        const std::vector<float> q = gaussian(5, q_pos.size() * s.n_head * s.head_dim, 1.5f);
+        AttentionParams p = params_of(s);
+        p.sinks = sinks.data();
+        const std::vector<float> want = reference(cache, q, q_pos, q_seq, p);
+        AttentionParams no_sinks = p;
+        no_sinks.sinks = nullptr;
+        const std::vector<float> without = reference(cache, q, q_pos, q_seq, no_sinks);
+        ASSERT_GT(compare(without, want).max_abs, 0.1) << "the sinks must matter in this test";
+        for (quant::Isa isa : {quant::Isa::Scalar, quant::Isa::Avx2, quant::Isa::Avx512Vnni}) {
+            const quant::CpuFeatures f = quant::limit_to(quant::host_cpu_features(), isa);
+            const Errors e = compare(run(cache, q, q_pos, q_seq, p, 2, f), want);
+            EXPECT_LE(e.max_abs, tt.tol) << quant::type_name(static_cast<uint32_t>(tt.type)) << ", "
+                                         << quant::isa_name(isa);
+        }
+        // A kernel that ignored the sinks would be outside the tolerance.
+        EXPECT_GT(compare(run(cache, q, q_pos, q_seq, no_sinks), want).max_abs, 2 * tt.tol)
+            << quant::type_name(static_cast<uint32_t>(tt.type));
+    }
+}
+
 TEST(AttentionKv, NothingVisibleGivesZeros) {
     const Shape s{.n_head = 4, .n_head_kv = 2, .head_dim = 64};
     for (GgmlType type : {GgmlType::F16, GgmlType::Q8_0, GgmlType::F32}) {
@@ -603,6 +653,9 @@ TEST(AttentionKv, NothingVisibleGivesZeros) {
         const std::vector<float> q = gaussian(1, q_pos.size() * s.n_head * s.head_dim);
         AttentionParams p = params_of(s);
         p.sliding_window = 50;
+        for (float x : run(cache, q, q_pos, q_seq, p)) ASSERT_EQ(x, 0.0f);
+        const std::vector<float> sinks = {3.0f, -2.0f, 0.0f, 1.0f};  // a sink alone carries no value
+        p.sinks = sinks.data();
         for (float x : run(cache, q, q_pos, q_seq, p)) ASSERT_EQ(x, 0.0f);
     }
 }

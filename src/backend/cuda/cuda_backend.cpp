@@ -543,6 +543,11 @@ void CudaBackend::upload_batch(KvMirror& m, const kv::KvCache& cache, int layer,
 
 void CudaBackend::attention(const float* q, const BatchRows& rows, const kv::KvCache& cache, int layer,
                             const ops::AttentionParams& params, float* out) {
+    if (params.sinks != nullptr) {
+        throw std::invalid_argument(name_ +
+                                    ": attention sinks (gpt-oss) are not implemented in the CUDA kernel; run the "
+                                    "model on the CPU (-ngl 0) or on the virtual device");
+    }
     if (rows.n <= 0) return;
     KvMirror& m = mirror_of(cache);
     const kv::KvCache::LayerView view = cache.layer_view(layer);
