@@ -1,11 +1,14 @@
 #include "engine/prompt_cache.h"
 
 #include <fcntl.h>
+#include <sys/file.h>
 #include <sys/stat.h>
 #include <unistd.h>
 
 #include <algorithm>
 #include <cerrno>
+#include <chrono>
+#include <cstdio>
 #include <cstring>
 #include <filesystem>
 #include <random>
@@ -135,7 +138,12 @@ private:
 constexpr char kMagic[8] = {'F', 'I', 'T', 'L', 'L', 'M', 'K', 'V'};
 constexpr uint32_t kFileVersion = 1;
 constexpr const char* kFileSuffix = ".fitllm-prompt";
-constexpr size_t kMaxNotes = 8;
+constexpr const char* kTempSuffix = ".tmp";
+constexpr const char* kFilePrefix = "prompt-";
+constexpr const char* kDirPrefix = "fitllm-prompts-";
+constexpr size_t kMaxNotes = 32;
+// A leftover younger than this may be a live writer's between its open() and its flock().
+constexpr auto kStaleAfter = std::chrono::seconds(2);
 
 std::string hex(uint64_t v) {
     char buf[17];
@@ -191,9 +199,22 @@ PromptCache::PromptCache(kv::ModelCache& cache, const ContextConfig& context, me
     // Rows another run copies back must be the ones this run would compute: on the host, and no K
     // transform fitted per run.
     persistent_ = model_ != 0 && !context_.prompt_cache_dir.empty();
+    bool external = false, shaped = false;
     for (int p = 0; p < cache_.n_pools(); ++p) {
-        if (cache_.pool(p).params().external_storage || cache_.pool(p).shapes_keys()) persistent_ = false;
+        external = external || cache_.pool(p).params().external_storage;
+        shaped = shaped || cache_.pool(p).shapes_keys();
     }
+    if (persistent_ && shaped && !external) {
+        // Its rows are stored shaped by a K transform this run fits from its first keys: a later run
+        // fits another and could not read them. Refused rather than kept for this run only.
+        throw ConfigError(std::string("--cache-dir with a quantized K cache (-ctk ") +
+                          std::string(kv_type_name(context_.type_k)) +
+                          ", rotated): its keys are stored shaped by a transform fitted anew by each run, so "
+                          "files one run writes cannot be read by the next. Add --no-kv-rotation, or use -ctk "
+                          "f16 (or bf16, f32), or leave out --cache-dir (--cache-disk then keeps its files for "
+                          "this run only, in the system's temporary directory)");
+    }
+    if (external || shaped) persistent_ = false;
     if (persistent_) {
         disk_dir_ = context_.prompt_cache_dir;
         std::error_code ec;
@@ -202,6 +223,7 @@ PromptCache::PromptCache(kv::ModelCache& cache, const ContextConfig& context, me
             throw ConfigError("--cache-dir: '" + disk_dir_ + "' is not a directory this process can write" +
                               (ec ? ": " + ec.message() : std::string()));
         }
+        remove_stale(disk_dir_, true);
     } else {
         make_dir();
     }
@@ -219,6 +241,79 @@ void PromptCache::make_dir() {
                           "': " + std::strerror(errno));
     }
     disk_dir_ = pattern;
+    // Held while the cache lives: a later start removes the directory only once no one holds it.
+    dir_lock_ = ::open(disk_dir_.c_str(), O_RDONLY | O_DIRECTORY | O_CLOEXEC);
+    if (dir_lock_ >= 0) ::flock(dir_lock_, LOCK_EX | LOCK_NB);
+    remove_stale(base, true);
+}
+
+void PromptCache::note(const std::string& line) {
+    if (notes_.size() < kMaxNotes) {
+        notes_.push_back(line);
+        return;
+    }
+    ++n_notes_left_out_;
+    const std::string more = "... and " + std::to_string(n_notes_left_out_) + " more (see the counts)";
+    if (notes_.size() == kMaxNotes) {
+        notes_.push_back(more);
+    } else {
+        notes_.back() = more;
+    }
+}
+
+namespace {
+
+// Whether the file or directory at path is a dead process's: no one holds its flock, and it is
+// older than kStaleAfter. Opens it without following a link; false when it cannot.
+bool unheld_and_old(const std::string& path, bool dir) {
+    const int fd = ::open(path.c_str(), O_RDONLY | O_CLOEXEC | O_NOFOLLOW | (dir ? O_DIRECTORY : 0));
+    if (fd < 0) return false;
+    struct stat st {};
+    bool stale = ::fstat(fd, &st) == 0 && (dir ? S_ISDIR(st.st_mode) : S_ISREG(st.st_mode)) &&
+                 ::flock(fd, LOCK_EX | LOCK_NB) == 0;
+    if (stale) {
+        const auto changed =
+            std::chrono::system_clock::time_point(std::chrono::duration_cast<std::chrono::system_clock::duration>(
+                std::chrono::seconds(st.st_mtim.tv_sec) + std::chrono::nanoseconds(st.st_mtim.tv_nsec)));
+        stale = std::chrono::system_clock::now() - changed >= kStaleAfter;
+    }
+    ::close(fd);  // the lock with it
+    return stale;
+}
+
+// A name the cache writes: prompt-TAG-N.fitllm-prompt, and with ".tmp" while it is written.
+bool prompt_file_name(const std::string& name, bool temp) {
+    const std::string suffix = std::string(kFileSuffix) + (temp ? kTempSuffix : "");
+    return name.starts_with(kFilePrefix) && name.ends_with(suffix);
+}
+
+}  // namespace
+
+void PromptCache::remove_stale(const std::string& dir, bool dirs) {
+    std::error_code ec;
+    for (std::filesystem::directory_iterator it(dir, ec), end; !ec && it != end; it.increment(ec)) {
+        const std::string name = it->path().filename().string();
+        const std::string path = it->path().string();
+        if (prompt_file_name(name, true)) {
+            if (unheld_and_old(path, false) && ::unlink(path.c_str()) == 0) {
+                note(path + ": removed, a temporary file of a write that did not finish (its process is gone)");
+            }
+        } else if (dirs && name.starts_with(kDirPrefix) && path != disk_dir_ && unheld_and_old(path, true)) {
+            // Another cache's directory whose process is gone: its files (only names it writes), then it.
+            size_t n = 0;
+            std::error_code inner;
+            for (std::filesystem::directory_iterator f(path, inner), fend; !inner && f != fend; f.increment(inner)) {
+                const std::string fname = f->path().filename().string();
+                if ((prompt_file_name(fname, false) || prompt_file_name(fname, true)) &&
+                    ::unlink(f->path().c_str()) == 0)
+                    ++n;
+            }
+            if (::rmdir(path.c_str()) == 0) {
+                note(path + ": removed with its " + std::to_string(n) +
+                     " files, the prompt cache directory of a process that is gone");
+            }
+        }
+    }
 }
 
 PromptCache::~PromptCache() {
@@ -228,6 +323,7 @@ PromptCache::~PromptCache() {
     }
     while (!disk_.empty()) drop_disk(disk_.size() - 1);
     if (!disk_dir_.empty()) ::rmdir(disk_dir_.c_str());
+    if (dir_lock_ >= 0) ::close(dir_lock_);
 }
 
 void PromptCache::persist() {
@@ -326,9 +422,7 @@ void PromptCache::index_dir() {
         struct timespec mtime {};
     };
     std::vector<Found> found;
-    const auto note = [&](const std::string& path, const std::string& why) {
-        if (notes_.size() < kMaxNotes) notes_.push_back(path + ": skipped, " + why);
-    };
+    const auto note = [&](const std::string& path, const std::string& why) { this->note(path + ": skipped, " + why); };
     std::error_code ec;
     for (std::filesystem::directory_iterator it(disk_dir_, ec), end; !ec && it != end; it.increment(ec)) {
         const std::string path = it->path().string();
@@ -617,18 +711,21 @@ void PromptCache::write_disk(Saved sp) {
     }
     // Written under a temporary name, synced and dropped from the page cache (which a memory
     // cgroup counts), then renamed: a file of that name is whole.
-    const std::string temp = d.path + ".tmp";
+    // The temporary file is flocked until renamed (closed after), so that a start meanwhile, of
+    // this server or another sharing the directory, does not take it for a crashed one's.
+    const std::string temp = d.path + kTempSuffix;
+    // (A file system without flock leaves it unlocked: then no start takes any for a crashed one's.)
     const int fd = ::open(temp.c_str(), O_WRONLY | O_CREAT | O_EXCL | O_CLOEXEC, 0600);
+    if (fd >= 0) ::flock(fd, LOCK_EX | LOCK_NB);
     bool ok = fd >= 0 && write_all(fd, &h, sizeof h, 0) &&
               write_all(fd, index.data(), index.size() * 4, sizeof(FileHead)) &&
               write_all(fd, sp.rows.data(), bytes, d.rows_offset) && ::fdatasync(fd) == 0;
-    if (fd >= 0) {
-        ::posix_fadvise(fd, 0, 0, POSIX_FADV_DONTNEED);
-        ok = ::close(fd) == 0 && ok;
-    }
+    if (fd >= 0) ::posix_fadvise(fd, 0, 0, POSIX_FADV_DONTNEED);
     ok = ok && ::rename(temp.c_str(), d.path.c_str()) == 0;
+    if (!ok) ::unlink(temp.c_str());
+    if (fd >= 0) ok = ::close(fd) == 0 && ok;
     if (!ok) {
-        ::unlink(temp.c_str());
+        ::unlink(d.path.c_str());  // renamed, but not closed cleanly
         ++n_disk_failures_;
         return;
     }
@@ -669,19 +766,34 @@ bool PromptCache::read_disk(size_t i, Saved& out, bool keep) {
         const int fd = ::open(d.path.c_str(), O_RDONLY | O_CLOEXEC | O_NOFOLLOW);
         struct stat st {};
         FileHead head{};
-        ok = fd >= 0 && ::fstat(fd, &st) == 0 && static_cast<uint64_t>(st.st_size) == d.bytes &&
-             read_all(fd, &head, sizeof head, 0) && std::memcmp(&head, &d.head, sizeof head) == 0 &&
-             read_all(fd, out.rows.data(), rows, d.rows_offset);
-        if (ok) {
+        std::string why;
+        if (fd < 0) {
+            why = errno == ENOENT ? "" : std::string("cannot open it: ") + std::strerror(errno);  // gone: taken
+        } else if (::fstat(fd, &st) != 0) {
+            why = std::string("cannot stat it: ") + std::strerror(errno);
+        } else if (static_cast<uint64_t>(st.st_size) != d.bytes) {
+            why = (static_cast<uint64_t>(st.st_size) < d.bytes ? "truncated: " : "changed: ") +
+                  std::to_string(st.st_size) + " bytes, it was written with " + std::to_string(d.bytes);
+        } else if (!read_all(fd, &head, sizeof head, 0) || std::memcmp(&head, &d.head, sizeof head) != 0) {
+            why = "corrupt: its header is not the one it was indexed with";
+        } else if (!read_all(fd, out.rows.data(), rows, d.rows_offset)) {
+            why = "cannot read its rows";
+        } else {
             Hash hash;
             hash.add(out.rows.data(), rows);
-            ok = hash.value() == d.head.rows_hash;
+            if (hash.value() != d.head.rows_hash) why = "corrupt: its K/V rows do not match their hash";
         }
+        ok = fd >= 0 && why.empty();
         if (fd >= 0) {
             ::posix_fadvise(fd, 0, 0, POSIX_FADV_DONTNEED);
             ::close(fd);
         }
         failed = !ok;
+        // Never loaded: the prompt is computed again. Worth a line in the log, naming the file.
+        if (!why.empty()) {
+            std::fprintf(stderr, "fitllm: warning: prompt cache file %s: %s; ignored (the prompt is computed again)\n",
+                         d.path.c_str(), why.c_str());
+        }
     }
     if (failed) ++n_disk_failures_;
     if (ok) ++n_disk_reads_;

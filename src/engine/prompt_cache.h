@@ -21,7 +21,10 @@
 // model file and of the KV layout, the token list and the positions each pool kept, hashed, then
 // the rows (hashed too, checked when read back). Written to a temporary name and renamed, so a
 // reader never sees half a file; names are unique per process, so servers sharing a directory
-// never write the same file.
+// never write the same file. The writer holds an flock on the temporary file until it is renamed,
+// and a cache's own directory (not persistent) is flocked while the cache lives; at the start, a
+// temporary file or such a directory that no one holds and that is older than a few seconds was
+// left by a process that died (killed mid-write) and is removed (a note says so).
 //
 // Persistent (a model identity given, prompt_cache_dir set, K/V rows on the host and no pool
 // shaping K): the files are in prompt_cache_dir itself and outlive the cache. At its end, the
@@ -79,7 +82,8 @@ public:
     // and directory.
     ~PromptCache();
     bool persistent() const { return persistent_; }
-    // Persistent: what the start found in the directory, a line per file skipped (at most a few).
+    // What the start found in the directory: a line per file skipped (persistent) or removed as a
+    // crashed process's leftover, at most kMaxNotes, then one saying how many more.
     const std::vector<std::string>& notes() const { return notes_; }
     PromptCache(const PromptCache&) = delete;
     PromptCache& operator=(const PromptCache&) = delete;
@@ -171,9 +175,15 @@ private:
         uint64_t last_used = 0;
         memory::Charge tokens_charge;  // tokens and places, in host memory
     };
-    void make_dir();   // the directory of a cache that is not persistent
+    void make_dir();   // the directory of a cache that is not persistent (locked while it lives)
     void index_dir();  // persistent: the files an earlier run left
-    void persist();    // persistent: the prompts in the cells and host memory to files
+    // What crashed processes left under `dir`: their temporary files (a write that did not finish)
+    // and, with `dirs`, the directories of caches that are not persistent (with their files).
+    // Removed only when no live process holds their lock (flock) and they are older than a few
+    // seconds; each one removed is a note.
+    void remove_stale(const std::string& dir, bool dirs);
+    void note(const std::string& line);
+    void persist();  // persistent: the prompts in the cells and host memory to files
     // A file's header checked against this cache (nothing read past `size` bytes); empty when it is
     // this cache's, else why not (foreign: another model, layout or version, or longer than the context).
     std::string check_head(const FileHead& h, uint64_t size, bool& foreign) const;
@@ -203,7 +213,9 @@ private:
     uint64_t disk_bytes_ = 0;
     uint64_t disk_index_bytes_ = 0;  // at most prompt_cache_disk / ContextConfig::kPromptCacheDiskIndexShare
     std::string disk_dir_;           // persistent: prompt_cache_dir; else made for this cache under it
-    std::string file_prefix_;        // disk_dir_ + "/prompt-" + a random tag of this cache's
+    int dir_lock_ = -1;              // not persistent: disk_dir_ open and flocked while the cache lives
+    size_t n_notes_left_out_ = 0;
+    std::string file_prefix_;  // disk_dir_ + "/prompt-" + a random tag of this cache's
     uint64_t disk_serial_ = 0;
     uint64_t model_ = 0, layout_ = 0;
     bool persistent_ = false;

@@ -66,9 +66,9 @@ LoadedModel::LoadedModel(std::string id, const std::filesystem::path& path, cons
                      id_.c_str(), static_cast<unsigned long long>(st.n_disk_loaded),
                      engine_->context().prompt_cache_dir.c_str(), static_cast<unsigned long long>(st.n_disk_foreign),
                      static_cast<unsigned long long>(st.n_disk_bad));
-        for (const std::string& note : scheduler_->prompt_cache().notes()) {
-            std::fprintf(stderr, "fitllm serve: model '%s': prompt cache: %s\n", id_.c_str(), note.c_str());
-        }
+    }
+    for (const std::string& note : scheduler_->prompt_cache().notes()) {
+        std::fprintf(stderr, "fitllm serve: model '%s': prompt cache: %s\n", id_.c_str(), note.c_str());
     }
     load_seconds_ = seconds_since(start);
 }

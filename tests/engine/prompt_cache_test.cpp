@@ -4,7 +4,10 @@
 // model (Gemma 3) for its sliding-window pools.
 #include "engine/prompt_cache.h"
 
+#include <fcntl.h>
 #include <gtest/gtest.h>
+#include <sys/file.h>
+#include <unistd.h>
 
 #include <algorithm>
 #include <chrono>
@@ -484,6 +487,237 @@ TEST_F(PersistentPromptCache, SchedulersSharingTheDirectoryWriteFilesOfTheirOwn)
     Scheduler s(*llama_->model, llama_->tokenizer, c_, options_, *compute_);
     EXPECT_EQ(s.stats().n_disk_loaded, 2u);
     EXPECT_EQ(s.stats().n_disk_bad, 0u);
+}
+
+// Whether one of the notes names `path` and says `what`.
+bool noted(const std::vector<std::string>& notes, const std::filesystem::path& path, const std::string& what) {
+    return std::any_of(notes.begin(), notes.end(), [&](const std::string& n) {
+        return n.find(path.string()) != std::string::npos && n.find(what) != std::string::npos;
+    });
+}
+
+void make_old(const std::filesystem::path& path) {
+    std::filesystem::last_write_time(path, std::filesystem::file_time_type::clock::now() - std::chrono::hours(1));
+}
+
+// A crash mid-write leaves a temporary file (a dead writer's; a live one holds its flock), and a
+// crashed cache that was not persistent leaves its whole directory. The next start removes them,
+// and only them: not a live writer's, not one so new its writer may not have locked it yet, not a
+// name the cache does not write.
+TEST_F(PersistentPromptCache, TheStartRemovesWhatACrashedWriterLeft) {
+    const std::vector<int32_t> first = ids("Once upon a time there was");
+    const Job::Update a = first_turn(first, c_, options_);
+    const std::filesystem::path good = files().at(0);
+    const auto half_copy = [&](const std::string& name) {
+        const std::filesystem::path to = dir_ / name;
+        std::filesystem::copy_file(good, to);
+        std::filesystem::resize_file(to, std::filesystem::file_size(good) / 2);
+        return to;
+    };
+    const std::filesystem::path dead = half_copy("prompt-0123456789abcdef-3.fitllm-prompt.tmp");
+    make_old(dead);
+    const std::filesystem::path live = half_copy("prompt-fedcba9876543210-1.fitllm-prompt.tmp");
+    make_old(live);
+    const int live_fd = ::open(live.c_str(), O_RDONLY);
+    ASSERT_GE(live_fd, 0);
+    ASSERT_EQ(::flock(live_fd, LOCK_EX | LOCK_NB), 0);  // a writer at work
+    const std::filesystem::path other = half_copy("notes.tmp");
+    make_old(other);
+    // A non-persistent cache's directory whose process died, and one whose process lives.
+    const std::filesystem::path dead_dir = dir_ / "fitllm-prompts-AbC123";
+    std::filesystem::create_directory(dead_dir);
+    std::filesystem::copy_file(good, dead_dir / "prompt-1111111111111111-1.fitllm-prompt");
+    make_old(dead_dir);
+    const std::filesystem::path live_dir = dir_ / "fitllm-prompts-XyZ789";
+    std::filesystem::create_directory(live_dir);
+    make_old(live_dir);
+    const int live_dir_fd = ::open(live_dir.c_str(), O_RDONLY | O_DIRECTORY);
+    ASSERT_GE(live_dir_fd, 0);
+    ASSERT_EQ(::flock(live_dir_fd, LOCK_EX | LOCK_NB), 0);
+    // Just made: perhaps a writer between its open() and its flock().
+    const std::filesystem::path young = half_copy("prompt-00000000000000aa-1.fitllm-prompt.tmp");
+    {
+        Scheduler s(*llama_->model, llama_->tokenizer, c_, options_, *compute_);
+        const std::vector<std::string>& notes = s.prompt_cache().notes();
+        EXPECT_FALSE(std::filesystem::exists(dead));
+        EXPECT_TRUE(noted(notes, dead, "a temporary file of a write that did not finish"))
+            << ::testing::PrintToString(notes);
+        EXPECT_FALSE(std::filesystem::exists(dead_dir));
+        EXPECT_TRUE(noted(notes, dead_dir, "removed with its 1 files")) << ::testing::PrintToString(notes);
+        for (const auto& kept : {live, young, other, live_dir, good}) {
+            EXPECT_TRUE(std::filesystem::exists(kept)) << kept;
+            EXPECT_FALSE(noted(notes, kept, "removed")) << kept;
+        }
+        const SchedulerStats st = s.stats();
+        EXPECT_EQ(st.n_disk_loaded, 1u);  // the good file, taken up as before
+        EXPECT_EQ(st.n_disk_bad, 0u);     // temporaries are not prompt files
+    }
+    ::close(live_fd);
+    ::close(live_dir_fd);
+    // Once its writer is gone (the lock released) an old temporary goes at the next start; the good
+    // file is still there (the first scheduler took it up but no request read it).
+    make_old(young);
+    const SchedulerStats st = next_turn(first, a, static_cast<int>(first.size()) + 5);
+    EXPECT_EQ(st.n_disk_reads, 1u);
+    EXPECT_FALSE(std::filesystem::exists(live));
+    EXPECT_FALSE(std::filesystem::exists(live_dir));
+    EXPECT_FALSE(std::filesystem::exists(young));
+    EXPECT_TRUE(std::filesystem::exists(other));
+}
+
+// A non-persistent cache (no model identity) removes a crashed one's directory under --cache-dir
+// too, and holds its own so that another start leaves it alone.
+TEST_F(PersistentPromptCache, ADeadCachesDirectoryGoesAndALiveOneStays) {
+    options_.prompt_cache_model = 0;
+    const std::filesystem::path dead_dir = dir_ / "fitllm-prompts-q1w2e3";
+    std::filesystem::create_directory(dead_dir);
+    std::ofstream(dead_dir / "prompt-2222222222222222-7.fitllm-prompt.tmp") << "half";
+    std::ofstream(dead_dir / "prompt-2222222222222222-6.fitllm-prompt") << "whole";
+    make_old(dead_dir);
+    Scheduler s1(*llama_->model, llama_->tokenizer, c_, options_, *compute_);
+    EXPECT_FALSE(std::filesystem::exists(dead_dir));
+    EXPECT_TRUE(noted(s1.prompt_cache().notes(), dead_dir, "removed with its 2 files"));
+    const std::vector<std::filesystem::path> mine = files();
+    ASSERT_EQ(mine.size(), 1u);
+    make_old(mine[0]);
+    Scheduler s2(*llama_->model, llama_->tokenizer, c_, options_, *compute_);
+    EXPECT_TRUE(std::filesystem::exists(mine[0])) << "s1 lives: its directory stays";
+    EXPECT_EQ(files().size(), 2u);
+}
+
+// A file truncated or corrupted after the start indexed it: ignored when a request would read it,
+// with a warning naming it; the prompt is computed, the text the same.
+TEST_F(PersistentPromptCache, AFileBrokenAfterTheStartIsIgnoredWithAWarning) {
+    const std::vector<int32_t> first = ids("Once upon a time there was");
+    const Job::Update a = first_turn(first, c_, options_);
+    const std::filesystem::path good = files().at(0);
+    const std::vector<int32_t> next = concat(concat(first, sampled_ids(a)), ids(" and so", false));
+    ContextConfig plain = c_;
+    plain.n_cached_prompts = 0;
+    plain.prompt_cache_ram = 0;
+    plain.prompt_cache_disk = 0;
+    Scheduler fresh(*llama_->model, llama_->tokenizer, plain, {}, *compute_);
+    const Job::Update want = fresh.submit(next, greedy(8))->wait_all();
+    for (const bool truncate : {true, false}) {
+        std::filesystem::path file = files().at(0);
+        Scheduler s(*llama_->model, llama_->tokenizer, c_, options_, *compute_);
+        ASSERT_EQ(s.stats().n_disk_loaded, 1u);
+        if (truncate) {
+            std::filesystem::resize_file(file, std::filesystem::file_size(file) - 100);
+        } else {
+            std::fstream f(file, std::ios::in | std::ios::out | std::ios::binary);
+            f.seekp(-1, std::ios::end);
+            f.put('\x33');
+        }
+        ::testing::internal::CaptureStderr();
+        const Job::Update b = s.submit(next, greedy(8))->wait_all();
+        const SchedulerStats st = settled(s);
+        const std::string log = ::testing::internal::GetCapturedStderr();
+        EXPECT_EQ(b.n_cached, 0);
+        EXPECT_EQ(b.text, want.text);
+        EXPECT_EQ(st.n_disk_failures, 1u);
+        EXPECT_EQ(st.n_disk_reads, 0u);
+        EXPECT_NE(log.find("warning: prompt cache file " + file.string()), std::string::npos) << log;
+        EXPECT_NE(log.find(truncate ? "truncated" : "do not match their hash"), std::string::npos) << log;
+        EXPECT_FALSE(std::filesystem::exists(file)) << "a broken file of this cache's is deleted";
+    }
+    (void)good;
+}
+
+// Truncated and corrupt files found at the start are skipped, each named in the notes (the server
+// logs them) with why.
+TEST_F(PersistentPromptCache, BrokenFilesAreNamedInTheNotes) {
+    first_turn(ids("Once upon a time there was"), c_, options_);
+    const std::filesystem::path good = files().at(0);
+    const auto broken = [&](const std::string& name, uint64_t size) {
+        const std::filesystem::path to = dir_ / name;
+        std::filesystem::copy_file(good, to);
+        std::filesystem::resize_file(to, size);
+        return to;
+    };
+    const std::filesystem::path rows = broken("prompt-a-1.fitllm-prompt", std::filesystem::file_size(good) - 1);
+    const std::filesystem::path head = broken("prompt-a-2.fitllm-prompt", 63);
+    const std::filesystem::path zero = broken("prompt-a-3.fitllm-prompt", 0);
+    Scheduler s(*llama_->model, llama_->tokenizer, c_, options_, *compute_);
+    const std::vector<std::string>& notes = s.prompt_cache().notes();
+    for (const auto& p : {rows, head, zero}) {
+        EXPECT_TRUE(noted(notes, p, "skipped, truncated")) << p << ": " << ::testing::PrintToString(notes);
+        EXPECT_TRUE(std::filesystem::exists(p)) << "left alone";
+    }
+    EXPECT_EQ(s.stats().n_disk_bad, 3u);
+    EXPECT_EQ(s.stats().n_disk_loaded, 1u);
+}
+
+// Quantized K/V (every -ctk type but the float ones, with their K transform): the host-memory and
+// disk tiers keep the cells as stored and copy them back bit for bit. A fresh scheduler without
+// the cache computing the next turn in full gives the same text and logprobs, bit for bit: it
+// fits its K transform from the same first keys (the turn starts with the first request's
+// tokens) and stores them as the first scheduler did, one token a pass.
+TEST_F(PromptCache, QuantizedCellsComeBackFromHostMemoryAndDisk) {
+    struct Types {
+        KvType k, v;
+    };
+    for (const Types t :
+         {Types{KvType::q8_0, KvType::q8_0}, Types{KvType::q4_0, KvType::q4_0}, Types{KvType::q4_1, KvType::q5_0},
+          Types{KvType::q5_1, KvType::f16}, Types{KvType::iq4_nl, KvType::iq4_nl}, Types{KvType::f16, KvType::q8_0}}) {
+        SCOPED_TRACE(std::string(kv_type_name(t.k)) + "/" + std::string(kv_type_name(t.v)));
+        ContextConfig c{.n_ctx = 256, .n_seq = 1, .n_batch = 1, .type_k = t.k, .type_v = t.v, .n_cached_prompts = 1};
+        {
+            Scheduler probe(*llama_->model, llama_->tokenizer, c, {}, *compute_);
+            c.prompt_cache_ram = 20 * probe.cache().pool(0).cell_bytes() + 4096;  // one prompt of ~13 tokens
+        }
+        c.prompt_cache_disk = 16u << 20;
+        const std::vector<int32_t> first = ids("Once upon a time there was");
+        Scheduler s(*llama_->model, llama_->tokenizer, c, {}, *compute_);
+        const Job::Update a = s.submit(first, greedy(6))->wait_all();
+        s.submit(ids("The quick brown fox"), greedy(6))->wait_all();      // the first to host memory
+        s.submit(ids("In a hole in the ground"), greedy(6))->wait_all();  // ... and on to disk
+        SchedulerStats st = settled(s);
+        ASSERT_EQ(st.n_disk_prompts, 1);
+        const std::vector<int32_t> next = concat(concat(first, sampled_ids(a)), ids(" and so", false));
+        GenerationParams p = greedy(8);
+        p.top_logprobs = 5;
+        const Job::Update b = s.submit(next, p)->wait_all();
+        EXPECT_EQ(b.n_cached, static_cast<int>(first.size()) + 5);
+        st = settled(s);
+        EXPECT_EQ(st.n_disk_reads, 1u);
+        EXPECT_EQ(st.n_cache_restores, 1u);
+        EXPECT_EQ(st.n_disk_failures, 0u);
+
+        ContextConfig plain = c;
+        plain.n_cached_prompts = 0;
+        plain.prompt_cache_ram = 0;
+        plain.prompt_cache_disk = 0;
+        Scheduler fresh(*llama_->model, llama_->tokenizer, plain, {}, *compute_);
+        const Job::Update want = fresh.submit(next, p)->wait_all();
+        EXPECT_EQ(b.text, want.text);
+        expect_same_logprobs(b, want);
+    }
+}
+
+// Files for a later run cannot hold keys shaped by a transform fitted per run: --cache-dir with a
+// rotated quantized K is refused, naming the flags; without the rotation the files work.
+TEST_F(PersistentPromptCache, AQuantizedKeyCacheIsRefusedUnlessUnrotated) {
+    ContextConfig q8 = c_;
+    q8.type_k = KvType::q8_0;
+    q8.type_v = KvType::q8_0;
+    try {
+        Scheduler s(*llama_->model, llama_->tokenizer, q8, options_, *compute_);
+        FAIL() << "expected ConfigError";
+    } catch (const ConfigError& e) {
+        const std::string what = e.what();
+        EXPECT_NE(what.find("--cache-dir with a quantized K cache (-ctk q8_0"), std::string::npos) << what;
+        EXPECT_NE(what.find("--no-kv-rotation"), std::string::npos) << what;
+    }
+    EXPECT_TRUE(files().empty());
+    q8.kv_rotation = false;
+    c_ = q8;
+    const std::vector<int32_t> first = ids("Once upon a time there was");
+    const Job::Update a = first_turn(first, c_, options_);
+    ASSERT_EQ(files().size(), 1u);
+    const SchedulerStats st = next_turn(first, a, static_cast<int>(first.size()) + 5);
+    EXPECT_EQ(st.n_disk_loaded, 1u);
+    EXPECT_EQ(st.n_disk_reads, 1u);
 }
 
 // Without the model's identity, --cache-dir holds a directory of the scheduler's, gone with it.
