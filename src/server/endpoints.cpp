@@ -17,6 +17,7 @@
 #include "server/chat_request.h"
 #include "server/completion.h"
 #include "server/json_body.h"
+#include "server/model_settings.h"
 #include "server/prompt_bounds.h"
 #include "server/request.h"
 #include "server/request_memory.h"
@@ -518,7 +519,10 @@ void Endpoints::completion(bool chat, HttpRequest& req, HttpResponse& res) {
             const JsonBody text(req.body);
             const memory::Charge dom = memory.charge(text.memory_bound(), "the request's JSON");
             request_charge = memory.charge(text.memory_bound(), "the request's fields");  // its copies of the strings
-            request = parse_completion_request(text.parse(), chat);
+            json body = text.parse();
+            // A created model's system prompt and parameters are the request's defaults (as Ollama's /v1).
+            apply_created_settings(registry_, body, chat ? Api::OpenAiChat : Api::OpenAiText);
+            request = parse_completion_request(body, chat);
             if (!request.schema_pointer.empty()) {
                 // The schema again, with its keys in order: properties come as it lists them.
                 const memory::Charge ordered = memory.charge(text.memory_bound(), "the request's JSON, in order");

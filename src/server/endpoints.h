@@ -56,7 +56,8 @@ public:
     // or a symbolic link where the file system has none), DELETE /api/delete {model}, POST
     // /api/create {model, from, system, parameters, license} (from: a model here or a GGUF file
     // the server can read; status lines streamed unless stream is false). A created model's
-    // system and parameters are the defaults of its /api/chat and /api/generate requests.
+    // system and parameters are the defaults of its requests, Ollama's and OpenAI's
+    // (server/model_settings.h).
     void ollama_copy(HttpRequest& req, HttpResponse& res);
     void ollama_delete(HttpRequest& req, HttpResponse& res);
     void ollama_create(HttpRequest& req, HttpResponse& res);

@@ -18,6 +18,7 @@
 #include "server/completion.h"
 #include "server/endpoints.h"
 #include "server/json_body.h"
+#include "server/model_settings.h"
 #include "server/request.h"
 #include "server/request_memory.h"
 
@@ -114,71 +115,6 @@ std::string strip_latest(std::string name) {
     return name;
 }
 
-// The settings a create gave a model (ModelRegistry::settings_file): {"system": "...",
-// "parameters": {...}, "license": "..."}, or an empty object when it has none.
-json read_settings(const std::filesystem::path& gguf) {
-    const std::filesystem::path path = ModelRegistry::settings_file(gguf);
-    std::error_code ec;
-    const uintmax_t size = std::filesystem::file_size(path, ec);
-    if (ec) return json::object();
-    constexpr uintmax_t kMaxSettings = 1 << 20;
-    if (size > kMaxSettings) {
-        throw ApiError(
-            500, "server_error", "model_settings_unreadable",
-            path.string() + ": " + std::to_string(size) + " bytes, more than the 1 MiB a model's settings may have");
-    }
-    std::string text(static_cast<size_t>(size), '\0');
-    std::FILE* f = std::fopen(path.c_str(), "rb");
-    if (!f) return json::object();  // gone meanwhile
-    const size_t n = std::fread(text.data(), 1, text.size(), f);
-    std::fclose(f);
-    text.resize(n);
-    json settings = json::parse(text, nullptr, false);
-    if (!settings.is_object()) {
-        throw ApiError(500, "server_error", "model_settings_unreadable",
-                       path.string() + ": not a JSON object (a model's settings, written by /api/create)");
-    }
-    return settings;
-}
-
-// A created model's settings as the defaults of an /api/chat or /api/generate request: its
-// system prompt when the request has none (nor, for /api/generate, raw), its parameters where
-// the request's options do not set them.
-void apply_model_settings(ModelRegistry& registry, json& body, bool chat) {
-    if (registry.options().models_dir.empty() || !body.is_object()) return;
-    const auto model = body.find("model");
-    const std::string name = model != body.end() && model->is_string() ? strip_latest(model->get<std::string>()) : "";
-    if (!ModelRegistry::name_problem(name, false).empty() && !name.empty()) return;
-    std::filesystem::path path;
-    try {
-        path = registry.find(name).path;
-    } catch (const ApiError&) {
-        return;  // the request's acquire() says why
-    }
-    const json settings = read_settings(path);
-    if (const auto system = settings.find("system"); system != settings.end() && system->is_string()) {
-        if (chat) {
-            json* messages = body.contains("messages") ? &body["messages"] : nullptr;
-            if (messages && messages->is_array() && std::none_of(messages->begin(), messages->end(), [](const json& m) {
-                    return m.is_object() && m.contains("role") && m["role"] == "system";
-                })) {
-                messages->insert(messages->begin(), json{{"role", "system"}, {"content", *system}});
-            }
-        } else if (!body.contains("system") && !(body.contains("raw") && body["raw"] == true)) {
-            body["system"] = *system;
-        }
-    }
-    if (const auto parameters = settings.find("parameters");
-        parameters != settings.end() && parameters->is_object() && !parameters->empty()) {
-        if (!body.contains("options") || body["options"].is_null()) body["options"] = json::object();
-        json& options = body["options"];
-        if (!options.is_object()) return;  // parse_ollama_request says why
-        for (const auto& [key, value] : parameters->items()) {
-            if (!options.contains(key) || options[key].is_null()) options[key] = value;
-        }
-    }
-}
-
 }  // namespace
 
 void Endpoints::ollama(bool chat, HttpRequest& req, HttpResponse& res) {
@@ -194,7 +130,7 @@ void Endpoints::ollama(bool chat, HttpRequest& req, HttpResponse& res) {
             const memory::Charge dom = memory.charge(text.memory_bound(), "the request's JSON");
             request_charge = memory.charge(text.memory_bound(), "the request's fields");
             json body = text.parse();
-            apply_model_settings(registry_, body, chat);
+            apply_created_settings(registry_, body, chat ? Api::OllamaChat : Api::OllamaGenerate);
             request = parse_ollama_request(body, chat);
             if (!request.completion.schema_pointer.empty()) {
                 const memory::Charge ordered = memory.charge(text.memory_bound(), "the request's JSON, in order");

@@ -202,6 +202,91 @@ TEST(OllamaManage, CopyCreateDeleteThroughTheApi) {
     registry.shutdown();
 }
 
+// A created model's settings apply on the OpenAI endpoints too, as Ollama's /v1 does: its
+// parameters are the defaults the request's own fields override, its system prompt the system
+// message of a chat that has none. Each answer is compared with the same request spelled out
+// to the plain model.
+TEST(OllamaManage, ACreatedModelsSettingsApplyOnTheOpenAiEndpoints) {
+    const test::TempDir dir;
+    fs::copy_file(tiny_llama(), dir / "tiny.gguf");
+    ModelRegistry registry({.models_dir = dir.path(), .context = {.n_ctx = 256}});
+    TestServer s(registry);
+    const json create = {{"model", "brief"},
+                         {"from", "tiny"},
+                         {"system", "Be brief."},
+                         {"parameters", {{"temperature", 0}, {"num_predict", 3}, {"top_k", 1}, {"num_ctx", 256}}},
+                         {"stream", false}};
+    ASSERT_EQ(s.call("POST", "/api/create", create).first, 200);
+    const auto post = [&](const std::string& path, const json& body) {
+        const auto answer = s.call("POST", path, body);
+        EXPECT_EQ(answer.first, 200) << path << " " << body.dump() << ": " << answer.second.dump();
+        return answer.second;
+    };
+    const json user = {{"role", "user"}, {"content", "hi"}};
+    const json system = {{"role", "system"}, {"content", "Be brief."}};
+
+    // Chat: the model's system message and parameters, as if the request had said them.
+    const json chat = post("/v1/chat/completions", {{"model", "brief"}, {"messages", {user}}});
+    const json spelled =
+        post("/v1/chat/completions",
+             {{"model", "tiny"}, {"messages", {system, user}}, {"temperature", 0}, {"top_k", 1}, {"max_tokens", 3}});
+    EXPECT_EQ(chat["usage"]["completion_tokens"], 3) << chat.dump();
+    EXPECT_EQ(chat["usage"]["prompt_tokens"], spelled["usage"]["prompt_tokens"]);
+    EXPECT_EQ(chat["choices"][0]["message"]["content"], spelled["choices"][0]["message"]["content"]);
+    EXPECT_EQ(chat["model"], "brief");
+    const json plain = post("/v1/chat/completions", {{"model", "tiny"}, {"messages", {user}}, {"max_tokens", 1}});
+    EXPECT_GT(chat["usage"]["prompt_tokens"], plain["usage"]["prompt_tokens"]) << "the system prompt went first";
+    // The request's own fields win: max_tokens, max_completion_tokens, its system message.
+    EXPECT_EQ(post("/v1/chat/completions",
+                   {{"model", "brief"}, {"messages", {user}}, {"max_tokens", 2}})["usage"]["completion_tokens"],
+              2);
+    EXPECT_EQ(
+        post("/v1/chat/completions",
+             {{"model", "brief"}, {"messages", {user}}, {"max_completion_tokens", 1}})["usage"]["completion_tokens"],
+        1);
+    const json own_system = {{"role", "system"}, {"content", "You are a pirate who answers at length."}};
+    const json with_own = post("/v1/chat/completions", {{"model", "brief"}, {"messages", {own_system, user}}});
+    const json own_spelled =
+        post("/v1/chat/completions", {{"model", "tiny"}, {"messages", {own_system, user}}, {"max_tokens", 3}});
+    EXPECT_EQ(with_own["usage"]["prompt_tokens"], own_spelled["usage"]["prompt_tokens"]) << "one system message";
+    EXPECT_EQ(with_own["usage"]["completion_tokens"], 3);
+    // Streamed too: the same text as the whole answer.
+    const auto streamed =
+        s.call("POST", "/v1/chat/completions", {{"model", "brief"}, {"messages", {user}}, {"stream", true}});
+    ASSERT_EQ(streamed.first, 200);
+    std::string text;
+    const std::string events = streamed.second.get<std::string>();
+    for (size_t at = events.find("data: {"); at != std::string::npos; at = events.find("data: {", at + 1)) {
+        const json e = json::parse(events.substr(at + 6, events.find('\n', at) - at - 6));
+        if (!e["choices"].empty() && e["choices"][0]["delta"].contains("content") &&
+            e["choices"][0]["delta"]["content"].is_string())
+            text += e["choices"][0]["delta"]["content"].get<std::string>();
+    }
+    EXPECT_EQ(text, chat["choices"][0]["message"]["content"]);
+
+    // Text completions: the parameters (no system prompt: the prompt runs as it is).
+    const json done = post("/v1/completions", {{"model", "brief"}, {"prompt", "Once upon a time"}});
+    const json done_spelled =
+        post("/v1/completions",
+             {{"model", "tiny"}, {"prompt", "Once upon a time"}, {"temperature", 0}, {"top_k", 1}, {"max_tokens", 3}});
+    EXPECT_EQ(done["usage"]["completion_tokens"], 3) << done.dump();
+    EXPECT_EQ(done["usage"]["prompt_tokens"], done_spelled["usage"]["prompt_tokens"]);
+    EXPECT_EQ(done["choices"][0]["text"], done_spelled["choices"][0]["text"]);
+    EXPECT_EQ(
+        post("/v1/completions",
+             {{"model", "brief"}, {"prompt", "Once upon a time"}, {"max_tokens", 1}})["usage"]["completion_tokens"],
+        1);
+    // num_predict -1 is no limit: max_tokens stays unset (up to the end of the context).
+    ASSERT_EQ(s.call("POST", "/api/create",
+                     {{"model", "endless"}, {"from", "tiny"}, {"parameters", {{"num_predict", -1}}}, {"stream", false}})
+                  .first,
+              200);
+    EXPECT_GT(
+        post("/v1/completions", {{"model", "endless"}, {"prompt", "Once upon a time"}})["usage"]["completion_tokens"],
+        3);
+    registry.shutdown();
+}
+
 TEST(OllamaManage, ABusyModelIsNotDeletedNorReplaced) {
     const test::TempDir dir;
     fs::copy_file(tiny_llama(), dir / "tiny.gguf");
