@@ -1,7 +1,9 @@
 #!/usr/bin/env bash
 # Installs a build into a temporary prefix, builds examples/c (pkg-config) and examples/cpp
 # (find_package) against it as outside projects, and checks that each prints the same greedy text
-# as the installed `fitllm run`. ctest runs it as InstalledExamples.
+# as the installed `fitllm run`, then runs examples/server/tool_call.py against the installed
+# `fitllm serve` (a forced tool call, its arguments checked against the function's schema; skipped,
+# saying so, without Python's openai and jsonschema). ctest runs it as InstalledExamples.
 #   scripts/test_examples.sh [BUILD_DIR] [MODEL]
 set -euo pipefail
 ROOT="$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)"
@@ -34,5 +36,18 @@ for example in c cpp; do
     failed=$((failed + 1))
   fi
 done
+python="${FITLLM_PYTHON:-$ROOT/.venv/bin/python}"
+[[ -x "$python" ]] || python="$(command -v python3 || true)"
+if [[ -n "$python" ]] && "$python" -c 'import openai, jsonschema' 2>/dev/null; then
+  if "$python" "$ROOT/examples/server/tool_call.py" --fitllm "$prefix/bin/fitllm" --model "$MODEL"; then
+    echo "examples/server/tool_call.py: valid tool calls ($(basename "$MODEL"))"
+    passed=$((passed + 1))
+  else
+    echo "examples/server/tool_call.py: failed"
+    failed=$((failed + 1))
+  fi
+else
+  echo "examples/server/tool_call.py: skipped (needs Python with openai and jsonschema: scripts/setup.sh --python)"
+fi
 echo "examples: $passed passed, $failed failed"
 ((failed == 0))

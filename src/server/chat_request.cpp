@@ -175,14 +175,81 @@ void read_chat_extensions(const json& body, CompletionRequest& r) {
     }
 }
 
-TemplateTraits prepare_render(const CompletionRequest& r, const chat::ChatTemplate& tmpl,
-                              chat::RenderOptions& options) {
-    const TemplateTraits traits = template_traits(tmpl.source());
-    if (!r.tools.is_null()) {
-        if (!traits.takes_tools) {
-            throw ApiError::unsupported(
-                "tools", "the model's chat template (" + tmpl.name() + ") does not show tools to the model");
+namespace {
+
+TemplateTraits prepare_render_kwargs(const CompletionRequest& r, chat::RenderOptions& options,
+                                     const TemplateTraits& traits) {
+    for (auto it = r.template_kwargs.begin(); it != r.template_kwargs.end(); ++it) {
+        options.extra_context[it.key()] = it.value();
+    }
+    return traits;
+}
+
+// The tools as a system prompt, for a template that shows none: each function's JSON, and the
+// Hermes format to call them in.
+std::string tools_system_prompt(const json& tools) {
+    std::string text =
+        "You may call functions to answer. The functions, each with the JSON schema of its arguments:\n<tools>\n";
+    for (const json& t : tools) text += t["function"].dump() + "\n";
+    text +=
+        "</tools>\nTo call a function, answer with\n<tool_call>\n{\"name\": <the function's name>, \"arguments\": "
+        "<its arguments, a JSON object>}\n</tool_call>\nand nothing else. A function's result comes back as "
+        "<tool_response>...</tool_response>.";
+    return text;
+}
+
+// The tools into the messages of a template that shows none: the system prompt above first (its
+// own or merged into the request's first system message), assistant calls written as the
+// Hermes text they stand for, tool results as <tool_response> user turns.
+void tools_into_messages(CompletionRequest& r) {
+    nlohmann::ordered_json& messages = r.messages;
+    nlohmann::ordered_json out = nlohmann::ordered_json::array();
+    const std::string system = tools_system_prompt(r.tools);
+    bool merged = false;
+    for (size_t i = 0; i < messages.size(); ++i) {
+        nlohmann::ordered_json m = std::move(messages[i]);
+        const std::string role = m.contains("role") && m["role"].is_string() ? m["role"].get<std::string>() : "";
+        std::string content = m.contains("content") && m["content"].is_string() ? m["content"].get<std::string>() : "";
+        if (i == 0 && (role == "system" || role == "developer")) {
+            m["content"] = content + (content.empty() ? "" : "\n\n") + system;
+            merged = true;
+        } else if (role == "assistant" && m.contains("tool_calls")) {
+            for (const auto& call : m["tool_calls"]) {
+                const nlohmann::ordered_json c = {{"name", call["function"]["name"]},
+                                                  {"arguments", call["function"]["arguments"]}};
+                content += (content.empty() ? "" : "\n") + std::string("<tool_call>\n") + c.dump() + "\n</tool_call>";
+            }
+            m.erase("tool_calls");
+            m["content"] = content;
+        } else if (role == "tool") {
+            // A user turn (templates without tools know no tool role); results in a row share one.
+            const std::string response = "<tool_response>\n" + content + "\n</tool_response>";
+            if (!out.empty() && out.back()["role"] == "user" && out.back().value("from_tools", false)) {
+                out.back()["content"] = out.back()["content"].get<std::string>() + "\n" + response;
+                continue;
+            }
+            m = {{"role", "user"}, {"content", response}, {"from_tools", true}};
         }
+        out.push_back(std::move(m));
+    }
+    for (auto& m : out) m.erase("from_tools");
+    if (!merged) out.insert(out.begin(), nlohmann::ordered_json{{"role", "system"}, {"content", system}});
+    messages = std::move(out);
+}
+
+}  // namespace
+
+TemplateTraits prepare_render(CompletionRequest& r, const chat::ChatTemplate& tmpl, chat::RenderOptions& options) {
+    TemplateTraits traits = template_traits(tmpl.source());
+    if (!r.tools.is_null() && !traits.takes_tools) {
+        // A template that shows no tools: they go into the system message, and calls in Hermes's
+        // format are asked for, parsed and, when forced, constrained.
+        tools_into_messages(r);
+        traits.takes_tools = true;
+        traits.tools = ToolCallFormat::hermes;
+        return prepare_render_kwargs(r, options, traits);
+    }
+    if (!r.tools.is_null()) {
         if (traits.tools == ToolCallFormat::none) {
             throw ApiError::unsupported(
                 "tools", "the model's chat template (" + tmpl.name() +
@@ -191,10 +258,7 @@ TemplateTraits prepare_render(const CompletionRequest& r, const chat::ChatTempla
         }
         options.extra_context["tools"] = r.tools;
     }
-    for (auto it = r.template_kwargs.begin(); it != r.template_kwargs.end(); ++it) {
-        options.extra_context[it.key()] = it.value();
-    }
-    return traits;
+    return prepare_render_kwargs(r, options, traits);
 }
 
 void force_tool_call(CompletionRequest& r, const TemplateTraits& traits) {

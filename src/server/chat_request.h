@@ -19,10 +19,15 @@ struct CompletionRequest;
 // a JSON object (Qwen, Llama 3.1 and Mistral templates print it with tojson), not its text.
 void read_chat_extensions(const nlohmann::json& body, CompletionRequest& r);
 
-// The request's template variables set on options: tools (refused with ApiError 400 when the
-// template does not show tools to the model, or writes calls in no format fitllm parses) and
-// chat_template_kwargs. Returns what the template's text says about its output.
-TemplateTraits prepare_render(const CompletionRequest& r, const chat::ChatTemplate& tmpl, chat::RenderOptions& options);
+// The request's template variables set on options: tools and chat_template_kwargs. Returns what
+// the template's text says about its output. A template that shows no tools to the model (Gemma
+// 3's, the built-in fallbacks) gets them in r.messages instead: a system prompt listing each
+// function's JSON and asking for Hermes calls (<tool_call>\n{"name", "arguments"}\n</tool_call>),
+// merged into the first system message if there is one; assistant tool_calls become that text and
+// tool messages <tool_response> user turns (consecutive ones one turn); the traits returned are
+// then Hermes's. A template that shows tools but writes calls in no format fitllm parses is
+// refused (ApiError 400 naming tools).
+TemplateTraits prepare_render(CompletionRequest& r, const chat::ChatTemplate& tmpl, chat::RenderOptions& options);
 
 // tool_choice "required" or a named function: the sampler's grammar (sampling/grammar.h) becomes
 // the calls the template's format writes (Hermes <tool_call>{...}</tool_call>, Llama 3.x

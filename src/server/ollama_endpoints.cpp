@@ -364,11 +364,12 @@ void Endpoints::ollama_show(HttpRequest& req, HttpResponse& res) {
         answer_bytes += key.size() + 32 + (value.is_string() ? value.get_ref<const std::string&>().size() * 6 : 0);
     }
     const memory::Charge answer = memory.charge(answer_bytes, "the answer");
-    // What the template lets the model do, as Ollama lists it: tools when fitllm parses its calls,
-    // thinking when it has <think> blocks.
+    // What the template lets the model do, as Ollama lists it: tools when fitllm parses its calls
+    // (a template that shows no tools gets them in a system prompt: prepare_render), thinking when
+    // it has <think> blocks.
     json capabilities = json::array({"completion"});
     const TemplateTraits traits = template_traits(tmpl);
-    if (traits.tools != ToolCallFormat::none) capabilities.push_back("tools");
+    if (traits.tools != ToolCallFormat::none || !traits.takes_tools) capabilities.push_back("tools");
     if (traits.thinks) capabilities.push_back("thinking");
     set_json(res, 200,
              {{"license", license},

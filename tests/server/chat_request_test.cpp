@@ -4,8 +4,11 @@
 
 #include <gtest/gtest.h>
 
+#include <fstream>
 #include <nlohmann/json.hpp>
+#include <sstream>
 
+#include "chat/chat_template.h"
 #include "sampling/grammar.h"
 #include "server/api_error.h"
 #include "server/chat_output.h"
@@ -194,6 +197,104 @@ TEST(ChatRequestTools, ForcedCallGrammarPerFormat) {
         ADD_FAILURE() << "a forced call with response_format was accepted";
     } catch (const ApiError& e) {
         EXPECT_EQ(e.param(), "tool_choice");
+    }
+}
+
+chat::ChatTemplate fixture_template(const std::string& name) {
+    std::ifstream f(std::string(FITLLM_SOURCE_DIR) + "/tests/chat/fixtures/templates/" + name + ".jinja");
+    std::stringstream ss;
+    ss << f.rdbuf();
+    EXPECT_FALSE(ss.str().empty()) << name;
+    return chat::ChatTemplate::parse(ss.str(), name);
+}
+
+// A template that shows no tools (Gemma 3's) gets them in a system prompt, calls asked for and
+// parsed in Hermes's format; the conversation's calls and results become text its roles allow.
+TEST(ChatRequestTools, ATemplateWithoutToolsGetsThemInTheSystemPrompt) {
+    const json tool = {{"type", "function"},
+                       {"function",
+                        {{"name", "get_weather"},
+                         {"description", "The weather in a city"},
+                         {"parameters", {{"type", "object"}, {"properties", {{"city", {{"type", "string"}}}}}}}}}};
+    const chat::ChatTemplate gemma = fixture_template("gemma-3-it");
+    ASSERT_FALSE(template_traits(gemma.source()).takes_tools);
+    json body = {{"messages", {{{"role", "user"}, {"content", "Weather in Paris?"}}}}, {"tools", {tool}}};
+    CompletionRequest r = parse_completion_request(body, /*chat=*/true);
+    chat::RenderOptions options;
+    const TemplateTraits traits = prepare_render(r, gemma, options);
+    EXPECT_EQ(traits.tools, ToolCallFormat::hermes);
+    EXPECT_FALSE(options.extra_context.contains("tools"));
+    ASSERT_EQ(r.messages.size(), 2u);
+    EXPECT_EQ(r.messages[0]["role"], "system");
+    const std::string system = r.messages[0]["content"];
+    EXPECT_NE(system.find("<tools>\n" + tool["function"].dump() + "\n</tools>"), std::string::npos) << system;
+    EXPECT_NE(system.find("<tool_call>"), std::string::npos) << system;
+    const std::string prompt = gemma.render(r.messages, options);
+    EXPECT_NE(prompt.find("\"get_weather\""), std::string::npos) << prompt;
+    EXPECT_NE(prompt.find("Weather in Paris?"), std::string::npos) << prompt;
+    // Forced: the grammar is Hermes's.
+    body["tool_choice"] = "required";
+    CompletionRequest forced = parse_completion_request(body, /*chat=*/true);
+    chat::RenderOptions forced_options;
+    force_tool_call(forced, prepare_render(forced, gemma, forced_options));
+    ASSERT_TRUE(forced.params.sampling.grammar);
+    std::vector<std::string> texts;
+    for (int b = 1; b < 256; ++b) texts.emplace_back(1, static_cast<char>(b));
+    sampling::GrammarMatcher m(forced.params.sampling.grammar,
+                               std::make_shared<const sampling::GrammarVocab>(texts, std::vector<int32_t>{}));
+    EXPECT_TRUE(m.allows_text("<tool_call>\n{\"name\": \"get_weather\", \"arguments\": {\"city\": \"Oslo\"}}\n"));
+
+    // The request's own system message: the tools go after its text, one system message.
+    json with_system = body;
+    with_system.erase("tool_choice");
+    with_system["messages"] = {{{"role", "system"}, {"content", "Be brief."}},
+                               {{"role", "user"}, {"content", "Weather in Paris?"}},
+                               {{"role", "assistant"},
+                                {"content", nullptr},
+                                {"tool_calls",
+                                 {{{"id", "a"},
+                                   {"type", "function"},
+                                   {"function", {{"name", "get_weather"}, {"arguments", "{\"city\":\"Paris\"}"}}}},
+                                  {{"id", "b"},
+                                   {"type", "function"},
+                                   {"function", {{"name", "get_weather"}, {"arguments", "{\"city\":\"Lyon\"}"}}}}}}},
+                               {{"role", "tool"}, {"tool_call_id", "a"}, {"content", "18C"}},
+                               {{"role", "tool"}, {"tool_call_id", "b"}, {"content", "20C"}}};
+    CompletionRequest conversation = parse_completion_request(with_system, /*chat=*/true);
+    chat::RenderOptions conversation_options;
+    prepare_render(conversation, gemma, conversation_options);
+    ASSERT_EQ(conversation.messages.size(), 4u) << conversation.messages.dump();
+    EXPECT_EQ(conversation.messages[0]["content"].get<std::string>().rfind("Be brief.\n\nYou may call", 0), 0u);
+    EXPECT_EQ(conversation.messages[2]["role"], "assistant");
+    EXPECT_EQ(conversation.messages[2]["content"],
+              "<tool_call>\n{\"name\":\"get_weather\",\"arguments\":{\"city\":\"Paris\"}}\n</tool_call>\n"
+              "<tool_call>\n{\"name\":\"get_weather\",\"arguments\":{\"city\":\"Lyon\"}}\n</tool_call>");
+    EXPECT_FALSE(conversation.messages[2].contains("tool_calls"));
+    EXPECT_EQ(conversation.messages[3],
+              nlohmann::ordered_json(
+                  {{"role", "user"},
+                   {"content", "<tool_response>\n18C\n</tool_response>\n<tool_response>\n20C\n</tool_response>"}}));
+    // Gemma 3's template, which refuses roles out of turn, renders it.
+    const std::string text = gemma.render(conversation.messages, conversation_options);
+    EXPECT_NE(text.find("<tool_response>\n20C\n</tool_response>"), std::string::npos) << text;
+
+    // A template with tools keeps the messages as they are and gets the tools as its variable.
+    const chat::ChatTemplate qwen = fixture_template("qwen2.5-instruct");
+    CompletionRequest native = parse_completion_request(with_system, /*chat=*/true);
+    chat::RenderOptions native_options;
+    EXPECT_EQ(prepare_render(native, qwen, native_options).tools, ToolCallFormat::hermes);
+    EXPECT_EQ(native.messages.size(), 5u);
+    EXPECT_EQ(native_options.extra_context["tools"], json::array({tool}));
+    // One that reads tools but writes calls in no format fitllm knows is refused.
+    const chat::ChatTemplate odd =
+        chat::ChatTemplate::parse("{% for t in tools %}{{ t }}{% endfor %}{{ messages[0].content }}", "odd");
+    CompletionRequest refused_request = parse_completion_request(body, /*chat=*/true);
+    chat::RenderOptions odd_options;
+    try {
+        prepare_render(refused_request, odd, odd_options);
+        ADD_FAILURE() << "tools accepted by a template whose calls fitllm cannot parse";
+    } catch (const ApiError& e) {
+        EXPECT_EQ(e.param(), "tools");
     }
 }
 

@@ -504,7 +504,6 @@ class OneModel(unittest.TestCase):
             (chat, {"response_format": {"type": "json_object", "strict": True}}, "response_format.strict"),
             (chat, {"response_format": {"type": "json_schema", "json_schema": {"name": "x", "other": 1}}},
              "response_format.json_schema.other"),
-            (chat, {"tools": [tool]}, "tools"),  # this model's template (built-in Mistral v0.1) shows no tools
             (chat, {"functions": [tool["function"]]}, "functions"),
             (chat, {"audio": {"voice": "alloy", "format": "wav"}}, "audio"),
             (chat, {"modalities": ["text", "audio"]}, "modalities"),
@@ -528,8 +527,25 @@ class OneModel(unittest.TestCase):
                 msg = assert_error(self, self.srv.post(path, body), 400, "unsupported_parameter", param)
                 self.assertTrue(msg.startswith(param + ":"), msg)
                 self.assertEqual(self.srv.post(path, body)[1]["error"]["type"], "invalid_request_error")
-        msg = assert_error(self, self.srv.post(chat, {"messages": msgs, "tools": [tool]}), 400, "unsupported_parameter")
-        self.assertIn("does not show tools to the model", msg)
+        # This model's template (built-in Mistral v0.1) shows no tools: they go into a system prompt
+        # (a longer prompt), and a forced call comes back in Hermes's format, parsed.
+        digit = {"type": "function", "function": {"name": "f", "parameters": {
+            "type": "object", "properties": {"x": {"type": "integer", "minimum": 0, "maximum": 9}}, "required": ["x"],
+            "additionalProperties": False}}}
+        s, plain = self.srv.post(chat, {"messages": msgs, "max_tokens": 1})
+        s, r = self.srv.post(chat, {"messages": msgs, "tools": [digit], "tool_choice": "required",
+                                    "parallel_tool_calls": False, "temperature": 0, "max_tokens": 80})
+        self.assertEqual(s, 200, r)
+        self.assertGreater(r["usage"]["prompt_tokens"], plain["usage"]["prompt_tokens"] + 20)
+        # A random model spends the grammar's whitespace (up to 16 per place), so 80 tokens may cut
+        # the call: then the text is its start. The demo model's whole call: DemoModel.
+        if r["choices"][0]["finish_reason"] == "length":
+            self.assertTrue(r["choices"][0]["message"]["content"].startswith("<tool_call>\n{"), r)
+        else:
+            self.assertEqual(r["choices"][0]["finish_reason"], "tool_calls", r)
+            call = r["choices"][0]["message"]["tool_calls"][0]["function"]
+            self.assertEqual(call["name"], "f")
+            self.assertIn(json.loads(call["arguments"])["x"], range(10))
         # A message's tool calls and tool messages are accepted and given to the template (this one,
         # Mistral v0.1's, ignores tool_calls and refuses the tool role itself); the deprecated
         # function_call is refused.
@@ -875,7 +891,8 @@ class Ollama(unittest.TestCase):
         self.assertGreater(r["model_info"]["general.parameter_count"], 0)
         self.assertIsNone(r["model_info"]["tokenizer.ggml.tokens"])  # arrays: null, as Ollama without verbose
         self.assertNotIn("tokenizer.chat_template", r["model_info"])
-        self.assertEqual(r["capabilities"], ["completion"])  # the built-in Mistral v0.1 template: no tools
+        # The built-in Mistral v0.1 template shows no tools: fitllm gives them in a system prompt.
+        self.assertEqual(r["capabilities"], ["completion", "tools"])
         self.assertIsInstance(r["template"], str)
         self.assertGreater(len(r["template"]), 0)
         s, r2 = self.srv.post("/api/show", {"name": self.model + ":latest"})  # the old field name
@@ -1413,6 +1430,39 @@ class DemoModel(unittest.TestCase):
                                                      messages=[{"role": "user", "content": message}], max_tokens=24,
                                                      temperature=0)
             self.assertEqual(r.choices[0].message.content, expected)
+        finally:
+            srv.stop()
+
+    def test_forced_tool_call_on_a_template_without_tools(self):
+        # Gemma 3's template shows no tools: they go into a system prompt, and tool_choice
+        # "required" or a named function gets a whole call whose arguments follow the schema.
+        if jsonschema is None:
+            self.skipTest("needs jsonschema (pip install -r requirements.txt)")
+        weather = {"type": "function", "function": {
+            "name": "get_weather", "description": "The current weather in a city", "parameters": {
+                "type": "object", "properties": {"city": {"type": "string", "maxLength": 40},
+                                                 "unit": {"type": "string", "enum": ["celsius", "fahrenheit"]}},
+                "required": ["city", "unit"], "additionalProperties": False}}}
+        srv = Server("-m", DEMO, "-c", "2048", "-np", "1")
+        try:
+            msgs = [{"role": "user", "content": "What is the weather in Paris, in celsius?"}]
+            for choice in ("required", {"type": "function", "function": {"name": "get_weather"}}):
+                r = srv.client().chat.completions.create(model="x", messages=msgs, tools=[weather],
+                                                         tool_choice=choice, parallel_tool_calls=False,
+                                                         temperature=0, max_tokens=256)
+                self.assertEqual(r.choices[0].finish_reason, "tool_calls", r)
+                calls = r.choices[0].message.tool_calls
+                self.assertEqual(len(calls), 1, r)
+                self.assertEqual(calls[0].function.name, "get_weather")
+                jsonschema.validate(json.loads(calls[0].function.arguments), weather["function"]["parameters"])
+            # The call and its result back: the conversation renders (Gemma's roles alternate).
+            msgs += [{"role": "assistant", "content": None, "tool_calls": [
+                         {"id": calls[0].id, "type": "function", "function": {
+                             "name": "get_weather", "arguments": calls[0].function.arguments}}]},
+                     {"role": "tool", "tool_call_id": calls[0].id, "content": "18 C, sunny"}]
+            r = srv.client().chat.completions.create(model="x", messages=msgs, tools=[weather], temperature=0,
+                                                     max_tokens=16)
+            self.assertIn(r.choices[0].finish_reason, ("stop", "length", "tool_calls"))
         finally:
             srv.stop()
 
