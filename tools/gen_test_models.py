@@ -42,6 +42,15 @@ Writes, for each architecture,
                       hidden units (2 used, their weights not normalized) and a shared expert of 256
                       (expert_shared_feed_forward_length; feed_forward_length 128 is neither) gated
                       by sigmoid(ffn_gate_inp_shexp . h); F16, Q8_0, Q4_K_M
+  tiny-gpt-oss-*.gguf gpt-oss: byte-level BPE vocabulary (pre "gpt-4o") with gpt-oss's harmony
+                      special tokens and chat template, untied output, layer 0 sliding-window
+                      (window 16) and layer 1 global, 8 heads of 64 (n_head * head_dim = 2 n_embd) over 2 KV
+                      heads, Q/K/V/output biases, attention sinks (one logit per head, mean 1.5),
+                      YaRN (factor 4 over an original context of 64), the FFN norm under
+                      post_attention_norm, and 8 experts of 32 hidden units, 2 used, with a router
+                      bias and per-expert gate/up/down biases (gpt-oss's top-k-then-softmax routing
+                      and clamped SwiGLU); F16, Q8_0 and MXFP4_MOE (llama.cpp's quantizer: MXFP4
+                      experts, Q8_0 for the rest)
 
 first in F16 (1-D tensors F32) with gguf-py from a fixed seed, then quantized by llama.cpp's own
 quantizer (llama-cpp-python's llama_model_quantize, `scripts/setup.sh --oracle`) into Q8_0, Q6_K,
@@ -90,7 +99,8 @@ MODELS = [("llama", "llama", 1, QUANTS + EXTRA_QUANTS["llama"]), ("qwen2", "qwen
           ("smollm3", "smollm3", 11, [("q8_0", 7), ("q4_k_m", 15)]),
           ("mistral3", "mistral3", 12, [("q8_0", 7), ("q4_k_m", 15)]),
           ("mixtral", "llama", 13, [("q8_0", 7), ("q4_k_m", 15)]),
-          ("qwen2moe", "qwen2moe", 14, [("q8_0", 7), ("q4_k_m", 15)])]
+          ("qwen2moe", "qwen2moe", 14, [("q8_0", 7), ("q4_k_m", 15)]),
+          ("gpt-oss", "gpt-oss", 15, [("q8_0", 7), ("mxfp4_moe", 38)])]
 ARCHS = [m[0] for m in MODELS]
 YARN_FACTOR, YARN_ORIG_CTX = 4.0, 64
 # gemma2: the sliding window of its even layers and the two soft-capping values, small enough that
@@ -102,6 +112,13 @@ MOE_N_EXPERT, MOE_N_USED, MOE_N_FF = 8, 2, 32
 # reader that ignores expert_shared_feed_forward_length fails on the tensors' shapes) and the shared
 # expert's hidden units.
 QWEN2MOE_N_FF, QWEN2MOE_N_FF_SHEXP = 128, 256
+# gpt-oss: query heads (of HEAD_DIM: 2 n_embd wide, as gpt-oss's own 64 x 64 against 2880), layers,
+# the sliding window of the even layers, the mean and spread of the sinks, and the SwiGLU-OAI clamp
+# that gate and up should reach now and then (gpt-oss's limit is 7).
+GPT_OSS_N_HEAD, GPT_OSS_N_LAYER, GPT_OSS_WINDOW = 8, 2, 16
+GPT_OSS_SINK_MEAN, GPT_OSS_SINK_STD = 1.5, 1.5
+# gpt-oss's harmony chat format's special tokens (its chat template writes them).
+GPT_OSS_SPECIALS = ["<|start|>", "<|message|>", "<|end|>", "<|channel|>", "<|constrain|>", "<|return|>", "<|call|>"]
 # phi3-longrope: the original context (long factors beyond it) and the rotated dims per head.
 PHI3_ORIG_CTX, PHI3_N_ROT = 32, 48
 # granite: its four multipliers (Granite 3's own are 12, 0.22, 1/128 and 8; these keep a unit-size
@@ -209,15 +226,21 @@ def write_f16(arch: str, path: str, seed: int, yarn: bool = False, longrope: boo
     w.add_embedding_length(N_EMBD)
     # mixtral: each expert's width; qwen2moe: a width neither of its FFNs has
     w.add_feed_forward_length(MOE_N_FF if moe else QWEN2MOE_N_FF if arch == "qwen2moe" else N_FF)
-    n_layer = 4 if arch == "smollm3" else N_LAYER  # smollm3: its fourth layer has no RoPE
+    n_layer = 4 if arch == "smollm3" else GPT_OSS_N_LAYER if arch == "gpt-oss" else N_LAYER  # smollm3: its fourth layer has no RoPE
+    n_head = GPT_OSS_N_HEAD if arch == "gpt-oss" else N_HEAD
     w.add_block_count(n_layer)
-    w.add_head_count(N_HEAD)
+    w.add_head_count(n_head)
     w.add_head_count_kv(N_HEAD_KV)
     head_dim = HEAD_DIM_QWEN3 if arch == "qwen3" else HEAD_DIM
     w.add_rope_dimension_count(PHI3_N_ROT if longrope else head_dim)
-    if arch in ("qwen3", "qwen3moe"):
+    if arch in ("qwen3", "qwen3moe", "gpt-oss"):
         w.add_key_length(head_dim)
         w.add_value_length(head_dim)
+    if arch == "gpt-oss":  # as convert_hf_to_gguf's GptOssModel writes them
+        w.add_expert_count(MOE_N_EXPERT)
+        w.add_expert_used_count(MOE_N_USED)
+        w.add_expert_feed_forward_length(MOE_N_FF)
+        w.add_sliding_window(GPT_OSS_WINDOW)
     if arch == "qwen3moe":
         w.add_expert_count(MOE_N_EXPERT)
         w.add_expert_used_count(MOE_N_USED)
@@ -256,15 +279,21 @@ def write_f16(arch: str, path: str, seed: int, yarn: bool = False, longrope: boo
         w.add_add_bos_token(True)
         w.add_add_eos_token(False)
     else:
-        w.add_rope_freq_base(1000000.0)
-        if yarn:
+        w.add_rope_freq_base(150000.0 if arch == "gpt-oss" else 1000000.0)
+        if yarn or arch == "gpt-oss":
             w.add_rope_scaling_type(gguf.RopeScalingType.YARN)
             w.add_rope_scaling_factor(YARN_FACTOR)
             w.add_rope_scaling_orig_ctx_len(YARN_ORIG_CTX)
-        w.add_layer_norm_rms_eps(1e-6)
+        w.add_layer_norm_rms_eps(1e-5 if arch == "gpt-oss" else 1e-6)
         tokens, types, merges = bpe_vocab()
+        if arch == "gpt-oss":  # harmony's special tokens, and OpenAI's chat template (a fixture of tests/chat)
+            for special in GPT_OSS_SPECIALS:
+                tokens.append(special)
+                types.append(int(gguf.TokenType.CONTROL))
+            with open(os.path.join(ROOT, "tests/chat/fixtures/gpt-oss/openai-gpt-oss.jinja"), encoding="utf-8") as f:
+                w.add_chat_template(f.read())
         w.add_tokenizer_model("gpt2")
-        w.add_tokenizer_pre("qwen2")
+        w.add_tokenizer_pre("gpt-4o" if arch == "gpt-oss" else "qwen2")
         w.add_token_list(tokens)
         w.add_token_types(types)
         w.add_token_merges(merges)
@@ -296,7 +325,7 @@ def write_f16(arch: str, path: str, seed: int, yarn: bool = False, longrope: boo
     def norm(n: int) -> np.ndarray:
         return (1.0 + 0.1 * rng.standard_normal(n, dtype=np.float32)).astype(np.float32)
 
-    tied = arch not in ("llama", "phi3", "granite", "olmo2", "smollm3", "mistral3", "qwen2moe")
+    tied = arch not in ("llama", "phi3", "granite", "olmo2", "smollm3", "mistral3", "qwen2moe", "gpt-oss")
     # Untied (llama): unit-scale embeddings; output.weight alone sets the logits' spread. Tied
     # (qwen2): the embedding is also the output matrix. Its scale against the layers' outputs (of
     # about unit size) decides between two degenerate random models: large, and every token
@@ -313,7 +342,7 @@ def write_f16(arch: str, path: str, seed: int, yarn: bool = False, longrope: boo
         w.add_tensor("rope_factors_long.weight", (1.0 + 15.0 * ramp**2).astype(np.float32))
         w.add_tensor("rope_factors_short.weight", (1.0 + 0.5 * ramp).astype(np.float32))
     kv_dim = N_HEAD_KV * head_dim
-    q_dim = N_HEAD * head_dim
+    q_dim = n_head * head_dim
     for il in range(n_layer):
         p = f"blk.{il}."
         if arch != "olmo2":  # olmo2: post-norms only (below)
@@ -327,8 +356,8 @@ def write_f16(arch: str, path: str, seed: int, yarn: bool = False, longrope: boo
             w.add_tensor(p + "attn_q.weight", wq)
             w.add_tensor(p + "attn_k.weight", wk)
             w.add_tensor(p + "attn_v.weight", wv)
-        if arch in ("qwen2", "qwen2moe"):
-            w.add_tensor(p + "attn_q.bias", (0.5 * rng.standard_normal(N_EMBD, dtype=np.float32)))
+        if arch in ("qwen2", "qwen2moe", "gpt-oss"):
+            w.add_tensor(p + "attn_q.bias", (0.5 * rng.standard_normal(q_dim, dtype=np.float32)))
             w.add_tensor(p + "attn_k.bias", (0.5 * rng.standard_normal(kv_dim, dtype=np.float32)))
             w.add_tensor(p + "attn_v.bias", (0.1 * rng.standard_normal(kv_dim, dtype=np.float32)))
         if arch in ("qwen3", "qwen3moe"):  # per-head norms; unit RMS after them, so scale the weights up a little
@@ -338,18 +367,29 @@ def write_f16(arch: str, path: str, seed: int, yarn: bool = False, longrope: boo
             w.add_tensor(p + "attn_q_norm.weight", (1.5 * norm(q_dim)).astype(np.float32))
             w.add_tensor(p + "attn_k_norm.weight", (1.5 * norm(kv_dim)).astype(np.float32))
         w.add_tensor(p + "attn_output.weight", mat(N_EMBD, q_dim, 1.0 / np.sqrt(q_dim)))
-        if arch in ("gemma2", "olmo2"):
+        if arch == "gpt-oss":  # the output's bias, the sinks, and the FFN's norm under its post-attention name
+            w.add_tensor(p + "attn_output.bias", (0.1 * rng.standard_normal(N_EMBD, dtype=np.float32)))
+            w.add_tensor(p + "attn_sinks.weight",
+                         (GPT_OSS_SINK_MEAN + GPT_OSS_SINK_STD * rng.standard_normal(n_head, dtype=np.float32)))
+        if arch in ("gemma2", "olmo2", "gpt-oss"):
             w.add_tensor(p + "post_attention_norm.weight", norm(N_EMBD))
-        if arch != "olmo2":
+        if arch not in ("olmo2", "gpt-oss"):
             w.add_tensor(p + "ffn_norm.weight", norm(N_EMBD))
-        if arch in ("qwen3moe", "qwen2moe") or moe:  # router scores of std 1.5: distinct choices; experts as numpy (expert, rows, cols)
+        if arch in ("qwen3moe", "qwen2moe", "gpt-oss") or moe:  # router scores of std 1.5: distinct choices; experts as numpy (expert, rows, cols)
             w.add_tensor(p + "ffn_gate_inp.weight",
                          rng.standard_normal((MOE_N_EXPERT, N_EMBD), dtype=np.float32) * np.float32(1.5 / np.sqrt(N_EMBD)))
-            for name, rows, cols, std in [("gate", MOE_N_FF, N_EMBD, 1.0 / np.sqrt(N_EMBD)),
-                                          ("up", MOE_N_FF, N_EMBD, 1.0 / np.sqrt(N_EMBD)),
+            # gpt-oss: gate and up of std 3 (its clamp at 7 bites now and then), and biases
+            gu_std = (3.0 if arch == "gpt-oss" else 1.0) / np.sqrt(N_EMBD)
+            for name, rows, cols, std in [("gate", MOE_N_FF, N_EMBD, gu_std),
+                                          ("up", MOE_N_FF, N_EMBD, gu_std),
                                           ("down", N_EMBD, MOE_N_FF, 2.0 / np.sqrt(MOE_N_FF))]:
                 w.add_tensor(p + f"ffn_{name}_exps.weight",
                              (rng.standard_normal((MOE_N_EXPERT, rows, cols), dtype=np.float32) * std).astype(np.float16))
+            if arch == "gpt-oss":  # numpy (expert, rows) = ggml ne [rows, n_expert]
+                w.add_tensor(p + "ffn_gate_inp.bias", 0.5 * rng.standard_normal(MOE_N_EXPERT, dtype=np.float32))
+                for name, rows in [("gate", MOE_N_FF), ("up", MOE_N_FF), ("down", N_EMBD)]:
+                    w.add_tensor(p + f"ffn_{name}_exps.bias",
+                                 0.3 * rng.standard_normal((MOE_N_EXPERT, rows), dtype=np.float32))
             if arch == "qwen2moe":  # the shared expert; its gate's input scores of std 1.5
                 w.add_tensor(p + "ffn_gate_inp_shexp.weight",
                              rng.standard_normal(N_EMBD, dtype=np.float32) * np.float32(1.5 / np.sqrt(N_EMBD)))

@@ -6,12 +6,13 @@ namespace fitllm::model {
 // One per file of model/.
 extern const Architecture kGemma2, kGemma3, kLlama, kPhi3, kQwen2, kQwen3;
 extern const Architecture kGranite, kMistral3, kOlmo2, kSmolLm3;  // model/llama.cpp's variants
-extern const Architecture kQwen2Moe, kQwen3Moe;                   // model/llama.cpp, with model/moe.h's experts
+extern const Architecture kGptOss, kQwen2Moe, kQwen3Moe;          // model/llama.cpp, with model/moe.h's experts
 
 namespace {
 
-constexpr const Architecture* kArchitectures[] = {&kGemma2, &kGemma3, &kGranite,  &kLlama, &kMistral3, &kOlmo2,
-                                                  &kPhi3,   &kQwen2,  &kQwen2Moe, &kQwen3, &kQwen3Moe, &kSmolLm3};
+constexpr const Architecture* kArchitectures[] = {&kGemma2,   &kGemma3,   &kGptOss, &kGranite, &kLlama,
+                                                  &kMistral3, &kOlmo2,    &kPhi3,   &kQwen2,   &kQwen2Moe,
+                                                  &kQwen3,    &kQwen3Moe, &kSmolLm3};
 
 }  // namespace
 

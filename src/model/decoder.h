@@ -657,9 +657,10 @@ inline std::span<const ops::TokenPlace> output_places(const Batch& b, const Batc
 // already holds the batch's K/V; each token sees the cells of its own sequence (ops::attention_kv;
 // with an f16 cache, llama.cpp's flash-attention arithmetic), on the device that runs the layer.
 // out: [n, n_head * head_dim_v]. window > 0 limits each query to the last `window` positions;
-// hp.attn_softcap > 0 soft-caps the scores (Gemma 2) before the mask and softmax.
+// hp.attn_softcap > 0 soft-caps the scores (Gemma 2) before the mask and softmax. sinks: the
+// layer's attention sinks, [n_head] (gpt-oss; ops::AttentionParams::sinks), or nullptr.
 inline void attend(Exec& o, const Hparams& hp, const kv::ModelCache& cache, int il, const float* q,
-                   const BatchRows& rows, float scale, int window, float* out) {
+                   const BatchRows& rows, float scale, int window, float* out, const float* sinks = nullptr) {
     ops::AttentionParams ap;
     ap.n_head = hp.n_head;
     ap.n_head_kv = hp.n_head_kv;
@@ -667,6 +668,7 @@ inline void attend(Exec& o, const Hparams& hp, const kv::ModelCache& cache, int 
     ap.scale = scale;
     ap.sliding_window = window;
     ap.softcap = hp.attn_softcap;
+    ap.sinks = sinks;
     cache.will_attend(il);  // a spilled cache brings this layer in and reads the next one ahead
     o.attention(q, rows, cache.pool(cache.pool_of(il)), cache.index_in_pool(il), ap, out);
 }

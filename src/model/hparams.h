@@ -79,6 +79,11 @@ struct Hparams {
     // qwen2moe's shared expert: a dense SwiGLU of n_ff_shexp hidden units (0: none) that every token
     // runs, its output times sigmoid(gate_inp_shexp . h), added to the routed experts'.
     int n_ff_shexp = 0;
+    // gpt-oss's routed experts (llama.cpp's SOFTMAX_WEIGHT gating and SWIGLU_OAI_MOE): the
+    // n_expert_used largest router logits (router bias added), their weights a softmax over those
+    // logits alone, and each expert's down(swiglu_oai(gate h + b_gate, up h + b_up)) + b_down with
+    // the per-expert biases. false: softmax over all experts, then the top ones, and plain SwiGLU.
+    bool gpt_oss_experts = false;
     bool is_moe() const { return n_expert > 0; }
 };
 

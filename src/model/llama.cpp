@@ -20,8 +20,13 @@
 // OLMo 2 has no norms before its blocks but one after each (attention output and FFN output,
 // before the residual add), and RMS-norms Q and K whole (one weight per row of all heads) before
 // the rotation, which pairs the halves of each head (NeoX style).
+// gpt-oss (OpenAI gpt-oss-20b / 120b; llama.cpp's LLM_ARCH_OPENAI_MOE) is Qwen2's attention
+// (Q/K/V and output biases, NeoX RoPE with YaRN) with attention sinks (a learned logit per head in
+// the softmax's denominator), sliding-window attention on every other layer (the even ones), the
+// FFN norm named post_attention_norm, and routed experts with biases, top-k-then-softmax routing
+// and the clamped SwiGLU (model/moe.h, Hparams::gpt_oss_experts).
 // Reference: the Llama papers, the Qwen2 and Qwen3 technical reports, the Granite 3.0 and OLMo 2
-// reports; llama.cpp's llama, qwen2, qwen2moe, qwen3, qwen3moe, granite, olmo2, smollm3 and mistral3 graphs
+// reports; llama.cpp's llama, qwen2, qwen2moe, qwen3, qwen3moe, granite, olmo2, smollm3, mistral3 and openai-moe graphs
 // (and llama_context's YaRN attention factor) for the exact order of ops.
 #include <algorithm>
 #include <cmath>
@@ -192,6 +197,46 @@ void read_qwen2moe_hparams(const HparamReader& r, Hparams& hp) {
     read_attention_hparams(r, hp);
 }
 
+// gpt-oss (llama.cpp's LLM_ARCH_OPENAI_MOE): expert_feed_forward_length and attention.sliding_window
+// required; sliding-window layers il % period < period - 1 with the period
+// attention.sliding_window_pattern (2 when absent: the even layers), one bool per layer where the
+// key is an array; they rotate with rope.freq_base_swa when given, else the global base (both with
+// the file's YaRN). The routed weights are a softmax over the chosen logits (no normalization);
+// expert_weights_scale as the file says (none when absent).
+void read_gpt_oss_hparams(const HparamReader& r, Hparams& hp) {
+    read_expert_counts(r, hp);
+    hp.n_ff_exp = r.count("expert_feed_forward_length");
+    hp.expert_weights_norm = false;
+    hp.expert_weights_scale = r.number_or("expert_weights_scale", 0.0f);
+    if (!std::isfinite(hp.expert_weights_scale)) {
+        r.refuse("expert_weights_scale", std::to_string(hp.expert_weights_scale), "must be finite");
+    }
+    hp.gpt_oss_experts = true;
+    read_attention_hparams(r, hp);
+    hp.sliding_window = r.count("attention.sliding_window");
+    const auto n_layer = static_cast<size_t>(hp.n_layer);
+    int period = 2;
+    if (const gguf::Value* v = r.file().find(r.key("attention.sliding_window_pattern")); v && v->is_array()) {
+        if (v->array_type() != gguf::ValueType::BOOL || v->array_size() != n_layer) {
+            r.refuse("attention.sliding_window_pattern", v->type_name() + " of " + std::to_string(v->array_size()),
+                     "expected one bool per layer (" + std::to_string(hp.n_layer) + ")");
+        }
+        const std::vector<bool> flags = v->array<bool>();
+        for (size_t il = 0; il < n_layer; ++il) hp.is_swa[il] = flags[il];
+        period = -1;
+    } else if (v) {
+        const int64_t p = v->to_int();
+        if (p < 0 || p > hp.n_layer)
+            r.refuse("attention.sliding_window_pattern", std::to_string(p), "must be 0 .. block_count");
+        period = static_cast<int>(p);
+    }
+    if (period >= 0) {  // llama.cpp's set_swa_pattern: a period of 0 makes every layer local
+        for (int il = 0; il < hp.n_layer; ++il)
+            hp.is_swa[static_cast<size_t>(il)] = period == 0 || il % period < period - 1;
+    }
+    hp.rope_base_swa = r.number_or("rope.freq_base_swa", hp.rope_base);
+}
+
 // qwen2moe's shared expert, dense (it runs on the layer's device; --cpu-moe keeps only the routed
 // experts on the host): gate_inp [1, n_embd] (a vector in the file), gate and up [n_ff_shexp,
 // n_embd], down [n_embd, n_ff_shexp].
@@ -216,6 +261,7 @@ struct LlamaLayer {
     const float* bo = nullptr;              // [n_embd]
     const float* ffn_norm = nullptr;        // [n_embd]  (OLMo 2: none)
     const float* attn_post_norm = nullptr;  // [n_embd]  (OLMo 2: required)
+    const float* attn_sinks = nullptr;      // [n_head]  (gpt-oss: required)
     const float* ffn_post_norm = nullptr;   // [n_embd]  (OLMo 2: required)
     ops::WeightView ffn_gate;               // [n_ff, n_embd]
     ops::WeightView ffn_up;                 // [n_ff, n_embd]
@@ -226,10 +272,11 @@ struct LlamaLayer {
 
 template <class F>
 void for_each_weight(LlamaLayer& L, F&& f) {
-    static_assert(sizeof(LlamaLayer) == 10 * sizeof(const float*) + 15 * sizeof(ops::WeightView),
+    static_assert(sizeof(LlamaLayer) == 15 * sizeof(const float*) + 15 * sizeof(ops::WeightView),
                   "a LlamaLayer field is missing from for_each_weight");
-    for (const float** p : {&L.attn_norm, &L.bq, &L.bk, &L.bv, &L.q_norm, &L.k_norm, &L.bo, &L.ffn_norm,
-                            &L.attn_post_norm, &L.ffn_post_norm})
+    for (const float** p :
+         {&L.attn_norm, &L.bq, &L.bk, &L.bv, &L.q_norm, &L.k_norm, &L.bo, &L.ffn_norm, &L.attn_post_norm,
+          &L.ffn_post_norm, &L.attn_sinks, &L.moe.router_b, &L.moe.gate_exps_b, &L.moe.up_exps_b, &L.moe.down_exps_b})
         f(*p);
     for (ops::WeightView* w :
          {&L.wq, &L.wk, &L.wv, &L.wo, &L.ffn_gate, &L.ffn_up, &L.ffn_down, &L.moe.router, &L.moe.gate_exps,
@@ -257,6 +304,9 @@ struct Variant {
     bool moe = false;            // routed experts instead of the dense FFN (Qwen3-MoE, Mixtral; model/moe.h)
     bool post_norms = false;     // norms after the attention and FFN blocks instead of before (OLMo 2)
     bool shared_expert = false;  // beside the routed experts (Qwen2-MoE)
+    // gpt-oss: attention sinks, every other layer sliding-window (Hparams::is_swa), the output
+    // projection's bias required, the FFN norm named post_attention_norm, expert and router biases.
+    bool gpt_oss = false;
 };
 constexpr Variant kLlamaVariant{QkvBias::Optional, QkNorm::None, ops::RopeMode::Normal,
                                 true};                                                         // pairs (x[2i], x[2i+1])
@@ -267,6 +317,8 @@ constexpr Variant kQwen2MoeVariant{QkvBias::Required, QkNorm::None, ops::RopeMod
                                    /*moe=*/true,      false,        /*shared_expert=*/true};
 constexpr Variant kQwen3MoeVariant{QkvBias::None, QkNorm::PerHead, ops::RopeMode::Neox, false, /*moe=*/true};
 constexpr Variant kSmolLm3Variant{QkvBias::Optional, QkNorm::None, ops::RopeMode::Normal, false};
+constexpr Variant kGptOssVariant{
+    QkvBias::Required, QkNorm::None, ops::RopeMode::Neox, false, /*moe=*/true, false, false, /*gpt_oss=*/true};
 constexpr Variant kOlmo2Variant{QkvBias::None, QkNorm::Whole, ops::RopeMode::Neox, false, false, /*post_norms=*/true};
 
 // Binds a "llama", "qwen2" or "qwen3" file. Throws ModelError naming the first missing or
@@ -309,13 +361,22 @@ LlamaWeights bind_llama_weights(const gguf::GgufFile& file, const Hparams& hp, c
             L.k_norm = b.vector(p + "attn_k_norm.weight", whole ? kv_dim : hp.head_dim);
         }
         L.wo = b.matrix(p + "attn_output.weight", hp.n_embd, q_dim);
-        L.bo = b.optional_vector(p + "attn_output.bias", hp.n_embd);
+        L.bo = variant.gpt_oss ? b.vector(p + "attn_output.bias", hp.n_embd)
+                               : b.optional_vector(p + "attn_output.bias", hp.n_embd);
+        if (variant.gpt_oss) {
+            L.attn_sinks = b.vector(p + "attn_sinks.weight", hp.n_head);
+        } else {
+            b.refuse(p + "attn_sinks.weight", "attention sinks are implemented for gpt-oss only, not " + hp.arch);
+        }
         if (variant.post_norms) {
             L.attn_post_norm = b.vector(p + "post_attention_norm.weight", hp.n_embd);
             L.ffn_post_norm = b.vector(p + "post_ffw_norm.weight", hp.n_embd);
             for (const char* t : {"attn_norm.weight", "ffn_norm.weight"}) {
                 b.refuse(p + t, hp.arch + " has no norms before its blocks");
             }
+        } else if (variant.gpt_oss) {  // the norm before the experts, under llama.cpp's attn_post_norm name
+            L.ffn_norm = b.vector(p + "post_attention_norm.weight", hp.n_embd);
+            b.refuse(p + "ffn_norm.weight", "gpt-oss's FFN norm is post_attention_norm");
         } else {
             L.ffn_norm = b.vector(p + "ffn_norm.weight", hp.n_embd);
         }
@@ -324,6 +385,20 @@ LlamaWeights bind_llama_weights(const gguf::GgufFile& file, const Hparams& hp, c
             L.moe.gate_exps = b.experts(p + "ffn_gate_exps.weight", hp.n_expert, hp.n_ff_exp, hp.n_embd);
             L.moe.up_exps = b.experts(p + "ffn_up_exps.weight", hp.n_expert, hp.n_ff_exp, hp.n_embd);
             L.moe.down_exps = b.experts(p + "ffn_down_exps.weight", hp.n_expert, hp.n_embd, hp.n_ff_exp);
+            if (variant.gpt_oss) {
+                L.moe.router_b = b.vector(p + "ffn_gate_inp.bias", hp.n_expert);
+                L.moe.gate_exps_b = b.vectors(p + "ffn_gate_exps.bias", hp.n_expert, hp.n_ff_exp);
+                L.moe.up_exps_b = b.vectors(p + "ffn_up_exps.bias", hp.n_expert, hp.n_ff_exp);
+                L.moe.down_exps_b = b.vectors(p + "ffn_down_exps.bias", hp.n_expert, hp.n_embd);
+            } else {
+                for (const char* t :
+                     {"ffn_gate_inp.bias", "ffn_gate_exps.bias", "ffn_up_exps.bias", "ffn_down_exps.bias"}) {
+                    b.refuse(p + t, "expert biases are implemented for gpt-oss only, not " + hp.arch);
+                }
+            }
+            b.refuse(
+                p + "ffn_gate_up_exps.weight",
+                "fused gate and up experts are not supported; convert with separate ffn_gate_exps and ffn_up_exps");
             if (variant.shared_expert) {
                 L.shexp.gate_inp = {.type = quant::GgmlType::F32,
                                     .rows = 1,
@@ -362,8 +437,13 @@ public:
     void forward(const Batch& batch, kv::ModelCache& cache, float* logits_out, ops::ThreadPool& pool) override {
         const Hparams& hp = hp_;
         const ops::RopeParams rope = rope_params();
+        ops::RopeParams rope_swa = rope;  // gpt-oss's sliding-window layers: their own base
+        rope_swa.freq_base = hp.rope_base_swa;
         const ops::RopeParams no_rope{.n_dims = 0};  // SmolLM3's NoPE layers
-        const auto rope_of = [&](int il) -> const ops::RopeParams& { return hp.rotates(il) ? rope : no_rope; };
+        const auto rope_of = [&](int il) -> const ops::RopeParams& {
+            if (!hp.rotates(il)) return no_rope;
+            return variant_.gpt_oss && hp.is_swa[static_cast<size_t>(il)] ? rope_swa : rope;
+        };
         const BatchRows rows = begin_batch(hp, batch, cache, mem_, pool, rope_of);
         const std::span<const ops::TokenPlace> places =
             batch_places(batch, mem_, rows);  // where each token sits in its run
@@ -404,10 +484,12 @@ public:
             }
             o.rope(o.q, rows.positions, n, hp.n_head, hp.head_dim, rope_of(il));
             o.rope(o.k, rows.positions, n, hp.n_head_kv, hp.head_dim, rope_of(il));
-            o.store_kv(cache, il, o.k, o.v, o.q, rows, hp, rope_of(il));               // q: for the K transform's fit
-            if (hp.attn_temp_scale != 0.0f) scale_by_temperature(o, rows, q_dim);      // Mistral 3
-            attend(o, hp, cache, il, o.q, rows, hp.attn_scale, /*window=*/0, o.attn);  // attn: [n, n_head * head_dim]
-            o.matmul(L->wo, o.attn, n, o.attn_out, places);                            // attn_out: [n, n_embd]
+            o.store_kv(cache, il, o.k, o.v, o.q, rows, hp, rope_of(il));           // q: for the K transform's fit
+            if (hp.attn_temp_scale != 0.0f) scale_by_temperature(o, rows, q_dim);  // Mistral 3
+            const int window = variant_.gpt_oss && hp.is_swa[static_cast<size_t>(il)] ? hp.sliding_window : 0;
+            attend(o, hp, cache, il, o.q, rows, hp.attn_scale, window, o.attn,
+                   L->attn_sinks);                           // attn: [n, n_head * head_dim]
+            o.matmul(L->wo, o.attn, n, o.attn_out, places);  // attn_out: [n, n_embd]
             if (L->bo) o.add_bias(o.attn_out, L->bo, n, E);
             if (L->attn_post_norm) o.rms_norm(o.attn_out, L->attn_post_norm, hp.norm_eps, n, E, o.attn_out);
             if (hp.residual_scale != 0.0f) o.scale(o.attn_out, n * E, hp.residual_scale);  // Granite
@@ -514,6 +596,7 @@ private:
         float* scores = h + hp.n_embd;
         ops::rms_norm(x, L.ffn_norm, hp.norm_eps, 1, hp.n_embd, h);
         ops::matmul(L.moe.router, h, 1, scores, pool, mem_.scratch);
+        if (L.moe.router_b) ops::add(scores, L.moe.router_b, hp.n_expert, scores);  // gpt-oss
         int32_t chosen[kMaxExpertsUsed];
         for (int r = 0; r < hp.n_expert_used; ++r) {
             int best = -1;
@@ -585,6 +668,13 @@ std::unique_ptr<Model> load_qwen2moe(const gguf::GgufFile& file, Hparams hp, con
     return std::make_unique<Llama>(file, std::move(hp), kQwen2MoeVariant, options);
 }
 
+// gpt-oss: attention sinks run on the CPU and the virtual device (ops::attention_kv); the CUDA
+// kernel refuses them when called.
+std::unique_ptr<Model> load_gpt_oss(const gguf::GgufFile& file, Hparams hp, const LoadOptions& options) {
+    check_experts_on_host(file, hp, options);
+    return std::make_unique<Llama>(file, std::move(hp), kGptOssVariant, options);
+}
+
 std::unique_ptr<Model> load_qwen3moe(const gguf::GgufFile& file, Hparams hp, const LoadOptions& options) {
     check_experts_on_host(file, hp, options);
     return std::make_unique<Llama>(file, std::move(hp), kQwen3MoeVariant, options);
@@ -608,5 +698,6 @@ extern const Architecture kSmolLm3{"smollm3", read_smollm3_hparams, load_smollm3
 extern const Architecture kMistral3{"mistral3", read_mistral3_hparams, load_llama};
 extern const Architecture kQwen3Moe{"qwen3moe", read_qwen3moe_hparams, load_qwen3moe};
 extern const Architecture kQwen2Moe{"qwen2moe", read_qwen2moe_hparams, load_qwen2moe};
+extern const Architecture kGptOss{"gpt-oss", read_gpt_oss_hparams, load_gpt_oss};
 
 }  // namespace fitllm::model

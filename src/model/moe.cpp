@@ -105,13 +105,24 @@ void moe_ffn(const Hparams& hp, const MoeWeights& w, float* h, int m, float* wor
     float* up = work + l.up;            // [<= m, F]
     float* outs = work + l.outs;        // [m, k, E]
 
-    // Route: softmax over the experts' scores, the k best, their weights.
+    // Route: softmax over the experts' scores, the k best, their weights (gpt-oss: the k best
+    // scores, plus the router bias, and a softmax over those k).
     router_scores(w.router, h, m, places, probs, pool, scratch);
+    if (w.router_b != nullptr) ops::add_bias(probs, w.router_b, m, n_expert);
     int32_t chosen[kMaxExpertsUsed];
     for (int t = 0; t < m; ++t) {
         float* p = probs + int64_t{t} * n_expert;
-        router_softmax(p, n_expert);
-        route_token(p, n_expert, k, hp.expert_weights_scale, chosen, weights + int64_t{t} * k, hp.expert_weights_norm);
+        float* wt = weights + int64_t{t} * k;
+        if (hp.gpt_oss_experts) {
+            route_token(p, n_expert, k, 0.0f, chosen, wt, /*normalize=*/false);  // the logits
+            router_softmax(wt, k);
+            if (hp.expert_weights_scale != 0.0f && hp.expert_weights_scale != 1.0f) {
+                for (int r = 0; r < k; ++r) wt[r] *= hp.expert_weights_scale;
+            }
+        } else {
+            router_softmax(p, n_expert);
+            route_token(p, n_expert, k, hp.expert_weights_scale, chosen, wt, hp.expert_weights_norm);
+        }
         for (int r = 0; r < k; ++r) ids[int64_t{t} * k + r] = static_cast<float>(chosen[r]);
     }
 
@@ -137,8 +148,15 @@ void moe_ffn(const Hparams& hp, const MoeWeights& w, float* h, int m, float* wor
         }
         ops::matmul(wg, in, cnt, gate, pool, scratch);  // gate: [cnt, F]
         ops::matmul(wu, in, cnt, up, pool, scratch);    // up: [cnt, F]
-        ops::swiglu(gate, up, int64_t{cnt} * F, gate);
+        if (hp.gpt_oss_experts) {
+            if (w.gate_exps_b) ops::add_bias(gate, w.gate_exps_b + int64_t{e} * F, cnt, F);
+            if (w.up_exps_b) ops::add_bias(up, w.up_exps_b + int64_t{e} * F, cnt, F);
+            ops::swiglu_oai(gate, up, int64_t{cnt} * F, kSwigluOaiAlpha, kSwigluOaiLimit, gate);
+        } else {
+            ops::swiglu(gate, up, int64_t{cnt} * F, gate);
+        }
         ops::matmul(wd, gate, cnt, in, pool, scratch);  // in: [cnt, E]
+        if (w.down_exps_b) ops::add_bias(in, w.down_exps_b + int64_t{e} * E, cnt, E);
         for (int i = 0; i < cnt; ++i) {
             const auto s = static_cast<int64_t>(rows[i]);
             const float wt = weights[s];

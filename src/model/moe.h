@@ -1,7 +1,9 @@
 #pragma once
 // A mixture-of-experts feed-forward block (Qwen3-MoE; llama.cpp's build_moe_ffn with softmax
 // gating): a router scores the n_expert experts of the layer for each token, the n_expert_used
-// best are run, and their outputs are summed with the router's weights.
+// best are run, and their outputs are summed with the router's weights. gpt-oss
+// (Hparams::gpt_oss_experts) instead takes the k largest scores (plus the router bias), weighs them
+// by a softmax over those k, and runs down(swiglu_oai(gate h + b, up h + b)) + b per expert.
 //
 //   probs   = softmax(router · h)                         [n_expert] per token (router_softmax)
 //   chosen  = the k largest probs, best first              (k = n_expert_used)
@@ -29,13 +31,22 @@ inline constexpr int kMaxExperts = 512;
 inline constexpr int kMaxExpertsUsed = 64;
 
 // One layer's routed experts: each of the three expert tensors is seen as one matrix of the
-// experts' matrices stacked (TensorBinder::experts).
+// experts' matrices stacked (TensorBinder::experts). gpt-oss has biases: the router's, and one
+// vector per expert for each matrix (expert e's at e * its rows), nullptr elsewhere.
 struct MoeWeights {
-    ops::WeightView router;     // [n_expert, n_embd]
-    ops::WeightView gate_exps;  // n_expert x [n_ff_exp, n_embd]
-    ops::WeightView up_exps;    // n_expert x [n_ff_exp, n_embd]
-    ops::WeightView down_exps;  // n_expert x [n_embd, n_ff_exp]
+    ops::WeightView router;              // [n_expert, n_embd]
+    ops::WeightView gate_exps;           // n_expert x [n_ff_exp, n_embd]
+    ops::WeightView up_exps;             // n_expert x [n_ff_exp, n_embd]
+    ops::WeightView down_exps;           // n_expert x [n_embd, n_ff_exp]
+    const float* router_b = nullptr;     // [n_expert]
+    const float* gate_exps_b = nullptr;  // [n_expert, n_ff_exp]
+    const float* up_exps_b = nullptr;    // [n_expert, n_ff_exp]
+    const float* down_exps_b = nullptr;  // [n_expert, n_embd]
 };
+
+// gpt-oss's SwiGLU constants (llama.cpp's build_moe_ffn, LLM_FFN_SWIGLU_OAI_MOE; not in the file).
+inline constexpr float kSwigluOaiAlpha = 1.702f;
+inline constexpr float kSwigluOaiLimit = 7.0f;
 
 // Expert e's matrix of `rows` rows in a stacked view.
 inline ops::WeightView expert_matrix(const ops::WeightView& stacked, int e, int64_t rows) {

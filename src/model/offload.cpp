@@ -70,7 +70,9 @@ std::vector<TensorEntry> tensor_entries(const gguf::GgufFile& file) {
 bool is_routed_block_tensor(std::string_view name) {
     if (is_expert_tensor(name)) return true;
     if (!name.starts_with("blk.")) return false;
-    return name.ends_with(".ffn_gate_inp.weight") || name.ends_with(".exp_probs_b.bias");
+    return name.ends_with(".ffn_gate_inp.weight") || name.ends_with(".exp_probs_b.bias") ||
+           name.ends_with(".ffn_gate_inp.bias") || name.ends_with(".ffn_gate_exps.bias") ||
+           name.ends_with(".ffn_up_exps.bias") || name.ends_with(".ffn_down_exps.bias");  // gpt-oss's biases
 }
 
 namespace {

@@ -48,7 +48,8 @@ Placement place_layers(const gguf::GgufFile& file, const Hparams& hp, const Load
 std::vector<std::string> tensor_names(const gguf::GgufFile& file);
 
 // A tensor of a layer's routed-expert block: blk.<i>.ffn_{gate,up,down}_exps.weight and the router
-// blk.<i>.ffn_gate_inp.weight (with its selection bias exp_probs_b.bias where a file has one).
+// blk.<i>.ffn_gate_inp.weight (with its selection bias exp_probs_b.bias where a file has one, and
+// gpt-oss's router and per-expert biases, ffn_gate_inp.bias and ffn_{gate,up,down}_exps.bias).
 bool is_routed_block_tensor(std::string_view name);
 
 // A tensor's name and dimensions (a weight matrix has 2 or more), in the file's order.

@@ -95,6 +95,19 @@ const float* TensorBinder::vector(const std::string& name, int64_t n) const {
     return reinterpret_cast<const float*>(t.data.data());
 }
 
+const float* TensorBinder::vectors(const std::string& name, int64_t rows, int64_t n) const {
+    const gguf::TensorInfo& t = find(name);
+    if (t.n_dims != 2 || t.ne[0] != n || t.ne[1] != rows) {
+        throw ModelError(file_.source() + ": tensor '" + name + "' has shape " + shape_string(t) + "; expected [" +
+                         std::to_string(n) + ", " + std::to_string(rows) + "]");
+    }
+    if (t.type != quant::GgmlType::F32) {
+        throw ModelError(file_.source() + ": tensor '" + name + "' has type " +
+                         std::string(quant::type_name(static_cast<uint32_t>(t.type))) + "; expected F32");
+    }
+    return reinterpret_cast<const float*>(t.data.data());
+}
+
 const float* TensorBinder::optional_vector(const std::string& name, int64_t n) const {
     if (!file_.find_tensor(name)) return nullptr;
     return vector(name, n);

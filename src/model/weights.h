@@ -29,6 +29,9 @@ public:
     const float* vector(const std::string& name, int64_t n) const;
     // As vector(), or nullptr when the file has no such tensor.
     const float* optional_vector(const std::string& name, int64_t n) const;
+    // A float tensor of `rows` vectors of n values each (GGUF ne = [n, rows]): gpt-oss's per-expert
+    // biases, row e expert e's.
+    const float* vectors(const std::string& name, int64_t rows, int64_t n) const;
     // Throws a ModelError naming the tensor if the file has it: for tensors a forward pass would
     // otherwise silently leave out.
     void refuse(const std::string& name, const std::string& why) const;

@@ -6,6 +6,7 @@
 // intrinsics (_mm512_undefined_*) once they are inlined here.
 #pragma GCC diagnostic ignored "-Wmaybe-uninitialized"
 
+#include <algorithm>
 #include <cmath>
 #include <limits>
 #include <memory>
@@ -208,6 +209,15 @@ void swiglu(const float* gate, const float* up, int64_t n, float* y) {
         for (int lane = 0; lane < 16; ++lane) y[i + lane] = silu_ggml_simd(gate[i + lane]) * up[i + lane];
     }
     for (; i < n; ++i) y[i] = silu(gate[i]) * up[i];
+}
+
+void swiglu_oai(const float* gate, const float* up, int64_t n, float alpha, float limit, float* y) {
+    for (int64_t i = 0; i < n; ++i) {
+        const float x = std::min(gate[i], limit);
+        const float u = std::clamp(up[i], -limit, limit);
+        const float glu = x / (1.0f + std::exp(alpha * (-x)));
+        y[i] = glu * (u + 1.0f);
+    }
 }
 
 void geglu(const float* gate, const float* up, int64_t n, float* y) {

@@ -38,6 +38,11 @@ void gelu(const float* x, int64_t n, float* y);  // gelu(x) per element; y may a
 void swiglu(const float* gate, const float* up, int64_t n, float* y);
 void geglu(const float* gate, const float* up, int64_t n, float* y);
 
+// gpt-oss's clamped SwiGLU (ggml_swiglu_oai): with x = min(gate, limit) and u = clamp(up, -limit,
+// limit), y = x / (1 + exp(alpha * -x)) * (u + 1), exp by std::exp as ggml's CPU op (gpt-oss: alpha
+// 1.702, limit 7). y may alias either.
+void swiglu_oai(const float* gate, const float* up, int64_t n, float alpha, float limit, float* y);
+
 // Soft-capping (Gemma 2 logits and attention scores): x = cap * tanh(x / cap), in place.
 void softcap(float* x, int64_t n, float cap);
 

@@ -2,6 +2,7 @@
 
 #include <gtest/gtest.h>
 
+#include <algorithm>
 #include <bit>
 #include <cmath>
 #include <cstdint>
@@ -178,6 +179,22 @@ TEST(Activation, SiluMatchesGgmlSimdFormula) {
     EXPECT_EQ(exp_ggml_simd(200.0f), std::numeric_limits<float>::infinity());
     EXPECT_TRUE(std::isnan(exp_ggml_simd(std::numeric_limits<float>::quiet_NaN())));
     for (float v = -87.0f; v < 88.0f; v += 0.173f) EXPECT_NEAR(exp_ggml_simd(v), std::exp(v), 4e-7f * std::exp(v)) << v;
+}
+
+// gpt-oss's clamped SwiGLU (ggml_swiglu_oai): the gate capped above only, up clamped both ways,
+// sigmoid(alpha x) and (up + 1), in double against the formula; in place over the gate.
+TEST(Activation, SwigluOaiClampsAsGgml) {
+    const std::vector<float> gate = {10.0f, -1.0f, 0.5f, -30.0f, 7.0f, 3.0f};
+    const std::vector<float> up = {-10.0f, 0.5f, 20.0f, 1.0f, -7.5f, -1.0f};
+    std::vector<float> y = gate;
+    swiglu_oai(y.data(), up.data(), static_cast<int64_t>(y.size()), 1.702f, 7.0f, y.data());
+    for (size_t i = 0; i < gate.size(); ++i) {
+        const double x = std::min(gate[i], 7.0f);
+        const double u = std::clamp(up[i], -7.0f, 7.0f);
+        const double want = x / (1.0 + std::exp(-1.702 * x)) * (u + 1.0);
+        EXPECT_NEAR(y[i], want, 1e-5 * std::max(1.0, std::abs(want))) << i;
+    }
+    EXPECT_FLOAT_EQ(y[5], 0.0f);  // up -1: (u + 1) = 0, the gate passes nothing
 }
 
 TEST(Activation, SoftcapBoundsValuesSmoothly) {
