@@ -59,7 +59,8 @@ std::vector<float> prompt_and_decode(model::Model& m, int n_decode, ops::ThreadP
 
 const char* const kFiles[] = {"tiny-qwen3moe-f16.gguf", "tiny-qwen3moe-q8_0.gguf", "tiny-qwen3moe-q4_k_m.gguf",
                               "tiny-mixtral-f16.gguf",  "tiny-mixtral-q8_0.gguf",  "tiny-mixtral-q4_k_m.gguf",
-                              "tiny-qwen2moe-f16.gguf", "tiny-qwen2moe-q8_0.gguf", "tiny-qwen2moe-q4_k_m.gguf"};
+                              "tiny-qwen2moe-f16.gguf", "tiny-qwen2moe-q8_0.gguf", "tiny-qwen2moe-q4_k_m.gguf",
+                              "tiny-gpt-oss-f16.gguf",  "tiny-gpt-oss-q8_0.gguf",  "tiny-gpt-oss-mxfp4_moe.gguf"};
 
 TEST(ExpertPlan, SplitsDenseAndExpertBytesAsTheFileHasThem) {
     for (const char* name : kFiles) {

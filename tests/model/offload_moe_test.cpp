@@ -68,7 +68,8 @@ TEST(ModelOffloadMoe, HostExpertsGiveTheLogitsOfTheCpu) {
     ops::ThreadPool pool(2);
     for (const char* f : {"tiny-qwen3moe-f16.gguf", "tiny-qwen3moe-q8_0.gguf", "tiny-qwen3moe-q4_k_m.gguf",
                           "tiny-mixtral-f16.gguf", "tiny-mixtral-q8_0.gguf", "tiny-mixtral-q4_k_m.gguf",
-                          "tiny-qwen2moe-f16.gguf", "tiny-qwen2moe-q8_0.gguf", "tiny-qwen2moe-q4_k_m.gguf"}) {
+                          "tiny-qwen2moe-f16.gguf", "tiny-qwen2moe-q8_0.gguf", "tiny-qwen2moe-q4_k_m.gguf",
+                          "tiny-gpt-oss-f16.gguf", "tiny-gpt-oss-q8_0.gguf", "tiny-gpt-oss-mxfp4_moe.gguf"}) {
         SCOPED_TRACE(f);
         const gguf::GgufFile file = gguf::GgufFile::open(data(f));
         const auto cpu = model::Model::load(file);
