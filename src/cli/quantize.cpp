@@ -1,5 +1,5 @@
-// fitllm quantize IN.gguf OUT.gguf TYPE [options]: llama-quantize's job for the types that need
-// no importance matrix (gguf/gguf_quantize.h).
+// fitllm quantize IN.gguf OUT.gguf TYPE [options]: llama-quantize's job, with or without an
+// importance matrix (gguf/gguf_quantize.h, gguf/imatrix.h).
 #include "quant/quantize.h"
 
 #include <chrono>
@@ -13,6 +13,7 @@
 #include "gguf/gguf_quantize.h"
 #include "ops/thread_pool.h"
 #include "quant/file_type.h"
+#include "quant/quantize_ref.h"
 
 namespace fitllm::cli {
 namespace {
@@ -30,16 +31,21 @@ int run_quantize(const std::vector<std::string>& args) {
     gguf::QuantizeParams params;
     params.threads = 0;
     bool force = false, dry_run = false;
+    std::vector<std::string> include_weights, exclude_weights;
     std::string types;
     for (const std::string& s : gguf::supported_file_types()) types += (types.empty() ? "" : ", ") + s;
-    ArgParser p("fitllm quantize [options] IN.gguf OUT.gguf TYPE",
-                "Rewrite a GGUF model with its weight matrices quantized to TYPE, choosing each tensor's type by\n"
-                "llama.cpp's rules (llama-quantize's: norms and 1-D tensors stay, output.weight in Q6_K, the\n"
-                "k-quant mixes of Q4_K_M and others), with the bytes llama-quantize writes. Streams tensor by\n"
-                "tensor. TYPE: " +
-                    types +
-                    " (Q4_K = Q4_K_M, Q5_K = Q5_K_M, Q3_K = Q3_K_M; a number is a llama_ftype).\n"
-                    "The i-quant grids (IQ1_*, IQ2_*, IQ3_*) need an importance matrix: not done yet.");
+    ArgParser p(
+        "fitllm quantize [options] IN.gguf OUT.gguf TYPE",
+        "Rewrite a GGUF model with its weight matrices quantized to TYPE, choosing each tensor's type by\n"
+        "llama.cpp's rules (llama-quantize's: norms and 1-D tensors stay, output.weight in Q6_K, the\n"
+        "k-quant mixes of Q4_K_M and others), with the bytes llama-quantize writes. Streams tensor by\n"
+        "tensor. TYPE: " +
+            types +
+            " (Q4_K = Q4_K_M, Q5_K = Q5_K_M, Q3_K = Q3_K_M; a number is a llama_ftype).\n"
+            "IQ1_S, IQ1_M, IQ2_XXS, IQ2_XS, IQ2_S, IQ2_M, IQ3_XXS, IQ3_XS and Q2_K_S need --imatrix, as in\n"
+            "llama-quantize; IQ3_S and IQ3_M do not. With --imatrix (llama-imatrix's file, GGUF or legacy .dat)\n"
+            "the rows of Q4_0, Q4_1, Q5_0, Q5_1, the k-quants and the i-quants are fitted to it, as\n"
+            "llama-quantize --imatrix does, byte for byte.");
     p.positional("IN.gguf", "the model to read (F32, F16 or BF16 weights; quantized ones with --allow-requantize)",
                  &input);
     p.positional("OUT.gguf", "the file to write (refused if it exists, unless --force)", &output);
@@ -60,14 +66,21 @@ int run_quantize(const std::vector<std::string>& args) {
                      throw UsageError("--tensor-type: expected PATTERN=TYPE, got '" + v + "'");
                  params.tensor_types.emplace_back(v.substr(0, eq), parse_type("--tensor-type", v.substr(eq + 1)));
              });
-    p.option("--imatrix", "FILE", "an importance matrix: not supported yet (refused)", &imatrix);
+    p.option("--imatrix", "FILE", "an importance matrix from llama-imatrix (GGUF, or the legacy .dat format)",
+             &imatrix);
+    p.option("--include-weights", "NAME", "use the imatrix only for tensors whose name contains NAME (repeatable)",
+             [&](const std::string& v) { include_weights.push_back(v); });
+    p.option("--exclude-weights", "NAME", "do not use the imatrix for tensors whose name contains NAME (repeatable)",
+             [&](const std::string& v) { exclude_weights.push_back(v); });
     p.option("-t, --threads", "N", "threads quantizing rows (default: the physical cores)", &params.threads);
     p.flag("--force", &force, "overwrite OUT.gguf if it exists (never the input)");
     p.flag("--dry-run", &dry_run, "print each tensor's type and the sizes, write nothing");
     if (!p.parse(args)) return 0;
 
-    if (!imatrix.empty())
-        throw UsageError("--imatrix: fitllm quantize does not use importance matrices yet (llama-quantize does)");
+    if (!include_weights.empty() && !exclude_weights.empty())
+        throw UsageError("--include-weights and --exclude-weights: give one or the other");
+    if (imatrix.empty() && (!include_weights.empty() || !exclude_weights.empty()))
+        throw UsageError("--include-weights / --exclude-weights need --imatrix");
     const std::optional<uint32_t> ftype = gguf::parse_file_type(type_name);
     if (!ftype) throw UsageError("TYPE: unknown file type '" + type_name + "' (one of " + types + ")");
     params.ftype = *ftype;
@@ -83,6 +96,18 @@ int run_quantize(const std::vector<std::string>& args) {
     if (!dry_run && fs::exists(output, ec) && !force)
         throw UsageError(output + " exists; pass --force to overwrite it");
 
+    gguf::ImportanceMatrix importance;
+    if (!imatrix.empty()) {
+        importance = gguf::load_imatrix(imatrix);
+        const size_t loaded = importance.weights.size();
+        gguf::filter_imatrix(importance, include_weights, exclude_weights);
+        std::fprintf(stderr, "imatrix %s: %zu entries%s, %lld chunks%s%s\n", imatrix.c_str(), importance.weights.size(),
+                     loaded != importance.weights.size() ? (" of " + std::to_string(loaded)).c_str() : "",
+                     static_cast<long long>(importance.chunk_count), importance.legacy ? " (legacy format)" : "",
+                     importance.datasets.empty() ? "" : (", dataset " + importance.datasets[0]).c_str());
+        params.imatrix = &importance;
+    }
+
     if (dry_run) {
         const gguf::GgufFile in = gguf::GgufFile::open(input);
         const std::vector<gguf::TensorChoice> plan = gguf::plan_quantization(in, params);
@@ -90,9 +115,10 @@ int run_quantize(const std::vector<std::string>& args) {
         for (size_t i = 0; i < plan.size(); ++i) {
             const gguf::TensorInfo& t = in.tensors()[i];
             const uint64_t out_bytes = *quant::row_bytes(plan[i].to, t.ne[0]) * (t.n_elements / t.ne[0]);
-            std::printf("[%4zu/%4zu] %-40s %6s -> %-6s%s\n", i + 1, plan.size(), plan[i].name.c_str(),
+            std::printf("[%4zu/%4zu] %-40s %6s -> %-6s%s%s\n", i + 1, plan.size(), plan[i].name.c_str(),
                         std::string(quant::traits(plan[i].from).name).c_str(),
-                        std::string(quant::traits(plan[i].to).name).c_str(), plan[i].fallback ? " (fallback)" : "");
+                        std::string(quant::traits(plan[i].to).name).c_str(), plan[i].fallback ? " (fallback)" : "",
+                        plan[i].imatrix ? " (imatrix)" : "");
             bytes_in += t.n_bytes;
             bytes_out += out_bytes;
         }
@@ -106,9 +132,10 @@ int run_quantize(const std::vector<std::string>& args) {
         gguf::quantize_file(input, output, params, [&](size_t i, const gguf::TensorChoice& c) {
             (void)i;
             ++n_tensors;
-            std::fprintf(stderr, "[%4zu] %-40s %6s -> %s%s\n", n_tensors, c.name.c_str(),
+            std::fprintf(stderr, "[%4zu] %-40s %6s -> %s%s%s\n", n_tensors, c.name.c_str(),
                          std::string(quant::traits(c.from).name).c_str(), std::string(quant::traits(c.to).name).c_str(),
-                         c.fallback ? " (fallback: row length)" : "");
+                         c.fallback ? " (fallback: row length)" : "",
+                         c.imatrix && quant::uses_importance(c.to) ? " (imatrix)" : "");
         });
     const double seconds = std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();
     std::printf("wrote %s: %s, %zu tensors, tensor data %.2f MiB -> %.2f MiB", output.c_str(),

@@ -31,6 +31,16 @@ enum Ftype : uint32_t {
     kQ5_0 = 8,
     kQ5_1 = 9,
     kQ2_K = 10,
+    kIQ2_XXS = 19,
+    kIQ2_XS = 20,
+    kQ2_K_S = 21,
+    kIQ3_XS = 22,
+    kIQ3_XXS = 23,
+    kIQ1_S = 24,
+    kIQ3_S = 26,
+    kIQ3_M = 27,
+    kIQ2_S = 28,
+    kIQ2_M = 29,
     kQ3_K_S = 11,
     kQ3_K_M = 12,
     kQ3_K_L = 13,
@@ -41,6 +51,7 @@ enum Ftype : uint32_t {
     kQ6_K = 18,
     kIQ4_NL = 25,
     kIQ4_XS = 30,
+    kIQ1_M = 31,
     kBF16 = 32,
     kTQ1_0 = 36,
     kTQ2_0 = 37,
@@ -67,6 +78,7 @@ std::optional<GgmlType> default_type(uint32_t ftype) {
         case kQ8_0:
             return GgmlType::Q8_0;
         case kQ2_K:
+        case kQ2_K_S:
             return GgmlType::Q2_K;
         case kQ3_K_S:
         case kQ3_K_M:
@@ -82,6 +94,23 @@ std::optional<GgmlType> default_type(uint32_t ftype) {
             return GgmlType::Q6_K;
         case kIQ4_NL:
             return GgmlType::IQ4_NL;
+        case kIQ3_XXS:
+            return GgmlType::IQ3_XXS;
+        case kIQ3_XS:
+        case kIQ3_S:
+        case kIQ3_M:
+            return GgmlType::IQ3_S;
+        case kIQ2_M:
+            return GgmlType::IQ2_S;
+        case kIQ2_XXS:
+            return GgmlType::IQ2_XXS;
+        case kIQ1_S:
+            return GgmlType::IQ1_S;
+        case kIQ1_M:
+            return GgmlType::IQ1_M;
+        case kIQ2_XS:
+        case kIQ2_S:
+            return GgmlType::IQ2_XS;
         case kIQ4_XS:
             return GgmlType::IQ4_XS;
         case kTQ1_0:
@@ -248,9 +277,18 @@ struct State {
     int n_attention_wv = 0;
     int i_attention_wv = 0;
     int i_ffn_down = 0;
+    int i_ffn_gate = 0;
+    int i_ffn_up = 0;
     bool tied_embeddings = true;
     int n_fallback = 0;
+    bool has_imatrix = false;
 };
+
+// The file types of llama.cpp's IQ1 / IQ2 mixes.
+bool is_iq2_family(uint32_t ftype) {
+    return ftype == kIQ2_XXS || ftype == kIQ2_XS || ftype == kIQ1_S || ftype == kIQ2_S || ftype == kIQ2_M ||
+           ftype == kIQ1_M;
+}
 
 bool use_more_bits(int i, int n) {
     return i < n / 8 || i >= 7 * n / 8 || (i - n / 8) % 3 == 2;
@@ -278,6 +316,7 @@ GgmlType mixed_type(State& s, GgmlType type, const TensorInfo& t, uint32_t ftype
     if (cat == Category::output || (s.tied_embeddings && cat == Category::token_embd)) {
         if (params.output_tensor_type) return *params.output_tensor_type;
         if (ftype == kMXFP4_MOE || falcon || t.ne[0] % block_of(type) != 0) return GgmlType::Q8_0;
+        if (ftype == kIQ3_XXS || is_iq2_family(ftype)) return GgmlType::Q5_K;
         return type != GgmlType::Q8_0 ? GgmlType::Q6_K : type;
     }
     if (ftype == kMXFP4_MOE) {
@@ -287,12 +326,43 @@ GgmlType mixed_type(State& s, GgmlType type, const TensorInfo& t, uint32_t ftype
     if (cat == Category::token_embd) {
         if (params.token_embedding_type) return *params.token_embedding_type;
         if (ftype == kTQ1_0 || ftype == kTQ2_0) return GgmlType::Q4_K;
+        if (ftype == kIQ3_XXS || ftype == kIQ2_S || ftype == kIQ2_M) return GgmlType::IQ3_S;
+        if (is_iq2_family(ftype)) return GgmlType::Q2_K;
+        return type;
+    }
+    if (is_iq2_family(ftype)) {  // IQ1_* and IQ2_* (llama.cpp's branch for them replaces all below)
+        const bool iq2_sm = ftype == kIQ2_S || ftype == kIQ2_M;
+        if (is_attn_v_like(cat)) {
+            type = m.n_gqa() >= 4 || m.n_expert >= 4 ? GgmlType::Q4_K : iq2_sm ? GgmlType::IQ3_S : GgmlType::Q2_K;
+            ++s.i_attention_wv;
+        } else if (m.n_expert == 8 && cat == Category::attn_k) {
+            type = GgmlType::Q4_K;
+        } else if (cat == Category::ffn_down) {
+            if (s.i_ffn_down < m.n_layer / 8) type = iq2_sm ? GgmlType::IQ3_S : GgmlType::Q2_K;
+            ++s.i_ffn_down;
+        } else if (cat == Category::attn_output) {
+            if (m.n_expert == 8) {
+                type = GgmlType::Q5_K;
+            } else if (ftype == kIQ1_S || ftype == kIQ1_M) {
+                type = GgmlType::IQ2_XXS;
+            } else if (iq2_sm) {
+                type = GgmlType::IQ3_S;
+            }
+        }
         return type;
     }
     if (is_attn_v_like(cat)) {
         const int i = s.i_attention_wv, n = s.n_attention_wv;
         if (ftype == kQ2_K) {
             type = m.n_gqa() >= 4 ? GgmlType::Q4_K : GgmlType::Q3_K;
+        } else if (ftype == kQ2_K_S && m.n_gqa() >= 4) {
+            type = GgmlType::Q4_K;
+        } else if (ftype == kIQ3_XXS) {
+            type = m.n_gqa() >= 4 ? GgmlType::Q4_K : !s.has_imatrix ? GgmlType::IQ3_S : GgmlType::IQ3_XXS;
+        } else if ((ftype == kIQ3_XS || ftype == kIQ3_S) && m.n_gqa() >= 4) {
+            type = GgmlType::Q4_K;
+        } else if (ftype == kIQ3_M) {
+            type = GgmlType::Q4_K;
         } else if (ftype == kQ3_K_M) {
             type = i < 2 ? GgmlType::Q5_K : GgmlType::Q4_K;
         } else if (ftype == kQ3_K_L) {
@@ -309,13 +379,29 @@ GgmlType mixed_type(State& s, GgmlType type, const TensorInfo& t, uint32_t ftype
         ++s.i_attention_wv;
         return type;
     }
-    if (cat == Category::attn_k) return m.n_expert == 8 ? GgmlType::Q8_0 : type;
+    if (cat == Category::attn_k) {
+        if (m.n_expert == 8) return GgmlType::Q8_0;
+        if (ftype == kIQ3_XS) return GgmlType::IQ3_XXS;
+        if (ftype == kIQ3_XXS) return GgmlType::IQ2_S;
+        return type;
+    }
+    if (cat == Category::attn_q) {
+        if (ftype == kIQ3_XS) return GgmlType::IQ3_XXS;
+        if (ftype == kIQ3_XXS) return GgmlType::IQ2_S;
+        return type;
+    }
     if (cat == Category::ffn_down) {
         const int i = layer_of(s, s.i_ffn_down, name), n = m.n_layer;
         if (ftype == kQ2_K) {
             type = GgmlType::Q3_K;
+        } else if (ftype == kQ2_K_S) {
+            if (i < n / 8) type = GgmlType::Q4_K;
+        } else if (ftype == kIQ3_XXS && !s.has_imatrix) {
+            type = i < n / 8 ? GgmlType::Q4_K : GgmlType::Q3_K;
         } else if (ftype == kQ3_K_M) {
             type = i < n / 16 ? GgmlType::Q5_K : !falcon || use_more_bits(i, n) ? GgmlType::Q4_K : GgmlType::Q3_K;
+        } else if (ftype == kIQ3_M && (i < n / 8 || (m.n_expert == 8 && use_more_bits(i, n)))) {
+            type = GgmlType::Q4_K;
         } else if (ftype == kQ3_K_L) {
             type = falcon ? GgmlType::Q4_K : GgmlType::Q5_K;
         } else if (ftype == kQ4_K_M) {
@@ -324,12 +410,14 @@ GgmlType mixed_type(State& s, GgmlType type, const TensorInfo& t, uint32_t ftype
             } else if (use_more_bits(i, n)) {
                 type = GgmlType::Q6_K;
             }
-        } else if (i < n / 8 && (ftype == kIQ4_NL || ftype == kIQ4_XS)) {  // without an importance matrix
+        } else if (i < n / 8 && (ftype == kIQ4_NL || ftype == kIQ4_XS) && !s.has_imatrix) {
             type = GgmlType::Q5_K;
         } else if (ftype == kQ5_K_M && use_more_bits(i, n)) {
             type = GgmlType::Q6_K;
         } else if (ftype == kQ4_K_S && !falcon && i < n / 8) {
             type = GgmlType::Q5_K;
+        } else if ((ftype == kQ4_0 || ftype == kQ5_0) && s.has_imatrix && i < n / 8) {
+            type = ftype == kQ4_0 ? GgmlType::Q4_1 : GgmlType::Q5_1;  // llama.cpp's guard for the first layers
         }
         ++s.i_ffn_down;
         return type;
@@ -337,11 +425,16 @@ GgmlType mixed_type(State& s, GgmlType type, const TensorInfo& t, uint32_t ftype
     if (cat == Category::attn_output) {
         if (!falcon) {
             if (m.n_expert == 8) {
-                if (ftype == kQ2_K || ftype == kQ3_K_S || ftype == kQ3_K_M || ftype == kIQ4_NL || ftype == kQ4_K_S ||
-                    ftype == kQ4_K_M || ftype == kIQ4_XS)
+                if (ftype == kQ2_K || ftype == kIQ3_XS || ftype == kIQ3_XXS || ftype == kQ3_K_S || ftype == kQ3_K_M ||
+                    ftype == kIQ4_NL || ftype == kQ4_K_S || ftype == kQ4_K_M || ftype == kIQ3_S || ftype == kIQ3_M ||
+                    ftype == kIQ4_XS)
                     type = GgmlType::Q5_K;
             } else if (ftype == kQ2_K) {
                 type = GgmlType::Q3_K;
+            } else if (ftype == kIQ3_XXS) {
+                type = GgmlType::IQ3_S;
+            } else if (ftype == kIQ3_M) {
+                type = GgmlType::Q4_K;
             } else if (ftype == kQ3_K_M) {
                 type = GgmlType::Q4_K;
             } else if (ftype == kQ3_K_L) {
@@ -350,6 +443,12 @@ GgmlType mixed_type(State& s, GgmlType type, const TensorInfo& t, uint32_t ftype
         } else if (ftype == kQ3_K_L) {
             type = GgmlType::Q4_K;
         }
+    }
+    if (cat == Category::ffn_gate || cat == Category::ffn_up) {
+        int& counter = cat == Category::ffn_gate ? s.i_ffn_gate : s.i_ffn_up;
+        const int i = layer_of(s, counter, name), n = m.n_layer;
+        if (ftype == kIQ3_XS && i >= n / 8 && i < 7 * n / 8) type = GgmlType::IQ3_XXS;
+        ++counter;
     }
     return type;
 }
@@ -396,10 +495,6 @@ GgmlType fallback_type(State& s, const TensorInfo& t, GgmlType type, bool& fell_
     return to;
 }
 
-bool is_grid_type(GgmlType t) {
-    return quant::can_dequantize(t) && !quant::can_quantize(t) && quant::traits(t).is_quantized;
-}
-
 // llama.cpp's order of the choices: by layer number (tensors outside blk.N. first), then name.
 std::vector<size_t> choice_order(const GgufFile& in) {
     std::vector<size_t> order(in.tensors().size());
@@ -418,6 +513,58 @@ std::vector<size_t> choice_order(const GgufFile& in) {
 
 std::string type_str(GgmlType t) {
     return std::string(quant::traits(t).name);
+}
+
+// llama.cpp's tensor_requires_imatrix: the types quantized against an importance matrix only
+// (the Q2_K of a Q2_K_S file too), never the token embedding or output.weight.
+bool requires_imatrix(const std::string& name, GgmlType to, uint32_t ftype) {
+    if (is_token_embd(name) || name == "output.weight") return false;
+    switch (to) {
+        case GgmlType::IQ3_XXS:
+        case GgmlType::IQ2_XXS:
+        case GgmlType::IQ2_XS:
+        case GgmlType::IQ2_S:
+        case GgmlType::IQ1_M:
+        case GgmlType::IQ1_S:
+            return true;
+        case GgmlType::Q2_K:
+            return ftype == kQ2_K_S;
+        default:
+            return false;
+    }
+}
+
+// Each converted tensor's entry of the importance matrix, as llama-quantize looks it up: by the
+// tensor's name; no entry: none (an error where the type needs one); an entry whose size is not
+// ne[0] * ne[2] (the row length times the experts): an error, but for the token embedding, which
+// is then quantized without.
+void attach_imatrix(const GgufFile& in, const QuantizeParams& params, std::vector<TensorChoice>& out) {
+    const ImportanceMatrix* m = params.imatrix && !params.imatrix->weights.empty() ? params.imatrix : nullptr;
+    for (size_t i = 0; i < out.size(); ++i) {
+        TensorChoice& c = out[i];
+        if (c.to == c.from) continue;
+        const TensorInfo& t = in.tensors()[i];
+        const bool required = requires_imatrix(c.name, c.to, params.ftype);
+        if (m) {
+            const auto it = m->weights.find(c.name);
+            if (it != m->weights.end()) {
+                const uint64_t want = static_cast<uint64_t>(t.ne[0]) * static_cast<uint64_t>(t.ne[2]);
+                if (it->second.size() == want) {
+                    c.imatrix = it->second.data();
+                } else if (!is_token_embd(c.name)) {
+                    throw Error(m->path + ": importance matrix entry '" + c.name + "' has " +
+                                std::to_string(it->second.size()) + " values; the tensor needs " +
+                                std::to_string(want) + " (row length " + std::to_string(t.ne[0]) + " x " +
+                                std::to_string(t.ne[2]) + " experts): an imatrix of another model?");
+                }
+            }
+        }
+        if (required && !c.imatrix) {
+            throw Error("tensor '" + c.name + "': " + type_str(c.to) + " in " + ftype_name(params.ftype) +
+                        " needs an importance matrix" +
+                        (m ? ", and " + m->path + " has no entry for it" : ": pass --imatrix FILE (llama-imatrix's)"));
+        }
+    }
 }
 
 }  // namespace
@@ -446,12 +593,6 @@ void check_file_type(uint32_t ftype) {
     const std::optional<GgmlType> type = default_type(ftype);
     if (type) return;
     const std::string name = ftype_name(ftype);
-    static constexpr uint32_t kNeedImatrix[] = {19, 20, 21, 22, 23, 24, 26, 27, 28, 29, 31};
-    if (std::find(std::begin(kNeedImatrix), std::end(kNeedImatrix), ftype) != std::end(kNeedImatrix)) {
-        throw Error(name +
-                    " needs an importance matrix (its i-quant grids or Q2_K_S are searched against one), which "
-                    "fitllm quantize does not do yet; use llama-quantize --imatrix");
-    }
     std::string list;
     for (const std::string& s : supported_file_types()) list += (list.empty() ? "" : ", ") + s;
     throw Error("fitllm quantize does not write " + name + "; it writes " + list);
@@ -476,6 +617,7 @@ std::vector<TensorChoice> plan_quantization(const GgufFile& in, const QuantizePa
 
     State s;
     s.model = model_of(in);
+    s.has_imatrix = params.imatrix && !params.imatrix->weights.empty();
     for (const TensorInfo& t : in.tensors()) {
         const Category cat = category_of(t.name);
         if (is_attn_v_like(cat)) ++s.n_attention_wv;
@@ -511,15 +653,13 @@ std::vector<TensorChoice> plan_quantization(const GgufFile& in, const QuantizePa
         }
     }
 
-    // What cannot be written, named.
+    // What cannot be written, named (first, as llama.cpp, a missing importance matrix).
+    attach_imatrix(in, params, out);
     for (size_t i = 0; i < out.size(); ++i) {
         const TensorChoice& c = out[i];
         const TensorInfo& t = in.tensors()[i];
         if (c.to == c.from) continue;
         const std::string where = "tensor '" + c.name + "'";
-        if (is_grid_type(c.to))
-            throw Error(where + ": " + type_str(c.to) +
-                        " needs an importance matrix, which fitllm quantize does not do yet");
         if (!quant::can_quantize_model(c.to)) throw Error(where + ": fitllm quantize cannot write " + type_str(c.to));
         if (t.ne[0] % block_of(c.to) != 0)
             throw Error(where + ": row length " + std::to_string(t.ne[0]) + " is not a multiple of " + type_str(c.to) +
@@ -580,9 +720,11 @@ private:
     std::FILE* f_ = nullptr;
 };
 
-// Rows [r0, r1) of a tensor from `src` (type from) to `dst` (type to).
+// Rows [r0, r1) of a tensor from `src` (type from) to `dst` (type to); row r is global row
+// first_row + r, weighted by the imatrix slice of its expert (rows_per_expert rows each) if any.
 void convert_rows(GgmlType from, GgmlType to, const std::byte* src, std::byte* dst, int64_t n_per_row, int64_t r0,
-                  int64_t r1, std::vector<float>& scratch) {
+                  int64_t r1, std::vector<float>& scratch, const float* imatrix, int64_t first_row,
+                  int64_t rows_per_expert) {
     const uint64_t in_row = *quant::row_bytes(from, n_per_row), out_row = *quant::row_bytes(to, n_per_row);
     scratch.resize(static_cast<size_t>(n_per_row));
     for (int64_t r = r0; r < r1; ++r) {
@@ -594,7 +736,8 @@ void convert_rows(GgmlType from, GgmlType to, const std::byte* src, std::byte* d
             quant::dequantize_row(from, in, scratch.data(), n_per_row);
         }
         x = scratch.data();
-        quant::quantize_model_row(to, x, dst + r * out_row, n_per_row);
+        const float* weights = imatrix ? imatrix + ((first_row + r) / rows_per_expert) * n_per_row : nullptr;
+        quant::quantize_model_row(to, x, dst + r * out_row, n_per_row, weights);
     }
 }
 
@@ -614,6 +757,7 @@ QuantizeResult quantize_file(const std::string& input_path, const std::string& o
 
     GgufWriter writer(in.version());
     bool wrote_qv = false, wrote_ft = false;
+    const bool imatrix_keys = params.imatrix && !params.imatrix->weights.empty();
     for (const Value& v : in.metadata()) {
         const std::string_view key = v.key();
         if (key == "general.quantization_version") {
@@ -624,12 +768,24 @@ QuantizeResult quantize_file(const std::string& input_path, const std::string& o
             wrote_ft = true;
         } else if (key == "split.no" || key == "split.count" || key == "split.tensors.count") {
             continue;
+        } else if (imatrix_keys && (key == "quantize.imatrix.file" || key == "quantize.imatrix.entries_count" ||
+                                    (key == "quantize.imatrix.dataset" && !params.imatrix->datasets.empty()) ||
+                                    (key == "quantize.imatrix.chunks_count" && params.imatrix->chunk_count > 0))) {
+            continue;  // replaced by this run's, below
         } else {
             writer.add_value(v);
         }
     }
     if (!wrote_qv) writer.add<uint32_t>("general.quantization_version", 2);
     if (!wrote_ft) writer.add<uint32_t>("general.file_type", params.ftype);
+    if (imatrix_keys) {  // as llama-quantize records its --imatrix (strings cut at 127 bytes)
+        const ImportanceMatrix& m = *params.imatrix;
+        writer.add_string("quantize.imatrix.file", m.path.substr(0, 127));
+        if (!m.datasets.empty()) writer.add_string("quantize.imatrix.dataset", m.datasets[0].substr(0, 127));
+        writer.add<uint32_t>("quantize.imatrix.entries_count", static_cast<uint32_t>(m.weights.size()));
+        if (m.chunk_count > 0)
+            writer.add<uint32_t>("quantize.imatrix.chunks_count", static_cast<uint32_t>(m.chunk_count));
+    }
     if (writer.alignment() != in.alignment())
         throw Error(input_path + ": alignment " + std::to_string(in.alignment()) + " not carried over");
     for (size_t i = 0; i < in.tensors().size(); ++i) {
@@ -676,7 +832,8 @@ QuantizeResult quantize_file(const std::string& input_path, const std::string& o
                 auto work = [&](int w) {
                     try {
                         const int64_t a = nr * w / nt, b = nr * (w + 1) / nt;
-                        convert_rows(c.from, c.to, src, buffer.data(), n_per_row, a, b, scratch[w]);
+                        convert_rows(c.from, c.to, src, buffer.data(), n_per_row, a, b, scratch[w], c.imatrix, r0,
+                                     std::max<int64_t>(1, t.ne[1]));
                     } catch (...) {
                         failures[w] = std::current_exception();
                     }

@@ -19,6 +19,7 @@
 #include <vector>
 
 #include "gguf/gguf_reader.h"
+#include "gguf/imatrix.h"
 #include "quant/ggml_type.h"
 
 namespace fitllm::gguf {
@@ -33,6 +34,11 @@ struct QuantizeParams {
     bool leave_output_tensor = false;
     bool pure = false;  // the file type's type for every quantized tensor: no mixes
     int threads = 1;
+    // --imatrix (after --include-weights / --exclude-weights); nullptr or no entries: none. Changes
+    // the rows of the types that take one (quant/quantize_ref.h: uses_importance) and, as in
+    // llama.cpp, a few of the mixes' choices; its file name, dataset and counts go into the output's
+    // metadata (quantize.imatrix.*). Must outlive the call.
+    const ImportanceMatrix* imatrix = nullptr;
 };
 
 // A file type named as llama-quantize takes it: "Q4_K_M", "q8_0", "Q4_K" (Q4_K_M), "Q5_K"
@@ -48,11 +54,15 @@ struct TensorChoice {
     quant::GgmlType from;
     quant::GgmlType to;
     bool fallback = false;  // the row length forced another type
+    // The tensor's importance weights (ne[0] per expert, into QuantizeParams::imatrix), nullptr:
+    // none (no imatrix, no entry for it, or a token embedding whose entry has another size).
+    const float* imatrix = nullptr;
 };
 
 // The type of every tensor of `in`, in file order, as llama-quantize would choose it. Throws
 // Error for what cannot be done: an unsupported file type, a target that needs an importance
-// matrix, a quantized tensor without allow_requantize (naming it), a type that does not fit.
+// matrix it lacks, an imatrix entry of the wrong size, a quantized tensor without
+// allow_requantize (naming it), a type that does not fit.
 std::vector<TensorChoice> plan_quantization(const GgufFile& in, const QuantizeParams& params);
 
 struct QuantizeResult {

@@ -7,6 +7,7 @@
 
 #include "quant/blocks.h"
 #include "quant/quantize.h"
+#include "quant/quantize_iq.h"
 
 namespace fitllm::quant {
 namespace {
@@ -445,9 +446,546 @@ void ref_q6_K(const float* x, BlockQ6_K* y, int64_t nb) {
     }
 }
 
+// ---- with an importance matrix: llama.cpp's quantize_row_*_impl, in its order of float operations ----
+
+// make_qx_quants with rmse_type 1: fit_symmetric's search, the error weighted by qw (x^2 without).
+float fit_symmetric_weighted(int n, int nmax, const float* x, int8_t* L, const float* qw) {
+    float max = 0.0f, amax = 0.0f;
+    for (int i = 0; i < n; ++i) {
+        if (std::fabs(x[i]) > amax) {
+            amax = std::fabs(x[i]);
+            max = x[i];
+        }
+    }
+    if (amax < kGroupEps) {
+        std::fill(L, L + n, int8_t{0});
+        return 0.0f;
+    }
+    auto level = [nmax](float v) { return std::max(-nmax, std::min(nmax - 1, nearest(v))); };
+    auto weight = [qw, x](int i) { return qw ? qw[i] : x[i] * x[i]; };
+    float iscale = -nmax / max;
+    float sumlx = 0.0f, suml2 = 0.0f;
+    for (int i = 0; i < n; ++i) {
+        const int l = level(iscale * x[i]);
+        L[i] = static_cast<int8_t>(l + nmax);
+        const float w = weight(i);
+        sumlx += w * x[i] * l;
+        suml2 += w * l * l;
+    }
+    float scale = suml2 != 0.0f ? sumlx / suml2 : 0.0f;
+    float best = scale * sumlx;
+    for (int step = -9; step <= 9; ++step) {
+        if (step == 0) continue;
+        iscale = -(nmax + 0.1f * step) / max;
+        sumlx = suml2 = 0.0f;
+        for (int i = 0; i < n; ++i) {
+            const int l = level(iscale * x[i]);
+            const float w = weight(i);
+            sumlx += w * x[i] * l;
+            suml2 += w * l * l;
+        }
+        if (suml2 > 0.0f && sumlx * sumlx > best * suml2) {
+            for (int i = 0; i < n; ++i) L[i] = static_cast<int8_t>(nmax + level(iscale * x[i]));
+            scale = sumlx / suml2;
+            best = scale * sumlx;
+        }
+    }
+    return scale;
+}
+
+// make_qkx3_quants: the affine fit of fit_affine_search, squared errors, weights (x^2 without),
+// steps from rmin; `max <= min` counts as flat.
+float fit_affine_weighted(int n, int nmax, const float* x, const float* weights, uint8_t* L, float* neg_min, float rmin,
+                          float rdelta, int nstep) {
+    auto weight = [weights, x](int i) { return weights ? weights[i] : x[i] * x[i]; };
+    float min = x[0], max = x[0];
+    float sum_w = weight(0);
+    float sum_x = sum_w * x[0];
+    for (int i = 1; i < n; ++i) {
+        if (x[i] < min) min = x[i];
+        if (x[i] > max) max = x[i];
+        const float w = weight(i);
+        sum_w += w;
+        sum_x += w * x[i];
+    }
+    if (min > 0.0f) min = 0.0f;
+    if (max <= min) {
+        std::fill(L, L + n, uint8_t{0});
+        *neg_min = -min;
+        return 0.0f;
+    }
+    float iscale = nmax / (max - min);
+    float scale = 1 / iscale;
+    float best_error = 0.0f;
+    for (int i = 0; i < n; ++i) {
+        L[i] = static_cast<uint8_t>(std::max(0, std::min(nmax, nearest(iscale * (x[i] - min)))));
+        float diff = scale * L[i] + min - x[i];
+        diff = diff * diff;
+        best_error += weight(i) * diff;
+    }
+    uint8_t trial[32];
+    for (int step = 0; step <= nstep; ++step) {
+        iscale = (rmin + rdelta * step + nmax) / (max - min);
+        float sum_l = 0.0f, sum_l2 = 0.0f, sum_xl = 0.0f;
+        for (int i = 0; i < n; ++i) {
+            const int l = std::max(0, std::min(nmax, nearest(iscale * (x[i] - min))));
+            trial[i] = static_cast<uint8_t>(l);
+            const float w = weight(i);
+            sum_l += w * l;
+            sum_l2 += w * l * l;
+            sum_xl += w * l * x[i];
+        }
+        const float D = sum_w * sum_l2 - sum_l * sum_l;
+        if (!(D > 0.0f)) continue;
+        float this_scale = (sum_w * sum_xl - sum_x * sum_l) / D;
+        float this_min = (sum_l2 * sum_x - sum_l * sum_xl) / D;
+        if (this_min > 0.0f) {
+            this_min = 0.0f;
+            this_scale = sum_xl / sum_l2;
+        }
+        float error = 0.0f;
+        for (int i = 0; i < n; ++i) {
+            float diff = this_scale * trial[i] + this_min - x[i];
+            diff = diff * diff;
+            error += weight(i) * diff;
+        }
+        if (error < best_error) {
+            std::copy(trial, trial + n, L);
+            best_error = error;
+            scale = this_scale;
+            min = this_min;
+        }
+    }
+    *neg_min = -min;
+    return scale;
+}
+
+// make_qp_quants: n non-negative values (sub-block scales or mins) to levels 0..nmax with a
+// positive scale: 8 scales around max / nmax tried by weighted squared error, then up to 5 rounds
+// moving single levels as fit_q3 does. Returns the scale.
+float fit_positive(int n, int nmax, const float* x, uint8_t* L, const float* w) {
+    float max = 0.0f;
+    for (int i = 0; i < n; ++i) max = std::max(max, x[i]);
+    if (max < kGroupEps) {
+        std::fill(L, L + n, uint8_t{0});
+        return 0.0f;
+    }
+    float iscale = nmax / max;
+    for (int i = 0; i < n; ++i) L[i] = static_cast<uint8_t>(nearest(iscale * x[i]));
+    const float scale = 1 / iscale;
+    float best_mse = 0.0f;
+    for (int i = 0; i < n; ++i) {
+        const float diff = x[i] - scale * L[i];
+        best_mse += w[i] * diff * diff;
+    }
+    for (int step = -4; step <= 4; ++step) {
+        if (step == 0) continue;
+        const float iscale_is = (0.1f * step + nmax) / max;
+        const float scale_is = 1 / iscale_is;
+        float mse = 0.0f;
+        for (int i = 0; i < n; ++i) {
+            const int l = std::min(nmax, nearest(iscale_is * x[i]));
+            const float diff = x[i] - scale_is * l;
+            mse += w[i] * diff * diff;
+        }
+        if (mse < best_mse) {
+            best_mse = mse;
+            iscale = iscale_is;
+        }
+    }
+    float sumlx = 0.0f, suml2 = 0.0f;
+    for (int i = 0; i < n; ++i) {
+        const int l = std::min(nmax, nearest(iscale * x[i]));
+        L[i] = static_cast<uint8_t>(l);
+        sumlx += w[i] * x[i] * l;
+        suml2 += w[i] * l * l;
+    }
+    for (int round = 0; round < 5; ++round) {
+        int changed = 0;
+        for (int i = 0; i < n; ++i) {
+            float slx = sumlx - w[i] * x[i] * L[i];
+            float sl2 = suml2 - w[i] * L[i] * L[i];
+            if (!(slx > 0.0f && sl2 > 0.0f)) continue;
+            const int l = std::min(nmax, nearest(x[i] * sl2 / slx));
+            if (l == L[i]) continue;
+            slx += w[i] * x[i] * l;
+            sl2 += w[i] * l * l;
+            if (slx * slx * suml2 > sumlx * sumlx * sl2) {
+                L[i] = static_cast<uint8_t>(l);
+                sumlx = slx;
+                suml2 = sl2;
+                ++changed;
+            }
+        }
+        if (changed == 0) break;
+    }
+    return suml2 > 0.0f ? sumlx / suml2 : 0.0f;
+}
+
+// sigma^2 of a row or block: the mean of x^2 times `factor`.
+float mean_square(const float* x, int64_t n, float factor) {
+    float sum = 0.0f;
+    for (int64_t j = 0; j < n; ++j) sum += x[j] * x[j];
+    return factor * sum / n;
+}
+
+// The importance of each value: qw * sqrt(sigma2 + x^2).
+void importance(const float* qw, const float* x, int n, float sigma2, float* w) {
+    for (int l = 0; l < n; ++l) w[l] = qw[l] * std::sqrt(sigma2 + x[l] * x[l]);
+}
+
+template <typename Block, int kBits>
+void imp_symmetric32(const float* x, Block* y, int64_t n, const float* qw) {
+    const float sigma2 = mean_square(x, n, 1.0f);
+    float weight[32];
+    int8_t L[32];
+    for (int64_t ib = 0; ib < n / 32; ++ib) {
+        const float* xb = x + 32 * ib;
+        importance(qw + 32 * ib, xb, 32, sigma2, weight);
+        y[ib].d = fp32_to_fp16(fit_symmetric_weighted(32, 1 << (kBits - 1), xb, L, weight));
+        uint32_t qh = 0;
+        for (int j = 0; j < 16; ++j) {
+            const uint8_t q0 = static_cast<uint8_t>(L[j]), q1 = static_cast<uint8_t>(L[j + 16]);
+            y[ib].qs[j] = static_cast<uint8_t>((q0 & 0x0F) | ((q1 & 0x0F) << 4));
+            qh |= ((q0 & 0x10u) >> 4) << j;
+            qh |= ((q1 & 0x10u) >> 4) << (j + 16);
+        }
+        if constexpr (kBits == 5) std::memcpy(y[ib].qh, &qh, 4);
+    }
+}
+
+template <typename Block, int kBits>
+void imp_affine32(const float* x, Block* y, int64_t n, const float* qw) {
+    const float sigma2 = mean_square(x, n, 1.0f);
+    float weight[32];
+    uint8_t L[32];
+    for (int64_t ib = 0; ib < n / 32; ++ib) {
+        const float* xb = x + 32 * ib;
+        importance(qw + 32 * ib, xb, 32, sigma2, weight);
+        float min;
+        const float d = fit_affine_weighted(32, (1 << kBits) - 1, xb, weight, L, &min, -0.9f, 0.05f, 36);
+        y[ib].d = fp32_to_fp16(d);
+        y[ib].m = fp32_to_fp16(-min);
+        uint32_t qh = 0;
+        for (int j = 0; j < 16; ++j) {
+            y[ib].qs[j] = static_cast<uint8_t>((L[j] & 0x0F) | ((L[j + 16] & 0x0F) << 4));
+            qh |= ((L[j] & 0x10u) >> 4) << j;
+            qh |= ((L[j + 16] & 0x10u) >> 4) << (j + 16);
+        }
+        if constexpr (kBits == 5) std::memcpy(y[ib].qh, &qh, 4);
+    }
+}
+
+void imp_q2_K(const float* x, BlockQ2_K* y, int64_t nb, const float* qw) {
+    uint8_t L[kQK], Ls[16], Lm[16];
+    float mins[16], scales[16], sw[16], weight[16];
+    for (int64_t i = 0; i < nb; ++i, x += kQK) {
+        const float sigma2 = mean_square(x, kQK, 1.0f);
+        for (int j = 0; j < 16; ++j) {
+            importance(qw + kQK * i + 16 * j, x + 16 * j, 16, sigma2, weight);
+            sw[j] = 0.0f;
+            for (int l = 0; l < 16; ++l) sw[j] += weight[l];
+            scales[j] = fit_affine_weighted(16, 3, x + 16 * j, weight, L + 16 * j, &mins[j], -0.9f, 0.05f, 36);
+        }
+        y[i].d = fp32_to_fp16(fit_positive(16, 15, scales, Ls, sw));
+        y[i].dmin = fp32_to_fp16(fit_positive(16, 15, mins, Lm, sw));
+        const float dm = fp16_to_fp32(y[i].d), mm = fp16_to_fp32(y[i].dmin);
+        for (int j = 0; j < 16; ++j) y[i].scales[j] = static_cast<uint8_t>(Ls[j] | (Lm[j] << 4));
+        for (int j = 0; j < 16; ++j) {
+            const float d = dm * (y[i].scales[j] & 0xF);
+            if (d == 0.0f) continue;
+            const float m = mm * (y[i].scales[j] >> 4);
+            for (int l = 0; l < 16; ++l)
+                L[16 * j + l] = static_cast<uint8_t>(std::max(0, std::min(3, nearest((x[16 * j + l] + m) / d))));
+        }
+        for (int j = 0; j < kQK; j += 128) {
+            for (int l = 0; l < 32; ++l)
+                y[i].qs[j / 4 + l] =
+                    static_cast<uint8_t>(L[j + l] | (L[j + l + 32] << 2) | (L[j + l + 64] << 4) | (L[j + l + 96] << 6));
+        }
+    }
+}
+
+void imp_q3_K(const float* x, BlockQ3_K* y, int64_t nb, const float* qw) {
+    int8_t L[kQK], Ls[16];
+    float scales[16], weight[16], sw[16];
+    for (int64_t i = 0; i < nb; ++i, x += kQK) {
+        const float sigma2 = mean_square(x, kQK, 2.0f);
+        for (int j = 0; j < 16; ++j) {
+            importance(qw + kQK * i + 16 * j, x + 16 * j, 16, sigma2, weight);
+            float sumw = 0.0f;
+            for (int l = 0; l < 16; ++l) sumw += weight[l];
+            sw[j] = sumw;
+            scales[j] = fit_symmetric_weighted(16, 4, x + 16 * j, L + 16 * j, weight);
+        }
+        std::memset(y[i].scales, 0, 12);
+        const float d_block = fit_symmetric_weighted(16, 32, scales, Ls, sw);
+        for (int j = 0; j < 16; ++j) {
+            int l = Ls[j];
+            if (j < 8) {
+                y[i].scales[j] = static_cast<uint8_t>(l & 0xF);
+            } else {
+                y[i].scales[j - 8] |= static_cast<uint8_t>((l & 0xF) << 4);
+            }
+            l >>= 4;
+            y[i].scales[j % 4 + 8] |= static_cast<uint8_t>(l << (2 * (j / 4)));
+        }
+        y[i].d = fp32_to_fp16(d_block);
+        for (int j = 0; j < 16; ++j) {
+            const int low = j < 8 ? y[i].scales[j] & 0xF : y[i].scales[j - 8] >> 4;
+            const int8_t sc = static_cast<int8_t>((low | (((y[i].scales[8 + j % 4] >> (2 * (j / 4))) & 3) << 4)) - 32);
+            const float d = fp16_to_fp32(y[i].d) * sc;
+            if (d == 0.0f) continue;
+            for (int l = 0; l < 16; ++l)
+                L[16 * j + l] = static_cast<int8_t>(std::max(-4, std::min(3, nearest(x[16 * j + l] / d))) + 4);
+        }
+        std::memset(y[i].hmask, 0, kQK / 8);
+        for (int j = 0; j < kQK; ++j) {
+            if (L[j] > 3) {
+                y[i].hmask[j % 32] |= static_cast<uint8_t>(1u << (j / 32));
+                L[j] = static_cast<int8_t>(L[j] - 4);
+            }
+        }
+        for (int j = 0; j < kQK; j += 128) {
+            for (int l = 0; l < 32; ++l)
+                y[i].qs[j / 4 + l] =
+                    static_cast<uint8_t>(L[j + l] | (L[j + l + 32] << 2) | (L[j + l + 64] << 4) | (L[j + l + 96] << 6));
+        }
+    }
+}
+
+template <typename Block, int kNmax>
+void imp_q45_K(const float* x, Block* y, int64_t nb, const float* qw) {
+    constexpr bool kFive = kNmax == 31;
+    uint8_t L[kQK], Ls[8], Lm[8];
+    float weights[32], sw[8], mins[8], scales[8];
+    for (int64_t i = 0; i < nb; ++i, x += kQK) {
+        const float sigma2 = mean_square(x, kQK, 2.0f);
+        for (int j = 0; j < 8; ++j) {
+            importance(qw + kQK * i + 32 * j, x + 32 * j, 32, sigma2, weights);
+            float sumw = 0.0f;
+            for (int l = 0; l < 32; ++l) sumw += weights[l];
+            sw[j] = sumw;
+            scales[j] = fit_affine_weighted(32, kNmax, x + 32 * j, weights, L + 32 * j, &mins[j], -0.9f, 0.05f, 36);
+        }
+        const float d_block = fit_positive(8, 63, scales, Ls, sw);
+        const float m_block = fit_positive(8, 63, mins, Lm, sw);
+        for (int j = 0; j < 8; ++j) {
+            uint8_t ls = Ls[j], lm = Lm[j];
+            if constexpr (kFive) {
+                ls = std::min<uint8_t>(63, ls);
+                lm = std::min<uint8_t>(63, lm);
+            }
+            if (j < 4) {
+                y[i].scales[j] = ls;
+                y[i].scales[j + 4] = lm;
+            } else {
+                y[i].scales[j + 4] = static_cast<uint8_t>((ls & 0xF) | ((lm & 0xF) << 4));
+                y[i].scales[j - 4] |= static_cast<uint8_t>((ls >> 4) << 6);
+                y[i].scales[j] |= static_cast<uint8_t>((lm >> 4) << 6);
+            }
+        }
+        y[i].d = fp32_to_fp16(d_block);
+        y[i].dmin = fp32_to_fp16(m_block);
+        for (int j = 0; j < 8; ++j) {
+            uint8_t sc, m;
+            if (j < 4) {
+                sc = y[i].scales[j] & 63;
+                m = y[i].scales[j + 4] & 63;
+            } else {
+                sc = static_cast<uint8_t>((y[i].scales[j + 4] & 0xF) | ((y[i].scales[j - 4] >> 6) << 4));
+                m = static_cast<uint8_t>((y[i].scales[j + 4] >> 4) | ((y[i].scales[j] >> 6) << 4));
+            }
+            const float d = fp16_to_fp32(y[i].d) * sc;
+            if (d == 0.0f) continue;
+            const float dm = fp16_to_fp32(y[i].dmin) * m;
+            for (int l = 0; l < 32; ++l)
+                L[32 * j + l] = static_cast<uint8_t>(std::max(0, std::min(kNmax, nearest((x[32 * j + l] + dm) / d))));
+        }
+        if constexpr (kFive) std::memset(y[i].qh, 0, kQK / 8);
+        for (int c = 0; c < 4; ++c) {
+            for (int l = 0; l < 32; ++l) {
+                int lo = L[64 * c + l], hi = L[64 * c + 32 + l];
+                if constexpr (kFive) {
+                    if (lo > 15) {
+                        lo -= 16;
+                        y[i].qh[l] |= static_cast<uint8_t>(1u << (2 * c));
+                    }
+                    if (hi > 15) {
+                        hi -= 16;
+                        y[i].qh[l] |= static_cast<uint8_t>(2u << (2 * c));
+                    }
+                }
+                y[i].qs[32 * c + l] = static_cast<uint8_t>(lo | (hi << 4));
+            }
+        }
+    }
+}
+
+void imp_q6_K(const float* x, BlockQ6_K* y, int64_t nb, const float* qw) {
+    int8_t L[kQK];
+    float scales[16];
+    for (int64_t i = 0; i < nb; ++i, x += kQK) {
+        float max_scale = 0.0f, max_abs = 0.0f;
+        for (int j = 0; j < 16; ++j) {
+            scales[j] = fit_symmetric_weighted(16, 32, x + 16 * j, L + 16 * j, qw + kQK * i + 16 * j);
+            if (std::fabs(scales[j]) > max_abs) {
+                max_abs = std::fabs(scales[j]);
+                max_scale = scales[j];
+            }
+        }
+        if (max_abs < kGroupEps) {
+            std::memset(&y[i], 0, sizeof y[i]);
+            continue;
+        }
+        const float iscale = -128.0f / max_scale;
+        y[i].d = fp32_to_fp16(1 / iscale);
+        for (int j = 0; j < 16; ++j) y[i].scales[j] = static_cast<int8_t>(std::min(127, nearest(iscale * scales[j])));
+        for (int j = 0; j < 16; ++j) {
+            const float d = fp16_to_fp32(y[i].d) * y[i].scales[j];
+            if (d == 0.0f) continue;
+            for (int l = 0; l < 16; ++l)
+                L[16 * j + l] = static_cast<int8_t>(std::max(-32, std::min(31, nearest(x[16 * j + l] / d))) + 32);
+        }
+        for (int h = 0; h < 2; ++h) {
+            const int8_t* q = L + 128 * h;
+            uint8_t* ql = y[i].ql + 64 * h;
+            uint8_t* qh = y[i].qh + 32 * h;
+            for (int l = 0; l < 32; ++l) {
+                ql[l] = static_cast<uint8_t>((q[l] & 0xF) | ((q[l + 64] & 0xF) << 4));
+                ql[l + 32] = static_cast<uint8_t>((q[l + 32] & 0xF) | ((q[l + 96] & 0xF) << 4));
+                qh[l] = static_cast<uint8_t>((q[l] >> 4) | ((q[l + 32] >> 4) << 2) | ((q[l + 64] >> 4) << 4) |
+                                             ((q[l + 96] >> 4) << 6));
+            }
+        }
+    }
+}
+
+// ggml's best_index_int8: the nearest of the 16 sorted table values by bisection (ties up).
+int iq4_index(float x) {
+    const int8_t* val = kValuesIQ4NL;
+    if (x <= val[0]) return 0;
+    if (x >= val[15]) return 15;
+    int lo = 0, hi = 15;
+    while (hi - lo > 1) {
+        const int mid = (lo + hi) / 2;
+        if (x < val[mid]) {
+            hi = mid;
+        } else {
+            lo = mid;
+        }
+    }
+    return x - val[hi - 1] < val[hi] - x ? hi - 1 : hi;
+}
+
+// quantize_row_iq4_nl_impl with ntry 7 for one super-block of `size` values (32: IQ4_NL, 256:
+// IQ4_XS) in sub-blocks of 32, weighted by qw * sqrt(sigma2 + x^2).
+void imp_iq4(const float* x, int size, const float* qw, uint16_t* dh, uint8_t* q4, uint16_t* scales_h,
+             uint8_t* scales_l) {
+    constexpr int kTry = 7;
+    float sigma2 = 0.0f;
+    for (int j = 0; j < size; ++j) sigma2 += x[j] * x[j];
+    sigma2 *= 2.0f / size;
+    uint8_t L[kQK];
+    float scales[8], weight[32];
+    std::memset(q4, 0, static_cast<size_t>(size / 2));
+    *dh = fp32_to_fp16(0.0f);
+    float max_scale = 0.0f, amax_scale = 0.0f;
+    const int nsub = size / 32;
+    for (int ib = 0; ib < nsub; ++ib) {
+        const float* xb = x + 32 * ib;
+        uint8_t* Lb = L + 32 * ib;
+        importance(qw + 32 * ib, xb, 32, sigma2, weight);
+        float amax = 0.0f, max = 0.0f;
+        for (int j = 0; j < 32; ++j) {
+            if (std::fabs(xb[j]) > amax) {
+                amax = std::fabs(xb[j]);
+                max = xb[j];
+            }
+        }
+        if (amax < kGroupEps) {
+            scales[ib] = 0.0f;
+            continue;
+        }
+        float d = -max / kValuesIQ4NL[0];
+        float id = 1 / d;
+        float sumqx = 0.0f, sumq2 = 0.0f;
+        for (int j = 0; j < 32; ++j) {
+            const int l = iq4_index(id * xb[j]);
+            Lb[j] = static_cast<uint8_t>(l);
+            const float q = kValuesIQ4NL[l];
+            sumqx += weight[j] * q * xb[j];
+            sumq2 += weight[j] * q * q;
+        }
+        d = sumq2 > 0.0f ? sumqx / sumq2 : 0.0f;
+        float best = d * sumqx;
+        for (int t = -kTry; t <= kTry; ++t) {
+            id = (t + kValuesIQ4NL[0]) / max;
+            sumqx = sumq2 = 0.0f;
+            for (int j = 0; j < 32; ++j) {
+                const float q = kValuesIQ4NL[iq4_index(id * xb[j])];
+                sumqx += weight[j] * q * xb[j];
+                sumq2 += weight[j] * q * q;
+            }
+            if (sumq2 > 0.0f && sumqx * sumqx > best * sumq2) {
+                d = sumqx / sumq2;
+                best = d * sumqx;
+            }
+        }
+        scales[ib] = d;
+        if (std::fabs(d) > amax_scale) {
+            amax_scale = std::fabs(d);
+            max_scale = d;
+        }
+    }
+    if (nsub > 1) {
+        *scales_h = 0;
+        const float d = -max_scale / 32;
+        *dh = fp32_to_fp16(d);
+        const float id = d != 0.0f ? 1 / d : 0.0f;
+        for (int ib = 0; ib < nsub; ++ib) {
+            int l = std::max(-32, std::min(31, nearest(id * scales[ib])));
+            const float dl = d * l;
+            const float idl = dl != 0.0f ? 1 / dl : 0.0f;
+            for (int j = 0; j < 32; ++j) L[32 * ib + j] = static_cast<uint8_t>(iq4_index(idl * x[32 * ib + j]));
+            l += 32;
+            const uint8_t l_l = static_cast<uint8_t>(l & 0xF), l_h = static_cast<uint8_t>(l >> 4);
+            if (ib % 2 == 0) {
+                scales_l[ib / 2] = l_l;
+            } else {
+                scales_l[ib / 2] |= static_cast<uint8_t>(l_l << 4);
+            }
+            *scales_h = static_cast<uint16_t>(*scales_h | (l_h << (2 * (ib % 8))));
+        }
+    } else {
+        *dh = fp32_to_fp16(scales[0]);
+        const float id = scales[0] != 0.0f ? 1 / scales[0] : 0.0f;
+        for (int j = 0; j < size; ++j) L[j] = static_cast<uint8_t>(iq4_index(id * x[j]));
+    }
+    for (int i = 0; i < size / 32; ++i) {
+        for (int j = 0; j < 16; ++j) q4[16 * i + j] = static_cast<uint8_t>(L[32 * i + j] | (L[32 * i + 16 + j] << 4));
+    }
+}
+
 }  // namespace
 
+float detail::fit_positive_levels(int n, int nmax, const float* x, uint8_t* L, const float* w) {
+    return fit_positive(n, nmax, x, L, w);
+}
+
 bool can_quantize_model(GgmlType type) {
+    switch (type) {
+        case GgmlType::IQ3_XXS:
+        case GgmlType::IQ3_S:
+        case GgmlType::IQ2_XXS:
+        case GgmlType::IQ2_XS:
+        case GgmlType::IQ2_S:
+        case GgmlType::IQ1_S:
+        case GgmlType::IQ1_M:
+            return true;
+        default:
+            break;
+    }
     return can_quantize(type) && type != GgmlType::Q8_1 && type != GgmlType::Q8_K;
 }
 
@@ -476,8 +1014,101 @@ void quantize_model_row(GgmlType type, const float* src, void* dst, int64_t n) {
             return ref_q6_K(src, as<BlockQ6_K>(dst), nb);
         case GgmlType::IQ4_NL:
             return quantize_row_iq4_nl_searched(src, dst, n);
+        case GgmlType::IQ3_XXS:
+            return detail::quantize_row_iq3_xxs(src, dst, n, nullptr);
+        case GgmlType::IQ3_S:
+            return detail::quantize_row_iq3_s(src, dst, n, nullptr);
+        case GgmlType::IQ2_S:
+            return detail::quantize_row_iq2_s(src, dst, n, nullptr);
+        case GgmlType::IQ2_XXS:
+            return detail::quantize_row_iq2_xxs(src, dst, n, nullptr);  // throws: needs weights
+        case GgmlType::IQ2_XS:
+            return detail::quantize_row_iq2_xs(src, dst, n, nullptr);
+        case GgmlType::IQ1_S:
+            return detail::quantize_row_iq1_s(src, dst, n, nullptr);  // throws: needs weights
+        case GgmlType::IQ1_M:
+            return detail::quantize_row_iq1_m(src, dst, n, nullptr);
         default:
             return quantize_row(type, src, dst, n);
+    }
+}
+
+bool uses_importance(GgmlType type) {
+    switch (type) {
+        case GgmlType::Q4_0:
+        case GgmlType::Q4_1:
+        case GgmlType::Q5_0:
+        case GgmlType::Q5_1:
+        case GgmlType::Q2_K:
+        case GgmlType::Q3_K:
+        case GgmlType::Q4_K:
+        case GgmlType::Q5_K:
+        case GgmlType::Q6_K:
+        case GgmlType::IQ4_NL:
+        case GgmlType::IQ4_XS:
+        case GgmlType::IQ3_XXS:
+        case GgmlType::IQ3_S:
+        case GgmlType::IQ2_S:
+        case GgmlType::IQ2_XXS:
+        case GgmlType::IQ2_XS:
+        case GgmlType::IQ1_S:
+        case GgmlType::IQ1_M:
+            return true;
+        default:
+            return false;
+    }
+}
+
+void quantize_model_row(GgmlType type, const float* src, void* dst, int64_t n, const float* weights) {
+    if (weights == nullptr || !uses_importance(type)) return quantize_model_row(type, src, dst, n);
+    const int64_t nb = whole_blocks("quantize_model_row", type, n, can_quantize_model(type));
+    switch (type) {
+        case GgmlType::Q4_0:
+            return imp_symmetric32<BlockQ4_0, 4>(src, as<BlockQ4_0>(dst), n, weights);
+        case GgmlType::Q5_0:
+            return imp_symmetric32<BlockQ5_0, 5>(src, as<BlockQ5_0>(dst), n, weights);
+        case GgmlType::Q4_1:
+            return imp_affine32<BlockQ4_1, 4>(src, as<BlockQ4_1>(dst), n, weights);
+        case GgmlType::Q5_1:
+            return imp_affine32<BlockQ5_1, 5>(src, as<BlockQ5_1>(dst), n, weights);
+        case GgmlType::Q2_K:
+            return imp_q2_K(src, as<BlockQ2_K>(dst), nb, weights);
+        case GgmlType::Q3_K:
+            return imp_q3_K(src, as<BlockQ3_K>(dst), nb, weights);
+        case GgmlType::Q4_K:
+            return imp_q45_K<BlockQ4_K, 15>(src, as<BlockQ4_K>(dst), nb, weights);
+        case GgmlType::Q5_K:
+            return imp_q45_K<BlockQ5_K, 31>(src, as<BlockQ5_K>(dst), nb, weights);
+        case GgmlType::Q6_K:
+            return imp_q6_K(src, as<BlockQ6_K>(dst), nb, weights);
+        case GgmlType::IQ4_NL: {
+            auto* y = as<BlockIQ4_NL>(dst);
+            for (int64_t i = 0; i < nb; ++i)
+                imp_iq4(src + 32 * i, 32, weights + 32 * i, &y[i].d, y[i].qs, nullptr, nullptr);
+            return;
+        }
+        case GgmlType::IQ4_XS: {
+            auto* y = as<BlockIQ4_XS>(dst);
+            for (int64_t i = 0; i < nb; ++i)
+                imp_iq4(src + kQK * i, kQK, weights + kQK * i, &y[i].d, y[i].qs, &y[i].scales_h, y[i].scales_l);
+            return;
+        }
+        case GgmlType::IQ3_XXS:
+            return detail::quantize_row_iq3_xxs(src, dst, n, weights);
+        case GgmlType::IQ3_S:
+            return detail::quantize_row_iq3_s(src, dst, n, weights);
+        case GgmlType::IQ2_S:
+            return detail::quantize_row_iq2_s(src, dst, n, weights);
+        case GgmlType::IQ2_XXS:
+            return detail::quantize_row_iq2_xxs(src, dst, n, weights);
+        case GgmlType::IQ2_XS:
+            return detail::quantize_row_iq2_xs(src, dst, n, weights);
+        case GgmlType::IQ1_S:
+            return detail::quantize_row_iq1_s(src, dst, n, weights);
+        case GgmlType::IQ1_M:
+            return detail::quantize_row_iq1_m(src, dst, n, weights);
+        default:
+            return quantize_model_row(type, src, dst, n);
     }
 }
 

@@ -698,10 +698,11 @@ TEST(QuantizeVsGgml, ModelRowsHaveLlamaQuantizeBytes) {
     using ChunkFn = size_t (*)(int, const float*, void*, int64_t, int64_t, int64_t, const float*);
     auto chunk = ggml()->base_fn<ChunkFn>("ggml_quantize_chunk");
     ASSERT_NE(chunk, nullptr);
-    const GgmlType types[] = {GgmlType::Q4_0,  GgmlType::Q4_1, GgmlType::Q5_0,   GgmlType::Q5_1,   GgmlType::Q8_0,
-                              GgmlType::Q2_K,  GgmlType::Q3_K, GgmlType::Q4_K,   GgmlType::Q5_K,   GgmlType::Q6_K,
-                              GgmlType::F16,   GgmlType::BF16, GgmlType::IQ4_NL, GgmlType::IQ4_XS, GgmlType::TQ1_0,
-                              GgmlType::TQ2_0, GgmlType::MXFP4};
+    const GgmlType types[] = {GgmlType::Q4_0,  GgmlType::Q4_1,  GgmlType::Q5_0,    GgmlType::Q5_1,   GgmlType::Q8_0,
+                              GgmlType::Q2_K,  GgmlType::Q3_K,  GgmlType::Q4_K,    GgmlType::Q5_K,   GgmlType::Q6_K,
+                              GgmlType::F16,   GgmlType::BF16,  GgmlType::IQ4_NL,  GgmlType::IQ4_XS, GgmlType::TQ1_0,
+                              GgmlType::TQ2_0, GgmlType::MXFP4, GgmlType::IQ3_XXS, GgmlType::IQ3_S,  GgmlType::IQ2_S,
+                              GgmlType::IQ1_M};
     const int n = 4096, rows = 4;
     for (uint32_t seed = 0; seed < 4; ++seed) {
         auto x = test::gaussian(static_cast<size_t>(n) * rows, 90 + seed, seed == 1 ? 0.02f : seed == 2 ? 30.0f : 1.0f);
@@ -722,6 +723,58 @@ TEST(QuantizeVsGgml, ModelRowsHaveLlamaQuantizeBytes) {
             size_t first = ours.size();
             for (size_t i = 0; i < ours.size() && first == ours.size(); ++i) first = ours[i] != theirs[i] ? i : first;
             EXPECT_EQ(first, ours.size()) << "first differing byte " << first << " of " << ours.size();
+        }
+    }
+}
+
+// The same with an importance matrix, what llama-quantize --imatrix runs: per-column weights
+// spanning six orders of magnitude (some zero), the same bytes for every type, including those
+// that ignore the weights.
+TEST(QuantizeVsGgml, ModelRowsWithImatrixHaveLlamaQuantizeBytes) {
+    REQUIRE_GGML();
+    using ChunkFn = size_t (*)(int, const float*, void*, int64_t, int64_t, int64_t, const float*);
+    auto chunk = ggml()->base_fn<ChunkFn>("ggml_quantize_chunk");
+    ASSERT_NE(chunk, nullptr);
+    const GgmlType types[] = {
+        GgmlType::Q4_0,    GgmlType::Q4_1,   GgmlType::Q5_0,  GgmlType::Q5_1,    GgmlType::Q8_0,  GgmlType::Q2_K,
+        GgmlType::Q3_K,    GgmlType::Q4_K,   GgmlType::Q5_K,  GgmlType::Q6_K,    GgmlType::F16,   GgmlType::IQ4_NL,
+        GgmlType::IQ4_XS,  GgmlType::TQ2_0,  GgmlType::MXFP4, GgmlType::IQ3_XXS, GgmlType::IQ3_S, GgmlType::IQ2_S,
+        GgmlType::IQ2_XXS, GgmlType::IQ2_XS, GgmlType::IQ1_S, GgmlType::IQ1_M};
+    const int n = 4096, rows = 4;
+    for (uint32_t seed = 0; seed < 4; ++seed) {
+        auto x = test::gaussian(static_cast<size_t>(n) * rows, 190 + seed,
+                                seed == 1   ? 0.02f
+                                : seed == 2 ? 30.0f
+                                            : 1.0f);
+        auto g = test::gaussian(static_cast<size_t>(n), 290 + seed, 3.0f);
+        std::vector<float> w(static_cast<size_t>(n));
+        for (int i = 0; i < n; ++i) w[i] = std::exp(g[i]) * (seed == 2 ? 1e-3f : 1.0f);  // log-normal, like sums of x^2
+        if (seed == 3) {
+            for (int i = 0; i < 256; ++i) x[i] = 0.0f;
+            for (int i = 256; i < 512; ++i) x[i] = -0.75f;
+            for (int i = 512; i < 768; ++i) x[i] *= 1e-20f;
+            for (int i = 1024; i < 1100; ++i) w[i] = 0.0f;
+            x[1000] = 40.0f;
+            x[3000] = -55.0f;
+        }
+        for (GgmlType type : types) {
+            SCOPED_TRACE(std::string(traits(type).name) + " seed " + std::to_string(seed));
+            const size_t row = test::bytes_of_row(type, n);
+            std::vector<uint8_t> ours(row * rows, 0xAA), theirs(row * rows, 0x55), plain(row * rows, 0x11);
+            for (int r = 0; r < rows; ++r)
+                quantize_model_row(type, x.data() + r * n, ours.data() + r * row, n, w.data());
+            chunk(static_cast<int>(type), x.data(), theirs.data(), 0, rows, n, w.data());
+            size_t first = ours.size();
+            for (size_t i = 0; i < ours.size() && first == ours.size(); ++i) first = ours[i] != theirs[i] ? i : first;
+            EXPECT_EQ(first, ours.size()) << "first differing byte " << first << " of " << ours.size();
+            // The weights change the rows of exactly the types said to use them (IQ2_XXS, IQ2_XS and
+            // IQ1_S take no row without them, as ggml asserts).
+            if (type == GgmlType::IQ2_XXS || type == GgmlType::IQ2_XS || type == GgmlType::IQ1_S) {
+                EXPECT_THROW(quantize_model_row(type, x.data(), plain.data(), n), std::invalid_argument);
+                continue;
+            }
+            for (int r = 0; r < rows; ++r) quantize_model_row(type, x.data() + r * n, plain.data() + r * row, n);
+            EXPECT_EQ(plain != ours, uses_importance(type));
         }
     }
 }
