@@ -4,6 +4,7 @@ alternating in one run; prints tokens/s and the ratio.
 
   .venv/bin/python bench/bench_vs_llama_cpp.py [MODEL.gguf ...] [-p 512] [-n 128] [-t 2] [-r 3]
   .venv/bin/python bench/bench_vs_llama_cpp.py [--suite] [-p 512] [-n 128] [-t 2] [-r 3]
+  .venv/bin/python bench/bench_vs_llama_cpp.py --isa avx2 [--omp-passive] MODEL.gguf ...
 
 Without models (or with --suite) it runs the suite: the demo model (Gemma 3 270M Q4_K_M) and the
 1B-shaped random-weight Llama in Q4_K_M and Q8_0 from tools/gen_bench_models.py (models/bench/).
@@ -11,7 +12,11 @@ A model that is missing, or that one side cannot run, gets a row saying why; the
 
 llama.cpp is PyPI's llama-cpp-python (scripts/setup.sh --oracle), driven through its C API:
 pp = one llama_decode of p random tokens in a fresh context (n_batch = n_ubatch = 512),
-tg = n single-token llama_decode calls; the same definitions `fitllm bench` uses.
+tg = n single-token llama_decode calls; the same definitions `fitllm bench` uses. Rounds alternate
+which side runs first. --isa LEVEL (avx2, avx512, avx512_vnni) forces fitllm's kernels to that
+level (FITLLM_CPU_ISA) and loads llama.cpp built for the same level by
+tools/build_llama_cpp_isa.sh LEVEL (.cache/llama-cpp-LEVEL/lib) instead of the oracle's native
+build; --omp-passive sets OMP_WAIT_POLICY=passive for llama.cpp's OpenMP threads.
 """
 import argparse
 import json
@@ -19,9 +24,10 @@ import os
 import random
 import statistics
 import subprocess
+import sys
 import time
 
-import llama_cpp
+llama_cpp = None  # imported in main(), after --isa / --omp-passive set its environment
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 
@@ -82,10 +88,13 @@ def llama_cpp_bench(model_path: str, n_prompt: int, n_gen: int, threads: int, re
     return out
 
 
+FITLLM_ENV = dict(os.environ)  # with --isa: FITLLM_CPU_ISA
+
+
 def fitllm_bench(model_path: str, n_prompt: int, n_gen: int, threads: int, reps: int) -> dict:
     cmd = [os.path.join(ROOT, "build/fitllm"), "bench", "-m", model_path, "-p", str(n_prompt), "-n", str(n_gen),
            "-t", str(threads), "-r", str(reps), "-o", "json"]
-    proc = subprocess.run(cmd, capture_output=True, text=True)
+    proc = subprocess.run(cmd, capture_output=True, text=True, env=FITLLM_ENV)
     if proc.returncode != 0:
         lines = (proc.stderr or proc.stdout).strip().splitlines()
         raise RuntimeError(lines[-1] if lines else f"fitllm bench exited with {proc.returncode}")
@@ -113,9 +122,28 @@ def main() -> None:
     ap.add_argument("--rounds", type=int, default=2, help="alternations of fitllm and llama.cpp")
     ap.add_argument("--no-extra-bufts", action="store_true",
                     help="llama.cpp without repacked weight buffers (its AMX repack of IQ4_XS crashes on batches)")
+    ap.add_argument("--isa", choices=["avx2", "avx512", "avx512_vnni"],
+                    help="both sides at this ISA level: FITLLM_CPU_ISA for fitllm, and llama.cpp from "
+                         ".cache/llama-cpp-LEVEL/lib (tools/build_llama_cpp_isa.sh LEVEL)")
+    ap.add_argument("--omp-passive", action="store_true", help="OMP_WAIT_POLICY=passive for llama.cpp")
     args = ap.parse_args()
-    global EXTRA_BUFTS
+    global EXTRA_BUFTS, llama_cpp
     EXTRA_BUFTS = not args.no_extra_bufts
+    if args.isa:
+        lib = os.path.join(ROOT, ".cache", f"llama-cpp-{args.isa}", "lib")
+        if not os.path.exists(os.path.join(lib, "libllama.so")):
+            sys.exit(f"{lib}/libllama.so is missing: run tools/build_llama_cpp_isa.sh {args.isa}")
+        os.environ["LLAMA_CPP_LIB_PATH"] = lib
+        FITLLM_ENV["FITLLM_CPU_ISA"] = args.isa
+    if args.omp_passive:
+        os.environ["OMP_WAIT_POLICY"] = "passive"
+    import llama_cpp as module  # noqa: E402 (after the environment above)
+    llama_cpp = module
+    print(f"llama.cpp: {os.environ.get('LLAMA_CPP_LIB_PATH') or 'llama-cpp-python (native build)'}"
+          f"{', OMP_WAIT_POLICY=passive' if args.omp_passive else ''}; fitllm: "
+          f"{'FITLLM_CPU_ISA=' + args.isa if args.isa else 'native dispatch'}", flush=True)
+    llama_cpp.llama_backend_init()
+    print("llama.cpp system info:", llama_cpp.llama_print_system_info().decode().strip(), flush=True)
     models = args.models + ([os.path.join(ROOT, m) for m in SUITE] if args.suite or not args.models else [])
     tests = [t for t in (f"pp{args.p}" if args.p else "", f"tg{args.n}" if args.n else "") if t]
     print(f"| model | test | fitllm t/s | llama.cpp t/s | ratio |\n|---|---|---:|---:|---:|", flush=True)
@@ -127,8 +155,9 @@ def main() -> None:
             continue
         ours, theirs = {}, {}
         errors = {}
-        for _ in range(args.rounds):
-            for side, run, acc in (("fitllm", fitllm_bench, ours), ("llama.cpp", llama_cpp_bench, theirs)):
+        sides = [("fitllm", fitllm_bench, ours), ("llama.cpp", llama_cpp_bench, theirs)]
+        for round_ in range(args.rounds):
+            for side, run, acc in (sides if round_ % 2 == 0 else sides[::-1]):
                 if side in errors:
                     continue
                 try:

@@ -7,7 +7,8 @@
 TinyLlama 1.1B shape; 1-D tensors F32; about 2.2 GB) with the 32000-token SPM vocabulary of
 tests/data/vocab/ggml-vocab-llama-spm.gguf (its tokenizer.* metadata copied), then quantizes
 it with llama.cpp's own quantizer (llama-cpp-python, `scripts/setup.sh --oracle`) into
-llama-1b-q4_k_m.gguf, llama-1b-q8_0.gguf and llama-1b-iq4_xs.gguf. Tensors are generated and written one at a time, so
+llama-1b-q4_k_m.gguf, llama-1b-q8_0.gguf, llama-1b-iq4_xs.gguf, llama-1b-q4_0.gguf,
+llama-1b-q5_k_m.gguf and llama-1b-q6_k.gguf (issue 23's pp512 types). Tensors are generated and written one at a time, so
 memory stays at about one tensor (under 0.5 GB). Files that exist are kept unless --force. The weights
 are random (fixed seed): the outputs mean nothing, the speed is that of a real 1B model.
 
@@ -50,7 +51,7 @@ class Shape:
 SHAPES = {
     # the TinyLlama 1.1B shape
     "1b": Shape(n_layer=22, n_embd=2048, n_head=32, n_head_kv=4, n_ff=5632, n_ctx_train=2048,
-                quants=(("q4_k_m", 15), ("q8_0", 7), ("iq4_xs", 30))),
+                quants=(("q4_k_m", 15), ("q8_0", 7), ("iq4_xs", 30), ("q4_0", 2), ("q5_k_m", 17), ("q6_k", 18))),
     # issue 5's long-context model: 2 * 16 layers * 2 KV heads * 64 * 2 bytes = 8 KiB of f16 K/V per token
     "156m": Shape(n_layer=16, n_embd=768, n_head=12, n_head_kv=2, n_ff=2304, n_ctx_train=32768,
                   quants=(("q8_0", 7),)),
