@@ -112,6 +112,9 @@ public:
     // instead of copying them (no "weights" charge, no pages given back). Activations still cross
     // through copy_to_device / copy_to_host (memcpy in one address space).
     virtual bool unified() const = 0;
+    // Whether attention() takes ops::AttentionParams::sinks (gpt-oss); a model with sinks refuses
+    // at load to offload layers to a device without them.
+    virtual bool attention_sinks() const { return true; }
     // A unified device: the address its ops read the host bytes [host, host + bytes) at, valid for
     // as long as the device lives (DeviceWeights maps the offloaded tensors' file ranges once, in
     // whole pages that do not overlap one another). The virtual device reads them where they are

@@ -668,9 +668,14 @@ std::unique_ptr<Model> load_qwen2moe(const gguf::GgufFile& file, Hparams hp, con
     return std::make_unique<Llama>(file, std::move(hp), kQwen2MoeVariant, options);
 }
 
-// gpt-oss: attention sinks run on the CPU and the virtual device (ops::attention_kv); the CUDA
-// kernel refuses them when called.
+// gpt-oss: attention sinks run on the CPU and the virtual device (ops::attention_kv); a device
+// whose attention lacks them (CUDA's) is refused before anything is loaded.
 std::unique_ptr<Model> load_gpt_oss(const gguf::GgufFile& file, Hparams hp, const LoadOptions& options) {
+    if (options.offload != nullptr && options.n_offload_layers > 0 && !options.offload->attention_sinks()) {
+        throw std::invalid_argument(file.source() + ": " + hp.arch + "'s attention sinks are not implemented on " +
+                                    options.offload->name() +
+                                    "; run it on the CPU (no -ngl) or on the virtual device (--device virtual)");
+    }
     check_experts_on_host(file, hp, options);
     return std::make_unique<Llama>(file, std::move(hp), kGptOssVariant, options);
 }
