@@ -457,8 +457,8 @@ Block* as(void* p) {
 // The reference codecs exist in pairs: every type that dequantizes also quantizes.
 bool can_quantize(GgmlType type) {
     switch (type) {
-        // Decoded and multiplied, never written: llama.cpp quantizes these with a search over the
-        // grid weighted by an importance matrix; fitllm has no such quantizer.
+        // Not written here: llama.cpp quantizes these with a search over the grid (weighted by an
+        // importance matrix), which quantize_model_row does (quant/quantize_ref.h, for fitllm quantize).
         case GgmlType::IQ3_XXS:
         case GgmlType::IQ3_S:
         case GgmlType::IQ2_XXS:

@@ -2,8 +2,10 @@
 // file llama.cpp quantized from the same F16 model), and its usage errors.
 #include <gtest/gtest.h>
 
+#include <cstdint>
 #include <filesystem>
 #include <string>
+#include <vector>
 
 #include "test_support.h"
 
@@ -54,6 +56,49 @@ TEST(QuantizeCommand, QuantizedModelRunsAsLlamaCppsDoes) {
                                                       model_data("tiny-llama-f16.gguf") + "' '" + out + "' q2_k 2>&1");
     EXPECT_EQ(dry.status, 0) << dry.output;
     EXPECT_NE(dry.output.find("tensor data:"), std::string::npos) << dry.output;
+}
+
+// --imatrix end to end with a legacy .dat file (GGUF ones: tests/gguf/imatrix_test.cpp) and
+// --include-weights: the entries kept are counted, recorded in the output, and a type that needs
+// an entry for every matrix names the first one missing.
+TEST(QuantizeCommand, TakesAnImportanceMatrix) {
+    test::TempDir dir;
+    std::vector<std::byte> dat;
+    auto put = [&](const void* p, size_t n) {
+        const auto* b = static_cast<const std::byte*>(p);
+        dat.insert(dat.end(), b, b + n);
+    };
+    auto i32 = [&](int32_t v) { put(&v, 4); };
+    const std::vector<float> ones(256, 1.5f);
+    i32(8);
+    for (int layer = 0; layer < 2; ++layer) {
+        for (const char* m : {"attn_q", "attn_k", "attn_v", "attn_output"}) {
+            const std::string name = "blk." + std::to_string(layer) + "." + m + ".weight";
+            i32(static_cast<int32_t>(name.size()));
+            put(name.data(), name.size());
+            i32(3);  // ncall
+            i32(256);
+            put(ones.data(), 256 * sizeof(float));
+        }
+    }
+    const fs::path imatrix = dir / "imatrix.dat";
+    test::write_file(imatrix, dat);
+    const std::string in = model_data("tiny-llama-f16.gguf"), out = (dir / "o.gguf").string();
+    test::CommandResult r = test::run_command(fitllm_exe() + " quantize -t 2 --imatrix '" + imatrix.string() +
+                                              "' --include-weights attn_q '" + in + "' '" + out + "' IQ3_S 2>&1");
+    ASSERT_EQ(r.status, 0) << r.output;
+    EXPECT_NE(r.output.find("2 entries of 8"), std::string::npos) << r.output;
+    EXPECT_NE(r.output.find("legacy format"), std::string::npos) << r.output;
+    size_t weighted = 0;  // the two attn_q matrices, and no other
+    for (size_t at = r.output.find("(imatrix)"); at != std::string::npos; at = r.output.find("(imatrix)", at + 1))
+        ++weighted;
+    EXPECT_EQ(weighted, 2u) << r.output;
+    EXPECT_FALSE(run_text(out).empty());
+    r = test::run_command(fitllm_exe() + " quantize --force --imatrix '" + imatrix.string() + "' '" + in + "' '" + out +
+                          "' IQ2_XS 2>&1");
+    EXPECT_EQ(r.status, 1) << r.output;
+    EXPECT_NE(r.output.find("blk.0.ffn_gate.weight"), std::string::npos) << r.output;
+    EXPECT_NE(r.output.find("has no entry for it"), std::string::npos) << r.output;
 }
 
 TEST(QuantizeCommand, UsageErrors) {

@@ -161,8 +161,8 @@ inline std::vector<uint8_t> random_blocks(GgmlType type, size_t bytes, uint32_t 
     return data;
 }
 
-// `rows` rows of n weights: quantized Gaussian floats, or random blocks (also for the types fitllm
-// has no quantizer for: the i-quants on grids, which llama.cpp quantizes with an importance matrix).
+// `rows` rows of n weights: quantized Gaussian floats, or random blocks (also for the types
+// quantize_row does not write: the i-quants on grids, which only quantize_model_row's searches do).
 inline std::vector<uint8_t> weight_rows(GgmlType type, int rows, int n, uint32_t seed, bool from_floats) {
     const size_t row = bytes_of_row(type, n);
     if (!from_floats || !can_quantize(type)) return random_blocks(type, row * static_cast<size_t>(rows), seed);
