@@ -1,5 +1,6 @@
 #include "engine/prompt_cache.h"
 
+#include <dirent.h>
 #include <fcntl.h>
 #include <sys/file.h>
 #include <sys/stat.h>
@@ -263,11 +264,12 @@ void PromptCache::note(const std::string& line) {
 
 namespace {
 
-// Whether the file or directory at path is a dead process's: no one holds its flock, and it is
-// older than kStaleAfter. Opens it without following a link; false when it cannot.
-bool unheld_and_old(const std::string& path, bool dir) {
+// The file or directory at path, opened (without following a link) and flocked, when it is a dead
+// process's: no one holds its flock, and it is older than kStaleAfter; -1 otherwise. Closing the
+// descriptor releases the lock.
+int lock_if_stale(const std::string& path, bool dir) {
     const int fd = ::open(path.c_str(), O_RDONLY | O_CLOEXEC | O_NOFOLLOW | (dir ? O_DIRECTORY : 0));
-    if (fd < 0) return false;
+    if (fd < 0) return -1;
     struct stat st {};
     bool stale = ::fstat(fd, &st) == 0 && (dir ? S_ISDIR(st.st_mode) : S_ISREG(st.st_mode)) &&
                  ::flock(fd, LOCK_EX | LOCK_NB) == 0;
@@ -277,8 +279,11 @@ bool unheld_and_old(const std::string& path, bool dir) {
                 std::chrono::seconds(st.st_mtim.tv_sec) + std::chrono::nanoseconds(st.st_mtim.tv_nsec)));
         stale = std::chrono::system_clock::now() - changed >= kStaleAfter;
     }
-    ::close(fd);  // the lock with it
-    return stale;
+    if (!stale) {
+        ::close(fd);
+        return -1;
+    }
+    return fd;
 }
 
 // A name the cache writes: prompt-TAG-N.fitllm-prompt, and with ".tmp" while it is written.
@@ -295,23 +300,35 @@ void PromptCache::remove_stale(const std::string& dir, bool dirs) {
         const std::string name = it->path().filename().string();
         const std::string path = it->path().string();
         if (prompt_file_name(name, true)) {
-            if (unheld_and_old(path, false) && ::unlink(path.c_str()) == 0) {
+            const int fd = lock_if_stale(path, false);
+            if (fd < 0) continue;
+            ::close(fd);  // names are unique per process: no writer makes this one again
+            if (::unlink(path.c_str()) == 0) {
                 note(path + ": removed, a temporary file of a write that did not finish (its process is gone)");
             }
-        } else if (dirs && name.starts_with(kDirPrefix) && path != disk_dir_ && unheld_and_old(path, true)) {
-            // Another cache's directory whose process is gone: its files (only names it writes), then it.
+        } else if (dirs && name.starts_with(kDirPrefix) && path != disk_dir_) {
+            // Another cache's directory whose process is gone: its files (only names it writes, through
+            // the descriptor locked, so a directory put in its place meanwhile is not read), then it.
+            const int fd = lock_if_stale(path, true);
+            if (fd < 0) continue;
             size_t n = 0;
-            std::error_code inner;
-            for (std::filesystem::directory_iterator f(path, inner), fend; !inner && f != fend; f.increment(inner)) {
-                const std::string fname = f->path().filename().string();
-                if ((prompt_file_name(fname, false) || prompt_file_name(fname, true)) &&
-                    ::unlink(f->path().c_str()) == 0)
-                    ++n;
+            const int listing = ::dup(fd);
+            if (DIR* d = listing >= 0 ? ::fdopendir(listing) : nullptr) {
+                std::vector<std::string> names;
+                while (const dirent* e = ::readdir(d)) names.emplace_back(e->d_name);
+                ::closedir(d);
+                for (const std::string& f : names) {
+                    if ((prompt_file_name(f, false) || prompt_file_name(f, true)) && ::unlinkat(fd, f.c_str(), 0) == 0)
+                        ++n;
+                }
+            } else if (listing >= 0) {
+                ::close(listing);
             }
             if (::rmdir(path.c_str()) == 0) {
                 note(path + ": removed with its " + std::to_string(n) +
                      " files, the prompt cache directory of a process that is gone");
             }
+            ::close(fd);
         }
     }
 }
