@@ -57,7 +57,8 @@ std::vector<Case> cases() {
     for (const char* f : {"tiny-llama-q8_0.gguf", "tiny-llama-q4_k_m.gguf", "tiny-qwen2-q4_k_m.gguf",
                           "tiny-qwen2-f16.gguf", "tiny-gemma2-q8_0.gguf", "tiny-phi3-q4_k_m.gguf"})
         c.push_back({f, {}, data(f)});
-    for (const char* f : {"tiny-qwen3moe-q8_0.gguf", "tiny-mixtral-q4_k_m.gguf", "tiny-qwen2moe-q8_0.gguf"})
+    for (const char* f : {"tiny-qwen3moe-q8_0.gguf", "tiny-mixtral-q4_k_m.gguf", "tiny-qwen2moe-q8_0.gguf",
+                          "tiny-gpt-oss-mxfp4_moe.gguf"})
         c.push_back({f, {}, data(f), true});
     return c;
 }
