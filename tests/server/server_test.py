@@ -1416,6 +1416,55 @@ class PromptCache(unittest.TestCase):
         finally:
             srv.stop()
 
+    def test_cache_dir_outlives_the_server_and_its_leftovers_go(self):
+        # --cache-dir: a restart answers the next turn from the files. What a killed server left
+        # (a temporary file of a write cut short) is removed at the start, a broken file skipped,
+        # each named in the log; a rotated quantized K is refused with the flags named.
+        d = tempfile.mkdtemp(prefix="fitllm-cache-dir-")
+        try:
+            dead = os.path.join(d, "prompt-00000000deadbeef-1.fitllm-prompt.tmp")
+            with open(dead, "wb") as f:
+                f.write(b"FITLLMKV" + b"\0" * 100)
+            os.utime(dead, (time.time() - 3600, time.time() - 3600))
+            broken = os.path.join(d, "prompt-00000000deadbeef-2.fitllm-prompt")
+            with open(broken, "wb") as f:
+                f.write(b"\x01" * 200)
+            flags = ("-m", TINY_LLAMA, "-np", "1", "-b", "1", "-c", "1024", "--cache-prompts", "1",
+                     "--cache-ram", "8M", "--cache-disk", "64M", "--cache-dir", d)
+            msgs = [{"role": "user", "content": "Tell me about the sea"}]
+            srv = Server(*flags)
+            try:
+                deadline = time.monotonic() + 10  # the log is read by a thread of its own
+                while broken + ": skipped" not in "".join(srv.log) and time.monotonic() < deadline:
+                    time.sleep(0.02)
+                log = "".join(srv.log)
+                self.assertIn(dead + ": removed, a temporary file of a write that did not finish", log)
+                self.assertIn(broken + ": skipped, not a fitllm prompt file", log)
+                self.assertFalse(os.path.exists(dead))
+                self.assertTrue(os.path.exists(broken))  # not this server's to delete
+                self.assertEqual(srv.metric("fitllm_prompt_cache_disk_corrupt_total"), 1)
+                r = srv.client().chat.completions.create(model="x", messages=msgs, max_tokens=8, temperature=0)
+            finally:
+                srv.stop()
+            files = [f for f in os.listdir(d) if f.endswith(".fitllm-prompt") and f != os.path.basename(broken)]
+            self.assertEqual(len(files), 1, os.listdir(d))  # written when the server stopped
+            msgs += [{"role": "assistant", "content": r.choices[0].message.content},
+                     {"role": "user", "content": "And more"}]
+            srv = Server(*flags)
+            try:
+                again = srv.client().chat.completions.create(model="x", messages=msgs, max_tokens=8, temperature=0)
+                self.assertGreaterEqual(again.usage.prompt_tokens_details.cached_tokens, r.usage.prompt_tokens)
+                self.assertEqual(srv.metric("fitllm_prompt_cache_disk_loaded_total"), 1)
+            finally:
+                srv.stop()
+            refused = subprocess.run([FITLLM, "serve", *flags, "-ctk", "q8_0", "--port", "0"], capture_output=True,
+                                     text=True, timeout=60)
+            self.assertNotEqual(refused.returncode, 0)
+            self.assertIn("--cache-dir with -ctk q8_0", refused.stderr)
+            self.assertIn("--no-kv-rotation", refused.stderr)
+        finally:
+            shutil.rmtree(d)
+
 
 class DemoModel(unittest.TestCase):
     def test_chat_as_the_cli(self):
