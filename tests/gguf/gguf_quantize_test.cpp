@@ -45,6 +45,7 @@ TEST(GgufQuantize, MakesTheTensorsLlamaCppMadeForTheTinyModels) {
         {"qwen3", {"q8_0", "q4_0", "q2_k", "q4_k_m", "q5_k_m", "q6_k"}},
         {"gemma2", {"q8_0", "q4_k_m"}},
         {"phi3", {"q8_0", "q4_k_m"}},
+        {"gpt-oss", {"q8_0", "mxfp4_moe"}},  // MXFP4 experts, Q8_0 elsewhere; biases and sinks stay F32
     };
     test::TempDir dir;
     for (const auto& [arch, types] : models) {
