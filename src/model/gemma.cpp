@@ -54,29 +54,7 @@ float read_softcap(const HparamReader& r, const std::string& name, float fallbac
 // capped at 50 and logits at 30 unless the file gives other values.
 void read_gemma2_hparams(const HparamReader& r, Hparams& hp) {
     hp.sliding_window = r.count_or("attention.sliding_window", 4096);
-    const auto n_layer = static_cast<size_t>(hp.n_layer);
-    hp.is_swa.assign(n_layer, false);
-    int period = 2;
-    if (const gguf::Value* v = r.file().find(r.key("attention.sliding_window_pattern")); v && v->is_array()) {
-        if (v->array_type() != gguf::ValueType::BOOL || v->array_size() != n_layer) {
-            r.refuse("attention.sliding_window_pattern", v->type_name() + " of " + std::to_string(v->array_size()),
-                     "expected one bool per layer (" + std::to_string(hp.n_layer) + ")");
-        }
-        const std::vector<bool> flags = v->array<bool>();
-        for (size_t il = 0; il < n_layer; ++il) hp.is_swa[il] = flags[il];
-        period = -1;
-    } else if (v) {
-        const int64_t p = v->to_int();
-        if (p < 0 || p > hp.n_layer) {
-            r.refuse("attention.sliding_window_pattern", std::to_string(p), "must be 0 .. block_count");
-        }
-        period = static_cast<int>(p);
-    }
-    if (period >= 0) {
-        // A period of 0 makes every layer local (llama.cpp's set_swa_pattern).
-        for (int il = 0; il < hp.n_layer; ++il)
-            hp.is_swa[static_cast<size_t>(il)] = period == 0 || il % period < period - 1;
-    }
+    r.sliding_window_layers(hp, 2);
     hp.rope_base_swa = r.number_or("rope.freq_base_swa", hp.rope_base);
     hp.rope_freq_scale = r.rope_freq_scale();
     hp.n_rot = r.count_or("rope.dimension_count", hp.head_dim);

@@ -7,6 +7,28 @@
 
 namespace fitllm::model {
 
+void HparamReader::sliding_window_layers(Hparams& hp, int default_period) const {
+    const auto n_layer = static_cast<size_t>(hp.n_layer);
+    hp.is_swa.assign(n_layer, false);
+    const std::string name = "attention.sliding_window_pattern";
+    int period = default_period;
+    if (const gguf::Value* v = file_.find(key(name)); v && v->is_array()) {
+        if (v->array_type() != gguf::ValueType::BOOL || v->array_size() != n_layer) {
+            refuse(name, v->type_name() + " of " + std::to_string(v->array_size()),
+                   "expected one bool per layer (" + std::to_string(hp.n_layer) + ")");
+        }
+        const std::vector<bool> flags = v->array<bool>();
+        for (size_t il = 0; il < n_layer; ++il) hp.is_swa[il] = flags[il];
+        return;
+    } else if (v) {
+        const int64_t p = v->to_int();
+        if (p < 0 || p > hp.n_layer) refuse(name, std::to_string(p), "must be 0 .. block_count");
+        period = static_cast<int>(p);
+    }
+    for (int il = 0; il < hp.n_layer; ++il)
+        hp.is_swa[static_cast<size_t>(il)] = period == 0 || il % period < period - 1;
+}
+
 int HparamReader::count(const std::string& name) const {
     const std::string k = key(name);
     if (!file_.has(k)) throw ModelError(file_.source() + ": missing metadata key '" + k + "'");

@@ -111,6 +111,11 @@ public:
     // factor, rope.scaling.original_context_length (else n_ctx_train), yarn_ext_factor (1),
     // yarn_attn_factor (1), yarn_beta_fast (32) and yarn_beta_slow (1); other types refused by name.
     void rope_scaling(Hparams& hp) const;
+    // The sliding-window layers into hp.is_swa (n_layer flags, hp.n_layer read already):
+    // attention.sliding_window_pattern, one bool per layer where it is an array, else a period
+    // (default_period when absent): layers il % period < period - 1 slide, and all of them for a
+    // period of 0 (llama.cpp's set_swa_pattern). Refused by name when neither fits the layers.
+    void sliding_window_layers(Hparams& hp, int default_period) const;
     // A ModelError "<file>: '<arch>.<name>' = <value>: <why>".
     [[noreturn]] void refuse(const std::string& name, const std::string& value, const std::string& why) const;
 

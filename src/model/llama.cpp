@@ -214,26 +214,7 @@ void read_gpt_oss_hparams(const HparamReader& r, Hparams& hp) {
     hp.gpt_oss_experts = true;
     read_attention_hparams(r, hp);
     hp.sliding_window = r.count("attention.sliding_window");
-    const auto n_layer = static_cast<size_t>(hp.n_layer);
-    int period = 2;
-    if (const gguf::Value* v = r.file().find(r.key("attention.sliding_window_pattern")); v && v->is_array()) {
-        if (v->array_type() != gguf::ValueType::BOOL || v->array_size() != n_layer) {
-            r.refuse("attention.sliding_window_pattern", v->type_name() + " of " + std::to_string(v->array_size()),
-                     "expected one bool per layer (" + std::to_string(hp.n_layer) + ")");
-        }
-        const std::vector<bool> flags = v->array<bool>();
-        for (size_t il = 0; il < n_layer; ++il) hp.is_swa[il] = flags[il];
-        period = -1;
-    } else if (v) {
-        const int64_t p = v->to_int();
-        if (p < 0 || p > hp.n_layer)
-            r.refuse("attention.sliding_window_pattern", std::to_string(p), "must be 0 .. block_count");
-        period = static_cast<int>(p);
-    }
-    if (period >= 0) {  // llama.cpp's set_swa_pattern: a period of 0 makes every layer local
-        for (int il = 0; il < hp.n_layer; ++il)
-            hp.is_swa[static_cast<size_t>(il)] = period == 0 || il % period < period - 1;
-    }
+    r.sliding_window_layers(hp, 2);
     hp.rope_base_swa = r.number_or("rope.freq_base_swa", hp.rope_base);
 }
 
