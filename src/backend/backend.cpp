@@ -52,6 +52,11 @@ const void* Backend::map_host(const void* host, size_t /*bytes*/) {
     return host;
 }
 
+void Backend::swiglu_oai(const float* /*gate*/, const float* /*up*/, int64_t /*n*/, float /*alpha*/, float /*limit*/,
+                         float* /*y*/) {
+    throw std::invalid_argument("swiglu_oai (gpt-oss's experts) is not implemented on " + name());
+}
+
 std::pair<std::string_view, bool> strip_unified_suffix(std::string_view name) {
     constexpr std::string_view suffix = "-unified";
     if (name.size() > suffix.size() && name.ends_with(suffix))

@@ -168,6 +168,9 @@ public:
     virtual void swiglu(const float* gate, const float* up, int64_t n, float* y) = 0;  // silu(gate) * up
     virtual void geglu(const float* gate, const float* up, int64_t n, float* y) = 0;   // gelu(gate) * up
     virtual void softcap(float* x, int64_t n, float cap) = 0;                          // cap * tanh(x / cap)
+    // gpt-oss's clamped SwiGLU (ops::swiglu_oai): its routed experts on the device. A device without
+    // it throws std::invalid_argument naming itself.
+    virtual void swiglu_oai(const float* gate, const float* up, int64_t n, float alpha, float limit, float* y);
 
     // ---- The KV cache of the layers this device runs ---------------------------------------------
     // `cache` is one pool of the model's kv::ModelCache (host object): its bookkeeping (block

@@ -92,6 +92,9 @@ void VirtualDevice::scale(float* x, int64_t n, float s) {
 void VirtualDevice::swiglu(const float* gate, const float* up, int64_t n, float* y) {
     ops::swiglu(gate, up, n, y);
 }
+void VirtualDevice::swiglu_oai(const float* gate, const float* up, int64_t n, float alpha, float limit, float* y) {
+    ops::swiglu_oai(gate, up, n, alpha, limit, y);
+}
 void VirtualDevice::geglu(const float* gate, const float* up, int64_t n, float* y) {
     ops::geglu(gate, up, n, y);
 }

@@ -43,6 +43,7 @@ public:
     void add_bias(float* x, const float* bias, int64_t n_tok, int64_t n) override;
     void scale(float* x, int64_t n, float s) override;
     void swiglu(const float* gate, const float* up, int64_t n, float* y) override;
+    void swiglu_oai(const float* gate, const float* up, int64_t n, float alpha, float limit, float* y) override;
     void geglu(const float* gate, const float* up, int64_t n, float* y) override;
     void softcap(float* x, int64_t n, float cap) override;
 

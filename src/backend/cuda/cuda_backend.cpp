@@ -140,6 +140,9 @@ public:
     void swiglu(const float* gate, const float* up, int64_t n, float* y) override {
         cuda::swiglu(gate, up, n, y, stream_);
     }
+    void swiglu_oai(const float* gate, const float* up, int64_t n, float alpha, float limit, float* y) override {
+        cuda::swiglu_oai(gate, up, n, alpha, limit, y, stream_);
+    }
     void geglu(const float* gate, const float* up, int64_t n, float* y) override {
         cuda::geglu(gate, up, n, y, stream_);
     }

@@ -96,6 +96,17 @@ __global__ void swiglu_kernel(const float* gate, const float* up, int64_t n, flo
     }
 }
 
+// ops::swiglu_oai: gpt-oss's clamped SwiGLU, x = min(gate, limit), u = clamp(up, -limit, limit),
+// y = x * sigmoid(alpha * x) * (u + 1).
+__global__ void swiglu_oai_kernel(const float* gate, const float* up, int64_t n, float alpha, float limit, float* y) {
+    const int64_t i = static_cast<int64_t>(blockIdx.x) * blockDim.x + threadIdx.x;
+    if (i < n) {
+        const float x = fminf(gate[i], limit);
+        const float u = fminf(fmaxf(up[i], -limit), limit);
+        y[i] = x / (1.0f + expf(alpha * (-x))) * (u + 1.0f);
+    }
+}
+
 // ops::gelu: 0 at or below -10, x at or above 10, else the tanh formula of x rounded to f16, the
 // result rounded to f16 (llama.cpp's f16 table). The formula with the host's one fused
 // multiply-add (1 + (0.044715 x) x, ops::gelu_tanh_exact) and no other.
@@ -182,6 +193,13 @@ void swiglu(const float* gate, const float* up, int64_t n, float* y, Stream s) {
     if (n == 0) return;
     swiglu_kernel<<<blocks_for(n, kThreads), kThreads, 0, as_stream(s)>>>(gate, up, n, y);
     FITLLM_CUDA_LAUNCHED("swiglu_kernel");
+}
+
+void swiglu_oai(const float* gate, const float* up, int64_t n, float alpha, float limit, float* y, Stream s) {
+    check_count("cuda::swiglu_oai", n);
+    if (n == 0) return;
+    swiglu_oai_kernel<<<blocks_for(n, kThreads), kThreads, 0, as_stream(s)>>>(gate, up, n, alpha, limit, y);
+    FITLLM_CUDA_LAUNCHED("swiglu_oai_kernel");
 }
 
 void geglu(const float* gate, const float* up, int64_t n, float* y, Stream s) {

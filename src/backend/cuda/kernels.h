@@ -113,6 +113,7 @@ void add_bias(float* x, const float* bias, int64_t n_tok, int64_t n, Stream s); 
 void scale(float* x, int64_t n, float factor, Stream s);
 // y = silu(gate) * up (silu with expf); y = gelu(gate) * up with ops::gelu's f16-rounded tanh GELU.
 void swiglu(const float* gate, const float* up, int64_t n, float* y, Stream s);
+void swiglu_oai(const float* gate, const float* up, int64_t n, float alpha, float limit, float* y, Stream s);
 void geglu(const float* gate, const float* up, int64_t n, float* y, Stream s);
 void softcap(float* x, int64_t n, float cap, Stream s);  // x = cap * tanh(x / cap)
 
