@@ -88,6 +88,7 @@ ModelShape model_shape(const gguf::GgufFile& file) {
     s.layer_expert_bytes.assign(static_cast<size_t>(s.hp.n_layer), 0);
     s.layer_routed_bytes.assign(static_cast<size_t>(s.hp.n_layer), 0);
     s.layer_routed_device_bytes.assign(static_cast<size_t>(s.hp.n_layer), 0);
+    s.layer_router_bytes.assign(static_cast<size_t>(s.hp.n_layer), 0);
     try {
         for (int il = 0; il < s.hp.n_layer; ++il) s.layer_stream_bytes.push_back(model::stream_buffer_bytes(file, il));
     } catch (const model::ModelError&) {
@@ -104,7 +105,11 @@ ModelShape model_shape(const gguf::GgufFile& file) {
             s.layer_bytes[static_cast<size_t>(il)] += t.n_bytes;
             if (model::is_routed_block_tensor(t.name)) {
                 s.layer_routed_bytes[static_cast<size_t>(il)] += t.n_bytes;
-                s.layer_routed_device_bytes[static_cast<size_t>(il)] += model::device_copy_bytes(t.n_bytes);
+                if (model::is_router_tensor(t.name)) {  // never copied (model::device_tensor_names)
+                    s.layer_router_bytes[static_cast<size_t>(il)] += t.n_bytes;
+                } else {
+                    s.layer_routed_device_bytes[static_cast<size_t>(il)] += model::device_copy_bytes(t.n_bytes);
+                }
             }
             if (model::is_expert_tensor(t.name)) {
                 s.layer_expert_bytes[static_cast<size_t>(il)] += t.n_bytes;
@@ -308,6 +313,17 @@ Plan plan_for(const ModelShape& shape, const PlanParams& params) {
         for (int il = first_device; il < hp.n_layer; ++il) p.device.weights_in_place += shape.layer_bytes[size_t(il)];
         if (output_on_device) p.device.weights_in_place += shape.output_bytes;
     }
+    // An offloaded layer's router stays on the host, which routes (model::is_router_tensor): in its
+    // resident weights, wherever the experts run.
+    for (int il = first_device; il < hp.n_layer; ++il) {
+        const auto i = static_cast<size_t>(il);
+        if (!kept.experts.empty() && kept.experts[i]) continue;  // counted with the kept block below
+        if (unified) {
+            p.device.weights_in_place -= shape.layer_router_bytes[i];
+        } else {
+            p.weights_resident += shape.layer_router_bytes[i];
+        }
+    }
     // Placement by tensor class: the routed-expert blocks kept on the host stay in its resident
     // weights and are not copied (model::DeviceWeights).
     if (n_device > 0 && !params.tensor_overrides.empty()) {
@@ -338,14 +354,9 @@ Plan plan_for(const ModelShape& shape, const PlanParams& params) {
             }
         }
     }
-    // The routed experts run on the host only (model/llama.cpp, load_qwen3moe).
-    if (hp.is_moe() && n_device > 0 && p.device.n_host_expert_layers < n_device) {
-        throw std::invalid_argument(
-            "-ngl " + std::to_string(params.n_gpu_layers) + " offloads " + std::to_string(n_device) +
-            " mixture-of-experts layers with their routed experts, but fitllm runs those on the host only: keep "
-            "them there with --cpu-moe (or --n-cpu-moe " +
-            std::to_string(hp.n_layer) + ", or -ot 'exps=CPU'); the rest of each layer runs on " + params.device);
-    }
+    // The offloaded layers whose routed experts run on the device (copied with the layer, in its
+    // weights above): their buffers in its scratch (model::device_scratch_bytes).
+    const bool experts_on_device = hp.is_moe() && n_device > p.device.n_host_expert_layers;
     // As model::LayerStream charges its "staging" pool (model::stream_staging_bytes).
     p.stream_buffer =
         largest_streamed == 0 ? 0 : model::kStreamBuffers * memory::PoolBuffer<std::byte>::bytes_for(largest_streamed);
@@ -440,7 +451,7 @@ Plan plan_for(const ModelShape& shape, const PlanParams& params) {
             // virtual device runs the host's kernels). The crossings use the host's activations
             // and logits: nothing more on the host.
             p.device.scratch = model::device_scratch_bytes(hp, params.n_gpu_layers, params.n_batch, params.n_outputs,
-                                                           /*output_on_host=*/!output_on_device) +
+                                                           /*output_on_host=*/!output_on_device, experts_on_device) +
                                std::max(device_matmul_scratch, p.attention_scratch) + 64;
             p.device_host = backend::host_bytes_for(params.device);
         }
@@ -494,7 +505,8 @@ Plan make_plan(const ModelShape& shape, PlanParams params) {
         }
         if (!params.device.empty()) {
             throw std::invalid_argument(what + " does not go with an offload device (" + params.device +
-                                        "): the experts run on the host only");
+                                        "): the cache serves the host's layers only, and offloaded layers' experts "
+                                        "are on the device or kept mapped on the host (--cpu-moe)");
         }
         const int min_slots = model::min_expert_slots(hp);
         if (params.expert_slots > 0 && params.expert_slots < min_slots) {

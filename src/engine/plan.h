@@ -74,8 +74,9 @@ struct ModelShape {
     std::vector<model::TensorEntry> tensor_entries() const;  // names and dims, for model::host_kept_tensors
     int tensor_index(std::string_view name) const;           // in tensor_names; std::logic_error when none
     std::vector<uint64_t> layer_routed_bytes;
-    std::vector<uint64_t> layer_routed_device_bytes;
-    uint64_t dense_bytes() const;  // tensor bytes less expert_bytes
+    std::vector<uint64_t> layer_routed_device_bytes;  // less the router (never copied)
+    std::vector<uint64_t> layer_router_bytes;         // the router's (model::is_router_tensor), in the file
+    uint64_t dense_bytes() const;                     // tensor bytes less expert_bytes
 };
 
 // The layer of a tensor: "blk.12.attn_q.weight" -> 12; -1 for tensors outside the layers.

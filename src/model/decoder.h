@@ -26,6 +26,7 @@
 #include "model/hparams.h"
 #include "model/layer_stream.h"
 #include "model/model.h"
+#include "model/moe.h"
 #include "model/offload.h"
 #include "ops/activation.h"
 #include "ops/attention.h"
@@ -107,31 +108,38 @@ using BatchRows = backend::BatchRows;
 // the host's are; charged to its "scratch" pool; freed, then allocated, when a bigger batch
 // comes), and the logits rows when the output
 // layer is there (grown the same way to the most rows that wanted logits). model::
-// device_scratch_bytes() is what they hold.
+// device_scratch_bytes() is what they hold. With routed experts on the device (experts), their
+// buffers for one FFN slice too (model/moe.h DeviceMoeBuffers).
 struct DeviceActivations {
     backend::Buffer x, cur, q, k, v, attn, gate, up, logits;
+    backend::Buffer moe_in, moe_gate, moe_up, moe_outs;
     int n_tok = 0, n_logits = 0;
 
-    void reserve(backend::Backend& dev, const Hparams& hp, int n) {
+    void reserve(backend::Backend& dev, const Hparams& hp, int n, bool experts = false) {
         if (n <= n_tok) return;
-        const auto rows = static_cast<size_t>(n);
+        const int64_t slice = experts && hp.is_moe() ? std::min(ffn_slice_tokens(n), n) : 0;
         const std::pair<backend::Buffer*, int64_t> buffers[] = {
-            {&x, hp.n_embd},
-            {&cur, hp.n_embd},
-            {&q, int64_t{hp.n_head} * hp.head_dim},
-            {&k, int64_t{hp.n_head_kv} * hp.head_dim},
-            {&v, int64_t{hp.n_head_kv} * hp.head_dim_v},
-            {&attn, int64_t{hp.n_head} * hp.head_dim_v},
-            {&gate, hp.n_ff},
-            {&up, hp.n_ff},
+            {&x, int64_t{n} * hp.n_embd},
+            {&cur, int64_t{n} * hp.n_embd},
+            {&q, int64_t{n} * hp.n_head * hp.head_dim},
+            {&k, int64_t{n} * hp.n_head_kv * hp.head_dim},
+            {&v, int64_t{n} * hp.n_head_kv * hp.head_dim_v},
+            {&attn, int64_t{n} * hp.n_head * hp.head_dim_v},
+            {&gate, int64_t{n} * hp.n_ff},
+            {&up, int64_t{n} * hp.n_ff},
+            {&moe_in, slice * hp.n_embd},
+            {&moe_gate, slice * hp.n_ff_exp},
+            {&moe_up, slice * hp.n_ff_exp},
+            {&moe_outs, slice * hp.n_expert_used * hp.n_embd},
         };
-        for (const auto& [b, row] : buffers) b->reset();
+        for (const auto& [b, floats] : buffers) b->reset();
         n_tok = 0;
         const std::string what = "activations of a " + std::to_string(n) + "-token batch";
-        for (const auto& [b, row] : buffers)
-            *b = dev.alloc(memory::pool_names::kScratch, rows * static_cast<size_t>(row) * sizeof(float), what);
+        for (const auto& [b, floats] : buffers)
+            *b = dev.alloc(memory::pool_names::kScratch, static_cast<size_t>(floats) * sizeof(float), what);
         n_tok = n;
     }
+    DeviceMoeBuffers moe() const { return {moe_in.f32(), moe_gate.f32(), moe_up.f32(), moe_outs.f32()}; }
     float* logits_rows(backend::Backend& dev, const Hparams& hp, int n_rows) {
         if (n_rows > n_logits) {
             logits.reset();
@@ -354,10 +362,19 @@ public:
                                               device_.pool(memory::pool_names::kStaging), options.stream_direct_io);
         }
         if (placement_.device) device_weights_ = DeviceWeights(file, hp, placement_);
+        for (int il = placement_.first_device_layer; placement_.device && hp.is_moe() && il < hp.n_layer; ++il)
+            device_experts_ = device_experts_ || !placement_.host_experts(il);
         if (options.expert_slots > 0) {
+            // The cache's slots are host memory read by the host's expert FFN: neither a streamed
+            // layer's buffer nor an offloaded layer (its experts copied to the device, or kept mapped
+            // on the host by --cpu-moe) reads its experts through it.
             if (options.n_streamed_layers > 0 || placement_.device) {
-                throw std::invalid_argument(file.source() +
-                                            ": an expert cache does not go with streamed or offloaded layers");
+                throw std::invalid_argument(
+                    file.source() + ": an expert cache (--expert-cache) does not go with " +
+                    (options.n_streamed_layers > 0
+                         ? std::string("streamed layers")
+                         : "layers offloaded to " + placement_.device->name() +
+                               (device_experts_ ? " with their routed experts" : " (their experts kept on the host)")));
             }
             experts_ = std::make_unique<ExpertCache>(
                 file, hp, options.expert_slots, device_.pool(memory::pool_names::kExperts), options.stream_direct_io,
@@ -429,7 +446,7 @@ public:
         if (!placement_.device) return;
         backend::Backend& dev = *placement_.device;
         dev.use_threads(pool);
-        da_.reserve(dev, hp, n);
+        da_.reserve(dev, hp, n, device_experts_);
         dev_ops_.dev_ = &dev;
         dev_ops_.weights_ = &device_weights_;
         dev_ops_.pool_ = &pool, dev_ops_.scratch_ = &scratch, dev_ops_.host_a_ = &a, dev_ops_.staging_ = &staging_;
@@ -444,6 +461,10 @@ public:
         if (!x_on_device_) cross(/*to_device=*/true);
         return dev_ops_;
     }
+    // The device's buffers for an offloaded layer's routed experts (device_experts()).
+    DeviceMoeBuffers device_moe() const { return da_.moe(); }
+    // Whether some offloaded layer runs its routed experts on the device.
+    bool device_experts() const { return device_experts_; }
     // Rows of n floats between the device's activations and the host's (an offloaded layer whose
     // routed experts stay on the host: its FFN input goes there and the block's output comes back).
     void to_host(float* host, const float* dev, int64_t n) {
@@ -508,6 +529,7 @@ private:
     int n_tok_ = 0;
     int64_t row_floats_ = 0;
     bool x_on_device_ = false;
+    bool device_experts_ = false;
 };
 
 // What every decoder-only model is besides its weights and its forward pass: its hyper-parameters

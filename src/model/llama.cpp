@@ -477,9 +477,10 @@ public:
             o.add(x, o.attn_out, n * E, x);
 
             // Feed-forward block: down(silu(gate(h)) * up(h)), a slice of tokens at a time; with
-            // experts, the chosen experts' outputs weighted and summed, on the host (an offloaded
-            // layer's normed rows go to the host's cur and the block's output comes back: its
-            // routed-expert block stays on the host, model/offload.h experts_on_host).
+            // experts, the chosen experts' outputs weighted and summed. The host routes: an
+            // offloaded layer's normed rows go to the host's cur; its experts run on the device
+            // (moe_experts_on_device), or, kept on the host (model/offload.h experts_on_host), there,
+            // and the block's output comes back.
             if (L->ffn_norm) {
                 o.rms_norm(x, L->ffn_norm, hp.norm_eps, n, E, cur);
             } else {
@@ -490,11 +491,23 @@ public:
                 float* h = cur + t0 * E;
                 if (variant_.moe) {
                     float* hh = o.on_device() ? mem_.a.cur.data() + t0 * E : h;
+                    const bool dev_experts = o.on_device() && !mem_.placement().host_experts(il);
                     // Qwen2-MoE: the shared expert's output first (it hands h to the host).
-                    const float* shared = variant_.shared_expert
-                                              ? shared_expert(o, L->shexp, h, hh, m, moe, places_of(places, t0, m))
-                                              : nullptr;
+                    const float* shared = variant_.shared_expert ? shared_expert(o, L->shexp, h, hh, m, moe,
+                                                                                 places_of(places, t0, m), dev_experts)
+                                                                 : nullptr;
                     if (o.on_device() && !shared) mem_.to_host(hh, h, m * E);
+                    if (dev_experts) {
+                        float* work = mem_.a.work.data();
+                        moe_route(hp, L->moe, hh, m, work, moe, places_of(places, t0, m), pool, mem_.scratch);
+                        const DeviceMoeBuffers b = mem_.device_moe();
+                        moe_experts_on_device(*mem_.placement().device, hp, L->moe, h, m, work, moe, b);
+                        if (shared) {  // routed + shared, as on the host
+                            mem_.to_device(b.in, shared, m * E);
+                            o.add(h, b.in, m * E, h);
+                        }
+                        continue;
+                    }
                     moe_ffn(hp, L->moe, hh, m, mem_.a.work.data(), moe, places_of(places, t0, m), pool, mem_.scratch,
                             mem_.experts(), il);
                     if (shared) ops::add(hh, shared, m * E, hh);  // routed + shared, as llama.cpp adds them
@@ -524,10 +537,11 @@ private:
     // Qwen2-MoE's shared expert over m tokens whose normed input h [m, n_embd] is on o's device:
     // down(silu(gate h) * up h) times sigmoid(gate_inp . h) per token, as llama.cpp's qwen2moe graph
     // (its sigmoid is silu(x) / x), on that device; returns it in the host's work buffer (l.sh_out),
-    // where moe_ffn leaves it alone. hh: the host's copy of h for the routed experts (h itself on the
-    // host; on a device, copied here before h takes the expert's output).
+    // where moe_ffn leaves it alone. hh: the host's copy of h for the routing (h itself on the
+    // host; on a device, copied here before h takes the expert's output, or, with the routed
+    // experts on the device (dev_experts), h kept for them and the output in their outs buffer).
     const float* shared_expert(Exec& o, const SharedExpert& w, float* h, float* hh, int m, const MoeLayout& l,
-                               std::span<const ops::TokenPlace> places) {
+                               std::span<const ops::TokenPlace> places, bool dev_experts) {
         const int64_t E = hp_.n_embd;
         const int64_t F = hp_.n_ff_shexp;
         float* work = mem_.a.work.data();
@@ -542,8 +556,9 @@ private:
         o.matmul(w.gate_inp, h, m, g_here, places);
         if (o.on_device()) {
             mem_.to_host(hh, h, m * E);
-            o.matmul(w.down, gate, m, h, places);  // h is free now
-            mem_.to_host(out, h, m * E);
+            float* down = dev_experts ? mem_.device_moe().outs : h;  // h is free now, unless the experts read it
+            o.matmul(w.down, gate, m, down, places);
+            mem_.to_host(out, down, m * E);
             mem_.to_host(g, g_here, m);
         } else {
             o.matmul(w.down, gate, m, out, places);
@@ -620,32 +635,7 @@ std::unique_ptr<Model> load_olmo2(const gguf::GgufFile& file, Hparams hp, const 
     return std::make_unique<Llama>(file, std::move(hp), kOlmo2Variant, options);
 }
 
-// The routed experts run on the host only: an offloaded layer must keep its routed-expert block
-// there (--cpu-moe, --n-cpu-moe, -ot; model/offload.h experts_on_host), the rest of it runs on the
-// device.
-void check_experts_on_host(const gguf::GgufFile& file, const Hparams& hp, const LoadOptions& options) {
-    if (options.offload != nullptr && options.n_offload_layers > 0) {
-        const Placement p = place_layers(file, hp, options);
-        for (int il = p.first_device_layer; il < hp.n_layer; ++il) {
-            if (p.host_experts(il)) continue;
-            std::string given;
-            for (const TensorOverride& o : options.tensor_overrides) {
-                if (given.find(o.flag) == std::string::npos) given += (given.empty() ? "" : ", ") + o.flag;
-            }
-            throw std::invalid_argument(
-                file.source() + ": cannot offload layer " + std::to_string(il) + " of " + hp.arch +
-                " with its routed experts" +
-                (given.empty() ? std::string() : " (not kept on the host by " + given + ")") +
-                ": fitllm runs them on the host only; keep every offloaded layer's there with --cpu-moe (or "
-                "--n-cpu-moe " +
-                std::to_string(hp.n_layer) + ", or -ot 'exps=CPU'), and the rest of each layer runs on " +
-                options.offload->name());
-        }
-    }
-}
-
 std::unique_ptr<Model> load_qwen2moe(const gguf::GgufFile& file, Hparams hp, const LoadOptions& options) {
-    check_experts_on_host(file, hp, options);
     return std::make_unique<Llama>(file, std::move(hp), kQwen2MoeVariant, options);
 }
 
@@ -657,19 +647,16 @@ std::unique_ptr<Model> load_gpt_oss(const gguf::GgufFile& file, Hparams hp, cons
                                     options.offload->name() +
                                     "; run it on the CPU (no -ngl) or on the virtual device (--device virtual)");
     }
-    check_experts_on_host(file, hp, options);
     return std::make_unique<Llama>(file, std::move(hp), kGptOssVariant, options);
 }
 
 std::unique_ptr<Model> load_qwen3moe(const gguf::GgufFile& file, Hparams hp, const LoadOptions& options) {
-    check_experts_on_host(file, hp, options);
     return std::make_unique<Llama>(file, std::move(hp), kQwen3MoeVariant, options);
 }
 
 // "llama": Mixtral (the llama variant with routed experts) when the file declares experts.
 std::unique_ptr<Model> load_llama_arch(const gguf::GgufFile& file, Hparams hp, const LoadOptions& options) {
     if (hp.n_expert == 0) return load_llama(file, std::move(hp), options);
-    check_experts_on_host(file, hp, options);
     return std::make_unique<Llama>(file, std::move(hp), kMixtralVariant, options);
 }
 

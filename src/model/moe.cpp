@@ -89,21 +89,13 @@ void route_token(const float* probs, int n, int k, float scale, int32_t* chosen,
     }
 }
 
-void moe_ffn(const Hparams& hp, const MoeWeights& w, float* h, int m, float* work, const MoeLayout& l,
-             std::span<const ops::TokenPlace> places, ops::ThreadPool& pool, ops::Scratch& scratch,
-             ExpertCache* experts, int il) {
+void moe_route(const Hparams& hp, const MoeWeights& w, const float* h, int m, float* work, const MoeLayout& l,
+               std::span<const ops::TokenPlace> places, ops::ThreadPool& pool, ops::Scratch& scratch) {
     const int n_expert = hp.n_expert;
     const int k = hp.n_expert_used;
-    const int64_t E = hp.n_embd;
-    const int64_t F = hp.n_ff_exp;
     float* probs = work + l.probs;      // [m, n_expert]
     float* ids = work + l.ids;          // [m, k] expert ids
     float* weights = work + l.weights;  // [m, k]
-    float* rows = work + l.rows;        // [<= m] token * k + rank, for one expert
-    float* in = work + l.in;            // [<= m, E]: the expert's input, then its output
-    float* gate = work + l.gate;        // [<= m, F]
-    float* up = work + l.up;            // [<= m, F]
-    float* outs = work + l.outs;        // [m, k, E]
 
     // Route: softmax over the experts' scores, the k best, their weights (gpt-oss: the k best
     // scores, plus the router bias, and a softmax over those k).
@@ -125,13 +117,41 @@ void moe_ffn(const Hparams& hp, const MoeWeights& w, float* h, int m, float* wor
         }
         for (int r = 0; r < k; ++r) ids[int64_t{t} * k + r] = static_cast<float>(chosen[r]);
     }
+}
+
+namespace {
+
+// The rows (token * k + rank, as float values) of the m tokens' routes to expert e, in rows; their
+// count.
+int rows_of_expert(const float* ids, int64_t n_routes, int e, float* rows) {
+    int cnt = 0;
+    for (int64_t s = 0; s < n_routes; ++s) {
+        if (ids[s] == static_cast<float>(e)) rows[cnt++] = static_cast<float>(s);
+    }
+    return cnt;
+}
+
+}  // namespace
+
+void moe_ffn(const Hparams& hp, const MoeWeights& w, float* h, int m, float* work, const MoeLayout& l,
+             std::span<const ops::TokenPlace> places, ops::ThreadPool& pool, ops::Scratch& scratch,
+             ExpertCache* experts, int il) {
+    const int n_expert = hp.n_expert;
+    const int k = hp.n_expert_used;
+    const int64_t E = hp.n_embd;
+    const int64_t F = hp.n_ff_exp;
+    const float* ids = work + l.ids;          // [m, k] expert ids
+    const float* weights = work + l.weights;  // [m, k]
+    float* rows = work + l.rows;              // [<= m] token * k + rank, for one expert
+    float* in = work + l.in;                  // [<= m, E]: the expert's input, then its output
+    float* gate = work + l.gate;              // [<= m, F]
+    float* up = work + l.up;                  // [<= m, F]
+    float* outs = work + l.outs;              // [m, k, E]
+    moe_route(hp, w, h, m, work, l, places, pool, scratch);
 
     // Each expert once, over the tokens that chose it; its weighted output in their rank's slot.
     for (int e = 0; e < n_expert; ++e) {
-        int cnt = 0;
-        for (int64_t s = 0; s < int64_t{m} * k; ++s) {
-            if (ids[s] == static_cast<float>(e)) rows[cnt++] = static_cast<float>(s);
-        }
+        const int cnt = rows_of_expert(ids, int64_t{m} * k, e, rows);
         if (cnt == 0) continue;
         for (int i = 0; i < cnt; ++i) {
             const auto t = static_cast<int64_t>(rows[i]) / k;
@@ -173,6 +193,48 @@ void moe_ffn(const Hparams& hp, const MoeWeights& w, float* h, int m, float* wor
         std::memcpy(out, slot, static_cast<size_t>(E) * sizeof(float));
         for (int r = 1; r < k; ++r) ops::add(out, slot + r * E, E, out);
     }
+}
+
+void moe_experts_on_device(backend::Backend& dev, const Hparams& hp, const MoeWeights& w, float* h, int m, float* work,
+                           const MoeLayout& l, const DeviceMoeBuffers& b) {
+    const int n_expert = hp.n_expert;
+    const int k = hp.n_expert_used;
+    const int64_t E = hp.n_embd;
+    const int64_t F = hp.n_ff_exp;
+    const size_t row_bytes = static_cast<size_t>(E) * sizeof(float);
+    const float* ids = work + l.ids;
+    const float* weights = work + l.weights;
+    float* rows = work + l.rows;
+    // As moe_ffn, expert by expert: the same matmuls on the same bytes (the device's copies sit at
+    // the mapped tensors' alignment), each weighted output in slot rank * m + token of outs.
+    for (int e = 0; e < n_expert; ++e) {
+        const int cnt = rows_of_expert(ids, int64_t{m} * k, e, rows);
+        if (cnt == 0) continue;
+        for (int i = 0; i < cnt; ++i) {
+            const auto t = static_cast<int64_t>(rows[i]) / k;
+            dev.copy_on_device(b.in + i * E, h + t * E, row_bytes);
+        }
+        dev.matmul(expert_matrix(w.gate_exps, e, F), b.in, cnt, b.gate);  // gate: [cnt, F]
+        dev.matmul(expert_matrix(w.up_exps, e, F), b.in, cnt, b.up);      // up: [cnt, F]
+        if (hp.gpt_oss_experts) {
+            if (w.gate_exps_b) dev.add_bias(b.gate, w.gate_exps_b + int64_t{e} * F, cnt, F);
+            if (w.up_exps_b) dev.add_bias(b.up, w.up_exps_b + int64_t{e} * F, cnt, F);
+            dev.swiglu_oai(b.gate, b.up, int64_t{cnt} * F, kSwigluOaiAlpha, kSwigluOaiLimit, b.gate);
+        } else {
+            dev.swiglu(b.gate, b.up, int64_t{cnt} * F, b.gate);
+        }
+        dev.matmul(expert_matrix(w.down_exps, e, E), b.gate, cnt, b.in);  // in: [cnt, E]
+        if (w.down_exps_b) dev.add_bias(b.in, w.down_exps_b + int64_t{e} * E, cnt, E);
+        for (int i = 0; i < cnt; ++i) {
+            const auto s = static_cast<int64_t>(rows[i]);
+            float* dst = b.outs + ((s % k) * m + s / k) * E;
+            dev.copy_on_device(dst, b.in + i * E, row_bytes);
+            dev.scale(dst, E, weights[s]);
+        }
+    }
+    // out = slot 0 + slot 1 + ..., per token (rank-major slots: one op per rank).
+    dev.copy_on_device(h, b.outs, static_cast<size_t>(m) * row_bytes);
+    for (int r = 1; r < k; ++r) dev.add(h, b.outs + int64_t{r} * m * E, int64_t{m} * E, h);
 }
 
 }  // namespace fitllm::model

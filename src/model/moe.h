@@ -16,6 +16,7 @@
 #include <cstdint>
 #include <span>
 
+#include "backend/backend.h"
 #include "model/activations.h"
 #include "model/expert_cache.h"
 #include "model/hparams.h"
@@ -69,6 +70,11 @@ void router_softmax(float* p, int n);
 // then scaled by `scale` unless it is 0 or 1.
 void route_token(const float* probs, int n, int k, float scale, int32_t* chosen, float* weights, bool normalize = true);
 
+// The routing of moe_ffn: the router's scores of h [m, n_embd] (host), the k experts of each token
+// and their weights, in work (l.ids, l.weights; l.probs used on the way).
+void moe_route(const Hparams& hp, const MoeWeights& w, const float* h, int m, float* work, const MoeLayout& l,
+               std::span<const ops::TokenPlace> places, ops::ThreadPool& pool, ops::Scratch& scratch);
+
 // The block over m tokens (m <= the layout's slice): h [m, n_embd] holds the normed input and
 // receives the output. work: the activations' work buffer, laid out as `l` says. places: the
 // tokens' places for the router's matmul (empty: single-token order).
@@ -77,5 +83,24 @@ void route_token(const float* probs, int n, int k, float scale, int32_t* chosen,
 void moe_ffn(const Hparams& hp, const MoeWeights& w, float* h, int m, float* work, const MoeLayout& l,
              std::span<const ops::TokenPlace> places, ops::ThreadPool& pool, ops::Scratch& scratch,
              ExpertCache* experts = nullptr, int il = 0);
+
+// A device's buffers for an offloaded layer's routed experts over a slice of s tokens
+// (DeviceActivations; model::device_scratch_bytes): in [s, n_embd], gate and up [s, n_ff_exp],
+// outs [k, s, n_embd] (each rank's weighted outputs, k = n_expert_used).
+struct DeviceMoeBuffers {
+    float* in = nullptr;
+    float* gate = nullptr;
+    float* up = nullptr;
+    float* outs = nullptr;
+};
+
+// The routed experts of an offloaded layer on its device, after moe_route() chose them on the host:
+// h [m, n_embd] on the device holds the normed input and receives the weighted sum; w's expert
+// tensors (and gpt-oss's expert biases) are the device's copies. Per expert that a token chose:
+// its tokens' rows gathered, the matmuls on its slice of the 3-D tensors, the activation, each row
+// times its weight; then the ranks summed per token, in moe_ffn's order (the virtual device gives
+// its bits). work: the host's, with moe_route()'s results (l.rows used on the way).
+void moe_experts_on_device(backend::Backend& dev, const Hparams& hp, const MoeWeights& w, float* h, int m, float* work,
+                           const MoeLayout& l, const DeviceMoeBuffers& b);
 
 }  // namespace fitllm::model

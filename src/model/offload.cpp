@@ -9,6 +9,7 @@
 #include <unordered_set>
 
 #include "io/mapped_file.h"
+#include "model/activations.h"
 #include "model/expert_cache.h"
 
 namespace fitllm::model {
@@ -73,6 +74,11 @@ bool is_routed_block_tensor(std::string_view name) {
     return name.ends_with(".ffn_gate_inp.weight") || name.ends_with(".exp_probs_b.bias") ||
            name.ends_with(".ffn_gate_inp.bias") || name.ends_with(".ffn_gate_exps.bias") ||
            name.ends_with(".ffn_up_exps.bias") || name.ends_with(".ffn_down_exps.bias");  // gpt-oss's biases
+}
+
+bool is_router_tensor(std::string_view name) {
+    return name.starts_with("blk.") && (name.ends_with(".ffn_gate_inp.weight") ||
+                                        name.ends_with(".ffn_gate_inp.bias") || name.ends_with(".exp_probs_b.bias"));
 }
 
 namespace {
@@ -248,7 +254,8 @@ std::vector<std::string> device_tensor_names(const gguf::GgufFile& file, const H
         if (il < first || il >= hp.n_layer) continue;
         if (static_cast<size_t>(il) < experts_on_host.size() && experts_on_host[size_t(il)] &&
             is_routed_block_tensor(t.name))
-            continue;  // stays on the host
+            continue;                            // stays on the host
+        if (is_router_tensor(t.name)) continue;  // the host routes (experts on the device too)
         if (host_matrices.contains(t.name)) continue;
         names.emplace_back(t.name);
     }
@@ -289,7 +296,8 @@ uint64_t device_weight_bytes(const gguf::GgufFile& file, const Hparams& hp, int 
     return bytes;
 }
 
-uint64_t device_scratch_bytes(const Hparams& hp, int n_offload_layers, int n_tok, int n_out, bool output_on_host) {
+uint64_t device_scratch_bytes(const Hparams& hp, int n_offload_layers, int n_tok, int n_out, bool output_on_host,
+                              bool experts_on_device) {
     if (n_offload_layers <= 0) return 0;
     const auto n = static_cast<uint64_t>(n_tok);
     const uint64_t rows[] = {
@@ -304,6 +312,14 @@ uint64_t device_scratch_bytes(const Hparams& hp, int n_offload_layers, int n_tok
     };
     uint64_t bytes = 0;
     for (const uint64_t row : rows) bytes += aligned(n * row * sizeof(float));
+    if (experts_on_device && hp.is_moe()) {  // DeviceMoeBuffers for one FFN slice
+        const auto slice = static_cast<uint64_t>(std::min(ffn_slice_tokens(n_tok), std::max(n_tok, 0)));
+        const auto E = static_cast<uint64_t>(hp.n_embd);
+        const auto F = static_cast<uint64_t>(hp.n_ff_exp);
+        const auto k = static_cast<uint64_t>(hp.n_expert_used);
+        for (const uint64_t floats : {slice * E, slice * F, slice * F, k * slice * E})
+            bytes += aligned(floats * sizeof(float));
+    }
     if (n_offload_layers > hp.n_layer && !output_on_host && n_out > 0)
         bytes += aligned(static_cast<uint64_t>(n_out) * static_cast<uint64_t>(hp.n_vocab) * sizeof(float));
     return bytes;
@@ -401,8 +417,8 @@ void DeviceWeights::map_in_place(const gguf::GgufFile& file, const Hparams& hp, 
 void DeviceWeights::keep_on_host(const gguf::GgufFile& file, const Hparams& hp, const Placement& placement) {
     for (const gguf::TensorInfo& t : file.tensors()) {
         const int il = layer_of(t.name);
-        if (il >= placement.first_device_layer && placement.host_experts(il) && is_routed_block_tensor(t.name) &&
-            il < hp.n_layer)
+        if (il >= placement.first_device_layer && il < hp.n_layer &&
+            ((placement.host_experts(il) && is_routed_block_tensor(t.name)) || is_router_tensor(t.name)))
             copies_[t.data.data()] = t.data.data();
     }
     for (const std::string& name : placement.host_matrices) {

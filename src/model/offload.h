@@ -28,7 +28,9 @@ struct Placement {
     bool output_on_device = false;
     bool kv_on_device = false;  // the device layers' K/V in the device's memory
     // Per layer (n_layer, or empty: none): the routed-expert block of an offloaded layer (router and
-    // ffn_{gate,up,down}_exps) stays in host memory and runs on the host (experts_on_host()).
+    // ffn_{gate,up,down}_exps) stays in host memory and runs on the host (experts_on_host()); an
+    // offloaded layer without the flag runs its experts on the device (model/moe.h
+    // moe_experts_on_device), routed on the host (is_router_tensor).
     std::vector<bool> experts_on_host;
     // Other weight matrices of offloaded layers that stay in host memory (host_kept_tensors()): the
     // device's Exec multiplies by them on the host (its input rows copied there, the product back).
@@ -51,6 +53,12 @@ std::vector<std::string> tensor_names(const gguf::GgufFile& file);
 // blk.<i>.ffn_gate_inp.weight (with its selection bias exp_probs_b.bias where a file has one, and
 // gpt-oss's router and per-expert biases, ffn_gate_inp.bias and ffn_{gate,up,down}_exps.bias).
 bool is_routed_block_tensor(std::string_view name);
+
+// The router of a layer's routed-expert block: blk.<i>.ffn_gate_inp.weight (gpt-oss's bias
+// ffn_gate_inp.bias, a selection bias exp_probs_b.bias). An offloaded layer's router stays in host
+// memory wherever its experts run: the host routes, from the device's hidden state when the experts
+// are on the device, so the experts chosen are the CPU run's.
+bool is_router_tensor(std::string_view name);
 
 // A tensor's name and dimensions (a weight matrix has 2 or more), in the file's order.
 struct TensorEntry {
@@ -169,7 +177,8 @@ inline constexpr size_t kWeightSkew = 64;
 std::vector<int> cache_layer_devices(const Hparams& hp, int n_offload_layers, bool offload_kv);
 
 // The names of the tensors DeviceWeights copies (for plans): those of the offloaded layers less the
-// routed-expert blocks that experts_on_host (n_layer flags, or empty) keeps on the host.
+// routed-expert blocks that experts_on_host (n_layer flags, or empty) keeps on the host and less the
+// routers (is_router_tensor: on the host always).
 std::vector<std::string> device_tensor_names(const gguf::GgufFile& file, const Hparams& hp, int n_offload_layers,
                                              const std::vector<bool>& experts_on_host = {});
 // The same less everything `kept` keeps on the host (its matrices; the output layer when kept.output).
@@ -185,9 +194,11 @@ uint64_t device_weight_bytes(const gguf::GgufFile& file, const Hparams& hp, int 
 // backend::kBufferAlign.
 uint64_t device_copy_bytes(uint64_t n_bytes);
 // What the device's "scratch" pool holds for batches of up to n_tok tokens of which up to n_out
-// want logits (the virtual device's op scratch aside): the activations, and n_out logits rows
-// when the output is on the device (n_offload_layers > n_layer and not output_on_host).
+// want logits (the virtual device's op scratch aside): the activations, n_out logits rows
+// when the output is on the device (n_offload_layers > n_layer and not output_on_host), and, when
+// some offloaded layer runs its routed experts there (experts_on_device), their buffers for one FFN
+// slice (model/moe.h DeviceMoeBuffers).
 uint64_t device_scratch_bytes(const Hparams& hp, int n_offload_layers, int n_tok, int n_out,
-                              bool output_on_host = false);
+                              bool output_on_host = false, bool experts_on_device = false);
 
 }  // namespace fitllm::model

@@ -38,6 +38,10 @@ TEST(OffloadMoeOptions, HostExpertsOnTheVirtualDeviceGiveTheSameText) {
         EXPECT_EQ(text_of(on + " -ot 'ffn_(up|down)_exps=CPU' --override-tensor 'gate_exps=CPU'"), cpu) << ngl;
         EXPECT_EQ(text_of(on + " -ot '.*=CPU'"), cpu) << ngl;  // every matrix on the host: KV-only offload
         EXPECT_EQ(text_of(on + " --cpu-moe -ot 'attn_(q|output)=CPU'"), cpu) << ngl;
+        // The experts on the device (llama.cpp's default with -ngl), all or some of them.
+        EXPECT_EQ(text_of(on), cpu) << ngl;
+        EXPECT_EQ(text_of(on + " --n-cpu-moe 1 --no-kv-offload"), cpu) << ngl;
+        EXPECT_EQ(text_of(on + " -ot 'attn_q=CPU'"), cpu) << ngl;
     }
     // Without -ngl the device takes every layer that fits (no --vram: all), the experts on the host.
     EXPECT_EQ(text_of(base + " --device virtual --cpu-moe"), cpu);
@@ -68,15 +72,10 @@ TEST(OffloadMoeOptions, KvOnlyOffloadGivesTheSameTextAndPlansNoDeviceWeights) {
 
 TEST(OffloadMoeOptions, RefusalsNameTheFlag) {
     const std::string base = fitllm_exe() + " run -m " + tiny("tiny-qwen3moe-q8_0.gguf") + " -p 'a b' -n 2 -t 1 -c 256";
-    auto r = test::run_command(base + " --device virtual -ngl 3 2>&1");
+    // The expert cache serves the host's layers only.
+    auto r = test::run_command(base + " --device virtual -ngl 3 --expert-cache 8 2>&1");
     EXPECT_NE(r.status, 0);
-    EXPECT_TRUE(has(r.output, "--cpu-moe")) << r.output;
-    r = test::run_command(base + " --device virtual -ngl 3 --n-cpu-moe 1 2>&1");
-    EXPECT_NE(r.status, 0);
-    EXPECT_TRUE(has(r.output, "--n-cpu-moe 2")) << r.output;
-    r = test::run_command(base + " --device virtual -ngl 3 -ot 'attn_q=CPU' 2>&1");  // experts on the device
-    EXPECT_NE(r.status, 0);
-    EXPECT_TRUE(has(r.output, "routed experts") && has(r.output, "--cpu-moe")) << r.output;
+    EXPECT_TRUE(has(r.output, "expert cache") && has(r.output, "offload device (virtual)")) << r.output;
     r = test::run_command(base + " --device virtual -ngl 3 -ot 'exps=cuda0' 2>&1");
     EXPECT_NE(r.status, 0);
     EXPECT_TRUE(has(r.output, "-ot 'exps=cuda0'") && has(r.output, "unknown device")) << r.output;
