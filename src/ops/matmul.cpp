@@ -107,9 +107,17 @@ void matmul_dot_order(const WeightView& w, const quant::DotKernel& kernel, const
 
     if (n_tok == 1) {
         const int64_t n_tasks = (w.rows + kMatvecRowsPerTask - 1) / kMatvecRowsPerTask;
+        // FITLLM_NO_DOT_ROWS=1 computes one row at a time instead (A/B measurements).
+        static const bool rows_off = std::getenv("FITLLM_NO_DOT_ROWS") != nullptr;
+        const quant::DotRowsFn rows = rows_off ? nullptr : kernel.rows;
         pool.parallel_for(n_tasks, [&](int64_t begin, int64_t end, int) {
+            const int64_t r0 = begin * kMatvecRowsPerTask;
             const int64_t r_end = std::min(w.rows, end * kMatvecRowsPerTask);
-            for (int64_t r = begin * kMatvecRowsPerTask; r < r_end; ++r) dot(cols, y + r, w_data + r * w_stride, act);
+            if (rows != nullptr) {
+                rows(cols, static_cast<int>(r_end - r0), y + r0, w_data + r0 * w_stride, w_stride, act);
+                return;
+            }
+            for (int64_t r = r0; r < r_end; ++r) dot(cols, y + r, w_data + r * w_stride, act);
         });
         return;
     }

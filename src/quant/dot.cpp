@@ -63,6 +63,7 @@ DotKernel select_dot(GgmlType weight_type, const CpuFeatures& features) {
         take(detail::dot_avx512(weight_type, vnni), level);
         take(detail::dot_avx512_kquants(weight_type, vnni), level);
     }
+    if (best >= Isa::Avx2) k.rows = detail::dot_rows_avx2(weight_type);
     return k;
 }
 

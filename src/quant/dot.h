@@ -12,6 +12,8 @@
 //
 // For every weight type there is a scalar reference (dot_ref.cpp) and AVX2 / AVX-512 / AVX-512 VNNI
 // versions (dot_avx2*.cpp, dot_avx512*.cpp) that tests hold to the reference.
+#include <cstddef>
+
 #include "quant/cpu_features.h"
 #include "quant/ggml_type.h"
 
@@ -21,10 +23,16 @@ namespace fitllm::quant {
 // w_row is a row of the weight type, act_row one of the kernel's act_type.
 using DotFn = void (*)(int n, float* out, const void* w_row, const void* act_row);
 
+// out[r] = the dot of weight row r (at w + r * w_stride) with act_row, for r < n_rows: each out[r]
+// the very float DotFn gives for that row, computed for several rows at once (one weight row's
+// block at a time in every row, the per-row reductions shared).
+using DotRowsFn = void (*)(int n, int n_rows, float* out, const void* w, size_t w_stride, const void* act_row);
+
 struct DotKernel {
     DotFn fn = nullptr;  // nullptr: no kernel for this weight type
     Isa isa = Isa::Scalar;
     GgmlType act_type = GgmlType::F32;
+    DotRowsFn rows = nullptr;  // where there is one: fn for many rows (matrix-vector), fn's bits
 };
 
 // The weight types select_dot has kernels for.

@@ -372,7 +372,55 @@ void dot_mxfp4(int n, float* out, const void* w, const void* a) {
     *out = sum;
 }
 
+// Q4_0 rows, eight at a time, each in dot_symmetric32<BlockQ4_0>'s serial order (one float per
+// row: acc = fma(float(block's integer sum), d_w * d_a, acc), block after block): the eight
+// rows' integer block sums (exact in any order) reduced together by horizontal adds, then one
+// 8-lane FMA, a lane per row. The offset term (8 * y) is the same for every row of a block.
+void dot_rows_q4_0(int n, int n_rows, float* out, const void* w, size_t w_stride, const void* a) {
+    const auto* y = as<BlockQ8_0>(a);
+    const auto* base = static_cast<const uint8_t*>(w);
+    const int nb = n / 32;
+    constexpr int kRows = 8;
+    int r = 0;
+    for (; r + kRows <= n_rows; r += kRows) {
+        const BlockQ4_0* x[kRows];
+        for (int k = 0; k < kRows; ++k)
+            x[k] = reinterpret_cast<const BlockQ4_0*>(base + static_cast<size_t>(r + k) * w_stride);
+        __m256 acc = _mm256_setzero_ps();
+        const size_t ahead = kRows * w_stride;  // the next group's rows, read while these compute
+        for (int i = 0; i < nb; ++i) {
+            if (i % 4 == 0) {
+                for (int k = 0; k < kRows; ++k)
+                    _mm_prefetch(reinterpret_cast<const char*>(x[k] + i) + ahead, _MM_HINT_T0);
+            }
+            const __m256i yq = load32(y[i].qs);
+            const __m256i offset = _mm256_maddubs_epi16(_mm256_set1_epi8(8), yq);
+            __m256i s[kRows];
+            for (int k = 0; k < kRows; ++k) {
+                const __m256i pairs = _mm256_sub_epi16(_mm256_maddubs_epi16(quants(x[k][i]), yq), offset);
+                s[k] = _mm256_madd_epi16(pairs, _mm256_set1_epi16(1));
+            }
+            // Lane k of `sums`: all eight int32 partials of row k.
+            const __m256i h0123 = _mm256_hadd_epi32(_mm256_hadd_epi32(s[0], s[1]), _mm256_hadd_epi32(s[2], s[3]));
+            const __m256i h4567 = _mm256_hadd_epi32(_mm256_hadd_epi32(s[4], s[5]), _mm256_hadd_epi32(s[6], s[7]));
+            const __m256i sums = _mm256_add_epi32(_mm256_permute2x128_si256(h0123, h4567, 0x20),
+                                                  _mm256_permute2x128_si256(h0123, h4567, 0x31));
+            auto h = [](uint16_t v) { return static_cast<short>(v); };
+            const __m256 dw = _mm256_cvtph_ps(_mm_setr_epi16(h(x[0][i].d), h(x[1][i].d), h(x[2][i].d), h(x[3][i].d),
+                                                             h(x[4][i].d), h(x[5][i].d), h(x[6][i].d), h(x[7][i].d)));
+            const __m256 scale = _mm256_mul_ps(dw, _mm256_set1_ps(f16(y[i].d)));
+            acc = _mm256_fmadd_ps(_mm256_cvtepi32_ps(sums), scale, acc);
+        }
+        _mm256_storeu_ps(out + r, acc);
+    }
+    for (; r < n_rows; ++r) dot_symmetric32<BlockQ4_0, 8>(n, out + r, base + static_cast<size_t>(r) * w_stride, a);
+}
+
 }  // namespace
+
+DotRowsFn dot_rows_avx2(GgmlType weight_type) {
+    return weight_type == GgmlType::Q4_0 ? dot_rows_q4_0 : nullptr;
+}
 
 DotFn dot_avx2(GgmlType weight_type) {
     switch (weight_type) {

@@ -229,6 +229,40 @@ TEST(Dot, VariantsMatchReference) {
     }
 }
 
+// DotKernel::rows (matrix-vector over many rows at once) gives every row the float its fn gives,
+// for row counts around its eight-row groups, at every level the CPU has.
+TEST(Dot, RowsGiveEachRowTheDotsBits) {
+    const CpuFeatures cpu = detect_cpu_features();
+    if (cpu.best_isa() < Isa::Avx2) GTEST_SKIP() << "no AVX2 on this CPU (" << cpu.describe() << ")";
+    int checked = 0;
+    for (GgmlType w : kDotWeightTypes) {
+        for (Isa isa : kAllIsas) {
+            if (isa > cpu.best_isa()) continue;
+            const DotKernel k = select_dot(w, limit_to(cpu, isa));
+            if (k.rows == nullptr) continue;
+            for (int n : sizes_for(w)) {
+                for (int n_rows : {1, 7, 8, 9, 16, 19}) {
+                    const Rows d = make_rows(w, n, n_rows, static_cast<uint32_t>(n * 31 + n_rows), false);
+                    std::vector<float> got(static_cast<size_t>(n_rows), -1.0f);
+                    k.rows(n, n_rows, got.data(), d.w_row(0), test::bytes_of_row(w, n), d.act.data());
+                    for (int r = 0; r < n_rows; ++r) {
+                        float want = 0;
+                        k.fn(n, &want, d.w_row(r), d.act.data());
+                        EXPECT_EQ(std::memcmp(&got[size_t(r)], &want, sizeof want), 0)
+                            << label(w, isa, n, false) << " row " << r << " of " << n_rows << ": got " << got[size_t(r)]
+                            << ", want " << want;
+                    }
+                }
+            }
+            ++checked;
+        }
+    }
+    // Q4_0 has one from AVX2 on (its serial order is the same at every level).
+    EXPECT_NE(select_dot(GgmlType::Q4_0, limit_to(cpu, Isa::Avx2)).rows, nullptr);
+    EXPECT_EQ(select_dot(GgmlType::Q4_0, CpuFeatures{}).rows, nullptr);
+    EXPECT_GT(checked, 0);
+}
+
 TEST(Dot, ZeroActivationsGiveZero) {
     const CpuFeatures cpu = detect_cpu_features();
     for (GgmlType w : kDotWeightTypes) {
