@@ -208,6 +208,7 @@ std::string plan_text(const Plan& p, const std::string& budget_source) {
         }
         const std::string each =
             lo == hi ? util::human_bytes(hi) : util::human_bytes(lo) + ".." + util::human_bytes(hi);
+        const int n_device_experts = dev.unified ? 0 : dev.n_layer - dev.n_host_expert_layers;  // copied there
         row("  dense", p.shape.dense_bytes(),
             "attention, norms, embeddings, output, routers" +
                 (p.shape.shared_expert_bytes > 0
@@ -216,7 +217,10 @@ std::string plan_text(const Plan& p, const std::string& budget_source) {
         row("  routed experts", p.shape.expert_bytes,
             std::to_string(hp.n_layer) + " layers x " + std::to_string(hp.n_expert) + " experts x " + each +
                 " (gate, up, down)" +
-                (p.n_expert_slots > 0 ? ": read from the file on demand (not in the total)" : ": resident"));
+                (p.n_expert_slots > 0 ? ": read from the file on demand (not in the total)"
+                 : n_device_experts > 0
+                     ? ": resident, those of " + std::to_string(n_device_experts) + " offloaded layers on " + dev.name
+                     : ": resident"));
     }
     if (p.n_expert_slots > 0) {
         const model::Hparams& hp = p.shape.hp;

@@ -372,6 +372,9 @@ TEST(ModelOffloadMoe, ThePlanShowsWhereTheExpertsAre) {
     EXPECT_EQ(d.weights_resident, shape.global_bytes - (shape.tied_output ? 0 : shape.output_bytes) + routers);
     EXPECT_EQ(d.device.weights, p.device.weights + routed_on_device);
     EXPECT_GT(d.device.scratch, p.device.scratch);
+    const std::string dtext = engine::plan_text(d, "test");
+    EXPECT_TRUE(has(dtext, "resident, those of 2 offloaded layers on virtual")) << dtext;
+    EXPECT_FALSE(has(dtext, "stay on the host")) << dtext;
     // Auto (-ngl unset): every layer and the output, with the experts there or on the host.
     engine::PlanParams a = base;
     a.n_gpu_layers = -1;
