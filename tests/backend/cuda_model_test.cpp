@@ -37,6 +37,7 @@ TEST(CudaModel, BuiltWithoutCuda) {
 #include "gguf/gguf_reader.h"
 #include "kv/cache.h"
 #include "model/model.h"
+#include "model/tensor_override.h"
 #include "model/tiny_gemma3.h"
 #include "ops/thread_pool.h"
 #include "test_support.h"
@@ -156,6 +157,37 @@ TEST(CudaModel, TinyModelsOnCuda0GiveTheLogitsOfTheCpu) {
                     expect_close(want, run_script(*m, kv_type, want.tokens, 8, pool));
                     if (HasFatalFailure()) return;
                 }
+            }
+        }
+    }
+}
+
+// Mixture-of-experts files with every offloaded layer's routed experts on cuda0 (model/moe.h
+// moe_experts_on_device), and with them on the host (--cpu-moe), against the CPU. The host routes
+// from cuda0's hidden state, so a router score within rounding of another can pick another expert
+// than the CPU did; the same tolerance holds on these files where that does not happen.
+TEST(CudaModel, TinyMoeModelsWithExpertsOnCuda0GiveTheLogitsOfTheCpu) {
+    const std::string why = backend::cuda::no_device_reason();
+    if (!why.empty()) GTEST_SKIP() << why;
+    ops::ThreadPool pool(2);
+    for (const char* f :
+         {"tiny-qwen3moe-f16.gguf", "tiny-qwen3moe-q8_0.gguf", "tiny-mixtral-q8_0.gguf", "tiny-qwen2moe-q8_0.gguf"}) {
+        SCOPED_TRACE(f);
+        const gguf::GgufFile file = gguf::GgufFile::open((test::source_dir() / "tests/model/data" / f).string());
+        const auto cpu = model::Model::load(file);
+        const int n_layer = cpu->hparams().n_layer;
+        const ScriptRun want = run_script(*cpu, quant::GgmlType::F16, {}, 8, pool);
+        for (const int ngl : {1, n_layer + 1}) {
+            for (const bool host_experts : {false, true}) {
+                SCOPED_TRACE("ngl " + std::to_string(ngl) + (host_experts ? ", --cpu-moe" : ", experts on cuda0"));
+                auto dev = backend::open_device("cuda0", 1ull << 30);
+                auto m =
+                    model::Model::load(file, {.offload = dev.get(),
+                                              .n_offload_layers = ngl,
+                                              .tensor_overrides = host_experts ? model::cpu_moe_overrides(-1)
+                                                                               : std::vector<model::TensorOverride>{}});
+                expect_close(want, run_script(*m, quant::GgmlType::F16, want.tokens, 8, pool));
+                if (HasFatalFailure()) return;
             }
         }
     }
