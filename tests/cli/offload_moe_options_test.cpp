@@ -1,6 +1,7 @@
 // --cpu-moe, --n-cpu-moe and -ot / --override-tensor on the commands: a mixture of experts offloaded
-// to the virtual device with its routed experts on the host writes the CPU's text; the plan shows
-// per device what is resident; what the forward pass cannot follow is refused naming the flag.
+// to the virtual device with its routed experts on the host, or on the device, writes the CPU's
+// text; the plan shows per device what is resident; what the forward pass cannot follow is refused
+// naming the flag.
 #include <gtest/gtest.h>
 
 #include <nlohmann/json.hpp>

@@ -68,7 +68,8 @@ gguf::GgufFile open_case(const Case& c) {
 }
 
 // '.*=CPU' (every matrix on the host: KV-only offload), the attention matrices only, the FFN's down
-// matrix only (a MoE file keeps its experts there too: fitllm runs them on the host only).
+// matrix only (a MoE file keeps its experts there too; with them on the device:
+// offload_moe_test.cpp).
 std::vector<std::string> rule_lists(bool moe) {
     if (moe) return {".*=CPU", "attn=CPU,exps=CPU", "attn_(q|k|v)\\.=CPU,exps=CPU"};
     return {".*=CPU", "attn=CPU", "ffn_down=CPU"};
