@@ -127,8 +127,9 @@ TEST(GgufQuantize, KeepsMetadataAlignmentOrderAndFallsBackOnRowLength) {
     ASSERT_EQ(b.metadata().size(), a.metadata().size() + 1);  // + general.quantization_version
     for (size_t i = 0; i < a.metadata().size(); ++i) {
         EXPECT_EQ(b.metadata()[i].key(), a.metadata()[i].key());
-        if (a.metadata()[i].key() != "general.file_type")
+        if (a.metadata()[i].key() != "general.file_type") {
             EXPECT_EQ(b.metadata()[i].to_display(), a.metadata()[i].to_display());
+        }
     }
     EXPECT_EQ(b.get<uint32_t>("general.file_type"), 14u);
     EXPECT_EQ(b.get<uint32_t>("general.quantization_version"), 2u);
