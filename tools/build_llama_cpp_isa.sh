@@ -5,7 +5,7 @@
 # (FITLLM_CPU_ISA) with llama.cpp built for the same one on any machine that has it.
 #   tools/build_llama_cpp_isa.sh LEVEL [-jN]    LEVEL: avx2 | avx512 | avx512_vnni (default -j2)
 # Result: .cache/llama-cpp-LEVEL/lib/libllama.so and its libggml*.so (git-ignored). Idempotent.
-# Needs network for `pip download` the first time only (shared with tools/build_llama_server.sh).
+# Needs network for `pip download` the first time only (tools/llama_cpp_source.sh).
 set -euo pipefail
 ROOT="$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)"
 LEVEL=""
@@ -25,30 +25,17 @@ case "$LEVEL" in
   avx512) FLAGS+=(-DGGML_AVX512=ON) ;;
   avx512_vnni) FLAGS+=(-DGGML_AVX512=ON -DGGML_AVX512_VNNI=ON -DGGML_AVX512_VBMI=ON -DGGML_AVX512_BF16=ON) ;;
 esac
-VERSION="$(sed -n 's/^llama-cpp-python==\([0-9.]*\).*/\1/p' "$ROOT/requirements-oracle.txt")"
-[[ -n "$VERSION" ]] || { echo "build_llama_cpp_isa.sh: no llama-cpp-python==X in requirements-oracle.txt" >&2; exit 1; }
+# shellcheck source=tools/llama_cpp_source.sh
+source "$ROOT/tools/llama_cpp_source.sh"
+VERSION="$LLAMA_CPP_VERSION"
 OUT="$ROOT/.cache/llama-cpp-$LEVEL"
 STAMP="$OUT/lib/VERSION"
 if [[ -f "$OUT/lib/libllama.so" && "$(cat "$STAMP" 2>/dev/null)" == "$VERSION" ]]; then
   echo "$OUT/lib (llama.cpp of llama-cpp-python $VERSION, $LEVEL) is built"
   exit 0
 fi
-CACHE="$ROOT/.cache/llama-server"  # the source package, shared with build_llama_server.sh
-mkdir -p "$CACHE"
-PY="$ROOT/.venv/bin/python"; [[ -x "$PY" ]] || PY=python3
-SDIST="$CACHE/llama_cpp_python-$VERSION.tar.gz"
-if [[ ! -s "$SDIST" ]]; then
-  echo "downloading the llama-cpp-python $VERSION source package"
-  "$PY" -m pip download -q --disable-pip-version-check --no-binary llama-cpp-python --no-deps \
-    -d "$CACHE" "llama-cpp-python==$VERSION"
-fi
-SRC="$CACHE/src-$VERSION"
-if [[ ! -d "$SRC" ]]; then
-  rm -rf "$SRC.tmp" && mkdir -p "$SRC.tmp"
-  tar -xzf "$SDIST" -C "$SRC.tmp" --strip-components=1
-  mv "$SRC.tmp" "$SRC"
-fi
-cmake -S "$SRC/vendor/llama.cpp" -B "$OUT/build" -G Ninja -DCMAKE_BUILD_TYPE=Release -DBUILD_SHARED_LIBS=ON \
+LLAMA="$(llama_cpp_source)"
+cmake -S "$LLAMA" -B "$OUT/build" -G Ninja -DCMAKE_BUILD_TYPE=Release -DBUILD_SHARED_LIBS=ON \
   -DLLAMA_BUILD_TOOLS=OFF -DLLAMA_BUILD_EXAMPLES=OFF -DLLAMA_BUILD_TESTS=OFF -DLLAMA_BUILD_SERVER=OFF \
   -DLLAMA_CURL=OFF -DLLAMA_OPENSSL=OFF "${FLAGS[@]}" >/dev/null
 cmake --build "$OUT/build" --target llama "$JOBS"

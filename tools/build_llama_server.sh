@@ -13,8 +13,9 @@ for arg in "$@"; do
     *) echo "build_llama_server.sh: unknown option $arg" >&2; exit 2 ;;
   esac
 done
-VERSION="$(sed -n 's/^llama-cpp-python==\([0-9.]*\).*/\1/p' "$ROOT/requirements-oracle.txt")"
-[[ -n "$VERSION" ]] || { echo "build_llama_server.sh: no llama-cpp-python==X in requirements-oracle.txt" >&2; exit 1; }
+# shellcheck source=tools/llama_cpp_source.sh
+source "$ROOT/tools/llama_cpp_source.sh"
+VERSION="$LLAMA_CPP_VERSION"
 CACHE="$ROOT/.cache/llama-server"
 BIN="$CACHE/bin/llama-server"
 STAMP="$CACHE/bin/VERSION"
@@ -22,21 +23,7 @@ if [[ -x "$BIN" && "$(cat "$STAMP" 2>/dev/null)" == "$VERSION" ]]; then
   echo "$BIN (llama-cpp-python $VERSION) is built"
   exit 0
 fi
-mkdir -p "$CACHE"
-PY="$ROOT/.venv/bin/python"; [[ -x "$PY" ]] || PY=python3
-SDIST="$CACHE/llama_cpp_python-$VERSION.tar.gz"
-if [[ ! -s "$SDIST" ]]; then
-  echo "downloading the llama-cpp-python $VERSION source package"
-  "$PY" -m pip download -q --disable-pip-version-check --no-binary llama-cpp-python --no-deps \
-    -d "$CACHE" "llama-cpp-python==$VERSION"
-fi
-SRC="$CACHE/src-$VERSION"
-if [[ ! -d "$SRC" ]]; then
-  rm -rf "$SRC.tmp" && mkdir -p "$SRC.tmp"
-  tar -xzf "$SDIST" -C "$SRC.tmp" --strip-components=1
-  mv "$SRC.tmp" "$SRC"
-fi
-LLAMA="$SRC/vendor/llama.cpp"
+LLAMA="$(llama_cpp_source)"
 if [[ ! -f "$LLAMA/tools/server/CMakeLists.txt" ]]; then
   echo "build_llama_server.sh: $LLAMA/tools/server is missing from the source package" >&2
   exit 1
