@@ -15,6 +15,12 @@ constexpr std::string_view kHermesClose = "</tool_call>";
 constexpr std::string_view kMistralMarker = "[TOOL_CALLS]";
 constexpr std::string_view kMistralArgs = "[ARGS]";
 constexpr std::string_view kPythonTag = "<|python_tag|>";
+// gpt-oss's harmony format: a message's header ends at <|message|>, its body at <|end|> or the
+// next <|start|> (<|call|> and <|return|> end the generation, so the text does not show them).
+constexpr std::string_view kHarmonyChannel = "<|channel|>";
+constexpr std::string_view kHarmonyMessage = "<|message|>";
+constexpr std::string_view kHarmonyEnds[] = {"<|end|>", "<|start|>", "<|call|>", "<|return|>"};
+constexpr size_t kHarmonyMaxHeader = 256;  // a longer "header" is text
 
 bool is_space(char c) {
     return c == ' ' || c == '\n' || c == '\t' || c == '\r';
@@ -211,6 +217,8 @@ const char* tool_call_format_name(ToolCallFormat format) {
             return "llama3";
         case ToolCallFormat::mistral:
             return "mistral";
+        case ToolCallFormat::harmony:
+            return "harmony";
         case ToolCallFormat::none:
             break;
     }
@@ -229,8 +237,11 @@ TemplateTraits template_traits(std::string_view source) {
                 source.find("\"parameters\"") != std::string_view::npos)) {
         t.tools = ToolCallFormat::llama3;
     }
+    t.harmony = source.find(kHarmonyChannel) != std::string_view::npos &&
+                source.find(kHarmonyMessage) != std::string_view::npos;
+    if (t.harmony) t.tools = ToolCallFormat::harmony;
     if (!t.takes_tools) t.tools = ToolCallFormat::none;
-    t.thinks = source.find(kThinkOpen) != std::string_view::npos;
+    t.thinks = t.harmony || source.find(kThinkOpen) != std::string_view::npos;
     return t;
 }
 
@@ -253,6 +264,7 @@ ParsedCalls parse_tool_calls(std::string_view text, ToolCallFormat format, size_
         case ToolCallFormat::mistral:
             done = parse_mistral(text, out.calls);
             break;
+        case ToolCallFormat::harmony:  // calls are messages: OutputSplitter reads them
         case ToolCallFormat::none:
             break;
     }
@@ -265,7 +277,9 @@ ParsedCalls parse_tool_calls(std::string_view text, ToolCallFormat format, size_
 }
 
 OutputSplitter::OutputSplitter(OutputOptions options) : options_(options) {
-    if (options_.reasoning && options_.starts_in_reasoning) {
+    if (options_.harmony) {
+        state_ = State::harmony_header;
+    } else if (options_.reasoning && options_.starts_in_reasoning) {
         state_ = State::reasoning;
     } else if (options_.reasoning) {
         state_ = State::start;
@@ -368,6 +382,10 @@ OutputDelta OutputSplitter::step(bool final) {
                 pending_.erase(0, pending_.size() - keep);
                 return d;
             }
+            case State::harmony_header:
+            case State::harmony_body:
+                if (!harmony_step(d, final)) return d;
+                break;
             case State::calls: {
                 if (!final) return d;
                 ParsedCalls parsed = parse_tool_calls(pending_, options_.tools, options_.max_calls);
@@ -378,6 +396,93 @@ OutputDelta OutputSplitter::step(bool final) {
             }
         }
     }
+}
+
+void OutputSplitter::harmony_emit(OutputDelta& d, std::string_view text) {
+    switch (channel_) {
+        case Channel::reasoning:
+            d.reasoning += text;
+            break;
+        case Channel::content:
+            d.content += text;
+            break;
+        case Channel::call:
+            call_args_ += text;
+            break;
+    }
+}
+
+bool OutputSplitter::harmony_step(OutputDelta& d, bool final) {
+    if (state_ == State::harmony_header) {
+        // The generation starts after the prompt's "<|start|>assistant", a later message after
+        // its <|start|> (taken with the end of the one before); text that does not open a header
+        // ("<|channel|>", " to=", "assistant") is content, as is a header that never ends.
+        bool may_be_header = false;
+        for (std::string_view opener : {"<|", " to=", "to=", "assistant"}) {
+            const size_t n = std::min(opener.size(), pending_.size());
+            may_be_header = may_be_header || std::string_view(pending_).substr(0, n) == opener.substr(0, n);
+        }
+        const size_t end = pending_.find(kHarmonyMessage);
+        if (!may_be_header || end == std::string::npos || end > kHarmonyMaxHeader) {
+            if (!final && may_be_header && end == std::string::npos && pending_.size() <= kHarmonyMaxHeader) {
+                return false;  // more may complete the header
+            }
+            channel_ = Channel::content;
+            state_ = State::harmony_body;
+            return true;
+        }
+        const std::string_view header = std::string_view(pending_).substr(0, end);
+        std::string channel, recipient;
+        auto word_after = [&](std::string_view marker) {
+            const size_t at = header.find(marker);
+            if (at == std::string_view::npos) return std::string();
+            size_t b = at + marker.size(), e = b;
+            while (e < header.size() && !is_space(header[e]) && header[e] != '<') ++e;
+            return std::string(header.substr(b, e - b));
+        };
+        channel = word_after(kHarmonyChannel);
+        recipient = word_after("to=");
+        constexpr std::string_view kFunctions = "functions.";
+        if (recipient.starts_with(kFunctions) && recipient.size() > kFunctions.size() &&
+            options_.tools == ToolCallFormat::harmony) {
+            channel_ = Channel::call;
+            call_name_ = recipient.substr(kFunctions.size());
+            call_args_.clear();
+        } else if (channel == "analysis" && options_.reasoning) {
+            channel_ = Channel::reasoning;
+        } else {
+            channel_ = Channel::content;  // final, commentary to no one, a call nobody asked for
+        }
+        pending_.erase(0, end + kHarmonyMessage.size());
+        state_ = State::harmony_body;
+        return true;
+    }
+    size_t end = std::string::npos, marker_size = 0;
+    for (std::string_view m : kHarmonyEnds) {
+        const size_t at = pending_.find(m);
+        if (at < end) end = at, marker_size = m.size();
+    }
+    if (end == std::string::npos) {
+        size_t keep = 0;
+        if (!final) {
+            for (std::string_view m : kHarmonyEnds) keep = std::max(keep, partial_marker_suffix(pending_, m));
+        }
+        harmony_emit(d, std::string_view(pending_).substr(0, pending_.size() - keep));
+        pending_.erase(0, pending_.size() - keep);
+        if (!final) return false;
+    } else {
+        harmony_emit(d, std::string_view(pending_).substr(0, end));
+        pending_.erase(0, end + marker_size);
+    }
+    // The message ended (or the output did): a call is complete.
+    if (channel_ == Channel::call) {
+        if (n_calls_ < options_.max_calls) d.calls.push_back({"", call_name_, std::string(trim(call_args_))});
+        ++n_calls_;
+        call_args_.clear();
+    }
+    channel_ = Channel::content;
+    state_ = State::harmony_header;
+    return !(final && pending_.empty());
 }
 
 ParsedOutput split_output(std::string_view text, const OutputOptions& options) {

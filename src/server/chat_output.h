@@ -17,8 +17,12 @@
 //   - it mentions <|python_tag|>, or <|start_header_id|> and "parameters"
 //                                        -> llama3:  {"name": N, "parameters": {...}} (or "arguments"),
 //                                                   possibly after <|python_tag|>, several split by ';';
+//   - it writes <|channel|> and <|message|> -> harmony (gpt-oss): the whole output is messages
+//     "[<|start|>assistant][ to=functions.N]<|channel|>C[ to=functions.N][ <|constrain|>json]<|message|>BODY<|end|>",
+//     channel analysis = reasoning, final (or commentary without a recipient) = content, a body
+//     addressed to functions.N = a call of N with the body as its arguments;
 //   - otherwise none: a template that does not show tools to the model in one of these forms.
-// A template "thinks" when it mentions <think> (Qwen 3, DeepSeek-R1 distills).
+// A template "thinks" when it mentions <think> (Qwen 3, DeepSeek-R1 distills) or is harmony.
 //
 // Calls are looked for from a format's start marker (<tool_call>, [TOOL_CALLS], <|python_tag|>)
 // anywhere in the content, or, for llama3 and mistral (whose markers are control tokens that
@@ -32,13 +36,14 @@
 
 namespace fitllm::server {
 
-enum class ToolCallFormat { none, hermes, llama3, mistral };
-const char* tool_call_format_name(ToolCallFormat format);  // "none", "hermes", "llama3", "mistral"
+enum class ToolCallFormat { none, hermes, llama3, mistral, harmony };
+const char* tool_call_format_name(ToolCallFormat format);  // "none", "hermes", ..., "harmony"
 
 struct TemplateTraits {
     bool takes_tools = false;  // the template reads a `tools` variable
     ToolCallFormat tools = ToolCallFormat::none;
-    bool thinks = false;  // the template has <think> blocks
+    bool thinks = false;   // the template has <think> blocks, or is harmony
+    bool harmony = false;  // gpt-oss's harmony messages: every output is split by channel
 };
 TemplateTraits template_traits(std::string_view source);
 
@@ -68,6 +73,7 @@ struct OutputOptions {
     ToolCallFormat tools = ToolCallFormat::none;  // none: no calls looked for
     bool reasoning = false;                       // split <think> ... </think> out
     bool starts_in_reasoning = false;             // the prompt opened a <think> block
+    bool harmony = false;                         // harmony messages (tools: harmony or none)
     size_t max_calls = 128;
 };
 
@@ -90,8 +96,11 @@ public:
     OutputDelta finish();
 
 private:
-    enum class State { start, reasoning, content_start, content, calls };
+    enum class State { start, reasoning, content_start, content, calls, harmony_header, harmony_body };
+    enum class Channel { reasoning, content, call };
     OutputDelta step(bool final);
+    bool harmony_step(OutputDelta& d, bool final);  // false: wait for more text
+    void harmony_emit(OutputDelta& d, std::string_view text);
     void emit_reasoning(OutputDelta& d, std::string_view text, bool last);
 
     OutputOptions options_;
@@ -99,6 +108,10 @@ private:
     std::string pending_;
     bool reasoning_started_ = false;
     bool finished_ = false;
+    // harmony: the channel of the message being read, and the call it is (name, arguments so far)
+    Channel channel_ = Channel::content;
+    std::string call_name_, call_args_;
+    size_t n_calls_ = 0;
 };
 
 struct ParsedOutput {

@@ -263,6 +263,11 @@ TemplateTraits prepare_render(CompletionRequest& r, const chat::ChatTemplate& tm
 
 void force_tool_call(CompletionRequest& r, const TemplateTraits& traits) {
     if (!r.forced_tool) return;
+    if (traits.tools == ToolCallFormat::harmony) {
+        throw ApiError::unsupported("tool_choice",
+                                    "forcing a call is not supported for the harmony format (gpt-oss) yet: its calls "
+                                    "are messages whose header tokens a grammar cannot require; use \"auto\"");
+    }
     if (r.params.sampling.grammar) {
         invalid("tool_choice", "forcing a call cannot go with response_format or grammar (both constrain the answer)");
     }
@@ -309,6 +314,7 @@ void force_tool_call(CompletionRequest& r, const TemplateTraits& traits) {
             gbnf += many ? "root ::= \"[\" tool_call_one (\", \" tool_call_one)* \"]\"\n"
                          : "root ::= \"[\" tool_call_one \"]\"\n";
             break;
+        case ToolCallFormat::harmony:  // refused above
         case ToolCallFormat::none:
             return;  // prepare_render refused the tools already
     }
@@ -325,9 +331,10 @@ std::optional<OutputOptions> output_options(const CompletionRequest& r, const Te
     OutputOptions o;
     if (!r.tools.is_null()) o.tools = traits.tools;
     o.reasoning = r.split_reasoning && traits.thinks;
-    o.starts_in_reasoning = o.reasoning && prompt_opens_reasoning(prompt);
+    o.starts_in_reasoning = o.reasoning && !traits.harmony && prompt_opens_reasoning(prompt);
+    o.harmony = traits.harmony;  // the channels' markers never reach the content
     o.max_calls = r.parallel_tool_calls ? 128 : 1;
-    if (o.tools == ToolCallFormat::none && !o.reasoning) return std::nullopt;
+    if (o.tools == ToolCallFormat::none && !o.reasoning && !o.harmony) return std::nullopt;
     return o;
 }
 

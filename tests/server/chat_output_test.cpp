@@ -286,6 +286,87 @@ TEST(Reasoning, MarkupIsNeverStreamedAsContent) {
     EXPECT_EQ(last.calls.size(), 1u);
 }
 
+// gpt-oss's harmony format: channels split into reasoning, content and calls, markers never in
+// the text, the same streamed at every cut as whole.
+OutputOptions harmony(bool with_tools, bool reasoning = true) {
+    OutputOptions o;
+    o.harmony = true;
+    o.reasoning = reasoning;
+    if (with_tools) o.tools = ToolCallFormat::harmony;
+    return o;
+}
+
+TEST(Harmony, AnalysisIsReasoningAndFinalIsContent) {
+    const std::string text =
+        "<|channel|>analysis<|message|>User asks 2+2. Easy.<|end|><|start|>assistant<|channel|>final<|message|>"
+        "It is 4.";
+    const ParsedOutput p = split_output(text, harmony(false));
+    EXPECT_EQ(p.reasoning, "User asks 2+2. Easy.");
+    EXPECT_EQ(p.content, "It is 4.");
+    EXPECT_TRUE(p.calls.empty());
+    expect_stream_agrees(text, harmony(false));
+    // Without the split (reasoning_format none), the analysis is content, still without markers.
+    const ParsedOutput flat = split_output(text, harmony(false, false));
+    EXPECT_EQ(flat.reasoning, "");
+    EXPECT_EQ(flat.content, "User asks 2+2. Easy.It is 4.");
+}
+
+TEST(Harmony, MessagesToAFunctionAreCalls) {
+    // The recipient after the channel, and before it (in the assistant header); the output ends
+    // at <|call|>, an end-of-generation token the text does not show.
+    for (const std::string& text :
+         {std::string("<|channel|>analysis<|message|>Need the weather.<|end|><|start|>assistant<|channel|>commentary "
+                      "to=functions.get_weather <|constrain|>json<|message|>{\"city\": \"Paris\"}"),
+          std::string("<|channel|>analysis<|message|>Need the weather.<|end|><|start|>assistant "
+                      "to=functions.get_weather<|channel|>commentary json<|message|>{\"city\": \"Paris\"}")}) {
+        const ParsedOutput p = split_output(text, harmony(true));
+        EXPECT_EQ(p.reasoning, "Need the weather.") << text;
+        EXPECT_EQ(p.content, "") << text;
+        ASSERT_EQ(p.calls.size(), 1u) << text;
+        EXPECT_EQ(p.calls[0].name, "get_weather");
+        EXPECT_EQ(json::parse(p.calls[0].arguments), json({{"city", "Paris"}}));
+        expect_stream_agrees(text, harmony(true));
+    }
+    // Two calls (each message ended by <|end|> here), parallel_tool_calls false keeps the first.
+    const std::string two =
+        "<|channel|>commentary to=functions.a<|message|>{}<|end|><|start|>assistant<|channel|>commentary "
+        "to=functions.b<|message|>{\"x\": 1}";
+    EXPECT_EQ(split_output(two, harmony(true)).calls.size(), 2u);
+    OutputOptions one = harmony(true);
+    one.max_calls = 1;
+    const ParsedOutput first = split_output(two, one);
+    ASSERT_EQ(first.calls.size(), 1u);
+    EXPECT_EQ(first.calls[0].name, "a");
+    // Without tools in the request a call is not made up: its text is content.
+    EXPECT_EQ(split_output(two, harmony(false)).content, "{}{\"x\": 1}");
+}
+
+TEST(Harmony, TextOutsideMessagesAndHostileHeadersAreContent) {
+    // No header at all: the whole output is the answer.
+    EXPECT_EQ(split_output("Just text, no channels.", harmony(true)).content, "Just text, no channels.");
+    expect_stream_agrees("Just text, no channels.", harmony(true));
+    // A header that never ends, or one longer than any real one, is text; nothing hangs.
+    const std::string open_header = "<|channel|>analysis and then nothing";
+    EXPECT_EQ(split_output(open_header, harmony(true)).content, open_header);
+    const std::string long_header = "<|channel|>" + std::string(400, 'x') + "<|message|>body";
+    EXPECT_EQ(split_output(long_header, harmony(true)).content, long_header);
+    expect_stream_agrees("<|channel|>" + std::string(300, 'y') + "<|message|>b<|end|>", harmony(true));
+    // Markers are never streamed as content or reasoning, a byte at a time.
+    const std::string text = "<|channel|>analysis<|message|>hm<|end|><|start|>assistant<|channel|>final<|message|>ok";
+    OutputSplitter s(harmony(true));
+    std::string content, reasoning;
+    for (char ch : text) {
+        const OutputDelta d = s.feed(std::string(1, ch));
+        content += d.content;
+        reasoning += d.reasoning;
+        EXPECT_EQ(content.find('<'), std::string::npos) << content;
+        EXPECT_EQ(reasoning.find('<'), std::string::npos) << reasoning;
+    }
+    const OutputDelta last = s.finish();
+    EXPECT_EQ(content + last.content, "ok");
+    EXPECT_EQ(reasoning + last.reasoning, "hm");
+}
+
 TEST(TemplateTraits, ChosenFromTheTemplateText) {
     const auto read = [](const std::string& name) {
         std::ifstream f(std::string(FITLLM_SOURCE_DIR) + "/tests/chat/fixtures/templates/" + name + ".jinja");
@@ -304,6 +385,15 @@ TEST(TemplateTraits, ChosenFromTheTemplateText) {
     EXPECT_EQ(template_traits(read("gemma-3-it")).tools, ToolCallFormat::none);
     EXPECT_FALSE(template_traits(read("gemma-3-it")).takes_tools);
     EXPECT_EQ(template_traits(read("chatml")).tools, ToolCallFormat::none);
+    // gpt-oss's harmony template (a fixture of tests/chat).
+    std::ifstream f(std::string(FITLLM_SOURCE_DIR) + "/tests/chat/fixtures/gpt-oss/openai-gpt-oss.jinja");
+    std::stringstream gpt_oss;
+    gpt_oss << f.rdbuf();
+    const TemplateTraits t = template_traits(gpt_oss.str());
+    EXPECT_TRUE(t.harmony);
+    EXPECT_TRUE(t.thinks);
+    EXPECT_EQ(t.tools, ToolCallFormat::harmony);
+    EXPECT_FALSE(template_traits(read("qwen3")).harmony);
 }
 
 }  // namespace
