@@ -22,43 +22,58 @@ int nearest(float v) {
     return (bits & 0x007FFFFF) - 0x00400000;
 }
 
-// A grid of 4-value points on the levels 2l + 1, l in 0..7, for the search: each point as 4 bytes
-// (its levels 2l + 1), the point of each of the 4096 level combinations (its 12-bit code, 3 bits
-// a value), and for the combinations off the grid their nearest grid points.
-struct Iq3Grid {
-    std::vector<uint32_t> points;      // bytes 2l + 1
+// A lattice grid for the searches: points of kDims values on the levels 2l + 1 (l < 2^kBits), each
+// point as kDims bytes; the grid index of each level combination (its code, kBits a value); and,
+// for the combinations off the grid whose levels are all at most max_level, their nearest grid
+// points (the n_distances smallest squared distances, every point at each).
+template <typename Point, int kDims, int kBits>
+struct LatticeGrid {
+    std::vector<Point> points;         // bytes 2l + 1
     std::vector<int> index_of;         // code -> grid index, or -1 - offset of its neighbour list
     std::vector<uint16_t> neighbours;  // per off-grid code: count, then grid indices
 
     const uint16_t* neighbours_of(int code) const { return neighbours.data() + (-index_of[code] - 1); }
+    static int code(const int8_t* L) {
+        int u = 0;
+        for (int i = 0; i < kDims; ++i) u |= L[i] << (kBits * i);
+        return u;
+    }
 };
+using Iq3Grid = LatticeGrid<uint32_t, 4, 3>;  // IQ3_XXS, IQ3_S: levels 0..7
+using Iq2Grid = LatticeGrid<uint64_t, 8, 2>;  // IQ2_*, IQ1_*: levels 0..2
 
-// `levels(byte)` turns a byte of the dequantization grid into its level l; `n_distances`: how
-// many of the smallest squared distances the neighbour lists take (all points at each).
-template <size_t N, typename Level>
-Iq3Grid make_grid(const uint32_t (&grid)[N], Level levels, int n_distances) {
-    Iq3Grid g;
+// `level_of_byte` turns a byte of the dequantization grid into its level l.
+template <typename Grid, typename Point, size_t N, typename Level>
+Grid make_lattice_grid(const Point (&grid)[N], Level level_of_byte, int n_distances, int max_level) {
+    constexpr int kDims = sizeof(Point);
+    constexpr int kBits = kDims == 4 ? 3 : 2;
+    constexpr int kCodes = 1 << (kBits * kDims);
+    constexpr int kMask = (1 << kBits) - 1;
+    Grid g;
     g.points.resize(N);
-    g.index_of.assign(4096, -1);
+    g.index_of.assign(kCodes, -1);
     for (size_t k = 0; k < N; ++k) {
-        uint32_t point = 0;
+        Point point = 0;
         int code = 0;
-        for (int i = 0; i < 4; ++i) {
-            const int l = levels(static_cast<int>((grid[k] >> (8 * i)) & 0xFF));
-            point |= static_cast<uint32_t>(2 * l + 1) << (8 * i);
-            code |= l << (3 * i);
+        for (int i = 0; i < kDims; ++i) {
+            const int l = level_of_byte(static_cast<int>((grid[k] >> (8 * i)) & 0xFF));
+            point |= static_cast<Point>(2 * l + 1) << (8 * i);
+            code |= l << (kBits * i);
         }
         g.points[k] = point;
         g.index_of[code] = static_cast<int>(k);
     }
     std::vector<std::pair<int, int>> dist(N);
-    for (int code = 0; code < 4096; ++code) {
+    for (int code = 0; code < kCodes; ++code) {
         if (g.index_of[code] >= 0) continue;
-        int pos[4];
-        for (int i = 0; i < 4; ++i) pos[i] = 2 * ((code >> (3 * i)) & 7) + 1;
+        bool queried = true;
+        for (int i = 0; i < kDims; ++i) queried = queried && ((code >> (kBits * i)) & kMask) <= max_level;
+        if (!queried) continue;
+        int pos[kDims];
+        for (int i = 0; i < kDims; ++i) pos[i] = 2 * ((code >> (kBits * i)) & kMask) + 1;
         for (size_t j = 0; j < N; ++j) {
             int d2 = 0;
-            for (int i = 0; i < 4; ++i) {
+            for (int i = 0; i < kDims; ++i) {
                 const int d = static_cast<int>((g.points[j] >> (8 * i)) & 0xFF) - pos[i];
                 d2 += d * d;
             }
@@ -82,26 +97,20 @@ Iq3Grid make_grid(const uint32_t (&grid)[N], Level levels, int n_distances) {
     return g;
 }
 
-const Iq3Grid& iq3xxs_grid() {
-    static const Iq3Grid g = make_grid(
-        kIq3xxsGrid, [](int v) { return v == 62 ? 7 : (v - 4) / 8; }, 2);
-    return g;
-}
-
-const Iq3Grid& iq3s_grid() {
-    static const Iq3Grid g = make_grid(
-        kIq3sGrid, [](int v) { return (v - 1) / 2; }, 3);
-    return g;
+int level_of(uint64_t point, int i) {
+    return (static_cast<int>((point >> (8 * i)) & 0xFF) - 1) / 2;
 }
 
 // The neighbour of `code` with the least weighted squared error at `scale`; writes its levels.
-int best_neighbour(const Iq3Grid& g, int code, const float* xval, const float* weight, float scale, int8_t* L) {
+template <typename Grid>
+int best_neighbour(const Grid& g, int code, const float* xval, const float* weight, float scale, int8_t* L) {
+    constexpr int kDims = sizeof(g.points[0]);
     const uint16_t* list = g.neighbours_of(code);
     float best_d2 = FLT_MAX;
     int best = -1;
     for (int j = 1; j <= list[0]; ++j) {
         float d2 = 0.0f;
-        for (int i = 0; i < 4; ++i) {
+        for (int i = 0; i < kDims; ++i) {
             const float q = static_cast<float>((g.points[list[j]] >> (8 * i)) & 0xFF);
             const float diff = scale * q - xval[i];
             d2 += weight[i] * diff * diff;
@@ -111,15 +120,21 @@ int best_neighbour(const Iq3Grid& g, int code, const float* xval, const float* w
             best = list[j];
         }
     }
-    if (best < 0) throw std::logic_error("IQ3 quantizer: no grid neighbour");
-    for (int i = 0; i < 4; ++i) L[i] = static_cast<int8_t>((((g.points[best] >> (8 * i)) & 0xFF) - 1) / 2);
+    if (best < 0) throw std::logic_error("i-quant quantizer: no grid neighbour");
+    for (int i = 0; i < kDims; ++i) L[i] = static_cast<int8_t>(level_of(g.points[best], i));
     return best;
 }
 
-int code_of(const int8_t* L) {
-    int u = 0;
-    for (int i = 0; i < 4; ++i) u |= L[i] << (3 * i);
-    return u;
+const Iq3Grid& iq3xxs_grid() {
+    static const Iq3Grid g = make_lattice_grid<Iq3Grid>(
+        kIq3xxsGrid, [](int v) { return v == 62 ? 7 : (v - 4) / 8; }, 2, 7);
+    return g;
+}
+
+const Iq3Grid& iq3s_grid() {
+    static const Iq3Grid g = make_lattice_grid<Iq3Grid>(
+        kIq3sGrid, [](int v) { return (v - 1) / 2; }, 3, 7);
+    return g;
 }
 
 constexpr int kMaxQ = 8;
@@ -144,7 +159,7 @@ float search_sub_block(const Iq3Grid& g, const float* xval, const float* weight,
                 const int l = nearest(0.5f * (id * xval[4 * k + i] - 1));
                 Laux[4 * k + i] = static_cast<int8_t>(std::max(0, std::min(kMaxQ - 1, l)));
             }
-            const int u = code_of(Laux + 4 * k);
+            const int u = Iq3Grid::code(Laux + 4 * k);
             on_grid_aux[k] = g.index_of[u] >= 0;
             if (!on_grid_aux[k]) best_neighbour(g, u, xval + 4 * k, waux + 4 * k, this_scale, Laux + 4 * k);
         }
@@ -201,66 +216,7 @@ float sigma2_of(const float* x) {
     return 2 * sumx2 / kQK;
 }
 
-// ---- IQ2_S: points of 8 values on the levels 2l + 1, l in 0..2, neighbours at the smallest distance ----
-
-struct Iq2Grid {
-    std::vector<uint64_t> points;      // bytes 2l + 1
-    std::vector<int> index_of;         // 16-bit code (2 bits a value) -> grid index, or -1 - list offset
-    std::vector<uint16_t> neighbours;  // per off-grid code: count, then grid indices
-    const uint16_t* neighbours_of(int code) const { return neighbours.data() + (-index_of[code] - 1); }
-};
-
-// The grid's levels from the dequantization grid's bytes (8, 25, 43 -> 0, 1, 2); neighbour lists
-// for the codes a search can ask for (every value's level in 0..2).
-template <size_t N, typename Level>
-Iq2Grid make_iq2_grid(const uint64_t (&grid)[N], int n_distances, Level level_of_byte) {
-    Iq2Grid g;
-    g.points.resize(N);
-    g.index_of.assign(1 << 16, -1);
-    for (size_t k = 0; k < N; ++k) {
-        uint64_t point = 0;
-        int code = 0;
-        for (int i = 0; i < 8; ++i) {
-            const int l = level_of_byte(static_cast<int>((grid[k] >> (8 * i)) & 0xFF));
-            point |= static_cast<uint64_t>(2 * l + 1) << (8 * i);
-            code |= l << (2 * i);
-        }
-        g.points[k] = point;
-        g.index_of[code] = static_cast<int>(k);
-    }
-    std::vector<std::pair<int, int>> dist(N);
-    for (int code = 0; code < (1 << 16); ++code) {
-        if (g.index_of[code] >= 0) continue;
-        bool queried = true;
-        for (int i = 0; i < 8; ++i) queried = queried && ((code >> (2 * i)) & 3) < 3;
-        if (!queried) continue;
-        int pos[8];
-        for (int i = 0; i < 8; ++i) pos[i] = 2 * ((code >> (2 * i)) & 3) + 1;
-        for (size_t j = 0; j < N; ++j) {
-            int d2 = 0;
-            for (int i = 0; i < 8; ++i) {
-                const int d = static_cast<int>((g.points[j] >> (8 * i)) & 0xFF) - pos[i];
-                d2 += d * d;
-            }
-            dist[j] = {d2, static_cast<int>(j)};
-        }
-        std::sort(dist.begin(), dist.end());
-        const size_t start = g.neighbours.size();
-        g.index_of[code] = -static_cast<int>(start) - 1;
-        g.neighbours.push_back(0);
-        int have = 1, d2 = dist[0].first;
-        for (size_t j = 0; j < N; ++j) {
-            if (dist[j].first > d2) {
-                if (have == n_distances) break;
-                d2 = dist[j].first;
-                ++have;
-            }
-            g.neighbours.push_back(static_cast<uint16_t>(dist[j].second));
-        }
-        g.neighbours[start] = static_cast<uint16_t>(g.neighbours.size() - start - 1);
-    }
-    return g;
-}
+// ---- IQ2_*, IQ1_*: grids of 8 values on the levels 2l + 1, l in 0..2 (Iq2Grid) ----
 
 // IQ2 grid bytes 8, 25, 43 -> levels 0, 1, 2; IQ1 bytes -1, 0, 1 (int8) -> 0, 1, 2.
 int iq2_level(int v) {
@@ -271,44 +227,13 @@ int iq1_level(int v) {
 }
 
 const Iq2Grid& iq1s_grid() {
-    static const Iq2Grid g = make_iq2_grid(kIq1sGrid, 3, iq1_level);
+    static const Iq2Grid g = make_lattice_grid<Iq2Grid>(kIq1sGrid, iq1_level, 3, 2);
     return g;
 }
 
 const Iq2Grid& iq2s_grid() {
-    static const Iq2Grid g = make_iq2_grid(kIq2sGrid, 1, iq2_level);
+    static const Iq2Grid g = make_lattice_grid<Iq2Grid>(kIq2sGrid, iq2_level, 1, 2);
     return g;
-}
-
-int level_of(uint64_t point, int i) {
-    return (static_cast<int>((point >> (8 * i)) & 0xFF) - 1) / 2;
-}
-
-int best_neighbour8(const Iq2Grid& g, int code, const float* xval, const float* weight, float scale, int8_t* L) {
-    const uint16_t* list = g.neighbours_of(code);
-    float best_d2 = FLT_MAX;
-    int best = -1;
-    for (int j = 1; j <= list[0]; ++j) {
-        float d2 = 0.0f;
-        for (int i = 0; i < 8; ++i) {
-            const float q = static_cast<float>((g.points[list[j]] >> (8 * i)) & 0xFF);
-            const float diff = scale * q - xval[i];
-            d2 += weight[i] * diff * diff;
-        }
-        if (d2 < best_d2) {
-            best_d2 = d2;
-            best = list[j];
-        }
-    }
-    if (best < 0) throw std::logic_error("IQ2 quantizer: no grid neighbour");
-    for (int i = 0; i < 8; ++i) L[i] = static_cast<int8_t>(level_of(g.points[best], i));
-    return best;
-}
-
-int code8_of(const int8_t* L) {
-    int u = 0;
-    for (int i = 0; i < 8; ++i) u |= L[i] << (2 * i);
-    return u;
 }
 
 // The signs of groups of 8 split off, an even number of negatives per group: where the count is
@@ -344,12 +269,12 @@ void even_signs(const float* xb, const float* weight, int groups, float* xval, u
 }
 
 const Iq2Grid& iq2xxs_grid() {
-    static const Iq2Grid g = make_iq2_grid(kIq2xxsGrid, 2, iq2_level);
+    static const Iq2Grid g = make_lattice_grid<Iq2Grid>(kIq2xxsGrid, iq2_level, 2, 2);
     return g;
 }
 
 const Iq2Grid& iq2xs_grid() {
-    static const Iq2Grid g = make_iq2_grid(kIq2xsGrid, 2, iq2_level);
+    static const Iq2Grid g = make_lattice_grid<Iq2Grid>(kIq2xsGrid, iq2_level, 2, 2);
     return g;
 }
 
@@ -363,10 +288,10 @@ void iq2_trial(const Iq2Grid& g, int groups, const float* xval, const float* wau
             const int l = nearest(0.5f * (id * xval[8 * k + i] - 1));
             Laux[8 * k + i] = static_cast<int8_t>(std::max(0, std::min(2, l)));
         }
-        const int u = code8_of(Laux + 8 * k);
+        const int u = Iq2Grid::code(Laux + 8 * k);
         const bool on = g.index_of[u] >= 0;
         if (on_grid) on_grid[k] = on;
-        if (!on) best_neighbour8(g, u, xval + 8 * k, waux + 8 * k, this_scale, Laux + 8 * k);
+        if (!on) best_neighbour(g, u, xval + 8 * k, waux + 8 * k, this_scale, Laux + 8 * k);
     }
 }
 
@@ -488,7 +413,7 @@ void quantize_row_iq1_s(const float* x, void* dst, int64_t n, const float* weigh
             bool all_on_grid = true;
             const float* xx = best_shift == 1 ? kXp : kXm;
             for (int k = 0; k < kBlock / 8; ++k) {
-                const int u = code8_of(L + 8 * k);
+                const int u = Iq2Grid::code(L + 8 * k);
                 int gi = g.index_of[u];
                 if (gi < 0) {
                     all_on_grid = false;
@@ -623,7 +548,7 @@ void quantize_row_iq1_m(const float* x, void* dst, int64_t n, const float* weigh
             }
             bool all_on_grid = true;
             for (int k = 0; k < 2; ++k) {
-                const int u = code8_of(L + 8 * k);
+                const int u = Iq2Grid::code(L + 8 * k);
                 int gi = g.index_of[u];
                 if (gi < 0) {
                     all_on_grid = false;
@@ -740,9 +665,9 @@ void quantize_row_iq2_xxs(const float* x, void* dst, int64_t n, const float* wei
                     for (int i = 0; i < 8; ++i)
                         l8[i] =
                             static_cast<int8_t>(std::max(0, std::min(2, nearest(0.5f * (id * xval[8 * k + i] - 1)))));
-                    const int u = code8_of(l8);
+                    const int u = Iq2Grid::code(l8);
                     int index = g.index_of[u];
-                    if (index < 0) index = best_neighbour8(g, u, xval + 8 * k, waux + 8 * k, scale, L + 8 * k);
+                    if (index < 0) index = best_neighbour(g, u, xval + 8 * k, waux + 8 * k, scale, L + 8 * k);
                     for (int i = 0; i < 8; ++i) L[8 * k + i] = static_cast<int8_t>(level_of(g.points[index], i));
                 }
                 float sumqx;
@@ -754,7 +679,7 @@ void quantize_row_iq2_xxs(const float* x, void* dst, int64_t n, const float* wei
                 for (uint8_t& s : block_signs) s = static_cast<uint8_t>(~s & 127);
             }
             for (int k = 0; k < 4; ++k) {
-                const int index = g.index_of[code8_of(L + 8 * k)];
+                const int index = g.index_of[Iq2Grid::code(L + 8 * k)];
                 if (index < 0) throw std::logic_error("IQ2_XXS quantizer: a point off the grid");
                 q2[2 * ib] |= static_cast<uint32_t>(index) << (8 * k);
                 q2[2 * ib + 1] |= static_cast<uint32_t>(block_signs[k]) << (7 * k);
@@ -830,8 +755,8 @@ void quantize_row_iq2_xs(const float* x, void* dst, int64_t n, const float* weig
                     for (int i = 0; i < 8; ++i)
                         L[8 * k + i] =
                             static_cast<int8_t>(std::max(0, std::min(2, nearest(0.5f * (id * xval[8 * k + i] - 1)))));
-                    const int u = code8_of(L + 8 * k);
-                    if (g.index_of[u] < 0) best_neighbour8(g, u, xval + 8 * k, waux + 8 * k, scale, L + 8 * k);
+                    const int u = Iq2Grid::code(L + 8 * k);
+                    if (g.index_of[u] < 0) best_neighbour(g, u, xval + 8 * k, waux + 8 * k, scale, L + 8 * k);
                 }
                 float sumqx;
                 const float sumq2 = weighted_fit(16, weight, xval, L, &sumqx);
@@ -842,7 +767,7 @@ void quantize_row_iq2_xs(const float* x, void* dst, int64_t n, const float* weig
                 for (uint8_t& s : block_signs) s = static_cast<uint8_t>(~s & 127);
             }
             for (int k = 0; k < 2; ++k) {
-                const int index = g.index_of[code8_of(L + 8 * k)];
+                const int index = g.index_of[Iq2Grid::code(L + 8 * k)];
                 if (index < 0) throw std::logic_error("IQ2_XS quantizer: a point off the grid");
                 q2[2 * ib + k] = static_cast<uint16_t>(index | (block_signs[k] << 9));
             }
@@ -916,9 +841,9 @@ void quantize_row_iq2_s(const float* x, void* dst, int64_t n, const float* weigh
                         const int l = nearest(0.5f * (id * xval[8 * k + i] - 1));
                         Laux[8 * k + i] = static_cast<int8_t>(std::max(0, std::min(kMax2 - 1, l)));
                     }
-                    const int u = code8_of(Laux + 8 * k);
+                    const int u = Iq2Grid::code(Laux + 8 * k);
                     on_grid_aux[k] = g.index_of[u] >= 0;
-                    if (!on_grid_aux[k]) best_neighbour8(g, u, xval + 8 * k, waux + 8 * k, this_scale, Laux + 8 * k);
+                    if (!on_grid_aux[k]) best_neighbour(g, u, xval + 8 * k, waux + 8 * k, this_scale, Laux + 8 * k);
                 }
                 float sumqx = 0.0f, sumq2 = 0.0f;
                 for (int i = 0; i < 16; ++i) {
@@ -941,8 +866,8 @@ void quantize_row_iq2_s(const float* x, void* dst, int64_t n, const float* weigh
                     for (int i = 0; i < 8; ++i)
                         L[8 * k + i] = static_cast<int8_t>(
                             std::max(0, std::min(kMax2 - 1, nearest(0.5f * (id * xval[8 * k + i] - 1)))));
-                    const int u = code8_of(L + 8 * k);
-                    if (g.index_of[u] < 0) best_neighbour8(g, u, xval + 8 * k, waux + 8 * k, scale, L + 8 * k);
+                    const int u = Iq2Grid::code(L + 8 * k);
+                    if (g.index_of[u] < 0) best_neighbour(g, u, xval + 8 * k, waux + 8 * k, scale, L + 8 * k);
                 }
                 float sumqx = 0.0f, sumq2 = 0.0f;
                 for (int i = 0; i < 16; ++i) {
@@ -957,7 +882,7 @@ void quantize_row_iq2_s(const float* x, void* dst, int64_t n, const float* weigh
                 for (uint8_t& s : block_signs) s = static_cast<uint8_t>(~s);
             }
             for (int k = 0; k < 2; ++k) {
-                const int index = g.index_of[code8_of(L + 8 * k)];
+                const int index = g.index_of[Iq2Grid::code(L + 8 * k)];
                 if (index < 0) throw std::logic_error("IQ2_S quantizer: a point off the grid");
                 const int i8 = 2 * ib + k;
                 y[ibl].qs[i8] = static_cast<uint8_t>(index & 255);
@@ -1039,7 +964,7 @@ void quantize_row_iq3_xxs(const float* x, void* dst, int64_t n, const float* wei
                 for (uint8_t& s : block_signs) s = static_cast<uint8_t>(~s & 127);
             }
             for (int k = 0; k < 8; ++k) {
-                const int index = g.index_of[code_of(L + 4 * k)];
+                const int index = g.index_of[Iq3Grid::code(L + 4 * k)];
                 if (index < 0) throw std::logic_error("IQ3_XXS quantizer: a point off the grid");
                 q3[8 * ib + k] = static_cast<uint8_t>(index);
             }
@@ -1107,7 +1032,7 @@ void quantize_row_iq3_s(const float* x, void* dst, int64_t n, const float* weigh
                 for (uint8_t& s : block_signs) s = static_cast<uint8_t>(~s);
             }
             for (int k = 0; k < 8; ++k) {
-                const int index = g.index_of[code_of(L + 4 * k)];
+                const int index = g.index_of[Iq3Grid::code(L + 4 * k)];
                 if (index < 0) throw std::logic_error("IQ3_S quantizer: a point off the grid");
                 qs[k] = static_cast<uint8_t>(index & 255);
                 y[ibl].qh[(ib * 8 + k) / 8] |= static_cast<uint8_t>((index >> 8) << ((ib * 8 + k) % 8));
