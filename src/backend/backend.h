@@ -115,6 +115,9 @@ public:
     // Whether attention() takes ops::AttentionParams::sinks (gpt-oss); a model with sinks refuses
     // at load to offload layers to a device without them.
     virtual bool attention_sinks() const { return true; }
+    // Whether matmul() takes weights of this type; a model refuses at load to place a matrix of
+    // another type on the device (model::DeviceWeights), instead of failing at its first use.
+    virtual bool matmul_supports(quant::GgmlType /*type*/) const { return true; }
     // A unified device: the address its ops read the host bytes [host, host + bytes) at, valid for
     // as long as the device lives (DeviceWeights maps the offloaded tensors' file ranges once, in
     // whole pages that do not overlap one another). The virtual device reads them where they are

@@ -57,6 +57,13 @@ public:
                    const ops::AttentionParams& params, float* out) override;
     void kv_shift(kv::KvCache& cache, int layer, const ops::RopeParams& rope) override;
 
+    bool matmul_supports(quant::GgmlType type) const override {
+        return matmul_types_.empty() || matmul_types_.count(type) > 0;
+    }
+    // For tests: matmul() then takes only these types (as a device without kernels for the others
+    // would), so that refusals at load are tested without a GPU. Empty (the default): every type.
+    void limit_matmul_types(std::set<quant::GgmlType> types) { matmul_types_ = std::move(types); }
+
     // Bytes allocated by this device now (its buffers), for tests: what its pools' charges cover.
     uint64_t allocated_bytes() const { return allocated_; }
     // Bytes of its ops' scratch (charged to its "scratch" pool besides the model's buffers).
@@ -73,6 +80,7 @@ private:
 
     std::string memory_name_;
     bool unified_ = false;
+    std::set<quant::GgmlType> matmul_types_;  // limit_matmul_types; empty: all
     ops::ThreadPool* threads_ = nullptr;
     std::unique_ptr<ops::ThreadPool> own_threads_;  // one thread, until use_threads() is called
     ops::Scratch scratch_;

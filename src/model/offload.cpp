@@ -328,6 +328,7 @@ uint64_t device_scratch_bytes(const Hparams& hp, int n_offload_layers, int n_tok
 DeviceWeights::DeviceWeights(const gguf::GgufFile& file, const Hparams& hp, const Placement& placement) {
     if (placement.device == nullptr) return;
     backend::Backend& dev = *placement.device;
+    refuse_unsupported_matrices(file, hp, placement);
     if (dev.unified()) {
         map_in_place(file, hp, placement);
         return;
@@ -369,6 +370,24 @@ DeviceWeights::DeviceWeights(const gguf::GgufFile& file, const Hparams& hp, cons
     ranges_ = std::move(merged);
     if (release) {
         for (const FileRange& r : ranges_) mapping->release(r.offset, r.length);
+    }
+}
+
+void DeviceWeights::refuse_unsupported_matrices(const gguf::GgufFile& file, const Hparams& hp,
+                                                const Placement& placement) {
+    const backend::Backend& dev = *placement.device;
+    const int n_offload = hp.n_layer - placement.first_device_layer + (placement.output_on_device ? 1 : 0);
+    const bool tied = file.find_tensor("output.weight") == nullptr;  // the output is token_embd
+    for (const std::string& name : device_tensor_names(file, hp, n_offload, kept_of(placement))) {
+        const gguf::TensorInfo& t = *file.find_tensor(name);
+        // The matrices the device multiplies with: not the vectors, not the rope factors, and the
+        // token embeddings only as a tied output (the host embeds).
+        if (t.n_dims < 2 || name.starts_with("rope_") || (name == "token_embd.weight" && !tied)) continue;
+        if (dev.matmul_supports(t.type)) continue;
+        throw std::invalid_argument(file.source() + ": tensor '" + name + "' is " +
+                                    std::string(quant::traits(t.type).name) + ", which " + dev.name() +
+                                    " has no matmul for; keep it on the host (-ot '" + name +
+                                    "=CPU', --cpu-moe for routed experts) or offload fewer layers (-ngl)");
     }
 }
 

@@ -152,6 +152,9 @@ private:
         std::vector<const void*> hosts_;
     };
 
+    // std::invalid_argument naming the first matrix bound for the device whose type its matmul
+    // does not take (Backend::matmul_supports), before anything is copied.
+    static void refuse_unsupported_matrices(const gguf::GgufFile& file, const Hparams& hp, const Placement& placement);
     void map_in_place(const gguf::GgufFile& file, const Hparams& hp, const Placement& placement);
     void keep_on_host(const gguf::GgufFile& file, const Hparams& hp, const Placement& placement);
     const void* find(const void* host) const;

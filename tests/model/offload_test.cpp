@@ -206,6 +206,32 @@ TEST(ModelOffload, EverySplitGivesTheLogitsOfTheCpu) {
     }
 }
 
+// A matrix of a type the device has no matmul for (Backend::matmul_supports; CUDA lacks the
+// i-quants, for one) is refused at load, naming it and the ways out, before anything is copied;
+// kept on the host by -ot, the same file loads and gives the CPU's logits.
+TEST(ModelOffload, AMatrixTheDeviceCannotMultiplyIsRefusedAtLoad) {
+    ops::ThreadPool pool(2);
+    const gguf::GgufFile file =
+        gguf::GgufFile::open((test::source_dir() / "tests/model/data/tiny-llama-q4_k_m.gguf").string());
+    const auto cpu = model::Model::load(file);
+    const int n_layer = cpu->hparams().n_layer;
+    backend::VirtualDevice dev("virtual", 256 << 20);
+    dev.limit_matmul_types({quant::GgmlType::F32, quant::GgmlType::F16, quant::GgmlType::Q4_K});  // no Q6_K
+    try {
+        model::Model::load(file, {.offload = &dev, .n_offload_layers = n_layer});
+        ADD_FAILURE() << "loaded";
+    } catch (const std::invalid_argument& e) {
+        const std::string what = e.what();
+        EXPECT_NE(what.find("is Q6_K, which virtual has no matmul for"), std::string::npos) << what;
+        EXPECT_NE(what.find("-ot '"), std::string::npos) << what;
+    }
+    EXPECT_EQ(dev.allocated_bytes(), 0u);  // nothing copied
+    // Q4_K_M keeps some ffn_down and attn_v matrices in Q6_K: on the host by -ot, the rest offloads.
+    auto m = model::Model::load(
+        file, {.offload = &dev, .n_offload_layers = n_layer, .tensor_overrides = {{"ffn_down|attn_v", "CPU", "-ot"}}});
+    expect_same(run_script(*cpu, 64, quant::GgmlType::F16, pool, 4), run_script(*m, 64, quant::GgmlType::F16, pool, 4));
+}
+
 TEST(ModelOffload, DemoModelSplitsGiveTheLogitsOfTheCpu) {
     const auto path = test::demo_model();
     if (!path) GTEST_SKIP() << "demo model absent (scripts/setup.sh downloads it)";

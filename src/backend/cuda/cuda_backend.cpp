@@ -94,6 +94,7 @@ public:
     std::string name() const override { return name_; }
     bool unified() const override { return unified_; }
     bool attention_sinks() const override { return false; }  // attention() refuses them
+    bool matmul_supports(quant::GgmlType type) const override { return cuda::matmul_supports(type); }
     const void* map_host(const void* host, size_t bytes) override {
         if (!unified_) return Backend::map_host(host, bytes);  // (throws)
         const void* on_device = cuda::host_register_mapped(host, bytes);
