@@ -268,22 +268,33 @@ TEST(Reasoning, ThenToolCall) {
     expect_stream_agrees(text, o);
 }
 
+// The text fed a byte at a time: no '<' (markup) ever reaches content or reasoning; returns the
+// whole split.
+ParsedOutput fed_bytewise_without_markup(std::string_view text, const OutputOptions& o) {
+    OutputSplitter s(o);
+    ParsedOutput out;
+    for (char ch : text) {
+        OutputDelta d = s.feed(std::string(1, ch));
+        out.content += d.content;
+        out.reasoning += d.reasoning;
+        for (ToolCall& c : d.calls) out.calls.push_back(std::move(c));
+        EXPECT_EQ(out.content.find('<'), std::string::npos) << out.content;
+        EXPECT_EQ(out.reasoning.find('<'), std::string::npos) << out.reasoning;
+    }
+    OutputDelta last = s.finish();
+    out.content += last.content;
+    out.reasoning += last.reasoning;
+    for (ToolCall& c : last.calls) out.calls.push_back(std::move(c));
+    return out;
+}
+
 TEST(Reasoning, MarkupIsNeverStreamedAsContent) {
     OutputOptions o = tools(ToolCallFormat::hermes);
     o.reasoning = true;
-    const std::string text = "<think>a</think>Sure.<tool_call>{\"name\": \"f\", \"arguments\": {}}</tool_call>";
-    OutputSplitter s(o);
-    std::string content, reasoning;
-    for (char ch : text) {
-        const OutputDelta d = s.feed(std::string(1, ch));
-        content += d.content;
-        reasoning += d.reasoning;
-        EXPECT_EQ(content.find('<'), std::string::npos) << content;
-        EXPECT_EQ(reasoning.find('<'), std::string::npos) << reasoning;
-    }
-    const OutputDelta last = s.finish();
-    EXPECT_EQ(content + last.content, "Sure.");
-    EXPECT_EQ(last.calls.size(), 1u);
+    const ParsedOutput p = fed_bytewise_without_markup(
+        "<think>a</think>Sure.<tool_call>{\"name\": \"f\", \"arguments\": {}}</tool_call>", o);
+    EXPECT_EQ(p.content, "Sure.");
+    EXPECT_EQ(p.calls.size(), 1u);
 }
 
 // gpt-oss's harmony format: channels split into reasoning, content and calls, markers never in
@@ -352,19 +363,10 @@ TEST(Harmony, TextOutsideMessagesAndHostileHeadersAreContent) {
     EXPECT_EQ(split_output(long_header, harmony(true)).content, long_header);
     expect_stream_agrees("<|channel|>" + std::string(300, 'y') + "<|message|>b<|end|>", harmony(true));
     // Markers are never streamed as content or reasoning, a byte at a time.
-    const std::string text = "<|channel|>analysis<|message|>hm<|end|><|start|>assistant<|channel|>final<|message|>ok";
-    OutputSplitter s(harmony(true));
-    std::string content, reasoning;
-    for (char ch : text) {
-        const OutputDelta d = s.feed(std::string(1, ch));
-        content += d.content;
-        reasoning += d.reasoning;
-        EXPECT_EQ(content.find('<'), std::string::npos) << content;
-        EXPECT_EQ(reasoning.find('<'), std::string::npos) << reasoning;
-    }
-    const OutputDelta last = s.finish();
-    EXPECT_EQ(content + last.content, "ok");
-    EXPECT_EQ(reasoning + last.reasoning, "hm");
+    const ParsedOutput p = fed_bytewise_without_markup(
+        "<|channel|>analysis<|message|>hm<|end|><|start|>assistant<|channel|>final<|message|>ok", harmony(true));
+    EXPECT_EQ(p.content, "ok");
+    EXPECT_EQ(p.reasoning, "hm");
 }
 
 TEST(TemplateTraits, ChosenFromTheTemplateText) {
