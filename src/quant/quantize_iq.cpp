@@ -924,33 +924,7 @@ void quantize_row_iq3_xxs(const float* x, void* dst, int64_t n, const float* wei
             const float* xb = xbl + 32 * ib;
             weights_of(xb, weights ? weights + kQK * ibl + 32 * ib : nullptr, sigma2, weight, waux);
             uint8_t block_signs[4];
-            for (int k = 0; k < 4; ++k) {  // an even number of negatives per 8: flip the least important
-                int nflip = 0;
-                uint8_t s = 0;
-                for (int i = 0; i < 8; ++i) {
-                    if (xb[8 * k + i] >= 0) {
-                        xval[8 * k + i] = xb[8 * k + i];
-                    } else {
-                        xval[8 * k + i] = -xb[8 * k + i];
-                        ++nflip;
-                        s = static_cast<uint8_t>(s | (1 << i));
-                    }
-                }
-                if (nflip % 2) {
-                    int imin = 0;
-                    float min = weight[8 * k] * xb[8 * k] * xb[8 * k];
-                    for (int i = 1; i < 8; ++i) {
-                        const float ax = weight[8 * k + i] * xb[8 * k + i] * xb[8 * k + i];
-                        if (ax < min) {
-                            min = ax;
-                            imin = i;
-                        }
-                    }
-                    xval[8 * k + imin] = -xval[8 * k + imin];
-                    s = static_cast<uint8_t>(s ^ (1 << imin));
-                }
-                block_signs[k] = s & 127;
-            }
+            even_signs(xb, weight, 4, xval, block_signs);
             float max = xval[0];
             for (int i = 1; i < 32; ++i) max = std::max(max, xval[i]);
             std::memset(L, 0, sizeof L);
