@@ -7,6 +7,13 @@
 
 #include "quant/gemm_batch_f16.h"
 
+// GCC 12's _mm512_cvtph_ps and _mm512_reduce_add_ps pass _mm512_undefined_*() as the ignored merge
+// source, which -Wuninitialized reports in every caller (GCC bug 105593): not a fault of this file.
+#if defined(__GNUC__) && !defined(__clang__)
+#pragma GCC diagnostic ignored "-Wuninitialized"
+#pragma GCC diagnostic ignored "-Wmaybe-uninitialized"
+#endif
+
 namespace fitllm::quant::detail {
 namespace {
 

@@ -126,7 +126,9 @@ TEST_F(SchedulerTest, LogprobsOfTheSampledTokens) {
         EXPECT_LE(e.logprob, 0.0f);
         double mass = 0.0;
         for (size_t i = 0; i < e.top.size(); ++i) {
-            if (i > 0) EXPECT_GE(e.top[i - 1].second, e.top[i].second);
+            if (i > 0) {
+                EXPECT_GE(e.top[i - 1].second, e.top[i].second);
+            }
             mass += std::exp(static_cast<double>(e.top[i].second));
         }
         EXPECT_LE(mass, 1.0 + 1e-5);

@@ -149,7 +149,9 @@ TEST(MoeRouting, SoftmaxAsLlamaCpp) {
             const double exact = std::exp(double(scores[size_t(i)]) - max_score) / sum;
             EXPECT_NEAR(ours[size_t(i)], exact, 1e-6 * exact) << n << " experts, " << i;
         }
-        if (n < 16) EXPECT_EQ(0, std::memcmp(ours.data(), plain.data(), ours.size() * sizeof(float)));
+        if (n < 16) {
+            EXPECT_EQ(0, std::memcmp(ours.data(), plain.data(), ours.size() * sizeof(float)));
+        }
     }
 }
 

@@ -305,8 +305,8 @@ inline std::vector<float> reference_logits(const gguf::GgufFile& file, const Tin
                 Vec p = matvec(weight(b + "ffn_gate_inp.weight"), h, o.expert_count);
                 const double max_p = *std::max_element(p.begin(), p.end());
                 double sum = 0.0;
-                for (double& v : p) sum += (v = std::exp(v - max_p));
-                for (double& v : p) v /= sum;
+                for (double& e : p) sum += (e = std::exp(e - max_p));
+                for (double& e : p) e /= sum;
                 std::vector<int> order(p.size());
                 std::iota(order.begin(), order.end(), 0);
                 std::stable_sort(order.begin(), order.end(), [&](int a, int c) { return p[a] > p[c]; });

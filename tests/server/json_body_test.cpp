@@ -64,7 +64,7 @@ TEST(JsonBody, NestingIsBoundedBeforeAnythingIsBuilt) {
 #endif
 #endif
 
-uint64_t heap_in_use() {
+[[maybe_unused]] uint64_t heap_in_use() {
     const struct mallinfo2 m = mallinfo2();
     return m.uordblks + m.hblkhd;
 }
