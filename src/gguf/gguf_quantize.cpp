@@ -460,14 +460,7 @@ GgmlType fallback_type(State& s, const TensorInfo& t, GgmlType type, bool& fell_
     ++s.n_fallback;
     fell_back = true;
     GgmlType to = type;
-    switch (type) {
-        case GgmlType::IQ1_S:
-        case GgmlType::IQ1_M:
-        case GgmlType::IQ2_XXS:
-        case GgmlType::IQ2_XS:
-        case GgmlType::IQ2_S:
-        case GgmlType::IQ3_XXS:
-        case GgmlType::IQ3_S:
+    switch (quant::is_grid_iquant(type) ? GgmlType::IQ4_XS : type) {  // every i-quant falls back alike
         case GgmlType::IQ4_XS:
             to = GgmlType::IQ4_NL;
             break;

@@ -454,11 +454,8 @@ Block* as(void* p) {
 
 }  // namespace
 
-// The reference codecs exist in pairs: every type that dequantizes also quantizes.
-bool can_quantize(GgmlType type) {
+bool is_grid_iquant(GgmlType type) {
     switch (type) {
-        // Not written here: llama.cpp quantizes these with a search over the grid (weighted by an
-        // importance matrix), which quantize_model_row does (quant/quantize_ref.h, for fitllm quantize).
         case GgmlType::IQ3_XXS:
         case GgmlType::IQ3_S:
         case GgmlType::IQ2_XXS:
@@ -466,10 +463,15 @@ bool can_quantize(GgmlType type) {
         case GgmlType::IQ2_S:
         case GgmlType::IQ1_S:
         case GgmlType::IQ1_M:
-            return false;
+            return true;
         default:
-            return can_dequantize(type);
+            return false;
     }
+}
+
+// The reference codecs exist in pairs: every type that dequantizes also quantizes.
+bool can_quantize(GgmlType type) {
+    return !is_grid_iquant(type) && can_dequantize(type);
 }
 
 void quantize_row_at(Isa isa, GgmlType type, const float* src, void* dst, int64_t n) {

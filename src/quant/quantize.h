@@ -15,8 +15,12 @@
 
 namespace fitllm::quant {
 
-// The types quantize_row writes: those dequantize_row reads but the grid i-quants (IQ1_*, IQ2_*,
-// IQ3_*), which fitllm only reads.
+// The i-quants on lattice grids (IQ3_XXS, IQ3_S, IQ2_XXS, IQ2_XS, IQ2_S, IQ1_S, IQ1_M): llama.cpp
+// quantizes them with a search over the grid (weighted by an importance matrix), which only
+// quantize_model_row does (quant/quantize_ref.h, for fitllm quantize).
+bool is_grid_iquant(GgmlType type);
+
+// The types quantize_row writes: those dequantize_row reads but the grid i-quants.
 bool can_quantize(GgmlType type);
 
 // Writes the n values of src as one row of `type` at dst (row_bytes(type, n) bytes). n must be a

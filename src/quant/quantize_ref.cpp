@@ -974,18 +974,7 @@ float detail::fit_positive_levels(int n, int nmax, const float* x, uint8_t* L, c
 }
 
 bool can_quantize_model(GgmlType type) {
-    switch (type) {
-        case GgmlType::IQ3_XXS:
-        case GgmlType::IQ3_S:
-        case GgmlType::IQ2_XXS:
-        case GgmlType::IQ2_XS:
-        case GgmlType::IQ2_S:
-        case GgmlType::IQ1_S:
-        case GgmlType::IQ1_M:
-            return true;
-        default:
-            break;
-    }
+    if (is_grid_iquant(type)) return true;
     return can_quantize(type) && type != GgmlType::Q8_1 && type != GgmlType::Q8_K;
 }
 

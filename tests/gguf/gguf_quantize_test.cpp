@@ -158,6 +158,22 @@ TEST(GgufQuantize, KeepsMetadataAlignmentOrderAndFallsBackOnRowLength) {
     }
 }
 
+TEST(GgufQuantize, EveryIQuantFallsBackToIq4NlThenF16OnRowLength) {
+    test::TempDir dir;
+    const fs::path in = dir / "in.gguf";
+    test::write_file(in, small_model());
+    const GgufFile f = GgufFile::open(in.string());
+    for (GgmlType type : {GgmlType::IQ4_XS, GgmlType::IQ3_XXS, GgmlType::IQ3_S, GgmlType::IQ2_XXS, GgmlType::IQ2_XS,
+                          GgmlType::IQ2_S, GgmlType::IQ1_S, GgmlType::IQ1_M}) {
+        QuantizeParams params;
+        params.ftype = *parse_file_type("q8_0");
+        params.tensor_types = {{"ffn_up", type}, {"ffn_gate", type}};
+        const std::vector<TensorChoice> c = plan_quantization(f, params);
+        EXPECT_EQ(c[3].to, GgmlType::IQ4_NL) << quant::traits(type).name;  // ffn_up, 64 columns
+        EXPECT_EQ(c[4].to, GgmlType::F16) << quant::traits(type).name;     // ffn_gate, 48: not even 32 fits
+    }
+}
+
 TEST(GgufQuantize, OptionsChooseTypes) {
     test::TempDir dir;
     const fs::path in = dir / "in.gguf";
