@@ -52,4 +52,9 @@ struct CommandResult {
 };
 CommandResult run_command(const std::string& command);
 
+// The fitllm executable of this build, for the tests that run it as a user would.
+inline std::string fitllm_exe() {
+    return (std::filesystem::path(FITLLM_BINARY_DIR) / "fitllm").string();
+}
+
 }  // namespace fitllm::test

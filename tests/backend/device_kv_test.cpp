@@ -182,7 +182,7 @@ TEST(DeviceHostBytes, ThePlanCountsThemForACudaDeviceAndTheyStayFlat) {
 }
 
 TEST(DeviceHostBytes, FitllmPlanShowsTheStagingOfACudaDevice) {
-    const std::string exe = std::string(FITLLM_BINARY_DIR) + "/fitllm";
+    const std::string exe = test::fitllm_exe();
     const std::string model = (test::source_dir() / "tests/model/data/tiny-llama-q8_0.gguf").string();
     const auto r = test::run_command(exe + " plan -m " + model + " -c 256 --device cuda0 -ngl 2 --vram 1G 2>&1");
     ASSERT_EQ(r.status, 0) << r.output;

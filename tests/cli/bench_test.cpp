@@ -12,21 +12,17 @@
 namespace fitllm {
 namespace {
 
-std::string fitllm_exe() {
-    return std::string(FITLLM_BINARY_DIR) + "/fitllm";
-}
-
 TEST(BenchCommand, RunsWithKvOptionsAndParallelSequences) {
     const test::TempDir dir;
     const std::filesystem::path path = dir / "tiny-llama.gguf";
     test::write_file(path, test::tiny_llama_bytes({.rope_freqs = true}));
-    const test::CommandResult r = test::run_command(fitllm_exe() + " bench -m '" + path.string() +
+    const test::CommandResult r = test::run_command(test::fitllm_exe() + " bench -m '" + path.string() +
                                                     "' -p 8 -n 6 -r 1 -t 1 -np 3 -ctk bf16 -ctv f32 2>&1");
     ASSERT_EQ(r.status, 0) << r.output;
     for (const char* want : {"KV cache: K BF16, V F32", "read bandwidth: ", "| pp8 |", "| tg6 |", "| tg6 x3 |"}) {
         EXPECT_NE(r.output.find(want), std::string::npos) << want << "\n" << r.output;
     }
-    const test::CommandResult bad = test::run_command(fitllm_exe() + " bench -m x.gguf -np 0 2>&1");
+    const test::CommandResult bad = test::run_command(test::fitllm_exe() + " bench -m x.gguf -np 0 2>&1");
     EXPECT_EQ(bad.status, 2) << bad.output;
 }
 
@@ -36,7 +32,7 @@ TEST(BenchCommand, RunsWithKvOptionsAndParallelSequences) {
 TEST(BenchCommand, TgTestsReportTheirShareOfTheReadBandwidth) {
     const std::string model = (test::source_dir() / "tests/model/data/tiny-llama-q8_0.gguf").string();
     const test::CommandResult r =
-        test::run_command(fitllm_exe() + " bench -m " + model + " -p 8 -n 4 -r 2 -t 1 -np 2 -o json 2>/dev/null");
+        test::run_command(test::fitllm_exe() + " bench -m " + model + " -p 8 -n 4 -r 2 -t 1 -np 2 -o json 2>/dev/null");
     ASSERT_EQ(r.status, 0) << r.output;
     const auto rows = nlohmann::json::parse(r.output);
     ASSERT_EQ(rows.size(), 3u) << r.output;
@@ -71,7 +67,7 @@ TEST(BenchCommand, TheParallelTestIsPlannedToo) {
     const uint64_t parallel =
         engine::plan_only(load, {.n_ctx = 16 * 512, .n_seq = 16, .n_batch = 512, .n_threads = 1}).plan.total();
     ASSERT_GT(parallel, session + (1u << 20));
-    const std::string base = fitllm_exe() + " bench -m " + model + " -p 8 -n 512 -r 1 -t 1 -np 16 --mem ";
+    const std::string base = test::fitllm_exe() + " bench -m " + model + " -p 8 -n 512 -r 1 -t 1 -np 16 --mem ";
     const test::CommandResult refused = test::run_command(base + std::to_string(session + (512u << 10)) + " 2>&1");
     EXPECT_EQ(refused.status, 3) << refused.output;
     EXPECT_NE(refused.output.find("does not fit"), std::string::npos) << refused.output;

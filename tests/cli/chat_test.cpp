@@ -9,10 +9,6 @@
 namespace fitllm {
 namespace {
 
-std::string fitllm_exe() {
-    return std::string(FITLLM_BINARY_DIR) + "/fitllm";
-}
-
 // How many prompt markers stdout holds: the one it starts with and each after a newline.
 int count_markers(const std::string& out) {
     int n = out.rfind("> ", 0) == 0 ? 1 : 0;
@@ -23,8 +19,9 @@ int count_markers(const std::string& out) {
 TEST(ChatCommand, TwoTurnsThenEndOfInput) {
     const auto model = test::demo_model();
     if (!model) GTEST_SKIP() << "demo model absent (scripts/setup.sh downloads it)";
-    const test::CommandResult r = test::run_command("printf 'Hi\\nWhat is 2+2?\\n' | " + fitllm_exe() + " chat -m '" +
-                                                    model->string() + "' --temp 0 -n 16 -t 2 2>/dev/null");
+    const test::CommandResult r =
+        test::run_command("printf 'Hi\\nWhat is 2+2?\\n' | " + test::fitllm_exe() + " chat -m '" + model->string() +
+                          "' --temp 0 -n 16 -t 2 2>/dev/null");
     ASSERT_EQ(r.status, 0) << r.output;
     // The first prompt, one after each of the two replies.
     EXPECT_EQ(count_markers(r.output), 3) << r.output;
@@ -41,8 +38,8 @@ TEST(ChatCommand, LookupGivesTheSameGreedyReplies) {
     const std::string input =
         "printf 'Repeat after me: the cat sat on the mat, the dog sat on the log.\\nAnd once more, the same.\\n' | ";
     const std::string args = " chat -m '" + model->string() + "' --temp 0 -n 48 -t 2 2>/dev/null";
-    const test::CommandResult plain = test::run_command(input + fitllm_exe() + args);
-    const test::CommandResult spec = test::run_command(input + fitllm_exe() + args + " --lookup --draft-max 6");
+    const test::CommandResult plain = test::run_command(input + test::fitllm_exe() + args);
+    const test::CommandResult spec = test::run_command(input + test::fitllm_exe() + args + " --lookup --draft-max 6");
     ASSERT_EQ(plain.status, 0) << plain.output;
     ASSERT_EQ(spec.status, 0) << spec.output;
     EXPECT_EQ(count_markers(spec.output), 3) << spec.output;
@@ -58,7 +55,7 @@ TEST(ChatCommand, EachReplyFollowsTheJsonSchema) {
         R"({"type":"object","properties":{"answer":{"type":"integer","minimum":0,"maximum":99}},)"
         R"("required":["answer"]})";
     const test::CommandResult r =
-        test::run_command("printf 'What is 2+2?\nAnd 3+5?\n' | " + fitllm_exe() + " chat -m '" + model->string() +
+        test::run_command("printf 'What is 2+2?\nAnd 3+5?\n' | " + test::fitllm_exe() + " chat -m '" + model->string() +
                           "' --temp 1 --seed 7 -n 64 -t 2 -j '" + schema + "' 2>/dev/null");
     ASSERT_EQ(r.status, 0) << r.output;
     ASSERT_EQ(count_markers(r.output), 3) << r.output;
@@ -79,7 +76,7 @@ TEST(ChatCommand, EachReplyFollowsTheJsonSchema) {
     }
     // A schema that is not one is a usage error naming the option.
     const test::CommandResult bad =
-        test::run_command(fitllm_exe() + " chat -m '" + model->string() + "' -j '{\"type\": 5}' 2>&1 </dev/null");
+        test::run_command(test::fitllm_exe() + " chat -m '" + model->string() + "' -j '{\"type\": 5}' 2>&1 </dev/null");
     EXPECT_EQ(bad.status, 2) << bad.output;
     EXPECT_NE(bad.output.find("--json-schema"), std::string::npos) << bad.output;
 }
@@ -87,7 +84,7 @@ TEST(ChatCommand, EachReplyFollowsTheJsonSchema) {
 TEST(ChatCommand, ExitCommandEndsTheConversation) {
     const auto model = test::demo_model();
     if (!model) GTEST_SKIP() << "demo model absent (scripts/setup.sh downloads it)";
-    const test::CommandResult r = test::run_command("printf 'Hi\\n/exit\\nStill here?\\n' | " + fitllm_exe() +
+    const test::CommandResult r = test::run_command("printf 'Hi\\n/exit\\nStill here?\\n' | " + test::fitllm_exe() +
                                                     " chat -m '" + model->string() + "' --temp 0 -n 8 -t 2 2>&1");
     ASSERT_EQ(r.status, 0) << r.output;
     EXPECT_NE(r.output.find("/exit or Ctrl-D to quit"), std::string::npos) << r.output;
@@ -99,24 +96,24 @@ TEST(ChatCommand, AFullContextEndsTheConversationCleanly) {
     const auto model = test::demo_model();
     if (!model) GTEST_SKIP() << "demo model absent (scripts/setup.sh downloads it)";
     const test::CommandResult r =
-        test::run_command("printf 'Hi\\nAgain\\nAnd again\\n' | " + fitllm_exe() + " chat -m '" + model->string() +
-                          "' --temp 0 -n 64 -c 24 -t 2 2>&1");
+        test::run_command("printf 'Hi\\nAgain\\nAnd again\\n' | " + test::fitllm_exe() + " chat -m '" +
+                          model->string() + "' --temp 0 -n 64 -c 24 -t 2 2>&1");
     ASSERT_EQ(r.status, 0) << r.output;
     EXPECT_NE(r.output.find("context is full"), std::string::npos) << r.output;
 }
 
 TEST(ChatCommand, UsageErrorsExitWithStatus2) {
-    const test::CommandResult no_model = test::run_command(fitllm_exe() + " chat 2>&1 </dev/null");
+    const test::CommandResult no_model = test::run_command(test::fitllm_exe() + " chat 2>&1 </dev/null");
     EXPECT_EQ(no_model.status, 2) << no_model.output;
     EXPECT_NE(no_model.output.find("-m MODEL is required"), std::string::npos) << no_model.output;
     const test::CommandResult bad_top_p =
-        test::run_command(fitllm_exe() + " chat -m x.gguf --top-p lots 2>&1 </dev/null");
+        test::run_command(test::fitllm_exe() + " chat -m x.gguf --top-p lots 2>&1 </dev/null");
     EXPECT_EQ(bad_top_p.status, 2) << bad_top_p.output;
     EXPECT_NE(bad_top_p.output.find("--top-p"), std::string::npos) << bad_top_p.output;
 }
 
 TEST(ChatCommand, HelpListsTheOptions) {
-    const test::CommandResult r = test::run_command(fitllm_exe() + " chat --help");
+    const test::CommandResult r = test::run_command(test::fitllm_exe() + " chat --help");
     EXPECT_EQ(r.status, 0);
     for (const char* option : {"--model", "--ctx-size", "--threads", "--n-predict", "--system", "--temp", "--top-k",
                                "--top-p", "--min-p", "--seed"}) {

@@ -9,10 +9,6 @@
 namespace fitllm {
 namespace {
 
-std::string fitllm_exe() {
-    return std::string(FITLLM_BINARY_DIR) + "/fitllm";
-}
-
 std::string data(const char* name) {
     return (test::source_dir() / "tests/model/data" / name).string();
 }
@@ -21,7 +17,8 @@ TEST(DraftModelCli, RunAndChatGiveTheSameGreedyText) {
     const auto model = test::demo_model();
     if (!model) GTEST_SKIP() << "demo model absent (scripts/setup.sh downloads it)";
     const std::string m = "'" + model->string() + "'";
-    const std::string run = fitllm_exe() + " run -m " + m + " -p 'The three primary colours are' -n 40 --temp 0 -t 2";
+    const std::string run =
+        test::fitllm_exe() + " run -m " + m + " -p 'The three primary colours are' -n 40 --temp 0 -t 2";
     const test::CommandResult plain = test::run_command(run + " 2>/dev/null");
     const test::CommandResult spec = test::run_command(run + " -md " + m + " --draft-max 5 2>&1 >/dev/null");
     const test::CommandResult spec_text = test::run_command(run + " -md " + m + " --draft-max 5 2>/dev/null");
@@ -33,7 +30,7 @@ TEST(DraftModelCli, RunAndChatGiveTheSameGreedyText) {
 
     // Two turns: the draft model's cache follows the conversation.
     const std::string input = "printf 'Name three fruits.\\nAnd three vegetables.\\n' | ";
-    const std::string chat = fitllm_exe() + " chat -m " + m + " --temp 0 -n 32 -t 2 2>/dev/null";
+    const std::string chat = test::fitllm_exe() + " chat -m " + m + " --temp 0 -n 32 -t 2 2>/dev/null";
     const test::CommandResult chat_plain = test::run_command(input + chat);
     const test::CommandResult chat_spec = test::run_command(input + chat + " -md " + m);
     ASSERT_EQ(chat_plain.status, 0) << chat_plain.output;
@@ -45,11 +42,11 @@ TEST(DraftModelCli, ADraftWithAnotherVocabularyIsAUsageError) {
     const std::string llama = data("tiny-llama-q8_0.gguf");
     const std::string qwen = data("tiny-qwen2-q8_0.gguf");
     const test::CommandResult r =
-        test::run_command(fitllm_exe() + " run -m '" + llama + "' -md '" + qwen + "' -p hello -n 4 -t 1 2>&1");
+        test::run_command(test::fitllm_exe() + " run -m '" + llama + "' -md '" + qwen + "' -p hello -n 4 -t 1 2>&1");
     EXPECT_EQ(r.status, 2) << r.output;
     EXPECT_NE(r.output.find(llama), std::string::npos) << r.output;
     EXPECT_NE(r.output.find(qwen), std::string::npos) << r.output;
-    const test::CommandResult both = test::run_command(fitllm_exe() + " run -m '" + llama + "' -md '" + llama +
+    const test::CommandResult both = test::run_command(test::fitllm_exe() + " run -m '" + llama + "' -md '" + llama +
                                                        "' --lookup -p hello -n 4 -t 1 2>&1");
     EXPECT_EQ(both.status, 2) << both.output;
     EXPECT_NE(both.output.find("--lookup and -md"), std::string::npos) << both.output;
@@ -58,7 +55,7 @@ TEST(DraftModelCli, ADraftWithAnotherVocabularyIsAUsageError) {
 TEST(DraftModelCli, PlanShowsTheDraftAndRefusesWhenBothDoNotFit) {
     const std::string target = data("tiny-llama-q8_0.gguf");
     const std::string draft = data("tiny-llama-f16.gguf");
-    const std::string plan = fitllm_exe() + " plan -m '" + target + "' -md '" + draft + "' -c 256 -t 1";
+    const std::string plan = test::fitllm_exe() + " plan -m '" + target + "' -md '" + draft + "' -c 256 -t 1";
     const test::CommandResult r = test::run_command(plan + " --mem 256M 2>&1");
     EXPECT_EQ(r.status, 0) << r.output;
     EXPECT_NE(r.output.find("draft model (-md):"), std::string::npos) << r.output;
@@ -67,11 +64,11 @@ TEST(DraftModelCli, PlanShowsTheDraftAndRefusesWhenBothDoNotFit) {
     EXPECT_NE(json.output.find("\"draft\""), std::string::npos) << json.output;
     // 16 MiB hold the model alone (11.5 MiB planned) or the draft alone (12.5 MiB), not both.
     const test::CommandResult alone =
-        test::run_command(fitllm_exe() + " plan -m '" + target + "' -c 256 -t 1 --mem 16M 2>&1");
+        test::run_command(test::fitllm_exe() + " plan -m '" + target + "' -c 256 -t 1 --mem 16M 2>&1");
     const test::CommandResult tight = test::run_command(plan + " --mem 16M 2>&1");
     EXPECT_EQ(alone.status, 0) << alone.output;
     EXPECT_EQ(tight.status, 3) << tight.output;
-    const test::CommandResult run = test::run_command(fitllm_exe() + " run -m '" + target + "' -md '" + draft +
+    const test::CommandResult run = test::run_command(test::fitllm_exe() + " run -m '" + target + "' -md '" + draft +
                                                       "' -c 256 -t 1 --mem 16M -p hello -n 4 2>&1");
     EXPECT_EQ(run.status, 3) << run.output;
     EXPECT_NE(run.output.find("draft model"), std::string::npos) << run.output;

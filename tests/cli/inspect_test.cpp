@@ -9,10 +9,6 @@
 namespace fitllm::cli {
 namespace {
 
-std::string fitllm_exe() {
-    return std::string(FITLLM_BINARY_DIR) + "/fitllm";
-}
-
 // A small llama-shaped file with a tokenizer.
 std::string write_tiny_llama(const test::TempDir& dir) {
     gguf::GgufWriter w;
@@ -71,36 +67,36 @@ TEST(Inspect, ReportHasModelHyperParametersTokenizerAndTypes) {
 TEST(Inspect, ExecutableTextJsonHelpAndErrors) {
     test::TempDir dir;
     const std::string path = write_tiny_llama(dir);
-    auto r = test::run_command(fitllm_exe() + " inspect '" + path + "' 2>&1");
+    auto r = test::run_command(test::fitllm_exe() + " inspect '" + path + "' 2>&1");
     EXPECT_EQ(r.status, 0) << r.output;
     EXPECT_NE(r.output.find("architecture             llama"), std::string::npos) << r.output;
 
-    r = test::run_command(fitllm_exe() + " inspect --json --tensors '" + path + "'");
+    r = test::run_command(test::fitllm_exe() + " inspect --json --tensors '" + path + "'");
     ASSERT_EQ(r.status, 0) << r.output;
     const auto j = nlohmann::json::parse(r.output);
     EXPECT_EQ(j["tensors"].size(), 2u);
 
-    r = test::run_command(fitllm_exe() + " inspect --help");
+    r = test::run_command(test::fitllm_exe() + " inspect --help");
     EXPECT_EQ(r.status, 0);
     EXPECT_NE(r.output.find("--tensors"), std::string::npos);
-    r = test::run_command(fitllm_exe() + " --help");
+    r = test::run_command(test::fitllm_exe() + " --help");
     EXPECT_EQ(r.status, 0);
     EXPECT_NE(r.output.find("inspect"), std::string::npos);
 
-    r = test::run_command(fitllm_exe() + " inspect /nonexistent.gguf 2>&1");
+    r = test::run_command(test::fitllm_exe() + " inspect /nonexistent.gguf 2>&1");
     EXPECT_EQ(r.status, 1);
     EXPECT_NE(r.output.find("/nonexistent.gguf"), std::string::npos) << r.output;
-    r = test::run_command(fitllm_exe() + " inspect 2>&1");
+    r = test::run_command(test::fitllm_exe() + " inspect 2>&1");
     EXPECT_EQ(r.status, 2);
     EXPECT_NE(r.output.find("missing MODEL.gguf"), std::string::npos) << r.output;
-    r = test::run_command(fitllm_exe() + " frobnicate 2>&1");
+    r = test::run_command(test::fitllm_exe() + " frobnicate 2>&1");
     EXPECT_EQ(r.status, 2);
 
     // A corrupt file: a clear error with the offset, exit status 1, no crash.
     auto bytes = test::read_file(path);
     bytes.resize(100);
     test::write_file(dir / "cut.gguf", bytes);
-    r = test::run_command(fitllm_exe() + " inspect '" + (dir / "cut.gguf").string() + "' 2>&1");
+    r = test::run_command(test::fitllm_exe() + " inspect '" + (dir / "cut.gguf").string() + "' 2>&1");
     EXPECT_EQ(r.status, 1);
     EXPECT_NE(r.output.find("cut.gguf: byte "), std::string::npos) << r.output;
 }

@@ -12,9 +12,6 @@
 namespace fitllm {
 namespace {
 
-std::string fitllm_exe() {
-    return std::string(FITLLM_BINARY_DIR) + "/fitllm";
-}
 std::string tiny(const std::string& name) {
     return (test::source_dir() / "tests/model/data" / name).string();
 }
@@ -28,7 +25,7 @@ std::string text_of(const std::string& command) {
 }
 
 TEST(OffloadMoeOptions, HostExpertsOnTheVirtualDeviceGiveTheSameText) {
-    const std::string base = fitllm_exe() + " run -m " + tiny("tiny-qwen3moe-q4_k_m.gguf") +
+    const std::string base = test::fitllm_exe() + " run -m " + tiny("tiny-qwen3moe-q4_k_m.gguf") +
                              " -p 'the quick brown fox' -n 12 --temp 0 -t 1 -c 256";
     const std::string cpu = text_of(base);
     ASSERT_FALSE(cpu.empty());
@@ -51,7 +48,7 @@ TEST(OffloadMoeOptions, HostExpertsOnTheVirtualDeviceGiveTheSameText) {
 // KV-only offload of a dense model (llama.cpp's -ngl 99 -ot '.*=CPU'): the CPU's text, and the plan
 // keeps no matrix on the device.
 TEST(OffloadMoeOptions, KvOnlyOffloadGivesTheSameTextAndPlansNoDeviceWeights) {
-    const std::string base = fitllm_exe() + " run -m " + tiny("tiny-qwen2-q4_k_m.gguf") +
+    const std::string base = test::fitllm_exe() + " run -m " + tiny("tiny-qwen2-q4_k_m.gguf") +
                              " -p 'the quick brown fox' -n 12 --temp 0 -t 1 -c 256";
     const std::string cpu = text_of(base);
     ASSERT_FALSE(cpu.empty());
@@ -59,7 +56,7 @@ TEST(OffloadMoeOptions, KvOnlyOffloadGivesTheSameTextAndPlansNoDeviceWeights) {
     EXPECT_EQ(text_of(base + " --device virtual -ngl 99 -ot '.*=CPU' --no-kv-offload"), cpu);
     EXPECT_EQ(text_of(base + " --device virtual -ngl 2 -ot 'attn_(q|k|v)=CPU'"), cpu);
     EXPECT_EQ(text_of(base + " --device virtual --unified -ngl 99 -ot '.*=CPU'"), cpu);
-    const auto r = test::run_command(fitllm_exe() + " plan -m " + tiny("tiny-qwen2-q4_k_m.gguf") +
+    const auto r = test::run_command(test::fitllm_exe() + " plan -m " + tiny("tiny-qwen2-q4_k_m.gguf") +
                                      " -c 256 --device virtual -ngl 99 -ot '.*=CPU' --json 2>&1");
     ASSERT_EQ(r.status, 0) << r.output;
     const auto j = nlohmann::json::parse(r.output);
@@ -72,7 +69,8 @@ TEST(OffloadMoeOptions, KvOnlyOffloadGivesTheSameTextAndPlansNoDeviceWeights) {
 }
 
 TEST(OffloadMoeOptions, RefusalsNameTheFlag) {
-    const std::string base = fitllm_exe() + " run -m " + tiny("tiny-qwen3moe-q8_0.gguf") + " -p 'a b' -n 2 -t 1 -c 256";
+    const std::string base =
+        test::fitllm_exe() + " run -m " + tiny("tiny-qwen3moe-q8_0.gguf") + " -p 'a b' -n 2 -t 1 -c 256";
     // The expert cache serves the host's layers only.
     auto r = test::run_command(base + " --device virtual -ngl 3 --expert-cache 8 2>&1");
     EXPECT_NE(r.status, 0);
@@ -89,8 +87,8 @@ TEST(OffloadMoeOptions, RefusalsNameTheFlag) {
 }
 
 TEST(OffloadMoeOptions, PlanShowsPerDeviceWhatIsResident) {
-    const std::string plan =
-        fitllm_exe() + " plan -m " + tiny("tiny-qwen3moe-q8_0.gguf") + " -c 256 --device virtual -ngl 3 --cpu-moe";
+    const std::string plan = test::fitllm_exe() + " plan -m " + tiny("tiny-qwen3moe-q8_0.gguf") +
+                             " -c 256 --device virtual -ngl 3 --cpu-moe";
     const auto r = test::run_command(plan + " 2>&1");
     ASSERT_EQ(r.status, 0) << r.output;
     EXPECT_TRUE(has(r.output, "the routed experts of 2 offloaded layers")) << r.output;
@@ -105,7 +103,7 @@ TEST(OffloadMoeOptions, PlanShowsPerDeviceWhatIsResident) {
     EXPECT_GT(dev.at("weights").get<uint64_t>(), 0u);
     EXPECT_GT(json.at("devices").at(0).at("weights_resident").get<uint64_t>(), dev.at("host_experts").get<uint64_t>());
     // bench takes the flags too.
-    const auto b = test::run_command(fitllm_exe() + " bench -m " + tiny("tiny-qwen3moe-q8_0.gguf") +
+    const auto b = test::run_command(test::fitllm_exe() + " bench -m " + tiny("tiny-qwen3moe-q8_0.gguf") +
                                      " -p 8 -n 4 -r 1 -t 1 --device virtual -ngl 3 --cpu-moe 2>&1");
     EXPECT_EQ(b.status, 0) << b.output;
 }

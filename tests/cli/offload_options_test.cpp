@@ -16,9 +16,6 @@
 namespace fitllm {
 namespace {
 
-std::string fitllm_exe() {
-    return std::string(FITLLM_BINARY_DIR) + "/fitllm";
-}
 std::string tiny(const std::string& name) {
     return (test::source_dir() / "tests/model/data" / name).string();
 }
@@ -35,7 +32,7 @@ std::string text_of(const std::string& command) {
 TEST(OffloadOptions, EverySplitOnTheVirtualDeviceGivesTheSameText) {
     for (const char* model : {"tiny-llama-q8_0.gguf", "tiny-qwen2-q4_k_m.gguf"}) {
         const std::string base =
-            fitllm_exe() + " run -m " + tiny(model) + " -p 'the quick brown fox' -n 12 --temp 0 -t 1 -c 256";
+            test::fitllm_exe() + " run -m " + tiny(model) + " -p 'the quick brown fox' -n 12 --temp 0 -t 1 -c 256";
         const std::string cpu = text_of(base);
         ASSERT_FALSE(cpu.empty());
         for (int ngl = 0; ngl <= 3; ++ngl) {  // 2 layers; 3: the output layer too
@@ -46,7 +43,7 @@ TEST(OffloadOptions, EverySplitOnTheVirtualDeviceGivesTheSameText) {
 }
 
 TEST(OffloadOptions, SummaryShowsTheDevicePoolsAndStaysWithinItsPlan) {
-    const auto r = test::run_command(fitllm_exe() + " run -m " + tiny("tiny-llama-q8_0.gguf") +
+    const auto r = test::run_command(test::fitllm_exe() + " run -m " + tiny("tiny-llama-q8_0.gguf") +
                                      " -p 'a b c' -n 4 --temp 0 -t 1 -c 256 --device virtual -ngl 3 --vram 64M 2>&1");
     ASSERT_EQ(r.status, 0) << r.output;
     for (const char* part : {"virtual: ", "weights", "kv", "scratch"}) {
@@ -55,13 +52,13 @@ TEST(OffloadOptions, SummaryShowsTheDevicePoolsAndStaysWithinItsPlan) {
 }
 
 TEST(OffloadOptions, PlanShowsEachDevice) {
-    const auto r = test::run_command(fitllm_exe() + " plan -m " + tiny("tiny-llama-q8_0.gguf") +
+    const auto r = test::run_command(test::fitllm_exe() + " plan -m " + tiny("tiny-llama-q8_0.gguf") +
                                      " -c 256 --device virtual -ngl 1 --vram 64M 2>&1");
     ASSERT_EQ(r.status, 0) << r.output;
     for (const char* part : {"device host", "device virtual", "1 of 2 layers (-ngl 1)", "--vram"}) {
         EXPECT_TRUE(has(r.output, part)) << "missing '" << part << "' in:\n" << r.output;
     }
-    const auto j = test::run_command(fitllm_exe() + " plan -m " + tiny("tiny-llama-q8_0.gguf") +
+    const auto j = test::run_command(test::fitllm_exe() + " plan -m " + tiny("tiny-llama-q8_0.gguf") +
                                      " -c 256 --device virtual -ngl 3 --json 2>&1");
     ASSERT_EQ(j.status, 0) << j.output;
     for (const char* part : {"\"name\": \"virtual\"", "\"n_gpu_layers\": 3", "\"output\": true"}) {
@@ -70,7 +67,7 @@ TEST(OffloadOptions, PlanShowsEachDevice) {
 }
 
 TEST(OffloadOptions, ADeviceBudgetTooSmallIsRefusedOrFitted) {
-    const std::string base = fitllm_exe() + " run -m " + tiny("tiny-llama-q8_0.gguf") +
+    const std::string base = test::fitllm_exe() + " run -m " + tiny("tiny-llama-q8_0.gguf") +
                              " -p 'a b c' -n 4 --temp 0 -t 1 -c 256 --device virtual --vram 200K";
     const auto refused = test::run_command(base + " -ngl 3 2>&1");
     EXPECT_EQ(refused.status, 3) << refused.output;
@@ -85,7 +82,7 @@ TEST(OffloadOptions, ADeviceBudgetTooSmallIsRefusedOrFitted) {
 }
 
 TEST(OffloadOptions, BadValuesAreUsageErrors) {
-    const std::string base = fitllm_exe() + " run -m " + tiny("tiny-llama-q8_0.gguf") + " -p a -n 1 -t 1";
+    const std::string base = test::fitllm_exe() + " run -m " + tiny("tiny-llama-q8_0.gguf") + " -p a -n 1 -t 1";
     for (const char* args : {" -ngl -1", " -ngl x", " --device nosuch -ngl 1", " --device virtual --vram 12Q"}) {
         const auto r = test::run_command(base + args + " 2>&1");
         EXPECT_EQ(r.status, 2) << args << "\n" << r.output;
@@ -98,7 +95,7 @@ TEST(OffloadOptions, BadValuesAreUsageErrors) {
 }
 
 TEST(OffloadOptions, BenchTakesNgl) {
-    const auto r = test::run_command(fitllm_exe() + " bench -m " + tiny("tiny-llama-q8_0.gguf") +
+    const auto r = test::run_command(test::fitllm_exe() + " bench -m " + tiny("tiny-llama-q8_0.gguf") +
                                      " -p 16 -n 4 -r 1 -t 1 --device virtual -ngl 3 2>&1");
     ASSERT_EQ(r.status, 0) << r.output;
     EXPECT_TRUE(has(r.output, "pp16")) << r.output;
@@ -107,7 +104,7 @@ TEST(OffloadOptions, BenchTakesNgl) {
 TEST(OffloadOptions, EverySplitOnAUnifiedDeviceGivesTheSameText) {
     for (const char* model : {"tiny-llama-q8_0.gguf", "tiny-qwen2-q4_k_m.gguf"}) {
         const std::string base =
-            fitllm_exe() + " run -m " + tiny(model) + " -p 'the quick brown fox' -n 12 --temp 0 -t 1 -c 256";
+            test::fitllm_exe() + " run -m " + tiny(model) + " -p 'the quick brown fox' -n 12 --temp 0 -t 1 -c 256";
         const std::string cpu = text_of(base);
         ASSERT_FALSE(cpu.empty());
         for (int ngl = 0; ngl <= 3; ++ngl) {
@@ -122,8 +119,8 @@ TEST(OffloadOptions, EverySplitOnAUnifiedDeviceGivesTheSameText) {
 // The summary says the unified device charged the host's pools; the host's weights pool is what
 // the CPU-only run's is (nothing copied, nothing given back).
 TEST(OffloadOptions, UnifiedSummaryShowsOneBudgetAndNoCopies) {
-    const std::string base =
-        fitllm_exe() + " run -m " + tiny("tiny-llama-q8_0.gguf") + " -p 'a b c' -n 4 --temp 0 -t 1 -c 256 --mem 64M";
+    const std::string base = test::fitllm_exe() + " run -m " + tiny("tiny-llama-q8_0.gguf") +
+                             " -p 'a b c' -n 4 --temp 0 -t 1 -c 256 --mem 64M";
     const auto cpu = test::run_command(base + " 2>&1");
     const auto r = test::run_command(base + " --device virtual-unified -ngl 3 2>&1");
     ASSERT_EQ(cpu.status, 0) << cpu.output;
@@ -137,7 +134,7 @@ TEST(OffloadOptions, UnifiedSummaryShowsOneBudgetAndNoCopies) {
 }
 
 TEST(OffloadOptions, PlanShowsAUnifiedDeviceInsideTheHostsShare) {
-    const std::string base = fitllm_exe() + " plan -m " + tiny("tiny-llama-q8_0.gguf") + " -c 256 --mem 64M";
+    const std::string base = test::fitllm_exe() + " plan -m " + tiny("tiny-llama-q8_0.gguf") + " -c 256 --mem 64M";
     const auto r = test::run_command(base + " --device virtual --unified -ngl 3 2>&1");
     ASSERT_EQ(r.status, 0) << r.output;
     for (const char* part : {"device virtual-unified (unified: shares the host's memory and budget",
@@ -175,7 +172,7 @@ TEST(OffloadOptions, PlanShowsAUnifiedDeviceInsideTheHostsShare) {
 
 TEST(OffloadOptions, UnifiedRefusesVramAndIsRefusedOverMemNamingThePool) {
     const std::string model = tiny("tiny-llama-q8_0.gguf");
-    const std::string run = fitllm_exe() + " run -m " + model + " -p 'a b c' -n 4 --temp 0 -t 1";
+    const std::string run = test::fitllm_exe() + " run -m " + model + " -p 'a b c' -n 4 --temp 0 -t 1";
     for (const char* args :
          {" --device virtual-unified --vram 64M", " --device virtual --unified --vram 1G", " --unified -p x"}) {
         const auto r = test::run_command(run + args + " 2>&1");
@@ -185,7 +182,7 @@ TEST(OffloadOptions, UnifiedRefusesVramAndIsRefusedOverMemNamingThePool) {
         }
     }
     // Unknown names, also where nothing is opened (plan).
-    for (const std::string& command : {run, fitllm_exe() + " plan -m " + model}) {
+    for (const std::string& command : {run, test::fitllm_exe() + " plan -m " + model}) {
         for (const char* args : {" --device nosuch --unified", " --device nosuch-unified"}) {
             const auto r = test::run_command(command + args + " 2>&1");
             EXPECT_EQ(r.status, 2) << command << args << "\n" << r.output;
@@ -194,7 +191,7 @@ TEST(OffloadOptions, UnifiedRefusesVramAndIsRefusedOverMemNamingThePool) {
     }
     // A budget that holds what is charged before the KV cache (the device's and the host's
     // together) and half of it: the KV is refused, in the host's pool.
-    const auto j = test::run_command(fitllm_exe() + " plan -m " + model +
+    const auto j = test::run_command(test::fitllm_exe() + " plan -m " + model +
                                      " -c 8192 -t 1 --mem 1G --device virtual-unified --json 2>/dev/null");
     ASSERT_EQ(j.status, 0) << j.output;
     const auto host = nlohmann::json::parse(j.output)["devices"][0];
@@ -222,7 +219,7 @@ TEST(OffloadOptions, UnifiedDoesNotDoubleTheResidentSetOnTheDemoModel) {
     const auto path = test::demo_model();
     if (!path) GTEST_SKIP() << "demo model absent (scripts/setup.sh downloads it)";
     const std::string base =
-        fitllm_exe() + " run -m " + path->string() + " -p 'Hello' -n 4 --temp 0 -t 2 -c 256 2>&1 >/dev/null";
+        test::fitllm_exe() + " run -m " + path->string() + " -p 'Hello' -n 4 --temp 0 -t 2 -c 256 2>&1 >/dev/null";
     const std::regex rss("peak RSS ([0-9.]+) MiB");
     const auto peak = [&](const std::string& args) {
         const auto r = test::run_command(base + args);

@@ -12,9 +12,6 @@
 namespace fitllm {
 namespace {
 
-std::string fitllm_exe() {
-    return std::string(FITLLM_BINARY_DIR) + "/fitllm";
-}
 std::filesystem::path tiny_llama() {
     return test::source_dir() / "tests/model/data/tiny-llama-q8_0.gguf";
 }
@@ -31,7 +28,7 @@ protected:
         test::write_file(dir_ / "text.txt", std::as_bytes(std::span(text.data(), text.size())));
     }
     std::string ppl(const std::string& options) const {
-        return fitllm_exe() + " perplexity -m " + tiny_llama().string() + " -f " + (dir_ / "text.txt").string() +
+        return test::fitllm_exe() + " perplexity -m " + tiny_llama().string() + " -f " + (dir_ / "text.txt").string() +
                " -c 64 -t 1 " + options + " 2>&1";
     }
     std::string base() const { return (dir_ / "f16.kld").string(); }
@@ -91,7 +88,7 @@ TEST_F(PerplexityCli, AMismatchedOrBrokenBaseFailsNamingIt) {
 }
 
 TEST(PerplexityCliHelp, DocumentsTheKlFlags) {
-    const auto r = test::run_command(fitllm_exe() + " perplexity --help");
+    const auto r = test::run_command(test::fitllm_exe() + " perplexity --help");
     ASSERT_EQ(r.status, 0) << r.output;
     EXPECT_TRUE(has(r.output, "--kl-divergence-base FILE")) << r.output;
     EXPECT_TRUE(has(r.output, "--kl-divergence ")) << r.output;

@@ -10,15 +10,12 @@
 namespace fitllm::cli {
 namespace {
 
-std::string fitllm_exe() {
-    return std::string(FITLLM_BINARY_DIR) + "/fitllm";
-}
 std::string tiny_llama() {
     return (test::source_dir() / "tests/model/data/tiny-llama-q8_0.gguf").string();
 }
 
 TEST(PlanCommand, TextTable) {
-    const auto r = test::run_command(fitllm_exe() + " plan -m " + tiny_llama() + " -c 256 -b 64 -t 2 --mem 1G");
+    const auto r = test::run_command(test::fitllm_exe() + " plan -m " + tiny_llama() + " -c 256 -b 64 -t 2 --mem 1G");
     ASSERT_EQ(r.status, 0) << r.output;
     for (const char* part : {"device host", "weights resident", "KV cache", "2 layers x 256 cells, f16/f16", "scratch",
                              "outputs", "logits: 1 x 450 floats", "overhead", "total", "budget", "1.00 GiB", "--mem 1G",
@@ -28,7 +25,7 @@ TEST(PlanCommand, TextTable) {
 }
 
 TEST(PlanCommand, JsonHasTheSameNumbersAsThePlan) {
-    const auto r = test::run_command(fitllm_exe() + " plan -m " + tiny_llama() +
+    const auto r = test::run_command(test::fitllm_exe() + " plan -m " + tiny_llama() +
                                      " -c 300 -np 2 -b 32 -ctk q8_0 -ctv q4_0 -t 2 --mem 512MiB --json");
     ASSERT_EQ(r.status, 0) << r.output;
     const auto j = nlohmann::json::parse(r.output);
@@ -60,8 +57,8 @@ TEST(PlanCommand, JsonHasTheSameNumbersAsThePlan) {
 TEST(PlanCommand, ADraftModelWithSlotsIsPlannedAsServeRunsIt) {
     const std::string draft = (test::source_dir() / "tests/model/data/tiny-llama-f16.gguf").string();
     const auto plan = [&](const std::string& np) {
-        const auto r = test::run_command(fitllm_exe() + " plan -m " + tiny_llama() + " -md " + draft + " -c 256 -b 64" +
-                                         np + " -t 2 --mem 1G --json");
+        const auto r = test::run_command(test::fitllm_exe() + " plan -m " + tiny_llama() + " -md " + draft +
+                                         " -c 256 -b 64" + np + " -t 2 --mem 1G --json");
         EXPECT_EQ(r.status, 0) << r.output;
         return nlohmann::json::parse(r.output);
     };
@@ -83,7 +80,7 @@ TEST(PlanCommand, FitSaysWhatItChoseAndWhy) {
                           .n_threads = 2};
     const uint64_t budget = engine::make_plan(engine::model_shape(file), q8).total();
     const std::string cmd =
-        fitllm_exe() + " plan -m " + tiny_llama() + " -c 65536 -b 64 -t 2 --mem " + std::to_string(budget);
+        test::fitllm_exe() + " plan -m " + tiny_llama() + " -c 65536 -b 64 -t 2 --mem " + std::to_string(budget);
     const auto without = test::run_command(cmd);
     EXPECT_EQ(without.status, 3) << without.output;  // does not fit
     EXPECT_NE(without.output.find("fits               no"), std::string::npos) << without.output;
@@ -100,7 +97,7 @@ TEST(PlanCommand, FitSaysWhatItChoseAndWhy) {
 }
 
 TEST(PlanCommand, DefaultBudgetComesFromTheSystem) {
-    const auto r = test::run_command(fitllm_exe() + " plan -m " + tiny_llama() + " -c 256 --json");
+    const auto r = test::run_command(test::fitllm_exe() + " plan -m " + tiny_llama() + " -c 256 --json");
     ASSERT_EQ(r.status, 0) << r.output;
     const auto j = nlohmann::json::parse(r.output);
     EXPECT_GT(j["devices"][0]["budget"].get<uint64_t>(), 0u);
@@ -108,14 +105,14 @@ TEST(PlanCommand, DefaultBudgetComesFromTheSystem) {
 }
 
 TEST(PlanCommand, BadInputIsAUsageError) {
-    const auto bad_mem = test::run_command(fitllm_exe() + " plan -m " + tiny_llama() + " --mem 12X 2>&1");
+    const auto bad_mem = test::run_command(test::fitllm_exe() + " plan -m " + tiny_llama() + " --mem 12X 2>&1");
     EXPECT_EQ(bad_mem.status, 2);
     EXPECT_NE(bad_mem.output.find("--mem: bad size '12X'"), std::string::npos) << bad_mem.output;
-    const auto bad_type = test::run_command(fitllm_exe() + " plan -m " + tiny_llama() + " -ctk q3 2>&1");
+    const auto bad_type = test::run_command(test::fitllm_exe() + " plan -m " + tiny_llama() + " -ctk q3 2>&1");
     EXPECT_EQ(bad_type.status, 2) << bad_type.output;
-    const auto no_model = test::run_command(fitllm_exe() + " plan 2>&1");
+    const auto no_model = test::run_command(test::fitllm_exe() + " plan 2>&1");
     EXPECT_EQ(no_model.status, 2) << no_model.output;
-    const auto bad_batch = test::run_command(fitllm_exe() + " plan -m " + tiny_llama() + " -b 0 --mem 1G 2>&1");
+    const auto bad_batch = test::run_command(test::fitllm_exe() + " plan -m " + tiny_llama() + " -b 0 --mem 1G 2>&1");
     EXPECT_EQ(bad_batch.status, 2) << bad_batch.output;
 }
 

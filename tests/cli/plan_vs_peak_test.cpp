@@ -43,10 +43,6 @@ namespace {
 
 namespace fs = std::filesystem;
 
-std::string fitllm_exe() {
-    return std::string(FITLLM_BINARY_DIR) + "/fitllm";
-}
-
 uint64_t tolerance(uint64_t plan) {
     return std::max<uint64_t>(plan / 20, uint64_t{32} << 20);
 }
@@ -262,7 +258,7 @@ TEST(PlanVsPeak, RunStaysWithinToleranceOfItsPlan) {
                                                    c.kv,
                                                    "--stream-layers",
                                                    std::to_string(c.streamed)};
-        std::vector<std::string> plan_argv = {fitllm_exe(), "plan", "--json"};
+        std::vector<std::string> plan_argv = {test::fitllm_exe(), "plan", "--json"};
         plan_argv.insert(plan_argv.end(), settings.begin(), settings.end());
         const Measured plan_run = run_measured(plan_argv, nullptr, tmp / "plan.json");
         ASSERT_EQ(plan_run.status, 0) << plan_run.output;
@@ -270,7 +266,7 @@ TEST(PlanVsPeak, RunStaysWithinToleranceOfItsPlan) {
         const uint64_t plan = host["total"].get<uint64_t>();
         const uint64_t resident_weights = host["weights_resident"].get<uint64_t>();
 
-        std::vector<std::string> run_argv = {fitllm_exe(), "run", "-p", prompt, "-n", "4", "--temp", "0"};
+        std::vector<std::string> run_argv = {test::fitllm_exe(), "run", "-p", prompt, "-n", "4", "--temp", "0"};
         run_argv.insert(run_argv.end(), settings.begin(), settings.end());
         bool use_cgroup = cgroup.has_value();
         if (use_cgroup) {
@@ -303,7 +299,7 @@ TEST(PlanVsPeak, ServeStaysWithinToleranceOfItsPlan) {
     const fs::path model = demo ? *demo : test::source_dir() / "tests/model/data/tiny-llama-q8_0.gguf";
     const std::vector<std::string> settings = {"-m", model.string(), "-c", "2048", "-np", "4", "-b", "256", "-t", "2"};
     const test::TempDir tmp;
-    std::vector<std::string> plan_argv = {fitllm_exe(), "plan", "--json"};
+    std::vector<std::string> plan_argv = {test::fitllm_exe(), "plan", "--json"};
     plan_argv.insert(plan_argv.end(), settings.begin(), settings.end());
     const Measured plan_run = run_measured(plan_argv, nullptr, tmp / "plan.json");
     ASSERT_EQ(plan_run.status, 0) << plan_run.output;
@@ -318,7 +314,7 @@ TEST(PlanVsPeak, ServeStaysWithinToleranceOfItsPlan) {
         cgroup->reset_peak();
         use_cgroup = evict_from_page_cache(model);
     }
-    std::vector<std::string> serve_argv = {fitllm_exe(), "serve", "--port", "0"};
+    std::vector<std::string> serve_argv = {test::fitllm_exe(), "serve", "--port", "0"};
     serve_argv.insert(serve_argv.end(), settings.begin(), settings.end());
     const fs::path log = tmp / "serve.txt";
     const pid_t pid = start_child(serve_argv, use_cgroup ? &*cgroup : nullptr, log);

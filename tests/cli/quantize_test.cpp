@@ -14,17 +14,13 @@ namespace {
 
 namespace fs = std::filesystem;
 
-std::string fitllm_exe() {
-    return std::string(FITLLM_BINARY_DIR) + "/fitllm";
-}
-
 std::string model_data(const std::string& name) {
     return (test::source_dir() / "tests" / "model" / "data" / name).string();
 }
 
 std::string run_text(const std::string& model) {
-    const test::CommandResult r =
-        test::run_command(fitllm_exe() + " run -m '" + model + "' -p 'hello world' -n 12 --temp 0 -t 2 2>/dev/null");
+    const test::CommandResult r = test::run_command(test::fitllm_exe() + " run -m '" + model +
+                                                    "' -p 'hello world' -n 12 --temp 0 -t 2 2>/dev/null");
     EXPECT_EQ(r.status, 0) << r.output;
     return r.output;
 }
@@ -32,7 +28,7 @@ std::string run_text(const std::string& model) {
 TEST(QuantizeCommand, QuantizedModelRunsAsLlamaCppsDoes) {
     test::TempDir dir;
     const std::string out = (dir / "q4km.gguf").string();
-    const test::CommandResult q = test::run_command(fitllm_exe() + " quantize -t 2 '" +
+    const test::CommandResult q = test::run_command(test::fitllm_exe() + " quantize -t 2 '" +
                                                     model_data("tiny-llama-f16.gguf") + "' '" + out + "' Q4_K_M 2>&1");
     ASSERT_EQ(q.status, 0) << q.output;
     EXPECT_NE(q.output.find("wrote " + out + ": Q4_K_M"), std::string::npos) << q.output;
@@ -43,16 +39,16 @@ TEST(QuantizeCommand, QuantizedModelRunsAsLlamaCppsDoes) {
     EXPECT_EQ(ours, run_text(model_data("tiny-llama-q4_k_m.gguf")));
 
     // The output exists now: refused without --force, written with it.
-    test::CommandResult again = test::run_command(fitllm_exe() + " quantize '" + model_data("tiny-llama-f16.gguf") +
-                                                  "' '" + out + "' Q8_0 2>&1");
+    test::CommandResult again = test::run_command(test::fitllm_exe() + " quantize '" +
+                                                  model_data("tiny-llama-f16.gguf") + "' '" + out + "' Q8_0 2>&1");
     EXPECT_EQ(again.status, 2) << again.output;
     EXPECT_NE(again.output.find("--force"), std::string::npos) << again.output;
-    again = test::run_command(fitllm_exe() + " quantize --force '" + model_data("tiny-llama-f16.gguf") + "' '" + out +
-                              "' Q8_0 2>&1");
+    again = test::run_command(test::fitllm_exe() + " quantize --force '" + model_data("tiny-llama-f16.gguf") + "' '" +
+                              out + "' Q8_0 2>&1");
     EXPECT_EQ(again.status, 0) << again.output;
     EXPECT_EQ(run_text(out), run_text(model_data("tiny-llama-q8_0.gguf")));
 
-    const test::CommandResult dry = test::run_command(fitllm_exe() + " quantize --dry-run '" +
+    const test::CommandResult dry = test::run_command(test::fitllm_exe() + " quantize --dry-run '" +
                                                       model_data("tiny-llama-f16.gguf") + "' '" + out + "' q2_k 2>&1");
     EXPECT_EQ(dry.status, 0) << dry.output;
     EXPECT_NE(dry.output.find("tensor data:"), std::string::npos) << dry.output;
@@ -84,7 +80,7 @@ TEST(QuantizeCommand, TakesAnImportanceMatrix) {
     const fs::path imatrix = dir / "imatrix.dat";
     test::write_file(imatrix, dat);
     const std::string in = model_data("tiny-llama-f16.gguf"), out = (dir / "o.gguf").string();
-    test::CommandResult r = test::run_command(fitllm_exe() + " quantize -t 2 --imatrix '" + imatrix.string() +
+    test::CommandResult r = test::run_command(test::fitllm_exe() + " quantize -t 2 --imatrix '" + imatrix.string() +
                                               "' --include-weights attn_q '" + in + "' '" + out + "' IQ3_S 2>&1");
     ASSERT_EQ(r.status, 0) << r.output;
     EXPECT_NE(r.output.find("2 entries of 8"), std::string::npos) << r.output;
@@ -94,8 +90,8 @@ TEST(QuantizeCommand, TakesAnImportanceMatrix) {
         ++weighted;
     EXPECT_EQ(weighted, 2u) << r.output;
     EXPECT_FALSE(run_text(out).empty());
-    r = test::run_command(fitllm_exe() + " quantize --force --imatrix '" + imatrix.string() + "' '" + in + "' '" + out +
-                          "' IQ2_XS 2>&1");
+    r = test::run_command(test::fitllm_exe() + " quantize --force --imatrix '" + imatrix.string() + "' '" + in + "' '" +
+                          out + "' IQ2_XS 2>&1");
     EXPECT_EQ(r.status, 1) << r.output;
     EXPECT_NE(r.output.find("blk.0.ffn_gate.weight"), std::string::npos) << r.output;
     EXPECT_NE(r.output.find("has no entry for it"), std::string::npos) << r.output;
@@ -125,7 +121,7 @@ TEST(QuantizeCommand, UsageErrors) {
         {"'" + model_data("tiny-llama-q8_0.gguf") + "' '" + out + "' Q4_0", 1, "--allow-requantize"},
     };
     for (const Case& c : cases) {
-        const test::CommandResult r = test::run_command(fitllm_exe() + " quantize " + c.args + " 2>&1");
+        const test::CommandResult r = test::run_command(test::fitllm_exe() + " quantize " + c.args + " 2>&1");
         EXPECT_EQ(r.status, c.status) << c.args << "\n" << r.output;
         EXPECT_NE(r.output.find(c.says), std::string::npos) << c.args << "\n" << r.output;
         EXPECT_FALSE(fs::exists(out)) << c.args;

@@ -11,14 +11,10 @@
 namespace fitllm {
 namespace {
 
-std::string fitllm_exe() {
-    return std::string(FITLLM_BINARY_DIR) + "/fitllm";
-}
-
 TEST(RunCommand, GreedyGenerationStreamsTextAndASummary) {
     const auto model = test::demo_model();
     if (!model) GTEST_SKIP() << "demo model absent (scripts/setup.sh downloads it)";
-    const test::CommandResult r = test::run_command(fitllm_exe() + " run -m '" + model->string() +
+    const test::CommandResult r = test::run_command(test::fitllm_exe() + " run -m '" + model->string() +
                                                     "' -p 'The capital of France is' -n 8 --temp 0 -t 2 -c 64 2>&1");
     ASSERT_EQ(r.status, 0) << r.output;
     // llama.cpp's greedy continuation of this prompt (tests/model/goldens/gemma3-270m.json).
@@ -33,7 +29,7 @@ TEST(RunCommand, GreedyGenerationStreamsTextAndASummary) {
 TEST(RunCommand, LookupGivesTheSameGreedyTextAndReportsItsDrafts) {
     const auto model = test::demo_model();
     if (!model) GTEST_SKIP() << "demo model absent (scripts/setup.sh downloads it)";
-    const std::string base = fitllm_exe() + " run -m '" + model->string() +
+    const std::string base = test::fitllm_exe() + " run -m '" + model->string() +
                              "' -p 'one two three four five six seven, one two three four five six seven, one two' "
                              "-n 24 --temp 0 -t 2 -c 128";
     const test::CommandResult plain = test::run_command(base + " 2>/dev/null");
@@ -68,8 +64,8 @@ TEST(RunCommand, RunsATinyLlamaFile) {
     const test::TempDir dir;
     const std::filesystem::path path = dir / "tiny-llama.gguf";
     test::write_file(path, test::tiny_llama_bytes({.rope_freqs = true, .with_vocab = true}));
-    const test::CommandResult r =
-        test::run_command(fitllm_exe() + " run -m '" + path.string() + "' -p 'a b c' -n 4 --temp 0 -t 1 -c 32 2>&1");
+    const test::CommandResult r = test::run_command(test::fitllm_exe() + " run -m '" + path.string() +
+                                                    "' -p 'a b c' -n 4 --temp 0 -t 1 -c 32 2>&1");
     ASSERT_EQ(r.status, 0) << r.output;
     EXPECT_NE(r.output.find("prompt: 4 tokens"), std::string::npos) << r.output;  // <s> ▁a ▁b ▁c
     EXPECT_NE(r.output.find("generated: "), std::string::npos) << r.output;
@@ -81,7 +77,8 @@ TEST(RunCommand, ContextFullStopsOrShiftsWithContextShift) {
     const test::TempDir dir;
     const std::filesystem::path path = dir / "tiny-llama.gguf";
     test::write_file(path, test::tiny_llama_bytes({.rope_freqs = true, .with_vocab = true}));
-    const std::string base = fitllm_exe() + " run -m '" + path.string() + "' -p 'a b c' -n 40 --temp 0 -t 1 -c 16";
+    const std::string base =
+        test::fitllm_exe() + " run -m '" + path.string() + "' -p 'a b c' -n 40 --temp 0 -t 1 -c 16";
     const test::CommandResult stop = test::run_command(base + " 2>&1");
     ASSERT_EQ(stop.status, 0) << stop.output;
     EXPECT_NE(stop.output.find("the context is full (16 tokens)"), std::string::npos) << stop.output;
@@ -105,37 +102,38 @@ TEST(RunCommand, ParallelSequences) {
     const test::TempDir dir;
     const std::filesystem::path path = dir / "tiny-llama.gguf";
     test::write_file(path, test::tiny_llama_bytes({.rope_freqs = true, .with_vocab = true}));
-    const test::CommandResult r = test::run_command(fitllm_exe() + " run -m '" + path.string() +
+    const test::CommandResult r = test::run_command(test::fitllm_exe() + " run -m '" + path.string() +
                                                     "' -p 'a b c' -n 6 --seed 5 -t 1 -c 64 -np 3 2>&1");
     ASSERT_EQ(r.status, 0) << r.output;
     for (const char* label : {"--- sequence 0 ---", "--- sequence 1 ---", "--- sequence 2 ---", "in 3 sequences"}) {
         EXPECT_NE(r.output.find(label), std::string::npos) << label << "\n" << r.output;
     }
     const test::CommandResult both =
-        test::run_command(fitllm_exe() + " run -m '" + path.string() + "' -p 'a' -np 2 --context-shift 2>&1");
+        test::run_command(test::fitllm_exe() + " run -m '" + path.string() + "' -p 'a' -np 2 --context-shift 2>&1");
     EXPECT_EQ(both.status, 2) << both.output;
 }
 
 TEST(RunCommand, UsageErrorsExitWithStatus2) {
-    const test::CommandResult bad_type = test::run_command(fitllm_exe() + " run -m x.gguf -p hi -ctk q3_k 2>&1");
+    const test::CommandResult bad_type = test::run_command(test::fitllm_exe() + " run -m x.gguf -p hi -ctk q3_k 2>&1");
     EXPECT_EQ(bad_type.status, 2) << bad_type.output;
     EXPECT_NE(bad_type.output.find("iq4_nl"), std::string::npos) << bad_type.output;  // lists the accepted types
     const test::CommandResult bad_keep =
-        test::run_command(fitllm_exe() + " run -m x.gguf -p hi -c 8 --context-shift --keep 8 2>&1");
+        test::run_command(test::fitllm_exe() + " run -m x.gguf -p hi -c 8 --context-shift --keep 8 2>&1");
     EXPECT_EQ(bad_keep.status, 2) << bad_keep.output;
-    const test::CommandResult no_model = test::run_command(fitllm_exe() + " run -p hi 2>&1");
+    const test::CommandResult no_model = test::run_command(test::fitllm_exe() + " run -p hi 2>&1");
     EXPECT_EQ(no_model.status, 2) << no_model.output;
     EXPECT_NE(no_model.output.find("-m MODEL is required"), std::string::npos) << no_model.output;
-    const test::CommandResult bad_temp = test::run_command(fitllm_exe() + " run -m x.gguf -p hi --temp warm 2>&1");
+    const test::CommandResult bad_temp =
+        test::run_command(test::fitllm_exe() + " run -m x.gguf -p hi --temp warm 2>&1");
     EXPECT_EQ(bad_temp.status, 2) << bad_temp.output;
     EXPECT_NE(bad_temp.output.find("--temp"), std::string::npos) << bad_temp.output;
-    const test::CommandResult missing = test::run_command(fitllm_exe() + " run -m /nonexistent.gguf -p hi 2>&1");
+    const test::CommandResult missing = test::run_command(test::fitllm_exe() + " run -m /nonexistent.gguf -p hi 2>&1");
     EXPECT_EQ(missing.status, 1) << missing.output;
     EXPECT_NE(missing.output.find("/nonexistent.gguf"), std::string::npos) << missing.output;
 }
 
 TEST(RunCommand, HelpListsTheOptions) {
-    const test::CommandResult r = test::run_command(fitllm_exe() + " run --help");
+    const test::CommandResult r = test::run_command(test::fitllm_exe() + " run --help");
     EXPECT_EQ(r.status, 0);
     for (const char* option : {"--model", "--prompt", "--n-predict", "--ctx-size", "--threads", "--temp", "--top-k",
                                "--top-p", "--min-p", "--seed", "--repeat-penalty", "--cache-type-k", "--cache-type-v",

@@ -9,10 +9,6 @@
 namespace fitllm::cli {
 namespace {
 
-std::string fitllm_exe() {
-    return std::string(FITLLM_BINARY_DIR) + "/fitllm";
-}
-
 // <unk> <s> </s>, byte tokens, "▁a" (id 259), "a" (260), "<|x|>" (261, control).
 std::string write_tiny_spm(const test::TempDir& dir) {
     tokenizer::tiny::TinyVocabSpec spec = tokenizer::tiny::spm_spec({{"\xE2\x96\x81"
@@ -45,7 +41,7 @@ TEST(TokenizeCommand, RendersPiecesOrIds) {
 TEST(TokenizeCommand, EndToEnd) {
     const test::TempDir dir;
     const std::string model = write_tiny_spm(dir);
-    const std::string exe = fitllm_exe() + " tokenize -m " + model;
+    const std::string exe = test::fitllm_exe() + " tokenize -m " + model;
 
     auto r = test::run_command(exe + " --ids 'a a' 2>/dev/null");
     EXPECT_EQ(r.status, 0);
@@ -69,13 +65,13 @@ TEST(TokenizeCommand, EndToEnd) {
 TEST(TokenizeCommand, UsageErrors) {
     const test::TempDir dir;
     const std::string model = write_tiny_spm(dir);
-    auto r = test::run_command(fitllm_exe() + " tokenize -m " + model + " 2>&1");
+    auto r = test::run_command(test::fitllm_exe() + " tokenize -m " + model + " 2>&1");
     EXPECT_EQ(r.status, 2);
     EXPECT_NE(r.output.find("exactly one of TEXT"), std::string::npos) << r.output;
-    r = test::run_command(fitllm_exe() + " tokenize 'a' 2>&1");
+    r = test::run_command(test::fitllm_exe() + " tokenize 'a' 2>&1");
     EXPECT_EQ(r.status, 2);
     EXPECT_NE(r.output.find("-m MODEL"), std::string::npos) << r.output;
-    r = test::run_command(fitllm_exe() + " tokenize -m " + (dir / "missing.gguf").string() + " a 2>&1");
+    r = test::run_command(test::fitllm_exe() + " tokenize -m " + (dir / "missing.gguf").string() + " a 2>&1");
     EXPECT_EQ(r.status, 1);
     EXPECT_NE(r.output.find("missing.gguf"), std::string::npos) << r.output;
 }

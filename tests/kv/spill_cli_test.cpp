@@ -14,10 +14,6 @@ namespace {
 
 namespace fs = std::filesystem;
 
-std::string fitllm_exe() {
-    return std::string(FITLLM_BINARY_DIR) + "/fitllm";
-}
-
 TEST(KvSpillCli, RunGivesTheSameTextAndErrorsNameTheProblem) {
     const test::TempDir tmp;
     const fs::path model = tmp / "tiny-llama.gguf";
@@ -27,8 +23,8 @@ TEST(KvSpillCli, RunGivesTheSameTextAndErrorsNameTheProblem) {
     if (!why_not.empty()) GTEST_SKIP() << why_not;
     // -c 16 with --context-shift: 48 cells; a layer's K+V is 48 x 2 x 2 heads x 8 x 2 bytes = 3 KiB,
     // so 4K keeps one of the two layers in memory at a time.
-    const std::string base =
-        fitllm_exe() + " run -m '" + model.string() + "' -p 'a b c' -n 30 --temp 0 -t 1 -c 16 --context-shift --keep 1";
+    const std::string base = test::fitllm_exe() + " run -m '" + model.string() +
+                             "' -p 'a b c' -n 30 --temp 0 -t 1 -c 16 --context-shift --keep 1";
     const test::CommandResult plain = test::run_command(base + " 2>/dev/null");
     ASSERT_EQ(plain.status, 0) << plain.output;
     ASSERT_FALSE(plain.output.empty());
