@@ -20,10 +20,10 @@ using Sequence = std::vector<Item>;
 using Alternatives = std::vector<Sequence>;
 
 struct Item {
-    enum class Kind { literal, chars, name, group } kind = Kind::literal;
+    enum class Kind { literal, chars, name, group, token } kind = Kind::literal;
     std::vector<uint32_t> text;                         // literal
     std::vector<std::pair<uint32_t, uint32_t>> ranges;  // chars, normalized
-    std::string name;                                   // name
+    std::string name;                                   // name; token: its text, "<...>"
     Alternatives alts;                                  // group
     uint32_t min = 1, max = 1;
     size_t offset = 0;  // where it starts in the text
@@ -263,7 +263,21 @@ private:
             item.kind = Item::Kind::name;
             item.name = parse_name();
         } else if (c == '<') {
-            fail(pos_, "token references (<...>) are not supported");
+            // A special token by its text, brackets included: <|channel|> (up to the first '>').
+            const size_t close = text_.find('>', pos_ + 1);
+            if (close == std::string_view::npos) fail(pos_, "token reference '<' is never closed by '>'");
+            const std::string_view inner = text_.substr(pos_ + 1, close - pos_ - 1);
+            if (inner.empty() || inner.size() > kMaxTokenText)
+                fail(pos_, "a token reference names a token's text, 1 to " + std::to_string(kMaxTokenText) +
+                               " bytes between '<' and '>'");
+            if (inner.front() == '[')
+                fail(pos_, "token references by id (<[id]>) are not supported: name the token by its text");
+            for (const char ch : inner)
+                if (ch == '\n' || ch == '<' || ch == ' ')
+                    fail(pos_, "a token reference holds no space, newline or '<'");
+            item.kind = Item::Kind::token;
+            item.name = std::string(text_.substr(pos_, close - pos_ + 1));
+            pos_ = close + 1;
         } else if (c == ':' && text_.substr(pos_, 3) == "::=") {
             fail(pos_, "'::=' without a rule name before it");
         } else {
@@ -435,6 +449,20 @@ private:
                 case Item::Kind::chars:
                     one.push_back({Grammar::Kind::chars, class_index(item.ranges)});
                     break;
+                case Item::Kind::token: {
+                    // The k-th distinct token is the code point kTokenCodePoint + k: no UTF-8 text
+                    // spells it, only the token itself (GrammarMatcher) advances past it.
+                    auto at = std::find(g_.tokens_.begin(), g_.tokens_.end(), item.name);
+                    if (at == g_.tokens_.end()) {
+                        if (g_.tokens_.size() >= kMaxTokenRefs)
+                            parser_.fail(item.offset,
+                                         "more than " + std::to_string(kMaxTokenRefs) + " distinct token references");
+                        at = g_.tokens_.insert(g_.tokens_.end(), item.name);
+                    }
+                    const auto cp = kTokenCodePoint + static_cast<uint32_t>(at - g_.tokens_.begin());
+                    one.push_back({Grammar::Kind::chars, class_index({{cp, cp}})});
+                    break;
+                }
                 case Item::Kind::name: {
                     const auto it = index_.find(item.name);
                     if (it == index_.end()) parser_.fail(item.offset, "rule '" + item.name + "' is not defined");
@@ -574,6 +602,7 @@ uint64_t Grammar::memory_bytes() const {
     for (const auto& r : rules_) bytes += sizeof r + r.capacity() * sizeof(uint32_t);
     for (const auto& n : names_) bytes += sizeof n + n.capacity();
     for (const auto& c : classes_) bytes += sizeof c + c.ranges.capacity() * sizeof(c.ranges[0]);
+    for (const auto& t : tokens_) bytes += sizeof t + t.capacity();
     return bytes;
 }
 

@@ -14,8 +14,10 @@ constexpr uint32_t kLeast[5] = {0, 0, 0x80, 0x800, 0x10000};
 // ---------------------------------------------------------------------------------------------
 // GrammarVocab
 
-GrammarVocab::GrammarVocab(const std::vector<std::string>& texts, std::vector<int32_t> eog)
-    : n_vocab_(static_cast<int32_t>(texts.size())), eog_(std::move(eog)) {
+GrammarVocab::GrammarVocab(const std::vector<std::string>& texts, std::vector<int32_t> eog,
+                           std::vector<std::pair<std::string, int32_t>> specials)
+    : n_vocab_(static_cast<int32_t>(texts.size())), eog_(std::move(eog)), specials_(std::move(specials)) {
+    std::sort(specials_.begin(), specials_.end());
     std::sort(eog_.begin(), eog_.end());
     eog_.erase(std::unique(eog_.begin(), eog_.end()), eog_.end());
     size_t total = 0;
@@ -50,7 +52,14 @@ uint64_t GrammarMatcher::memory_bound(const Grammar& grammar, const GrammarVocab
         (kWalkStates + vocab.longest() + 1) * (sizeof(State) + 1024 + 64) +
         2 * (kWalkEntries + (vocab.longest() + 1) * (kMaxStateEntries + kMaxStacks)) * sizeof(uint32_t);
     return sizeof(GrammarMatcher) + grammar.memory_bytes() + kMaskCacheBytes + 2 * mask + 4 * state + walk +
+           grammar.tokens().size() * sizeof(std::pair<int32_t, uint32_t>) +
            uint64_t(kMaxExpandDepth + 1) * kMaxStackDepth * sizeof(uint32_t);
+}
+
+int32_t GrammarVocab::special_token(std::string_view text) const {
+    const auto it = std::lower_bound(specials_.begin(), specials_.end(), text,
+                                     [](const auto& e, std::string_view t) { return std::string_view(e.first) < t; });
+    return it != specials_.end() && it->first == text ? it->second : -1;
 }
 
 bool GrammarVocab::is_eog(int32_t id) const {
@@ -59,7 +68,11 @@ bool GrammarVocab::is_eog(int32_t id) const {
 
 uint64_t GrammarVocab::memory_bytes() const {
     return sizeof(*this) + bytes_.capacity() + offsets_.capacity() * 4 + sorted_.capacity() * 4 + lcp_.capacity() * 2 +
-           eog_.capacity() * 4;
+           eog_.capacity() * 4 + specials_.capacity() * sizeof(specials_[0]) + [this] {
+               size_t n = 0;
+               for (const auto& e : specials_) n += e.first.capacity();
+               return n;
+           }();
 }
 
 // ---------------------------------------------------------------------------------------------
@@ -68,6 +81,15 @@ uint64_t GrammarVocab::memory_bytes() const {
 GrammarMatcher::GrammarMatcher(std::shared_ptr<const Grammar> grammar, std::shared_ptr<const GrammarVocab> vocab)
     : grammar_(std::move(grammar)), vocab_(std::move(vocab)) {
     if (!grammar_ || !vocab_) throw GrammarError("grammar: a matcher needs a grammar and a vocabulary");
+    const auto& tokens = grammar_->tokens();
+    for (size_t k = 0; k < tokens.size(); ++k) {
+        const int32_t id = vocab_->special_token(tokens[k]);
+        if (id < 0 || id >= vocab_->size())
+            throw GrammarError("grammar: the token reference " + tokens[k] +
+                               " names no control or user-defined token of the model's vocabulary");
+        token_refs_.emplace_back(id, kTokenCodePoint + static_cast<uint32_t>(k));
+    }
+    std::sort(token_refs_.begin(), token_refs_.end());
     reset();
 }
 
@@ -155,8 +177,9 @@ bool GrammarMatcher::viable(const State& s) const {
     // A code point in progress: the values its completions can take form one range.
     const uint32_t shift = 6u * s.partial_left;
     const uint32_t least = kLeast[s.partial_len + s.partial_left];  // shorter forms are invalid
+    // (Up to U+10FFFF: past it are the grammar's token references, which no text reaches.)
     const uint32_t lo = std::max(s.partial_value << shift, least),
-                   hi = (s.partial_value << shift) | ((1u << shift) - 1);
+                   hi = std::min((s.partial_value << shift) | ((1u << shift) - 1), uint32_t{0x10FFFF});
     if (lo > hi || lo > 0x10FFFF) return false;
     const auto& el = grammar_->elements();
     for (size_t k = 0; k < s.count(); ++k) {
@@ -203,6 +226,20 @@ bool GrammarMatcher::advance_byte(const State& from, uint8_t byte, State& to) {
     return viable(to);
 }
 
+uint32_t GrammarMatcher::token_code_point(int32_t id) const {
+    const auto it = std::lower_bound(token_refs_.begin(), token_refs_.end(), std::make_pair(id, uint32_t{0}));
+    return it != token_refs_.end() && it->first == id ? it->second : 0;
+}
+
+bool GrammarMatcher::advance_token(const State& from, uint32_t cp, State& to) {
+    if (from.partial_left != 0) {
+        to.clear();
+        return false;
+    }
+    advance_cp(from, cp, to);
+    return to.count() > 0;
+}
+
 bool GrammarMatcher::allows_text(std::string_view text) {
     const State* from = &state_;
     State* bufs[2] = {&tmp_a_, &tmp_b_};
@@ -222,12 +259,19 @@ void GrammarMatcher::accept_text(std::string_view text) {
 
 bool GrammarMatcher::allows_token(int32_t id) {
     if (id < 0 || id >= vocab_->size()) return false;
+    if (const uint32_t cp = token_code_point(id)) return advance_token(state_, cp, tmp_a_);
     if (vocab_->is_eog(id)) return can_end();
     const std::string_view text = vocab_->text(id);
     return !text.empty() && allows_text(text);
 }
 
 void GrammarMatcher::accept_token(int32_t id) {
+    if (const uint32_t cp = token_code_point(id)) {
+        if (!advance_token(state_, cp, tmp_a_))
+            throw GrammarError("grammar: the token " + std::to_string(id) + " is not allowed here");
+        std::swap(state_, tmp_a_);
+        return;
+    }
     if (id >= 0 && id < vocab_->size() && vocab_->is_eog(id)) {
         if (!can_end()) throw GrammarError("grammar: the end of the text is not allowed here");
         return;
@@ -335,6 +379,11 @@ void GrammarMatcher::compute_mask(std::vector<uint64_t>& mask) {
         } else {
             while (i < sorted.size() && lcp[i] > d) ++i;  // they share the dead prefix
         }
+    }
+    // The referenced tokens: by the reference alone, not by their text (nor as an end).
+    for (const auto& [id, cp] : token_refs_) {
+        mask[size_t(id) >> 6] &= ~(uint64_t{1} << (id & 63));
+        if (advance_token(state_, cp, tmp_b_)) mask[size_t(id) >> 6] |= uint64_t{1} << (id & 63);
     }
     bool any = false;
     for (const uint64_t w : mask) any |= w != 0;

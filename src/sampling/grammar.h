@@ -4,6 +4,7 @@
 //   root   ::= "{" ws pair ("," ws pair)* "}"      # rules; `root` is where a text starts
 //   pair   ::= [a-z]+ ":" ws ("true" | "false")    # literals, classes, groups, alternation
 //   ws     ::= [ \t\n]{0,4}                          # repetition: * + ? {m} {m,} {m,n}
+//   call   ::= <|channel|> "commentary" <|message|>  # a special token, by its text
 //
 // A Grammar is parsed and compiled once (immutable, shared between requests); a GrammarMatcher
 // follows one generation through it with a set of parse stacks (the grammar's positions the text so
@@ -16,6 +17,13 @@
 // state of the prefix it shares with the previous one). The mask of the tokens a state allows is
 // cached per state (bounded), so a state the generation comes back to (inside a string, between
 // list items) costs one look-up.
+//
+// A token reference <...> matches that one token of the vocabulary (its text, brackets included,
+// is a control or user-defined token's: GrammarVocab::special_token), never text that spells it
+// with other tokens: the k-th distinct reference is compiled as the code point kTokenCodePoint + k,
+// past Unicode, which no UTF-8 text reaches; the matcher advances by it when that token is drawn.
+// A grammar naming a token the vocabulary does not have as a special token is refused when a
+// matcher is made for that vocabulary. (gpt-oss's harmony markers <|channel|>, <|message|>, ...)
 //
 // Limits, so that a hostile grammar cannot crash the process or take its memory: at most
 // kMaxGrammarBytes of text, kMaxRules rules, kMaxElements compiled elements, kMaxNesting nested
@@ -58,6 +66,9 @@ inline constexpr int kMaxExpandDepth = 512;       // rule references followed be
 inline constexpr size_t kMaskCacheBytes = size_t{4} << 20;
 inline constexpr size_t kWalkStates = 2048;  // states the mask walk memoizes
 inline constexpr size_t kWalkEntries = size_t{1} << 17;
+inline constexpr uint32_t kTokenCodePoint = 0x110000;  // token reference k: this + k
+inline constexpr size_t kMaxTokenRefs = 256;           // distinct token references in a grammar
+inline constexpr size_t kMaxTokenText = 128;           // bytes between a reference's < and >
 
 class Grammar {
 public:
@@ -86,6 +97,8 @@ public:
     const std::vector<Element>& elements() const { return elements_; }
     const std::vector<CharClass>& classes() const { return classes_; }
     const std::string& rule_name(size_t rule) const { return names_[rule]; }
+    // The texts of the tokens referenced (<|channel|>): reference k is code point kTokenCodePoint + k.
+    const std::vector<std::string>& tokens() const { return tokens_; }
     uint32_t root() const { return root_; }
     // What the compiled grammar holds, in bytes.
     uint64_t memory_bytes() const;
@@ -96,6 +109,7 @@ private:
     std::vector<std::string> names_;
     std::vector<Element> elements_;
     std::vector<CharClass> classes_;
+    std::vector<std::string> tokens_;
     uint32_t root_ = 0;
 };
 
@@ -105,10 +119,13 @@ private:
 class GrammarVocab {
 public:
     // texts[id]: the bytes of token id ("" for a token a grammar never allows); eog: the
-    // end-of-generation ids.
-    GrammarVocab(const std::vector<std::string>& texts, std::vector<int32_t> eog);
+    // end-of-generation ids; specials: the control and user-defined tokens by their text, which a
+    // grammar's token references (<|channel|>) name.
+    GrammarVocab(const std::vector<std::string>& texts, std::vector<int32_t> eog,
+                 std::vector<std::pair<std::string, int32_t>> specials = {});
     // From a tokenizer: each token as token_to_piece(id, special=false) gives it (control and
-    // unknown tokens: ""), its end-of-generation tokens. Build it once per model and share it.
+    // unknown tokens: ""), its end-of-generation tokens, its control and user-defined tokens by
+    // their text. Build it once per model and share it.
     static std::shared_ptr<const GrammarVocab> from_tokenizer(const tokenizer::Tokenizer& tokenizer);
 
     int32_t size() const { return n_vocab_; }
@@ -118,6 +135,8 @@ public:
     bool is_eog(int32_t id) const;
     size_t longest() const { return longest_; }  // the longest token text, in bytes
     const std::vector<int32_t>& eog() const { return eog_; }
+    // The id of the control or user-defined token with this text, or -1.
+    int32_t special_token(std::string_view text) const;
     uint64_t memory_bytes() const;
 
 private:
@@ -128,11 +147,14 @@ private:
     std::vector<int32_t> sorted_;    // ids of non-empty tokens in byte order of their texts
     std::vector<uint16_t> lcp_;      // lcp_[i]: common prefix of sorted_[i-1] and sorted_[i] (capped)
     std::vector<int32_t> eog_;       // sorted
+    std::vector<std::pair<std::string, int32_t>> specials_;  // sorted by text
     size_t longest_ = 0;
 };
 
 class GrammarMatcher {
 public:
+    // Throws GrammarError when the grammar references a token the vocabulary has not as a special
+    // token.
     GrammarMatcher(std::shared_ptr<const Grammar> grammar, std::shared_ptr<const GrammarVocab> vocab);
     // The most heap memory a matcher of this grammar over this vocabulary holds (the grammar, the
     // mask cache, the walk's states and buffers), by the limits above.
@@ -140,7 +162,9 @@ public:
 
     // Whether the text may follow what was accepted so far (a prefix of a sentence of the grammar).
     bool allows_text(std::string_view text);
-    // Whether the token may come next (an end-of-generation token: when the grammar may end).
+    // Whether the token may come next (an end-of-generation token: when the grammar may end; a
+    // token the grammar references: where the reference may come, whether it ends the generation
+    // or not).
     bool allows_token(int32_t id);
     // Advances by the token. Throws GrammarError when the grammar does not allow it.
     void accept_token(int32_t id);
@@ -186,6 +210,9 @@ private:
     void expand(std::vector<uint32_t>& stack, State& out, int depth);
     void add_stack(State& out, const uint32_t* begin, size_t n);
     bool viable(const State& s) const;  // some text may follow (or end) from here
+    // The code point of the grammar's reference to token id, or 0 when the grammar names it not.
+    uint32_t token_code_point(int32_t id) const;
+    bool advance_token(const State& from, uint32_t cp, State& to);
     bool state_can_end(const State& s) const;
     void compute_mask(std::vector<uint64_t>& mask);
     static std::string state_key(const State& s);
@@ -195,6 +222,7 @@ private:
 
     std::shared_ptr<const Grammar> grammar_;
     std::shared_ptr<const GrammarVocab> vocab_;
+    std::vector<std::pair<int32_t, uint32_t>> token_refs_;  // (token id, code point), by id
     State state_;
     // The mask walk's states, interned, and their transitions by byte (kept across walks: a
     // state's transitions do not change; cleared past kWalkStates states or kWalkEntries entries).

@@ -413,6 +413,14 @@ void Endpoints::submit(Completion& c, CompletionRequest& request, RequestMemory&
     if (params.sampling.grammar) {
         // A matcher per choice.
         params.sampling.grammar_vocab = m.scheduler().grammar_vocab();
+        // Its token references (<|channel|>) name special tokens of this model.
+        for (const std::string& t : params.sampling.grammar->tokens()) {
+            if (params.sampling.grammar_vocab->special_token(t) < 0) {
+                throw ApiError::invalid("grammar: the token reference " + t +
+                                            " names no control or user-defined token of the model's vocabulary",
+                                        "invalid_grammar", "grammar");
+            }
+        }
         c.grammar = memory.charge(
             n * sampling::GrammarMatcher::memory_bound(*params.sampling.grammar, *params.sampling.grammar_vocab),
             n > 1 ? "the grammars of " + std::to_string(n) + " choices" : std::string("the grammar"));

@@ -88,7 +88,12 @@ TEST(GrammarParse, ErrorsNameLineAndColumn) {
     EXPECT_EQ(error_of(""),
               "grammar: line 1, column 1: the grammar is empty (it needs at least a 'root ::= ...' rule)");
     EXPECT_EQ(error_of("root ::= [z-a]"), "grammar: line 1, column 11: character range with its end before its start");
-    EXPECT_EQ(error_of("root ::= <think>"), "grammar: line 1, column 10: token references (<...>) are not supported");
+    EXPECT_EQ(error_of("root ::= <[12]>"),
+              "grammar: line 1, column 10: token references by id (<[id]>) are not supported: name the token by its "
+              "text");
+    EXPECT_EQ(error_of("root ::= <think"), "grammar: line 1, column 10: token reference '<' is never closed by '>'");
+    EXPECT_EQ(error_of("root ::= <>"),
+              "grammar: line 1, column 10: a token reference names a token's text, 1 to 128 bytes between '<' and '>'");
     EXPECT_EQ(error_of("root ::= \"a\"**"),
               "grammar: line 1, column 14: two repetition operators in a row (use a group: (x*)?)");
 }
@@ -209,6 +214,51 @@ TEST(GrammarMatcher, RejectsWhatTheGrammarDoesNot) {
     // A grammar the vocabulary cannot spell.
     GrammarMatcher z(Grammar::parse("root ::= \"z\""), vocab);
     EXPECT_THROW(z.allowed_tokens(), GrammarError);
+}
+
+// A token reference (<|channel|>) is that special token alone: text that spells it with other
+// tokens is refused, the token is in the mask only where the reference may come, whether or not
+// it ends the generation, and a reference to a token the vocabulary lacks is refused by name.
+TEST(GrammarMatcher, TokenReferencesMatchOnlyTheirToken) {
+    // 0..6: "<", "|", "c", "|>", "<|c|>" (a user-defined token, its text shown), "x", "<|call|>"
+    // (a control token that ends the generation: no text).
+    const std::vector<std::string> texts = {"<", "|", "c", "|>", "<|c|>", "x", ""};
+    auto vocab = std::make_shared<GrammarVocab>(
+        texts, std::vector<int32_t>{6}, std::vector<std::pair<std::string, int32_t>>{{"<|c|>", 4}, {"<|call|>", 6}});
+    EXPECT_EQ(vocab->special_token("<|c|>"), 4);
+    EXPECT_EQ(vocab->special_token("<|cal|>"), -1);
+    const auto g = Grammar::parse("root ::= <|c|> \"x\"* <|call|>");
+    ASSERT_EQ(g->tokens(), (std::vector<std::string>{"<|c|>", "<|call|>"}));
+    GrammarMatcher m(g, vocab);
+    EXPECT_FALSE(m.allows_text("<|c|>"));  // spelled, by the token's own text or by others
+    EXPECT_FALSE(m.allows_token(0));
+    EXPECT_FALSE(m.allows_token(6));      // not yet the end
+    EXPECT_FALSE(m.allows_text("\xF4"));  // a UTF-8 lead byte of code points near the references'
+    EXPECT_TRUE(m.allows_token(4));
+    EXPECT_EQ(m.allowed_tokens()[0], uint64_t{1} << 4);
+    m.accept_token(4);
+    EXPECT_FALSE(m.can_end());
+    EXPECT_EQ(m.allowed_tokens()[0], (uint64_t{1} << 5) | (uint64_t{1} << 6));
+    m.accept_token(5);
+    EXPECT_THROW(m.accept_token(4), GrammarError);
+    EXPECT_TRUE(m.allows_token(6));
+    m.accept_token(6);
+    EXPECT_TRUE(m.must_end());
+    // Beside text: the same token where text is allowed too, and the spelled form as text.
+    GrammarMatcher both(Grammar::parse("root ::= (<|c|> | \"<|c\") \"x\""), vocab);
+    EXPECT_EQ(both.allowed_tokens()[0], (uint64_t{1} << 0) | (uint64_t{1} << 4));
+    both.accept_token(0);
+    EXPECT_EQ(both.allowed_tokens()[0], uint64_t{1} << 1);
+    // A token the vocabulary lacks, or has as ordinary text only.
+    try {
+        GrammarMatcher missing(Grammar::parse("root ::= <|end|>"), vocab);
+        ADD_FAILURE() << "a reference to a missing token was accepted";
+    } catch (const GrammarError& e) {
+        EXPECT_EQ(std::string(e.what()),
+                  "grammar: the token reference <|end|> names no control or user-defined token of the model's "
+                  "vocabulary");
+    }
+    EXPECT_THROW(GrammarMatcher(Grammar::parse("root ::= <x>"), tiny_vocab({"<x>"})), GrammarError);
 }
 
 TEST(GrammarSampler, EveryDrawFollowsTheGrammar) {
