@@ -261,15 +261,108 @@ TemplateTraits prepare_render(CompletionRequest& r, const chat::ChatTemplate& tm
     return prepare_render_kwargs(r, options, traits);
 }
 
+namespace {
+
+// The rule names of GBNF text with a prefix: "root ::= obj" -> "f0-root ::= f0-obj". Names are
+// what stands outside string literals, character classes, token references, repetition counts
+// ({m,n}) and comments.
+std::string prefix_rules(std::string_view gbnf, const std::string& prefix) {
+    auto name_char = [](char c) {
+        return (c >= 'a' && c <= 'z') || (c >= 'A' && c <= 'Z') || (c >= '0' && c <= '9') || c == '-' || c == '_';
+    };
+    std::string out;
+    for (size_t i = 0; i < gbnf.size();) {
+        const char c = gbnf[i];
+        if (c == '"' || c == '[') {
+            const char close = c == '"' ? '"' : ']';
+            size_t j = i + 1;
+            while (j < gbnf.size() && gbnf[j] != close) j += gbnf[j] == '\\' ? 2 : 1;
+            j = std::min(j + 1, gbnf.size());
+            out.append(gbnf.substr(i, j - i));
+            i = j;
+        } else if (c == '<' || c == '{' || c == '#') {
+            const size_t j = std::min(gbnf.find(c == '<' ? '>' : c == '{' ? '}' : '\n', i), gbnf.size());
+            out.append(gbnf.substr(i, j - i));
+            i = j;
+        } else if (name_char(c)) {
+            size_t j = i;
+            while (j < gbnf.size() && name_char(gbnf[j])) ++j;
+            out += prefix;
+            out.append(gbnf.substr(i, j - i));
+            i = j;
+        } else {
+            out += c;
+            ++i;
+        }
+    }
+    return out;
+}
+
+// A function's parameters schema as GBNF whose root is `root` ({"type": "object"} without one).
+std::string parameters_gbnf(const json& function) {
+    const auto p = function.find("parameters");
+    const nlohmann::ordered_json params = p != function.end() && !p->is_null()
+                                              ? nlohmann::ordered_json::parse(p->dump())
+                                              : nlohmann::ordered_json{{"type", "object"}};
+    try {
+        return sampling::json_schema_to_gbnf(params);
+    } catch (const sampling::JsonSchemaError& e) {
+        throw ApiError::invalid(std::string("tools: a function's parameters: ") + e.what(), "unsupported_schema",
+                                "tools");
+    }
+}
+
+// gpt-oss's harmony format: a call is a commentary message addressed to the function, its body
+// the arguments, ended by <|call|> (which ends the generation: one call per answer). The model
+// may reason first, in an analysis message, as it was trained to; that text never spells "<|",
+// so no marker but the tokens themselves reaches the output splitter.
+//
+//   <|channel|>analysis<|message|>...<|end|><|start|>assistant      (optional)
+//   <|channel|>commentary to=functions.NAME <|constrain|>json<|message|>{arguments}<|call|>
+std::string harmony_call_gbnf(const CompletionRequest& r) {
+    std::string gbnf =
+        "root ::= analysis? call\n"
+        "analysis ::= <|channel|> \"analysis\" <|message|> analysis-text <|end|> <|start|> \"assistant\"\n"
+        "analysis-text ::= ([^<] | \"<\"+ [^<|])*\n"
+        "call ::= <|channel|> \"commentary to=functions.\" (";
+    std::string functions;
+    size_t n = 0;
+    for (const json& t : r.tools) {
+        const json& f = t["function"];
+        const std::string& name = f["name"].get_ref<const std::string&>();
+        if (!r.forced_tool->empty() && name != *r.forced_tool) continue;
+        if (name.find_first_of(" \t\r\n<") != std::string::npos) {
+            invalid("tool_choice", "the function \"" + name +
+                                       "\" cannot be called in the harmony format: its name holds a space or '<'");
+        }
+        const std::string prefix = "f" + std::to_string(n) + "-";
+        gbnf += std::string(n ? " | " : " ") + "f" + std::to_string(n) + "-call";
+        functions += prefix + "call ::= " + sampling::gbnf_literal(name) +
+                     " \" \" <|constrain|> \"json\" <|message|> " + prefix + "root\n";
+        functions += prefix_rules(parameters_gbnf(f), prefix);
+        if (!functions.empty() && functions.back() != '\n') functions += '\n';
+        ++n;
+    }
+    gbnf += " ) <|call|>\n";
+    return gbnf + functions;
+}
+
+}  // namespace
+
 void force_tool_call(CompletionRequest& r, const TemplateTraits& traits) {
     if (!r.forced_tool) return;
-    if (traits.tools == ToolCallFormat::harmony) {
-        throw ApiError::unsupported("tool_choice",
-                                    "forcing a call is not supported for the harmony format (gpt-oss) yet: its calls "
-                                    "are messages whose header tokens a grammar cannot require; use \"auto\"");
-    }
     if (r.params.sampling.grammar) {
         invalid("tool_choice", "forcing a call cannot go with response_format or grammar (both constrain the answer)");
+    }
+    if (traits.tools == ToolCallFormat::harmony) {
+        const std::string gbnf = harmony_call_gbnf(r);
+        try {
+            r.params.sampling.grammar = sampling::Grammar::parse(gbnf);
+        } catch (const sampling::GrammarError& e) {
+            throw ApiError::invalid(std::string("tools: the grammar of a call: ") + e.what(), "unsupported_schema",
+                                    "tools");
+        }
+        return;
     }
     const bool llama3 = traits.tools == ToolCallFormat::llama3;
     const char* args = llama3 ? "parameters" : "arguments";
@@ -314,7 +407,7 @@ void force_tool_call(CompletionRequest& r, const TemplateTraits& traits) {
             gbnf += many ? "root ::= \"[\" tool_call_one (\", \" tool_call_one)* \"]\"\n"
                          : "root ::= \"[\" tool_call_one \"]\"\n";
             break;
-        case ToolCallFormat::harmony:  // refused above
+        case ToolCallFormat::harmony:  // its own grammar above
         case ToolCallFormat::none:
             return;  // prepare_render refused the tools already
     }

@@ -5,11 +5,13 @@
 #include <gtest/gtest.h>
 
 #include <fstream>
+#include <map>
 #include <nlohmann/json.hpp>
 #include <sstream>
 
 #include "chat/chat_template.h"
 #include "sampling/grammar.h"
+#include "sampling/json_schema.h"
 #include "server/api_error.h"
 #include "server/chat_output.h"
 #include "server/request.h"
@@ -295,6 +297,167 @@ TEST(ChatRequestTools, ATemplateWithoutToolsGetsThemInTheSystemPrompt) {
         ADD_FAILURE() << "tools accepted by a template whose calls fitllm cannot parse";
     } catch (const ApiError& e) {
         EXPECT_EQ(e.param(), "tools");
+    }
+}
+
+// The harmony vocabulary as the grammar sees it: every byte a token (ids 0..254), then gpt-oss's
+// structure tokens, user-defined (their text shown) but <|call|> (a control token that ends the
+// generation: no text).
+struct HarmonyVocab {
+    std::shared_ptr<const sampling::GrammarVocab> vocab;
+    std::map<std::string, int32_t> special;
+};
+HarmonyVocab harmony_vocab() {
+    HarmonyVocab h;
+    std::vector<std::string> texts;
+    for (int b = 1; b < 256; ++b) texts.emplace_back(1, static_cast<char>(b));
+    std::vector<std::pair<std::string, int32_t>> specials;
+    for (const char* t : {"<|start|>", "<|end|>", "<|message|>", "<|channel|>", "<|constrain|>", "<|call|>"}) {
+        const auto id = static_cast<int32_t>(texts.size());
+        h.special[t] = id;
+        specials.emplace_back(t, id);
+        texts.emplace_back(std::string(t) == "<|call|>" ? "" : t);
+    }
+    h.vocab = std::make_shared<const sampling::GrammarVocab>(texts, std::vector<int32_t>{h.special["<|call|>"]},
+                                                             std::move(specials));
+    return h;
+}
+
+// Feeds a harmony output to the matcher a structure token or a byte at a time; false when the
+// grammar refuses a step. The text as the detokenizer shows it (no <|call|>) goes to *shown.
+bool feed_harmony(sampling::GrammarMatcher& m, const HarmonyVocab& h, const std::string& text, std::string* shown) {
+    for (size_t i = 0; i < text.size();) {
+        int32_t id = -1;
+        size_t n = 1;
+        for (const auto& [t, tid] : h.special) {
+            if (text.compare(i, t.size(), t) == 0) id = tid, n = t.size();
+        }
+        if (id < 0) id = static_cast<uint8_t>(text[i]) - 1;
+        if (!m.allows_token(id)) return false;
+        m.accept_token(id);
+        if (shown && id != h.special.at("<|call|>")) *shown += text.substr(i, n);
+        i += n;
+    }
+    return true;
+}
+
+// gpt-oss (harmony): a forced call is a commentary message to one of the functions (or the named
+// one), an analysis message before it optional, its body the arguments in the parameters' schema,
+// ended by <|call|>; the structure tokens must be the tokens themselves, never spelled.
+TEST(ChatRequestTools, HarmonyForcedCallGrammar) {
+    const chat::ChatTemplate tmpl = []() {
+        std::ifstream f(std::string(FITLLM_SOURCE_DIR) + "/tests/chat/fixtures/gpt-oss/openai-gpt-oss.jinja");
+        std::stringstream ss;
+        ss << f.rdbuf();
+        return chat::ChatTemplate::parse(ss.str(), "gpt-oss");
+    }();
+    const json tools = {{{"type", "function"},
+                         {"function",
+                          {{"name", "get_weather"},
+                           {"parameters",
+                            {{"type", "object"},
+                             {"properties",
+                              {{"city", {{"type", "string"}, {"maxLength", 20}}},
+                               {"unit", {{"enum", {"celsius", "fahrenheit"}}}},
+                               {"days", {{"type", "integer"}, {"minimum", 1}, {"maximum", 7}}}}},
+                             {"required", {"city", "unit"}},
+                             {"additionalProperties", false}}}}}},
+                        {{"type", "function"}, {"function", {{"name", "get_time"}}}}};
+    const HarmonyVocab h = harmony_vocab();
+    auto forced = [&](const json& choice) {
+        json body = {{"messages", {{{"role", "user"}, {"content", "Weather in Oslo?"}}}},
+                     {"tools", tools},
+                     {"tool_choice", choice}};
+        CompletionRequest r = parse_completion_request(body, /*chat=*/true);
+        chat::RenderOptions options;
+        const TemplateTraits traits = prepare_render(r, tmpl, options);
+        EXPECT_EQ(traits.tools, ToolCallFormat::harmony);
+        force_tool_call(r, traits);
+        EXPECT_TRUE(r.params.sampling.grammar);
+        return std::make_pair(r, traits);
+    };
+    const auto [r, traits] = forced("required");
+    const std::string call =
+        "<|channel|>commentary to=functions.get_weather <|constrain|>json<|message|>"
+        "{\"city\": \"Oslo\", \"days\": 3, \"unit\": \"celsius\"}<|call|>";
+    const std::string analysis = "<|channel|>analysis<|message|>The user wants 1<2 and a <b>.<|end|><|start|>assistant";
+    for (const std::string& text : {call, analysis + call,
+                                    std::string("<|channel|>commentary to=functions.get_time <|constrain|>json"
+                                                "<|message|>{}<|call|>")}) {
+        SCOPED_TRACE(text);
+        sampling::GrammarMatcher m(r.params.sampling.grammar, h.vocab);
+        std::string shown;
+        EXPECT_TRUE(feed_harmony(m, h, text, &shown));
+        EXPECT_TRUE(m.must_end());
+        // What the output splitter makes of it: the call, and the analysis as reasoning.
+        const std::optional<OutputOptions> o = output_options(r, traits, "");
+        ASSERT_TRUE(o);
+        const ParsedOutput out = split_output(shown, *o);
+        ASSERT_EQ(out.calls.size(), 1u) << shown;
+        EXPECT_TRUE(out.content.empty()) << out.content;
+        EXPECT_EQ(out.reasoning.empty(), text.find("analysis") == std::string::npos);
+    }
+    // Not a call: wrong arguments, a function not offered, no <|call|>, the final channel, a marker
+    // spelled with other tokens, "<|" in the analysis, a second message after the call.
+    for (const std::string& text :
+         {std::string("<|channel|>commentary to=functions.get_weather <|constrain|>json<|message|>{\"city\": 1"),
+          std::string("<|channel|>commentary to=functions.get_date"), std::string("<|channel|>final<|message|>"),
+          std::string("<|channel|>commentary to=functions.get_time <|constrain|>json<|message|>{}<|end|>"),
+          std::string("<|channel|>commentary to=functions.get_time <|constrain|>json<|message|>{}<|call|>x"),
+          std::string("<|channel|>analysis<|message|>a <|end|")}) {
+        SCOPED_TRACE(text);
+        sampling::GrammarMatcher m(r.params.sampling.grammar, h.vocab);
+        EXPECT_FALSE(feed_harmony(m, h, text, nullptr));
+    }
+    sampling::GrammarMatcher spelled(r.params.sampling.grammar, h.vocab);
+    EXPECT_FALSE(spelled.allows_token('<' - 1));  // "<|channel|>" spelled from "<", "|", ...
+    // A named function: only its calls.
+    const auto [named, named_traits] = forced({{"type", "function"}, {"function", {{"name", "get_time"}}}});
+    sampling::GrammarMatcher m(named.params.sampling.grammar, h.vocab);
+    EXPECT_FALSE(feed_harmony(m, h, "<|channel|>commentary to=functions.get_w", nullptr));
+    m.reset();
+    EXPECT_TRUE(feed_harmony(m, h, "<|channel|>commentary to=functions.get_time <|constrain|>json<|message|>{}<|call|>",
+                             nullptr));
+}
+
+// Rule names of each function's schema grammar get a prefix of their own, and nothing else does.
+TEST(ChatRequestTools, HarmonyGrammarsOfSeveralFunctionsDoNotCollide) {
+    const std::string gbnf = sampling::json_schema_to_gbnf(nlohmann::ordered_json::parse(
+        R"({"type": "object", "properties": {"a": {"type": "array", "items": {"type": "number"}, "maxItems": 3}}})"));
+    json tools = json::array();
+    for (const char* name : {"f", "g"}) {
+        tools.push_back(
+            {{"type", "function"},
+             {"function",
+              {{"name", name}, {"parameters", json::parse(R"({"type": "object", "properties": {"a": {"type": "array",
+                               "items": {"type": "number"}, "maxItems": 3}}, "required": ["a"]})")}}}});
+    }
+    CompletionRequest r = parse_completion_request(
+        {{"messages", {{{"role", "user"}, {"content", "hi"}}}}, {"tools", tools}, {"tool_choice", "required"}},
+        /*chat=*/true);
+    TemplateTraits traits;
+    traits.takes_tools = true;
+    traits.tools = ToolCallFormat::harmony;
+    traits.harmony = true;
+    ASSERT_NO_THROW(force_tool_call(r, traits)) << gbnf;
+    const HarmonyVocab h = harmony_vocab();
+    for (const char* name : {"f", "g"}) {
+        sampling::GrammarMatcher m(r.params.sampling.grammar, h.vocab);
+        EXPECT_TRUE(feed_harmony(m, h,
+                                 std::string("<|channel|>commentary to=functions.") + name +
+                                     " <|constrain|>json<|message|>{\"a\": [1.5, -2, 30]}<|call|>",
+                                 nullptr));
+    }
+    // A name the harmony header cannot hold.
+    tools[0]["function"]["name"] = "get weather";
+    CompletionRequest bad = parse_completion_request(
+        {{"messages", {{{"role", "user"}, {"content", "hi"}}}}, {"tools", tools}, {"tool_choice", "required"}},
+        /*chat=*/true);
+    try {
+        force_tool_call(bad, traits);
+        ADD_FAILURE() << "a name with a space was accepted";
+    } catch (const ApiError& e) {
+        EXPECT_EQ(e.param(), "tool_choice");
     }
 }
 
