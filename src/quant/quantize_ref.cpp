@@ -4,6 +4,7 @@
 #include <cmath>
 #include <cstring>
 #include <limits>
+#include <type_traits>
 
 #include "quant/blocks.h"
 #include "quant/quantize.h"
@@ -349,6 +350,30 @@ void ref_q3_K(const float* x, BlockQ3_K* y, int64_t nb) {
 }
 
 // Q4_K and Q5_K: 8 sub-blocks of 32, each fitted with weights rms(x) + |x|; 6-bit scales and mins.
+// A Q4_K / Q5_K block's 256 levels L (0..15 / 0..31) into its nibbles (and Q5_K's fifth bits): 64
+// values at a time, sub-blocks 2c in the low nibbles and 2c + 1 in the high.
+template <typename Block>
+void pack_q45_K_levels(const uint8_t* L, Block& b) {
+    constexpr bool kFive = std::is_same_v<Block, BlockQ5_K>;
+    if constexpr (kFive) std::memset(b.qh, 0, kQK / 8);
+    for (int c = 0; c < 4; ++c) {
+        for (int l = 0; l < 32; ++l) {
+            int lo = L[64 * c + l], hi = L[64 * c + 32 + l];
+            if constexpr (kFive) {
+                if (lo > 15) {
+                    lo -= 16;
+                    b.qh[l] |= static_cast<uint8_t>(1u << (2 * c));
+                }
+                if (hi > 15) {
+                    hi -= 16;
+                    b.qh[l] |= static_cast<uint8_t>(2u << (2 * c));
+                }
+            }
+            b.qs[32 * c + l] = static_cast<uint8_t>(lo | (hi << 4));
+        }
+    }
+}
+
 template <typename Block, int kNmax>
 void ref_q45_K(const float* x, Block* y, int64_t nb) {
     constexpr bool kFive = kNmax == 31;
@@ -387,62 +412,7 @@ void ref_q45_K(const float* x, Block* y, int64_t nb) {
             for (int l = 0; l < 32; ++l)
                 L[32 * j + l] = static_cast<uint8_t>(std::max(0, std::min(kNmax, nearest((x[32 * j + l] + dm) / d))));
         }
-        if constexpr (kFive) std::memset(y[i].qh, 0, kQK / 8);
-        for (int c = 0; c < 4; ++c) {  // 64 values: sub-blocks 2c (low nibbles) and 2c + 1 (high)
-            for (int l = 0; l < 32; ++l) {
-                int lo = L[64 * c + l], hi = L[64 * c + 32 + l];
-                if constexpr (kFive) {
-                    if (lo > 15) {
-                        lo -= 16;
-                        y[i].qh[l] |= static_cast<uint8_t>(1u << (2 * c));
-                    }
-                    if (hi > 15) {
-                        hi -= 16;
-                        y[i].qh[l] |= static_cast<uint8_t>(2u << (2 * c));
-                    }
-                }
-                y[i].qs[32 * c + l] = static_cast<uint8_t>(lo | (hi << 4));
-            }
-        }
-    }
-}
-
-void ref_q6_K(const float* x, BlockQ6_K* y, int64_t nb) {
-    int8_t L[kQK];
-    float scales[16];
-    for (int64_t i = 0; i < nb; ++i, x += kQK) {
-        float max_scale = 0.0f, max_abs = 0.0f;
-        for (int j = 0; j < 16; ++j) {
-            scales[j] = fit_symmetric(16, 32, x + 16 * j, L + 16 * j);
-            if (std::fabs(scales[j]) > max_abs) {
-                max_abs = std::fabs(scales[j]);
-                max_scale = scales[j];
-            }
-        }
-        if (max_abs < kGroupEps) {
-            std::memset(&y[i], 0, sizeof y[i]);
-            continue;
-        }
-        const float iscale = -128.0f / max_scale;
-        y[i].d = fp32_to_fp16(1 / iscale);
-        for (int j = 0; j < 16; ++j) y[i].scales[j] = static_cast<int8_t>(std::min(127, nearest(iscale * scales[j])));
-        for (int j = 0; j < 16; ++j) {
-            const float d = fp16_to_fp32(y[i].d) * y[i].scales[j];
-            if (d == 0.0f) continue;
-            for (int l = 0; l < 16; ++l)
-                L[16 * j + l] = static_cast<int8_t>(std::max(-32, std::min(31, nearest(x[16 * j + l] / d))) + 32);
-        }
-        for (int h = 0; h < 2; ++h) {
-            const int8_t* q = L + 128 * h;
-            uint8_t* ql = y[i].ql + 64 * h;
-            uint8_t* qh = y[i].qh + 32 * h;
-            for (int l = 0; l < 32; ++l) {
-                ql[l] = static_cast<uint8_t>((q[l] & 0xF) | ((q[l + 64] & 0xF) << 4));
-                ql[l + 32] = static_cast<uint8_t>((q[l + 32] & 0xF) | ((q[l + 96] & 0xF) << 4));
-                qh[l] = static_cast<uint8_t>((q[l] >> 4) | ((q[l + 32] >> 4) << 2) | ((q[l + 64] >> 4) << 4) |
-                                             ((q[l + 96] >> 4) << 6));
-            }
-        }
+        pack_q45_K_levels(L, y[i]);
     }
 }
 
@@ -802,33 +772,20 @@ void imp_q45_K(const float* x, Block* y, int64_t nb, const float* qw) {
             for (int l = 0; l < 32; ++l)
                 L[32 * j + l] = static_cast<uint8_t>(std::max(0, std::min(kNmax, nearest((x[32 * j + l] + dm) / d))));
         }
-        if constexpr (kFive) std::memset(y[i].qh, 0, kQK / 8);
-        for (int c = 0; c < 4; ++c) {
-            for (int l = 0; l < 32; ++l) {
-                int lo = L[64 * c + l], hi = L[64 * c + 32 + l];
-                if constexpr (kFive) {
-                    if (lo > 15) {
-                        lo -= 16;
-                        y[i].qh[l] |= static_cast<uint8_t>(1u << (2 * c));
-                    }
-                    if (hi > 15) {
-                        hi -= 16;
-                        y[i].qh[l] |= static_cast<uint8_t>(2u << (2 * c));
-                    }
-                }
-                y[i].qs[32 * c + l] = static_cast<uint8_t>(lo | (hi << 4));
-            }
-        }
+        pack_q45_K_levels(L, y[i]);
     }
 }
 
-void imp_q6_K(const float* x, BlockQ6_K* y, int64_t nb, const float* qw) {
+// Q6_K: one search per sub-block of 16 for both ways (make_qx_quants, its error weighted by qw where
+// given), so one function.
+void q6_K(const float* x, BlockQ6_K* y, int64_t nb, const float* qw) {
     int8_t L[kQK];
     float scales[16];
     for (int64_t i = 0; i < nb; ++i, x += kQK) {
         float max_scale = 0.0f, max_abs = 0.0f;
         for (int j = 0; j < 16; ++j) {
-            scales[j] = fit_symmetric_weighted(16, 32, x + 16 * j, L + 16 * j, qw + kQK * i + 16 * j);
+            scales[j] = qw ? fit_symmetric_weighted(16, 32, x + 16 * j, L + 16 * j, qw + kQK * i + 16 * j)
+                           : fit_symmetric(16, 32, x + 16 * j, L + 16 * j);
             if (std::fabs(scales[j]) > max_abs) {
                 max_abs = std::fabs(scales[j]);
                 max_scale = scales[j];
@@ -1000,7 +957,7 @@ void quantize_model_row(GgmlType type, const float* src, void* dst, int64_t n) {
         case GgmlType::Q5_K:
             return ref_q45_K<BlockQ5_K, 31>(src, as<BlockQ5_K>(dst), nb);
         case GgmlType::Q6_K:
-            return ref_q6_K(src, as<BlockQ6_K>(dst), nb);
+            return q6_K(src, as<BlockQ6_K>(dst), nb, nullptr);
         case GgmlType::IQ4_NL:
             return quantize_row_iq4_nl_searched(src, dst, n);
         case GgmlType::IQ3_XXS:
@@ -1069,7 +1026,7 @@ void quantize_model_row(GgmlType type, const float* src, void* dst, int64_t n, c
         case GgmlType::Q5_K:
             return imp_q45_K<BlockQ5_K, 31>(src, as<BlockQ5_K>(dst), nb, weights);
         case GgmlType::Q6_K:
-            return imp_q6_K(src, as<BlockQ6_K>(dst), nb, weights);
+            return q6_K(src, as<BlockQ6_K>(dst), nb, weights);
         case GgmlType::IQ4_NL: {
             auto* y = as<BlockIQ4_NL>(dst);
             for (int64_t i = 0; i < nb; ++i)
