@@ -1,6 +1,7 @@
 #include "quant/quantize_iq.h"
 
 #include <algorithm>
+#include <bit>
 #include <cfloat>
 #include <cmath>
 #include <cstring>
@@ -236,22 +237,28 @@ const Iq2Grid& iq2s_grid() {
     return g;
 }
 
-// The signs of groups of 8 split off, an even number of negatives per group: where the count is
-// odd, the value of least weight * x^2 is taken with the wrong sign (IQ2_XXS, IQ2_XS, IQ3_XXS).
-void even_signs(const float* xb, const float* weight, int groups, float* xval, uint8_t* block_signs) {
+// The signs of groups of 8 split off: xval the magnitudes, a bit per negative value (IQ2_S, IQ3_S).
+void split_signs(const float* xb, int groups, float* xval, uint8_t* block_signs) {
     for (int k = 0; k < groups; ++k) {
-        int nflip = 0;
         uint8_t s = 0;
         for (int i = 0; i < 8; ++i) {
             if (xb[8 * k + i] >= 0) {
                 xval[8 * k + i] = xb[8 * k + i];
             } else {
                 xval[8 * k + i] = -xb[8 * k + i];
-                ++nflip;
                 s = static_cast<uint8_t>(s | (1 << i));
             }
         }
-        if (nflip % 2) {
+        block_signs[k] = s;
+    }
+}
+
+// As split_signs, with an even number of negatives per group: where the count is odd, the value of
+// least weight * x^2 is taken with the wrong sign (IQ2_XXS, IQ2_XS, IQ3_XXS).
+void even_signs(const float* xb, const float* weight, int groups, float* xval, uint8_t* block_signs) {
+    split_signs(xb, groups, xval, block_signs);
+    for (int k = 0; k < groups; ++k) {
+        if (std::popcount(block_signs[k]) % 2) {
             int imin = 0;
             float min = weight[8 * k] * xb[8 * k] * xb[8 * k];
             for (int i = 1; i < 8; ++i) {
@@ -262,9 +269,9 @@ void even_signs(const float* xb, const float* weight, int groups, float* xval, u
                 }
             }
             xval[8 * k + imin] = -xval[8 * k + imin];
-            s = static_cast<uint8_t>(s ^ (1 << imin));
+            block_signs[k] = static_cast<uint8_t>(block_signs[k] ^ (1 << imin));
         }
-        block_signs[k] = s & 127;
+        block_signs[k] &= 127;
     }
 }
 
@@ -811,18 +818,7 @@ void quantize_row_iq2_s(const float* x, void* dst, int64_t n, const float* weigh
                 weight[i] = qw ? qw[i] * std::sqrt(sigma2 + xb[i] * xb[i]) : 0.25f * sigma2 + xb[i] * xb[i];
             for (int i = 0; i < 16; ++i) waux[i] = std::sqrt(weight[i]);
             uint8_t block_signs[2];
-            for (int k = 0; k < 2; ++k) {
-                uint8_t s = 0;
-                for (int i = 0; i < 8; ++i) {
-                    if (xb[8 * k + i] >= 0) {
-                        xval[8 * k + i] = xb[8 * k + i];
-                    } else {
-                        xval[8 * k + i] = -xb[8 * k + i];
-                        s = static_cast<uint8_t>(s | (1 << i));
-                    }
-                }
-                block_signs[k] = s;
-            }
+            split_signs(xb, 2, xval, block_signs);
             float max = xval[0];
             for (int i = 1; i < 16; ++i) max = std::max(max, xval[i]);
             std::memset(L, 0, sizeof L);
@@ -981,18 +977,7 @@ void quantize_row_iq3_s(const float* x, void* dst, int64_t n, const float* weigh
             const float* xb = xbl + 32 * ib;
             weights_of(xb, weights ? weights + kQK * ibl + 32 * ib : nullptr, sigma2, weight, waux);
             uint8_t block_signs[4];
-            for (int k = 0; k < 4; ++k) {
-                uint8_t s = 0;
-                for (int i = 0; i < 8; ++i) {
-                    if (xb[8 * k + i] >= 0) {
-                        xval[8 * k + i] = xb[8 * k + i];
-                    } else {
-                        xval[8 * k + i] = -xb[8 * k + i];
-                        s = static_cast<uint8_t>(s | (1 << i));
-                    }
-                }
-                block_signs[k] = s;
-            }
+            split_signs(xb, 4, xval, block_signs);
             float max = xval[0];
             for (int i = 1; i < 32; ++i) max = std::max(max, xval[i]);
             std::memset(L, 0, sizeof L);
