@@ -218,6 +218,18 @@ public:
     // From now on calibrate_keys() fits the diagonal kind: for a device that attends this pool with
     // kernels that take per-dimension factors (CUDA). Call before the first calibrate_keys().
     void limit_key_transform();
+    bool key_transform_limited() const;  // limit_key_transform() was called
+    // The K transforms across runs (engine/prompt_cache.h keeps them beside its files): the layer's
+    // transform once fitted (nullptr before, or when K is not shaped).
+    const KeyTransform* key_transform(int layer) const;
+    // Whether `key` could be the layer's: its kv heads and head size, and a kind calibrate_keys()
+    // may fit here (the query-aware one only for 4- and 5-bit K without limit_key_transform(); the
+    // identity only for head sizes the diagonal kind cannot take).
+    bool accepts_key_transform(int layer, const KeyTransform& key) const;
+    // Gives the layer `key` as if calibrate_keys() had fitted it, so that K is stored as the run
+    // that fitted it stored it. Only before the layer stored anything, with K shaped on the host;
+    // throws std::logic_error otherwise, or when !accepts_key_transform(layer, key).
+    void set_key_transform(int layer, KeyTransform key);
 
     // Changes with every call that may change the bookkeeping (place(), the sequence operations,
     // clear(), trim_window()), so a device copying it can tell when to copy it again.

@@ -4,6 +4,7 @@
 #include <algorithm>
 #include <array>
 #include <cstdint>
+#include <stdexcept>
 #include <string>
 #include <vector>
 
@@ -84,6 +85,49 @@ bool KvCache::needs_key_calibration(int layer) const {
 
 void KvCache::limit_key_transform() {
     impl_->limit_keys = true;
+}
+
+bool KvCache::key_transform_limited() const {
+    return impl_->limit_keys;
+}
+
+const KeyTransform* KvCache::key_transform(int layer) const {
+    const Impl& m = *impl_;
+    m.check_layer(layer, "key_transform");
+    const LayerStorage& L = m.layers[static_cast<size_t>(layer)];
+    return m.shape_keys && L.key_fitted ? &L.key : nullptr;
+}
+
+bool KvCache::accepts_key_transform(int layer, const KeyTransform& key) const {
+    const Impl& m = *impl_;
+    m.check_layer(layer, "accepts_key_transform");
+    const LayerShape& s = m.layers[static_cast<size_t>(layer)].shape;
+    switch (key.kind()) {
+        case KeyTransform::Kind::Identity:
+            return s.head_dim_k % 4 != 0;
+        case KeyTransform::Kind::Diagonal:
+            return key.n_head_kv() == s.n_head_kv && key.head_dim() == s.head_dim_k;
+        case KeyTransform::Kind::QueryAware:
+            return key.n_head_kv() == s.n_head_kv && key.head_dim() == s.head_dim_k &&
+                   keys_fit_queries(m.params.type_k) && !m.limit_keys && !m.params.external_storage;
+    }
+    return false;
+}
+
+void KvCache::set_key_transform(int layer, KeyTransform key) {
+    Impl& m = *impl_;
+    m.check_layer(layer, "set_key_transform");
+    LayerStorage& L = m.layers[static_cast<size_t>(layer)];
+    if (!m.shape_keys || m.params.external_storage || L.key_fitted || L.stored_unshaped || L.staged.rows() > 0) {
+        throw std::logic_error("KvCache::set_key_transform: layer " + std::to_string(layer) +
+                               " does not shape K on the host, or has fitted or stored K already");
+    }
+    if (!accepts_key_transform(layer, key)) {
+        throw std::logic_error("KvCache::set_key_transform: the transform does not fit layer " + std::to_string(layer));
+    }
+    L.key = std::move(key);
+    L.key_fitted = true;
+    L.staged = LayerStorage::Staged{};
 }
 
 void KvCache::calibrate_keys(int layer, const KeySample& sample) {

@@ -5,6 +5,8 @@
 #include <cmath>
 #include <cstring>
 #include <optional>
+#include <stdexcept>
+#include <string>
 
 #include "kv/hadamard.h"
 #include "kv/key_transform_kernels.h"
@@ -142,6 +144,63 @@ void KeyTransform::shape_queries(const float* q, int n, int h, float* out) const
 
 void KeyTransform::shape_query(const float* q, int h, float* out) const {
     shape_queries(q, 1, h, out);
+}
+
+int KeyTransform::n_head_kv() const {
+    if (kind_ == Kind::QueryAware) return static_cast<int>(heads_.size());
+    return kind_ == Kind::Diagonal && d_ > 0 ? static_cast<int>(center_.size()) / d_ : 0;
+}
+
+std::vector<std::span<const float>> KeyTransform::numbers() const {
+    std::vector<std::span<const float>> out;
+    if (kind_ == Kind::Diagonal) {
+        out = {center_, scale_, q_scale_};
+    } else if (kind_ == Kind::QueryAware) {
+        for (const Head& h : heads_) {
+            out.insert(out.end(), {h.center, h.t_transposed.packed(), h.t_inverse.packed(), h.u.packed()});
+        }
+    }
+    return out;
+}
+
+std::vector<std::span<float>> KeyTransform::prepare_numbers(Kind kind, int n_head_kv, int d) {
+    *this = KeyTransform();
+    if (kind == Kind::Identity) return {};
+    if (n_head_kv < 1 || d < 4 || d % (kind == Kind::QueryAware ? 8 : 4) != 0) {
+        throw std::invalid_argument("K transform: " + std::to_string(n_head_kv) + " heads of " + std::to_string(d) +
+                                    " values cannot have this kind");
+    }
+    kind_ = kind;
+    d_ = d;
+    const auto n = static_cast<size_t>(n_head_kv) * static_cast<size_t>(d);
+    center_.assign(n, 0.0f);
+    std::vector<std::span<float>> out;
+    if (kind == Kind::Diagonal) {
+        scale_.assign(n, 0.0f);
+        q_scale_.assign(n, 0.0f);
+        return {center_, scale_, q_scale_};
+    }
+    rotate_ = is_power_of_two(d);  // as calibrate() decides
+    heads_.resize(static_cast<size_t>(n_head_kv));
+    for (Head& h : heads_) {
+        h.center.assign(static_cast<size_t>(d), 0.0f);
+        h.t_transposed = PaddedTriangle(d, /*upper=*/false);
+        h.t_inverse = PaddedTriangle(d, /*upper=*/true);
+        h.u = PaddedTriangle(d, /*upper=*/true);
+        out.insert(out.end(), {h.center, h.t_transposed.packed(), h.t_inverse.packed(), h.u.packed()});
+    }
+    return out;
+}
+
+void KeyTransform::finish_numbers() {
+    if (kind_ != Kind::QueryAware) return;
+    center_.clear();
+    for (Head& h : heads_) {
+        h.t_transposed.zero_padding();
+        h.t_inverse.zero_padding();
+        h.u.zero_padding();
+        center_.insert(center_.end(), h.center.begin(), h.center.end());
+    }
 }
 
 size_t KeyTransform::bytes_for(int n_head_kv, int d) {

@@ -33,6 +33,7 @@
 #include <cstddef>
 #include <cstdint>
 #include <optional>
+#include <span>
 #include <vector>
 
 #include "kv/key_transform_kernels.h"
@@ -98,6 +99,21 @@ public:
     const float* center() const { return active() ? center_.data() : nullptr; }
     const float* scale() const { return kind_ == Kind::Diagonal ? scale_.data() : nullptr; }
     const float* q_scale() const { return kind_ == Kind::Diagonal ? q_scale_.data() : nullptr; }
+
+    // The kv heads and head size it was fitted for (0 for the identity).
+    int n_head_kv() const;
+    int head_dim() const { return d_; }
+
+    // Its numbers, for a file that keeps the transform across runs (engine/prompt_cache.h): the
+    // diagonal kind's c, s and 1 / s; the query-aware kind's c, T^T, T^-1 and U of each kv head in
+    // turn (the triangles' stored floats, PaddedTriangle::packed()); none for the identity.
+    std::vector<std::span<const float>> numbers() const;
+    // Makes this a transform of `kind` for n_head_kv heads of d, all zeros, and gives where its
+    // numbers() lie, to be filled; then finish_numbers(). Filled with another transform's numbers(),
+    // it is that transform, bit for bit. Throws std::invalid_argument for a shape the kind cannot
+    // have (d not a multiple of 4, or of 8 for the query-aware kind; n_head_kv < 1).
+    std::vector<std::span<float>> prepare_numbers(Kind kind, int n_head_kv, int d);
+    void finish_numbers();
 
     // The bytes a query-aware transform of these heads holds (c, T twice and U in packed triangles).
     static size_t bytes_for(int n_head_kv, int d);

@@ -24,6 +24,27 @@ PaddedTriangle::PaddedTriangle(const float* dense, int d, bool upper) : d_(d), u
     }
 }
 
+PaddedTriangle::PaddedTriangle(int d, bool upper) : d_(d), upper_(upper) {
+    data_.reserve(floats_for(d));
+    for (int i = 0; i < d; ++i) {
+        const int first = upper ? i / 8 * 8 : 0;
+        const int end = upper ? d : std::min(d, (i / 8 + 1) * 8);
+        offset_.push_back(static_cast<ptrdiff_t>(data_.size()) - first);
+        data_.resize(data_.size() + static_cast<size_t>(end - first), 0.0f);
+    }
+}
+
+void PaddedTriangle::zero_padding() {
+    for (int i = 0; i < d_; ++i) {
+        const int first = upper_ ? i / 8 * 8 : 0;
+        const int end = upper_ ? d_ : std::min(d_, (i / 8 + 1) * 8);
+        float* r = data_.data() + offset_[static_cast<size_t>(i)];
+        for (int j = first; j < end; ++j) {
+            if (upper_ ? j < i : j > i) r[j] = 0.0f;
+        }
+    }
+}
+
 float PaddedTriangle::at(int i, int j) const {
     return (upper_ ? j >= i : j <= i) ? row(i)[j] : 0.0f;
 }

@@ -8,6 +8,7 @@
 //   upper: row i holds columns 8 floor(i / 8) .. d - 1;   lower: row i holds columns 0 .. 8 ceil((i + 1) / 8) - 1.
 #include <cstddef>
 #include <cstdint>
+#include <span>
 #include <vector>
 
 #include "quant/ggml_type.h"
@@ -19,6 +20,10 @@ public:
     PaddedTriangle() = default;
     // From a dense row-major d x d matrix (d a multiple of 8); the other triangle is taken as 0.
     PaddedTriangle(const float* dense, int d, bool upper);
+    // All zeros, for packed() to be filled (from a file that keeps a K transform); zero_padding()
+    // after that keeps the padding at zero whatever the file held there.
+    PaddedTriangle(int d, bool upper);
+    void zero_padding();
 
     int size() const { return d_; }
     bool upper() const { return upper_; }
@@ -27,6 +32,9 @@ public:
     float at(int i, int j) const;  // 0 outside the triangle
     size_t floats() const { return data_.size(); }
     static size_t floats_for(int d);  // either triangle
+    // The stored floats, row after row (floats_for(d) of them, padding included).
+    std::span<const float> packed() const { return data_; }
+    std::span<float> packed() { return data_; }
 
 private:
     int d_ = 0;

@@ -7,6 +7,8 @@
 #include <cmath>
 #include <iostream>
 #include <random>
+#include <span>
+#include <stdexcept>
 #include <vector>
 
 #include "kv/cache.h"
@@ -312,6 +314,66 @@ TEST(KeyTransform, ALimitedCacheFitsTheDiagonalKindEvenWithQueries) {
     feed(cache, rows, 0, 12, 1, d, cells);
     EXPECT_EQ(cache.layer_view(0).key, nullptr);
     EXPECT_NE(cache.layer_view(0).q_scale, nullptr);
+}
+
+// A fitted transform's numbers() filled into a new transform (prepare_numbers) make it the same,
+// and a cache given it (set_key_transform, as the prompt cache does from its file) stores the same
+// bytes as the cache that fitted it, from its first batch on. Only before anything is stored, and
+// only a transform of the layer's shape and of a kind the cache fits.
+TEST(KeyTransform, ATransformsNumbersGiveAnotherCacheTheSameStoredKeys) {
+    const int d = 64, n_head_q = 2;
+    const Rows rows = gemma_like_rows(12, 0, d, n_head_q, 11);
+    const std::vector<LayerShape> shape{LayerShape{1, d, d, n_head_q}};
+    for (const GgmlType type : {GgmlType::Q4_0, GgmlType::Q8_0}) {
+        SCOPED_TRACE(quant::traits(type).name);
+        CacheParams p = q4_params(32);
+        p.type_k = type;
+        KvCache fitted(shape, p), given(shape, p);
+        EXPECT_EQ(fitted.key_transform(0), nullptr);
+        std::vector<int32_t> cells_a, cells_b;
+        feed(fitted, rows, 0, 12, n_head_q, d, cells_a);
+        const KeyTransform* key = fitted.key_transform(0);
+        ASSERT_NE(key, nullptr);
+        EXPECT_EQ(key->query_aware(), type == GgmlType::Q4_0);
+        KeyTransform copy;
+        const std::vector<std::span<const float>> from = key->numbers();
+        const std::vector<std::span<float>> to = copy.prepare_numbers(key->kind(), key->n_head_kv(), key->head_dim());
+        ASSERT_EQ(from.size(), to.size());
+        for (size_t i = 0; i < from.size(); ++i) {
+            ASSERT_EQ(from[i].size(), to[i].size());
+            std::copy(from[i].begin(), from[i].end(), to[i].begin());
+        }
+        copy.finish_numbers();
+        EXPECT_TRUE(given.accepts_key_transform(0, copy));
+        given.set_key_transform(0, copy);
+        EXPECT_FALSE(given.needs_key_calibration(0));
+        EXPECT_THROW(given.set_key_transform(0, copy), std::logic_error);  // fitted already
+        // The rows fed one at a time now (the fitting cache kept its first ones until the fit).
+        for (int t = 0; t < 12; ++t) feed(given, rows, t, t + 1, n_head_q, d, cells_b);
+        ASSERT_EQ(cells_a, cells_b);
+        std::vector<std::byte> out_a(cells_a.size() * fitted.cell_bytes()), out_b(out_a.size());
+        fitted.copy_rows_out(cells_a, out_a.data());
+        given.copy_rows_out(cells_b, out_b.data());
+        EXPECT_EQ(out_a, out_b);
+
+        // Not one of another shape, nor the query-aware kind for 8-bit or limited keys.
+        KvCache wide({LayerShape{2, d, d, n_head_q}}, p);
+        EXPECT_FALSE(wide.accepts_key_transform(0, copy));
+        EXPECT_THROW(wide.set_key_transform(0, copy), std::logic_error);
+        if (type == GgmlType::Q4_0) {
+            CacheParams q8 = p;
+            q8.type_k = GgmlType::Q8_0;
+            EXPECT_FALSE(KvCache(shape, q8).accepts_key_transform(0, copy));
+            KvCache limited(shape, p);
+            limited.limit_key_transform();
+            EXPECT_FALSE(limited.accepts_key_transform(0, copy));
+        }
+        // Nor once the layer has stored keys.
+        KvCache stored(shape, p);
+        std::vector<int32_t> cells;
+        feed(stored, rows, 0, 2, n_head_q, d, cells);
+        EXPECT_THROW(stored.set_key_transform(0, copy), std::logic_error);
+    }
 }
 
 }  // namespace
