@@ -164,16 +164,6 @@ void validate(const ServeOptions& o) {
     } catch (const ConfigError& e) {
         throw UsageError(e.what());
     }
-    // Files a later run reads back must hold the rows it would store: a quantized K with the
-    // rotation is shaped by a transform each run fits anew (engine/prompt_cache.h).
-    if (c.prompt_cache_disk > 0 && !c.prompt_cache_dir.empty() && c.kv_rotation && c.type_k != KvType::f32 &&
-        c.type_k != KvType::f16 && c.type_k != KvType::bf16) {
-        throw UsageError("--cache-dir with -ctk " + std::string(kv_type_name(c.type_k)) +
-                         ": quantized keys are stored shaped by a transform each run fits anew, so the prompt "
-                         "files one run writes cannot be read by the next. Add --no-kv-rotation, or use -ctk f16 "
-                         "(or bf16, f32), or leave out --cache-dir (--cache-disk then keeps its files for this run "
-                         "only)");
-    }
 }
 
 server::RegistryOptions registry_options(const ServeOptions& o) {

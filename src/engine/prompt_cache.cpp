@@ -9,6 +9,7 @@
 #include <algorithm>
 #include <cerrno>
 #include <chrono>
+#include <cmath>
 #include <cstdio>
 #include <cstring>
 #include <filesystem>
@@ -143,6 +144,28 @@ constexpr const char* kTempSuffix = ".tmp";
 constexpr const char* kFilePrefix = "prompt-";
 constexpr const char* kDirPrefix = "fitllm-prompts-";
 constexpr size_t kMaxNotes = 32;
+// The K transform file (shaped keys): a header, then per layer of each pool that shapes K (pool by
+// pool, layer by layer) a record and the transform's numbers (kv::KeyTransform::numbers(), whose
+// sizes the record's kind and shape give).
+constexpr char kKeysMagic[8] = {'F', 'I', 'T', 'L', 'L', 'M', 'K', 'T'};
+constexpr uint32_t kKeysVersion = 1;
+constexpr const char* kKeysSuffix = ".fitllm-keys";
+struct KeysHead {
+    char magic[8];
+    uint32_t version;
+    uint32_t n_layers;  // records
+    uint64_t model;     // model_file_identity()
+    uint64_t key;       // what the file's name says: the model, the KV layout and the pools' limits
+    uint64_t bytes;     // the whole file's
+    uint64_t content;   // the hash of the records and numbers: the transforms' identity (never 0)
+};
+static_assert(sizeof(KeysHead) == 48);
+struct KeysRecord {
+    int32_t kind;  // kv::KeyTransform::Kind
+    int32_t n_head_kv;
+    int32_t head_dim;
+    int32_t reserved;
+};
 // A leftover younger than this may be a live writer's between its open() and its flock().
 constexpr auto kStaleAfter = std::chrono::seconds(2);
 
@@ -197,25 +220,16 @@ PromptCache::PromptCache(kv::ModelCache& cache, const ContextConfig& context, me
     for (int s = context_.n_seq + context_.n_cached_prompts - 1; s >= context_.n_seq; --s) free_ids_.push_back(s);
     if (context_.prompt_cache_disk == 0) return;
     layout_ = kv_layout_identity(cache_);
-    // Rows another run copies back must be the ones this run would compute: on the host, and no K
-    // transform fitted per run.
+    // Rows another run copies back must be the ones this run would compute: on the host, and keys
+    // shaped by the same K transform (its file goes along: load_keys()).
     persistent_ = model_ != 0 && !context_.prompt_cache_dir.empty();
     bool external = false, shaped = false;
     for (int p = 0; p < cache_.n_pools(); ++p) {
         external = external || cache_.pool(p).params().external_storage;
         shaped = shaped || cache_.pool(p).shapes_keys();
     }
-    if (persistent_ && shaped && !external) {
-        // Its rows are stored shaped by a K transform this run fits from its first keys: a later run
-        // fits another and could not read them. Refused rather than kept for this run only.
-        throw ConfigError(std::string("--cache-dir with a quantized K cache (-ctk ") +
-                          std::string(kv_type_name(context_.type_k)) +
-                          ", rotated): its keys are stored shaped by a transform fitted anew by each run, so "
-                          "files one run writes cannot be read by the next. Add --no-kv-rotation, or use -ctk "
-                          "f16 (or bf16, f32), or leave out --cache-dir (--cache-disk then keeps its files for "
-                          "this run only, in the system's temporary directory)");
-    }
-    if (external || shaped) persistent_ = false;
+    if (external) persistent_ = false;
+    shaped_ = persistent_ && shaped;
     if (persistent_) {
         disk_dir_ = context_.prompt_cache_dir;
         std::error_code ec;
@@ -230,6 +244,7 @@ PromptCache::PromptCache(kv::ModelCache& cache, const ContextConfig& context, me
     }
     std::random_device random;
     file_prefix_ = disk_dir_ + "/prompt-" + hex((uint64_t{random()} << 32) ^ random() ^ uint64_t(::getpid()));
+    if (shaped_) load_keys();  // before anything is stored (the scheduler's warm-up comes after)
     if (persistent_) index_dir();
 }
 
@@ -336,11 +351,235 @@ void PromptCache::remove_stale(const std::string& dir, bool dirs) {
 PromptCache::~PromptCache() {
     if (persistent_) {
         persist();
-        return;
+        if (!shaped_ || keys_on_disk_) return;
+        // The transform its keys were shaped by is not in the directory: no later run could read them.
     }
     while (!disk_.empty()) drop_disk(disk_.size() - 1);
+    if (persistent_) return;
     if (!disk_dir_.empty()) ::rmdir(disk_dir_.c_str());
     if (dir_lock_ >= 0) ::close(dir_lock_);
+}
+
+uint64_t PromptCache::file_layout() const {
+    if (!shaped_) return layout_;
+    Hash h;
+    h.add_value(layout_);
+    h.add_value(keys_id_);
+    return h.value();
+}
+
+namespace {
+
+// Shaped keys: a prompt file's FileHead::reserved, a tag of the layout without the transform (so a
+// start tells a file of its layout shaped by another transform from one of another layout); 0 else.
+uint32_t keys_tag(uint64_t layout) {
+    return static_cast<uint32_t>(layout >> 32) | 1u;
+}
+
+bool all_finite(std::span<const float> v) {
+    return std::all_of(v.begin(), v.end(), [](float x) { return std::isfinite(x); });
+}
+
+}  // namespace
+
+uint64_t PromptCache::keys_content() const {
+    Hash h;
+    for (int p = 0; p < cache_.n_pools(); ++p) {
+        const kv::KvCache& pool = cache_.pool(p);
+        if (!pool.shapes_keys()) continue;
+        for (int l = 0; l < pool.n_layer(); ++l) {
+            const kv::KeyTransform* key = pool.key_transform(l);
+            if (key == nullptr) return 0;
+            const KeysRecord r{static_cast<int32_t>(key->kind()), key->n_head_kv(), key->head_dim(), 0};
+            h.add_value(r);
+            for (const std::span<const float> v : key->numbers()) h.add(v.data(), v.size_bytes());
+        }
+    }
+    const uint64_t v = h.value();
+    return v != 0 ? v : 1;
+}
+
+void PromptCache::load_keys() {
+    Hash name;
+    name.add_value(kKeysVersion);
+    name.add_value(model_);
+    name.add_value(layout_);
+    for (int p = 0; p < cache_.n_pools(); ++p) {
+        const uint8_t limited = cache_.pool(p).key_transform_limited() ? 1 : 0;
+        name.add_value(limited);
+    }
+    keys_key_ = name.value();
+    keys_path_ = disk_dir_ + "/keys-" + hex(keys_key_) + kKeysSuffix;
+    const int fd = ::open(keys_path_.c_str(), O_RDONLY | O_CLOEXEC | O_NOFOLLOW);
+    if (fd < 0) {
+        // None (the first run, or one that wrote no prompt): prompt files with shaped keys are skipped.
+        if (errno != ENOENT) {
+            note("warning: K transform file " + keys_path_ + ": cannot open it: " + std::strerror(errno) +
+                 "; the prompt files written with it are not used");
+        }
+        return;
+    }
+    std::vector<std::pair<int, int>> layers;  // (pool, layer) of each record
+    for (int p = 0; p < cache_.n_pools(); ++p) {
+        if (!cache_.pool(p).shapes_keys()) continue;
+        for (int l = 0; l < cache_.pool(p).n_layer(); ++l) layers.emplace_back(p, l);
+    }
+    // Read whole before any pool takes one: the transforms, as large as the fitted ones would be
+    // (the KV cache's charge holds them), and checked against the cache and the file's hash.
+    std::vector<kv::KeyTransform> keys;
+    const auto read = [&]() -> std::string {
+        struct stat st {};
+        if (::fstat(fd, &st) != 0) return std::string("cannot stat it: ") + std::strerror(errno);
+        const auto size = static_cast<uint64_t>(st.st_size);
+        KeysHead h{};
+        if (size < sizeof h || !read_all(fd, &h, sizeof h, 0)) {
+            return "truncated: " + std::to_string(size) + " bytes, less than a header";
+        }
+        if (std::memcmp(h.magic, kKeysMagic, sizeof kKeysMagic) != 0) return "not a fitllm K transform file";
+        if (h.version != kKeysVersion) {
+            return "format version " + std::to_string(h.version) + ", not " + std::to_string(kKeysVersion);
+        }
+        if (h.model != model_) return "mismatched: of another model file";
+        if (h.key != keys_key_) return "mismatched: of another KV layout or K transform kind";
+        if (h.bytes != size) {
+            return (size < h.bytes ? "truncated: " : "too long: ") + std::to_string(size) + " bytes, its header says " +
+                   std::to_string(h.bytes);
+        }
+        if (h.n_layers != layers.size()) {
+            return "mismatched: " + std::to_string(h.n_layers) + " layers, the cache shapes K in " +
+                   std::to_string(layers.size());
+        }
+        Hash content;
+        uint64_t offset = sizeof h;
+        keys.reserve(layers.size());
+        for (const auto& [p, l] : layers) {
+            const std::string where = "layer " + std::to_string(l) + " of KV pool " + std::to_string(p);
+            KeysRecord r{};
+            if (offset + sizeof r > size || !read_all(fd, &r, sizeof r, offset)) return "truncated in " + where;
+            content.add_value(r);
+            offset += sizeof r;
+            const kv::KvCache::LayerView view = cache_.pool(p).layer_view(l);
+            if (r.kind < 0 || r.kind > static_cast<int32_t>(kv::KeyTransform::Kind::QueryAware) ||
+                r.n_head_kv != view.n_head_kv || r.head_dim != view.head_dim_k) {
+                return "mismatched: " + where + " holds kind " + std::to_string(r.kind) + " for " +
+                       std::to_string(r.n_head_kv) + " heads of " + std::to_string(r.head_dim) + ", the cache has " +
+                       std::to_string(view.n_head_kv) + " of " + std::to_string(view.head_dim_k);
+            }
+            kv::KeyTransform& key = keys.emplace_back();
+            std::vector<std::span<float>> numbers;
+            try {
+                numbers = key.prepare_numbers(static_cast<kv::KeyTransform::Kind>(r.kind), r.n_head_kv, r.head_dim);
+            } catch (const std::invalid_argument& e) {
+                return "mismatched: " + where + ": " + e.what();
+            }
+            for (const std::span<float> v : numbers) {
+                if (offset + v.size_bytes() > size || !read_all(fd, v.data(), v.size_bytes(), offset)) {
+                    return "truncated in " + where;
+                }
+                content.add(v.data(), v.size_bytes());
+                offset += v.size_bytes();
+                if (!all_finite(v)) return "corrupt: " + where + " holds a number that is not finite";
+            }
+            key.finish_numbers();
+            if (!cache_.pool(p).accepts_key_transform(l, key)) {
+                return "mismatched: " + where + "'s transform is of a kind this cache does not fit (-ctk, device)";
+            }
+        }
+        if (offset != size)
+            return "too long: " + std::to_string(size) + " bytes, its layers take " + std::to_string(offset);
+        const uint64_t c = content.value() != 0 ? content.value() : 1;
+        if (c != h.content) return "corrupt: its numbers do not match their hash";
+        keys_id_ = c;
+        return {};
+    };
+    const std::string why = read();
+    ::posix_fadvise(fd, 0, 0, POSIX_FADV_DONTNEED);
+    ::close(fd);
+    if (!why.empty()) {
+        keys_id_ = 0;
+        ++n_disk_bad_;
+        note("warning: K transform file " + keys_path_ + ": " + why +
+             "; deleted, and the prompt files written with it are not used (this run fits its own)");
+        ::unlink(keys_path_.c_str());
+        return;
+    }
+    for (size_t i = 0; i < layers.size(); ++i) {
+        cache_.pool(layers[i].first).set_key_transform(layers[i].second, std::move(keys[i]));
+    }
+    keys_on_disk_ = true;
+}
+
+void PromptCache::ensure_keys() {
+    if (!shaped_ || keys_id_ != 0) return;
+    // The rows about to be written were copied out once every layer had its transform.
+    keys_id_ = keys_content();
+    if (keys_id_ == 0 || keys_write_tried_) return;
+    keys_write_tried_ = true;
+    keys_on_disk_ = write_keys(keys_id_);
+}
+
+bool PromptCache::write_keys(uint64_t content) {
+    std::vector<const kv::KeyTransform*> keys;
+    uint64_t bytes = sizeof(KeysHead);
+    for (int p = 0; p < cache_.n_pools(); ++p) {
+        const kv::KvCache& pool = cache_.pool(p);
+        if (!pool.shapes_keys()) continue;
+        for (int l = 0; l < pool.n_layer(); ++l) {
+            keys.push_back(pool.key_transform(l));
+            bytes += sizeof(KeysRecord);
+            for (const std::span<const float> v : keys.back()->numbers()) bytes += v.size_bytes();
+        }
+    }
+    KeysHead h{};
+    std::memcpy(h.magic, kKeysMagic, sizeof kKeysMagic);
+    h.version = kKeysVersion;
+    h.n_layers = static_cast<uint32_t>(keys.size());
+    h.model = model_;
+    h.key = keys_key_;
+    h.bytes = bytes;
+    h.content = content;
+    // As a prompt file: a temporary name of this process's (one a start removes when its writer
+    // died), synced, then linked to its name, which never replaces a file there: a transform file
+    // another server wrote first stays (and this run's files go with it).
+    const std::string temp = file_prefix_ + "-keys" + kFileSuffix + kTempSuffix;
+    const int fd = ::open(temp.c_str(), O_WRONLY | O_CREAT | O_EXCL | O_CLOEXEC, 0600);
+    if (fd >= 0) ::flock(fd, LOCK_EX | LOCK_NB);
+    bool ok = fd >= 0 && write_all(fd, &h, sizeof h, 0);
+    uint64_t offset = sizeof h;
+    for (const kv::KeyTransform* key : keys) {
+        if (!ok) break;
+        const KeysRecord r{static_cast<int32_t>(key->kind()), key->n_head_kv(), key->head_dim(), 0};
+        ok = write_all(fd, &r, sizeof r, offset);
+        offset += sizeof r;
+        for (const std::span<const float> v : key->numbers()) {
+            ok = ok && write_all(fd, v.data(), v.size_bytes(), offset);
+            offset += v.size_bytes();
+        }
+    }
+    ok = ok && ::fdatasync(fd) == 0;
+    if (fd >= 0) ::posix_fadvise(fd, 0, 0, POSIX_FADV_DONTNEED);
+    std::string why;
+    if (!ok) {
+        why = std::string("cannot be written: ") + std::strerror(errno);
+    } else if (::link(temp.c_str(), keys_path_.c_str()) != 0) {
+        ok = false;
+        if (errno == EEXIST) {
+            why = "written by another server meanwhile, with another transform";
+        } else if (::access(keys_path_.c_str(), F_OK) != 0 && ::rename(temp.c_str(), keys_path_.c_str()) == 0) {
+            ok = true;  // a file system without hard links
+        } else {
+            why = std::string("cannot be linked into place: ") + std::strerror(errno);
+        }
+    }
+    ::unlink(temp.c_str());
+    if (fd >= 0) ::close(fd);
+    if (!ok) {
+        std::fprintf(stderr,
+                     "fitllm: warning: K transform file %s: %s; this run's prompt files are deleted when it ends "
+                     "(a later run could not read them)\n",
+                     keys_path_.c_str(), why.c_str());
+    }
+    return ok;
 }
 
 void PromptCache::persist() {
@@ -354,14 +593,24 @@ void PromptCache::persist() {
     }
 }
 
-std::string PromptCache::check_head(const FileHead& h, uint64_t size, bool& foreign) const {
+std::string PromptCache::check_head(const FileHead& h, uint64_t size, bool& foreign, bool& stale) const {
     foreign = false;
+    stale = false;
     if (std::memcmp(h.magic, kMagic, sizeof kMagic) != 0) return "not a fitllm prompt file (its first bytes)";
     foreign = true;
     if (h.version != kFileVersion)
         return "format version " + std::to_string(h.version) + ", not " + std::to_string(kFileVersion);
     if (h.model != model_) return "another model file";
-    if (h.layout != layout_) return "another KV layout (types, layers, heads or rows)";
+    if (h.layout != file_layout() || (shaped_ && keys_id_ == 0)) {
+        if (shaped_ && h.reserved == keys_tag(layout_)) {
+            // This layout's keys, shaped by a transform no run will use again.
+            stale = true;
+            return keys_id_ == 0 ? "its keys are shaped by a K transform that is not in the directory (" + keys_path_ +
+                                       "); deleted"
+                                 : "its keys are shaped by another K transform than " + keys_path_ + "'s; deleted";
+        }
+        return "another KV layout (types, layers, heads or rows)";
+    }
     if (h.n_tokens > static_cast<uint32_t>(context_.n_ctx)) {
         return std::to_string(h.n_tokens) + " tokens, more than this context's " + std::to_string(context_.n_ctx);
     }
@@ -454,17 +703,18 @@ void PromptCache::index_dir() {
         f.d.path = path;
         f.d.bytes = static_cast<uint64_t>(st.st_size);
         f.mtime = st.st_mtim;
-        bool foreign = false;
+        bool foreign = false, stale = false;
         std::string why;
         if (f.d.bytes < sizeof(FileHead) || !read_all(fd, &f.d.head, sizeof(FileHead), 0)) {
             why = "truncated: " + std::to_string(f.d.bytes) + " bytes, less than a header";
         } else {
-            why = check_head(f.d.head, f.d.bytes, foreign);
+            why = check_head(f.d.head, f.d.bytes, foreign, stale);
         }
         ::close(fd);
         if (!why.empty()) {
             ++(foreign ? n_disk_foreign_ : n_disk_bad_);
             note(path, why);
+            if (stale) ::unlink(path.c_str());
             continue;
         }
         found.push_back(std::move(f));
@@ -694,12 +944,14 @@ void PromptCache::write_disk(Saved sp) {
     for (const auto& places : d.places) index.push_back(static_cast<int32_t>(places.size()));
     index.insert(index.end(), d.tokens.begin(), d.tokens.end());
     for (const auto& places : d.places) index.insert(index.end(), places.begin(), places.end());
+    if (shaped_) ensure_keys();
     FileHead& h = d.head;
     std::memcpy(h.magic, kMagic, sizeof kMagic);
     h.version = kFileVersion;
     h.n_pools = static_cast<uint32_t>(d.places.size());
     h.model = model_;
-    h.layout = layout_;
+    h.layout = file_layout();
+    h.reserved = shaped_ ? keys_tag(layout_) : 0;
     h.n_tokens = static_cast<uint32_t>(d.tokens.size());
     h.rows_bytes = bytes;
     Hash rows_hash;

@@ -26,14 +26,25 @@
 // temporary file or such a directory that no one holds and that is older than a few seconds was
 // left by a process that died (killed mid-write) and is removed (a note says so).
 //
-// Persistent (a model identity given, prompt_cache_dir set, K/V rows on the host and no pool
-// shaping K): the files are in prompt_cache_dir itself and outlive the cache. At its end, the
-// prompts in the cells and in host memory are written there too; at its start, the files already
-// there of the same model file and KV layout are indexed, newest first, within prompt_cache_disk
-// (older ones deleted), and the others skipped and counted: of another model, layout or format
-// version (left alone), truncated or corrupt (left alone too). Otherwise the files are in a
-// directory made for this cache under prompt_cache_dir (the system's temporary directory when
-// empty), deleted with it.
+// Persistent (a model identity given, prompt_cache_dir set, K/V rows on the host): the files are in
+// prompt_cache_dir itself and outlive the cache. At its end, the prompts in the cells and in host
+// memory are written there too; at its start, the files already there of the same model file and
+// KV layout are indexed, newest first, within prompt_cache_disk (older ones deleted), and the
+// others skipped and counted: of another model, layout or format version (left alone), truncated
+// or corrupt (left alone too). Otherwise the files are in a directory made for this cache under
+// prompt_cache_dir (the system's temporary directory when empty), deleted with it.
+//
+// Shaped keys (a quantized K with the rotation: kv/key_transform.h) are stored as a K transform
+// fitted from the first keys a run stores shapes them, so the transform goes with the files: one
+// file per model file and KV layout, keys-ID.fitllm-keys (every layer's transform, hashed), written
+// (to a temporary name, then linked: never replaced) before the first prompt file that needs it,
+// and read at the start, before anything is stored, so that the run stores keys with that
+// transform instead of fitting one. Each prompt file's layout identity then includes the
+// transform's (a hash of its numbers). A transform file that is corrupt or of another model,
+// layout or shape is named in a warning (a note) and deleted; prompt files written with a
+// transform that is not the one read (or with none) are skipped and deleted. When the run cannot
+// write its transform (another server wrote one first, or a write error), its files are deleted
+// at its end instead of kept.
 //
 // A sliding-window pool holds only a window of each prompt, so a prefix is taken only where the
 // window before it is still there.
@@ -156,9 +167,9 @@ private:
         uint32_t version;
         uint32_t n_pools;
         uint64_t model;   // model_file_identity()
-        uint64_t layout;  // kv_layout_identity()
+        uint64_t layout;  // kv_layout_identity(), and with shaped keys the K transform's identity
         uint32_t n_tokens;
-        uint32_t reserved;
+        uint32_t reserved;  // shaped keys: a tag of kv_layout_identity() alone (prompt_cache.cpp); else 0
         uint64_t rows_bytes;
         uint64_t rows_hash;
         uint64_t index_hash;  // of this header (index_hash 0) and what follows up to the rows
@@ -186,7 +197,16 @@ private:
     void persist();  // persistent: the prompts in the cells and host memory to files
     // A file's header checked against this cache (nothing read past `size` bytes); empty when it is
     // this cache's, else why not (foreign: another model, layout or version, or longer than the context).
-    std::string check_head(const FileHead& h, uint64_t size, bool& foreign) const;
+    // stale: of this model and layout, but its keys shaped by a K transform this run does not use.
+    std::string check_head(const FileHead& h, uint64_t size, bool& foreign, bool& stale) const;
+    // Shaped keys (persistent): the K transform file. load_keys() at the start gives the pools the
+    // transforms it holds (or warns and deletes it); ensure_keys() before a prompt file is written
+    // takes this run's transforms' identity and writes them once when none was read.
+    void load_keys();
+    void ensure_keys();
+    bool write_keys(uint64_t content);
+    uint64_t keys_content() const;  // the hash of the pools' fitted transforms; 0 when one is not fitted
+    uint64_t file_layout() const;   // the layout identity prompt files are written with
     // Reads a checked file's place counts, tokens and places into d (tokens, places, head, bytes,
     // rows_offset); empty when they hold together, else why not.
     std::string read_index(int fd, OnDisk& d) const;
@@ -219,6 +239,12 @@ private:
     uint64_t disk_serial_ = 0;
     uint64_t model_ = 0, layout_ = 0;
     bool persistent_ = false;
+    bool shaped_ = false;        // persistent, and some pool shapes K: the transform file goes along
+    std::string keys_path_;      // that file
+    uint64_t keys_key_ = 0;      // its name's identity: the model, the KV layout, the pools' limits
+    uint64_t keys_id_ = 0;       // the identity of the transforms in use (0: not known yet)
+    bool keys_on_disk_ = false;  // keys_path_ holds them: the files outlive this cache
+    bool keys_write_tried_ = false;
     std::vector<std::string> notes_;
     uint64_t clock_ = 0;
     std::atomic<uint64_t> n_evictions_{0}, n_restores_{0}, n_disk_reads_{0}, n_disk_failures_{0};

@@ -14,6 +14,7 @@
 #include <filesystem>
 #include <fstream>
 #include <memory>
+#include <span>
 #include <string>
 #include <thread>
 #include <vector>
@@ -695,29 +696,177 @@ TEST_F(PromptCache, QuantizedCellsComeBackFromHostMemoryAndDisk) {
     }
 }
 
-// Files for a later run cannot hold keys shaped by a transform fitted per run: --cache-dir with a
-// rotated quantized K is refused, naming the flags; without the rotation the files work.
-TEST_F(PersistentPromptCache, AQuantizedKeyCacheIsRefusedUnlessUnrotated) {
-    ContextConfig q8 = c_;
-    q8.type_k = KvType::q8_0;
-    q8.type_v = KvType::q8_0;
-    try {
-        Scheduler s(*llama_->model, llama_->tokenizer, q8, options_, *compute_);
-        FAIL() << "expected ConfigError";
-    } catch (const ConfigError& e) {
-        const std::string what = e.what();
-        EXPECT_NE(what.find("--cache-dir with a quantized K cache (-ctk q8_0"), std::string::npos) << what;
-        EXPECT_NE(what.find("--no-kv-rotation"), std::string::npos) << what;
+// Keys shaped by a K transform (a rotated quantized K: the diagonal kind for q8_0, the query-aware
+// one for q4_0): the transform goes to a file beside the prompt files, and a restart reads it
+// before it stores anything, so it stores keys as the first run did and reads that run's files.
+// The restarted scheduler first answers another prompt (from which it would have fitted another
+// transform), then the next turn of the first: taken from the file, with the logprobs, bit for
+// bit, of the first run answering it from its cells and of a recomputation (whose transform is
+// fitted from the same first keys).
+TEST_F(PersistentPromptCache, RotatedQuantizedKeysComeBackAfterARestart) {
+    for (const KvType t : {KvType::q8_0, KvType::q4_0}) {
+        SCOPED_TRACE(std::string(kv_type_name(t)));
+        for (const std::filesystem::path& f : files()) std::filesystem::remove(f);
+        c_.type_k = t;
+        c_.type_v = t;
+        const std::vector<int32_t> first = ids("Once upon a time there was");
+        const Job::Update a = first_turn(first, c_, options_);
+        const std::vector<std::filesystem::path> made = files();
+        ASSERT_EQ(made.size(), 2u);  // the prompt and the transform
+        EXPECT_EQ(made[0].extension(), ".fitllm-keys");
+        EXPECT_EQ(made[1].extension(), ".fitllm-prompt");
+        const std::vector<int32_t> next = concat(concat(first, sampled_ids(a)), ids(" and so", false));
+        GenerationParams p = greedy(8);
+        p.top_logprobs = 5;
+        // The first run's own next turn (from its cells), in a scheduler on another directory.
+        Job::Update in_run;
+        std::vector<float> fitted;  // layer 0's transform, as the first run fitted it
+        {
+            ContextConfig elsewhere = c_;
+            elsewhere.prompt_cache_dir = (dir_ / "other").string();
+            Scheduler s(*llama_->model, llama_->tokenizer, elsewhere, options_, *compute_);
+            s.submit(first, greedy(6))->wait_all();
+            settled(s);
+            in_run = s.submit(next, p)->wait_all();
+            EXPECT_EQ(in_run.n_cached, static_cast<int>(first.size()) + 5);
+            settled(s);
+            const kv::KeyTransform* key = s.cache().pool(0).key_transform(0);
+            ASSERT_NE(key, nullptr);
+            for (const std::span<const float> v : key->numbers()) fitted.insert(fitted.end(), v.begin(), v.end());
+        }
+        std::filesystem::remove_all(dir_ / "other");
+
+        Scheduler s(*llama_->model, llama_->tokenizer, c_, options_, *compute_);
+        EXPECT_EQ(s.stats().n_disk_loaded, 1u);
+        EXPECT_EQ(s.stats().n_disk_foreign + s.stats().n_disk_bad, 0u)
+            << ::testing::PrintToString(s.prompt_cache().notes());
+        const kv::KeyTransform* key = s.cache().pool(0).key_transform(0);
+        ASSERT_NE(key, nullptr) << "read before the first request";
+        std::vector<float> read;
+        for (const std::span<const float> v : key->numbers()) read.insert(read.end(), v.begin(), v.end());
+        EXPECT_EQ(read, fitted);
+        EXPECT_EQ(key->query_aware(), t == KvType::q4_0);
+        s.submit(ids("The quick brown fox jumps over the lazy dog"), greedy(4))->wait_all();
+        settled(s);
+        const Job::Update b = s.submit(next, p)->wait_all();
+        EXPECT_EQ(b.n_cached, static_cast<int>(first.size()) + 5);
+        const SchedulerStats st = settled(s);
+        EXPECT_EQ(st.n_disk_reads, 2u);  // the other prompt took the file's first token (BOS), then the turn
+        EXPECT_EQ(st.n_disk_failures, 0u);
+        expect_same_logprobs(b, in_run);
+        ContextConfig plain = c_;
+        plain.n_cached_prompts = 0;
+        plain.prompt_cache_ram = 0;
+        plain.prompt_cache_disk = 0;
+        Scheduler fresh(*llama_->model, llama_->tokenizer, plain, {}, *compute_);
+        expect_same_logprobs(b, fresh.submit(next, p)->wait_all());
     }
-    EXPECT_TRUE(files().empty());
-    q8.kv_rotation = false;
-    c_ = q8;
+}
+
+// The K transform file of a directory, when there is one.
+std::filesystem::path keys_file(const std::filesystem::path& dir) {
+    for (const auto& e : std::filesystem::directory_iterator(dir)) {
+        if (e.path().extension() == ".fitllm-keys") return e.path();
+    }
+    return {};
+}
+
+// A K transform file that is corrupt, truncated, of another model, missing, or valid but not the
+// one the prompt files were written with: those files are not used (skipped, deleted), the
+// transform file is named in a warning (and deleted when broken), and the next turn is computed
+// in full, as a recomputation gives it. The run then writes its own transform and files, which
+// the next run reads.
+TEST_F(PersistentPromptCache, ABrokenOrForeignKeyTransformFileMakesItsPromptFilesGo) {
+    c_.type_k = KvType::q4_0;
+    c_.type_v = KvType::q4_0;
     const std::vector<int32_t> first = ids("Once upon a time there was");
-    const Job::Update a = first_turn(first, c_, options_);
-    ASSERT_EQ(files().size(), 1u);
-    const SchedulerStats st = next_turn(first, a, static_cast<int>(first.size()) + 5);
-    EXPECT_EQ(st.n_disk_loaded, 1u);
-    EXPECT_EQ(st.n_disk_reads, 1u);
+    const std::vector<int32_t> other = ids("The quick brown fox jumps over the lazy dog");
+    // A transform fitted from other keys (another first prompt), in a file of the same name.
+    first_turn(other, c_, options_);
+    const std::filesystem::path name = keys_file(dir_);
+    ASSERT_FALSE(name.empty());
+    const std::filesystem::path foreign = dir_.string() + "-foreign-keys";
+    std::filesystem::copy_file(name, foreign, std::filesystem::copy_options::overwrite_existing);
+    GenerationParams p = greedy(8);
+    p.top_logprobs = 5;
+    ContextConfig plain = c_;
+    plain.n_cached_prompts = 0;
+    plain.prompt_cache_ram = 0;
+    plain.prompt_cache_disk = 0;
+
+    enum class Break { flip, truncate, model, missing, foreign };
+    for (const Break how : {Break::flip, Break::truncate, Break::model, Break::missing, Break::foreign}) {
+        SCOPED_TRACE(static_cast<int>(how));
+        for (const std::filesystem::path& f : files()) std::filesystem::remove(f);
+        const Job::Update a = first_turn(first, c_, options_);
+        const std::filesystem::path keys = keys_file(dir_);
+        ASSERT_EQ(keys, name);
+        const std::vector<std::filesystem::path> made = files();
+        ASSERT_EQ(made.size(), 2u);
+        const std::filesystem::path prompt = made[1];
+        const uint64_t size = std::filesystem::file_size(keys);
+        std::string why;
+        switch (how) {
+            case Break::flip: {
+                std::fstream f(keys, std::ios::in | std::ios::out | std::ios::binary);
+                f.seekg(static_cast<std::streamoff>(size / 2));
+                const char c = static_cast<char>(f.get());
+                f.seekp(static_cast<std::streamoff>(size / 2));
+                f.put(static_cast<char>(c ^ 0x10));
+                why = "corrupt:";  // (their hash, or a number that is not finite)
+                break;
+            }
+            case Break::truncate:
+                std::filesystem::resize_file(keys, size - 7);
+                why = "truncated";
+                break;
+            case Break::model: {
+                std::fstream f(keys, std::ios::in | std::ios::out | std::ios::binary);
+                f.seekg(16);  // the model's identity
+                const char c = static_cast<char>(f.get());
+                f.seekp(16);
+                f.put(static_cast<char>(c ^ 0x5a));
+                why = "mismatched: of another model file";
+                break;
+            }
+            case Break::missing:
+                std::filesystem::remove(keys);
+                break;
+            case Break::foreign:
+                std::filesystem::copy_file(foreign, keys, std::filesystem::copy_options::overwrite_existing);
+                break;
+        }
+        const std::vector<int32_t> next = concat(concat(first, sampled_ids(a)), ids(" and so", false));
+        {
+            Scheduler s(*llama_->model, llama_->tokenizer, c_, options_, *compute_);
+            const std::vector<std::string>& notes = s.prompt_cache().notes();
+            if (!why.empty()) {
+                EXPECT_TRUE(noted(notes, keys, "warning: K transform file")) << ::testing::PrintToString(notes);
+                EXPECT_TRUE(noted(notes, keys, why)) << ::testing::PrintToString(notes);
+                EXPECT_FALSE(std::filesystem::exists(keys)) << "a broken transform file is deleted";
+            }
+            EXPECT_TRUE(
+                noted(notes, prompt, how == Break::foreign ? "shaped by another K transform" : "not in the directory"))
+                << ::testing::PrintToString(notes);
+            EXPECT_FALSE(std::filesystem::exists(prompt)) << "its prompt file is deleted";
+            EXPECT_EQ(s.stats().n_disk_loaded, 0u);
+            EXPECT_EQ(s.stats().n_disk_foreign, 1u);
+            EXPECT_EQ(s.stats().n_disk_bad, why.empty() ? 0u : 1u);
+            const Job::Update b = s.submit(next, p)->wait_all();
+            EXPECT_EQ(b.n_cached, 0);
+            settled(s);
+            if (how != Break::foreign) {  // it fitted its transform from the same first keys
+                Scheduler fresh(*llama_->model, llama_->tokenizer, plain, {}, *compute_);
+                expect_same_logprobs(b, fresh.submit(next, p)->wait_all());
+            }
+        }
+        // That run's end wrote its files (and its transform, where it fitted one); the next reads them.
+        ASSERT_EQ(files().size(), 2u);
+        Scheduler s(*llama_->model, llama_->tokenizer, c_, options_, *compute_);
+        EXPECT_EQ(s.stats().n_disk_loaded, 1u);
+        EXPECT_EQ(s.stats().n_disk_foreign + s.stats().n_disk_bad, 0u);
+    }
+    std::filesystem::remove(foreign);
 }
 
 // Without the model's identity, --cache-dir holds a directory of the scheduler's, gone with it.
