@@ -349,6 +349,86 @@ class ToolsAndReasoning(unittest.TestCase):
             self.assertIsInstance(call.function.arguments, dict)
 
 
+class HarmonyToolCalls(unittest.TestCase):
+    """gpt-oss's harmony format on the tiny gpt-oss (its own template): tool_choice "required" or a
+    named function constrains the (random) output to a harmony call, an analysis message before it
+    or not, read back as tool_calls (whole and streamed) whose arguments validate against the
+    schema; "auto" is not constrained."""
+
+    WEATHER = {"type": "function", "function": {"name": "get_weather", "description": "The weather", "parameters": {
+        "type": "object", "properties": {
+            "place": {"type": "object", "properties": {"city": {"type": "string", "maxLength": 10},
+                                                       "country": {"enum": ["NO", "FR"]}},
+                      "required": ["city", "country"], "additionalProperties": False},
+            "unit": {"type": "string", "enum": ["celsius", "fahrenheit"]},
+            "days": {"type": "number", "minimum": 0, "maximum": 7}},
+        "required": ["place", "unit", "days"], "additionalProperties": False}}}
+    TIME = {"type": "function", "function": {"name": "get_time", "description": "The time"}}
+    # The random model may reason (analysis) for as long as it likes before the call: <|end|> (id
+    # 357 in the tiny vocabulary), which ends the analysis, is made likelier so that it does.
+    END_BIAS = {"357": 4}
+
+    @classmethod
+    def setUpClass(cls):
+        cls.srv = Server("-m", os.path.join(DATA, "tiny-gpt-oss-q8_0.gguf"), "-np", "2", "-c", "2048")
+
+    @classmethod
+    def tearDownClass(cls):
+        cls.srv.stop()
+
+    def check(self, calls, name=None):
+        self.assertEqual(len(calls), 1)
+        fn = calls[0]["function"] if isinstance(calls[0], dict) else calls[0].function
+        fname, fargs = (fn["name"], fn["arguments"]) if isinstance(fn, dict) else (fn.name, fn.arguments)
+        if name:
+            self.assertEqual(fname, name)
+        self.assertIn(fname, ("get_weather", "get_time"))
+        args = json.loads(fargs)
+        if jsonschema is not None and fname == "get_weather":
+            jsonschema.validate(args, self.WEATHER["function"]["parameters"])
+        return fname
+
+    def test_forced_calls_whole_and_streamed(self):
+        c = self.srv.client()
+        msgs = [{"role": "user", "content": "Weather in Oslo?"}]
+        reasoned = 0
+        for seed in range(4):
+            for choice in ("required", {"type": "function", "function": {"name": "get_weather"}}):
+                name = None if choice == "required" else "get_weather"
+                r = c.chat.completions.create(model="x", messages=msgs, tools=[self.WEATHER, self.TIME],
+                                              tool_choice=choice, max_tokens=1500, seed=seed,
+                                              logit_bias=self.END_BIAS)
+                self.assertEqual(r.choices[0].finish_reason, "tool_calls", r)
+                self.assertIsNone(r.choices[0].message.content, r)
+                self.check(r.choices[0].message.tool_calls, name)
+                reasoned += bool(getattr(r.choices[0].message, "reasoning_content", None))
+                deltas, finish = [], None
+                for chunk in c.chat.completions.create(model="x", messages=msgs, tools=[self.WEATHER, self.TIME],
+                                                       tool_choice=choice, max_tokens=1500, seed=seed, stream=True,
+                                                       logit_bias=self.END_BIAS):
+                    for ch in chunk.choices:
+                        deltas += ch.delta.tool_calls or []
+                        self.assertFalse(ch.delta.content, chunk)
+                        finish = ch.finish_reason or finish
+                self.assertEqual(finish, "tool_calls")
+                self.check(deltas, name)
+        print(f"harmony forced calls: {reasoned} of 8 reasoned (analysis) before the call", file=sys.stderr)
+        # Not forced: nothing constrains the answer, which ends as the model likes.
+        r = c.chat.completions.create(model="x", messages=msgs, tools=[self.WEATHER], max_tokens=8, seed=1)
+        self.assertIn(r.choices[0].finish_reason, ("length", "stop", "tool_calls"))
+
+    def test_grammar_token_references(self):
+        # A grammar's <|channel|> is gpt-oss's token: the final message it writes is the content.
+        msgs = [{"role": "user", "content": "hi"}]
+        s, r = self.srv.post("/v1/chat/completions", {"messages": msgs, "max_tokens": 40, "seed": 2, "grammar":
+                                                      'root ::= <|channel|> "final" <|message|> [a-z]{1,5} <|return|>'})
+        self.assertEqual(s, 200, r)
+        self.assertRegex(r["choices"][0]["message"]["content"], "^[a-z]{1,5}$")
+        self.assertEqual(r["choices"][0]["finish_reason"], "stop")
+        assert_error(self, self.srv.post("/v1/chat/completions", {"messages": msgs, "grammar": "root ::= <|nope|>"}),
+                     400, "invalid_grammar", "grammar")
+
+
 class OneModel(unittest.TestCase):
     """A tiny Llama with 2 slots: the API, streaming, bad input, cancellation, batching."""
 
