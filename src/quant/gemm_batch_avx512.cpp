@@ -8,7 +8,10 @@
 // integer sums (exact, in any order) are reduced to one lane per token, so the float steps of the
 // 8 tokens run side by side in one register, per super-block: r = float(sum) * d_w (Q5_K: minus
 // dmin_w * float(mins sum), fused), out = fma(r, d_a, out). Rows wider than L1 holds for a pass's
-// tokens run in slabs of blocks, each row's 8 outputs kept in memory in between.
+// tokens run in slabs of blocks, each row's 8 outputs kept in memory in between. That is the kernel
+// of Q3_K, and of Q5_K / Q6_K without VNNI; with VNNI, Q5_K and Q6_K take rows 16 at a time in the
+// lanes of vpdpbusd (gemm_lanes below). On Zen 4, in calls of 64 rows x 256 tokens as ops::matmul
+// makes them, that measured about 6x this file's VNNI kernel above and 2x its kVnni = false one.
 
 // GCC 12's AVX-512 headers trip its own uninitialized-variable warnings (the _mm512_undefined_*
 // helpers initialize a variable with itself); the warnings point into the header, so silence them there.
@@ -254,15 +257,243 @@ void gemm(int n, int n_rows, int n_tok, const void* w, size_t w_stride, const vo
     if (n_tok - t >= 1) pass(std::integral_constant<int, 1>{});
 }
 
+// ---- VNNI: 16 weight rows side by side (Q5_K, Q6_K) ----
+// The kernel above unpacks a super-block for 8 tokens and reduces each token's 16 lanes every
+// block; with VNNI a tile of 16 weight rows is instead unpacked once per call into lanes: dword
+// lane r of a register holds 4 consecutive quants of row r, so vpdpbusd with 4 of a token's bytes
+// broadcast (an embedded-broadcast memory operand) adds 4 products to each of the 16 rows at once,
+// no reduction left. A sub-block's sums are scaled per row with vpmullo (the scales as dwords) and
+// summed over the super-block; the float steps per block are then those of the reference on 16
+// rows x 1 token per register, so the results are its bits. Q6_K's offset (q - 32) starts each
+// sub-block's sum at -32 bsum; Q5_K's mins take one vpdpwssd per two sub-blocks (mins as words
+// against the token's sub-block sums as words).
+constexpr int kLaneRows = 16;
+
+struct alignas(64) Vec {
+    __m512i v;
+};
+
+// acc + the 4-byte dot products of u's unsigned bytes with the 4 signed bytes at p, broadcast to
+// every lane. GCC 12 does not fold the broadcast into vpdpbusd's memory operand (embedded
+// broadcast) and issues a separate vpbroadcastd per use; this writes the folded form.
+[[gnu::always_inline]] inline __m512i dpbusd_bcst(__m512i acc, __m512i u, const int8_t* p) {
+    asm("vpdpbusd %2%{1to16%}, %1, %0" : "+v"(acc) : "v"(u), "m"(*reinterpret_cast<const int32_t*>(p)));
+    return acc;
+}
+
+// A tile's super-block in Vecs: 64 of quants (group g: elements 4g .. 4g + 3 of each row), then 16
+// of what meta() gives per row, one dword each, transposed to one Vec per dword (the scales of the
+// sub-blocks; Q5_K: then its mins as word pairs, d and dmin), then Q6_K's d. kTokWords: dwords per
+// token and block that token_words lays out once per call.
+struct LanesQ5K {
+    using Block = BlockQ5_K;
+    using Unpack = Q5K;
+    static constexpr int kScales = 8, kMins = 4;
+    static constexpr int kD = 64 + kScales + kMins;  // d, then dmin
+    static constexpr bool kOwnD = false;
+    static constexpr int kVecs = 64 + 16;
+    static constexpr int kTokWords = 4;  // the token's sub-block sums (bsums in pairs) as word pairs
+    // Dwords 0..7 the scales, 8..11 the mins as word pairs (2m low, 2m + 1 high), 12 d, 13 dmin.
+    static __m512i meta(const Block& b) {
+        const __m128i packed = q4k_scales_mins(b.scales);
+        const __m256i scales = _mm256_cvtepu8_epi32(packed);
+        const __m128i mins = _mm_cvtepu8_epi16(_mm_srli_si128(packed, 8));
+        const __m128i d = _mm_castps_si128(_mm_setr_ps(f16(b.d), f16(b.dmin), 0.0f, 0.0f));
+        const __m256i high = _mm256_set_m128i(d, mins);
+        return _mm512_inserti64x4(_mm512_castsi256_si512(scales), high, 1);
+    }
+    static void token_words(const BlockQ8_K& y, int32_t* out) {
+        const __m256i sums = _mm256_madd_epi16(load256(y.bsums), _mm256_set1_epi16(1));  // |sum| <= 4096
+        _mm_storeu_si128(reinterpret_cast<__m128i*>(out), _mm256_cvtepi32_epi16(sums));
+    }
+};
+
+struct LanesQ6K {
+    using Block = BlockQ6_K;
+    using Unpack = Q6K;
+    static constexpr int kScales = 16, kMins = 0;
+    static constexpr int kD = 64 + kScales;
+    static constexpr bool kOwnD = true;
+    static constexpr int kVecs = 64 + 16 + 1;
+    static constexpr int kTokWords = 16;  // -32 times the token's 16 bsums
+    static __m512i meta(const Block& b) { return _mm512_cvtepi8_epi32(load128(b.scales)); }
+    static void token_words(const BlockQ8_K& y, int32_t* out) {
+        const __m512i bsums = _mm512_cvtepi16_epi32(load256(y.bsums));
+        _mm512_storeu_si512(out, _mm512_sub_epi32(_mm512_setzero_si512(), _mm512_slli_epi32(bsums, 5)));
+    }
+};
+
+// lanes[g] = dword g of each of rows[0..15], row r in lane r: a 16 x 16 transpose of dwords (pairs of
+// rows within 128-bit lanes, then quads, then the 4 x 4 transpose of 128-bit lanes).
+[[gnu::always_inline]] inline void transpose16(const __m512i* rows, __m512i* lanes) {
+    __m512i a[16], b[16];
+    for (int i = 0; i < 8; ++i) {
+        a[2 * i] = _mm512_unpacklo_epi32(rows[2 * i], rows[2 * i + 1]);
+        a[2 * i + 1] = _mm512_unpackhi_epi32(rows[2 * i], rows[2 * i + 1]);
+    }
+    // b[4j + e], 128-bit lane l: dword 4l + e of rows 4j .. 4j + 3.
+    for (int j = 0; j < 4; ++j) {
+        b[4 * j] = _mm512_unpacklo_epi64(a[4 * j], a[4 * j + 2]);
+        b[4 * j + 1] = _mm512_unpackhi_epi64(a[4 * j], a[4 * j + 2]);
+        b[4 * j + 2] = _mm512_unpacklo_epi64(a[4 * j + 1], a[4 * j + 3]);
+        b[4 * j + 3] = _mm512_unpackhi_epi64(a[4 * j + 1], a[4 * j + 3]);
+    }
+    for (int e = 0; e < 4; ++e) {
+        const __m512i c0 = _mm512_shuffle_i32x4(b[e], b[4 + e], 0x44), c1 = _mm512_shuffle_i32x4(b[e], b[4 + e], 0xEE);
+        const __m512i c2 = _mm512_shuffle_i32x4(b[8 + e], b[12 + e], 0x44);
+        const __m512i c3 = _mm512_shuffle_i32x4(b[8 + e], b[12 + e], 0xEE);
+        lanes[e] = _mm512_shuffle_i32x4(c0, c2, 0x88);
+        lanes[4 + e] = _mm512_shuffle_i32x4(c0, c2, 0xDD);
+        lanes[8 + e] = _mm512_shuffle_i32x4(c1, c3, 0x88);
+        lanes[12 + e] = _mm512_shuffle_i32x4(c1, c3, 0xDD);
+    }
+}
+
+// Unpacks rows 0 .. rows - 1 (rows <= 16) of every block into tile (n_blocks * kVecs Vecs); lanes
+// of missing rows are zero.
+template <typename L>
+void unpack_tile(int n_blocks, int rows, const uint8_t* w, size_t w_stride, Vec* tile) {
+    using Block = typename L::Block;
+    const Block* x[kLaneRows];
+    for (int r = 0; r < rows; ++r) x[r] = as<Block>(w + static_cast<size_t>(r) * w_stride);
+    alignas(64) Vec unpacked[5][kLaneRows];  // [c][row]: quants 64c .. 64c + 63; [4][row]: meta
+    alignas(64) float d[kLaneRows] = {};
+    if (rows < kLaneRows) std::memset(static_cast<void*>(unpacked), 0, sizeof(unpacked));
+    for (int i = 0; i < n_blocks; ++i) {
+        Vec* b = tile + static_cast<size_t>(i) * L::kVecs;
+        for (int r = 0; r < rows; ++r) {
+            const Unpacked u = L::Unpack::unpack(x[r][i]);
+            for (int c = 0; c < 4; ++c) unpacked[c][r].v = u.q[c];
+            unpacked[4][r].v = L::meta(x[r][i]);
+            if constexpr (L::kOwnD) d[r] = f16(x[r][i].d);
+        }
+        for (int c = 0; c < 5; ++c) {
+            __m512i in[kLaneRows], out[kLaneRows];
+            for (int r = 0; r < kLaneRows; ++r) in[r] = unpacked[c][r].v;
+            transpose16(in, out);
+            for (int g = 0; g < kLaneRows; ++g) b[16 * c + g].v = out[g];
+        }
+        if constexpr (L::kOwnD) b[L::kD].v = _mm512_castps_si512(_mm512_load_ps(d));
+    }
+}
+
+// One tile of 16 rows times kT tokens: y[t * y_stride + r] for r < rows.
+template <typename L, int kT>
+void tile_times_tokens(int n_blocks, int rows, const Vec* tile, const uint8_t* act, size_t act_stride,
+                       const int32_t* words, float* y, size_t y_stride) {
+    const BlockQ8_K* a[kT];
+    const int32_t* tw[kT];
+    for (int t = 0; t < kT; ++t) {
+        a[t] = as<BlockQ8_K>(act + static_cast<size_t>(t) * act_stride);
+        tw[t] = words + static_cast<size_t>(t) * n_blocks * L::kTokWords;
+    }
+    __m512 out[kT];
+    unroll<kT>([&](auto t_) { out[decltype(t_)::value] = _mm512_setzero_ps(); });
+    for (int i = 0; i < n_blocks; ++i) {
+        const Vec* b = tile + static_cast<size_t>(i) * L::kVecs;
+        const Vec* sc = b + 64;
+        __m512i tot[kT];
+        unroll<kT>([&](auto t_) { tot[decltype(t_)::value] = _mm512_setzero_si512(); });
+        // 32 elements (8 groups of 4) a step: one sub-block of Q5_K, two of Q6_K.
+        for (int s = 0; s < 8; ++s) {
+            __m512i wq[8];
+            unroll<8>([&](auto k_) {
+                constexpr int k = decltype(k_)::value;
+                wq[k] = b[8 * s + k].v;
+            });
+            unroll<kT>([&](auto t_) {
+                constexpr int t = decltype(t_)::value;
+                const int8_t* qs = a[t][i].qs + 32 * s;
+                if constexpr (std::is_same_v<L, LanesQ5K>) {
+                    __m512i acc0 = _mm512_setzero_si512(), acc1 = _mm512_setzero_si512();
+                    unroll<4>([&](auto k_) {
+                        constexpr int k = decltype(k_)::value;
+                        acc0 = dpbusd_bcst(acc0, wq[k], qs + 4 * k);
+                        acc1 = dpbusd_bcst(acc1, wq[4 + k], qs + 16 + 4 * k);
+                    });
+                    tot[t] = _mm512_add_epi32(tot[t], _mm512_mullo_epi32(_mm512_add_epi32(acc0, acc1), sc[s].v));
+                } else {
+                    const int32_t* off = tw[t] + static_cast<size_t>(i) * L::kTokWords + 2 * s;
+                    __m512i acc0 = _mm512_set1_epi32(off[0]), acc1 = _mm512_set1_epi32(off[1]);
+                    unroll<4>([&](auto k_) {
+                        constexpr int k = decltype(k_)::value;
+                        acc0 = dpbusd_bcst(acc0, wq[k], qs + 4 * k);
+                        acc1 = dpbusd_bcst(acc1, wq[4 + k], qs + 16 + 4 * k);
+                    });
+                    tot[t] = _mm512_add_epi32(tot[t], _mm512_add_epi32(_mm512_mullo_epi32(acc0, sc[2 * s].v),
+                                                                       _mm512_mullo_epi32(acc1, sc[2 * s + 1].v)));
+                }
+            });
+        }
+        const __m512 d = _mm512_castsi512_ps(b[L::kD].v);
+        unroll<kT>([&](auto t_) {
+            constexpr int t = decltype(t_)::value;
+            __m512 block = _mm512_mul_ps(_mm512_cvtepi32_ps(tot[t]), d);
+            if constexpr (L::kMins > 0) {
+                const int32_t* yw = tw[t] + static_cast<size_t>(i) * L::kTokWords;
+                __m512i mins = _mm512_setzero_si512();
+                unroll<4>([&](auto m_) {
+                    constexpr int m = decltype(m_)::value;
+                    mins = _mm512_dpwssd_epi32(mins, b[64 + L::kScales + m].v, _mm512_set1_epi32(yw[m]));
+                });
+                const __m512 dmin = _mm512_castsi512_ps(b[L::kD + 1].v);
+                block = _mm512_fnmadd_ps(dmin, _mm512_cvtepi32_ps(mins), block);
+            }
+            out[t] = _mm512_fmadd_ps(block, _mm512_set1_ps(a[t][i].d), out[t]);
+        });
+    }
+    const __mmask16 keep = static_cast<__mmask16>((1u << rows) - 1);
+    unroll<kT>([&](auto t_) {
+        constexpr int t = decltype(t_)::value;
+        _mm512_mask_storeu_ps(y + t * y_stride, keep, out[t]);
+    });
+}
+
+template <typename L>
+void gemm_lanes(int n, int n_rows, int n_tok, const void* w, size_t w_stride, const void* act, size_t act_stride,
+                float* y, size_t y_stride) {
+    const int n_blocks = n / kQK;
+    const auto* wb = as<uint8_t>(w);
+    const auto* ab = as<uint8_t>(act);
+    // Grow to the largest call this thread has seen; allocate nothing after that.
+    static thread_local std::vector<Vec> tile;
+    static thread_local std::vector<int32_t> words;
+    const size_t tile_size = static_cast<size_t>(n_blocks) * L::kVecs;
+    if (tile.size() < tile_size) tile.resize(tile_size);
+    const size_t n_words = static_cast<size_t>(n_tok) * n_blocks * L::kTokWords;
+    if (words.size() < n_words) words.resize(n_words);
+    for (int t = 0; t < n_tok; ++t) {
+        const auto* yb = as<BlockQ8_K>(ab + static_cast<size_t>(t) * act_stride);
+        for (int i = 0; i < n_blocks; ++i)
+            L::token_words(yb[i], words.data() + (static_cast<size_t>(t) * n_blocks + i) * L::kTokWords);
+    }
+    for (int r0 = 0; r0 < n_rows; r0 += kLaneRows) {
+        const int rows = n_rows - r0 < kLaneRows ? n_rows - r0 : kLaneRows;
+        unpack_tile<L>(n_blocks, rows, wb + static_cast<size_t>(r0) * w_stride, w_stride, tile.data());
+        int t = 0;
+        auto pass = [&](auto kind) {
+            constexpr int kT = decltype(kind)::value;
+            tile_times_tokens<L, kT>(n_blocks, rows, tile.data(), ab + static_cast<size_t>(t) * act_stride, act_stride,
+                                     words.data() + static_cast<size_t>(t) * n_blocks * L::kTokWords,
+                                     y + static_cast<size_t>(t) * y_stride + r0, y_stride);
+            t += kT;
+        };
+        while (n_tok - t >= kTok) pass(std::integral_constant<int, kTok>{});
+        if (n_tok - t >= 4) pass(std::integral_constant<int, 4>{});
+        if (n_tok - t >= 2) pass(std::integral_constant<int, 2>{});
+        if (n_tok - t >= 1) pass(std::integral_constant<int, 1>{});
+    }
+}
+
 template <bool kVnni>
 GemmFn table(GgmlType weight_type) {
     switch (weight_type) {
         case GgmlType::Q3_K:
             return gemm<Q3K, kVnni>;
         case GgmlType::Q5_K:
-            return gemm<Q5K, kVnni>;
+            return kVnni ? gemm_lanes<LanesQ5K> : gemm<Q5K, kVnni>;
         case GgmlType::Q6_K:
-            return gemm<Q6K, kVnni>;
+            return kVnni ? gemm_lanes<LanesQ6K> : gemm<Q6K, kVnni>;
         default:
             return iq::tiled_gemm(weight_type);  // the AVX2 kernels of dot_iq_avx2.h, compiled here
     }

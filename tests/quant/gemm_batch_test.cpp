@@ -5,6 +5,7 @@
 // bits to llama.cpp's own.
 #include <gtest/gtest.h>
 
+#include <cmath>
 #include <cstring>
 #include <limits>
 #include <string>
@@ -62,8 +63,10 @@ TEST(GemmBatchOrder, EveryLevelGivesTheReferenceBits) {
     struct Shape {
         int n, n_rows, n_tok;
     };
-    // 40 blocks of 8 tokens' activations are more than one slab of L1.
-    const Shape shapes[] = {{256, 1, 1}, {512, 7, 3}, {768, 17, 8}, {1024, 33, 13}, {2048, 5, 19}, {10240, 3, 9}};
+    // 40 blocks of 8 tokens' activations are more than one slab of L1. The VNNI kernels of Q5_K and
+    // Q6_K take rows 16 at a time: 16, 31 and 48 rows are whole and partial tiles of them.
+    const Shape shapes[] = {{256, 1, 1},   {512, 7, 3},   {768, 17, 8},  {1024, 33, 13}, {2048, 5, 19},
+                            {10240, 3, 9}, {512, 16, 16}, {768, 31, 11}, {256, 48, 7}};
     int levels = 0;
     for (GgmlType type : kTiledTypes) {
         const GemmFn ref = detail::tiled_order_ref(type);
@@ -93,6 +96,37 @@ TEST(GemmBatchOrder, EveryLevelGivesTheReferenceBits) {
         }
     }
     if (levels == 0) GTEST_SKIP() << "the batch-order kernels need AVX2; this CPU has " << cpu.describe();
+}
+
+// Every token count from 1 to 12 (passes of 8, 4, 2 and 1 tokens and their combinations) over a
+// partial tile of rows, for the types with a kernel of their own at each level.
+TEST(GemmBatchOrder, EveryTokenCountGivesTheReferenceBits) {
+    const CpuFeatures cpu = host_cpu_features();
+    if (cpu.best_isa() < Isa::Avx2)
+        GTEST_SKIP() << "the batch-order kernels need AVX2; this CPU has " << cpu.describe();
+    for (GgmlType type : {GgmlType::Q5_K, GgmlType::Q6_K, GgmlType::Q3_K}) {
+        for (int n_tok = 1; n_tok <= 12; ++n_tok) {
+            const Problem p = make_problem(type, 512, 21, n_tok, 40 + static_cast<uint32_t>(n_tok));
+            const std::vector<float> expected = run(detail::tiled_order_ref(type), p);
+            for (Isa isa : kAllIsas) {
+                if (isa > cpu.best_isa() || isa == Isa::Scalar) continue;
+                const std::vector<float> got = run(select_batch_order_gemm(type, limit_to(cpu, isa)).kernel.fn, p);
+                for (int t = 0; t < p.n_tok; ++t) {
+                    for (int r = 0; r < p.n_rows; ++r) {
+                        const size_t i = static_cast<size_t>(t) * p.y_stride + r;
+                        ASSERT_EQ(std::memcmp(&got[i], &expected[i], sizeof(float)), 0)
+                            << traits(type).name << " " << isa_name(isa) << " tokens=" << n_tok << " t=" << t
+                            << " r=" << r << ": " << got[i] << " vs " << expected[i];
+                    }
+                }
+                // Outputs between the rows (the padding of y_stride) are left alone.
+                for (int t = 0; t < p.n_tok; ++t) {
+                    for (size_t r = static_cast<size_t>(p.n_rows); r < p.y_stride; ++r)
+                        ASSERT_TRUE(std::isnan(got[static_cast<size_t>(t) * p.y_stride + r])) << traits(type).name;
+                }
+            }
+        }
+    }
 }
 
 TEST(GemmBatchOrder, RunsOfEightOrMoreTokens) {
