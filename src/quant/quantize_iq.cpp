@@ -831,22 +831,9 @@ void quantize_row_iq2_s(const float* x, void* dst, int64_t n, const float* weigh
             bool on_grid[2] = {true, true}, on_grid_aux[2];
             for (int t = -9; t <= 9; ++t) {
                 const float id = (2 * kMax2 - 1 + t * 0.1f) / max;
-                const float this_scale = 1 / id;
-                for (int k = 0; k < 2; ++k) {
-                    for (int i = 0; i < 8; ++i) {
-                        const int l = nearest(0.5f * (id * xval[8 * k + i] - 1));
-                        Laux[8 * k + i] = static_cast<int8_t>(std::max(0, std::min(kMax2 - 1, l)));
-                    }
-                    const int u = Iq2Grid::code(Laux + 8 * k);
-                    on_grid_aux[k] = g.index_of[u] >= 0;
-                    if (!on_grid_aux[k]) best_neighbour(g, u, xval + 8 * k, waux + 8 * k, this_scale, Laux + 8 * k);
-                }
-                float sumqx = 0.0f, sumq2 = 0.0f;
-                for (int i = 0; i < 16; ++i) {
-                    const float q = 2 * Laux[i] + 1;
-                    sumqx += weight[i] * xval[i] * q;
-                    sumq2 += weight[i] * q * q;
-                }
+                iq2_trial(g, 2, xval, waux, id, Laux, on_grid_aux);
+                float sumqx;
+                const float sumq2 = weighted_fit(16, weight, xval, Laux, &sumqx);
                 if (sumq2 > 0.0f && sumqx * sumqx > best * sumq2) {
                     scale = sumqx / sumq2;
                     best = scale * sumqx;
@@ -865,12 +852,8 @@ void quantize_row_iq2_s(const float* x, void* dst, int64_t n, const float* weigh
                     const int u = Iq2Grid::code(L + 8 * k);
                     if (g.index_of[u] < 0) best_neighbour(g, u, xval + 8 * k, waux + 8 * k, scale, L + 8 * k);
                 }
-                float sumqx = 0.0f, sumq2 = 0.0f;
-                for (int i = 0; i < 16; ++i) {
-                    const float q = 2 * L[i] + 1;
-                    sumqx += weight[i] * xval[i] * q;
-                    sumq2 += weight[i] * q * q;
-                }
+                float sumqx;
+                const float sumq2 = weighted_fit(16, weight, xval, L, &sumqx);
                 if (sumq2 > 0.0f) scale = sumqx / sumq2;
             }
             if (scale < 0.0f) {
