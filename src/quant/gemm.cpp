@@ -24,12 +24,14 @@ GemmKernel select_gemm(GgmlType weight_type, const CpuFeatures& features) {
     if (best >= Isa::Avx2) {
         take(detail::gemm_avx2(weight_type), Isa::Avx2);
         take(detail::gemm_avx2_kquants(weight_type), Isa::Avx2);
+        take(detail::gemm_iq4_avx2(weight_type), Isa::Avx2);
     }
     if (best >= Isa::Avx512) {
         const bool vnni = best >= Isa::Avx512Vnni;
         const Isa level = vnni ? Isa::Avx512Vnni : Isa::Avx512;
         take(detail::gemm_avx512(weight_type, vnni), level);
         take(detail::gemm_avx512_kquants(weight_type, vnni), level);
+        take(detail::gemm_iq4_avx512(weight_type, vnni), level);
     }
     return k;
 }

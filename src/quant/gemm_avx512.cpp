@@ -559,6 +559,8 @@ GemmKernel table(GgmlType weight_type) {
         case GgmlType::Q8_0:
             return kernel<GgmlType::Q8_0, kVnni>();
         case GgmlType::IQ4_XS: {
+            // With VNNI gemm_iq4_avx512.cpp's kernel (16 rows a tile, vpdpbusd) is faster.
+            if constexpr (kVnni) return {};
             GemmKernel k;
             k.fn = gemm_iq4_xs<kVnni>;
             k.row_tile = kIq4Rows;

@@ -11,6 +11,10 @@ GemmKernel gemm_avx512(GgmlType weight_type, bool vnni);
 // Q2_K, Q3_K, Q4_K, Q5_K, Q6_K (gemm_avx2_kquants.cpp, gemm_avx512_kquants.cpp).
 GemmKernel gemm_avx2_kquants(GgmlType weight_type);
 GemmKernel gemm_avx512_kquants(GgmlType weight_type, bool vnni);
+// IQ4_NL at every level, IQ4_XS with VNNI (gemm_iq4_avx2.cpp, gemm_iq4_avx512.cpp); IQ4_XS at AVX2
+// and AVX-512 without VNNI is in gemm_avx2.cpp / gemm_avx512.cpp.
+GemmKernel gemm_iq4_avx2(GgmlType weight_type);
+GemmKernel gemm_iq4_avx512(GgmlType weight_type, bool vnni);
 
 // The small-batch kernels (select_small_batch): F32 (AVX-512 only), F16, BF16, Q8_0, Q4_K, Q5_K, Q6_K
 // (gemm_small_avx2.cpp, gemm_small_avx512.cpp); nullptr for other types.
