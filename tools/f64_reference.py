@@ -2,7 +2,7 @@
 """An exact reference for the small generated models: their forward pass in float64, against which
 fitllm's and llama.cpp's logits are both measured.
 
-  .venv/bin/python tools/f64_reference.py [--fitllm-logits build/tests/fitllm_logits] [NAME ...]
+  .venv/bin/python tools/f64_reference.py [--fitllm-logits build/tests/fitllm_logits] [--generated] [NAME ...]
 
 For each model of tests/model/data/ (tiny-llama-*, tiny-qwen2-*, tiny-qwen3-*, tiny-qwen3-yarn-*, tiny-gemma2-*, tiny-phi3-*;
 NAME limits it: tiny-qwen3-q8_0 ...) every tensor is dequantized with gguf-py
@@ -27,14 +27,24 @@ For each prompt of tests/model/goldens/<name>.json (prompt_ids; top_logits: llam
              fitllm_logits program of the build, tools/fitllm_logits.cpp: model path and ids in,
              every logit out; `cmake --build build --target fitllm_logits`)
 and prints one row per file. --json FILE writes the rows (tests/tools/f64_reference_test.py).
+
+--generated (or a NAME of them: tiny-llama-q4_1 ...) adds the weight types no committed file holds
+(GENERATED: BF16, Q4_1, Q5_0, Q5_1, Q3_K_S/M, Q4_K_S, Q5_K_S, IQ4_NL, IQ3_S, IQ3_XXS, IQ2_S, IQ2_XS,
+IQ2_XXS, IQ1_M, IQ1_S, TQ2_0, TQ1_0, MXFP4), made from tiny-llama-f16 in a temporary directory
+(--keep DIR keeps them) by llama.cpp's quantizer through llama-cpp-python, those that need an
+importance matrix by `fitllm quantize --imatrix` (llama-quantize's bytes) with one from this f64
+pass over seeded random ids. They have no goldens: they run tiny-llama-f16's prompts, measured over
+llama.cpp's top-10 ids of this run, so they need llama_cpp.
 """
 import argparse
 import ctypes
 import json
 import math
 import os
+import struct
 import subprocess
 import sys
+import tempfile
 
 import gguf
 import numpy as np
@@ -141,9 +151,18 @@ class Model:
     def rmsnorm(self, x: np.ndarray, w: np.ndarray) -> np.ndarray:
         return x / np.sqrt(np.mean(x * x, axis=-1, keepdims=True) + self.eps) * w
 
-    def logits(self, ids: list[int]) -> np.ndarray:
-        """float64 logits after the last of ids (at positions 0 .. n-1)."""
+    def logits(self, ids: list[int], record: dict | None = None) -> np.ndarray:
+        """float64 logits after the last of ids (at positions 0 .. n-1). record, when given, gathers
+        what llama-imatrix does: for each weight matrix of the blocks, the sum over positions of its
+        input's squares per column and the number of positions ({name: [sums, count]})."""
         w, n, hd = self.w, len(ids), self.head_dim
+
+        def seen(names: list[str], x: np.ndarray) -> None:
+            if record is None:
+                return
+            for name in names:
+                sums, count = record.get(name, (0.0, 0))
+                record[name] = [sums + np.sum(x * x, axis=0), count + x.shape[0]]
         x = w["token_embd.weight"][ids]
         if self.gemma2:
             x = x * math.sqrt(self.n_embd)
@@ -157,6 +176,7 @@ class Model:
         for il in range(self.n_layer):
             p = f"blk.{il}."
             h = self.rmsnorm(x, w[p + "attn_norm.weight"])
+            seen([p + f"attn_{m}.weight" for m in "qkv"], h)
             q, k, v = (h @ w[p + f"attn_{m}.weight"].T + w.get(p + f"attn_{m}.bias", 0.0) for m in "qkv")
             q = q.reshape(n, self.n_head, hd)
             k = k.reshape(n, self.n_head_kv, hd)
@@ -173,16 +193,19 @@ class Model:
             scores = np.exp(scores - scores.max(axis=-1, keepdims=True))
             scores /= scores.sum(axis=-1, keepdims=True)
             attn = np.einsum("hqk,khd->qhd", scores, v).reshape(n, self.n_head * hd)
+            seen([p + "attn_output.weight"], attn)
             attn = attn @ w[p + "attn_output.weight"].T
             if self.gemma2:
                 attn = self.rmsnorm(attn, w[p + "post_attention_norm.weight"])
             x = x + attn
             h = self.rmsnorm(x, w[p + "ffn_norm.weight"])
+            seen([p + "ffn_gate.weight", p + "ffn_up.weight"], h)
             gate, up = h @ w[p + "ffn_gate.weight"].T, h @ w[p + "ffn_up.weight"].T
             if self.gemma2:
                 act = 0.5 * gate * (1.0 + np.tanh(math.sqrt(2.0 / math.pi) * (gate + 0.044715 * gate ** 3)))
             else:
                 act = gate / (1.0 + np.exp(-gate))
+            seen([p + "ffn_down.weight"], act * up)
             ffn = (act * up) @ w[p + "ffn_down.weight"].T
             if self.gemma2:
                 ffn = self.rmsnorm(ffn, w[p + "post_ffw_norm.weight"])
@@ -211,12 +234,17 @@ class LlamaCpp:
 
     _quiet = None  # the no-op log callback, kept alive while llama.cpp holds it
 
-    def __init__(self, path: str, extra_bufts: bool):
+    @staticmethod
+    def quiet():
+        """llama_cpp, its log silenced."""
         import llama_cpp
-        self.lc = llama_cpp
         if LlamaCpp._quiet is None:
             LlamaCpp._quiet = llama_cpp.llama_log_callback(lambda level, text, data: None)
             llama_cpp.llama_log_set(LlamaCpp._quiet, ctypes.c_void_p(0))
+        return llama_cpp
+
+    def __init__(self, path: str, extra_bufts: bool):
+        llama_cpp = self.lc = LlamaCpp.quiet()
         params = llama_cpp.llama_model_default_params()
         params.use_extra_bufts = extra_bufts
         self.model = llama_cpp.llama_model_load_from_file(path.encode(), params)
@@ -257,9 +285,80 @@ def tiny_names() -> list[str]:
     return sorted(f[:-5] for f in os.listdir(DATA) if f.endswith(".gguf") and f.startswith(ARCH_PREFIXES))
 
 
-def measure(name: str, program: str | None, use_llama_cpp: bool) -> dict:
-    model = Model(os.path.join(DATA, name + ".gguf"))
-    with open(os.path.join(GOLDENS, name + ".json"), encoding="utf-8") as f:
+# The weight types no committed file holds, made from tiny-llama-f16 by --generated: (name suffix,
+# llama_ftype name, how). "llama": llama.cpp's own quantizer (llama_model_quantize through
+# llama-cpp-python), its usual mix for the type; "pure": the same with every matrix in the type
+# (MXFP4_MOE's mix gives a dense model Q8_0 alone); "imatrix": fitllm quantize --imatrix, whose bytes
+# are llama-quantize --imatrix's (tests/quant/ggml_oracle_test.cpp), with an importance matrix from
+# this file's f64 pass, since llama_model_quantize takes one only as a C++ map and these types refuse
+# to quantize without one.
+GENERATED = (
+    ("bf16", "BF16", "llama"), ("q4_1", "Q4_1", "llama"), ("q5_0", "Q5_0", "llama"),
+    ("q5_1", "Q5_1", "llama"), ("q3_k_s", "Q3_K_S", "llama"), ("q3_k_m", "Q3_K_M", "llama"),
+    ("q4_k_s", "Q4_K_S", "llama"), ("q5_k_s", "Q5_K_S", "llama"), ("iq4_nl", "IQ4_NL", "llama"),
+    ("iq3_s", "IQ3_S", "llama"), ("iq3_xxs", "IQ3_XXS", "imatrix"), ("iq2_s", "IQ2_S", "imatrix"),
+    ("iq2_xs", "IQ2_XS", "imatrix"), ("iq2_xxs", "IQ2_XXS", "imatrix"), ("iq1_m", "IQ1_M", "imatrix"),
+    ("iq1_s", "IQ1_S", "imatrix"), ("tq2_0", "TQ2_0", "llama"), ("tq1_0", "TQ1_0", "llama"),
+    ("mxfp4", "MXFP4_MOE", "pure"),
+)
+GENERATED_SOURCE = "tiny-llama-f16"
+
+
+def write_imatrix(model: Model, path: str, n_seq: int = 8, n_tok: int = 128, seed: int = 23) -> None:
+    """llama-imatrix's legacy .dat file for model: per matrix the mean square of each input column
+    over n_seq sequences of n_tok random token ids (seeded; not the golden prompts measured), as the
+    f64 pass computes them. Entries: name, ncall 1, the values (llama-quantize divides by ncall)."""
+    rng = np.random.default_rng(seed)
+    record: dict = {}
+    for _ in range(n_seq):
+        model.logits([int(t) for t in rng.integers(0, model.n_vocab, n_tok)], record)
+    with open(path, "wb") as f:
+        f.write(struct.pack("<i", len(record)))
+        for name, (sums, count) in sorted(record.items()):
+            raw = name.encode()
+            f.write(struct.pack("<i", len(raw)) + raw + struct.pack("<ii", 1, len(sums)))
+            f.write(np.asarray(sums / count, dtype="<f4").tobytes())
+
+
+def make_generated(outdir: str, fitllm: str, names: list[str] | None = None) -> dict[str, str]:
+    """Writes the GENERATED files of names (tiny-llama-q4_1 ...; None: all) into outdir: {name: path}."""
+    llama_cpp = LlamaCpp.quiet()
+    src = os.path.join(DATA, GENERATED_SOURCE + ".gguf")
+    imatrix = None
+    out = {}
+    for suffix, ftype, how in GENERATED:
+        name = "tiny-llama-" + suffix
+        if names is not None and name not in names:
+            continue
+        path = os.path.join(outdir, name + ".gguf")
+        if how == "imatrix":
+            if imatrix is None:
+                imatrix = os.path.join(outdir, GENERATED_SOURCE + ".imatrix.dat")
+                write_imatrix(Model(src), imatrix)
+            subprocess.run([fitllm, "quantize", "-t", "2", "--force", "--imatrix", imatrix, src, path, ftype],
+                           check=True, capture_output=True)
+        else:
+            params = llama_cpp.llama_model_quantize_default_params()
+            params.ftype = getattr(llama_cpp, "LLAMA_FTYPE_MOSTLY_" + ftype)
+            params.nthread = 2
+            params.pure = how == "pure"
+            if llama_cpp.llama_model_quantize(src.encode(), path.encode(), ctypes.byref(params)) != 0:
+                raise RuntimeError(f"llama_model_quantize {ftype} failed")
+        out[name] = path
+    return out
+
+
+def measure(name: str, program: str | None, use_llama_cpp: bool, path: str | None = None) -> dict:
+    """One row. path: a file outside tests/model/data (a generated one), without goldens of its own:
+    it is measured on the prompts of its source's goldens, over llama.cpp's top-10 ids of this run."""
+    path = path or os.path.join(DATA, name + ".gguf")
+    model = Model(path)
+    golden = os.path.join(GOLDENS, name + ".json")
+    if not os.path.exists(golden):
+        if not use_llama_cpp:
+            raise RuntimeError(f"{name}: no goldens, and llama_cpp is needed for its top-10 ids")
+        golden = os.path.join(GOLDENS, GENERATED_SOURCE + ".json")
+    with open(golden, encoding="utf-8") as f:
         cases = json.load(f)["cases"]
     prompts = [c["prompt_ids"] for c in cases]
     refs = [model.logits(ids) for ids in prompts]
@@ -278,15 +377,19 @@ def measure(name: str, program: str | None, use_llama_cpp: bool) -> dict:
     full = None
     if use_llama_cpp:
         # Plain buffers: on this AMX CPU llama.cpp's repacked kernels crash on the tiny files.
-        lc = LlamaCpp(os.path.join(DATA, name + ".gguf"), extra_bufts=False)
+        lc = LlamaCpp(path, extra_bufts=False)
         full = [lc.logits(ids) for ids in prompts]
         lc.close()
+        if golden != os.path.join(GOLDENS, name + ".json"):
+            # No goldens of its own: this run's top-10 stands for them.
+            cases = [dict(c, top_logits=[[int(t), float(f[t])] for t in np.argsort(-f, kind="stable")[:10]])
+                     for c, f in zip(cases, full)]
         # How far this run is from the goldens' top-10 (0 where it gives their bits).
         row["llama_cpp_vs_goldens"] = max(abs(got[tid] - golden) for c, got in zip(cases, full)
                                           for tid, golden in c["top_logits"])
     errors("llama_cpp", full)
     if program:
-        errors("fitllm", fitllm_logits(program, os.path.join(DATA, name + ".gguf"), prompts, model.n_vocab))
+        errors("fitllm", fitllm_logits(program, path, prompts, model.n_vocab))
     return row
 
 
@@ -307,9 +410,28 @@ def main() -> int:
     ap.add_argument("--goldens-only", action="store_true",
                     help="llama.cpp's side from the goldens' top-10 even when llama_cpp is importable")
     ap.add_argument("--json", help="also write the rows to this file")
+    ap.add_argument("--generated", action="store_true",
+                    help="also the weight types no committed file holds (GENERATED), made from "
+                         "tiny-llama-f16 in a temporary directory; needs llama_cpp and --fitllm")
+    ap.add_argument("--fitllm", default=os.path.join(ROOT, "build/fitllm"),
+                    help="fitllm's program, for quantize --imatrix (default: build/fitllm)")
+    ap.add_argument("--keep", metavar="DIR", help="write the generated files into DIR and keep them")
     args = ap.parse_args()
     use_lc = not args.goldens_only and llama_cpp_available()
-    rows = [measure(n, args.fitllm_logits, use_lc) for n in (args.names or tiny_names())]
+    gen_names = ["tiny-llama-" + g[0] for g in GENERATED]
+    if args.names:
+        committed = [n for n in args.names if n not in gen_names]
+        wanted = [n for n in args.names if n in gen_names] or (gen_names if args.generated else [])
+    else:
+        committed, wanted = tiny_names(), gen_names if args.generated else []
+    if wanted and not use_lc:
+        ap.error("the generated files need llama_cpp (llama-cpp-python, scripts/setup.sh --oracle)")
+    with tempfile.TemporaryDirectory(prefix="f64ref-") as tmp:
+        if args.keep:
+            os.makedirs(args.keep, exist_ok=True)
+        generated = make_generated(args.keep or tmp, args.fitllm, wanted) if wanted else {}
+        rows = [measure(n, args.fitllm_logits, use_lc) for n in committed]
+        rows += [measure(n, args.fitllm_logits, use_lc, p) for n, p in generated.items()]
 
     def cell(r: dict, key: str) -> str:
         if key + "_mean" not in r:

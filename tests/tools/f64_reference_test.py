@@ -20,6 +20,10 @@ llama.cpp (qwen3-q8_0: 0.0872 vs 0.0760), most files at 0-1%, so the mean may ex
 against llama.cpp's own 1.12x spread between its kernel sets on llama-q2_k). A broken pass (a RoPE
 or norm mistake) moves these errors by whole units, far past either.
 
+The weight types no committed file holds (BF16, Q4_1, Q5_0, Q5_1, Q3_K, Q4_K_S, Q5_K_S, IQ4_NL, the
+IQ3 / IQ2 / IQ1 i-quants, TQ1_0, TQ2_0, MXFP4) are made from tiny-llama-f16 into a temporary directory
+and held to the same slack, with llama_cpp only (it makes them and picks the top-10).
+
 The reference itself is checked too: llama.cpp's F16 logits must be within 0.02 of it (measured
 0.016 at most), so a wrong reference cannot make both sides look alike.
 """
@@ -64,6 +68,27 @@ def test_fitllm_as_close_to_f64_as_llama_cpp(name, program):
     assert row["fitllm_mean"] <= MEAN_SLACK * row["llama_cpp_mean"] + 1e-4, row
     if "llama_cpp_kl" in row:
         assert row["fitllm_kl"] <= KL_SLACK * row["llama_cpp_kl"] + 1e-7, row
+
+
+@pytest.fixture(scope="module")
+def generated(tmp_path_factory):
+    """The weight types no committed file holds, made from tiny-llama-f16 (tools/f64_reference.py
+    --generated): llama.cpp's quantizer, fitllm quantize --imatrix for the i-quants that need one."""
+    if not f64_reference.llama_cpp_available():
+        pytest.skip("the generated files need llama_cpp (scripts/setup.sh --oracle) to be made and measured")
+    # FITLLM, else the build's own: fitllm_logits is build/tests/, fitllm build/.
+    fitllm = os.environ.get("FITLLM") or os.path.join(os.path.dirname(os.environ["FITLLM_LOGITS"]), os.pardir, "fitllm")
+    if not os.access(fitllm, os.X_OK):
+        pytest.skip(f"{fitllm}: fitllm's program is needed for quantize --imatrix")
+    return f64_reference.make_generated(str(tmp_path_factory.mktemp("f64ref")), fitllm)
+
+
+@pytest.mark.parametrize("name", ["tiny-llama-" + g[0] for g in f64_reference.GENERATED])
+def test_generated_weight_types_as_close_as_llama_cpp(name, program, generated):
+    row = f64_reference.measure(name, program, True, generated[name])
+    print(f"{name}: KL llama.cpp {row['llama_cpp_kl']:.3e}, fitllm {row['fitllm_kl']:.3e}")
+    assert row["fitllm_mean"] <= MEAN_SLACK * row["llama_cpp_mean"] + 1e-4, row
+    assert row["fitllm_kl"] <= KL_SLACK * row["llama_cpp_kl"] + 1e-7, row
 
 
 def test_every_architecture_is_covered():
