@@ -27,6 +27,8 @@ For each prompt of tests/model/goldens/<name>.json (prompt_ids; top_logits: llam
              fitllm_logits program of the build, tools/fitllm_logits.cpp: model path and ids in,
              every logit out; `cmake --build build --target fitllm_logits`)
 and prints one row per file. --json FILE writes the rows (tests/tools/f64_reference_test.py).
+--repacked adds llama.cpp once more in its default repacked CPU buffers (a second llama.cpp: where
+its two kernel sets part, that is the noise of where roundings fall).
 
 --generated (or a NAME of them: tiny-llama-q4_1 ...) adds the weight types no committed file holds
 (GENERATED: BF16, Q4_1, Q5_0, Q5_1, Q3_K_S/M, Q4_K_S, Q5_K_S, IQ4_NL, IQ3_S, IQ3_XXS, IQ2_S, IQ2_XS,
@@ -348,9 +350,12 @@ def make_generated(outdir: str, fitllm: str, names: list[str] | None = None) -> 
     return out
 
 
-def measure(name: str, program: str | None, use_llama_cpp: bool, path: str | None = None) -> dict:
+def measure(name: str, program: str | None, use_llama_cpp: bool, path: str | None = None,
+            repacked: bool = False) -> dict:
     """One row. path: a file outside tests/model/data (a generated one), without goldens of its own:
-    it is measured on the prompts of its source's goldens, over llama.cpp's top-10 ids of this run."""
+    it is measured on the prompts of its source's goldens, over llama.cpp's top-10 ids of this run.
+    repacked: llama.cpp once more with its extra buffer types (the weights repacked for the CPU's
+    AVX-512 / AMX kernels, llama.cpp's default), as llama_cpp_repacked_*."""
     path = path or os.path.join(DATA, name + ".gguf")
     model = Model(path)
     golden = os.path.join(GOLDENS, name + ".json")
@@ -376,7 +381,7 @@ def measure(name: str, program: str | None, use_llama_cpp: bool, path: str | Non
 
     full = None
     if use_llama_cpp:
-        # Plain buffers: on this AMX CPU llama.cpp's repacked kernels crash on the tiny files.
+        # Plain buffers: on an AMX CPU llama.cpp's repacked kernels crash on the IQ4_XS file.
         lc = LlamaCpp(path, extra_bufts=False)
         full = [lc.logits(ids) for ids in prompts]
         lc.close()
@@ -388,6 +393,10 @@ def measure(name: str, program: str | None, use_llama_cpp: bool, path: str | Non
         row["llama_cpp_vs_goldens"] = max(abs(got[tid] - golden) for c, got in zip(cases, full)
                                           for tid, golden in c["top_logits"])
     errors("llama_cpp", full)
+    if use_llama_cpp and repacked:
+        lc = LlamaCpp(path, extra_bufts=True)
+        errors("llama_cpp_repacked", [lc.logits(ids) for ids in prompts])
+        lc.close()
     if program:
         errors("fitllm", fitllm_logits(program, path, prompts, model.n_vocab))
     return row
@@ -416,6 +425,8 @@ def main() -> int:
     ap.add_argument("--fitllm", default=os.path.join(ROOT, "build/fitllm"),
                     help="fitllm's program, for quantize --imatrix (default: build/fitllm)")
     ap.add_argument("--keep", metavar="DIR", help="write the generated files into DIR and keep them")
+    ap.add_argument("--repacked", action="store_true",
+                    help="also llama.cpp with its repacked CPU kernels (extra buffer types; may crash on AMX CPUs)")
     args = ap.parse_args()
     use_lc = not args.goldens_only and llama_cpp_available()
     gen_names = ["tiny-llama-" + g[0] for g in GENERATED]
@@ -430,8 +441,8 @@ def main() -> int:
         if args.keep:
             os.makedirs(args.keep, exist_ok=True)
         generated = make_generated(args.keep or tmp, args.fitllm, wanted) if wanted else {}
-        rows = [measure(n, args.fitllm_logits, use_lc) for n in committed]
-        rows += [measure(n, args.fitllm_logits, use_lc, p) for n, p in generated.items()]
+        rows = [measure(n, args.fitllm_logits, use_lc, repacked=args.repacked) for n in committed]
+        rows += [measure(n, args.fitllm_logits, use_lc, p, args.repacked) for n, p in generated.items()]
 
     def cell(r: dict, key: str) -> str:
         if key + "_mean" not in r:
@@ -441,9 +452,11 @@ def main() -> int:
 
     src = "llama-cpp-python" if use_lc else "goldens' top-10"
     print(f"|logit - f64| over llama.cpp's top-10 (mean / max), KL(f64 || x) over the vocabulary; llama.cpp: {src}")
-    print(f"{'file':22} {'llama.cpp':28} {'fitllm':28}")
+    rp = args.repacked and use_lc
+    print(f"{'file':24} {'llama.cpp':28} " + (f"{'llama.cpp repacked':28} " if rp else "") + f"{'fitllm':28}")
     for r in rows:
-        print(f"{r['file']:22} {cell(r, 'llama_cpp'):28} {cell(r, 'fitllm'):28}")
+        print(f"{r['file']:24} {cell(r, 'llama_cpp'):28} " + (f"{cell(r, 'llama_cpp_repacked'):28} " if rp else "")
+              + f"{cell(r, 'fitllm'):28}")
     if args.json:
         with open(args.json, "w", encoding="utf-8") as f:
             json.dump({"llama_cpp_source": src, "rows": rows}, f, indent=1)
