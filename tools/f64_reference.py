@@ -4,7 +4,8 @@ fitllm's and llama.cpp's logits are both measured.
 
   .venv/bin/python tools/f64_reference.py [--fitllm-logits build/tests/fitllm_logits] [--generated] [NAME ...]
 
-For each model of tests/model/data/ (tiny-llama-*, tiny-qwen2-*, tiny-qwen3-*, tiny-qwen3-yarn-*, tiny-gemma2-*, tiny-phi3-*;
+For each model of tests/model/data/ (tiny-llama-*, tiny-qwen2-*, tiny-qwen3-*, tiny-qwen3-yarn-*, tiny-gemma2-*, tiny-phi3-*,
+tiny-gpt-oss-*;
 NAME limits it: tiny-qwen3-q8_0 ...) every tensor is dequantized with gguf-py
 (gguf.quants.dequantize) to float64: the very weights both runtimes multiply with, so what is left
 between them and this pass is each runtime's own arithmetic (activations rounded to Q8_0 / Q8_K or
@@ -16,7 +17,11 @@ embedding times sqrt(n_embd), post-attention and post-FFN norms, GELU (tanh form
 tanh soft-capping of the scores and the logits, and the sliding window on layers il % 2 == 0; for
 phi3 (tiny-phi3-*) the fused attn_qkv and gate-up ffn_up split into their parts, NeoX RoPE on
 rope.dimension_count dims, and LongRoPE's long factors and attn_factor (fitllm_logits and the
-llama.cpp side both run a context of 2048, past the files' original 32).
+llama.cpp side both run a context of 2048, past the files' original 32); for gpt-oss Q/K/V and
+output biases, NeoX RoPE with YaRN, the sliding window on the even layers, attention sinks (one
+more logit per head in each softmax), post_attention_norm before the routed experts: the top-k
+router logits (+ bias) softmaxed among themselves, each expert down(swiglu_oai(gate, up)) with
+its biases (MXFP4 experts in the mxfp4_moe file).
 
 For each prompt of tests/model/goldens/<name>.json (prompt_ids; top_logits: llama.cpp's top-10
 [id, logit] after the prompt) it compares with the f64 logits after the prompt:
@@ -54,7 +59,7 @@ import numpy as np
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 DATA = os.path.join(ROOT, "tests/model/data")
 GOLDENS = os.path.join(ROOT, "tests/model/goldens")
-ARCH_PREFIXES = ("tiny-llama-", "tiny-qwen2-", "tiny-qwen3-", "tiny-gemma2-", "tiny-phi3-")
+ARCH_PREFIXES = ("tiny-llama-", "tiny-qwen2-", "tiny-qwen3-", "tiny-gemma2-", "tiny-phi3-", "tiny-gpt-oss-")
 
 
 def field(reader: gguf.GGUFReader, key: str, default=None):
@@ -77,11 +82,14 @@ class Model:
         self.head_dim = field(r, f"{a}.attention.key_length", self.n_embd // self.n_head)
         self.n_rot = field(r, f"{a}.rope.dimension_count", self.head_dim)
         self.rope_base = field(r, f"{a}.rope.freq_base", 10000.0)
-        self.neox = a in ("qwen2", "qwen3", "gemma2", "phi3")
+        self.neox = a in ("qwen2", "qwen3", "gemma2", "phi3", "gpt-oss")
         self.gemma2 = a == "gemma2"
+        self.gpt_oss = a == "gpt-oss"
         # gemma2 (llama.cpp's defaults when a key is absent): window and caps; Q scaled by
-        # 1/sqrt(head_dim), or 1/sqrt(n_embd / n_head) for the 46-layer 27B.
-        self.window = field(r, f"{a}.attention.sliding_window", 4096) if self.gemma2 else 0
+        # 1/sqrt(head_dim), or 1/sqrt(n_embd / n_head) for the 46-layer 27B. gpt-oss: its window
+        # on the even layers too (the file's window, no sliding_window_pattern in these files).
+        self.window = field(r, f"{a}.attention.sliding_window", 4096) if self.gemma2 or self.gpt_oss else 0
+        self.n_expert_used = field(r, f"{a}.expert_used_count", 0)
         self.attn_cap = field(r, f"{a}.attn_logit_softcapping", 50.0) if self.gemma2 else 0.0
         self.final_cap = field(r, f"{a}.final_logit_softcapping", 30.0) if self.gemma2 else 0.0
         scaling = field(r, f"{a}.rope.scaling.type", "none")
@@ -106,7 +114,7 @@ class Model:
                 self.w[p + "attn_q.weight"] = qkv[:q_dim]
                 self.w[p + "attn_k.weight"] = qkv[q_dim:q_dim + kv_dim]
                 self.w[p + "attn_v.weight"] = qkv[q_dim + kv_dim:]
-            if p + "ffn_gate.weight" not in self.w:
+            if p + "ffn_gate.weight" not in self.w and p + "ffn_up.weight" in self.w:
                 up = self.w.pop(p + "ffn_up.weight")
                 self.w[p + "ffn_gate.weight"], self.w[p + "ffn_up.weight"] = up[:up.shape[0] // 2], up[up.shape[0] // 2:]
         self.n_vocab = self.w["output.weight"].shape[0]
@@ -191,15 +199,21 @@ class Model:
             scores = np.einsum("qhd,khd->hqk", q, k) * scale
             if self.attn_cap:
                 scores = self.attn_cap * np.tanh(scores / self.attn_cap)
-            scores = scores + mask + (window_mask if self.gemma2 and il % 2 == 0 else 0.0)
-            scores = np.exp(scores - scores.max(axis=-1, keepdims=True))
-            scores /= scores.sum(axis=-1, keepdims=True)
+            scores = scores + mask + (window_mask if self.window and il % 2 == 0 else 0.0)
+            # gpt-oss's sinks: one more logit per head in each softmax, its column dropped after.
+            sinks = w[p + "attn_sinks.weight"][:, None, None] if p + "attn_sinks.weight" in w else -np.inf
+            top = np.maximum(scores.max(axis=-1, keepdims=True), sinks)
+            scores = np.exp(scores - top)
+            scores /= scores.sum(axis=-1, keepdims=True) + np.exp(sinks - top)
             attn = np.einsum("hqk,khd->qhd", scores, v).reshape(n, self.n_head * hd)
             seen([p + "attn_output.weight"], attn)
-            attn = attn @ w[p + "attn_output.weight"].T
+            attn = attn @ w[p + "attn_output.weight"].T + w.get(p + "attn_output.bias", 0.0)
             if self.gemma2:
                 attn = self.rmsnorm(attn, w[p + "post_attention_norm.weight"])
             x = x + attn
+            if self.gpt_oss:
+                x = x + self.experts(p, self.rmsnorm(x, w[p + "post_attention_norm.weight"]))
+                continue
             h = self.rmsnorm(x, w[p + "ffn_norm.weight"])
             seen([p + "ffn_gate.weight", p + "ffn_up.weight"], h)
             gate, up = h @ w[p + "ffn_gate.weight"].T, h @ w[p + "ffn_up.weight"].T
@@ -214,6 +228,26 @@ class Model:
             x = x + ffn
         logits = self.rmsnorm(x[-1], w["output_norm.weight"]) @ w["output.weight"].T
         return self.final_cap * np.tanh(logits / self.final_cap) if self.final_cap else logits
+
+
+    def experts(self, p: str, h: np.ndarray) -> np.ndarray:
+        """gpt-oss's routed experts (llama.cpp's SOFTMAX_WEIGHT gating, SWIGLU_OAI_MOE): the top
+        n_expert_used router logits (+ bias) of each row, weighted by a softmax over those alone;
+        each expert down(swiglu_oai(gate h + b, up h + b)) + b, with SwiGLU-OAI's alpha 1.702 and
+        limit 7: gate clamped above, up both ways, gate * sigmoid(alpha gate) * (up + 1)."""
+        w = self.w
+        logits = h @ w[p + "ffn_gate_inp.weight"].T + w[p + "ffn_gate_inp.bias"]
+        out = np.zeros_like(h)
+        for t in range(h.shape[0]):
+            chosen = np.argsort(-logits[t], kind="stable")[:self.n_expert_used]
+            weights = np.exp(logits[t, chosen] - logits[t, chosen].max())
+            weights /= weights.sum()
+            for e, wt in zip(chosen, weights):
+                gate = np.minimum(w[p + "ffn_gate_exps.weight"][e] @ h[t] + w[p + "ffn_gate_exps.bias"][e], 7.0)
+                up = np.clip(w[p + "ffn_up_exps.weight"][e] @ h[t] + w[p + "ffn_up_exps.bias"][e], -7.0, 7.0)
+                act = gate / (1.0 + np.exp(-1.702 * gate)) * (up + 1.0)
+                out[t] += wt * (w[p + "ffn_down_exps.weight"][e] @ act + w[p + "ffn_down_exps.bias"][e])
+        return out
 
 
 def log_softmax(z: np.ndarray) -> np.ndarray:

@@ -24,8 +24,11 @@ The weight types no committed file holds (BF16, Q4_1, Q5_0, Q5_1, Q3_K, Q4_K_S, 
 IQ3 / IQ2 / IQ1 i-quants, TQ1_0, TQ2_0, MXFP4) are made from tiny-llama-f16 into a temporary directory
 and held to the same slack, with llama_cpp only (it makes them and picks the top-10).
 
-The reference itself is checked too: llama.cpp's F16 logits must be within 0.02 of it (measured
-0.016 at most), so a wrong reference cannot make both sides look alike.
+The reference itself is checked too: llama.cpp's F16 logits must be within 0.03 of it (measured
+0.016 at most, 0.024 for gpt-oss, whose 18-token prompt parts by 0.033 over the whole vocabulary:
+rounding the matmuls' inputs and Q/K/V to f16 in the f64 pass too, as llama.cpp does, takes that
+to 0.022), so a wrong reference cannot make both sides look alike: a mistake in the pass moves the
+logits by whole units (gpt-oss's window one off: 1.0 to 2.6).
 """
 import os
 import sys
@@ -48,7 +51,7 @@ import f64_reference  # noqa: E402
 
 MEAN_SLACK = 1.20  # fitllm's mean top-10 error may be this times llama.cpp's
 KL_SLACK = 1.50  # and its KL(f64 || fitllm) this times llama.cpp's
-F16_REFERENCE_TOLERANCE = 0.02  # llama.cpp's F16 logits against the f64 pass
+F16_REFERENCE_TOLERANCE = 0.03  # llama.cpp's F16 logits against the f64 pass
 
 
 @pytest.fixture(scope="module")
@@ -93,7 +96,8 @@ def test_generated_weight_types_as_close_as_llama_cpp(name, program, generated):
 
 def test_every_architecture_is_covered():
     names = f64_reference.tiny_names()
-    for prefix in ("tiny-llama-", "tiny-qwen2-", "tiny-qwen3-q", "tiny-qwen3-yarn-", "tiny-gemma2-"):
+    for prefix in ("tiny-llama-", "tiny-qwen2-", "tiny-qwen3-q", "tiny-qwen3-yarn-", "tiny-gemma2-", "tiny-phi3-",
+                   "tiny-gpt-oss-"):
         assert any(n.startswith(prefix) for n in names), prefix
 
 
