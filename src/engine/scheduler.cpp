@@ -170,6 +170,9 @@ void Scheduler::warm_up() {
     model_.forward({.tokens = batch_tokens_, .positions = batch_pos_, .seq_ids = batch_seq_, .output = batch_output_},
                    cache_, logits_.data(), compute_.pool);
     cache_.clear();
+    // A quantized K's transform is fitted from the first keys a layer stores: the requests' keys,
+    // not these of token 0.
+    for (int p = 0; p < cache_.n_pools(); ++p) cache_.pool(p).forget_fitted_key_transforms();
 }
 
 Scheduler::~Scheduler() {

@@ -230,6 +230,12 @@ public:
     // that fitted it stored it. Only before the layer stored anything, with K shaped on the host;
     // throws std::logic_error otherwise, or when !accepts_key_transform(layer, key).
     void set_key_transform(int layer, KeyTransform key);
+    // Forgets the K transforms calibrate_keys() fitted (not those set_key_transform() gave), so that
+    // the next batches fit them anew: after a pass whose keys are no sample of real text (the
+    // scheduler's warm-up, token 0 over and over). Only on an empty cache (after clear()); throws
+    // std::logic_error otherwise. Nothing with external storage: a device keeps the transform it
+    // stored its first keys with.
+    void forget_fitted_key_transforms();
 
     // Changes with every call that may change the bookkeeping (place(), the sequence operations,
     // clear(), trim_window()), so a device copying it can tell when to copy it again.

@@ -58,6 +58,7 @@ struct LayerStorage {
     KeyTransform key;              // how K is shaped (kv/key_transform.h), when shape_keys
     bool key_fitted = false;       // calibrate_keys() has fitted `key` (or, with external storage, given up)
     bool stored_unshaped = false;  // K was stored before `key` was fitted
+    bool key_given = false;        // `key` came from set_key_transform(), not from a fit
     // calibrate_keys()'s rows until the fit (at most KvCache::kMinKeyRows - 1): K and Q after RoPE,
     // their positions, and the cell store() put each K in (-1: not yet, or written over since).
     struct Staged {

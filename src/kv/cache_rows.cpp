@@ -127,7 +127,21 @@ void KvCache::set_key_transform(int layer, KeyTransform key) {
     }
     L.key = std::move(key);
     L.key_fitted = true;
+    L.key_given = true;
     L.staged = LayerStorage::Staged{};
+}
+
+void KvCache::forget_fitted_key_transforms() {
+    Impl& m = *impl_;
+    if (m.n_used != 0) throw std::logic_error("KvCache::forget_fitted_key_transforms: the cache holds cells");
+    if (!m.shape_keys || m.params.external_storage) return;
+    for (LayerStorage& L : m.layers) {
+        if (L.key_given) continue;
+        L.key = KeyTransform{};
+        L.key_fitted = false;
+        L.stored_unshaped = false;  // nothing is stored
+        L.staged = LayerStorage::Staged{};
+    }
 }
 
 void KvCache::calibrate_keys(int layer, const KeySample& sample) {

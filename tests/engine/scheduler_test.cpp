@@ -62,6 +62,18 @@ TEST_F(SchedulerTest, RequestsDecodedTogetherGiveWhatEachGivesAlone) {
     EXPECT_LT(st.n_steps, 4u * 24u);
 }
 
+// The warm-up pass (n_batch tokens of id 0, at load) leaves no K transform behind: a quantized K's
+// transform is fitted from the first request's keys, not from the same token over and over.
+TEST_F(SchedulerTest, TheWarmUpFitsNoKeyTransform) {
+    const ContextConfig o{.n_ctx = 256, .n_seq = 1, .n_batch = 32, .type_k = KvType::q4_0, .type_v = KvType::q4_0};
+    Scheduler s(*model_, *tokenizer_, o, {}, *compute_);
+    const kv::KvCache& pool = s.cache().pool(0);
+    ASSERT_TRUE(pool.shapes_keys());
+    for (int l = 0; l < pool.n_layer(); ++l) EXPECT_TRUE(pool.needs_key_calibration(l)) << "layer " << l;
+    s.submit(ids("Once upon a time there was a little house by the river"), greedy(2))->wait_all();
+    for (int l = 0; l < pool.n_layer(); ++l) EXPECT_NE(pool.key_transform(l), nullptr) << "layer " << l;
+}
+
 TEST_F(SchedulerTest, PreemptedSequenceIsRecomputedAndResumes) {
     // 2 slots in 96 cells (+ a block each): two requests of ~15 + 60 tokens cannot both stay.
     const ContextConfig o{.n_ctx = 96, .n_seq = 2, .n_batch = 64};

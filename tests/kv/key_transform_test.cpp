@@ -376,5 +376,48 @@ TEST(KeyTransform, ATransformsNumbersGiveAnotherCacheTheSameStoredKeys) {
     }
 }
 
+// After a pass whose keys were no sample of real text (the scheduler's warm-up), the fitted
+// transform is forgotten and the next keys fit it anew, as in a fresh cache; a transform given by
+// set_key_transform() stays. Only on an empty cache.
+TEST(KeyTransform, AForgottenFitIsFittedAgainFromTheNextKeys) {
+    const int d = 64, n_head_q = 2;
+    const Rows warm = gemma_like_rows(12, 0, d, n_head_q, 21), real = gemma_like_rows(12, 0, d, n_head_q, 22);
+    const std::vector<LayerShape> shape{LayerShape{1, d, d, n_head_q}};
+    for (const GgmlType type : {GgmlType::Q4_0, GgmlType::Q8_0}) {
+        SCOPED_TRACE(quant::traits(type).name);
+        CacheParams p = q4_params(32);
+        p.type_k = type;
+        KvCache warmed(shape, p), fresh(shape, p);
+        std::vector<int32_t> cells_w, cells_f;
+        feed(warmed, warm, 0, 12, n_head_q, d, cells_w);
+        ASSERT_NE(warmed.key_transform(0), nullptr);
+        EXPECT_THROW(warmed.forget_fitted_key_transforms(), std::logic_error);  // cells in use
+        warmed.clear();
+        warmed.forget_fitted_key_transforms();
+        EXPECT_TRUE(warmed.needs_key_calibration(0));
+        EXPECT_EQ(warmed.key_transform(0), nullptr);
+        cells_w.clear();
+        feed(warmed, real, 0, 12, n_head_q, d, cells_w);
+        feed(fresh, real, 0, 12, n_head_q, d, cells_f);
+        ASSERT_EQ(cells_w, cells_f);
+        std::vector<std::byte> out_w(cells_w.size() * warmed.cell_bytes()), out_f(out_w.size());
+        warmed.copy_rows_out(cells_w, out_w.data());
+        fresh.copy_rows_out(cells_f, out_f.data());
+        EXPECT_EQ(out_w, out_f);
+
+        // A given transform is kept.
+        KvCache given(shape, p);
+        KeyTransform copy;
+        const KeyTransform* key = fresh.key_transform(0);
+        const std::vector<std::span<const float>> from = key->numbers();
+        const std::vector<std::span<float>> to = copy.prepare_numbers(key->kind(), key->n_head_kv(), key->head_dim());
+        for (size_t i = 0; i < from.size(); ++i) std::copy(from[i].begin(), from[i].end(), to[i].begin());
+        copy.finish_numbers();
+        given.set_key_transform(0, copy);
+        given.forget_fitted_key_transforms();
+        EXPECT_FALSE(given.needs_key_calibration(0));
+    }
+}
+
 }  // namespace
 }  // namespace fitllm::kv
