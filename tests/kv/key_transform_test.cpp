@@ -316,6 +316,21 @@ TEST(KeyTransform, ALimitedCacheFitsTheDiagonalKindEvenWithQueries) {
     EXPECT_NE(cache.layer_view(0).q_scale, nullptr);
 }
 
+// A transform rebuilt from another's numbers() (prepare_numbers, finish_numbers), as the prompt
+// cache rebuilds one from its file.
+KeyTransform copy_of(const KeyTransform& key) {
+    KeyTransform copy;
+    const std::vector<std::span<const float>> from = key.numbers();
+    const std::vector<std::span<float>> to = copy.prepare_numbers(key.kind(), key.n_head_kv(), key.head_dim());
+    EXPECT_EQ(from.size(), to.size());
+    for (size_t i = 0; i < std::min(from.size(), to.size()); ++i) {
+        EXPECT_EQ(from[i].size(), to[i].size());
+        std::copy_n(from[i].begin(), std::min(from[i].size(), to[i].size()), to[i].begin());
+    }
+    copy.finish_numbers();
+    return copy;
+}
+
 // A fitted transform's numbers() filled into a new transform (prepare_numbers) make it the same,
 // and a cache given it (set_key_transform, as the prompt cache does from its file) stores the same
 // bytes as the cache that fitted it, from its first batch on. Only before anything is stored, and
@@ -335,15 +350,7 @@ TEST(KeyTransform, ATransformsNumbersGiveAnotherCacheTheSameStoredKeys) {
         const KeyTransform* key = fitted.key_transform(0);
         ASSERT_NE(key, nullptr);
         EXPECT_EQ(key->query_aware(), type == GgmlType::Q4_0);
-        KeyTransform copy;
-        const std::vector<std::span<const float>> from = key->numbers();
-        const std::vector<std::span<float>> to = copy.prepare_numbers(key->kind(), key->n_head_kv(), key->head_dim());
-        ASSERT_EQ(from.size(), to.size());
-        for (size_t i = 0; i < from.size(); ++i) {
-            ASSERT_EQ(from[i].size(), to[i].size());
-            std::copy(from[i].begin(), from[i].end(), to[i].begin());
-        }
-        copy.finish_numbers();
+        const KeyTransform copy = copy_of(*key);
         EXPECT_TRUE(given.accepts_key_transform(0, copy));
         given.set_key_transform(0, copy);
         EXPECT_FALSE(given.needs_key_calibration(0));
@@ -407,13 +414,7 @@ TEST(KeyTransform, AForgottenFitIsFittedAgainFromTheNextKeys) {
 
         // A given transform is kept.
         KvCache given(shape, p);
-        KeyTransform copy;
-        const KeyTransform* key = fresh.key_transform(0);
-        const std::vector<std::span<const float>> from = key->numbers();
-        const std::vector<std::span<float>> to = copy.prepare_numbers(key->kind(), key->n_head_kv(), key->head_dim());
-        for (size_t i = 0; i < from.size(); ++i) std::copy(from[i].begin(), from[i].end(), to[i].begin());
-        copy.finish_numbers();
-        given.set_key_transform(0, copy);
+        given.set_key_transform(0, copy_of(*fresh.key_transform(0)));
         given.forget_fitted_key_transforms();
         EXPECT_FALSE(given.needs_key_calibration(0));
     }
