@@ -9,9 +9,9 @@
 // 8 tokens run side by side in one register, per super-block: r = float(sum) * d_w (Q5_K: minus
 // dmin_w * float(mins sum), fused), out = fma(r, d_a, out). Rows wider than L1 holds for a pass's
 // tokens run in slabs of blocks, each row's 8 outputs kept in memory in between. That is the kernel
-// of Q3_K, and of Q5_K / Q6_K without VNNI; with VNNI, Q5_K and Q6_K take rows 16 at a time in the
-// lanes of vpdpbusd (gemm_lanes below). On Zen 4, in calls of 64 rows x 256 tokens as ops::matmul
-// makes them, that measured about 6x this file's VNNI kernel above and 2x its kVnni = false one.
+// without VNNI; with VNNI, Q3_K, Q5_K and Q6_K take rows 16 at a time in the lanes of vpdpbusd
+// (gemm_lanes below). On Zen 4, in calls of 64 rows x 256 tokens as ops::matmul makes them, that
+// measured 145-166 GMAC/s against 19-29 (Q5_K, Q6_K) and 72 (Q3_K) for the VNNI kernel above.
 
 // GCC 12's AVX-512 headers trip its own uninitialized-variable warnings (the _mm512_undefined_*
 // helpers initialize a variable with itself); the warnings point into the header, so silence them there.
@@ -257,7 +257,7 @@ void gemm(int n, int n_rows, int n_tok, const void* w, size_t w_stride, const vo
     if (n_tok - t >= 1) pass(std::integral_constant<int, 1>{});
 }
 
-// ---- VNNI: 16 weight rows side by side (Q5_K, Q6_K) ----
+// ---- VNNI: 16 weight rows side by side (Q3_K, Q5_K, Q6_K) ----
 // The kernel above unpacks a super-block for 8 tokens and reduces each token's 16 lanes every
 // block; with VNNI a tile of 16 weight rows is instead unpacked once per call into lanes: dword
 // lane r of a register holds 4 consecutive quants of row r, so vpdpbusd with 4 of a token's bytes
@@ -265,8 +265,8 @@ void gemm(int n, int n_rows, int n_tok, const void* w, size_t w_stride, const vo
 // no reduction left. A sub-block's sums are scaled per row with vpmullo (the scales as dwords) and
 // summed over the super-block; the float steps per block are then those of the reference on 16
 // rows x 1 token per register, so the results are its bits. Q6_K's offset (q - 32) starts each
-// sub-block's sum at -32 bsum; Q5_K's mins take one vpdpwssd per two sub-blocks (mins as words
-// against the token's sub-block sums as words).
+// sub-block's sum at -32 bsum (Q3_K's at -4 bsum); Q5_K's mins take one vpdpwssd per two
+// sub-blocks (mins as words against the token's sub-block sums as words).
 constexpr int kLaneRows = 16;
 
 struct alignas(64) Vec {
@@ -308,20 +308,30 @@ struct LanesQ5K {
     }
 };
 
-struct LanesQ6K {
-    using Block = BlockQ6_K;
-    using Unpack = Q6K;
+// Q6_K and Q3_K: sub-blocks of 16 with signed 8-bit scales, q in 0..63 (0..7) standing for
+// q - kOffset; each sub-block's sum starts at -kOffset times the token's bsum.
+template <typename B, typename U, int kShift>
+struct LanesOffset {
+    using Block = B;
+    using Unpack = U;
     static constexpr int kScales = 16, kMins = 0;
     static constexpr int kD = 64 + kScales;
     static constexpr bool kOwnD = true;
     static constexpr int kVecs = 64 + 16 + 1;
-    static constexpr int kTokWords = 16;  // -32 times the token's 16 bsums
-    static __m512i meta(const Block& b) { return _mm512_cvtepi8_epi32(load128(b.scales)); }
+    static constexpr int kTokWords = 16;  // -kOffset = -(1 << kShift) times the token's 16 bsums
+    static __m512i meta(const Block& b) {
+        if constexpr (std::is_same_v<Block, BlockQ3_K>)
+            return _mm512_cvtepi8_epi32(q3k_scales(b.scales));
+        else
+            return _mm512_cvtepi8_epi32(load128(b.scales));
+    }
     static void token_words(const BlockQ8_K& y, int32_t* out) {
         const __m512i bsums = _mm512_cvtepi16_epi32(load256(y.bsums));
-        _mm512_storeu_si512(out, _mm512_sub_epi32(_mm512_setzero_si512(), _mm512_slli_epi32(bsums, 5)));
+        _mm512_storeu_si512(out, _mm512_sub_epi32(_mm512_setzero_si512(), _mm512_slli_epi32(bsums, kShift)));
     }
 };
+using LanesQ6K = LanesOffset<BlockQ6_K, Q6K, 5>;
+using LanesQ3K = LanesOffset<BlockQ3_K, Q3K, 2>;
 
 // lanes[g] = dword g of each of rows[0..15], row r in lane r: a 16 x 16 transpose of dwords (pairs of
 // rows within 128-bit lanes, then quads, then the 4 x 4 transpose of 128-bit lanes).
@@ -489,7 +499,7 @@ template <bool kVnni>
 GemmFn table(GgmlType weight_type) {
     switch (weight_type) {
         case GgmlType::Q3_K:
-            return gemm<Q3K, kVnni>;
+            return kVnni ? gemm_lanes<LanesQ3K> : gemm<Q3K, kVnni>;
         case GgmlType::Q5_K:
             return kVnni ? gemm_lanes<LanesQ5K> : gemm<Q5K, kVnni>;
         case GgmlType::Q6_K:

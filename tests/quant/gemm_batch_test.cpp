@@ -63,8 +63,8 @@ TEST(GemmBatchOrder, EveryLevelGivesTheReferenceBits) {
     struct Shape {
         int n, n_rows, n_tok;
     };
-    // 40 blocks of 8 tokens' activations are more than one slab of L1. The VNNI kernels of Q5_K and
-    // Q6_K take rows 16 at a time: 16, 31 and 48 rows are whole and partial tiles of them.
+    // 40 blocks of 8 tokens' activations are more than one slab of L1. The VNNI kernels of Q3_K, Q5_K
+    // and Q6_K take rows 16 at a time: 16, 31 and 48 rows are whole and partial tiles of them.
     const Shape shapes[] = {{256, 1, 1},   {512, 7, 3},   {768, 17, 8},  {1024, 33, 13}, {2048, 5, 19},
                             {10240, 3, 9}, {512, 16, 16}, {768, 31, 11}, {256, 48, 7}};
     int levels = 0;
