@@ -15,7 +15,7 @@ DotFn dot_ref(GgmlType weight_type);
 float reduce_add16(const float v[16]);
 DotFn dot_avx2(GgmlType weight_type);
 // Many rows at once, each in the float order of the type's one-float ("serial") dot, which is the
-// same at every ISA level: Q4_0 (nullptr for the other types).
+// same at every ISA level: Q4_0, IQ4_NL (nullptr for the other types).
 DotRowsFn dot_rows_avx2(GgmlType weight_type);
 DotFn dot_avx2_kquants(GgmlType weight_type);
 DotFn dot_avx512(GgmlType weight_type, bool vnni);

@@ -257,8 +257,9 @@ TEST(Dot, RowsGiveEachRowTheDotsBits) {
             ++checked;
         }
     }
-    // Q4_0 has one from AVX2 on (its serial order is the same at every level).
+    // Q4_0 and IQ4_NL have one from AVX2 on (their serial order is the same at every level).
     EXPECT_NE(select_dot(GgmlType::Q4_0, limit_to(cpu, Isa::Avx2)).rows, nullptr);
+    EXPECT_NE(select_dot(GgmlType::IQ4_NL, limit_to(cpu, Isa::Avx2)).rows, nullptr);
     EXPECT_EQ(select_dot(GgmlType::Q4_0, CpuFeatures{}).rows, nullptr);
     EXPECT_GT(checked, 0);
 }
