@@ -36,8 +36,8 @@ and prints one row per file. --json FILE writes the rows (tests/tools/f64_refere
 its two kernel sets part, that is the noise of where roundings fall).
 
 --generated (or a NAME of them: tiny-llama-q4_1 ...) adds the weight types no committed file holds
-(GENERATED: BF16, Q4_1, Q5_0, Q5_1, Q3_K_S/M, Q4_K_S, Q5_K_S, IQ4_NL, IQ3_S, IQ3_XXS, IQ2_S, IQ2_XS,
-IQ2_XXS, IQ1_M, IQ1_S, TQ2_0, TQ1_0, MXFP4), made from tiny-llama-f16 in a temporary directory
+(GENERATED: BF16, Q4_1, Q5_0, Q5_1, Q3_K_S/M/L, Q4_K_S, Q5_K_S, IQ4_NL, IQ3_S, IQ3_M, IQ3_XS,
+IQ3_XXS, IQ2_M, IQ2_S, IQ2_XS, IQ2_XXS, IQ1_M, IQ1_S, Q2_K_S, TQ2_0, TQ1_0, MXFP4), made from tiny-llama-f16 in a temporary directory
 (--keep DIR keeps them) by llama.cpp's quantizer through llama-cpp-python, those that need an
 importance matrix by `fitllm quantize --imatrix` (llama-quantize's bytes) with one from this f64
 pass over seeded random ids. They have no goldens: they run tiny-llama-f16's prompts, measured over
@@ -335,7 +335,8 @@ GENERATED = (
     ("iq3_s", "IQ3_S", "llama"), ("iq3_xxs", "IQ3_XXS", "imatrix"), ("iq2_s", "IQ2_S", "imatrix"),
     ("iq2_xs", "IQ2_XS", "imatrix"), ("iq2_xxs", "IQ2_XXS", "imatrix"), ("iq1_m", "IQ1_M", "imatrix"),
     ("iq1_s", "IQ1_S", "imatrix"), ("tq2_0", "TQ2_0", "llama"), ("tq1_0", "TQ1_0", "llama"),
-    ("mxfp4", "MXFP4_MOE", "pure"),
+    ("mxfp4", "MXFP4_MOE", "pure"), ("q3_k_l", "Q3_K_L", "llama"), ("iq3_m", "IQ3_M", "llama"),
+    ("iq3_xs", "IQ3_XS", "imatrix"), ("iq2_m", "IQ2_M", "imatrix"), ("q2_k_s", "Q2_K_S", "imatrix"),
 )
 GENERATED_SOURCE = "tiny-llama-f16"
 
