@@ -459,6 +459,14 @@ void tile_times_tokens(int n_blocks, int rows, const Vec* tile, const uint8_t* a
     });
 }
 
+// A token's dwords (token_words) in a type of this file's own: std::vector<int32_t>'s out-of-line
+// code, compiled here with AVX-512, could be the copy the linker keeps for every other file
+// (DotIsolation.IsaFilesDefineNoSharedInlineFunctions).
+struct TokenWord {
+    int32_t v;
+};
+static_assert(sizeof(TokenWord) == sizeof(int32_t));
+
 template <typename L>
 void gemm_lanes(int n, int n_rows, int n_tok, const void* w, size_t w_stride, const void* act, size_t act_stride,
                 float* y, size_t y_stride) {
@@ -467,15 +475,16 @@ void gemm_lanes(int n, int n_rows, int n_tok, const void* w, size_t w_stride, co
     const auto* ab = as<uint8_t>(act);
     // Grow to the largest call this thread has seen; allocate nothing after that.
     static thread_local std::vector<Vec> tile;
-    static thread_local std::vector<int32_t> words;
+    static thread_local std::vector<TokenWord> token_words;
     const size_t tile_size = static_cast<size_t>(n_blocks) * L::kVecs;
     if (tile.size() < tile_size) tile.resize(tile_size);
     const size_t n_words = static_cast<size_t>(n_tok) * n_blocks * L::kTokWords;
-    if (words.size() < n_words) words.resize(n_words);
+    if (token_words.size() < n_words) token_words.resize(n_words);
+    int32_t* const words = &token_words.data()->v;
     for (int t = 0; t < n_tok; ++t) {
         const auto* yb = as<BlockQ8_K>(ab + static_cast<size_t>(t) * act_stride);
         for (int i = 0; i < n_blocks; ++i)
-            L::token_words(yb[i], words.data() + (static_cast<size_t>(t) * n_blocks + i) * L::kTokWords);
+            L::token_words(yb[i], words + (static_cast<size_t>(t) * n_blocks + i) * L::kTokWords);
     }
     for (int r0 = 0; r0 < n_rows; r0 += kLaneRows) {
         const int rows = n_rows - r0 < kLaneRows ? n_rows - r0 : kLaneRows;
@@ -484,7 +493,7 @@ void gemm_lanes(int n, int n_rows, int n_tok, const void* w, size_t w_stride, co
         auto pass = [&](auto kind) {
             constexpr int kT = decltype(kind)::value;
             tile_times_tokens<L, kT>(n_blocks, rows, tile.data(), ab + static_cast<size_t>(t) * act_stride, act_stride,
-                                     words.data() + static_cast<size_t>(t) * n_blocks * L::kTokWords,
+                                     words + static_cast<size_t>(t) * n_blocks * L::kTokWords,
                                      y + static_cast<size_t>(t) * y_stride + r0, y_stride);
             t += kT;
         };
