@@ -372,20 +372,22 @@ void dot_mxfp4(int n, float* out, const void* w, const void* a) {
     *out = sum;
 }
 
-// Q4_0 rows, eight at a time, each in dot_symmetric32<BlockQ4_0>'s serial order (one float per
-// row: acc = fma(float(block's integer sum), d_w * d_a, acc), block after block): the eight
-// rows' integer block sums (exact in any order) reduced together by horizontal adds, then one
-// 8-lane FMA, a lane per row. The offset term (8 * y) is the same for every row of a block.
-void dot_rows_q4_0(int n, int n_rows, float* out, const void* w, size_t w_stride, const void* a) {
+// Rows of `Block`, eight at a time, each in its single dot's serial order (one float per row: acc =
+// fma(float(block's integer sum), d_w * d_a, acc), block after block): block_sums(x, i, yq, s)
+// gives the eight rows' int32 partials of block i (exact in any order), reduced together by
+// horizontal adds, then one 8-lane FMA, a lane per row. The rows past the last eight: `single`.
+template <typename Block, typename BlockSums>
+void dot_rows8(int n, int n_rows, float* out, const void* w, size_t w_stride, const void* a, BlockSums block_sums,
+               void (*single)(int, float*, const void*, const void*)) {
     const auto* y = as<BlockQ8_0>(a);
     const auto* base = static_cast<const uint8_t*>(w);
     const int nb = n / 32;
     constexpr int kRows = 8;
     int r = 0;
     for (; r + kRows <= n_rows; r += kRows) {
-        const BlockQ4_0* x[kRows];
+        const Block* x[kRows];
         for (int k = 0; k < kRows; ++k)
-            x[k] = reinterpret_cast<const BlockQ4_0*>(base + static_cast<size_t>(r + k) * w_stride);
+            x[k] = reinterpret_cast<const Block*>(base + static_cast<size_t>(r + k) * w_stride);
         __m256 acc = _mm256_setzero_ps();
         const size_t ahead = kRows * w_stride;  // the next group's rows, read while these compute
         for (int i = 0; i < nb; ++i) {
@@ -393,13 +395,8 @@ void dot_rows_q4_0(int n, int n_rows, float* out, const void* w, size_t w_stride
                 for (int k = 0; k < kRows; ++k)
                     _mm_prefetch(reinterpret_cast<const char*>(x[k] + i) + ahead, _MM_HINT_T0);
             }
-            const __m256i yq = load32(y[i].qs);
-            const __m256i offset = _mm256_maddubs_epi16(_mm256_set1_epi8(8), yq);
             __m256i s[kRows];
-            for (int k = 0; k < kRows; ++k) {
-                const __m256i pairs = _mm256_sub_epi16(_mm256_maddubs_epi16(quants(x[k][i]), yq), offset);
-                s[k] = _mm256_madd_epi16(pairs, _mm256_set1_epi16(1));
-            }
+            block_sums(x, i, load32(y[i].qs), s);
             // Lane k of `sums`: all eight int32 partials of row k.
             const __m256i h0123 = _mm256_hadd_epi32(_mm256_hadd_epi32(s[0], s[1]), _mm256_hadd_epi32(s[2], s[3]));
             const __m256i h4567 = _mm256_hadd_epi32(_mm256_hadd_epi32(s[4], s[5]), _mm256_hadd_epi32(s[6], s[7]));
@@ -413,49 +410,30 @@ void dot_rows_q4_0(int n, int n_rows, float* out, const void* w, size_t w_stride
         }
         _mm256_storeu_ps(out + r, acc);
     }
-    for (; r < n_rows; ++r) dot_symmetric32<BlockQ4_0, 8>(n, out + r, base + static_cast<size_t>(r) * w_stride, a);
+    for (; r < n_rows; ++r) single(n, out + r, base + static_cast<size_t>(r) * w_stride, a);
 }
 
-// IQ4_NL rows, eight at a time, each in dot_iq4_nl's serial order, as dot_rows_q4_0: the table
-// lookup and signed block dot of dot_iq4_nl per row, the eight rows' integer sums reduced together,
-// one 8-lane FMA a block (one chain of FMAs per row is what keeps the single dot slow).
-void dot_rows_iq4_nl(int n, int n_rows, float* out, const void* w, size_t w_stride, const void* a) {
-    const auto* y = as<BlockQ8_0>(a);
-    const auto* base = static_cast<const uint8_t*>(w);
-    const __m256i table = _mm256_broadcastsi128_si256(_mm_loadu_si128(reinterpret_cast<const __m128i*>(kValuesIQ4NL)));
-    const int nb = n / 32;
-    constexpr int kRows = 8;
-    int r = 0;
-    for (; r + kRows <= n_rows; r += kRows) {
-        const BlockIQ4_NL* x[kRows];
-        for (int k = 0; k < kRows; ++k)
-            x[k] = reinterpret_cast<const BlockIQ4_NL*>(base + static_cast<size_t>(r + k) * w_stride);
-        __m256 acc = _mm256_setzero_ps();
-        const size_t ahead = kRows * w_stride;  // the next group's rows, read while these compute
-        for (int i = 0; i < nb; ++i) {
-            if (i % 4 == 0) {
-                for (int k = 0; k < kRows; ++k)
-                    _mm_prefetch(reinterpret_cast<const char*>(x[k] + i) + ahead, _MM_HINT_T0);
-            }
-            const __m256i yq = load32(y[i].qs);
-            __m256i s[kRows];
-            for (int k = 0; k < kRows; ++k) {
-                s[k] = signed_block_dot(_mm256_shuffle_epi8(table, unpack_nibbles(x[k][i].qs)), yq);
-            }
-            // Lane k of `sums`: all eight int32 partials of row k.
-            const __m256i h0123 = _mm256_hadd_epi32(_mm256_hadd_epi32(s[0], s[1]), _mm256_hadd_epi32(s[2], s[3]));
-            const __m256i h4567 = _mm256_hadd_epi32(_mm256_hadd_epi32(s[4], s[5]), _mm256_hadd_epi32(s[6], s[7]));
-            const __m256i sums = _mm256_add_epi32(_mm256_permute2x128_si256(h0123, h4567, 0x20),
-                                                  _mm256_permute2x128_si256(h0123, h4567, 0x31));
-            auto h = [](uint16_t v) { return static_cast<short>(v); };
-            const __m256 dw = _mm256_cvtph_ps(_mm_setr_epi16(h(x[0][i].d), h(x[1][i].d), h(x[2][i].d), h(x[3][i].d),
-                                                             h(x[4][i].d), h(x[5][i].d), h(x[6][i].d), h(x[7][i].d)));
-            const __m256 scale = _mm256_mul_ps(dw, _mm256_set1_ps(f16(y[i].d)));
-            acc = _mm256_fmadd_ps(_mm256_cvtepi32_ps(sums), scale, acc);
+// Q4_0 in dot_symmetric32<BlockQ4_0>'s order; the offset term (8 * y) is the same for every row of
+// a block.
+void dot_rows_q4_0(int n, int n_rows, float* out, const void* w, size_t w_stride, const void* a) {
+    auto block_sums = [](const BlockQ4_0* const* x, int i, __m256i yq, __m256i* s) {
+        const __m256i offset = _mm256_maddubs_epi16(_mm256_set1_epi8(8), yq);
+        for (int k = 0; k < 8; ++k) {
+            const __m256i pairs = _mm256_sub_epi16(_mm256_maddubs_epi16(quants(x[k][i]), yq), offset);
+            s[k] = _mm256_madd_epi16(pairs, _mm256_set1_epi16(1));
         }
-        _mm256_storeu_ps(out + r, acc);
-    }
-    for (; r < n_rows; ++r) dot_iq4_nl(n, out + r, base + static_cast<size_t>(r) * w_stride, a);
+    };
+    dot_rows8<BlockQ4_0>(n, n_rows, out, w, w_stride, a, block_sums, dot_symmetric32<BlockQ4_0, 8>);
+}
+
+// IQ4_NL in dot_iq4_nl's order: its table lookup and signed block dot per row (one chain of FMAs
+// per row is what keeps the single dot slow).
+void dot_rows_iq4_nl(int n, int n_rows, float* out, const void* w, size_t w_stride, const void* a) {
+    const __m256i table = _mm256_broadcastsi128_si256(_mm_loadu_si128(reinterpret_cast<const __m128i*>(kValuesIQ4NL)));
+    auto block_sums = [table](const BlockIQ4_NL* const* x, int i, __m256i yq, __m256i* s) {
+        for (int k = 0; k < 8; ++k) s[k] = signed_block_dot(_mm256_shuffle_epi8(table, unpack_nibbles(x[k][i].qs)), yq);
+    };
+    dot_rows8<BlockIQ4_NL>(n, n_rows, out, w, w_stride, a, block_sums, dot_iq4_nl);
 }
 
 }  // namespace
