@@ -15,12 +15,19 @@
 #include <filesystem>
 #include <random>
 
+#include "engine/file_io.h"
+#include "engine/key_transform_file.h"
 #include "fitllm/error.h"
 #include "gguf/gguf_reader.h"
 
 namespace fitllm::engine {
 
 namespace {
+
+using file_io::Hash;
+using file_io::hex;
+using file_io::read_all;
+using file_io::write_all;
 
 bool starts(std::span<const int32_t> a, std::span<const int32_t> prefix) {
     return prefix.size() <= a.size() && std::equal(prefix.begin(), prefix.end(), a.begin());
@@ -74,69 +81,6 @@ size_t least_recently_used(const std::vector<Entry>& entries) {
     return static_cast<size_t>(lru - entries.begin());
 }
 
-// Writes or reads all n bytes at `offset` of fd; false on an error (errno set) or a short file.
-bool write_all(int fd, const void* data, size_t n, uint64_t offset) {
-    const auto* bytes = static_cast<const std::byte*>(data);
-    for (size_t done = 0; done < n;) {
-        const ssize_t w = ::pwrite(fd, bytes + done, n - done, static_cast<off_t>(offset + done));
-        if (w < 0 && errno == EINTR) continue;
-        if (w <= 0) return false;
-        done += static_cast<size_t>(w);
-    }
-    return true;
-}
-
-bool read_all(int fd, void* data, size_t n, uint64_t offset) {
-    auto* bytes = static_cast<std::byte*>(data);
-    for (size_t done = 0; done < n;) {
-        const ssize_t r = ::pread(fd, bytes + done, n - done, static_cast<off_t>(offset + done));
-        if (r < 0 && errno == EINTR) continue;
-        if (r <= 0) return false;
-        done += static_cast<size_t>(r);
-    }
-    return true;
-}
-
-// A 64-bit hash of bytes, a word at a time (for identities and to catch corrupt files, not
-// against an adversary).
-class Hash {
-public:
-    void add(const void* data, size_t n) {
-        const auto* p = static_cast<const unsigned char*>(data);
-        size_t i = 0;
-        for (; i + 8 <= n; i += 8) {
-            uint64_t w;
-            std::memcpy(&w, p + i, 8);
-            word(w);
-        }
-        if (i < n) {
-            uint64_t w = 0;
-            std::memcpy(&w, p + i, n - i);
-            word(w ^ (uint64_t{n - i} << 59));
-        }
-        length_ += n;
-    }
-    template <class T>
-    void add_value(const T& v) {
-        add(&v, sizeof v);
-    }
-    uint64_t value() const {
-        uint64_t h = h_ ^ length_;
-        h ^= h >> 33;
-        h *= 0xff51afd7ed558ccdULL;
-        h ^= h >> 33;
-        return h;
-    }
-
-private:
-    void word(uint64_t w) {
-        h_ ^= w * 0x9E3779B97F4A7C15ULL;
-        h_ = (h_ << 27 | h_ >> 37) * 0xC2B2AE3D27D4EB4FULL + 0x165667B19E3779F9ULL;
-    }
-    uint64_t h_ = 0x27D4EB2F165667C5ULL;
-    uint64_t length_ = 0;
-};
-
 constexpr char kMagic[8] = {'F', 'I', 'T', 'L', 'L', 'M', 'K', 'V'};
 constexpr uint32_t kFileVersion = 1;
 constexpr const char* kFileSuffix = ".fitllm-prompt";
@@ -144,36 +88,8 @@ constexpr const char* kTempSuffix = ".tmp";
 constexpr const char* kFilePrefix = "prompt-";
 constexpr const char* kDirPrefix = "fitllm-prompts-";
 constexpr size_t kMaxNotes = 32;
-// The K transform file (shaped keys): a header, then per layer of each pool that shapes K (pool by
-// pool, layer by layer) a record and the transform's numbers (kv::KeyTransform::numbers(), whose
-// sizes the record's kind and shape give).
-constexpr char kKeysMagic[8] = {'F', 'I', 'T', 'L', 'L', 'M', 'K', 'T'};
-constexpr uint32_t kKeysVersion = 1;
-constexpr const char* kKeysSuffix = ".fitllm-keys";
-struct KeysHead {
-    char magic[8];
-    uint32_t version;
-    uint32_t n_layers;  // records
-    uint64_t model;     // model_file_identity()
-    uint64_t key;       // what the file's name says: the model, the KV layout and the pools' limits
-    uint64_t bytes;     // the whole file's
-    uint64_t content;   // the hash of the records and numbers: the transforms' identity (never 0)
-};
-static_assert(sizeof(KeysHead) == 48);
-struct KeysRecord {
-    int32_t kind;  // kv::KeyTransform::Kind
-    int32_t n_head_kv;
-    int32_t head_dim;
-    int32_t reserved;
-};
 // A leftover younger than this may be a live writer's between its open() and its flock().
 constexpr auto kStaleAfter = std::chrono::seconds(2);
-
-std::string hex(uint64_t v) {
-    char buf[17];
-    std::snprintf(buf, sizeof buf, "%016llx", static_cast<unsigned long long>(v));
-    return buf;
-}
 
 }  // namespace
 
@@ -187,8 +103,7 @@ uint64_t model_file_identity(const gguf::GgufFile& file) {
         h.add(t.data.data(), n);
         h.add(t.data.data() + t.data.size() - n, n);
     }
-    const uint64_t v = h.value();
-    return v != 0 ? v : 1;
+    return h.identity();
 }
 
 uint64_t kv_layout_identity(const kv::ModelCache& cache) {
@@ -376,40 +291,11 @@ uint32_t keys_tag(uint64_t layout) {
     return static_cast<uint32_t>(layout >> 32) | 1u;
 }
 
-bool all_finite(std::span<const float> v) {
-    return std::all_of(v.begin(), v.end(), [](float x) { return std::isfinite(x); });
-}
-
 }  // namespace
 
-uint64_t PromptCache::keys_content() const {
-    Hash h;
-    for (int p = 0; p < cache_.n_pools(); ++p) {
-        const kv::KvCache& pool = cache_.pool(p);
-        if (!pool.shapes_keys()) continue;
-        for (int l = 0; l < pool.n_layer(); ++l) {
-            const kv::KeyTransform* key = pool.key_transform(l);
-            if (key == nullptr) return 0;
-            const KeysRecord r{static_cast<int32_t>(key->kind()), key->n_head_kv(), key->head_dim(), 0};
-            h.add_value(r);
-            for (const std::span<const float> v : key->numbers()) h.add(v.data(), v.size_bytes());
-        }
-    }
-    const uint64_t v = h.value();
-    return v != 0 ? v : 1;
-}
-
 void PromptCache::load_keys() {
-    Hash name;
-    name.add_value(kKeysVersion);
-    name.add_value(model_);
-    name.add_value(layout_);
-    for (int p = 0; p < cache_.n_pools(); ++p) {
-        const uint8_t limited = cache_.pool(p).key_transform_limited() ? 1 : 0;
-        name.add_value(limited);
-    }
-    keys_key_ = name.value();
-    keys_path_ = disk_dir_ + "/keys-" + hex(keys_key_) + kKeysSuffix;
+    keys_key_ = key_transform_file_key(model_, layout_, cache_);
+    keys_path_ = disk_dir_ + "/" + key_transform_file_name(keys_key_);
     const int fd = ::open(keys_path_.c_str(), O_RDONLY | O_CLOEXEC | O_NOFOLLOW);
     if (fd < 0) {
         // None (the first run, or one that wrote no prompt): prompt files with shaped keys are skipped.
@@ -419,167 +305,35 @@ void PromptCache::load_keys() {
         }
         return;
     }
-    std::vector<std::pair<int, int>> layers;  // (pool, layer) of each record
-    for (int p = 0; p < cache_.n_pools(); ++p) {
-        if (!cache_.pool(p).shapes_keys()) continue;
-        for (int l = 0; l < cache_.pool(p).n_layer(); ++l) layers.emplace_back(p, l);
-    }
-    // Read whole before any pool takes one: the transforms, as large as the fitted ones would be
-    // (the KV cache's charge holds them), and checked against the cache and the file's hash.
-    std::vector<kv::KeyTransform> keys;
-    const auto read = [&]() -> std::string {
-        struct stat st {};
-        if (::fstat(fd, &st) != 0) return std::string("cannot stat it: ") + std::strerror(errno);
-        const auto size = static_cast<uint64_t>(st.st_size);
-        KeysHead h{};
-        if (size < sizeof h || !read_all(fd, &h, sizeof h, 0)) {
-            return "truncated: " + std::to_string(size) + " bytes, less than a header";
-        }
-        if (std::memcmp(h.magic, kKeysMagic, sizeof kKeysMagic) != 0) return "not a fitllm K transform file";
-        if (h.version != kKeysVersion) {
-            return "format version " + std::to_string(h.version) + ", not " + std::to_string(kKeysVersion);
-        }
-        if (h.model != model_) return "mismatched: of another model file";
-        if (h.key != keys_key_) return "mismatched: of another KV layout or K transform kind";
-        if (h.bytes != size) {
-            return (size < h.bytes ? "truncated: " : "too long: ") + std::to_string(size) + " bytes, its header says " +
-                   std::to_string(h.bytes);
-        }
-        if (h.n_layers != layers.size()) {
-            return "mismatched: " + std::to_string(h.n_layers) + " layers, the cache shapes K in " +
-                   std::to_string(layers.size());
-        }
-        Hash content;
-        uint64_t offset = sizeof h;
-        keys.reserve(layers.size());
-        for (const auto& [p, l] : layers) {
-            const std::string where = "layer " + std::to_string(l) + " of KV pool " + std::to_string(p);
-            KeysRecord r{};
-            if (offset + sizeof r > size || !read_all(fd, &r, sizeof r, offset)) return "truncated in " + where;
-            content.add_value(r);
-            offset += sizeof r;
-            const kv::KvCache::LayerView view = cache_.pool(p).layer_view(l);
-            if (r.kind < 0 || r.kind > static_cast<int32_t>(kv::KeyTransform::Kind::QueryAware) ||
-                r.n_head_kv != view.n_head_kv || r.head_dim != view.head_dim_k) {
-                return "mismatched: " + where + " holds kind " + std::to_string(r.kind) + " for " +
-                       std::to_string(r.n_head_kv) + " heads of " + std::to_string(r.head_dim) + ", the cache has " +
-                       std::to_string(view.n_head_kv) + " of " + std::to_string(view.head_dim_k);
-            }
-            kv::KeyTransform& key = keys.emplace_back();
-            std::vector<std::span<float>> numbers;
-            try {
-                numbers = key.prepare_numbers(static_cast<kv::KeyTransform::Kind>(r.kind), r.n_head_kv, r.head_dim);
-            } catch (const std::invalid_argument& e) {
-                return "mismatched: " + where + ": " + e.what();
-            }
-            for (const std::span<float> v : numbers) {
-                if (offset + v.size_bytes() > size || !read_all(fd, v.data(), v.size_bytes(), offset)) {
-                    return "truncated in " + where;
-                }
-                content.add(v.data(), v.size_bytes());
-                offset += v.size_bytes();
-                if (!all_finite(v)) return "corrupt: " + where + " holds a number that is not finite";
-            }
-            key.finish_numbers();
-            if (!cache_.pool(p).accepts_key_transform(l, key)) {
-                return "mismatched: " + where + "'s transform is of a kind this cache does not fit (-ctk, device)";
-            }
-        }
-        if (offset != size)
-            return "too long: " + std::to_string(size) + " bytes, its layers take " + std::to_string(offset);
-        const uint64_t c = content.value() != 0 ? content.value() : 1;
-        if (c != h.content) return "corrupt: its numbers do not match their hash";
-        keys_id_ = c;
-        return {};
-    };
-    const std::string why = read();
+    const KeyTransformLoad got = load_key_transform_file(fd, cache_, model_, keys_key_);
     ::posix_fadvise(fd, 0, 0, POSIX_FADV_DONTNEED);
     ::close(fd);
-    if (!why.empty()) {
-        keys_id_ = 0;
+    if (!got.why.empty()) {
         ++n_disk_bad_;
-        note("warning: K transform file " + keys_path_ + ": " + why +
+        note("warning: K transform file " + keys_path_ + ": " + got.why +
              "; deleted, and the prompt files written with it are not used (this run fits its own)");
         ::unlink(keys_path_.c_str());
         return;
     }
-    for (size_t i = 0; i < layers.size(); ++i) {
-        cache_.pool(layers[i].first).set_key_transform(layers[i].second, std::move(keys[i]));
-    }
+    keys_id_ = got.identity;
     keys_on_disk_ = true;
 }
 
 void PromptCache::ensure_keys() {
     if (!shaped_ || keys_id_ != 0) return;
     // The rows about to be written were copied out once every layer had its transform.
-    keys_id_ = keys_content();
+    keys_id_ = key_transforms_identity(cache_);
     if (keys_id_ == 0 || keys_write_tried_) return;
     keys_write_tried_ = true;
-    keys_on_disk_ = write_keys(keys_id_);
-}
-
-bool PromptCache::write_keys(uint64_t content) {
-    std::vector<const kv::KeyTransform*> keys;
-    uint64_t bytes = sizeof(KeysHead);
-    for (int p = 0; p < cache_.n_pools(); ++p) {
-        const kv::KvCache& pool = cache_.pool(p);
-        if (!pool.shapes_keys()) continue;
-        for (int l = 0; l < pool.n_layer(); ++l) {
-            keys.push_back(pool.key_transform(l));
-            bytes += sizeof(KeysRecord);
-            for (const std::span<const float> v : keys.back()->numbers()) bytes += v.size_bytes();
-        }
-    }
-    KeysHead h{};
-    std::memcpy(h.magic, kKeysMagic, sizeof kKeysMagic);
-    h.version = kKeysVersion;
-    h.n_layers = static_cast<uint32_t>(keys.size());
-    h.model = model_;
-    h.key = keys_key_;
-    h.bytes = bytes;
-    h.content = content;
-    // As a prompt file: a temporary name of this process's (one a start removes when its writer
-    // died), synced, then linked to its name, which never replaces a file there: a transform file
-    // another server wrote first stays (and this run's files go with it).
-    const std::string temp = file_prefix_ + "-keys" + kFileSuffix + kTempSuffix;
-    const int fd = ::open(temp.c_str(), O_WRONLY | O_CREAT | O_EXCL | O_CLOEXEC, 0600);
-    if (fd >= 0) ::flock(fd, LOCK_EX | LOCK_NB);
-    bool ok = fd >= 0 && write_all(fd, &h, sizeof h, 0);
-    uint64_t offset = sizeof h;
-    for (const kv::KeyTransform* key : keys) {
-        if (!ok) break;
-        const KeysRecord r{static_cast<int32_t>(key->kind()), key->n_head_kv(), key->head_dim(), 0};
-        ok = write_all(fd, &r, sizeof r, offset);
-        offset += sizeof r;
-        for (const std::span<const float> v : key->numbers()) {
-            ok = ok && write_all(fd, v.data(), v.size_bytes(), offset);
-            offset += v.size_bytes();
-        }
-    }
-    ok = ok && ::fdatasync(fd) == 0;
-    if (fd >= 0) ::posix_fadvise(fd, 0, 0, POSIX_FADV_DONTNEED);
-    std::string why;
-    if (!ok) {
-        why = std::string("cannot be written: ") + std::strerror(errno);
-    } else if (::link(temp.c_str(), keys_path_.c_str()) != 0) {
-        ok = false;
-        if (errno == EEXIST) {
-            why = "written by another server meanwhile, with another transform";
-        } else if (::access(keys_path_.c_str(), F_OK) != 0 && ::rename(temp.c_str(), keys_path_.c_str()) == 0) {
-            ok = true;  // a file system without hard links
-        } else {
-            why = std::string("cannot be linked into place: ") + std::strerror(errno);
-        }
-    }
-    ::unlink(temp.c_str());
-    if (fd >= 0) ::close(fd);
-    if (!ok) {
+    const std::string why = write_key_transform_file(file_prefix_ + "-keys" + kFileSuffix + kTempSuffix, keys_path_,
+                                                     cache_, model_, keys_key_, keys_id_);
+    keys_on_disk_ = why.empty();
+    if (!keys_on_disk_) {
         std::fprintf(stderr,
                      "fitllm: warning: K transform file %s: %s; this run's prompt files are deleted when it ends "
                      "(a later run could not read them)\n",
                      keys_path_.c_str(), why.c_str());
     }
-    return ok;
 }
 
 void PromptCache::persist() {

@@ -199,14 +199,13 @@ private:
     // this cache's, else why not (foreign: another model, layout or version, or longer than the context).
     // stale: of this model and layout, but its keys shaped by a K transform this run does not use.
     std::string check_head(const FileHead& h, uint64_t size, bool& foreign, bool& stale) const;
-    // Shaped keys (persistent): the K transform file. load_keys() at the start gives the pools the
-    // transforms it holds (or warns and deletes it); ensure_keys() before a prompt file is written
-    // takes this run's transforms' identity and writes them once when none was read.
+    // Shaped keys (persistent): the K transform file (engine/key_transform_file.h). load_keys() at
+    // the start gives the pools the transforms it holds (or warns and deletes it); ensure_keys()
+    // before a prompt file is written takes this run's transforms' identity and writes them once
+    // when none was read.
     void load_keys();
     void ensure_keys();
-    bool write_keys(uint64_t content);
-    uint64_t keys_content() const;  // the hash of the pools' fitted transforms; 0 when one is not fitted
-    uint64_t file_layout() const;   // the layout identity prompt files are written with
+    uint64_t file_layout() const;  // the layout identity prompt files are written with
     // Reads a checked file's place counts, tokens and places into d (tokens, places, head, bytes,
     // rows_offset); empty when they hold together, else why not.
     std::string read_index(int fd, OnDisk& d) const;

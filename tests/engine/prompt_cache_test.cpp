@@ -785,8 +785,8 @@ TEST_F(PersistentPromptCache, ABrokenOrForeignKeyTransformFileMakesItsPromptFile
     first_turn(other, c_, options_);
     const std::filesystem::path name = keys_file(dir_);
     ASSERT_FALSE(name.empty());
-    const std::filesystem::path foreign = dir_.string() + "-foreign-keys";
-    std::filesystem::copy_file(name, foreign, std::filesystem::copy_options::overwrite_existing);
+    const std::filesystem::path other_keys = dir_.string() + "-foreign-keys";
+    std::filesystem::copy_file(name, other_keys, std::filesystem::copy_options::overwrite_existing);
     GenerationParams p = greedy(8);
     p.top_logprobs = 5;
     ContextConfig plain = c_;
@@ -833,7 +833,7 @@ TEST_F(PersistentPromptCache, ABrokenOrForeignKeyTransformFileMakesItsPromptFile
                 std::filesystem::remove(keys);
                 break;
             case Break::foreign:
-                std::filesystem::copy_file(foreign, keys, std::filesystem::copy_options::overwrite_existing);
+                std::filesystem::copy_file(other_keys, keys, std::filesystem::copy_options::overwrite_existing);
                 break;
         }
         const std::vector<int32_t> next = concat(concat(first, sampled_ids(a)), ids(" and so", false));
@@ -866,7 +866,7 @@ TEST_F(PersistentPromptCache, ABrokenOrForeignKeyTransformFileMakesItsPromptFile
         EXPECT_EQ(s.stats().n_disk_loaded, 1u);
         EXPECT_EQ(s.stats().n_disk_foreign + s.stats().n_disk_bad, 0u);
     }
-    std::filesystem::remove(foreign);
+    std::filesystem::remove(other_keys);
 }
 
 // Without the model's identity, --cache-dir holds a directory of the scheduler's, gone with it.
