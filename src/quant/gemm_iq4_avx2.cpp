@@ -117,31 +117,33 @@ void micro(const Tile& tile, int kb, const TokBlock* prep, const uint8_t* act, s
             acc[t] = _mm256_load_ps(part);
         }
     }
+    const __m256i one = _mm256_set1_epi16(1), sixteen = _mm256_set1_epi16(16);
     for (int b = 0; b < kb; ++b) {
-        __m256i sum[kT];
+        // Group by group, both planes of each token share its broadcast: 2 kT 16-bit sums live.
+        __m256i lo[kT], hi[kT];
 #pragma GCC unroll 8
-        for (int t = 0; t < kT; ++t) sum[t] = _mm256_set1_epi32(prep[t * kChunk + b].off);
-#pragma GCC unroll 2
-        for (int plane = 0; plane < 2; ++plane) {
-            __m256i pairs[kT];
+        for (int g = 0; g < 8; ++g) {
+            const __m256i wl = _mm256_load_si256(reinterpret_cast<const __m256i*>(tile.q[b][g]));
+            const __m256i wh = _mm256_load_si256(reinterpret_cast<const __m256i*>(tile.q[b][8 + g]));
 #pragma GCC unroll 8
-            for (int g = 0; g < 8; ++g) {
-                const __m256i w = _mm256_load_si256(reinterpret_cast<const __m256i*>(tile.q[b][8 * plane + g]));
-#pragma GCC unroll 8
-                for (int t = 0; t < kT; ++t) {
-                    const __m256i p = _mm256_maddubs_epi16(w, _mm256_set1_epi32(load_i32(a[t][b].qs + 4 * g)));
-                    pairs[t] = g == 0 ? p : _mm256_add_epi16(pairs[t], p);
-                }
+            for (int t = 0; t < kT; ++t) {
+                const __m256i yb = _mm256_set1_epi32(load_i32(a[t][b].qs + 4 * g));
+                const __m256i pl = _mm256_maddubs_epi16(wl, yb);
+                const __m256i ph = _mm256_maddubs_epi16(wh, yb);
+                lo[t] = g == 0 ? pl : _mm256_add_epi16(lo[t], pl);
+                hi[t] = g == 0 ? ph : _mm256_add_epi16(hi[t], ph);
+                // Keeps GCC from reassociating the sums into a tree over all 8 groups (spills).
+                asm("" : "+x"(lo[t]), "+x"(hi[t]));
             }
-            const __m256i weight = _mm256_set1_epi16(plane == 0 ? 1 : 16);
-#pragma GCC unroll 8
-            for (int t = 0; t < kT; ++t) sum[t] = _mm256_add_epi32(sum[t], _mm256_madd_epi16(pairs[t], weight));
         }
         const __m256 dw = _mm256_load_ps(tile.d[b]);
 #pragma GCC unroll 8
         for (int t = 0; t < kT; ++t) {
+            const __m256i sum = _mm256_add_epi32(
+                _mm256_add_epi32(_mm256_set1_epi32(prep[t * kChunk + b].off), _mm256_madd_epi16(lo[t], one)),
+                _mm256_madd_epi16(hi[t], sixteen));
             const __m256 scale = _mm256_mul_ps(dw, _mm256_set1_ps(prep[t * kChunk + b].d));
-            acc[t] = _mm256_fmadd_ps(_mm256_cvtepi32_ps(sum[t]), scale, acc[t]);
+            acc[t] = _mm256_fmadd_ps(_mm256_cvtepi32_ps(sum), scale, acc[t]);
         }
     }
     for (int t = 0; t < kT; ++t) {
