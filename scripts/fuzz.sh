@@ -4,8 +4,9 @@
 #   jinja_fuzz           the Jinja engine: parse, check, render seeds: the chat fixtures (fuzz/make_corpus.py)
 #   tokenizer_fuzz       the tokenizers of every test vocabulary seeds: llama.cpp's tokenizer test texts
 #   request_parser_fuzz  the OpenAI and Ollama request parsers      seeds: fuzz/corpus_request/
-# Each starts from a scratch copy of its seeds, so nothing checked in changes. Extra arguments go
-# to libFuzzer (e.g. -jobs=2).
+# Each starts from a scratch copy of its seeds, so nothing checked in changes; as many run at a
+# time as there are cores (FITLLM_FUZZ_PARALLEL=N to change). Extra arguments go to libFuzzer
+# (e.g. -jobs=2, with FITLLM_FUZZ_PARALLEL=1).
 #
 #   scripts/fuzz.sh [SECONDS] [LIBFUZZER_ARGS...]
 #
@@ -64,22 +65,40 @@ options() {
     esac
 }
 
-failed=()
-for target in "${targets[@]}"; do
-    echo "=== $target: $seconds s ==="
-    dir="$scratch/$target"
-    findings="$root/fuzz/findings/$target"
-    mkdir -p "$dir/corpus" "$findings"
+# One target: its seeds, then libFuzzer for SECONDS; its log and exit status in its scratch dir.
+run_target() {
+    local target="$1"
+    shift
+    local dir="$scratch/$target"
+    mkdir -p "$dir/corpus" "$root/fuzz/findings/$target"
     seed "$target" "$dir/corpus"
-    log="$dir/fuzz.log"
     set +e
     # shellcheck disable=SC2046  # options() gives several words on purpose
     "$build/fuzz/$target" "$dir/corpus" $(options "$target") \
         -max_total_time="$seconds" -rss_limit_mb=2048 -timeout=10 \
-        -artifact_prefix="$findings/" -print_final_stats=1 "$@" 2>&1 | tee "$log" |
-        grep -E '^#[0-9]+[[:space:]]+(INITED|pulse)' --line-buffered
-    rc=${PIPESTATUS[0]}
-    set -e
+        -artifact_prefix="$root/fuzz/findings/$target/" -print_final_stats=1 "$@" >"$dir/fuzz.log" 2>&1
+    echo $? >"$dir/rc"
+}
+
+# As many targets at a time as there are cores (FITLLM_FUZZ_PARALLEL; 1 when passing -jobs=N).
+parallel="${FITLLM_FUZZ_PARALLEL:-$(nproc)}"
+running=0
+for target in "${targets[@]}"; do
+    echo "=== $target: $seconds s ==="
+    run_target "$target" "$@" &
+    running=$((running + 1))
+    if [ "$running" -ge "$parallel" ]; then
+        wait -n || true
+        running=$((running - 1))
+    fi
+done
+wait
+
+failed=()
+for target in "${targets[@]}"; do
+    log="$scratch/$target/fuzz.log"
+    findings="$root/fuzz/findings/$target"
+    rc="$(cat "$scratch/$target/rc" 2>/dev/null || echo 1)"
     echo "--- $target: final stats ---"
     grep -E '^#[0-9]+[[:space:]]+DONE|^Done [0-9]+ runs|^stat::number_of_executed_units|^stat::peak_rss_mb' "$log" ||
         tail -n 5 "$log"
