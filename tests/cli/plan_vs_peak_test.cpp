@@ -27,15 +27,8 @@
 
 #include "test_support.h"
 
-#if defined(__SANITIZE_ADDRESS__)
-#define FITLLM_ASAN 1
-#elif defined(__has_feature)
-#if __has_feature(address_sanitizer)
-#define FITLLM_ASAN 1
-#endif
-#endif
-#ifndef FITLLM_ASAN
-#define FITLLM_ASAN 0
+#ifndef FITLLM_UNDER_ASAN  // tests/CMakeLists.txt sets it in the sanitizer build
+#define FITLLM_UNDER_ASAN 0
 #endif
 
 namespace fitllm {
@@ -219,7 +212,7 @@ struct Case {
 };
 
 TEST(PlanVsPeak, RunStaysWithinToleranceOfItsPlan) {
-    if (FITLLM_ASAN) {
+    if (FITLLM_UNDER_ASAN) {
         GTEST_SKIP() << "built with AddressSanitizer: its shadow memory and quarantine are not part of the plan";
     }
     std::vector<fs::path> models = {test::source_dir() / "tests/model/data/tiny-llama-q8_0.gguf",
@@ -292,7 +285,7 @@ TEST(PlanVsPeak, RunStaysWithinToleranceOfItsPlan) {
 // `fitllm serve` with 4 slots under 16 concurrent streamed clients (two requests each) peaks
 // within the tolerance of the plan of its model: `fitllm plan` with the same -c, -np, -b and -t.
 TEST(PlanVsPeak, ServeStaysWithinToleranceOfItsPlan) {
-    if (FITLLM_ASAN) {
+    if (FITLLM_UNDER_ASAN) {
         GTEST_SKIP() << "built with AddressSanitizer: its shadow memory and quarantine are not part of the plan";
     }
     const auto demo = test::demo_model();

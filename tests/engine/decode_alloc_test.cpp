@@ -22,11 +22,10 @@
 
 // AddressSanitizer brings its own operator new (and checks that every variant is paired with
 // its delete), so under it the replacement is left out and the counting tests skip.
-#if defined(__SANITIZE_ADDRESS__)
-#define FITLLM_COUNT_ALLOCATIONS 0
-#else
-#define FITLLM_COUNT_ALLOCATIONS 1
+#ifndef FITLLM_UNDER_ASAN  // tests/CMakeLists.txt sets it in the sanitizer build
+#define FITLLM_UNDER_ASAN 0
 #endif
+#define FITLLM_COUNT_ALLOCATIONS (!FITLLM_UNDER_ASAN)
 
 namespace {
 std::atomic<bool> g_counting{false};

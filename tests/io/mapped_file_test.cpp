@@ -25,17 +25,10 @@ namespace fs = std::filesystem;
 constexpr std::size_t kFileSize = 8u << 20;
 
 // AddressSanitizer intercepts mlock() and turns it into a no-op that reports success.
-#if defined(__SANITIZE_ADDRESS__)
-constexpr bool kMlockReallyLocks = false;
-#elif defined(__has_feature)
-#if __has_feature(address_sanitizer)
-constexpr bool kMlockReallyLocks = false;
-#else
-constexpr bool kMlockReallyLocks = true;
+#ifndef FITLLM_UNDER_ASAN  // tests/CMakeLists.txt sets it in the sanitizer build
+#define FITLLM_UNDER_ASAN 0
 #endif
-#else
-constexpr bool kMlockReallyLocks = true;
-#endif
+constexpr bool kMlockReallyLocks = !FITLLM_UNDER_ASAN;
 
 // Different in every byte position and every page, so a page read from the wrong place shows.
 std::byte pattern_at(std::size_t i) {
