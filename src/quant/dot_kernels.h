@@ -20,5 +20,8 @@ DotRowsFn dot_rows_avx2(GgmlType weight_type);
 DotFn dot_avx2_kquants(GgmlType weight_type);
 DotFn dot_avx512(GgmlType weight_type, bool vnni);
 DotFn dot_avx512_kquants(GgmlType weight_type, bool vnni);
+// The AVX-512 rows kernels where there is one (Q4_0; IQ4_NL with VNNI), in the same serial order
+// as dot_rows_avx2's, which they call for the rows past their groups of sixteen.
+DotRowsFn dot_rows_avx512(GgmlType weight_type, bool vnni);
 
 }  // namespace fitllm::quant::detail

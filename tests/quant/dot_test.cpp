@@ -230,7 +230,8 @@ TEST(Dot, VariantsMatchReference) {
 }
 
 // DotKernel::rows (matrix-vector over many rows at once) gives every row the float its fn gives,
-// for row counts around its eight-row groups, at every level the CPU has.
+// for row counts around its groups of eight and sixteen, at every level the CPU has; and rows of
+// more than 512 blocks of 32 (the AVX-512 kernels' offsets come in chunks of 512 blocks).
 TEST(Dot, RowsGiveEachRowTheDotsBits) {
     const CpuFeatures cpu = detect_cpu_features();
     if (cpu.best_isa() < Isa::Avx2) GTEST_SKIP() << "no AVX2 on this CPU (" << cpu.describe() << ")";
@@ -240,8 +241,11 @@ TEST(Dot, RowsGiveEachRowTheDotsBits) {
             if (isa > cpu.best_isa()) continue;
             const DotKernel k = select_dot(w, limit_to(cpu, isa));
             if (k.rows == nullptr) continue;
-            for (int n : sizes_for(w)) {
-                for (int n_rows : {1, 7, 8, 9, 16, 19}) {
+            std::vector<int> sizes = sizes_for(w);
+            if (traits(w).block_elements == 32) sizes.push_back(32 * (2 * 512 + 3));
+            for (int n : sizes) {
+                for (int n_rows : {1, 7, 8, 9, 15, 16, 19, 24, 33, 47}) {
+                    if (n > 8192 && n_rows > 19) continue;
                     const Rows d = make_rows(w, n, n_rows, static_cast<uint32_t>(n * 31 + n_rows), false);
                     std::vector<float> got(static_cast<size_t>(n_rows), -1.0f);
                     k.rows(n, n_rows, got.data(), d.w_row(0), test::bytes_of_row(w, n), d.act.data());
@@ -257,10 +261,20 @@ TEST(Dot, RowsGiveEachRowTheDotsBits) {
             ++checked;
         }
     }
-    // Q4_0 and IQ4_NL have one from AVX2 on (their serial order is the same at every level).
+    // Q4_0 and IQ4_NL have one from AVX2 on (their serial order is the same at every level); with
+    // AVX-512 Q4_0 has its own sixteen-row kernel, and IQ4_NL too where there is VNNI.
     EXPECT_NE(select_dot(GgmlType::Q4_0, limit_to(cpu, Isa::Avx2)).rows, nullptr);
     EXPECT_NE(select_dot(GgmlType::IQ4_NL, limit_to(cpu, Isa::Avx2)).rows, nullptr);
     EXPECT_EQ(select_dot(GgmlType::Q4_0, CpuFeatures{}).rows, nullptr);
+    for (Isa isa : {Isa::Avx512, Isa::Avx512Vnni}) {
+        if (isa > cpu.best_isa()) continue;
+        const auto rows = [&](GgmlType w, Isa level) { return select_dot(w, limit_to(cpu, level)).rows; };
+        EXPECT_NE(rows(GgmlType::Q4_0, isa), rows(GgmlType::Q4_0, Isa::Avx2)) << isa_name(isa);
+        if (isa == Isa::Avx512Vnni)
+            EXPECT_NE(rows(GgmlType::IQ4_NL, isa), rows(GgmlType::IQ4_NL, Isa::Avx2));
+        else
+            EXPECT_EQ(rows(GgmlType::IQ4_NL, isa), rows(GgmlType::IQ4_NL, Isa::Avx2));
+    }
     EXPECT_GT(checked, 0);
 }
 
