@@ -118,6 +118,12 @@ struct Q4K {
         for (int j = 0; j < nr; ++j)
             rows[j] = reinterpret_cast<const Block*>(w + static_cast<size_t>(j) * w_stride) + b0;
         const __m512i nibble = _mm512_set1_epi8(0x0F);
+        // Byte offsets of the 16 rows for the gathers of scales_of_lanes (int32: strides up to 128 MiB).
+        const bool gather_ok = w_stride <= (size_t{1} << 27);
+        const __m512i offsets =
+            _mm512_mullo_epi32(_mm512_setr_epi32(0, 1, 2, 3, 4, 5, 6, 7, 8, 9, 10, 11, 12, 13, 14, 15),
+                               _mm512_set1_epi32(gather_ok ? static_cast<int32_t>(w_stride) : 0));
+        const auto lanes = static_cast<__mmask16>(nr >= kLanes ? 0xFFFF : (1u << nr) - 1);
         for (int b = 0; b < kb; ++b) {
             for (int c = 0; c < 4; ++c) {
                 __m512i raw[8];
@@ -128,6 +134,10 @@ struct Q4K {
                     _mm512_store_si512(tile.q[b][c][1][g], _mm512_and_si512(_mm512_srli_epi16(raw[g], 4), nibble));
                 }
             }
+            if (gather_ok) {
+                scales_of_lanes(tile, b, w + static_cast<size_t>(b0 + b) * sizeof(Block), offsets, lanes);
+                continue;
+            }
             for (int j = 0; j < kLanes; ++j) {
                 uint8_t sc[8] = {}, mn[8] = {};
                 if (j < nr) q4k_scales_mins(rows[j][b].scales, sc, mn);
@@ -137,6 +147,40 @@ struct Q4K {
                 tile.dmin[b][j] = j < nr ? f16(rows[j][b].dmin) : 0.0f;
             }
         }
+    }
+
+    // The first 16 bytes of a block (d, dmin, the 12 bytes of packed scales and mins) of 16 rows,
+    // gathered one dword per lane (rows outside `lanes` read as zero), unpacked as
+    // q4k_scales_mins does, 16 rows at a time.
+    static void scales_of_lanes(Tile& tile, int b, const uint8_t* block0, __m512i offsets, __mmask16 lanes) {
+        __m512i dw[4];
+        for (int k = 0; k < 4; ++k) {
+            dw[k] = _mm512_mask_i32gather_epi32(_mm512_setzero_si512(), lanes, offsets, block0 + 4 * k, 1);
+        }
+        const __m512i low6 = _mm512_set1_epi32(0x3F3F3F3F), low4 = _mm512_set1_epi32(0x0F0F0F0F);
+        const __m512i top2 = _mm512_set1_epi32(0x03030303);
+        const __m512i words[4] = {
+            _mm512_and_si512(dw[1], low6),
+            _mm512_or_si512(_mm512_and_si512(dw[3], low4),
+                            _mm512_slli_epi32(_mm512_and_si512(_mm512_srli_epi32(dw[1], 6), top2), 4)),
+            _mm512_and_si512(dw[2], low6),
+            _mm512_or_si512(_mm512_and_si512(_mm512_srli_epi32(dw[3], 4), low4),
+                            _mm512_slli_epi32(_mm512_and_si512(_mm512_srli_epi32(dw[2], 6), top2), 4)),
+        };
+        const __m512i byte = _mm512_set1_epi32(0xFF);
+        for (int s = 0; s < 8; ++s) {
+            const __m512i v = _mm512_and_si512(_mm512_srlv_epi32(words[s / 4], _mm512_set1_epi32(8 * (s % 4))), byte);
+            _mm512_store_ps(tile.sc[b][s], _mm512_cvtepi32_ps(v));
+        }
+        // Mins 2c, 2c + 1 (bytes 2(c % 2), 2(c % 2) + 1 of words[2 + c / 2]) as a word pair.
+        for (int c = 0; c < 4; ++c) {
+            const __m512i v = _mm512_srli_epi32(words[2 + c / 2], 16 * (c % 2));
+            const __m512i pair = _mm512_or_si512(
+                _mm512_and_si512(v, byte), _mm512_slli_epi32(_mm512_and_si512(_mm512_srli_epi32(v, 8), byte), 16));
+            _mm512_store_si512(tile.mins[b][c], pair);
+        }
+        _mm512_store_ps(tile.d[b], _mm512_cvtph_ps(_mm512_cvtepi32_epi16(dw[0])));
+        _mm512_store_ps(tile.dmin[b], _mm512_cvtph_ps(_mm512_cvtepi32_epi16(_mm512_srli_epi32(dw[0], 16))));
     }
 
     static void prepare(TokBlock& p, const BlockQ8_K& y) {
