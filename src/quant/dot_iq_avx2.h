@@ -54,19 +54,56 @@ inline __m256i sign_bytes(uint32_t bits) {
     return _mm256_or_si256(set, _mm256_set1_epi8(1));
 }
 
-// The 4 completed sign bytes of IQ3_XXS / IQ2_XXS: 7 bits each from w.
-inline uint32_t xxs_signs(uint32_t w) {
-    return static_cast<uint32_t>(kIqSigns[w & 127]) | static_cast<uint32_t>(kIqSigns[(w >> 7) & 127]) << 8 |
-           static_cast<uint32_t>(kIqSigns[(w >> 14) & 127]) << 16 |
-           static_cast<uint32_t>(kIqSigns[(w >> 21) & 127]) << 24;
+// kIqSigns[i] as 8 bytes: -1 where its bit is set, +1 elsewhere (the completed sign bytes of a
+// 7-bit index, one 64-bit load instead of the bit spread of sign_bytes).
+struct SignByteTable {
+    uint64_t v[128];
+};
+constexpr SignByteTable make_sign_byte_table() {
+    SignByteTable t{};
+    for (int i = 0; i < 128; ++i) {
+        uint64_t bytes = 0;
+        for (int j = 0; j < 8; ++j) bytes |= uint64_t{((kIqSigns[i] >> j) & 1) ? 0xFFu : 0x01u} << (8 * j);
+        t.v[i] = bytes;
+    }
+    return t;
+}
+constexpr SignByteTable kSignBytes = make_sign_byte_table();
+
+// The sign bytes of 4 seven-bit indices (bits 0, 7, 14, 21 of w onward).
+inline __m256i xxs_sign_bytes(uint32_t w) {
+    return _mm256_set_epi64x(
+        static_cast<long long>(kSignBytes.v[(w >> 21) & 127]), static_cast<long long>(kSignBytes.v[(w >> 14) & 127]),
+        static_cast<long long>(kSignBytes.v[(w >> 7) & 127]), static_cast<long long>(kSignBytes.v[w & 127]));
+}
+
+// The sign bytes of IQ2_XS's 4 points (the top 7 bits of each 16-bit index).
+inline __m256i xs_sign_bytes(const uint16_t* q) {
+    return _mm256_set_epi64x(
+        static_cast<long long>(kSignBytes.v[q[3] >> 9]), static_cast<long long>(kSignBytes.v[q[2] >> 9]),
+        static_cast<long long>(kSignBytes.v[q[1] >> 9]), static_cast<long long>(kSignBytes.v[q[0] >> 9]));
+}
+
+// The scales of a sub-block as 16-bit words for madd: lo on its first 16 elements, hi on the rest
+// (one broadcast where they are the same).
+inline __m256i scale_words(int ls_lo, int ls_hi) {
+    return _mm256_set_m128i(_mm_set1_epi16(static_cast<int16_t>(ls_hi)), _mm_set1_epi16(static_cast<int16_t>(ls_lo)));
+}
+inline __m256i scale_words(int ls) {
+    return _mm256_set1_epi16(static_cast<int16_t>(ls));
+}
+
+// Lanes of sum(grid * sign * q8) over one sub-block, signs given as bytes of -1 / +1.
+inline __m256i grid_lanes_b(__m256i grid, __m256i sign_b, const int8_t* q8, __m256i ls) {
+    const __m256i q = _mm256_sign_epi8(_mm256_loadu_si256(reinterpret_cast<const __m256i*>(q8)), sign_b);
+    const __m256i pairs = _mm256_maddubs_epi16(grid, q);
+    return _mm256_madd_epi16(pairs, ls);
 }
 
 // Lanes of sum(grid * sign * q8) over one sub-block, each times its scale (per 16 elements: lo, hi).
-inline __m256i grid_lanes(__m256i grid, uint32_t signs, const int8_t* q8, int ls_lo, int ls_hi) {
+inline __m256i grid_lanes(__m256i grid, uint32_t signs, const int8_t* q8, __m256i ls) {
     const __m256i q = _mm256_sign_epi8(_mm256_loadu_si256(reinterpret_cast<const __m256i*>(q8)), sign_bytes(signs));
     const __m256i pairs = _mm256_maddubs_epi16(grid, q);
-    const __m256i ls =
-        _mm256_set_m128i(_mm_set1_epi16(static_cast<int16_t>(ls_hi)), _mm_set1_epi16(static_cast<int16_t>(ls_lo)));
     return _mm256_madd_epi16(pairs, ls);
 }
 
@@ -89,7 +126,7 @@ inline void dot_iq3_xxs(int n, float* out, const void* w, const void* a) {
             const uint32_t aux = u32_at(x[i].qs + kQK / 4 + 4 * ib);
             const int ls = 2 * static_cast<int>(aux >> 28) + 1;
             const __m256i grid = grid4x8(kIq3xxsGrid, x[i].qs + 8 * ib, 0);
-            sums = _mm256_add_epi32(sums, grid_lanes(grid, xxs_signs(aux), y[i].qs + 32 * ib, ls, ls));
+            sums = _mm256_add_epi32(sums, grid_lanes_b(grid, xxs_sign_bytes(aux), y[i].qs + 32 * ib, scale_words(ls)));
         }
         acc = _mm256_fmadd_ps(_mm256_set1_ps(to_f32(x[i].d) * y[i].d), _mm256_cvtepi32_ps(sums), acc);
     }
@@ -105,7 +142,8 @@ inline void dot_iq3_s(int n, float* out, const void* w, const void* a) {
         for (int ib = 0; ib < 8; ++ib) {
             const int ls = 2 * ((x[i].scales[ib / 2] >> (4 * (ib % 2))) & 15) + 1;
             const __m256i grid = grid4x8(kIq3sGrid, x[i].qs + 8 * ib, x[i].qh[ib]);
-            sums = _mm256_add_epi32(sums, grid_lanes(grid, u32_at(x[i].signs + 4 * ib), y[i].qs + 32 * ib, ls, ls));
+            sums = _mm256_add_epi32(sums,
+                                    grid_lanes(grid, u32_at(x[i].signs + 4 * ib), y[i].qs + 32 * ib, scale_words(ls)));
         }
         acc = _mm256_fmadd_ps(_mm256_set1_ps(to_f32(x[i].d) * y[i].d), _mm256_cvtepi32_ps(sums), acc);
     }
@@ -128,11 +166,10 @@ void dot_iq2(int n, float* out, const void* w, const void* a, Sub sub) {
     for (int i = 0; i < n / kQK; ++i) {
         __m256i sums = _mm256_setzero_si256();
         for (int ib = 0; ib < 8; ++ib) {
-            __m256i grid;
-            uint32_t signs;
+            __m256i grid, signs;
             int ls_lo, ls_hi;
             sub(x[i], ib, grid, signs, ls_lo, ls_hi);
-            sums = _mm256_add_epi32(sums, grid_lanes(grid, signs, y[i].qs + 32 * ib, ls_lo, ls_hi));
+            sums = _mm256_add_epi32(sums, grid_lanes_b(grid, signs, y[i].qs + 32 * ib, scale_words(ls_lo, ls_hi)));
         }
         acc = _mm256_fmadd_ps(_mm256_set1_ps(to_f32(x[i].d) * y[i].d), _mm256_cvtepi32_ps(sums), acc);
     }
@@ -141,48 +178,44 @@ void dot_iq2(int n, float* out, const void* w, const void* a, Sub sub) {
 
 inline void dot_iq2_xxs(int n, float* out, const void* w, const void* a) {
     dot_iq2<BlockIQ2_XXS>(
-        n, out, w, a, [](const BlockIQ2_XXS& b, int ib, __m256i& grid, uint32_t& signs, int& lo, int& hi) {
+        n, out, w, a, [](const BlockIQ2_XXS& b, int ib, __m256i& grid, __m256i& signs, int& lo, int& hi) {
             const auto* bytes = reinterpret_cast<const uint8_t*>(b.qs) + 8 * ib;
             const uint32_t w1 = u32_at(bytes + 4);
             grid = grid8x4(kIq2xxsGrid[bytes[0]], kIq2xxsGrid[bytes[1]], kIq2xxsGrid[bytes[2]], kIq2xxsGrid[bytes[3]]);
-            signs = xxs_signs(w1);
+            signs = xxs_sign_bytes(w1);
             lo = hi = 2 * static_cast<int>(w1 >> 28) + 1;
         });
 }
 
 inline void dot_iq2_xs(int n, float* out, const void* w, const void* a) {
     dot_iq2<BlockIQ2_XS>(
-        n, out, w, a, [](const BlockIQ2_XS& b, int ib, __m256i& grid, uint32_t& signs, int& lo, int& hi) {
+        n, out, w, a, [](const BlockIQ2_XS& b, int ib, __m256i& grid, __m256i& signs, int& lo, int& hi) {
             const uint16_t* q = b.qs + 4 * ib;
             grid =
                 grid8x4(kIq2xsGrid[q[0] & 511], kIq2xsGrid[q[1] & 511], kIq2xsGrid[q[2] & 511], kIq2xsGrid[q[3] & 511]);
-            signs = static_cast<uint32_t>(kIqSigns[q[0] >> 9]) | static_cast<uint32_t>(kIqSigns[q[1] >> 9]) << 8 |
-                    static_cast<uint32_t>(kIqSigns[q[2] >> 9]) << 16 | static_cast<uint32_t>(kIqSigns[q[3] >> 9]) << 24;
+            signs = xs_sign_bytes(q);
             lo = 2 * (b.scales[ib] & 15) + 1;
             hi = 2 * (b.scales[ib] >> 4) + 1;
         });
 }
 
 inline void dot_iq2_s(int n, float* out, const void* w, const void* a) {
-    dot_iq2<BlockIQ2_S>(n, out, w, a,
-                        [](const BlockIQ2_S& b, int ib, __m256i& grid, uint32_t& signs, int& lo, int& hi) {
-                            const uint8_t* q = b.qs + 4 * ib;
-                            const int h = b.qh[ib];
-                            grid = grid8x4(kIq2sGrid[q[0] | ((h & 3) << 8)], kIq2sGrid[q[1] | ((h & 12) << 6)],
-                                           kIq2sGrid[q[2] | ((h & 48) << 4)], kIq2sGrid[q[3] | ((h & 192) << 2)]);
-                            signs = u32_at(b.qs + kQK / 8 + 4 * ib);
-                            lo = 2 * (b.scales[ib] & 15) + 1;
-                            hi = 2 * (b.scales[ib] >> 4) + 1;
-                        });
+    dot_iq2<BlockIQ2_S>(n, out, w, a, [](const BlockIQ2_S& b, int ib, __m256i& grid, __m256i& signs, int& lo, int& hi) {
+        const uint8_t* q = b.qs + 4 * ib;
+        const int h = b.qh[ib];
+        grid = grid8x4(kIq2sGrid[q[0] | ((h & 3) << 8)], kIq2sGrid[q[1] | ((h & 12) << 6)],
+                       kIq2sGrid[q[2] | ((h & 48) << 4)], kIq2sGrid[q[3] | ((h & 192) << 2)]);
+        signs = sign_bytes(u32_at(b.qs + kQK / 8 + 4 * ib));
+        lo = 2 * (b.scales[ib] & 15) + 1;
+        hi = 2 * (b.scales[ib] >> 4) + 1;
+    });
 }
 
 // IQ1: lanes of sum(w * q8) for bytes w in {-1, 0, 1} (grid values or delta signs), each times its
 // scale: |w| unsigned, w's sign moved onto the activations.
-inline __m256i signed_lanes(__m256i w, const int8_t* q8, int ls_lo, int ls_hi) {
+inline __m256i signed_lanes(__m256i w, const int8_t* q8, __m256i ls) {
     const __m256i q = _mm256_sign_epi8(_mm256_loadu_si256(reinterpret_cast<const __m256i*>(q8)), w);
     const __m256i pairs = _mm256_maddubs_epi16(_mm256_abs_epi8(w), q);
-    const __m256i ls =
-        _mm256_set_m128i(_mm_set1_epi16(static_cast<int16_t>(ls_hi)), _mm_set1_epi16(static_cast<int16_t>(ls_lo)));
     return _mm256_madd_epi16(pairs, ls);
 }
 
@@ -207,7 +240,7 @@ inline void dot_iq1_s(int n, float* out, const void* w, const void* a) {
             const __m256i grid = grid8x4(kIq1sGrid[q[0] | ((qh << 8) & 0x700)], kIq1sGrid[q[1] | ((qh << 5) & 0x700)],
                                          kIq1sGrid[q[2] | ((qh << 2) & 0x700)], kIq1sGrid[q[3] | ((qh >> 1) & 0x700)]);
             const int ls = 2 * ((qh >> 12) & 7) + 1;
-            sums = _mm256_add_epi32(sums, signed_lanes(grid, y[i].qs + 32 * ib, ls, ls));
+            sums = _mm256_add_epi32(sums, signed_lanes(grid, y[i].qs + 32 * ib, scale_words(ls)));
             delta_sum += ls * (1 - ((qh >> 14) & 2)) * (y[i].bsums[2 * ib] + y[i].bsums[2 * ib + 1]);
         }
         const float d = y[i].d * to_f32(x[i].d);
@@ -234,9 +267,9 @@ inline void dot_iq1_m(int n, float* out, const void* w, const void* a) {
                                          kIq1sGrid[q[2] | ((h1 << 8) & 0x700)], kIq1sGrid[q[3] | ((h1 << 4) & 0x700)]);
             const __m256i delta = delta_bytes((h0 >> 3) & 1, (h0 >> 7) & 1, (h1 >> 3) & 1, (h1 >> 7) & 1);
             const int s = sc[ib / 2] >> (6 * (ib % 2));
-            const int lo = 2 * (s & 7) + 1, hi = 2 * ((s >> 3) & 7) + 1;
-            sums = _mm256_add_epi32(sums, signed_lanes(grid, y[i].qs + 32 * ib, lo, hi));
-            delta_sums = _mm256_add_epi32(delta_sums, signed_lanes(delta, y[i].qs + 32 * ib, lo, hi));
+            const __m256i ls = scale_words(2 * (s & 7) + 1, 2 * ((s >> 3) & 7) + 1);
+            sums = _mm256_add_epi32(sums, signed_lanes(grid, y[i].qs + 32 * ib, ls));
+            delta_sums = _mm256_add_epi32(delta_sums, signed_lanes(delta, y[i].qs + 32 * ib, ls));
         }
         const __m256 d = _mm256_set1_ps(y[i].d * to_f32(scale));
         acc = _mm256_fmadd_ps(d, _mm256_cvtepi32_ps(sums), acc);
@@ -263,7 +296,7 @@ inline int32_t isum_iq3_xxs(const BlockIQ3_XXS& x, const BlockQ8_K& y) {
         const uint32_t aux = u32_at(x.qs + kQK / 4 + 4 * ib);
         const int ls = 2 * static_cast<int>(aux >> 28) + 1;
         const __m256i grid = grid4x8(kIq3xxsGrid, x.qs + 8 * ib, 0);
-        sums = _mm256_add_epi32(sums, grid_lanes(grid, xxs_signs(aux), y.qs + 32 * ib, ls, ls));
+        sums = _mm256_add_epi32(sums, grid_lanes_b(grid, xxs_sign_bytes(aux), y.qs + 32 * ib, scale_words(ls)));
     }
     return hsum_i32(sums);
 }
@@ -273,7 +306,7 @@ inline int32_t isum_iq3_s(const BlockIQ3_S& x, const BlockQ8_K& y) {
     for (int ib = 0; ib < 8; ++ib) {
         const int ls = 2 * ((x.scales[ib / 2] >> (4 * (ib % 2))) & 15) + 1;
         const __m256i grid = grid4x8(kIq3sGrid, x.qs + 8 * ib, x.qh[ib]);
-        sums = _mm256_add_epi32(sums, grid_lanes(grid, u32_at(x.signs + 4 * ib), y.qs + 32 * ib, ls, ls));
+        sums = _mm256_add_epi32(sums, grid_lanes(grid, u32_at(x.signs + 4 * ib), y.qs + 32 * ib, scale_words(ls)));
     }
     return hsum_i32(sums);
 }
@@ -286,7 +319,7 @@ inline int32_t isum_iq2_xxs(const BlockIQ2_XXS& x, const BlockQ8_K& y) {
         const int ls = 2 * static_cast<int>(w1 >> 28) + 1;
         const __m256i grid =
             grid8x4(kIq2xxsGrid[bytes[0]], kIq2xxsGrid[bytes[1]], kIq2xxsGrid[bytes[2]], kIq2xxsGrid[bytes[3]]);
-        sums = _mm256_add_epi32(sums, grid_lanes(grid, xxs_signs(w1), y.qs + 32 * ib, ls, ls));
+        sums = _mm256_add_epi32(sums, grid_lanes_b(grid, xxs_sign_bytes(w1), y.qs + 32 * ib, scale_words(ls)));
     }
     return hsum_i32(sums);
 }
@@ -297,11 +330,9 @@ inline int32_t isum_iq2_xs(const BlockIQ2_XS& x, const BlockQ8_K& y) {
         const uint16_t* q = x.qs + 4 * ib;
         const __m256i grid =
             grid8x4(kIq2xsGrid[q[0] & 511], kIq2xsGrid[q[1] & 511], kIq2xsGrid[q[2] & 511], kIq2xsGrid[q[3] & 511]);
-        const uint32_t signs =
-            static_cast<uint32_t>(kIqSigns[q[0] >> 9]) | static_cast<uint32_t>(kIqSigns[q[1] >> 9]) << 8 |
-            static_cast<uint32_t>(kIqSigns[q[2] >> 9]) << 16 | static_cast<uint32_t>(kIqSigns[q[3] >> 9]) << 24;
-        sums = _mm256_add_epi32(
-            sums, grid_lanes(grid, signs, y.qs + 32 * ib, 2 * (x.scales[ib] & 15) + 1, 2 * (x.scales[ib] >> 4) + 1));
+        sums =
+            _mm256_add_epi32(sums, grid_lanes_b(grid, xs_sign_bytes(q), y.qs + 32 * ib,
+                                                scale_words(2 * (x.scales[ib] & 15) + 1, 2 * (x.scales[ib] >> 4) + 1)));
     }
     return hsum_i32(sums);
 }
@@ -313,8 +344,9 @@ inline int32_t isum_iq2_s(const BlockIQ2_S& x, const BlockQ8_K& y) {
         const int h = x.qh[ib];
         const __m256i grid = grid8x4(kIq2sGrid[q[0] | ((h & 3) << 8)], kIq2sGrid[q[1] | ((h & 12) << 6)],
                                      kIq2sGrid[q[2] | ((h & 48) << 4)], kIq2sGrid[q[3] | ((h & 192) << 2)]);
-        sums = _mm256_add_epi32(sums, grid_lanes(grid, u32_at(x.qs + kQK / 8 + 4 * ib), y.qs + 32 * ib,
-                                                 2 * (x.scales[ib] & 15) + 1, 2 * (x.scales[ib] >> 4) + 1));
+        sums =
+            _mm256_add_epi32(sums, grid_lanes(grid, u32_at(x.qs + kQK / 8 + 4 * ib), y.qs + 32 * ib,
+                                              scale_words(2 * (x.scales[ib] & 15) + 1, 2 * (x.scales[ib] >> 4) + 1)));
     }
     return hsum_i32(sums);
 }
@@ -328,7 +360,7 @@ inline int32_t isum_iq1_s(const BlockIQ1_S& x, const BlockQ8_K& y) {
         const __m256i grid = grid8x4(kIq1sGrid[q[0] | ((qh << 8) & 0x700)], kIq1sGrid[q[1] | ((qh << 5) & 0x700)],
                                      kIq1sGrid[q[2] | ((qh << 2) & 0x700)], kIq1sGrid[q[3] | ((qh >> 1) & 0x700)]);
         const int ls = 2 * ((qh >> 12) & 7) + 1;
-        sums = _mm256_add_epi32(sums, signed_lanes(grid, y.qs + 32 * ib, ls, ls));
+        sums = _mm256_add_epi32(sums, signed_lanes(grid, y.qs + 32 * ib, scale_words(ls)));
         delta_sum += ls * (1 - ((qh >> 14) & 2)) * (y.bsums[2 * ib] + y.bsums[2 * ib + 1]);
     }
     return 8 * hsum_i32(sums) + delta_sum;
@@ -345,9 +377,9 @@ inline int32_t isum_iq1_m(const BlockIQ1_M& x, const BlockQ8_K& y) {
                                      kIq1sGrid[q[2] | ((h1 << 8) & 0x700)], kIq1sGrid[q[3] | ((h1 << 4) & 0x700)]);
         const __m256i delta = delta_bytes((h0 >> 3) & 1, (h0 >> 7) & 1, (h1 >> 3) & 1, (h1 >> 7) & 1);
         const int s = sc[ib / 2] >> (6 * (ib % 2));
-        const int lo = 2 * (s & 7) + 1, hi = 2 * ((s >> 3) & 7) + 1;
-        sums = _mm256_add_epi32(sums, signed_lanes(grid, y.qs + 32 * ib, lo, hi));
-        delta_sums = _mm256_add_epi32(delta_sums, signed_lanes(delta, y.qs + 32 * ib, lo, hi));
+        const __m256i ls = scale_words(2 * (s & 7) + 1, 2 * ((s >> 3) & 7) + 1);
+        sums = _mm256_add_epi32(sums, signed_lanes(grid, y.qs + 32 * ib, ls));
+        delta_sums = _mm256_add_epi32(delta_sums, signed_lanes(delta, y.qs + 32 * ib, ls));
     }
     return 8 * hsum_i32(sums) + hsum_i32(delta_sums);
 }
