@@ -199,16 +199,41 @@ inline void dot_iq2_xs(int n, float* out, const void* w, const void* a) {
         });
 }
 
+// IQ2_S's 32 grid indices of a super-block, 16 at a time: point k of sub-block ib is
+// qs[4 ib + k] | bits 2k, 2k + 1 of qh[ib] << 8 (qh times 2^(8 - 2k) in 16 bits, masked).
+inline void iq2s_indices(const BlockIQ2_S& b, uint16_t* idx) {
+    const __m256i qh = _mm256_broadcastq_epi64(_mm_loadl_epi64(reinterpret_cast<const __m128i*>(b.qh)));
+    // Bytes ib of qh as words, each 4 times (a control byte with its top bit set gives 0).
+    const __m256i rep_lo = _mm256_set_epi64x(0x8003800380038003, 0x8002800280028002, 0x8001800180018001,
+                                             static_cast<long long>(0x8000800080008000));
+    const __m256i rep_hi = _mm256_add_epi8(rep_lo, _mm256_set1_epi8(4));
+    const __m256i mult = _mm256_set1_epi64x(0x0004001000400100);
+    const __m256i mask = _mm256_set1_epi16(0x300);
+    for (int h = 0; h < 2; ++h) {
+        const __m256i q = _mm256_cvtepu8_epi16(_mm_loadu_si128(reinterpret_cast<const __m128i*>(b.qs + 16 * h)));
+        const __m256i hi = _mm256_shuffle_epi8(qh, h == 0 ? rep_lo : rep_hi);
+        const __m256i bits = _mm256_and_si256(_mm256_mullo_epi16(hi, mult), mask);
+        _mm256_storeu_si256(reinterpret_cast<__m256i*>(idx + 16 * h), _mm256_or_si256(q, bits));
+    }
+}
+
 inline void dot_iq2_s(int n, float* out, const void* w, const void* a) {
-    dot_iq2<BlockIQ2_S>(n, out, w, a, [](const BlockIQ2_S& b, int ib, __m256i& grid, __m256i& signs, int& lo, int& hi) {
-        const uint8_t* q = b.qs + 4 * ib;
-        const int h = b.qh[ib];
-        grid = grid8x4(kIq2sGrid[q[0] | ((h & 3) << 8)], kIq2sGrid[q[1] | ((h & 12) << 6)],
-                       kIq2sGrid[q[2] | ((h & 48) << 4)], kIq2sGrid[q[3] | ((h & 192) << 2)]);
-        signs = sign_bytes(u32_at(b.qs + kQK / 8 + 4 * ib));
-        lo = 2 * (b.scales[ib] & 15) + 1;
-        hi = 2 * (b.scales[ib] >> 4) + 1;
-    });
+    const auto* x = static_cast<const BlockIQ2_S*>(w);
+    const auto* y = static_cast<const BlockQ8_K*>(a);
+    __m256 acc = _mm256_setzero_ps();
+    for (int i = 0; i < n / kQK; ++i) {
+        alignas(32) uint16_t idx[32];
+        iq2s_indices(x[i], idx);
+        __m256i sums = _mm256_setzero_si256();
+        for (int ib = 0; ib < 8; ++ib) {
+            const uint16_t* k = idx + 4 * ib;
+            const __m256i grid = grid8x4(kIq2sGrid[k[0]], kIq2sGrid[k[1]], kIq2sGrid[k[2]], kIq2sGrid[k[3]]);
+            const __m256i ls = scale_words(2 * (x[i].scales[ib] & 15) + 1, 2 * (x[i].scales[ib] >> 4) + 1);
+            sums = _mm256_add_epi32(sums, grid_lanes(grid, u32_at(x[i].qs + kQK / 8 + 4 * ib), y[i].qs + 32 * ib, ls));
+        }
+        acc = _mm256_fmadd_ps(_mm256_set1_ps(to_f32(x[i].d) * y[i].d), _mm256_cvtepi32_ps(sums), acc);
+    }
+    *out = 0.125f * hsum8(acc);
 }
 
 // IQ1: lanes of sum(w * q8) for bytes w in {-1, 0, 1} (grid values or delta signs), each times its
@@ -226,19 +251,39 @@ inline __m256i delta_bytes(int n0, int n1, int n2, int n3) {
     return _mm256_set_epi64x(bytes(n3), bytes(n2), bytes(n1), bytes(n0));
 }
 
+// IQ1_S's 32 grid indices of a super-block, computed 16 at a time: point k of sub-block ib is
+// qs[4 ib + k] | bits 3k .. 3k + 2 of qh[ib] << 8 (qh times 2^(9 - 3k) in 16 bits, then >> 1 and
+// masked: no per-word variable shift in AVX2).
+inline void iq1s_indices(const BlockIQ1_S& b, uint16_t* idx) {
+    const __m256i qh = _mm256_broadcastsi128_si256(_mm_loadu_si128(reinterpret_cast<const __m128i*>(b.qh)));
+    // Words ib of qh, each repeated 4 times: sub-blocks 0, 1 | 2, 3 (first half), 4, 5 | 6, 7.
+    const __m256i rep_lo =
+        _mm256_set_epi64x(0x0706070607060706, 0x0504050405040504, 0x0302030203020302, 0x0100010001000100);
+    const __m256i rep_hi = _mm256_add_epi8(rep_lo, _mm256_set1_epi8(8));
+    const __m256i mult = _mm256_set1_epi64x(0x0001000800400200);
+    const __m256i mask = _mm256_set1_epi16(0x700);
+    for (int h = 0; h < 2; ++h) {
+        const __m256i q = _mm256_cvtepu8_epi16(_mm_loadu_si128(reinterpret_cast<const __m128i*>(b.qs + 16 * h)));
+        const __m256i hi = _mm256_shuffle_epi8(qh, h == 0 ? rep_lo : rep_hi);
+        const __m256i bits = _mm256_and_si256(_mm256_srli_epi16(_mm256_mullo_epi16(hi, mult), 1), mask);
+        _mm256_storeu_si256(reinterpret_cast<__m256i*>(idx + 16 * h), _mm256_or_si256(q, bits));
+    }
+}
+
 inline void dot_iq1_s(int n, float* out, const void* w, const void* a) {
     const auto* x = static_cast<const BlockIQ1_S*>(w);
     const auto* y = static_cast<const BlockQ8_K*>(a);
     __m256 acc = _mm256_setzero_ps();
     float acc1 = 0.0f;
     for (int i = 0; i < n / kQK; ++i) {
+        alignas(32) uint16_t idx[32];
+        iq1s_indices(x[i], idx);
         __m256i sums = _mm256_setzero_si256();
         int delta_sum = 0;
         for (int ib = 0; ib < 8; ++ib) {
             const int qh = x[i].qh[ib];
-            const uint8_t* q = x[i].qs + 4 * ib;
-            const __m256i grid = grid8x4(kIq1sGrid[q[0] | ((qh << 8) & 0x700)], kIq1sGrid[q[1] | ((qh << 5) & 0x700)],
-                                         kIq1sGrid[q[2] | ((qh << 2) & 0x700)], kIq1sGrid[q[3] | ((qh >> 1) & 0x700)]);
+            const uint16_t* k = idx + 4 * ib;
+            const __m256i grid = grid8x4(kIq1sGrid[k[0]], kIq1sGrid[k[1]], kIq1sGrid[k[2]], kIq1sGrid[k[3]]);
             const int ls = 2 * ((qh >> 12) & 7) + 1;
             sums = _mm256_add_epi32(sums, signed_lanes(grid, y[i].qs + 32 * ib, scale_words(ls)));
             delta_sum += ls * (1 - ((qh >> 14) & 2)) * (y[i].bsums[2 * ib] + y[i].bsums[2 * ib + 1]);
@@ -338,12 +383,12 @@ inline int32_t isum_iq2_xs(const BlockIQ2_XS& x, const BlockQ8_K& y) {
 }
 
 inline int32_t isum_iq2_s(const BlockIQ2_S& x, const BlockQ8_K& y) {
+    alignas(32) uint16_t idx[32];
+    iq2s_indices(x, idx);
     __m256i sums = _mm256_setzero_si256();
     for (int ib = 0; ib < 8; ++ib) {
-        const uint8_t* q = x.qs + 4 * ib;
-        const int h = x.qh[ib];
-        const __m256i grid = grid8x4(kIq2sGrid[q[0] | ((h & 3) << 8)], kIq2sGrid[q[1] | ((h & 12) << 6)],
-                                     kIq2sGrid[q[2] | ((h & 48) << 4)], kIq2sGrid[q[3] | ((h & 192) << 2)]);
+        const uint16_t* k = idx + 4 * ib;
+        const __m256i grid = grid8x4(kIq2sGrid[k[0]], kIq2sGrid[k[1]], kIq2sGrid[k[2]], kIq2sGrid[k[3]]);
         sums =
             _mm256_add_epi32(sums, grid_lanes(grid, u32_at(x.qs + kQK / 8 + 4 * ib), y.qs + 32 * ib,
                                               scale_words(2 * (x.scales[ib] & 15) + 1, 2 * (x.scales[ib] >> 4) + 1)));
@@ -352,13 +397,14 @@ inline int32_t isum_iq2_s(const BlockIQ2_S& x, const BlockQ8_K& y) {
 }
 
 inline int32_t isum_iq1_s(const BlockIQ1_S& x, const BlockQ8_K& y) {
+    alignas(32) uint16_t idx[32];
+    iq1s_indices(x, idx);
     __m256i sums = _mm256_setzero_si256();
     int delta_sum = 0;
     for (int ib = 0; ib < 8; ++ib) {
         const int qh = x.qh[ib];
-        const uint8_t* q = x.qs + 4 * ib;
-        const __m256i grid = grid8x4(kIq1sGrid[q[0] | ((qh << 8) & 0x700)], kIq1sGrid[q[1] | ((qh << 5) & 0x700)],
-                                     kIq1sGrid[q[2] | ((qh << 2) & 0x700)], kIq1sGrid[q[3] | ((qh >> 1) & 0x700)]);
+        const uint16_t* k = idx + 4 * ib;
+        const __m256i grid = grid8x4(kIq1sGrid[k[0]], kIq1sGrid[k[1]], kIq1sGrid[k[2]], kIq1sGrid[k[3]]);
         const int ls = 2 * ((qh >> 12) & 7) + 1;
         sums = _mm256_add_epi32(sums, signed_lanes(grid, y.qs + 32 * ib, scale_words(ls)));
         delta_sum += ls * (1 - ((qh >> 14) & 2)) * (y.bsums[2 * ib] + y.bsums[2 * ib + 1]);
