@@ -295,6 +295,8 @@ void Scheduler::loop() {
                 publish_stats();  // the throughput window moves on while idle
                 continue;
             }
+            gather(lock);
+            if (stopping_) return;
         }
         admit();
         if (!step()) {
@@ -303,6 +305,25 @@ void Scheduler::loop() {
             std::this_thread::sleep_for(std::chrono::milliseconds(1));
         }
         publish_stats();
+    }
+}
+
+void Scheduler::gather(std::unique_lock<std::mutex>& lock) {
+    if (!active_.empty()) return;
+    // Nothing running: a new busy spell starts.
+    last_spell_shared_ = spell_shared_;
+    spell_shared_ = false;
+    if (options_.gather_gap.count() <= 0 || !last_spell_shared_) return;
+    const auto start = std::chrono::steady_clock::now();
+    const auto until = start + options_.gather_max;
+    size_t seen = queue_.size();
+    auto last = start;
+    while (queue_.size() + preempted_.size() < free_ids_.size()) {
+        const auto deadline = std::min(until, last + options_.gather_gap);
+        if (!cv_.wait_until(lock, deadline, [&] { return stopping_ || queue_.size() != seen; })) return;
+        if (stopping_) return;
+        seen = queue_.size();
+        last = std::chrono::steady_clock::now();
     }
 }
 
@@ -576,6 +597,7 @@ bool Scheduler::step() {
     const bool drafts = std::find(batch_order_.begin(), batch_order_.end(), uint8_t{1}) != batch_order_.end();
 
     const auto start = std::chrono::steady_clock::now();
+    if (std::count_if(take.begin(), take.end(), [](int t) { return t > 0; }) > 1) spell_shared_ = true;
     try {
         std::lock_guard lock(compute_.mutex);
         model_.forward(

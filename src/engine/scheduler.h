@@ -78,6 +78,17 @@ struct SchedulerOptions {
     model::Model* draft_model = nullptr;
     ContextConfig draft_context;
     DraftParams draft;
+    // Requests that come close together share the step that computes their prompts. When a
+    // request comes to an idle scheduler (nothing is decoding, so no running request waits), the
+    // previous busy spell (from idle to idle) decoded requests together, and slots are free for
+    // more, the scheduler waits for the next request up to gather_gap after each one that comes,
+    // gather_max in all, and stops waiting as soon as the slots are taken. Clients of a chat each
+    // send their next turn a few milliseconds after their answers end together; without the wait
+    // the first turn's prompt is computed alone and the others wait for that whole step before
+    // theirs. Requests one at a time never wait (after the first, which follows requests that
+    // came together). gather_gap 0: no waiting.
+    std::chrono::milliseconds gather_gap{8};
+    std::chrono::milliseconds gather_max{20};
 };
 
 struct GenerationParams {
@@ -192,6 +203,8 @@ private:
     bool sibling_feeding(const Sequence& s) const;  // an admitted one of s's group still feeds the prompt
     void warm_up();
     void loop();
+    // In loop(), the lock held: waits for requests coming together (SchedulerOptions::gather_gap).
+    void gather(std::unique_lock<std::mutex>& lock);
     void admit();
     bool step();
     void finish(Sequence& s, FinishReason reason, std::string error = {});
@@ -234,6 +247,10 @@ private:
     std::vector<kv::SeqId> batch_seq_;
     std::vector<uint8_t> batch_output_;
     std::deque<std::pair<std::chrono::steady_clock::time_point, int>> recent_;  // (step end, tokens sampled)
+    // gather(): this busy spell (since the scheduler was last idle) had a step of two sequences or
+    // more, and the one before it.
+    bool spell_shared_ = false;
+    bool last_spell_shared_ = false;
 
     mutable std::mutex mutex_;  // guards the fields below
     std::condition_variable cv_;

@@ -214,5 +214,81 @@ TEST_F(SchedulerTest, FullQueueRefusesAndTooLongRequestIsRefused) {
     EXPECT_THROW(s.submit({}, greedy(2)), std::invalid_argument);
 }
 
+// SchedulerOptions::gather_gap: after a busy spell that decoded requests together, requests that
+// come to the idle scheduler close together share the step that computes their prompts; a slot
+// filled ends the wait; a request after a spell of one request alone does not wait.
+TEST_F(SchedulerTest, RequestsThatComeTogetherShareTheStepOfTheirPrompts) {
+    using Clock = std::chrono::steady_clock;
+    const auto seconds_since = [](Clock::time_point t) {
+        return std::chrono::duration<double>(Clock::now() - t).count();
+    };
+    SchedulerOptions options;
+    options.gather_gap = std::chrono::milliseconds(1500);
+    options.gather_max = std::chrono::milliseconds(3000);
+    Scheduler s(*model_, *tokenizer_, {.n_ctx = 512, .n_seq = 3, .n_batch = 64}, options, *compute_);
+    // A spell of two requests decoded together (nothing before it: no wait).
+    // Two choices of one prompt, queued at once: decoded together (they give 24 tokens or more,
+    // RequestsDecodedTogetherGiveWhatEachGivesAlone), so the spell is shared.
+    for (const auto& job : s.submit_group(ids("Once upon a time"), {greedy(24), greedy(24)})) job->wait_all();
+    while (!s.idle()) std::this_thread::sleep_for(std::chrono::milliseconds(1));
+    std::this_thread::sleep_for(std::chrono::milliseconds(50));  // the scheduler waits for work
+
+    // Two requests 100 ms apart: one step computes both prompts (each wants one token).
+    const uint64_t steps = s.stats().n_steps;
+    const Clock::time_point start = Clock::now();
+    auto c = s.submit(ids("In a hole in the ground"), greedy(1));
+    std::this_thread::sleep_for(std::chrono::milliseconds(100));
+    auto d = s.submit(ids("It was a dark night"), greedy(1));
+    EXPECT_EQ(c->wait_all().n_generated, 1);
+    EXPECT_EQ(d->wait_all().n_generated, 1);
+    EXPECT_EQ(s.stats().n_steps, steps + 1);
+    EXPECT_GE(seconds_since(start), 1.5);  // one slot was left: it waited gather_gap after d
+    while (!s.idle()) std::this_thread::sleep_for(std::chrono::milliseconds(1));
+
+    // A lone request after that spell waits once; then the spell was one request's: no wait.
+    Clock::time_point t = Clock::now();
+    EXPECT_EQ(s.submit(ids("Hello"), greedy(1))->wait_all().n_generated, 1);
+    EXPECT_GE(seconds_since(t), 1.5);
+    while (!s.idle()) std::this_thread::sleep_for(std::chrono::milliseconds(1));
+    t = Clock::now();
+    EXPECT_EQ(s.submit(ids("Hello again"), greedy(1))->wait_all().n_generated, 1);
+    EXPECT_LT(seconds_since(t), 1.0);
+}
+
+// The wait ends once the slots are taken, and a request that comes while others decode never waits.
+TEST_F(SchedulerTest, GatheringStopsWhenTheSlotsAreTakenAndNeverDelaysDecoding) {
+    using Clock = std::chrono::steady_clock;
+    SchedulerOptions options;
+    options.gather_gap = std::chrono::milliseconds(3000);
+    options.gather_max = std::chrono::milliseconds(6000);
+    Scheduler s(*model_, *tokenizer_, {.n_ctx = 512, .n_seq = 2, .n_batch = 64}, options, *compute_);
+    // Two choices of one prompt, queued at once: decoded together (they give 24 tokens or more,
+    // RequestsDecodedTogetherGiveWhatEachGivesAlone), so the spell is shared.
+    for (const auto& job : s.submit_group(ids("Once upon a time"), {greedy(24), greedy(24)})) job->wait_all();
+    while (!s.idle()) std::this_thread::sleep_for(std::chrono::milliseconds(1));
+    std::this_thread::sleep_for(std::chrono::milliseconds(50));
+
+    const uint64_t steps = s.stats().n_steps;
+    Clock::time_point start = Clock::now();
+    auto c = s.submit(ids("In a hole in the ground"), greedy(1));
+    std::this_thread::sleep_for(std::chrono::milliseconds(100));
+    auto d = s.submit(ids("It was a dark night"), greedy(1));
+    c->wait_all();
+    d->wait_all();
+    EXPECT_EQ(s.stats().n_steps, steps + 1);
+    EXPECT_LT(std::chrono::duration<double>(Clock::now() - start).count(), 2.5);  // both slots taken: no more wait
+    while (!s.idle()) std::this_thread::sleep_for(std::chrono::milliseconds(1));
+
+    // The spell was shared, so the next request waits for company; one that comes while it
+    // decodes joins the running batch at once.
+    auto e = s.submit(ids("Far away"), greedy(200));
+    while (e->wait(std::chrono::milliseconds(100)).text.empty() && !s.idle()) {
+    }
+    start = Clock::now();
+    EXPECT_EQ(s.submit(ids("Nearby"), greedy(1))->wait_all().n_generated, 1);
+    EXPECT_LT(std::chrono::duration<double>(Clock::now() - start).count(), 2.5);
+    e->cancel();
+}
+
 }  // namespace
 }  // namespace fitllm::engine
