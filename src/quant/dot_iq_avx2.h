@@ -133,15 +133,42 @@ inline void dot_iq3_xxs(int n, float* out, const void* w, const void* a) {
     *out = 0.25f * hsum8(acc);
 }
 
+// IQ3_S's 64 grid indices of a super-block, 16 (two sub-blocks) at a time: point k of sub-block ib
+// is qs[8 ib + k] | bit k of qh[ib] << 8 (qh times 2^(8 - k) in 16 bits, masked).
+inline void iq3s_indices(const BlockIQ3_S& b, uint16_t* idx) {
+    const __m256i qh = _mm256_broadcastq_epi64(_mm_loadl_epi64(reinterpret_cast<const __m128i*>(b.qh)));
+    // Byte 2j of qh as the first 8 words, byte 2j + 1 as the next 8 (top bit set: a zero byte).
+    __m256i rep =
+        _mm256_set_epi64x(static_cast<long long>(0x8001800180018001), static_cast<long long>(0x8001800180018001),
+                          static_cast<long long>(0x8000800080008000), static_cast<long long>(0x8000800080008000));
+    const __m256i mult = _mm256_set_epi16(2, 4, 8, 16, 32, 64, 128, 256, 2, 4, 8, 16, 32, 64, 128, 256);
+    const __m256i mask = _mm256_set1_epi16(0x100);
+    for (int j = 0; j < 4; ++j) {
+        const __m256i q = _mm256_cvtepu8_epi16(_mm_loadu_si128(reinterpret_cast<const __m128i*>(b.qs + 16 * j)));
+        const __m256i bits = _mm256_and_si256(_mm256_mullo_epi16(_mm256_shuffle_epi8(qh, rep), mult), mask);
+        _mm256_storeu_si256(reinterpret_cast<__m256i*>(idx + 16 * j), _mm256_or_si256(q, bits));
+        rep = _mm256_add_epi8(rep, _mm256_set1_epi8(2));
+    }
+}
+
+// Eight 4-value grid points from their indices.
+inline __m256i grid4x8(const uint32_t* grid, const uint16_t* k) {
+    return _mm256_set_epi32(static_cast<int>(grid[k[7]]), static_cast<int>(grid[k[6]]), static_cast<int>(grid[k[5]]),
+                            static_cast<int>(grid[k[4]]), static_cast<int>(grid[k[3]]), static_cast<int>(grid[k[2]]),
+                            static_cast<int>(grid[k[1]]), static_cast<int>(grid[k[0]]));
+}
+
 inline void dot_iq3_s(int n, float* out, const void* w, const void* a) {
     const auto* x = static_cast<const BlockIQ3_S*>(w);
     const auto* y = static_cast<const BlockQ8_K*>(a);
     __m256 acc = _mm256_setzero_ps();
     for (int i = 0; i < n / kQK; ++i) {
+        alignas(32) uint16_t idx[64];
+        iq3s_indices(x[i], idx);
         __m256i sums = _mm256_setzero_si256();
         for (int ib = 0; ib < 8; ++ib) {
             const int ls = 2 * ((x[i].scales[ib / 2] >> (4 * (ib % 2))) & 15) + 1;
-            const __m256i grid = grid4x8(kIq3sGrid, x[i].qs + 8 * ib, x[i].qh[ib]);
+            const __m256i grid = grid4x8(kIq3sGrid, idx + 8 * ib);
             sums = _mm256_add_epi32(sums,
                                     grid_lanes(grid, u32_at(x[i].signs + 4 * ib), y[i].qs + 32 * ib, scale_words(ls)));
         }
@@ -244,11 +271,21 @@ inline __m256i signed_lanes(__m256i w, const int8_t* q8, __m256i ls) {
     return _mm256_madd_epi16(pairs, ls);
 }
 
-// Bytes of -1 (bit set: negative delta) or +1 for the 4 groups of 8; no branches (the bits are
-// as good as random).
-inline __m256i delta_bytes(int n0, int n1, int n2, int n3) {
-    auto bytes = [](int bit) { return 0x0101010101010101LL | -static_cast<long long>(bit); };
-    return _mm256_set_epi64x(bytes(n3), bytes(n2), bytes(n1), bytes(n0));
+// IQ1_M's delta signs of sub-block ib as bytes: -1 (negative delta) or +1 per group of 8, group g
+// from bit 3 (g even) or 7 (g odd) of qh[2 ib + g / 2]; qh is the 16 bytes in both halves.
+inline __m256i delta_signs(__m256i qh, int ib) {
+    const __m256i sel = _mm256_add_epi8(_mm256_set_m128i(_mm_set1_epi8(1), _mm_setzero_si128()),
+                                        _mm256_set1_epi8(static_cast<char>(2 * ib)));
+    const __m256i bit = _mm256_set_epi64x(static_cast<long long>(0x8080808080808080), 0x0808080808080808,
+                                          static_cast<long long>(0x8080808080808080), 0x0808080808080808);
+    const __m256i set = _mm256_cmpeq_epi8(_mm256_and_si256(_mm256_shuffle_epi8(qh, sel), bit), bit);
+    return _mm256_or_si256(set, _mm256_set1_epi8(1));
+}
+
+// Lanes of sum(delta * q8) times the scales, for delta bytes of -1 / +1.
+inline __m256i delta_lanes(__m256i delta, const int8_t* q8, __m256i ls) {
+    const __m256i q = _mm256_sign_epi8(_mm256_loadu_si256(reinterpret_cast<const __m256i*>(q8)), delta);
+    return _mm256_madd_epi16(_mm256_maddubs_epi16(_mm256_set1_epi8(1), q), ls);
 }
 
 // IQ1_S's 32 grid indices of a super-block, computed 16 at a time: point k of sub-block ib is
@@ -295,6 +332,25 @@ inline void dot_iq1_s(int n, float* out, const void* w, const void* a) {
     *out = hsum8(acc) + 0.125f * acc1;
 }
 
+// IQ1_M's 32 grid indices of a super-block, 16 at a time: point k of sub-block ib is
+// qs[4 ib + k] | (qh[2 ib + k / 2] >> (k odd ? 4 : 0) & 7) << 8 (qh times 256 or 16, masked).
+inline void iq1m_indices(const BlockIQ1_M& b, uint16_t* idx) {
+    const __m256i qh = _mm256_broadcastsi128_si256(_mm_loadu_si128(reinterpret_cast<const __m128i*>(b.qh)));
+    // Byte p / 2 of qh as word p (top bit set: a zero byte).
+    const __m256i rep_lo =
+        _mm256_set_epi64x(static_cast<long long>(0x8007800780068006), static_cast<long long>(0x8005800580048004),
+                          static_cast<long long>(0x8003800380028002), static_cast<long long>(0x8001800180008000));
+    const __m256i rep_hi = _mm256_add_epi8(rep_lo, _mm256_set1_epi8(8));
+    const __m256i mult = _mm256_set1_epi32(0x00100100);
+    const __m256i mask = _mm256_set1_epi16(0x700);
+    for (int h = 0; h < 2; ++h) {
+        const __m256i q = _mm256_cvtepu8_epi16(_mm_loadu_si128(reinterpret_cast<const __m128i*>(b.qs + 16 * h)));
+        const __m256i hi = _mm256_shuffle_epi8(qh, h == 0 ? rep_lo : rep_hi);
+        const __m256i bits = _mm256_and_si256(_mm256_mullo_epi16(hi, mult), mask);
+        _mm256_storeu_si256(reinterpret_cast<__m256i*>(idx + 16 * h), _mm256_or_si256(q, bits));
+    }
+}
+
 inline void dot_iq1_m(int n, float* out, const void* w, const void* a) {
     const auto* x = static_cast<const BlockIQ1_M*>(w);
     const auto* y = static_cast<const BlockQ8_K*>(a);
@@ -304,17 +360,18 @@ inline void dot_iq1_m(int n, float* out, const void* w, const void* a) {
         std::memcpy(sc, x[i].scales, sizeof sc);
         const auto scale =
             static_cast<uint16_t>((sc[0] >> 12) | ((sc[1] >> 8) & 0xF0) | ((sc[2] >> 4) & 0xF00) | (sc[3] & 0xF000));
+        alignas(32) uint16_t idx[32];
+        iq1m_indices(x[i], idx);
+        const __m256i qh = _mm256_broadcastsi128_si256(_mm_loadu_si128(reinterpret_cast<const __m128i*>(x[i].qh)));
         __m256i sums = _mm256_setzero_si256(), delta_sums = _mm256_setzero_si256();
         for (int ib = 0; ib < 8; ++ib) {
-            const uint8_t* q = x[i].qs + 4 * ib;
-            const int h0 = x[i].qh[2 * ib], h1 = x[i].qh[2 * ib + 1];
-            const __m256i grid = grid8x4(kIq1sGrid[q[0] | ((h0 << 8) & 0x700)], kIq1sGrid[q[1] | ((h0 << 4) & 0x700)],
-                                         kIq1sGrid[q[2] | ((h1 << 8) & 0x700)], kIq1sGrid[q[3] | ((h1 << 4) & 0x700)]);
-            const __m256i delta = delta_bytes((h0 >> 3) & 1, (h0 >> 7) & 1, (h1 >> 3) & 1, (h1 >> 7) & 1);
+            const uint16_t* k = idx + 4 * ib;
+            const __m256i grid = grid8x4(kIq1sGrid[k[0]], kIq1sGrid[k[1]], kIq1sGrid[k[2]], kIq1sGrid[k[3]]);
+            const __m256i delta = delta_signs(qh, ib);
             const int s = sc[ib / 2] >> (6 * (ib % 2));
             const __m256i ls = scale_words(2 * (s & 7) + 1, 2 * ((s >> 3) & 7) + 1);
             sums = _mm256_add_epi32(sums, signed_lanes(grid, y[i].qs + 32 * ib, ls));
-            delta_sums = _mm256_add_epi32(delta_sums, signed_lanes(delta, y[i].qs + 32 * ib, ls));
+            delta_sums = _mm256_add_epi32(delta_sums, delta_lanes(delta, y[i].qs + 32 * ib, ls));
         }
         const __m256 d = _mm256_set1_ps(y[i].d * to_f32(scale));
         acc = _mm256_fmadd_ps(d, _mm256_cvtepi32_ps(sums), acc);
@@ -347,10 +404,12 @@ inline int32_t isum_iq3_xxs(const BlockIQ3_XXS& x, const BlockQ8_K& y) {
 }
 
 inline int32_t isum_iq3_s(const BlockIQ3_S& x, const BlockQ8_K& y) {
+    alignas(32) uint16_t idx[64];
+    iq3s_indices(x, idx);
     __m256i sums = _mm256_setzero_si256();
     for (int ib = 0; ib < 8; ++ib) {
         const int ls = 2 * ((x.scales[ib / 2] >> (4 * (ib % 2))) & 15) + 1;
-        const __m256i grid = grid4x8(kIq3sGrid, x.qs + 8 * ib, x.qh[ib]);
+        const __m256i grid = grid4x8(kIq3sGrid, idx + 8 * ib);
         sums = _mm256_add_epi32(sums, grid_lanes(grid, u32_at(x.signs + 4 * ib), y.qs + 32 * ib, scale_words(ls)));
     }
     return hsum_i32(sums);
@@ -415,17 +474,18 @@ inline int32_t isum_iq1_s(const BlockIQ1_S& x, const BlockQ8_K& y) {
 inline int32_t isum_iq1_m(const BlockIQ1_M& x, const BlockQ8_K& y) {
     uint16_t sc[4];
     std::memcpy(sc, x.scales, sizeof sc);
+    alignas(32) uint16_t idx[32];
+    iq1m_indices(x, idx);
+    const __m256i qh = _mm256_broadcastsi128_si256(_mm_loadu_si128(reinterpret_cast<const __m128i*>(x.qh)));
     __m256i sums = _mm256_setzero_si256(), delta_sums = _mm256_setzero_si256();
     for (int ib = 0; ib < 8; ++ib) {
-        const uint8_t* q = x.qs + 4 * ib;
-        const int h0 = x.qh[2 * ib], h1 = x.qh[2 * ib + 1];
-        const __m256i grid = grid8x4(kIq1sGrid[q[0] | ((h0 << 8) & 0x700)], kIq1sGrid[q[1] | ((h0 << 4) & 0x700)],
-                                     kIq1sGrid[q[2] | ((h1 << 8) & 0x700)], kIq1sGrid[q[3] | ((h1 << 4) & 0x700)]);
-        const __m256i delta = delta_bytes((h0 >> 3) & 1, (h0 >> 7) & 1, (h1 >> 3) & 1, (h1 >> 7) & 1);
+        const uint16_t* k = idx + 4 * ib;
+        const __m256i grid = grid8x4(kIq1sGrid[k[0]], kIq1sGrid[k[1]], kIq1sGrid[k[2]], kIq1sGrid[k[3]]);
+        const __m256i delta = delta_signs(qh, ib);
         const int s = sc[ib / 2] >> (6 * (ib % 2));
         const __m256i ls = scale_words(2 * (s & 7) + 1, 2 * ((s >> 3) & 7) + 1);
         sums = _mm256_add_epi32(sums, signed_lanes(grid, y.qs + 32 * ib, ls));
-        delta_sums = _mm256_add_epi32(delta_sums, signed_lanes(delta, y.qs + 32 * ib, ls));
+        delta_sums = _mm256_add_epi32(delta_sums, delta_lanes(delta, y.qs + 32 * ib, ls));
     }
     return 8 * hsum_i32(sums) + hsum_i32(delta_sums);
 }
