@@ -234,7 +234,7 @@ __attribute__((target("avx2,fma"))) void round_with_feedback_avx2(float* w, int 
 
 bool has_avx2() {
     static const bool avx2 = [] {
-        const quant::CpuFeatures f = quant::detect_cpu_features();
+        const quant::CpuFeatures f = quant::host_cpu_features();
         return f.avx2 && f.fma;
     }();
     return avx2;

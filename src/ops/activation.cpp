@@ -11,6 +11,7 @@
 #include <limits>
 #include <memory>
 
+#include "ops/cpu.h"
 #include "quant/blocks.h"
 #include "quant/cpu_features.h"
 
@@ -43,8 +44,7 @@ const float* gelu_table() {
 }
 
 bool has_avx2_f16c() {
-    // cpuid through quant/ rather than __builtin_cpu_supports, whose "f16c" clang 14 lacks.
-    const quant::CpuFeatures f = quant::detect_cpu_features();
+    const quant::CpuFeatures& f = cpu();
     return f.avx2 && f.fma && f.f16c;
 }
 
@@ -135,7 +135,7 @@ __attribute__((target("avx512f,fma"))) void swiglu_avx512(const float* gate, con
 }
 
 bool has_avx512() {
-    return __builtin_cpu_supports("avx512f") && __builtin_cpu_supports("fma");
+    return cpu().avx512f && cpu().fma;
 }
 
 }  // namespace

@@ -3,6 +3,7 @@
 #include <immintrin.h>
 
 #include "ops/attention_f16_kernel.h"
+#include "ops/cpu.h"
 #include "quant/cpu_features.h"
 
 // GCC 12 warns about the deliberately undefined pass-through operands inside its own AVX-512
@@ -66,9 +67,9 @@ void attend_one_baseline(const float* q, int32_t q_pos, const float* k, const fl
 
 // The dot's order is AVX-512's where the CPU has it, unless the AVX2 kernel was asked for.
 AttendFn select_attend(AttentionF16Kernel kernel) {
-    const quant::CpuFeatures f = quant::detect_cpu_features();
+    const quant::CpuFeatures& f = cpu();
     if (kernel != AttentionF16Kernel::Avx2 && f16_attention::dot_lanes(f) == 16) return attend_one_avx512;
-    return __builtin_cpu_supports("avx2") && __builtin_cpu_supports("fma") ? attend_one_avx2 : attend_one_baseline;
+    return f.avx2 && f.fma ? attend_one_avx2 : attend_one_baseline;
 }
 
 // The blocked kernels: up to kMaxQueries queries (the heads of one kv group for one or more
@@ -471,8 +472,7 @@ inline uint32_t softmax_key_all_rows(const float* scores, int n, float scale, fl
 // The blocked kernel for this CPU and head size, or null (then the one-query kernels run).
 BlockFn select_block_kernel(const AttentionParams& p, AttentionF16Kernel kernel) {
     if (p.head_dim % 32 != 0 || kernel == AttentionF16Kernel::OneQuery) return nullptr;
-    // cpuid through quant/ rather than __builtin_cpu_supports, whose "f16c" clang 14 lacks.
-    const quant::CpuFeatures f = quant::detect_cpu_features();
+    const quant::CpuFeatures& f = cpu();
     const bool avx2 = f.avx2 && f.fma && f.f16c;
     const bool avx512 = avx2 && f.avx512f && f.avx512vl;
     if (kernel == AttentionF16Kernel::Best && avx512) return avx512::block_kernel(p.head_dim);

@@ -13,6 +13,7 @@
 
 #include "ops/attention_f16_kernel.h"
 #include "ops/attention_f16_tiled_kernel.h"
+#include "ops/cpu.h"
 #include "ops/scratch.h"
 #include "ops/thread_pool.h"
 
@@ -242,7 +243,7 @@ namespace {
 // The kernel for a choice, the CPU and the head size (the vector kernels sum V in whole vectors
 // of 16 floats).
 fa_tiled::TileFn select_tile(AttentionTiledKernel kernel, int head_dim) {
-    const fa_tiled::Isa best = fa_tiled::best_isa(quant::detect_cpu_features());
+    const fa_tiled::Isa best = fa_tiled::best_isa(cpu());
     if (head_dim % 16 != 0 || best == fa_tiled::Isa::Reference) return fa_tiled::tile_fn(fa_tiled::Isa::Reference);
     switch (kernel) {
         case AttentionTiledKernel::Best:

@@ -5,6 +5,8 @@
 #include <stdexcept>
 #include <string>
 
+#include "ops/cpu.h"
+
 namespace fitllm::ops {
 namespace {
 
@@ -85,8 +87,7 @@ void rope(float* x, const int32_t* pos, int64_t n_tok, int n_head, int head_dim,
         throw std::invalid_argument("rope: n_dims " + std::to_string(n_dims) + " must be even and in 1.." +
                                     std::to_string(head_dim) + " (head_dim)");
     }
-    static const bool has_fma = __builtin_cpu_supports("fma");
-    if (has_fma) {
+    if (cpu().fma) {
         rope_fma(x, pos, n_tok, n_head, head_dim, params);
     } else {
         rope_baseline(x, pos, n_tok, n_head, head_dim, params);
