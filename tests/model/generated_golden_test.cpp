@@ -55,6 +55,15 @@ constexpr float kLogitToleranceQuantized = 0.4f;
 // order; 4 to 6 of each file's 5-6), the prompts' top-10 logits all llama.cpp's bits; the 13
 // disagreements come after the 301- and 332-token prompts, at margins of at most 0.20 in our logits.
 
+// A mixture of experts sends each token to the experts its router scores highest: where two
+// scores are nearly tied, a last-bit difference upstream picks the other expert and the logits
+// move by far more than the tolerance, at that step only. So with experts a parting also passes
+// where llama.cpp's own two candidates were within kRouterTie of each other (its margin is in the
+// goldens). Seen at FITLLM_CPU_ISA=avx2 (Q8_0 in llama.cpp's AVX2 order, the goldens' is AVX-512's):
+// tiny-qwen3moe-q8_0's 18-token prompt, step 29, 0.81 apart in ours, 0.0024 in llama.cpp's, while
+// every other parting of the file stays within 0.1 in ours.
+constexpr float kRouterTie = 0.01f;
+
 struct Generated {
     const char* arch;
     const char* type;
@@ -98,6 +107,7 @@ TEST_P(GeneratedGolden, MatchesLlamaCppTopLogitsAndGreedyContinuation) {
     ops::ThreadPool pool(2);
     const float tolerance = std::string(GetParam().type) == "f16" ? kLogitToleranceF16 : kLogitToleranceQuantized;
     const float near_tie = 2.0f * tolerance;
+    const bool routed = model->hparams().n_expert > 0;
 
     float max_diff = 0.0f;
     int steps = 0;
@@ -136,9 +146,12 @@ TEST_P(GeneratedGolden, MatchesLlamaCppTopLogitsAndGreedyContinuation) {
                 ++steps_agree;
             } else {
                 const float margin = logits[static_cast<size_t>(ours)] - logits[static_cast<size_t>(greedy[i])];
-                EXPECT_LE(margin, near_tie)
-                    << "generated token " << i << ": we pick " << ours << ", llama.cpp " << greedy[i] << ", " << margin
-                    << " logits apart in ours, " << margins[i] << " in llama.cpp's (not a near-tie)";
+                const bool router_tie = routed && margins[i] <= kRouterTie;  // any margin: a flipped expert
+                if (!router_tie) {
+                    EXPECT_LE(margin, near_tie)
+                        << "generated token " << i << ": we pick " << ours << ", llama.cpp " << greedy[i] << ", "
+                        << margin << " logits apart in ours, " << margins[i] << " in llama.cpp's (not a near-tie)";
+                }
                 char buf[128];
                 std::snprintf(buf, sizeof buf, "\n      %zu-token prompt, step %zu: margin %.4f ours, %.4f llama.cpp",
                               ids.size(), i, margin, margins[i]);
