@@ -296,88 +296,6 @@ GemmKernel kernel() {
     return k;
 }
 
-// ---- IQ4_XS with Q8_K ----
-// A tile of kIq4Rows rows has each super-block unpacked once (its 256 table values and their
-// absolute values as bytes, its eight scales) for a chunk of kIq4Toks tokens; per token the
-// sub-block sums are dot_iq4_xs's (pair sums by maddubs of |v| and y with v's sign, scaled in the
-// madd) and its eight float lanes (one FMA per lane and super-block), reduced at the end: the dot
-// kernel's float, bit for bit.
-constexpr int kIq4Rows = 4;
-constexpr int kIq4Toks = 32;
-
-struct alignas(32) Iq4Tile {
-    int8_t v[kIq4Rows][kQK];     // table values
-    uint8_t abs[kIq4Rows][kQK];  // |v|
-    int16_t scale[kIq4Rows][kQK / 32];
-    float d[kIq4Rows];
-    __m256 lanes[kIq4Toks][kIq4Rows];
-};
-
-void gemm_iq4_xs(int n, int n_rows, int n_tok, const void* w, size_t w_stride, const void* act, size_t act_stride,
-                 float* y, size_t y_stride) {
-    const __m256i table = _mm256_broadcastsi128_si256(_mm_loadu_si128(reinterpret_cast<const __m128i*>(kValuesIQ4NL)));
-    const __m256i low4 = _mm256_set1_epi8(0x0F);
-    Iq4Tile tile;
-    const int nb = n / kQK;
-    for (int r0 = 0; r0 < n_rows; r0 += kIq4Rows) {
-        const int nr = n_rows - r0 < kIq4Rows ? n_rows - r0 : kIq4Rows;
-        for (int t0 = 0; t0 < n_tok; t0 += kIq4Toks) {
-            const int nt = n_tok - t0 < kIq4Toks ? n_tok - t0 : kIq4Toks;
-            for (int t = 0; t < nt; ++t) {
-                for (int r = 0; r < nr; ++r) tile.lanes[t][r] = _mm256_setzero_ps();
-            }
-            for (int i = 0; i < nb; ++i) {
-                for (int r = 0; r < nr; ++r) {
-                    const auto* b = reinterpret_cast<const BlockIQ4_XS*>(static_cast<const uint8_t*>(w) +
-                                                                         static_cast<size_t>(r0 + r) * w_stride) +
-                                    i;
-                    tile.d[r] = f16(b->d);
-                    for (int ib = 0; ib < kQK / 32; ++ib) {
-                        const __m128i packed = _mm_loadu_si128(reinterpret_cast<const __m128i*>(b->qs + 16 * ib));
-                        const __m256i q = _mm256_and_si256(_mm256_set_m128i(_mm_srli_epi16(packed, 4), packed), low4);
-                        const __m256i v = _mm256_shuffle_epi8(table, q);
-                        _mm256_store_si256(reinterpret_cast<__m256i*>(tile.v[r] + 32 * ib), v);
-                        _mm256_store_si256(reinterpret_cast<__m256i*>(tile.abs[r] + 32 * ib), _mm256_sign_epi8(v, v));
-                        const int low = (b->scales_l[ib / 2] >> (4 * (ib % 2))) & 0xF;
-                        const int high = (b->scales_h >> (2 * ib)) & 3;
-                        tile.scale[r][ib] = static_cast<int16_t>((low | (high << 4)) - 32);
-                    }
-                }
-                for (int t = 0; t < nt; ++t) {
-                    const auto* a = reinterpret_cast<const BlockQ8_K*>(static_cast<const uint8_t*>(act) +
-                                                                       static_cast<size_t>(t0 + t) * act_stride) +
-                                    i;
-                    __m256i q8[kQK / 32];
-                    for (int ib = 0; ib < kQK / 32; ++ib)
-                        q8[ib] = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(a->qs + 32 * ib));
-                    for (int r = 0; r < nr; ++r) {
-                        __m256i sums = _mm256_setzero_si256();
-                        for (int ib = 0; ib < kQK / 32; ++ib) {
-                            const __m256i v = _mm256_load_si256(reinterpret_cast<const __m256i*>(tile.v[r] + 32 * ib));
-                            const __m256i u =
-                                _mm256_load_si256(reinterpret_cast<const __m256i*>(tile.abs[r] + 32 * ib));
-                            const __m256i pairs = _mm256_maddubs_epi16(u, _mm256_sign_epi8(q8[ib], v));
-                            sums =
-                                _mm256_add_epi32(sums, _mm256_madd_epi16(pairs, _mm256_set1_epi16(tile.scale[r][ib])));
-                        }
-                        tile.lanes[t][r] = _mm256_fmadd_ps(_mm256_set1_ps(tile.d[r] * a->d), _mm256_cvtepi32_ps(sums),
-                                                           tile.lanes[t][r]);
-                    }
-                }
-            }
-            for (int t = 0; t < nt; ++t) {
-                float* out = y + static_cast<size_t>(t0 + t) * y_stride + r0;
-                for (int r = 0; r < nr; ++r) {
-                    const __m256 l = tile.lanes[t][r];
-                    __m128 s4 = _mm_add_ps(_mm256_castps256_ps128(l), _mm256_extractf128_ps(l, 1));
-                    s4 = _mm_add_ps(s4, _mm_movehl_ps(s4, s4));
-                    out[r] = _mm_cvtss_f32(_mm_add_ss(s4, _mm_movehdup_ps(s4)));
-                }
-            }
-        }
-    }
-}
-
 }  // namespace
 
 GemmKernel gemm_avx2(GgmlType weight_type) {
@@ -392,13 +310,6 @@ GemmKernel gemm_avx2(GgmlType weight_type) {
             return kernel<GgmlType::Q4_1>();
         case GgmlType::Q5_1:
             return kernel<GgmlType::Q5_1>();
-        case GgmlType::IQ4_XS: {
-            GemmKernel k;
-            k.fn = gemm_iq4_xs;
-            k.row_tile = kIq4Rows;
-            k.tok_tile = 1;
-            return k;
-        }
         default:
             return {};
     }
