@@ -392,102 +392,101 @@ inline int32_t hsum_i32(__m256i v) {
     return _mm_cvtsi128_si32(s);
 }
 
-inline int32_t isum_iq3_xxs(const BlockIQ3_XXS& x, const BlockQ8_K& y) {
-    __m256i sums = _mm256_setzero_si256();
+// A super-block unpacked once for all the tokens of a batch: per sub-block the signed weight bytes
+// (the grid value times its sign; IQ1: 8 g + delta) and the scale words. sum(ls * v * q8) is the
+// exact integer sum of the per-token kernels (no pair reaches the int16 limit).
+struct Unpacked {
+    __m256i v[8], ls[8];
+};
+
+inline void unpack_iq3_xxs(const BlockIQ3_XXS& x, Unpacked& u) {
     for (int ib = 0; ib < 8; ++ib) {
         const uint32_t aux = u32_at(x.qs + kQK / 4 + 4 * ib);
-        const int ls = 2 * static_cast<int>(aux >> 28) + 1;
-        const __m256i grid = grid4x8(kIq3xxsGrid, x.qs + 8 * ib, 0);
-        sums = _mm256_add_epi32(sums, grid_lanes_b(grid, xxs_sign_bytes(aux), y.qs + 32 * ib, scale_words(ls)));
+        u.ls[ib] = scale_words(2 * static_cast<int>(aux >> 28) + 1);
+        u.v[ib] = _mm256_sign_epi8(grid4x8(kIq3xxsGrid, x.qs + 8 * ib, 0), xxs_sign_bytes(aux));
     }
-    return hsum_i32(sums);
 }
 
-inline int32_t isum_iq3_s(const BlockIQ3_S& x, const BlockQ8_K& y) {
+inline void unpack_iq3_s(const BlockIQ3_S& x, Unpacked& u) {
     alignas(32) uint16_t idx[64];
     iq3s_indices(x, idx);
-    __m256i sums = _mm256_setzero_si256();
     for (int ib = 0; ib < 8; ++ib) {
-        const int ls = 2 * ((x.scales[ib / 2] >> (4 * (ib % 2))) & 15) + 1;
-        const __m256i grid = grid4x8(kIq3sGrid, idx + 8 * ib);
-        sums = _mm256_add_epi32(sums, grid_lanes(grid, u32_at(x.signs + 4 * ib), y.qs + 32 * ib, scale_words(ls)));
+        u.ls[ib] = scale_words(2 * ((x.scales[ib / 2] >> (4 * (ib % 2))) & 15) + 1);
+        u.v[ib] = _mm256_sign_epi8(grid4x8(kIq3sGrid, idx + 8 * ib), sign_bytes(u32_at(x.signs + 4 * ib)));
     }
-    return hsum_i32(sums);
 }
 
-inline int32_t isum_iq2_xxs(const BlockIQ2_XXS& x, const BlockQ8_K& y) {
-    __m256i sums = _mm256_setzero_si256();
+inline void unpack_iq2_xxs(const BlockIQ2_XXS& x, Unpacked& u) {
     for (int ib = 0; ib < 8; ++ib) {
         const auto* bytes = reinterpret_cast<const uint8_t*>(x.qs) + 8 * ib;
         const uint32_t w1 = u32_at(bytes + 4);
-        const int ls = 2 * static_cast<int>(w1 >> 28) + 1;
-        const __m256i grid =
-            grid8x4(kIq2xxsGrid[bytes[0]], kIq2xxsGrid[bytes[1]], kIq2xxsGrid[bytes[2]], kIq2xxsGrid[bytes[3]]);
-        sums = _mm256_add_epi32(sums, grid_lanes_b(grid, xxs_sign_bytes(w1), y.qs + 32 * ib, scale_words(ls)));
+        u.ls[ib] = scale_words(2 * static_cast<int>(w1 >> 28) + 1);
+        u.v[ib] = _mm256_sign_epi8(
+            grid8x4(kIq2xxsGrid[bytes[0]], kIq2xxsGrid[bytes[1]], kIq2xxsGrid[bytes[2]], kIq2xxsGrid[bytes[3]]),
+            xxs_sign_bytes(w1));
     }
-    return hsum_i32(sums);
 }
 
-inline int32_t isum_iq2_xs(const BlockIQ2_XS& x, const BlockQ8_K& y) {
-    __m256i sums = _mm256_setzero_si256();
+inline void unpack_iq2_xs(const BlockIQ2_XS& x, Unpacked& u) {
     for (int ib = 0; ib < 8; ++ib) {
         const uint16_t* q = x.qs + 4 * ib;
-        const __m256i grid =
-            grid8x4(kIq2xsGrid[q[0] & 511], kIq2xsGrid[q[1] & 511], kIq2xsGrid[q[2] & 511], kIq2xsGrid[q[3] & 511]);
-        sums =
-            _mm256_add_epi32(sums, grid_lanes_b(grid, xs_sign_bytes(q), y.qs + 32 * ib,
-                                                scale_words(2 * (x.scales[ib] & 15) + 1, 2 * (x.scales[ib] >> 4) + 1)));
+        u.ls[ib] = scale_words(2 * (x.scales[ib] & 15) + 1, 2 * (x.scales[ib] >> 4) + 1);
+        u.v[ib] = _mm256_sign_epi8(
+            grid8x4(kIq2xsGrid[q[0] & 511], kIq2xsGrid[q[1] & 511], kIq2xsGrid[q[2] & 511], kIq2xsGrid[q[3] & 511]),
+            xs_sign_bytes(q));
     }
-    return hsum_i32(sums);
 }
 
-inline int32_t isum_iq2_s(const BlockIQ2_S& x, const BlockQ8_K& y) {
+inline void unpack_iq2_s(const BlockIQ2_S& x, Unpacked& u) {
     alignas(32) uint16_t idx[32];
     iq2s_indices(x, idx);
-    __m256i sums = _mm256_setzero_si256();
     for (int ib = 0; ib < 8; ++ib) {
         const uint16_t* k = idx + 4 * ib;
-        const __m256i grid = grid8x4(kIq2sGrid[k[0]], kIq2sGrid[k[1]], kIq2sGrid[k[2]], kIq2sGrid[k[3]]);
-        sums =
-            _mm256_add_epi32(sums, grid_lanes(grid, u32_at(x.qs + kQK / 8 + 4 * ib), y.qs + 32 * ib,
-                                              scale_words(2 * (x.scales[ib] & 15) + 1, 2 * (x.scales[ib] >> 4) + 1)));
+        u.ls[ib] = scale_words(2 * (x.scales[ib] & 15) + 1, 2 * (x.scales[ib] >> 4) + 1);
+        u.v[ib] = _mm256_sign_epi8(grid8x4(kIq2sGrid[k[0]], kIq2sGrid[k[1]], kIq2sGrid[k[2]], kIq2sGrid[k[3]]),
+                                   sign_bytes(u32_at(x.qs + kQK / 8 + 4 * ib)));
     }
-    return hsum_i32(sums);
 }
 
-inline int32_t isum_iq1_s(const BlockIQ1_S& x, const BlockQ8_K& y) {
+inline void unpack_iq1_s(const BlockIQ1_S& x, Unpacked& u) {
     alignas(32) uint16_t idx[32];
     iq1s_indices(x, idx);
-    __m256i sums = _mm256_setzero_si256();
-    int delta_sum = 0;
+    const __m256i eight = _mm256_set1_epi8(8);
     for (int ib = 0; ib < 8; ++ib) {
         const int qh = x.qh[ib];
         const uint16_t* k = idx + 4 * ib;
         const __m256i grid = grid8x4(kIq1sGrid[k[0]], kIq1sGrid[k[1]], kIq1sGrid[k[2]], kIq1sGrid[k[3]]);
-        const int ls = 2 * ((qh >> 12) & 7) + 1;
-        sums = _mm256_add_epi32(sums, signed_lanes(grid, y.qs + 32 * ib, scale_words(ls)));
-        delta_sum += ls * (1 - ((qh >> 14) & 2)) * (y.bsums[2 * ib] + y.bsums[2 * ib + 1]);
+        u.ls[ib] = scale_words(2 * ((qh >> 12) & 7) + 1);
+        const __m256i delta = _mm256_set1_epi8(static_cast<char>(1 - ((qh >> 14) & 2)));
+        u.v[ib] = _mm256_add_epi8(_mm256_sign_epi8(eight, grid), delta);
     }
-    return 8 * hsum_i32(sums) + delta_sum;
 }
 
-inline int32_t isum_iq1_m(const BlockIQ1_M& x, const BlockQ8_K& y) {
+inline void unpack_iq1_m(const BlockIQ1_M& x, Unpacked& u) {
     uint16_t sc[4];
     std::memcpy(sc, x.scales, sizeof sc);
     alignas(32) uint16_t idx[32];
     iq1m_indices(x, idx);
     const __m256i qh = _mm256_broadcastsi128_si256(_mm_loadu_si128(reinterpret_cast<const __m128i*>(x.qh)));
-    __m256i sums = _mm256_setzero_si256(), delta_sums = _mm256_setzero_si256();
+    const __m256i eight = _mm256_set1_epi8(8);
     for (int ib = 0; ib < 8; ++ib) {
         const uint16_t* k = idx + 4 * ib;
         const __m256i grid = grid8x4(kIq1sGrid[k[0]], kIq1sGrid[k[1]], kIq1sGrid[k[2]], kIq1sGrid[k[3]]);
-        const __m256i delta = delta_signs(qh, ib);
         const int s = sc[ib / 2] >> (6 * (ib % 2));
-        const __m256i ls = scale_words(2 * (s & 7) + 1, 2 * ((s >> 3) & 7) + 1);
-        sums = _mm256_add_epi32(sums, signed_lanes(grid, y.qs + 32 * ib, ls));
-        delta_sums = _mm256_add_epi32(delta_sums, delta_lanes(delta, y.qs + 32 * ib, ls));
+        u.ls[ib] = scale_words(2 * (s & 7) + 1, 2 * ((s >> 3) & 7) + 1);
+        u.v[ib] = _mm256_add_epi8(_mm256_sign_epi8(eight, grid), delta_signs(qh, ib));
     }
-    return 8 * hsum_i32(sums) + hsum_i32(delta_sums);
+}
+
+// The exact integer sum of one token's super-block with an unpacked weight block.
+inline int32_t isum_unpacked(const Unpacked& u, const __m256i* mag, const BlockQ8_K& y) {
+    __m256i sums = _mm256_setzero_si256();
+    for (int ib = 0; ib < 8; ++ib) {
+        const __m256i q =
+            _mm256_sign_epi8(_mm256_loadu_si256(reinterpret_cast<const __m256i*>(y.qs + 32 * ib)), u.v[ib]);
+        sums = _mm256_add_epi32(sums, _mm256_madd_epi16(_mm256_maddubs_epi16(mag[ib], q), u.ls[ib]));
+    }
+    return hsum_i32(sums);
 }
 
 template <typename Block>
@@ -502,19 +501,25 @@ inline float block_d(const Block& x) {
     }
 }
 
-template <typename Block, int32_t (*kSum)(const Block&, const BlockQ8_K&), int kDiv>
+// Row by row, block by block: each weight block unpacked once, then its integer sum with every
+// token; each output the same fma chain over the blocks in order as one token at a time.
+template <typename Block, void (*kUnpack)(const Block&, Unpacked&), int kDiv>
 void gemm_tiled(int n, int n_rows, int n_tok, const void* w, size_t w_stride, const void* act, size_t act_stride,
                 float* y, size_t y_stride) {
-    for (int t = 0; t < n_tok; ++t) {
-        const auto* a = reinterpret_cast<const BlockQ8_K*>(static_cast<const uint8_t*>(act) + t * act_stride);
-        for (int r = 0; r < n_rows; ++r) {
-            const auto* x = reinterpret_cast<const Block*>(static_cast<const uint8_t*>(w) + r * w_stride);
-            float out = 0.0f;
-            for (int i = 0; i < n / kQK; ++i) {
-                const float block = static_cast<float>(kSum(x[i], a[i])) * (block_d(x[i]) * (1.0f / kDiv));
-                out = std::fma(block, a[i].d, out);
+    for (int r = 0; r < n_rows; ++r) {
+        const auto* x = reinterpret_cast<const Block*>(static_cast<const uint8_t*>(w) + r * w_stride);
+        for (int t = 0; t < n_tok; ++t) y[t * y_stride + static_cast<size_t>(r)] = 0.0f;
+        for (int i = 0; i < n / kQK; ++i) {
+            Unpacked u;
+            kUnpack(x[i], u);
+            __m256i mag[8];
+            for (int ib = 0; ib < 8; ++ib) mag[ib] = _mm256_abs_epi8(u.v[ib]);
+            const float dw = block_d(x[i]) * (1.0f / kDiv);
+            for (int t = 0; t < n_tok; ++t) {
+                const auto* a = reinterpret_cast<const BlockQ8_K*>(static_cast<const uint8_t*>(act) + t * act_stride);
+                float& out = y[t * y_stride + static_cast<size_t>(r)];
+                out = std::fma(static_cast<float>(isum_unpacked(u, mag, a[i])) * dw, a[i].d, out);
             }
-            y[t * y_stride + static_cast<size_t>(r)] = out;
         }
     }
 }
@@ -545,19 +550,19 @@ inline DotFn dot(GgmlType weight_type) {
 inline GemmFn tiled_gemm(GgmlType weight_type) {
     switch (weight_type) {
         case GgmlType::IQ3_XXS:
-            return gemm_tiled<BlockIQ3_XXS, isum_iq3_xxs, 4>;
+            return gemm_tiled<BlockIQ3_XXS, unpack_iq3_xxs, 4>;
         case GgmlType::IQ3_S:
-            return gemm_tiled<BlockIQ3_S, isum_iq3_s, 1>;
+            return gemm_tiled<BlockIQ3_S, unpack_iq3_s, 1>;
         case GgmlType::IQ2_XXS:
-            return gemm_tiled<BlockIQ2_XXS, isum_iq2_xxs, 8>;
+            return gemm_tiled<BlockIQ2_XXS, unpack_iq2_xxs, 8>;
         case GgmlType::IQ2_XS:
-            return gemm_tiled<BlockIQ2_XS, isum_iq2_xs, 8>;
+            return gemm_tiled<BlockIQ2_XS, unpack_iq2_xs, 8>;
         case GgmlType::IQ2_S:
-            return gemm_tiled<BlockIQ2_S, isum_iq2_s, 8>;
+            return gemm_tiled<BlockIQ2_S, unpack_iq2_s, 8>;
         case GgmlType::IQ1_S:
-            return gemm_tiled<BlockIQ1_S, isum_iq1_s, 8>;
+            return gemm_tiled<BlockIQ1_S, unpack_iq1_s, 8>;
         case GgmlType::IQ1_M:
-            return gemm_tiled<BlockIQ1_M, isum_iq1_m, 8>;
+            return gemm_tiled<BlockIQ1_M, unpack_iq1_m, 8>;
         default:
             return nullptr;
     }
