@@ -133,22 +133,31 @@ inline void dot_iq3_xxs(int n, float* out, const void* w, const void* a) {
     *out = 0.25f * hsum8(acc);
 }
 
+// Grid indices, 16 words at a time (n16 times): word p of pass j is qs[16 j + p] | the high bits
+// picked from qh, that is: qh's byte control[p] (rep, plus `step` each pass; a control byte with
+// its top bit set gives 0) times mult[p] in 16 bits, shifted right by kShift, masked.
+template <int kShift = 0>
+inline void grid_indices(const uint8_t* qs, __m256i qh, __m256i rep, int step, __m256i mult, __m256i mask, int n16,
+                         uint16_t* idx) {
+    for (int j = 0; j < n16; ++j) {
+        const __m256i q = _mm256_cvtepu8_epi16(_mm_loadu_si128(reinterpret_cast<const __m128i*>(qs + 16 * j)));
+        const __m256i high = _mm256_mullo_epi16(_mm256_shuffle_epi8(qh, rep), mult);
+        const __m256i bits = _mm256_and_si256(kShift > 0 ? _mm256_srli_epi16(high, kShift) : high, mask);
+        _mm256_storeu_si256(reinterpret_cast<__m256i*>(idx + 16 * j), _mm256_or_si256(q, bits));
+        rep = _mm256_add_epi8(rep, _mm256_set1_epi8(static_cast<char>(step)));
+    }
+}
+
 // IQ3_S's 64 grid indices of a super-block, 16 (two sub-blocks) at a time: point k of sub-block ib
 // is qs[8 ib + k] | bit k of qh[ib] << 8 (qh times 2^(8 - k) in 16 bits, masked).
 inline void iq3s_indices(const BlockIQ3_S& b, uint16_t* idx) {
     const __m256i qh = _mm256_broadcastq_epi64(_mm_loadl_epi64(reinterpret_cast<const __m128i*>(b.qh)));
     // Byte 2j of qh as the first 8 words, byte 2j + 1 as the next 8 (top bit set: a zero byte).
-    __m256i rep =
+    const __m256i rep =
         _mm256_set_epi64x(static_cast<long long>(0x8001800180018001), static_cast<long long>(0x8001800180018001),
                           static_cast<long long>(0x8000800080008000), static_cast<long long>(0x8000800080008000));
     const __m256i mult = _mm256_set_epi16(2, 4, 8, 16, 32, 64, 128, 256, 2, 4, 8, 16, 32, 64, 128, 256);
-    const __m256i mask = _mm256_set1_epi16(0x100);
-    for (int j = 0; j < 4; ++j) {
-        const __m256i q = _mm256_cvtepu8_epi16(_mm_loadu_si128(reinterpret_cast<const __m128i*>(b.qs + 16 * j)));
-        const __m256i bits = _mm256_and_si256(_mm256_mullo_epi16(_mm256_shuffle_epi8(qh, rep), mult), mask);
-        _mm256_storeu_si256(reinterpret_cast<__m256i*>(idx + 16 * j), _mm256_or_si256(q, bits));
-        rep = _mm256_add_epi8(rep, _mm256_set1_epi8(2));
-    }
+    grid_indices(b.qs, qh, rep, 2, mult, _mm256_set1_epi16(0x100), 4, idx);
 }
 
 // Eight 4-value grid points from their indices.
@@ -233,15 +242,7 @@ inline void iq2s_indices(const BlockIQ2_S& b, uint16_t* idx) {
     // Bytes ib of qh as words, each 4 times (a control byte with its top bit set gives 0).
     const __m256i rep_lo = _mm256_set_epi64x(0x8003800380038003, 0x8002800280028002, 0x8001800180018001,
                                              static_cast<long long>(0x8000800080008000));
-    const __m256i rep_hi = _mm256_add_epi8(rep_lo, _mm256_set1_epi8(4));
-    const __m256i mult = _mm256_set1_epi64x(0x0004001000400100);
-    const __m256i mask = _mm256_set1_epi16(0x300);
-    for (int h = 0; h < 2; ++h) {
-        const __m256i q = _mm256_cvtepu8_epi16(_mm_loadu_si128(reinterpret_cast<const __m128i*>(b.qs + 16 * h)));
-        const __m256i hi = _mm256_shuffle_epi8(qh, h == 0 ? rep_lo : rep_hi);
-        const __m256i bits = _mm256_and_si256(_mm256_mullo_epi16(hi, mult), mask);
-        _mm256_storeu_si256(reinterpret_cast<__m256i*>(idx + 16 * h), _mm256_or_si256(q, bits));
-    }
+    grid_indices(b.qs, qh, rep_lo, 4, _mm256_set1_epi64x(0x0004001000400100), _mm256_set1_epi16(0x300), 2, idx);
 }
 
 inline void dot_iq2_s(int n, float* out, const void* w, const void* a) {
@@ -296,15 +297,7 @@ inline void iq1s_indices(const BlockIQ1_S& b, uint16_t* idx) {
     // Words ib of qh, each repeated 4 times: sub-blocks 0, 1 | 2, 3 (first half), 4, 5 | 6, 7.
     const __m256i rep_lo =
         _mm256_set_epi64x(0x0706070607060706, 0x0504050405040504, 0x0302030203020302, 0x0100010001000100);
-    const __m256i rep_hi = _mm256_add_epi8(rep_lo, _mm256_set1_epi8(8));
-    const __m256i mult = _mm256_set1_epi64x(0x0001000800400200);
-    const __m256i mask = _mm256_set1_epi16(0x700);
-    for (int h = 0; h < 2; ++h) {
-        const __m256i q = _mm256_cvtepu8_epi16(_mm_loadu_si128(reinterpret_cast<const __m128i*>(b.qs + 16 * h)));
-        const __m256i hi = _mm256_shuffle_epi8(qh, h == 0 ? rep_lo : rep_hi);
-        const __m256i bits = _mm256_and_si256(_mm256_srli_epi16(_mm256_mullo_epi16(hi, mult), 1), mask);
-        _mm256_storeu_si256(reinterpret_cast<__m256i*>(idx + 16 * h), _mm256_or_si256(q, bits));
-    }
+    grid_indices<1>(b.qs, qh, rep_lo, 8, _mm256_set1_epi64x(0x0001000800400200), _mm256_set1_epi16(0x700), 2, idx);
 }
 
 inline void dot_iq1_s(int n, float* out, const void* w, const void* a) {
@@ -340,15 +333,7 @@ inline void iq1m_indices(const BlockIQ1_M& b, uint16_t* idx) {
     const __m256i rep_lo =
         _mm256_set_epi64x(static_cast<long long>(0x8007800780068006), static_cast<long long>(0x8005800580048004),
                           static_cast<long long>(0x8003800380028002), static_cast<long long>(0x8001800180008000));
-    const __m256i rep_hi = _mm256_add_epi8(rep_lo, _mm256_set1_epi8(8));
-    const __m256i mult = _mm256_set1_epi32(0x00100100);
-    const __m256i mask = _mm256_set1_epi16(0x700);
-    for (int h = 0; h < 2; ++h) {
-        const __m256i q = _mm256_cvtepu8_epi16(_mm_loadu_si128(reinterpret_cast<const __m128i*>(b.qs + 16 * h)));
-        const __m256i hi = _mm256_shuffle_epi8(qh, h == 0 ? rep_lo : rep_hi);
-        const __m256i bits = _mm256_and_si256(_mm256_mullo_epi16(hi, mult), mask);
-        _mm256_storeu_si256(reinterpret_cast<__m256i*>(idx + 16 * h), _mm256_or_si256(q, bits));
-    }
+    grid_indices(b.qs, qh, rep_lo, 8, _mm256_set1_epi32(0x00100100), _mm256_set1_epi16(0x700), 2, idx);
 }
 
 inline void dot_iq1_m(int n, float* out, const void* w, const void* a) {
