@@ -311,9 +311,9 @@ void Scheduler::loop() {
 void Scheduler::gather(std::unique_lock<std::mutex>& lock) {
     if (!active_.empty()) return;
     // Nothing running: a new busy spell starts.
-    last_spell_shared_ = spell_shared_;
+    const bool last_spell_shared = spell_shared_;
     spell_shared_ = false;
-    if (options_.gather_gap.count() <= 0 || !last_spell_shared_) return;
+    if (options_.gather_gap.count() <= 0 || !last_spell_shared) return;
     const auto start = std::chrono::steady_clock::now();
     const auto until = start + options_.gather_max;
     size_t seen = queue_.size();

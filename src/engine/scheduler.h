@@ -248,9 +248,8 @@ private:
     std::vector<uint8_t> batch_output_;
     std::deque<std::pair<std::chrono::steady_clock::time_point, int>> recent_;  // (step end, tokens sampled)
     // gather(): this busy spell (since the scheduler was last idle) had a step of two sequences or
-    // more, and the one before it.
+    // more.
     bool spell_shared_ = false;
-    bool last_spell_shared_ = false;
 
     mutable std::mutex mutex_;  // guards the fields below
     std::condition_variable cv_;
