@@ -255,6 +255,56 @@ float fit_affine_search(int n, int nmax, const float* x, const float* weights, u
     return scale;
 }
 
+// Q2_K / Q3_K: 256 levels of 0..3 into 64 bytes, 128 values at a time, a byte holding the values
+// 32 apart in its four bit pairs.
+void pack_2bit_levels(const int8_t* L, uint8_t* qs) {
+    for (int j = 0; j < kQK; j += 128) {
+        for (int l = 0; l < 32; ++l)
+            qs[j / 4 + l] =
+                static_cast<uint8_t>(L[j + l] | (L[j + l + 32] << 2) | (L[j + l + 64] << 4) | (L[j + l + 96] << 6));
+    }
+}
+
+void pack_2bit_levels(const uint8_t* L, uint8_t* qs) {
+    pack_2bit_levels(reinterpret_cast<const int8_t*>(L), qs);
+}
+
+// Q3_K's sixteen 6-bit scales (0..63, 32 meaning zero): low nibbles in bytes 0..7 (j and j + 8
+// sharing one), the high bit pairs in bytes 8..11.
+void pack_q3_K_scales(const uint8_t* ls, BlockQ3_K& b) {
+    std::memset(b.scales, 0, sizeof b.scales);
+    for (int j = 0; j < 16; ++j) {
+        if (j < 8) {
+            b.scales[j] = static_cast<uint8_t>(ls[j] & 0xF);
+        } else {
+            b.scales[j - 8] |= static_cast<uint8_t>((ls[j] & 0xF) << 4);
+        }
+        b.scales[j % 4 + 8] |= static_cast<uint8_t>((ls[j] >> 4) << (2 * (j / 4)));
+    }
+}
+
+// A Q3_K block's levels from its packed scales and d: each value to the nearest of -4..3 times its
+// sub-block's scale, the third bit into hmask and the low two into qs. A sub-block whose scale is
+// zero keeps the levels of its fit in L, as llama.cpp's.
+void q3_K_levels(const float* x, int8_t* L, BlockQ3_K& b) {
+    for (int j = 0; j < 16; ++j) {
+        const int low = j < 8 ? b.scales[j] & 0xF : b.scales[j - 8] >> 4;
+        const int sc = (low | (((b.scales[8 + j % 4] >> (2 * (j / 4))) & 3) << 4)) - 32;
+        const float d = fp16_to_fp32(b.d) * sc;
+        if (d == 0.0f) continue;
+        for (int l = 0; l < 16; ++l)
+            L[16 * j + l] = static_cast<int8_t>(std::max(-4, std::min(3, nearest(x[16 * j + l] / d))) + 4);
+    }
+    std::memset(b.hmask, 0, kQK / 8);
+    for (int j = 0; j < kQK; ++j) {
+        if (L[j] > 3) {
+            b.hmask[j % 32] |= static_cast<uint8_t>(1u << (j / 32));
+            L[j] = static_cast<int8_t>(L[j] - 4);
+        }
+    }
+    pack_2bit_levels(L, b.qs);
+}
+
 void ref_q2_K(const float* x, BlockQ2_K* y, int64_t nb) {
     uint8_t L[kQK];
     float weights[16], mins[16], scales[16];
@@ -288,11 +338,7 @@ void ref_q2_K(const float* x, BlockQ2_K* y, int64_t nb) {
             for (int l = 0; l < 16; ++l)
                 L[16 * j + l] = static_cast<uint8_t>(std::max(0, std::min(3, nearest((x[16 * j + l] + dm) / d))));
         }
-        for (int j = 0; j < kQK; j += 128) {
-            for (int l = 0; l < 32; ++l)
-                y[i].qs[j / 4 + l] =
-                    static_cast<uint8_t>(L[j + l] | (L[j + l + 32] << 2) | (L[j + l + 64] << 4) | (L[j + l + 96] << 6));
-        }
+        pack_2bit_levels(L, y[i].qs);
     }
 }
 
@@ -308,44 +354,20 @@ void ref_q3_K(const float* x, BlockQ3_K* y, int64_t nb) {
                 max_scale = scales[j];
             }
         }
-        std::memset(y[i].scales, 0, 12);
+        std::memset(y[i].scales, 0, sizeof y[i].scales);
         if (max_scale != 0.0f) {
             const float iscale = -32.0f / max_scale;
-            for (int j = 0; j < 16; ++j) {
-                const int l =
+            uint8_t ls[16];
+            for (int j = 0; j < 16; ++j)
+                ls[j] = static_cast<uint8_t>(
                     std::max(-32, std::min(31, static_cast<int>(static_cast<int8_t>(nearest(iscale * scales[j]))))) +
-                    32;
-                if (j < 8) {
-                    y[i].scales[j] = static_cast<uint8_t>(l & 0xF);
-                } else {
-                    y[i].scales[j - 8] |= static_cast<uint8_t>((l & 0xF) << 4);
-                }
-                y[i].scales[j % 4 + 8] |= static_cast<uint8_t>((l >> 4) << (2 * (j / 4)));
-            }
+                    32);
+            pack_q3_K_scales(ls, y[i]);
             y[i].d = fp32_to_fp16(1 / iscale);
         } else {
             y[i].d = fp32_to_fp16(0.0f);
         }
-        for (int j = 0; j < 16; ++j) {
-            const int low = j < 8 ? y[i].scales[j] & 0xF : y[i].scales[j - 8] >> 4;
-            const int sc = (low | (((y[i].scales[8 + j % 4] >> (2 * (j / 4))) & 3) << 4)) - 32;
-            const float d = fp16_to_fp32(y[i].d) * sc;
-            if (d == 0.0f) continue;
-            for (int l = 0; l < 16; ++l)
-                L[16 * j + l] = static_cast<int8_t>(std::max(-4, std::min(3, nearest(x[16 * j + l] / d))) + 4);
-        }
-        std::memset(y[i].hmask, 0, kQK / 8);
-        for (int j = 0; j < kQK; ++j) {
-            if (L[j] > 3) {
-                y[i].hmask[j % 32] |= static_cast<uint8_t>(1u << (j / 32));
-                L[j] = static_cast<int8_t>(L[j] - 4);
-            }
-        }
-        for (int j = 0; j < kQK; j += 128) {
-            for (int l = 0; l < 32; ++l)
-                y[i].qs[j / 4 + l] =
-                    static_cast<uint8_t>(L[j + l] | (L[j + l + 32] << 2) | (L[j + l + 64] << 4) | (L[j + l + 96] << 6));
-        }
+        q3_K_levels(x, L, y[i]);
     }
 }
 
@@ -374,6 +396,34 @@ void pack_q45_K_levels(const uint8_t* L, Block& b) {
     }
 }
 
+// A Q4_K / Q5_K block's scales ls and mins lm (6 bits each: the packing keeps the low 8 bits of
+// what it is given, as llama.cpp's) packed, then each value's level from the packed numbers and d /
+// dmin (a sub-block whose scale is zero keeps the levels of its fit in L), then the levels packed.
+template <int kNmax, typename Block>
+void q45_K_levels(const float* x, const uint8_t* ls, const uint8_t* lm, uint8_t* L, Block& b) {
+    for (int j = 0; j < 4; ++j) {
+        b.scales[j] = static_cast<uint8_t>(ls[j] | ((ls[j + 4] >> 4) << 6));
+        b.scales[j + 4] = static_cast<uint8_t>(lm[j] | ((lm[j + 4] >> 4) << 6));
+        b.scales[j + 8] = static_cast<uint8_t>((ls[j + 4] & 0xF) | ((lm[j + 4] & 0xF) << 4));
+    }
+    for (int j = 0; j < 8; ++j) {
+        int sc, m;
+        if (j < 4) {
+            sc = b.scales[j] & 63;
+            m = b.scales[j + 4] & 63;
+        } else {
+            sc = (b.scales[j + 4] & 0xF) | ((b.scales[j - 4] >> 6) << 4);
+            m = (b.scales[j + 4] >> 4) | ((b.scales[j] >> 6) << 4);
+        }
+        const float d = fp16_to_fp32(b.d) * sc;
+        if (d == 0.0f) continue;
+        const float dm = fp16_to_fp32(b.dmin) * m;
+        for (int l = 0; l < 32; ++l)
+            L[32 * j + l] = static_cast<uint8_t>(std::max(0, std::min(kNmax, nearest((x[32 * j + l] + dm) / d))));
+    }
+    pack_q45_K_levels(L, b);
+}
+
 template <typename Block, int kNmax>
 void ref_q45_K(const float* x, Block* y, int64_t nb) {
     constexpr bool kFive = kNmax == 31;
@@ -398,21 +448,9 @@ void ref_q45_K(const float* x, Block* y, int64_t nb) {
             ls[j] = std::min<uint8_t>(63, static_cast<uint8_t>(nearest(inv_scale * scales[j])));
             lm[j] = std::min<uint8_t>(63, static_cast<uint8_t>(nearest(inv_min * mins[j])));
         }
-        for (int j = 0; j < 4; ++j) {
-            y[i].scales[j] = static_cast<uint8_t>(ls[j] | ((ls[j + 4] >> 4) << 6));
-            y[i].scales[j + 4] = static_cast<uint8_t>(lm[j] | ((lm[j + 4] >> 4) << 6));
-            y[i].scales[j + 8] = static_cast<uint8_t>((ls[j + 4] & 0xF) | ((lm[j + 4] & 0xF) << 4));
-        }
         y[i].d = fp32_to_fp16(max_scale / 63.0f);
         y[i].dmin = fp32_to_fp16(max_min / 63.0f);
-        for (int j = 0; j < 8; ++j) {
-            const float d = fp16_to_fp32(y[i].d) * ls[j];
-            if (d == 0.0f) continue;
-            const float dm = fp16_to_fp32(y[i].dmin) * lm[j];
-            for (int l = 0; l < 32; ++l)
-                L[32 * j + l] = static_cast<uint8_t>(std::max(0, std::min(kNmax, nearest((x[32 * j + l] + dm) / d))));
-        }
-        pack_q45_K_levels(L, y[i]);
+        q45_K_levels<kNmax>(x, ls, lm, L, y[i]);
     }
 }
 
@@ -668,16 +706,13 @@ void imp_q2_K(const float* x, BlockQ2_K* y, int64_t nb, const float* qw) {
             for (int l = 0; l < 16; ++l)
                 L[16 * j + l] = static_cast<uint8_t>(std::max(0, std::min(3, nearest((x[16 * j + l] + m) / d))));
         }
-        for (int j = 0; j < kQK; j += 128) {
-            for (int l = 0; l < 32; ++l)
-                y[i].qs[j / 4 + l] =
-                    static_cast<uint8_t>(L[j + l] | (L[j + l + 32] << 2) | (L[j + l + 64] << 4) | (L[j + l + 96] << 6));
-        }
+        pack_2bit_levels(L, y[i].qs);
     }
 }
 
 void imp_q3_K(const float* x, BlockQ3_K* y, int64_t nb, const float* qw) {
-    int8_t L[kQK], Ls[16];
+    int8_t L[kQK];
+    uint8_t Ls[16];
     float scales[16], weight[16], sw[16];
     for (int64_t i = 0; i < nb; ++i, x += kQK) {
         const float sigma2 = mean_square(x, kQK, 2.0f);
@@ -688,39 +723,10 @@ void imp_q3_K(const float* x, BlockQ3_K* y, int64_t nb, const float* qw) {
             sw[j] = sumw;
             scales[j] = fit_symmetric_weighted(16, 4, x + 16 * j, L + 16 * j, weight);
         }
-        std::memset(y[i].scales, 0, 12);
-        const float d_block = fit_symmetric_weighted(16, 32, scales, Ls, sw);
-        for (int j = 0; j < 16; ++j) {
-            int l = Ls[j];
-            if (j < 8) {
-                y[i].scales[j] = static_cast<uint8_t>(l & 0xF);
-            } else {
-                y[i].scales[j - 8] |= static_cast<uint8_t>((l & 0xF) << 4);
-            }
-            l >>= 4;
-            y[i].scales[j % 4 + 8] |= static_cast<uint8_t>(l << (2 * (j / 4)));
-        }
+        const float d_block = fit_symmetric_weighted(16, 32, scales, reinterpret_cast<int8_t*>(Ls), sw);
+        pack_q3_K_scales(Ls, y[i]);
         y[i].d = fp32_to_fp16(d_block);
-        for (int j = 0; j < 16; ++j) {
-            const int low = j < 8 ? y[i].scales[j] & 0xF : y[i].scales[j - 8] >> 4;
-            const int8_t sc = static_cast<int8_t>((low | (((y[i].scales[8 + j % 4] >> (2 * (j / 4))) & 3) << 4)) - 32);
-            const float d = fp16_to_fp32(y[i].d) * sc;
-            if (d == 0.0f) continue;
-            for (int l = 0; l < 16; ++l)
-                L[16 * j + l] = static_cast<int8_t>(std::max(-4, std::min(3, nearest(x[16 * j + l] / d))) + 4);
-        }
-        std::memset(y[i].hmask, 0, kQK / 8);
-        for (int j = 0; j < kQK; ++j) {
-            if (L[j] > 3) {
-                y[i].hmask[j % 32] |= static_cast<uint8_t>(1u << (j / 32));
-                L[j] = static_cast<int8_t>(L[j] - 4);
-            }
-        }
-        for (int j = 0; j < kQK; j += 128) {
-            for (int l = 0; l < 32; ++l)
-                y[i].qs[j / 4 + l] =
-                    static_cast<uint8_t>(L[j + l] | (L[j + l + 32] << 2) | (L[j + l + 64] << 4) | (L[j + l + 96] << 6));
-        }
+        q3_K_levels(x, L, y[i]);
     }
 }
 
@@ -740,39 +746,15 @@ void imp_q45_K(const float* x, Block* y, int64_t nb, const float* qw) {
         }
         const float d_block = fit_positive(8, 63, scales, Ls, sw);
         const float m_block = fit_positive(8, 63, mins, Lm, sw);
-        for (int j = 0; j < 8; ++j) {
-            uint8_t ls = Ls[j], lm = Lm[j];
-            if constexpr (kFive) {
-                ls = std::min<uint8_t>(63, ls);
-                lm = std::min<uint8_t>(63, lm);
-            }
-            if (j < 4) {
-                y[i].scales[j] = ls;
-                y[i].scales[j + 4] = lm;
-            } else {
-                y[i].scales[j + 4] = static_cast<uint8_t>((ls & 0xF) | ((lm & 0xF) << 4));
-                y[i].scales[j - 4] |= static_cast<uint8_t>((ls >> 4) << 6);
-                y[i].scales[j] |= static_cast<uint8_t>((lm >> 4) << 6);
+        if constexpr (kFive) {
+            for (int j = 0; j < 8; ++j) {
+                Ls[j] = std::min<uint8_t>(63, Ls[j]);
+                Lm[j] = std::min<uint8_t>(63, Lm[j]);
             }
         }
         y[i].d = fp32_to_fp16(d_block);
         y[i].dmin = fp32_to_fp16(m_block);
-        for (int j = 0; j < 8; ++j) {
-            uint8_t sc, m;
-            if (j < 4) {
-                sc = y[i].scales[j] & 63;
-                m = y[i].scales[j + 4] & 63;
-            } else {
-                sc = static_cast<uint8_t>((y[i].scales[j + 4] & 0xF) | ((y[i].scales[j - 4] >> 6) << 4));
-                m = static_cast<uint8_t>((y[i].scales[j + 4] >> 4) | ((y[i].scales[j] >> 6) << 4));
-            }
-            const float d = fp16_to_fp32(y[i].d) * sc;
-            if (d == 0.0f) continue;
-            const float dm = fp16_to_fp32(y[i].dmin) * m;
-            for (int l = 0; l < 32; ++l)
-                L[32 * j + l] = static_cast<uint8_t>(std::max(0, std::min(kNmax, nearest((x[32 * j + l] + dm) / d))));
-        }
-        pack_q45_K_levels(L, y[i]);
+        q45_K_levels<kNmax>(x, Ls, Lm, L, y[i]);
     }
 }
 
