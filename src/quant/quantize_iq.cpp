@@ -313,6 +313,46 @@ float weighted_fit(int n, const float* weight, const float* xval, const int8_t* 
     return sumq2;
 }
 
+// The scale search of a sub-block of 16 magnitudes, two groups of 8 (IQ2_XS and IQ2_S): 19 trial
+// scales (5 + 0.1 t) / max; at the best, the groups that were off the grid are rounded again and
+// moved to their best neighbours, and the scale refitted. Returns the scale (its sign unchecked);
+// L: the levels (0..2), both groups grid points.
+float search_pair_of_groups(const Iq2Grid& g, const float* xval, const float* weight, const float* waux, float max,
+                            int8_t* L) {
+    int8_t Laux[16];
+    float best = 0.0f;
+    float scale = max / 5;
+    bool on_grid[2] = {true, true}, on_grid_aux[2];
+    for (int t = -9; t <= 9; ++t) {
+        const float id = (2 * 3 - 1 + t * 0.1f) / max;
+        iq2_trial(g, 2, xval, waux, id, Laux, on_grid_aux);
+        float sumqx;
+        const float sumq2 = weighted_fit(16, weight, xval, Laux, &sumqx);
+        if (sumq2 > 0.0f && sumqx * sumqx > best * sumq2) {
+            scale = sumqx / sumq2;
+            best = scale * sumqx;
+            std::copy(Laux, Laux + 16, L);
+            on_grid[0] = on_grid_aux[0];
+            on_grid[1] = on_grid_aux[1];
+        }
+    }
+    if ((!on_grid[0] || !on_grid[1]) && scale > 0.0f) {
+        const float id = 1 / scale;
+        for (int k = 0; k < 2; ++k) {
+            if (on_grid[k]) continue;
+            for (int i = 0; i < 8; ++i)
+                L[8 * k + i] =
+                    static_cast<int8_t>(std::max(0, std::min(2, nearest(0.5f * (id * xval[8 * k + i] - 1)))));
+            const int u = Iq2Grid::code(L + 8 * k);
+            if (g.index_of[u] < 0) best_neighbour(g, u, xval + 8 * k, waux + 8 * k, scale, L + 8 * k);
+        }
+        float sumqx;
+        const float sumq2 = weighted_fit(16, weight, xval, L, &sumqx);
+        if (sumq2 > 0.0f) scale = sumqx / sumq2;
+    }
+    return scale;
+}
+
 // ---- IQ1_S / IQ1_M: values -1, 0, 1 shifted by +-1/8, an exhaustive search of the two cut points ----
 
 constexpr float kIq1Delta = 0.125f;
@@ -714,7 +754,7 @@ void quantize_row_iq2_xs(const float* x, void* dst, int64_t n, const float* weig
     const Iq2Grid& g = iq2xs_grid();
     auto* y = static_cast<BlockIQ2_XS*>(dst);
     float scales[16], weight[16], waux[16], xval[16];
-    int8_t L[16], Laux[16];
+    int8_t L[16];
     uint16_t q2[32];
     for (int64_t ibl = 0; ibl < n / kQK; ++ibl) {
         y[ibl].d = fp32_to_fp16(0.0f);
@@ -739,36 +779,7 @@ void quantize_row_iq2_xs(const float* x, void* dst, int64_t n, const float* weig
                 scales[ib] = 0.0f;
                 continue;
             }
-            float best = 0.0f;
-            float scale = max / 5;
-            bool on_grid[2] = {true, true}, on_grid_aux[2];
-            for (int t = -9; t <= 9; ++t) {
-                const float id = (2 * 3 - 1 + t * 0.1f) / max;
-                iq2_trial(g, 2, xval, waux, id, Laux, on_grid_aux);
-                float sumqx;
-                const float sumq2 = weighted_fit(16, weight, xval, Laux, &sumqx);
-                if (sumq2 > 0.0f && sumqx * sumqx > best * sumq2) {
-                    scale = sumqx / sumq2;
-                    best = scale * sumqx;
-                    std::copy(Laux, Laux + 16, L);
-                    on_grid[0] = on_grid_aux[0];
-                    on_grid[1] = on_grid_aux[1];
-                }
-            }
-            if ((!on_grid[0] || !on_grid[1]) && scale > 0.0f) {
-                const float id = 1 / scale;
-                for (int k = 0; k < 2; ++k) {
-                    if (on_grid[k]) continue;
-                    for (int i = 0; i < 8; ++i)
-                        L[8 * k + i] =
-                            static_cast<int8_t>(std::max(0, std::min(2, nearest(0.5f * (id * xval[8 * k + i] - 1)))));
-                    const int u = Iq2Grid::code(L + 8 * k);
-                    if (g.index_of[u] < 0) best_neighbour(g, u, xval + 8 * k, waux + 8 * k, scale, L + 8 * k);
-                }
-                float sumqx;
-                const float sumq2 = weighted_fit(16, weight, xval, L, &sumqx);
-                if (sumq2 > 0.0f) scale = sumqx / sumq2;
-            }
+            float scale = search_pair_of_groups(g, xval, weight, waux, max, L);
             if (scale < 0.0f) {
                 scale = -scale;
                 for (uint8_t& s : block_signs) s = static_cast<uint8_t>(~s & 127);
@@ -790,22 +801,17 @@ void quantize_row_iq2_xs(const float* x, void* dst, int64_t n, const float* weig
         const float id = 1 / d;
         for (int ib = 0; ib < 16; ++ib) {
             const int l = std::max(0, std::min(15, nearest(0.5f * (id * scales[ib] - 1))));
-            if (ib % 2 == 0) {
-                y[ibl].scales[ib / 2] = static_cast<uint8_t>(l);
-            } else {
-                y[ibl].scales[ib / 2] = static_cast<uint8_t>(y[ibl].scales[ib / 2] | (l << 4));
-            }
+            y[ibl].scales[ib / 2] = static_cast<uint8_t>(ib % 2 == 0 ? l : y[ibl].scales[ib / 2] | (l << 4));
         }
         std::memcpy(y[ibl].qs, q2, sizeof q2);
     }
 }
 
 void quantize_row_iq2_s(const float* x, void* dst, int64_t n, const float* weights) {
-    constexpr int kMax2 = 3;
     const Iq2Grid& g = iq2s_grid();
     auto* y = static_cast<BlockIQ2_S*>(dst);
     float scales[16], weight[16], waux[16], xval[16];
-    int8_t L[16], Laux[16];
+    int8_t L[16];
     for (int64_t ibl = 0; ibl < n / kQK; ++ibl) {
         std::memset(&y[ibl], 0, sizeof y[ibl]);
         const float* xbl = x + kQK * ibl;
@@ -826,36 +832,7 @@ void quantize_row_iq2_s(const float* x, void* dst, int64_t n, const float* weigh
                 scales[ib] = 0.0f;
                 continue;
             }
-            float best = 0.0f;
-            float scale = max / (2 * kMax2 - 1);
-            bool on_grid[2] = {true, true}, on_grid_aux[2];
-            for (int t = -9; t <= 9; ++t) {
-                const float id = (2 * kMax2 - 1 + t * 0.1f) / max;
-                iq2_trial(g, 2, xval, waux, id, Laux, on_grid_aux);
-                float sumqx;
-                const float sumq2 = weighted_fit(16, weight, xval, Laux, &sumqx);
-                if (sumq2 > 0.0f && sumqx * sumqx > best * sumq2) {
-                    scale = sumqx / sumq2;
-                    best = scale * sumqx;
-                    std::copy(Laux, Laux + 16, L);
-                    on_grid[0] = on_grid_aux[0];
-                    on_grid[1] = on_grid_aux[1];
-                }
-            }
-            if ((!on_grid[0] || !on_grid[1]) && scale > 0.0f) {
-                const float id = 1 / scale;
-                for (int k = 0; k < 2; ++k) {
-                    if (on_grid[k]) continue;
-                    for (int i = 0; i < 8; ++i)
-                        L[8 * k + i] = static_cast<int8_t>(
-                            std::max(0, std::min(kMax2 - 1, nearest(0.5f * (id * xval[8 * k + i] - 1)))));
-                    const int u = Iq2Grid::code(L + 8 * k);
-                    if (g.index_of[u] < 0) best_neighbour(g, u, xval + 8 * k, waux + 8 * k, scale, L + 8 * k);
-                }
-                float sumqx;
-                const float sumq2 = weighted_fit(16, weight, xval, L, &sumqx);
-                if (sumq2 > 0.0f) scale = sumqx / sumq2;
-            }
+            float scale = search_pair_of_groups(g, xval, weight, waux, max, L);
             if (scale < 0.0f) {
                 scale = -scale;
                 for (uint8_t& s : block_signs) s = static_cast<uint8_t>(~s);
@@ -877,11 +854,7 @@ void quantize_row_iq2_s(const float* x, void* dst, int64_t n, const float* weigh
         const float id = 1 / d;
         for (int ib = 0; ib < 16; ++ib) {
             const int l = std::max(0, std::min(15, nearest(0.5f * (id * scales[ib] - 1))));
-            if (ib % 2 == 0) {
-                y[ibl].scales[ib / 2] = static_cast<uint8_t>(l);
-            } else {
-                y[ibl].scales[ib / 2] = static_cast<uint8_t>(y[ibl].scales[ib / 2] | (l << 4));
-            }
+            y[ibl].scales[ib / 2] = static_cast<uint8_t>(ib % 2 == 0 ? l : y[ibl].scales[ib / 2] | (l << 4));
         }
     }
 }
