@@ -11,17 +11,12 @@
 
 #include "quant/blocks.h"
 #include "quant/iq_grids.h"
+#include "quant/quantize_fit.h"
 
 namespace fitllm::quant::detail {
 namespace {
 
-// Round to nearest, ties to even, as ggml's nearest_int (|v| < 2^22).
-int nearest(float v) {
-    const float shifted = v + 12582912.0f;
-    int bits;
-    std::memcpy(&bits, &shifted, sizeof bits);
-    return (bits & 0x007FFFFF) - 0x00400000;
-}
+using fit::nearest;  // ggml's nearest_int
 
 // A lattice grid for the searches: points of kDims values on the levels 2l + 1 (l < 2^kBits), each
 // point as kDims bytes; the grid index of each level combination (its code, kBits a value); and,
@@ -685,7 +680,7 @@ void quantize_row_iq2_xxs(const float* x, void* dst, int64_t n, const float* wei
                 continue;
             }
             uint8_t Lp[32];
-            float scale = fit_positive_levels(32, 4, xval, Lp, weight);
+            float scale = fit::positive(32, 4, xval, Lp, weight);
             for (int i = 0; i < 32; ++i) L[i] = static_cast<int8_t>(Lp[i]);
             const float eff_max = scale * 3;
             if (eff_max <= 0.0f) {

@@ -22,7 +22,7 @@ void quantize_row_iq3_s(const float* x, void* dst, int64_t n, const float* weigh
 // without an importance matrix each value weighs sigma^2 / 4 + x^2.
 void quantize_row_iq2_s(const float* x, void* dst, int64_t n, const float* weights);
 // IQ2_XXS (sub-blocks of 32, groups of 8 on the 256-point grid, an even number of negative signs a
-// group, a first scale from fit_positive_levels then 13 more) and IQ2_XS (sub-blocks of 16, the
+// group, a first scale from fit::positive then 13 more) and IQ2_XS (sub-blocks of 16, the
 // 512-point grid, 19 scales): weights required (std::invalid_argument without), as llama.cpp.
 void quantize_row_iq2_xxs(const float* x, void* dst, int64_t n, const float* weights);
 void quantize_row_iq2_xs(const float* x, void* dst, int64_t n, const float* weights);
@@ -33,9 +33,5 @@ void quantize_row_iq2_xs(const float* x, void* dst, int64_t n, const float* weig
 // IQ1_S requires weights (std::invalid_argument without); IQ1_M takes x^2 without.
 void quantize_row_iq1_s(const float* x, void* dst, int64_t n, const float* weights);
 void quantize_row_iq1_m(const float* x, void* dst, int64_t n, const float* weights);
-
-// quantize_ref.cpp: llama.cpp's make_qp_quants, n non-negative values to levels 0..nmax weighted
-// by w. Returns the scale.
-float fit_positive_levels(int n, int nmax, const float* x, uint8_t* L, const float* w);
 
 }  // namespace fitllm::quant::detail

@@ -8,10 +8,16 @@
 
 #include "quant/blocks.h"
 #include "quant/quantize.h"
+#include "quant/quantize_fit.h"
 #include "quant/quantize_iq.h"
 
 namespace fitllm::quant {
 namespace {
+
+using fit::importance;
+using fit::kGroupEps;
+using fit::mean_square;
+using fit::nearest;
 
 template <typename T>
 T* as(void* p) {
@@ -89,171 +95,7 @@ void ref_q8_0(const float* x, BlockQ8_0* y, int64_t nb) {
     }
 }
 
-// ---- k-quants: llama.cpp's scale searches (quantize_row_qN_K_ref), in its order of float operations ----
-
-constexpr float kGroupEps = 1e-15f;
-
-// Round to nearest, ties to even, for |v| < 2^22: the bits of v + 1.5 * 2^23.
-int nearest(float v) {
-    const float shifted = v + 12582912.0f;
-    int bits;
-    std::memcpy(&bits, &shifted, sizeof bits);
-    return (bits & 0x007FFFFF) - 0x00400000;
-}
-
-// Symmetric fit of n values to L in [0, 2 nmax): the first guess maps the value of largest
-// magnitude to -nmax, then 18 neighbouring scales are tried and the best by weighted squared
-// error (weights x^2) kept. Returns the scale.
-float fit_symmetric(int n, int nmax, const float* x, int8_t* L) {
-    float max = 0.0f, amax = 0.0f;
-    for (int i = 0; i < n; ++i) {
-        if (std::fabs(x[i]) > amax) {
-            amax = std::fabs(x[i]);
-            max = x[i];
-        }
-    }
-    if (amax < kGroupEps) {
-        std::fill(L, L + n, int8_t{0});
-        return 0.0f;
-    }
-    auto level = [nmax](float v) { return std::max(-nmax, std::min(nmax - 1, nearest(v))); };
-    float iscale = -nmax / max;
-    float sumlx = 0.0f, suml2 = 0.0f;
-    for (int i = 0; i < n; ++i) {
-        const int l = level(iscale * x[i]);
-        L[i] = static_cast<int8_t>(l + nmax);
-        const float w = x[i] * x[i];
-        sumlx += w * x[i] * l;
-        suml2 += w * l * l;
-    }
-    float scale = suml2 != 0.0f ? sumlx / suml2 : 0.0f;
-    float best = scale * sumlx;
-    for (int step = -9; step <= 9; ++step) {
-        if (step == 0) continue;
-        iscale = -(nmax + 0.1f * step) / max;
-        sumlx = suml2 = 0.0f;
-        for (int i = 0; i < n; ++i) {
-            const int l = level(iscale * x[i]);
-            const float w = x[i] * x[i];
-            sumlx += w * x[i] * l;
-            suml2 += w * l * l;
-        }
-        if (suml2 > 0.0f && sumlx * sumlx > best * suml2) {
-            for (int i = 0; i < n; ++i) L[i] = static_cast<int8_t>(nmax + level(iscale * x[i]));
-            scale = sumlx / suml2;
-            best = scale * sumlx;
-        }
-    }
-    return scale;
-}
-
-// Q3_K's fit: the first guess as above, then up to 5 rounds moving single values to the level
-// that improves the weighted (x^2) fit. L in [0, 2 nmax). Returns the scale.
-float fit_q3(int n, int nmax, const float* x, int8_t* L) {
-    float max = 0.0f, amax = 0.0f;
-    for (int i = 0; i < n; ++i) {
-        if (std::fabs(x[i]) > amax) {
-            amax = std::fabs(x[i]);
-            max = x[i];
-        }
-    }
-    if (amax < kGroupEps) {
-        std::fill(L, L + n, int8_t{0});
-        return 0.0f;
-    }
-    const float iscale = -nmax / max;
-    float sumlx = 0.0f, suml2 = 0.0f;
-    for (int i = 0; i < n; ++i) {
-        const int l = std::max(-nmax, std::min(nmax - 1, nearest(iscale * x[i])));
-        L[i] = static_cast<int8_t>(l);
-        const float w = x[i] * x[i];
-        sumlx += w * x[i] * l;
-        suml2 += w * l * l;
-    }
-    for (int round = 0; round < 5; ++round) {
-        int changed = 0;
-        for (int i = 0; i < n; ++i) {
-            const float w = x[i] * x[i];
-            float slx = sumlx - w * x[i] * L[i];
-            if (slx <= 0.0f) continue;
-            float sl2 = suml2 - w * L[i] * L[i];
-            const int l = std::max(-nmax, std::min(nmax - 1, nearest(x[i] * sl2 / slx)));
-            if (l == L[i]) continue;
-            slx += w * x[i] * l;
-            sl2 += w * l * l;
-            if (sl2 > 0.0f && slx * slx * suml2 > sumlx * sumlx * sl2) {
-                L[i] = static_cast<int8_t>(l);
-                sumlx = slx;
-                suml2 = sl2;
-                ++changed;
-            }
-        }
-        if (changed == 0) break;
-    }
-    for (int i = 0; i < n; ++i) L[i] = static_cast<int8_t>(L[i] + nmax);
-    return suml2 > 0.0f ? sumlx / suml2 : 0.0f;
-}
-
-// Affine fit x ~ scale * L - min (min >= 0, L in [0, nmax]) with weights: the range's fit, then
-// nstep + 1 scales around it, each with the least-squares scale and offset for its levels; the
-// smallest weighted error (|e| with use_abs, else e^2) wins. Returns the scale; *neg_min = min.
-float fit_affine_search(int n, int nmax, const float* x, const float* weights, uint8_t* L, float* neg_min, float rmin,
-                        float rdelta, int nstep, bool use_abs) {
-    float min = x[0], max = x[0];
-    float sum_w = weights[0];
-    float sum_x = sum_w * x[0];
-    for (int i = 1; i < n; ++i) {
-        if (x[i] < min) min = x[i];
-        if (x[i] > max) max = x[i];
-        sum_w += weights[i];
-        sum_x += weights[i] * x[i];
-    }
-    if (min > 0.0f) min = 0.0f;
-    if (max == min) {
-        std::fill(L, L + n, uint8_t{0});
-        *neg_min = -min;
-        return 0.0f;
-    }
-    auto error_of = [use_abs](float e) { return use_abs ? std::fabs(e) : e * e; };
-    float iscale = nmax / (max - min);
-    float scale = 1 / iscale;
-    float best_error = 0.0f;
-    for (int i = 0; i < n; ++i) {
-        L[i] = static_cast<uint8_t>(std::max(0, std::min(nmax, nearest(iscale * (x[i] - min)))));
-        best_error += weights[i] * error_of(scale * L[i] + min - x[i]);
-    }
-    uint8_t trial[32];
-    for (int step = 0; step <= nstep; ++step) {
-        iscale = (rmin + rdelta * step + nmax) / (max - min);
-        float sum_l = 0.0f, sum_l2 = 0.0f, sum_xl = 0.0f;
-        for (int i = 0; i < n; ++i) {
-            const int l = std::max(0, std::min(nmax, nearest(iscale * (x[i] - min))));
-            trial[i] = static_cast<uint8_t>(l);
-            const float w = weights[i];
-            sum_l += w * l;
-            sum_l2 += w * l * l;
-            sum_xl += w * l * x[i];
-        }
-        const float D = sum_w * sum_l2 - sum_l * sum_l;
-        if (!(D > 0.0f)) continue;
-        float this_scale = (sum_w * sum_xl - sum_x * sum_l) / D;
-        float this_min = (sum_l2 * sum_x - sum_l * sum_xl) / D;
-        if (this_min > 0.0f) {
-            this_min = 0.0f;
-            this_scale = sum_xl / sum_l2;
-        }
-        float error = 0.0f;
-        for (int i = 0; i < n; ++i) error += weights[i] * error_of(this_scale * trial[i] + this_min - x[i]);
-        if (error < best_error) {
-            std::copy(trial, trial + n, L);
-            best_error = error;
-            scale = this_scale;
-            min = this_min;
-        }
-    }
-    *neg_min = -min;
-    return scale;
-}
+// ---- k-quants: llama.cpp's quantize_row_qN_K_ref, its scale searches in quant/quantize_fit.h ----
 
 // Q2_K / Q3_K: 256 levels of 0..3 into 64 bytes, 128 values at a time, a byte holding the values
 // 32 apart in its four bit pairs.
@@ -312,7 +154,7 @@ void ref_q2_K(const float* x, BlockQ2_K* y, int64_t nb) {
         float max_scale = 0.0f, max_min = 0.0f;
         for (int j = 0; j < 16; ++j) {
             for (int l = 0; l < 16; ++l) weights[l] = std::fabs(x[16 * j + l]);
-            scales[j] = fit_affine_search(16, 3, x + 16 * j, weights, L + 16 * j, &mins[j], -0.5f, 0.1f, 15, true);
+            scales[j] = fit::affine_search(16, 3, x + 16 * j, weights, L + 16 * j, &mins[j], -0.5f, 0.1f, 15, true);
             max_scale = std::max(max_scale, scales[j]);
             max_min = std::max(max_min, mins[j]);
         }
@@ -348,7 +190,7 @@ void ref_q3_K(const float* x, BlockQ3_K* y, int64_t nb) {
     for (int64_t i = 0; i < nb; ++i, x += kQK) {
         float max_scale = 0.0f, amax = 0.0f;
         for (int j = 0; j < 16; ++j) {
-            scales[j] = fit_q3(16, 4, x + 16 * j, L + 16 * j);
+            scales[j] = fit::q3(16, 4, x + 16 * j, L + 16 * j);
             if (std::fabs(scales[j]) > amax) {
                 amax = std::fabs(scales[j]);
                 max_scale = scales[j];
@@ -436,8 +278,8 @@ void ref_q45_K(const float* x, Block* y, int64_t nb) {
             for (int l = 0; l < 32; ++l) sum_x2 += x[32 * j + l] * x[32 * j + l];
             const float av_x = std::sqrt(sum_x2 / 32);
             for (int l = 0; l < 32; ++l) weights[l] = av_x + std::fabs(x[32 * j + l]);
-            scales[j] = fit_affine_search(32, kNmax, x + 32 * j, weights, L + 32 * j, &mins[j], kFive ? -0.5f : -1.0f,
-                                          0.1f, kFive ? 15 : 20, false);
+            scales[j] = fit::affine_search(32, kNmax, x + 32 * j, weights, L + 32 * j, &mins[j], kFive ? -0.5f : -1.0f,
+                                           0.1f, kFive ? 15 : 20, false);
             max_scale = std::max(max_scale, scales[j]);
             max_min = std::max(max_min, mins[j]);
         }
@@ -454,193 +296,7 @@ void ref_q45_K(const float* x, Block* y, int64_t nb) {
     }
 }
 
-// ---- with an importance matrix: llama.cpp's quantize_row_*_impl, in its order of float operations ----
-
-// make_qx_quants with rmse_type 1: fit_symmetric's search, the error weighted by qw (x^2 without).
-float fit_symmetric_weighted(int n, int nmax, const float* x, int8_t* L, const float* qw) {
-    float max = 0.0f, amax = 0.0f;
-    for (int i = 0; i < n; ++i) {
-        if (std::fabs(x[i]) > amax) {
-            amax = std::fabs(x[i]);
-            max = x[i];
-        }
-    }
-    if (amax < kGroupEps) {
-        std::fill(L, L + n, int8_t{0});
-        return 0.0f;
-    }
-    auto level = [nmax](float v) { return std::max(-nmax, std::min(nmax - 1, nearest(v))); };
-    auto weight = [qw, x](int i) { return qw ? qw[i] : x[i] * x[i]; };
-    float iscale = -nmax / max;
-    float sumlx = 0.0f, suml2 = 0.0f;
-    for (int i = 0; i < n; ++i) {
-        const int l = level(iscale * x[i]);
-        L[i] = static_cast<int8_t>(l + nmax);
-        const float w = weight(i);
-        sumlx += w * x[i] * l;
-        suml2 += w * l * l;
-    }
-    float scale = suml2 != 0.0f ? sumlx / suml2 : 0.0f;
-    float best = scale * sumlx;
-    for (int step = -9; step <= 9; ++step) {
-        if (step == 0) continue;
-        iscale = -(nmax + 0.1f * step) / max;
-        sumlx = suml2 = 0.0f;
-        for (int i = 0; i < n; ++i) {
-            const int l = level(iscale * x[i]);
-            const float w = weight(i);
-            sumlx += w * x[i] * l;
-            suml2 += w * l * l;
-        }
-        if (suml2 > 0.0f && sumlx * sumlx > best * suml2) {
-            for (int i = 0; i < n; ++i) L[i] = static_cast<int8_t>(nmax + level(iscale * x[i]));
-            scale = sumlx / suml2;
-            best = scale * sumlx;
-        }
-    }
-    return scale;
-}
-
-// make_qkx3_quants: the affine fit of fit_affine_search, squared errors, weights (x^2 without),
-// steps from rmin; `max <= min` counts as flat.
-float fit_affine_weighted(int n, int nmax, const float* x, const float* weights, uint8_t* L, float* neg_min, float rmin,
-                          float rdelta, int nstep) {
-    auto weight = [weights, x](int i) { return weights ? weights[i] : x[i] * x[i]; };
-    float min = x[0], max = x[0];
-    float sum_w = weight(0);
-    float sum_x = sum_w * x[0];
-    for (int i = 1; i < n; ++i) {
-        if (x[i] < min) min = x[i];
-        if (x[i] > max) max = x[i];
-        const float w = weight(i);
-        sum_w += w;
-        sum_x += w * x[i];
-    }
-    if (min > 0.0f) min = 0.0f;
-    if (max <= min) {
-        std::fill(L, L + n, uint8_t{0});
-        *neg_min = -min;
-        return 0.0f;
-    }
-    float iscale = nmax / (max - min);
-    float scale = 1 / iscale;
-    float best_error = 0.0f;
-    for (int i = 0; i < n; ++i) {
-        L[i] = static_cast<uint8_t>(std::max(0, std::min(nmax, nearest(iscale * (x[i] - min)))));
-        float diff = scale * L[i] + min - x[i];
-        diff = diff * diff;
-        best_error += weight(i) * diff;
-    }
-    uint8_t trial[32];
-    for (int step = 0; step <= nstep; ++step) {
-        iscale = (rmin + rdelta * step + nmax) / (max - min);
-        float sum_l = 0.0f, sum_l2 = 0.0f, sum_xl = 0.0f;
-        for (int i = 0; i < n; ++i) {
-            const int l = std::max(0, std::min(nmax, nearest(iscale * (x[i] - min))));
-            trial[i] = static_cast<uint8_t>(l);
-            const float w = weight(i);
-            sum_l += w * l;
-            sum_l2 += w * l * l;
-            sum_xl += w * l * x[i];
-        }
-        const float D = sum_w * sum_l2 - sum_l * sum_l;
-        if (!(D > 0.0f)) continue;
-        float this_scale = (sum_w * sum_xl - sum_x * sum_l) / D;
-        float this_min = (sum_l2 * sum_x - sum_l * sum_xl) / D;
-        if (this_min > 0.0f) {
-            this_min = 0.0f;
-            this_scale = sum_xl / sum_l2;
-        }
-        float error = 0.0f;
-        for (int i = 0; i < n; ++i) {
-            float diff = this_scale * trial[i] + this_min - x[i];
-            diff = diff * diff;
-            error += weight(i) * diff;
-        }
-        if (error < best_error) {
-            std::copy(trial, trial + n, L);
-            best_error = error;
-            scale = this_scale;
-            min = this_min;
-        }
-    }
-    *neg_min = -min;
-    return scale;
-}
-
-// make_qp_quants: n non-negative values (sub-block scales or mins) to levels 0..nmax with a
-// positive scale: 8 scales around max / nmax tried by weighted squared error, then up to 5 rounds
-// moving single levels as fit_q3 does. Returns the scale.
-float fit_positive(int n, int nmax, const float* x, uint8_t* L, const float* w) {
-    float max = 0.0f;
-    for (int i = 0; i < n; ++i) max = std::max(max, x[i]);
-    if (max < kGroupEps) {
-        std::fill(L, L + n, uint8_t{0});
-        return 0.0f;
-    }
-    float iscale = nmax / max;
-    for (int i = 0; i < n; ++i) L[i] = static_cast<uint8_t>(nearest(iscale * x[i]));
-    const float scale = 1 / iscale;
-    float best_mse = 0.0f;
-    for (int i = 0; i < n; ++i) {
-        const float diff = x[i] - scale * L[i];
-        best_mse += w[i] * diff * diff;
-    }
-    for (int step = -4; step <= 4; ++step) {
-        if (step == 0) continue;
-        const float iscale_is = (0.1f * step + nmax) / max;
-        const float scale_is = 1 / iscale_is;
-        float mse = 0.0f;
-        for (int i = 0; i < n; ++i) {
-            const int l = std::min(nmax, nearest(iscale_is * x[i]));
-            const float diff = x[i] - scale_is * l;
-            mse += w[i] * diff * diff;
-        }
-        if (mse < best_mse) {
-            best_mse = mse;
-            iscale = iscale_is;
-        }
-    }
-    float sumlx = 0.0f, suml2 = 0.0f;
-    for (int i = 0; i < n; ++i) {
-        const int l = std::min(nmax, nearest(iscale * x[i]));
-        L[i] = static_cast<uint8_t>(l);
-        sumlx += w[i] * x[i] * l;
-        suml2 += w[i] * l * l;
-    }
-    for (int round = 0; round < 5; ++round) {
-        int changed = 0;
-        for (int i = 0; i < n; ++i) {
-            float slx = sumlx - w[i] * x[i] * L[i];
-            float sl2 = suml2 - w[i] * L[i] * L[i];
-            if (!(slx > 0.0f && sl2 > 0.0f)) continue;
-            const int l = std::min(nmax, nearest(x[i] * sl2 / slx));
-            if (l == L[i]) continue;
-            slx += w[i] * x[i] * l;
-            sl2 += w[i] * l * l;
-            if (slx * slx * suml2 > sumlx * sumlx * sl2) {
-                L[i] = static_cast<uint8_t>(l);
-                sumlx = slx;
-                suml2 = sl2;
-                ++changed;
-            }
-        }
-        if (changed == 0) break;
-    }
-    return suml2 > 0.0f ? sumlx / suml2 : 0.0f;
-}
-
-// sigma^2 of a row or block: the mean of x^2 times `factor`.
-float mean_square(const float* x, int64_t n, float factor) {
-    float sum = 0.0f;
-    for (int64_t j = 0; j < n; ++j) sum += x[j] * x[j];
-    return factor * sum / n;
-}
-
-// The importance of each value: qw * sqrt(sigma2 + x^2).
-void importance(const float* qw, const float* x, int n, float sigma2, float* w) {
-    for (int l = 0; l < n; ++l) w[l] = qw[l] * std::sqrt(sigma2 + x[l] * x[l]);
-}
+// ---- with an importance matrix: llama.cpp's quantize_row_*_impl, its searches in quant/quantize_fit.h ----
 
 template <typename Block, int kBits>
 void imp_symmetric32(const float* x, Block* y, int64_t n, const float* qw) {
@@ -650,7 +306,7 @@ void imp_symmetric32(const float* x, Block* y, int64_t n, const float* qw) {
     for (int64_t ib = 0; ib < n / 32; ++ib) {
         const float* xb = x + 32 * ib;
         importance(qw + 32 * ib, xb, 32, sigma2, weight);
-        y[ib].d = fp32_to_fp16(fit_symmetric_weighted(32, 1 << (kBits - 1), xb, L, weight));
+        y[ib].d = fp32_to_fp16(fit::symmetric_weighted(32, 1 << (kBits - 1), xb, L, weight));
         uint32_t qh = 0;
         for (int j = 0; j < 16; ++j) {
             const uint8_t q0 = static_cast<uint8_t>(L[j]), q1 = static_cast<uint8_t>(L[j + 16]);
@@ -671,7 +327,7 @@ void imp_affine32(const float* x, Block* y, int64_t n, const float* qw) {
         const float* xb = x + 32 * ib;
         importance(qw + 32 * ib, xb, 32, sigma2, weight);
         float min;
-        const float d = fit_affine_weighted(32, (1 << kBits) - 1, xb, weight, L, &min, -0.9f, 0.05f, 36);
+        const float d = fit::affine_weighted(32, (1 << kBits) - 1, xb, weight, L, &min, -0.9f, 0.05f, 36);
         y[ib].d = fp32_to_fp16(d);
         y[ib].m = fp32_to_fp16(-min);
         uint32_t qh = 0;
@@ -693,10 +349,10 @@ void imp_q2_K(const float* x, BlockQ2_K* y, int64_t nb, const float* qw) {
             importance(qw + kQK * i + 16 * j, x + 16 * j, 16, sigma2, weight);
             sw[j] = 0.0f;
             for (int l = 0; l < 16; ++l) sw[j] += weight[l];
-            scales[j] = fit_affine_weighted(16, 3, x + 16 * j, weight, L + 16 * j, &mins[j], -0.9f, 0.05f, 36);
+            scales[j] = fit::affine_weighted(16, 3, x + 16 * j, weight, L + 16 * j, &mins[j], -0.9f, 0.05f, 36);
         }
-        y[i].d = fp32_to_fp16(fit_positive(16, 15, scales, Ls, sw));
-        y[i].dmin = fp32_to_fp16(fit_positive(16, 15, mins, Lm, sw));
+        y[i].d = fp32_to_fp16(fit::positive(16, 15, scales, Ls, sw));
+        y[i].dmin = fp32_to_fp16(fit::positive(16, 15, mins, Lm, sw));
         const float dm = fp16_to_fp32(y[i].d), mm = fp16_to_fp32(y[i].dmin);
         for (int j = 0; j < 16; ++j) y[i].scales[j] = static_cast<uint8_t>(Ls[j] | (Lm[j] << 4));
         for (int j = 0; j < 16; ++j) {
@@ -721,9 +377,9 @@ void imp_q3_K(const float* x, BlockQ3_K* y, int64_t nb, const float* qw) {
             float sumw = 0.0f;
             for (int l = 0; l < 16; ++l) sumw += weight[l];
             sw[j] = sumw;
-            scales[j] = fit_symmetric_weighted(16, 4, x + 16 * j, L + 16 * j, weight);
+            scales[j] = fit::symmetric_weighted(16, 4, x + 16 * j, L + 16 * j, weight);
         }
-        const float d_block = fit_symmetric_weighted(16, 32, scales, reinterpret_cast<int8_t*>(Ls), sw);
+        const float d_block = fit::symmetric_weighted(16, 32, scales, reinterpret_cast<int8_t*>(Ls), sw);
         pack_q3_K_scales(Ls, y[i]);
         y[i].d = fp32_to_fp16(d_block);
         q3_K_levels(x, L, y[i]);
@@ -742,10 +398,10 @@ void imp_q45_K(const float* x, Block* y, int64_t nb, const float* qw) {
             float sumw = 0.0f;
             for (int l = 0; l < 32; ++l) sumw += weights[l];
             sw[j] = sumw;
-            scales[j] = fit_affine_weighted(32, kNmax, x + 32 * j, weights, L + 32 * j, &mins[j], -0.9f, 0.05f, 36);
+            scales[j] = fit::affine_weighted(32, kNmax, x + 32 * j, weights, L + 32 * j, &mins[j], -0.9f, 0.05f, 36);
         }
-        const float d_block = fit_positive(8, 63, scales, Ls, sw);
-        const float m_block = fit_positive(8, 63, mins, Lm, sw);
+        const float d_block = fit::positive(8, 63, scales, Ls, sw);
+        const float m_block = fit::positive(8, 63, mins, Lm, sw);
         if constexpr (kFive) {
             for (int j = 0; j < 8; ++j) {
                 Ls[j] = std::min<uint8_t>(63, Ls[j]);
@@ -766,8 +422,8 @@ void q6_K(const float* x, BlockQ6_K* y, int64_t nb, const float* qw) {
     for (int64_t i = 0; i < nb; ++i, x += kQK) {
         float max_scale = 0.0f, max_abs = 0.0f;
         for (int j = 0; j < 16; ++j) {
-            scales[j] = qw ? fit_symmetric_weighted(16, 32, x + 16 * j, L + 16 * j, qw + kQK * i + 16 * j)
-                           : fit_symmetric(16, 32, x + 16 * j, L + 16 * j);
+            scales[j] = qw ? fit::symmetric_weighted(16, 32, x + 16 * j, L + 16 * j, qw + kQK * i + 16 * j)
+                           : fit::symmetric(16, 32, x + 16 * j, L + 16 * j);
             if (std::fabs(scales[j]) > max_abs) {
                 max_abs = std::fabs(scales[j]);
                 max_scale = scales[j];
@@ -907,10 +563,6 @@ void imp_iq4(const float* x, int size, const float* qw, uint16_t* dh, uint8_t* q
 }
 
 }  // namespace
-
-float detail::fit_positive_levels(int n, int nmax, const float* x, uint8_t* L, const float* w) {
-    return fit_positive(n, nmax, x, L, w);
-}
 
 bool can_quantize_model(GgmlType type) {
     if (is_grid_iquant(type)) return true;
