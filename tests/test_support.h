@@ -1,6 +1,7 @@
 #pragma once
 // Shared helpers for the test suite: where the fixtures live, temp files, running Python tools.
 #include <cstddef>
+#include <exception>
 #include <filesystem>
 #include <optional>
 #include <span>
@@ -51,6 +52,17 @@ struct CommandResult {
     std::string output;
 };
 CommandResult run_command(const std::string& command);
+
+// What f throws as an E, its message: "(no exception)" when f returns (other exceptions pass).
+template <typename E = std::exception, typename F>
+std::string thrown_message(F&& f) {
+    try {
+        f();
+    } catch (const E& e) {
+        return e.what();
+    }
+    return "(no exception)";
+}
 
 // The fitllm executable of this build, for the tests that run it as a user would.
 inline std::string fitllm_exe() {

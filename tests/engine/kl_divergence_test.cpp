@@ -181,12 +181,7 @@ std::vector<std::vector<float>> write_base(const std::filesystem::path& path, co
 }
 
 std::string error_of(const std::function<void()>& f) {
-    try {
-        f();
-    } catch (const KlFileError& e) {
-        return e.what();
-    }
-    return "(no KlFileError)";
+    return test::thrown_message<KlFileError>(f);
 }
 
 TEST(KlDivergence, BaseFileRoundTrip) {

@@ -27,15 +27,6 @@ fs::path model_data(const std::string& name) {
     return test::source_dir() / "tests" / "model" / "data" / name;
 }
 
-std::string error_of(const std::function<void()>& f) {
-    try {
-        f();
-    } catch (const std::exception& e) {
-        return e.what();
-    }
-    return "(no error)";
-}
-
 // The committed tiny-*-<type>.gguf were made by llama.cpp's llama_model_quantize from tiny-*-f16.gguf
 // (tools/gen_test_models.py): fitllm quantize makes the same tensors from the same file.
 TEST(GgufQuantize, MakesTheTensorsLlamaCppMadeForTheTinyModels) {
@@ -220,36 +211,36 @@ TEST(GgufQuantize, RefusesWhatItCannotDo) {
     const std::vector<std::byte> before = test::read_file(in);
     QuantizeParams params;
     params.ftype = *parse_file_type("Q4_0");
-    std::string e = error_of([&] { quantize_file(in.string(), out.string(), params); });
+    std::string e = test::thrown_message([&] { quantize_file(in.string(), out.string(), params); });
     EXPECT_NE(e.find("blk.0.attn_q.weight"), std::string::npos) << e;
     EXPECT_NE(e.find("--allow-requantize"), std::string::npos) << e;
     EXPECT_FALSE(fs::exists(out));
 
-    e = error_of([&] { quantize_file(in.string(), in.string(), params); });
+    e = test::thrown_message([&] { quantize_file(in.string(), in.string(), params); });
     EXPECT_NE(e.find("is the input file"), std::string::npos) << e;
     EXPECT_EQ(test::read_file(in), before);
 
     params.ftype = *parse_file_type("IQ2_XXS");
-    e = error_of([&] { quantize_file(in.string(), out.string(), params); });
+    e = test::thrown_message([&] { quantize_file(in.string(), out.string(), params); });
     EXPECT_NE(e.find("importance matrix"), std::string::npos) << e;
 
     params.ftype = *parse_file_type("Q8_0");
     params.allow_requantize = true;
     params.tensor_types = {{"attn_q", GgmlType::IQ1_S}};
-    e = error_of([&] { quantize_file(in.string(), out.string(), params); });
+    e = test::thrown_message([&] { quantize_file(in.string(), out.string(), params); });
     EXPECT_NE(e.find("needs an importance matrix"), std::string::npos) << e;
     params.tensor_types = {{"attn_q", GgmlType::Q8_K}};
-    e = error_of([&] { quantize_file(in.string(), out.string(), params); });
+    e = test::thrown_message([&] { quantize_file(in.string(), out.string(), params); });
     EXPECT_NE(e.find("cannot write Q8_K"), std::string::npos) << e;
     params.tensor_types = {{"(", GgmlType::Q8_0}};
-    e = error_of([&] { quantize_file(in.string(), out.string(), params); });
+    e = test::thrown_message([&] { quantize_file(in.string(), out.string(), params); });
     EXPECT_NE(e.find("bad pattern"), std::string::npos) << e;
 
     // A truncated file: the reader's error, and no output.
     std::vector<std::byte> cut(before.begin(), before.begin() + static_cast<std::ptrdiff_t>(before.size() - 100));
     test::write_file(dir / "cut.gguf", cut);
     params.tensor_types.clear();
-    e = error_of([&] { quantize_file((dir / "cut.gguf").string(), out.string(), params); });
+    e = test::thrown_message([&] { quantize_file((dir / "cut.gguf").string(), out.string(), params); });
     EXPECT_NE(e.find("cut.gguf"), std::string::npos) << e;
     EXPECT_FALSE(fs::exists(out));
     EXPECT_FALSE(fs::exists(out.string() + ".tmp"));

@@ -32,15 +32,6 @@ fs::path model_data(const std::string& name) {
     return test::source_dir() / "tests" / "model" / "data" / name;
 }
 
-std::string error_of(const std::function<void()>& f) {
-    try {
-        f();
-    } catch (const std::exception& e) {
-        return e.what();
-    }
-    return "(no error)";
-}
-
 std::vector<std::byte> f32_bytes(const std::vector<float>& v) {
     std::vector<std::byte> b(v.size() * sizeof(float));
     std::memcpy(b.data(), v.data(), b.size());
@@ -142,7 +133,7 @@ TEST(Imatrix, RefusesBadFilesNamingFileAndEntry) {
     test::TempDir dir;
     const fs::path path = dir / "bad.gguf";
     auto expect_error = [&](const std::vector<std::string>& says) {
-        const std::string e = error_of([&] { load_imatrix(path.string()); });
+        const std::string e = test::thrown_message([&] { load_imatrix(path.string()); });
         EXPECT_NE(e.find(path.string()), std::string::npos) << e;
         for (const std::string& s : says) EXPECT_NE(e.find(s), std::string::npos) << e;
     };
@@ -170,7 +161,8 @@ TEST(Imatrix, RefusesBadFilesNamingFileAndEntry) {
     expect_error({"truncated", "blk.0.attn_k.weight", "values"});
     test::write_file(path, std::vector<std::byte>(2));
     expect_error({"truncated"});
-    EXPECT_NE(error_of([&] { load_imatrix((dir / "none.dat").string()); }).find("cannot open"), std::string::npos);
+    EXPECT_NE(test::thrown_message([&] { load_imatrix((dir / "none.dat").string()); }).find("cannot open"),
+              std::string::npos);
 }
 
 TEST(Imatrix, IncludeAndExcludeWeights) {
@@ -306,7 +298,7 @@ TEST(Imatrix, QuantizeRefusesWhatDoesNotFit) {
     const fs::path path = dir / "imatrix.gguf";
     QuantizeParams params;
     params.ftype = *parse_file_type("Q2_K_S");
-    std::string e = error_of([&] { quantize_file(f16.string(), out.string(), params); });
+    std::string e = test::thrown_message([&] { quantize_file(f16.string(), out.string(), params); });
     EXPECT_NE(e.find("needs an importance matrix"), std::string::npos) << e;
     EXPECT_NE(e.find("--imatrix"), std::string::npos) << e;
 
@@ -315,7 +307,7 @@ TEST(Imatrix, QuantizeRefusesWhatDoesNotFit) {
     ImportanceMatrix m = load_imatrix(path.string());
     params.ftype = *parse_file_type("Q4_K_M");
     params.imatrix = &m;
-    e = error_of([&] { quantize_file(f16.string(), out.string(), params); });
+    e = test::thrown_message([&] { quantize_file(f16.string(), out.string(), params); });
     EXPECT_NE(e.find(path.string()), std::string::npos) << e;
     EXPECT_NE(e.find("blk.0.attn_q.weight"), std::string::npos) << e;
     EXPECT_NE(e.find("512"), std::string::npos) << e;
@@ -325,7 +317,7 @@ TEST(Imatrix, QuantizeRefusesWhatDoesNotFit) {
     write_imatrix(path, {{"blk.0.attn_q.weight", 256, std::vector<float>(256, 1.0f), {1}}});
     m = load_imatrix(path.string());
     params.ftype = *parse_file_type("Q2_K_S");
-    e = error_of([&] { quantize_file(f16.string(), out.string(), params); });
+    e = test::thrown_message([&] { quantize_file(f16.string(), out.string(), params); });
     EXPECT_NE(e.find("has no entry"), std::string::npos) << e;
     EXPECT_NE(e.find("blk.0.attn_k.weight"), std::string::npos) << e;
 
@@ -334,7 +326,7 @@ TEST(Imatrix, QuantizeRefusesWhatDoesNotFit) {
                          {"blk.0.attn_q.weight", 256, std::vector<float>(256, 1.0f), {1}}});
     m = load_imatrix(path.string());
     params.ftype = *parse_file_type("Q4_K_M");
-    EXPECT_EQ(error_of([&] { quantize_file(f16.string(), out.string(), params); }), "(no error)");
+    EXPECT_EQ(test::thrown_message([&] { quantize_file(f16.string(), out.string(), params); }), "(no exception)");
 }
 
 }  // namespace

@@ -25,15 +25,6 @@ using test::shapes;
 using test::small_params;
 using test::snapshot;
 
-std::string error_of(const std::function<void()>& fn) {
-    try {
-        fn();
-    } catch (const std::exception& e) {
-        return e.what();
-    }
-    return "(no exception)";
-}
-
 TEST(KvCache, StartsEmptyWithCapacityRoundedToBlocks) {
     KvCache cache(shapes(2), small_params(10, 2, 4));
     EXPECT_EQ(cache.capacity(), 12);
@@ -149,7 +140,7 @@ TEST(KvCache, FullCacheThrowsAndChangesNothing) {
     place_run(cache, 1, 0, 3);
     const auto before = snapshot(cache);
     // 7 cells are free, but seq 1 fits 1 in its block and needs 2 new blocks for 7 more: 1 is free.
-    const std::string message = error_of([&] { place_run(cache, 1, 3, 8); });
+    const std::string message = fitllm::test::thrown_message([&] { place_run(cache, 1, 3, 8); });
     EXPECT_NE(message.find("8 tokens asked"), std::string::npos) << message;
     EXPECT_NE(message.find("7 cells free"), std::string::npos) << message;
     EXPECT_NE(message.find("of 16"), std::string::npos) << message;
@@ -174,7 +165,7 @@ TEST(KvCache, CheckRoomThrowsWhatPlaceWould) {
 
 TEST(KvCache, PlaceRejectsBadSequencesAndSizes) {
     KvCache cache(shapes(1), small_params(16, 2, 4));
-    const std::string message = error_of([&] { place(cache, {0, 2}, {0, 0}); });
+    const std::string message = fitllm::test::thrown_message([&] { place(cache, {0, 2}, {0, 0}); });
     EXPECT_NE(message.find("sequence 2 out of range"), std::string::npos) << message;
     EXPECT_THROW(place(cache, {-1}, {0}), KvCacheError);
     EXPECT_EQ(cache.used_cells(), 0);
@@ -455,7 +446,7 @@ TEST(KvCache, KvTypeNames) {
         EXPECT_TRUE(is_kv_type(t));
     }
     EXPECT_FALSE(is_kv_type(quant::GgmlType::Q4_K));
-    const std::string message = error_of([] { kv_type_from_name("q4_k"); });
+    const std::string message = fitllm::test::thrown_message([] { kv_type_from_name("q4_k"); });
     EXPECT_NE(message.find("q4_k"), std::string::npos);
     EXPECT_NE(message.find("f32, f16, bf16, q8_0, q4_0, q4_1, q5_0, q5_1, iq4_nl"), std::string::npos) << message;
     EXPECT_THROW(kv_type_from_name("nonsense"), std::invalid_argument);
