@@ -66,6 +66,7 @@ DotKernel select_dot(GgmlType weight_type, const CpuFeatures& features) {
     if (best >= Isa::Avx2) k.rows = detail::dot_rows_avx2(weight_type);
     if (best >= Isa::Avx512) {
         if (DotRowsFn rows = detail::dot_rows_avx512(weight_type, best >= Isa::Avx512Vnni)) k.rows = rows;
+        if (DotRowsFn rows = detail::dot_rows_avx512_kquants(weight_type, best >= Isa::Avx512Vnni)) k.rows = rows;
     }
     return k;
 }

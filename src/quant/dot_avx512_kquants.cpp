@@ -14,6 +14,8 @@
 #include <immintrin.h>
 #pragma GCC diagnostic pop
 
+#include <cstddef>
+#include <cstdint>
 #include <type_traits>
 #include <utility>
 
@@ -177,6 +179,181 @@ void dot_q6_K(int n, float* out, const void* w, const void* a) {
     *out = hsum(lanes);
 }
 
+// ---- Q4_K, many rows at once (matrix-vector) ----
+//
+// Sixteen rows a step, one row per int32 lane, as dot_avx512.cpp's Q4_0 rows kernel: 16 bytes of
+// each of the 16 rows are loaded into 4 registers (rows j, j + 4, j + 8, j + 12 in the 128-bit
+// lanes of register j) and transposed so that register q holds dword q of every row, lane k for
+// row k. A super-block's first 16 bytes (d, dmin, the packed scales) come out as d | dmin << 16 and
+// the packed words w0, w1, w2 of every row; each of its 4 chunks of 32 quant bytes as 8 such
+// registers, dotted (dpbusd, or maddubs + madd without VNNI) with y's dwords broadcast to every
+// lane: the low nibbles are sub-block 2c's, the high ones 2c + 1's. Each sub-block's integer sum
+// is multiplied by its row's scale (vpmulld), the mins by y's sub-block sums (from bsums). The
+// integer sums are exact, and the float steps each row's serial ones (serial_step): per
+// super-block acc = fma(float(scaled), d_w d_a, acc), acc_mins = fma(float(mins), dmin_w d_a,
+// acc_mins), then acc - acc_mins: every lane gets its single dot's bits.
+
+// sum(u * s) over each 4 bytes into the 32-bit lanes of acc; u unsigned, s signed, and
+// 2 * u * |s| < 2^15 so that maddubs does not saturate where there is no VNNI.
+template <bool kVnni>
+inline __m512i dot_u8s8(__m512i acc, __m512i u, __m512i s) {
+    if constexpr (kVnni)
+        return _mm512_dpbusd_epi32(acc, u, s);
+    else
+        return _mm512_add_epi32(acc, _mm512_madd_epi16(_mm512_maddubs_epi16(u, s), _mm512_set1_epi16(1)));
+}
+
+// The 4 bytes at p in every dword.
+inline __m512i broadcast32(const void* p) {
+    return _mm512_broadcastd_epi32(_mm_loadu_si32(p));
+}
+
+// Row k of 16 (0..7 from lo, 8..15 from hi, `stride` apart) from two bases and strides 1, 3, 5, 7.
+struct Rows16 {
+    const uint8_t* lo;
+    const uint8_t* hi;
+    size_t s1, s3, s5, s7;
+    const uint8_t* row(int k) const {
+        const uint8_t* b = k < 8 ? lo : hi;
+        switch (k & 7) {
+            case 0:
+                return b;
+            case 1:
+                return b + s1;
+            case 2:
+                return b + 2 * s1;
+            case 3:
+                return b + s3;
+            case 4:
+                return b + 4 * s1;
+            case 5:
+                return b + s5;
+            case 6:
+                return b + 2 * s3;
+            default:
+                return b + s7;
+        }
+    }
+};
+
+// The 16 bytes at offset `off` of the 16 rows, transposed: dw[q] lane k = dword q of row k.
+inline void transposed16(const Rows16& r, size_t off, __m512i dw[4]) {
+    __m512i z[4];
+    unroll<4>([&](auto j_) {
+        constexpr int j = decltype(j_)::value;
+        __m512i v = _mm512_castsi128_si512(load128(r.row(j) + off));
+        v = _mm512_inserti32x4(v, load128(r.row(j + 4) + off), 1);
+        v = _mm512_inserti32x4(v, load128(r.row(j + 8) + off), 2);
+        z[j] = _mm512_inserti32x4(v, load128(r.row(j + 12) + off), 3);
+    });
+    const __m512i t0 = _mm512_unpacklo_epi32(z[0], z[1]), t1 = _mm512_unpackhi_epi32(z[0], z[1]);
+    const __m512i t2 = _mm512_unpacklo_epi32(z[2], z[3]), t3 = _mm512_unpackhi_epi32(z[2], z[3]);
+    dw[0] = _mm512_unpacklo_epi64(t0, t2);
+    dw[1] = _mm512_unpackhi_epi64(t0, t2);
+    dw[2] = _mm512_unpacklo_epi64(t1, t3);
+    dw[3] = _mm512_unpackhi_epi64(t1, t3);
+}
+
+// Byte kByte of every dword, as an int32.
+template <int kByte>
+inline __m512i byte_of(__m512i v) {
+    if constexpr (kByte == 3) return _mm512_srli_epi32(v, 24);
+    if constexpr (kByte == 0) return _mm512_and_si512(v, _mm512_set1_epi32(0xFF));
+    return _mm512_and_si512(_mm512_srli_epi32(v, 8 * kByte), _mm512_set1_epi32(0xFF));
+}
+
+// [acc, acc_mins] (lane k for row k) + the float steps of `count` super-blocks of 16 rows, from
+// the super-block at r on; y from the same super-block on. Not inlined: the caller's loops would
+// take the registers this loop needs.
+template <bool kVnni>
+__attribute__((noinline)) void rows16_q4_K(Rows16 r, const BlockQ8_K* y, int count, __m512& acc, __m512& acc_mins) {
+    const __m512i nibble = _mm512_set1_epi8(0x0F);
+    const __m512i low6 = _mm512_set1_epi8(0x3F), low4 = _mm512_set1_epi8(0x0F), bits45 = _mm512_set1_epi8(0x30);
+    const __m512i low_bytes_of_words = _mm512_set1_epi16(0x00FF);
+    const size_t ahead = 16 * r.s1;  // the next group's rows, read while these compute
+    __m512 a = acc, am = acc_mins;
+    for (int i = 0; i < count; ++i, r.lo += sizeof(BlockQ4_K), r.hi += sizeof(BlockQ4_K)) {
+        // Each row's lines of this super-block in the next group, into L2 (as the Q4_0 kernel).
+        // A plain loop: GCC 12 drops the prefetches inside unroll's lambda.
+        for (int k = 0; k < 16; ++k) {
+            const char* p = reinterpret_cast<const char*>(r.row(k) + ahead);
+            _mm_prefetch(p, _MM_HINT_T1);
+            _mm_prefetch(p + 64, _MM_HINT_T1);
+            _mm_prefetch(p + 128, _MM_HINT_T1);
+        }
+        // y's sub-block sums B0..B7 as word pairs: (B0, B2), (B1, B3), (B4, B6), (B5, B7).
+        const __m256i b32 = _mm256_madd_epi16(load256(y[i].bsums), _mm256_set1_epi16(1));
+        const __m256i pairs = _mm256_blend_epi16(b32, _mm256_slli_epi32(_mm256_shuffle_epi32(b32, 0x0E), 16), 0xAA);
+        alignas(32) int32_t bpair[8];
+        _mm256_store_si256(reinterpret_cast<__m256i*>(bpair), pairs);
+
+        __m512i hdr[4];  // d | dmin << 16, w0, w1, w2 of the packed scales
+        transposed16(r, 0, hdr);
+        const __m512i sc03 = _mm512_and_si512(hdr[1], low6);
+        const __m512i sc47 =
+            _mm512_or_si512(_mm512_and_si512(hdr[3], low4), _mm512_and_si512(_mm512_srli_epi32(hdr[1], 2), bits45));
+        const __m512i m03 = _mm512_and_si512(hdr[2], low6);
+        const __m512i m47 = _mm512_or_si512(_mm512_and_si512(_mm512_srli_epi32(hdr[3], 4), low4),
+                                            _mm512_and_si512(_mm512_srli_epi32(hdr[2], 2), bits45));
+        // mins = sum_j m_j B_j: words (m0, m2) and (m1, m3) against (B0, B2) and (B1, B3), etc.
+        __m512i mins = _mm512_setzero_si512();
+        mins = scaled_sum<kVnni>(mins, _mm512_and_si512(m03, low_bytes_of_words), _mm512_set1_epi32(bpair[0]));
+        mins = scaled_sum<kVnni>(mins, _mm512_and_si512(_mm512_srli_epi32(m03, 8), low_bytes_of_words),
+                                 _mm512_set1_epi32(bpair[1]));
+        mins = scaled_sum<kVnni>(mins, _mm512_and_si512(m47, low_bytes_of_words), _mm512_set1_epi32(bpair[4]));
+        mins = scaled_sum<kVnni>(mins, _mm512_and_si512(_mm512_srli_epi32(m47, 8), low_bytes_of_words),
+                                 _mm512_set1_epi32(bpair[5]));
+
+        __m512i scaled = _mm512_setzero_si512();
+        unroll<4>([&](auto c_) {
+            constexpr int c = decltype(c_)::value;
+            const int8_t* yq = y[i].qs + 64 * c;
+            __m512i low[2], high[2];
+            unroll<2>([&](auto h_) {
+                constexpr int h = decltype(h_)::value;
+                __m512i dw[4];
+                transposed16(r, 16 + 32 * c + 16 * h, dw);
+                low[h] = _mm512_setzero_si512();
+                high[h] = _mm512_setzero_si512();
+                unroll<4>([&](auto q_) {
+                    constexpr int q = decltype(q_)::value;
+                    low[h] = dot_u8s8<kVnni>(low[h], _mm512_and_si512(dw[q], nibble), broadcast32(yq + 16 * h + 4 * q));
+                    high[h] = dot_u8s8<kVnni>(high[h], _mm512_and_si512(_mm512_srli_epi32(dw[q], 4), nibble),
+                                              broadcast32(yq + 32 + 16 * h + 4 * q));
+                });
+            });
+            const __m512i s_low = _mm512_add_epi32(low[0], low[1]), s_high = _mm512_add_epi32(high[0], high[1]);
+            const __m512i words = c < 2 ? sc03 : sc47;
+            scaled = _mm512_add_epi32(scaled, _mm512_mullo_epi32(s_low, byte_of<(2 * c) % 4>(words)));
+            scaled = _mm512_add_epi32(scaled, _mm512_mullo_epi32(s_high, byte_of<(2 * c + 1) % 4>(words)));
+        });
+
+        const __m512 d_a = _mm512_set1_ps(y[i].d);
+        const __m512 d = _mm512_cvtph_ps(_mm512_cvtepi32_epi16(hdr[0]));
+        const __m512 dmin = _mm512_cvtph_ps(_mm512_cvtepi32_epi16(_mm512_srli_epi32(hdr[0], 16)));
+        a = _mm512_fmadd_ps(_mm512_cvtepi32_ps(scaled), _mm512_mul_ps(d, d_a), a);
+        am = _mm512_fmadd_ps(_mm512_cvtepi32_ps(mins), _mm512_mul_ps(dmin, d_a), am);
+    }
+    acc = a;
+    acc_mins = am;
+}
+
+template <bool kVnni>
+void dot_rows_q4_K(int n, int n_rows, float* out, const void* w, size_t stride, const void* act) {
+    const auto* y = as<BlockQ8_K>(act);
+    const auto* base = static_cast<const uint8_t*>(w);
+    const int nb = n / kQK;
+    int r = 0;
+    for (; r + 16 <= n_rows; r += 16) {
+        const uint8_t* lo = base + static_cast<size_t>(r) * stride;
+        const Rows16 rows{lo, lo + 8 * stride, stride, 3 * stride, 5 * stride, 7 * stride};
+        __m512 acc = _mm512_setzero_ps(), acc_mins = _mm512_setzero_ps();
+        rows16_q4_K<kVnni>(rows, y, nb, acc, acc_mins);
+        _mm512_storeu_ps(out + r, _mm512_sub_ps(acc, acc_mins));
+    }
+    for (; r < n_rows; ++r) dot_q4_5_K<BlockQ4_K, kVnni>(n, out + r, base + static_cast<size_t>(r) * stride, act);
+}
+
 template <bool kVnni>
 DotFn table(GgmlType weight_type) {
     switch (weight_type) {
@@ -199,6 +376,15 @@ DotFn table(GgmlType weight_type) {
 
 DotFn dot_avx512_kquants(GgmlType weight_type, bool vnni) {
     return vnni ? table<true>(weight_type) : table<false>(weight_type);
+}
+
+DotRowsFn dot_rows_avx512_kquants(GgmlType weight_type, bool vnni) {
+    switch (weight_type) {
+        case GgmlType::Q4_K:
+            return vnni ? dot_rows_q4_K<true> : dot_rows_q4_K<false>;
+        default:
+            return nullptr;
+    }
 }
 
 }  // namespace fitllm::quant::detail

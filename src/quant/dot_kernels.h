@@ -23,5 +23,8 @@ DotFn dot_avx512_kquants(GgmlType weight_type, bool vnni);
 // The AVX-512 rows kernels where there is one (Q4_0; IQ4_NL with VNNI), in the same serial order
 // as dot_rows_avx2's, which they call for the rows past their groups of sixteen.
 DotRowsFn dot_rows_avx512(GgmlType weight_type, bool vnni);
+// The k-quants' AVX-512 rows kernels (Q4_K), each row in its single AVX-512 dot's order (the
+// serial one, the same at every level); nullptr for the other types.
+DotRowsFn dot_rows_avx512_kquants(GgmlType weight_type, bool vnni);
 
 }  // namespace fitllm::quant::detail

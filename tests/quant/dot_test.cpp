@@ -231,7 +231,8 @@ TEST(Dot, VariantsMatchReference) {
 
 // DotKernel::rows (matrix-vector over many rows at once) gives every row the float its fn gives,
 // for row counts around its groups of eight and sixteen, at every level the CPU has; and rows of
-// more than 512 blocks of 32 (the AVX-512 kernels' offsets come in chunks of 512 blocks).
+// more than 512 blocks of 32 (the AVX-512 kernels' offsets come in chunks of 512 blocks), and of 67
+// super-blocks for the k-quants.
 TEST(Dot, RowsGiveEachRowTheDotsBits) {
     const CpuFeatures cpu = detect_cpu_features();
     if (cpu.best_isa() < Isa::Avx2) GTEST_SKIP() << "no AVX2 on this CPU (" << cpu.describe() << ")";
@@ -243,6 +244,7 @@ TEST(Dot, RowsGiveEachRowTheDotsBits) {
             if (k.rows == nullptr) continue;
             std::vector<int> sizes = sizes_for(w);
             if (traits(w).block_elements == 32) sizes.push_back(32 * (2 * 512 + 3));
+            if (traits(w).block_elements == 256) sizes.push_back(256 * 67);  // rows longer than the model's
             for (int n : sizes) {
                 for (int n_rows : {1, 7, 8, 9, 15, 16, 19, 24, 33, 47}) {
                     if (n > 8192 && n_rows > 19) continue;
@@ -262,14 +264,17 @@ TEST(Dot, RowsGiveEachRowTheDotsBits) {
         }
     }
     // Q4_0 and IQ4_NL have one from AVX2 on (their serial order is the same at every level); with
-    // AVX-512 Q4_0 has its own sixteen-row kernel, and IQ4_NL too where there is VNNI.
+    // AVX-512 Q4_0 has its own sixteen-row kernel, and IQ4_NL too where there is VNNI; Q4_K has one
+    // at both AVX-512 levels, none below.
     EXPECT_NE(select_dot(GgmlType::Q4_0, limit_to(cpu, Isa::Avx2)).rows, nullptr);
     EXPECT_NE(select_dot(GgmlType::IQ4_NL, limit_to(cpu, Isa::Avx2)).rows, nullptr);
     EXPECT_EQ(select_dot(GgmlType::Q4_0, CpuFeatures{}).rows, nullptr);
+    EXPECT_EQ(select_dot(GgmlType::Q4_K, limit_to(cpu, Isa::Avx2)).rows, nullptr);
     for (Isa isa : {Isa::Avx512, Isa::Avx512Vnni}) {
         if (isa > cpu.best_isa()) continue;
         const auto rows = [&](GgmlType w, Isa level) { return select_dot(w, limit_to(cpu, level)).rows; };
         EXPECT_NE(rows(GgmlType::Q4_0, isa), rows(GgmlType::Q4_0, Isa::Avx2)) << isa_name(isa);
+        EXPECT_NE(rows(GgmlType::Q4_K, isa), nullptr) << isa_name(isa);
         if (isa == Isa::Avx512Vnni)
             EXPECT_NE(rows(GgmlType::IQ4_NL, isa), rows(GgmlType::IQ4_NL, Isa::Avx2));
         else
