@@ -343,15 +343,21 @@ void dot_rows_q4_K(int n, int n_rows, float* out, const void* w, size_t stride, 
     const auto* y = as<BlockQ8_K>(act);
     const auto* base = static_cast<const uint8_t*>(w);
     const int nb = n / kQK;
-    int r = 0;
-    for (; r + 16 <= n_rows; r += 16) {
+    // Groups of sixteen; past the last one, the last sixteen rows again (each row's float does not
+    // depend on its group), or single dots where there are fewer than sixteen rows.
+    for (int r = 0; r < n_rows; r += 16) {
+        if (n_rows < 16) {
+            for (; r < n_rows; ++r)
+                dot_q4_5_K<BlockQ4_K, kVnni>(n, out + r, base + static_cast<size_t>(r) * stride, act);
+            break;
+        }
+        if (r + 16 > n_rows) r = n_rows - 16;
         const uint8_t* lo = base + static_cast<size_t>(r) * stride;
         const Rows16 rows{lo, lo + 8 * stride, stride, 3 * stride, 5 * stride, 7 * stride};
         __m512 acc = _mm512_setzero_ps(), acc_mins = _mm512_setzero_ps();
         rows16_q4_K<kVnni>(rows, y, nb, acc, acc_mins);
         _mm512_storeu_ps(out + r, _mm512_sub_ps(acc, acc_mins));
     }
-    for (; r < n_rows; ++r) dot_q4_5_K<BlockQ4_K, kVnni>(n, out + r, base + static_cast<size_t>(r) * stride, act);
 }
 
 template <bool kVnni>
