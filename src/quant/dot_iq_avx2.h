@@ -3,8 +3,9 @@
 // lanes8 order (llama.cpp's ggml_vec_dot_iq*_q8_K for AVX2): bit for bit the reference's floats.
 //
 // Included by dot_avx2.cpp and dot_avx512.cpp: the AVX-512 levels run these same AVX2 kernels,
-// compiled in that file. Internal linkage on purpose (see dot_kernels.h): nothing here calls an
-// inline function of a shared header; the grids (iq_grids.h) are constant data.
+// compiled in that file; also by gemm_batch_avx2.cpp / gemm_batch_avx512.cpp (the batch kernel
+// below) and gemm_iq_grid_avx512.cpp (the unpackers). Internal linkage on purpose (see dot_kernels.h): nothing here
+// calls an inline function of a shared header; the grids (iq_grids.h) are constant data.
 //
 // A sub-block of 32: the grid points are gathered into one vector (set_epi32 / set_epi64x), the
 // sign bits expanded to bytes of -1 / +1 and moved onto the activations (sign_epi8; Q8_K values are
@@ -13,6 +14,7 @@
 #include <immintrin.h>
 
 #include <cmath>
+#include <cstddef>
 #include <cstdint>
 #include <cstring>
 #include <type_traits>
@@ -20,6 +22,7 @@
 #include "quant/blocks.h"
 #include "quant/dot.h"
 #include "quant/gemm.h"
+#include "quant/gemm_kernels.h"
 #include "quant/iq_grids.h"
 
 namespace fitllm::quant::detail {
@@ -370,13 +373,6 @@ inline void dot_iq1_m(int n, float* out, const void* w, const void* a) {
 // its 1/8 folded into the scale), then block = float(sum) * (d_w / kDiv), out = fma(block, d_a, out).
 // gemm_batch_ref.cpp holds the scalar reference.
 
-inline int32_t hsum_i32(__m256i v) {
-    __m128i s = _mm_add_epi32(_mm256_castsi256_si128(v), _mm256_extracti128_si256(v, 1));
-    s = _mm_add_epi32(s, _mm_unpackhi_epi64(s, s));
-    s = _mm_add_epi32(s, _mm_shuffle_epi32(s, 1));
-    return _mm_cvtsi128_si32(s);
-}
-
 // A super-block unpacked once for all the tokens of a batch: per sub-block the signed weight bytes
 // (the grid value times its sign; IQ1: 8 g + delta) and the scale words. sum(ls * v * q8) is the
 // exact integer sum of the per-token kernels (no pair reaches the int16 limit).
@@ -463,17 +459,6 @@ inline void unpack_iq1_m(const BlockIQ1_M& x, Unpacked& u) {
     }
 }
 
-// The exact integer sum of one token's super-block with an unpacked weight block.
-inline int32_t isum_unpacked(const Unpacked& u, const __m256i* mag, const BlockQ8_K& y) {
-    __m256i sums = _mm256_setzero_si256();
-    for (int ib = 0; ib < 8; ++ib) {
-        const __m256i q =
-            _mm256_sign_epi8(_mm256_loadu_si256(reinterpret_cast<const __m256i*>(y.qs + 32 * ib)), u.v[ib]);
-        sums = _mm256_add_epi32(sums, _mm256_madd_epi16(_mm256_maddubs_epi16(mag[ib], q), u.ls[ib]));
-    }
-    return hsum_i32(sums);
-}
-
 template <typename Block>
 inline float block_d(const Block& x) {
     if constexpr (std::is_same_v<Block, BlockIQ1_M>) {
@@ -486,25 +471,143 @@ inline float block_d(const Block& x) {
     }
 }
 
-// Row by row, block by block: each weight block unpacked once, then its integer sum with every
-// token; each output the same fma chain over the blocks in order as one token at a time.
+// The batch kernel at AVX2 and at AVX-512 without VNNI (gemm_iq_grid_avx512.cpp has the VNNI one):
+// kTileRows weight rows at a time, super-block by super-block. Each row's block is unpacked once for
+// all the call's tokens into the tile below; then per group of 4 rows and kT tokens (kT = 4, then
+// 2 and 1 for the rest) a register tile of 4 kT integer accumulators runs over the 8 sub-blocks:
+// maddubs of the weight bytes + kOffset (unsigned, 2 .. 126: no pair reaches the int16 limit) with
+// the activations, madd with the scale words, add. The offset comes back off
+// through Q8_K's bsums: the accumulators start at sum over the 16 groups of -kOffset * ls * bsum.
+// The sums are the exact integers of the reference; the float steps are its own, 8 outputs at a
+// time: float(sum) * (d_w / kDiv), then fma with d_a into the output of the previous block (kept
+// per token and row in the scratch buffer), so every output gets the reference's bits.
+constexpr int kTileRows = 16;
+constexpr int kOffset = 64;
+
+struct alignas(64) GridTile {
+    __m256i u[kTileRows][8];   // per row and sub-block: the 32 weight bytes + kOffset
+    __m256i ls[kTileRows][8];  // the scale words (first 16 elements, last 16)
+    __m256i neg_c[kTileRows];  // -kOffset * ls per group of 16 elements (the bsums' layout)
+    alignas(32) float dw[kTileRows];
+};
+
+// Block i of rows 0 .. nr - 1 into the tile; rows nr .. n_pad - 1 get zero scales (sum 0).
 template <typename Block, void (*kUnpack)(const Block&, Unpacked&), int kDiv>
-void gemm_tiled(int n, int n_rows, int n_tok, const void* w, size_t w_stride, const void* act, size_t act_stride,
-                float* y, size_t y_stride) {
-    for (int r = 0; r < n_rows; ++r) {
-        const auto* x = reinterpret_cast<const Block*>(static_cast<const uint8_t*>(w) + r * w_stride);
-        for (int t = 0; t < n_tok; ++t) y[t * y_stride + static_cast<size_t>(r)] = 0.0f;
-        for (int i = 0; i < n / kQK; ++i) {
-            Unpacked u;
-            kUnpack(x[i], u);
-            __m256i mag[8];
-            for (int ib = 0; ib < 8; ++ib) mag[ib] = _mm256_abs_epi8(u.v[ib]);
-            const float dw = block_d(x[i]) * (1.0f / kDiv);
-            for (int t = 0; t < n_tok; ++t) {
-                const auto* a = reinterpret_cast<const BlockQ8_K*>(static_cast<const uint8_t*>(act) + t * act_stride);
-                float& out = y[t * y_stride + static_cast<size_t>(r)];
-                out = std::fma(static_cast<float>(isum_unpacked(u, mag, a[i])) * dw, a[i].d, out);
+inline void fill_tile(const uint8_t* w, size_t w_stride, int nr, int n_pad, int i, GridTile& tile) {
+    const __m256i offset = _mm256_set1_epi8(kOffset);
+    for (int r = 0; r < nr; ++r) {
+        const Block& x = reinterpret_cast<const Block*>(w + static_cast<size_t>(r) * w_stride)[i];
+        Unpacked u;
+        kUnpack(x, u);
+        alignas(32) int16_t c[16];
+        for (int ib = 0; ib < 8; ++ib) {
+            _mm256_store_si256(&tile.u[r][ib], _mm256_add_epi8(u.v[ib], offset));
+            _mm256_store_si256(&tile.ls[r][ib], u.ls[ib]);
+            c[2 * ib] = static_cast<int16_t>(-kOffset * _mm256_extract_epi16(u.ls[ib], 0));
+            c[2 * ib + 1] = static_cast<int16_t>(-kOffset * _mm256_extract_epi16(u.ls[ib], 8));
+        }
+        tile.neg_c[r] = _mm256_load_si256(reinterpret_cast<const __m256i*>(c));
+        tile.dw[r] = block_d(x) * (1.0f / kDiv);
+    }
+    for (int r = nr; r < n_pad; ++r) {
+        for (int ib = 0; ib < 8; ++ib) {
+            tile.u[r][ib] = _mm256_setzero_si256();
+            tile.ls[r][ib] = _mm256_setzero_si256();
+        }
+        tile.neg_c[r] = _mm256_setzero_si256();
+        tile.dw[r] = 0.0f;
+    }
+}
+
+// Lane k of the result: the sum of a[k]'s 8 lanes.
+inline __m256i reduce8(const __m256i* a) {
+    const __m256i g0 = _mm256_hadd_epi32(_mm256_hadd_epi32(a[0], a[1]), _mm256_hadd_epi32(a[2], a[3]));
+    const __m256i g1 = _mm256_hadd_epi32(_mm256_hadd_epi32(a[4], a[5]), _mm256_hadd_epi32(a[6], a[7]));
+    return _mm256_add_epi32(_mm256_permute2x128_si256(g0, g1, 0x20), _mm256_permute2x128_si256(g0, g1, 0x31));
+}
+
+// Rows r0 .. r0 + 3 of the tile times tokens a[0 .. kT - 1] (each at this block), added into
+// out[t * kTileRows + r] by the reference's float steps.
+template <int kT>
+inline void tile_pass(const GridTile& tile, int r0, const BlockQ8_K* const* a, float* out) {
+    __m256i acc[4 * kT];
+#pragma GCC unroll 8
+    for (int t = 0; t < kT; ++t) {
+        const __m256i bs = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(a[t]->bsums));
+#pragma GCC unroll 8
+        for (int r = 0; r < 4; ++r) acc[4 * t + r] = _mm256_madd_epi16(tile.neg_c[r0 + r], bs);
+    }
+#pragma GCC unroll 8
+    for (int ib = 0; ib < 8; ++ib) {
+        __m256i q[kT];
+#pragma GCC unroll 8
+        for (int t = 0; t < kT; ++t) q[t] = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(a[t]->qs + 32 * ib));
+#pragma GCC unroll 8
+        for (int r = 0; r < 4; ++r) {
+            const __m256i u = tile.u[r0 + r][ib];
+            const __m256i ls = tile.ls[r0 + r][ib];
+#pragma GCC unroll 8
+            for (int t = 0; t < kT; ++t) {
+                const __m256i p = _mm256_maddubs_epi16(u, q[t]);
+                acc[4 * t + r] = _mm256_add_epi32(acc[4 * t + r], _mm256_madd_epi16(p, ls));
             }
+        }
+    }
+    if constexpr (kT == 1) {
+        const __m256i g = _mm256_hadd_epi32(_mm256_hadd_epi32(acc[0], acc[1]), _mm256_hadd_epi32(acc[2], acc[3]));
+        const __m128i s = _mm_add_epi32(_mm256_castsi256_si128(g), _mm256_extracti128_si256(g, 1));
+        const __m128 block = _mm_mul_ps(_mm_cvtepi32_ps(s), _mm_load_ps(tile.dw + r0));
+        float* o = out + r0;
+        _mm_storeu_ps(o, _mm_fmadd_ps(block, _mm_set1_ps(a[0]->d), _mm_loadu_ps(o)));
+    } else {
+        const __m256 dw = _mm256_broadcast_ps(reinterpret_cast<const __m128*>(tile.dw + r0));
+#pragma GCC unroll 4
+        for (int t = 0; t < kT; t += 2) {
+            const __m256 block = _mm256_mul_ps(_mm256_cvtepi32_ps(reduce8(acc + 4 * t)), dw);
+            const __m256 da = _mm256_set_m128(_mm_set1_ps(a[t + 1]->d), _mm_set1_ps(a[t]->d));
+            float* o0 = out + t * kTileRows + r0;
+            float* o1 = o0 + kTileRows;
+            const __m256 o = _mm256_fmadd_ps(block, da, _mm256_loadu2_m128(o1, o0));
+            _mm256_storeu2_m128(o1, o0, o);
+        }
+    }
+}
+
+// The batch kernel of a grid i-quant: kTok tokens per register tile (then 2 and 1 for the rest).
+template <typename Block, void (*kUnpack)(const Block&, Unpacked&), int kDiv, int kTok>
+void gemm_grid(int n, int n_rows, int n_tok, const void* w, size_t w_stride, const void* act, size_t act_stride,
+               float* y, size_t y_stride) {
+    const int nb = n / kQK;
+    const size_t out_floats = static_cast<size_t>(n_tok) * kTileRows;
+    std::byte* buf = small_batch_scratch(sizeof(GridTile) + out_floats * sizeof(float));
+    auto& tile = *reinterpret_cast<GridTile*>(buf);
+    auto* out = reinterpret_cast<float*>(buf + sizeof(GridTile));
+    const auto* wb = static_cast<const uint8_t*>(w);
+    const auto* ab = static_cast<const uint8_t*>(act);
+    for (int r0 = 0; r0 < n_rows; r0 += kTileRows) {
+        const int nr = n_rows - r0 < kTileRows ? n_rows - r0 : kTileRows;
+        const int n_pad = (nr + 3) / 4 * 4;
+        std::memset(out, 0, out_floats * sizeof(float));
+        for (int i = 0; i < nb; ++i) {
+            fill_tile<Block, kUnpack, kDiv>(wb + static_cast<size_t>(r0) * w_stride, w_stride, nr, n_pad, i, tile);
+            int t = 0;
+            auto pass = [&](auto kind) {
+                constexpr int kT = decltype(kind)::value;
+                const BlockQ8_K* a[kT];
+                for (int j = 0; j < kT; ++j)
+                    a[j] = reinterpret_cast<const BlockQ8_K*>(ab + static_cast<size_t>(t + j) * act_stride) + i;
+                for (int r = 0; r < n_pad; r += 4) tile_pass<kT>(tile, r, a, out + static_cast<size_t>(t) * kTileRows);
+                t += kT;
+            };
+            while (n_tok - t >= kTok) pass(std::integral_constant<int, kTok>{});
+            if constexpr (kTok > 2) {
+                if (n_tok - t >= 2) pass(std::integral_constant<int, 2>{});
+            }
+            if (n_tok - t >= 1) pass(std::integral_constant<int, 1>{});
+        }
+        for (int t = 0; t < n_tok; ++t) {
+            std::memcpy(y + static_cast<size_t>(t) * y_stride + static_cast<size_t>(r0),
+                        out + static_cast<size_t>(t) * kTileRows, static_cast<size_t>(nr) * sizeof(float));
         }
     }
 }
@@ -531,23 +634,25 @@ inline DotFn dot(GgmlType weight_type) {
     }
 }
 
-// The tiled-order kernel of a grid i-quant; nullptr for other types.
+// The tiled-order kernel of a grid i-quant; nullptr for other types (gemm_batch_avx2.cpp's and
+// gemm_batch_avx512.cpp's tables; at AVX-512 VNNI gemm.cpp picks gemm_iq_grid_avx512.cpp's instead).
 inline GemmFn tiled_gemm(GgmlType weight_type) {
+    constexpr int kTok = 4;
     switch (weight_type) {
         case GgmlType::IQ3_XXS:
-            return gemm_tiled<BlockIQ3_XXS, unpack_iq3_xxs, 4>;
+            return gemm_grid<BlockIQ3_XXS, unpack_iq3_xxs, 4, kTok>;
         case GgmlType::IQ3_S:
-            return gemm_tiled<BlockIQ3_S, unpack_iq3_s, 1>;
+            return gemm_grid<BlockIQ3_S, unpack_iq3_s, 1, kTok>;
         case GgmlType::IQ2_XXS:
-            return gemm_tiled<BlockIQ2_XXS, unpack_iq2_xxs, 8>;
+            return gemm_grid<BlockIQ2_XXS, unpack_iq2_xxs, 8, kTok>;
         case GgmlType::IQ2_XS:
-            return gemm_tiled<BlockIQ2_XS, unpack_iq2_xs, 8>;
+            return gemm_grid<BlockIQ2_XS, unpack_iq2_xs, 8, kTok>;
         case GgmlType::IQ2_S:
-            return gemm_tiled<BlockIQ2_S, unpack_iq2_s, 8>;
+            return gemm_grid<BlockIQ2_S, unpack_iq2_s, 8, kTok>;
         case GgmlType::IQ1_S:
-            return gemm_tiled<BlockIQ1_S, unpack_iq1_s, 8>;
+            return gemm_grid<BlockIQ1_S, unpack_iq1_s, 8, kTok>;
         case GgmlType::IQ1_M:
-            return gemm_tiled<BlockIQ1_M, unpack_iq1_m, 8>;
+            return gemm_grid<BlockIQ1_M, unpack_iq1_m, 8, kTok>;
         default:
             return nullptr;
     }

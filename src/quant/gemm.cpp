@@ -67,14 +67,34 @@ struct BatchOrderEntry {
     GgmlType type;
     BatchOrderGemm (*select)(GgmlType weight_type, const CpuFeatures& features);
 };
+
+// The grid i-quants: tiled_batch_order's rule and kernels, except at AVX-512 VNNI their VNNI form
+// (gemm_iq_grid_avx512.cpp); their kernels take weight rows kGridRowTile at a time.
+BatchOrderGemm grid_batch_order(GgmlType weight_type, const CpuFeatures& features) {
+    constexpr int kGridRowTile = 16;
+    BatchOrderGemm b = detail::tiled_batch_order(weight_type, features);
+    if (b.kernel.fn == nullptr) return b;
+    if (b.kernel.isa == Isa::Avx512Vnni) {
+        if (GemmFn fn = detail::gemm_iq_grid_avx512_vnni(weight_type); fn != nullptr) b.kernel.fn = fn;
+    }
+    b.kernel.row_tile = kGridRowTile;
+    return b;
+}
+
 constexpr BatchOrderEntry kBatchOrders[] = {
-    {GgmlType::Q6_K, detail::tiled_batch_order},    {GgmlType::Q5_K, detail::tiled_batch_order},
-    {GgmlType::Q3_K, detail::tiled_batch_order},    {GgmlType::Q4_K, detail::repacked_batch_order},
-    {GgmlType::Q2_K, detail::repacked_batch_order}, {GgmlType::F16, detail::sgemm_batch_order},
-    {GgmlType::IQ3_XXS, detail::tiled_batch_order}, {GgmlType::IQ3_S, detail::tiled_batch_order},
-    {GgmlType::IQ2_XXS, detail::tiled_batch_order}, {GgmlType::IQ2_XS, detail::tiled_batch_order},
-    {GgmlType::IQ2_S, detail::tiled_batch_order},   {GgmlType::IQ1_S, detail::tiled_batch_order},
-    {GgmlType::IQ1_M, detail::tiled_batch_order},
+    {GgmlType::Q6_K, detail::tiled_batch_order},
+    {GgmlType::Q5_K, detail::tiled_batch_order},
+    {GgmlType::Q3_K, detail::tiled_batch_order},
+    {GgmlType::Q4_K, detail::repacked_batch_order},
+    {GgmlType::Q2_K, detail::repacked_batch_order},
+    {GgmlType::F16, detail::sgemm_batch_order},
+    {GgmlType::IQ3_XXS, grid_batch_order},
+    {GgmlType::IQ3_S, grid_batch_order},
+    {GgmlType::IQ2_XXS, grid_batch_order},
+    {GgmlType::IQ2_XS, grid_batch_order},
+    {GgmlType::IQ2_S, grid_batch_order},
+    {GgmlType::IQ1_S, grid_batch_order},
+    {GgmlType::IQ1_M, grid_batch_order},
 };
 
 }  // namespace

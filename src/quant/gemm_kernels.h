@@ -15,6 +15,9 @@ GemmKernel gemm_avx512_kquants(GgmlType weight_type, bool vnni);
 // and AVX-512 without VNNI is in gemm_avx2.cpp / gemm_avx512.cpp.
 GemmKernel gemm_iq4_avx2(GgmlType weight_type);
 GemmKernel gemm_iq4_avx512(GgmlType weight_type, bool vnni);
+// The grid i-quants' batch-order kernel at AVX-512 VNNI (gemm_iq_grid_avx512.cpp); nullptr for other
+// types. The levels below have theirs from tiled_order_avx2 / tiled_order_avx512 (dot_iq_avx2.h).
+GemmFn gemm_iq_grid_avx512_vnni(GgmlType weight_type);
 
 // The small-batch kernels (select_small_batch): F32 (AVX-512 only), F16, BF16, Q8_0, Q4_K, Q5_K, Q6_K
 // (gemm_small_avx2.cpp, gemm_small_avx512.cpp); nullptr for other types.

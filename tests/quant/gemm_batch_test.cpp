@@ -104,7 +104,8 @@ TEST(GemmBatchOrder, EveryTokenCountGivesTheReferenceBits) {
     const CpuFeatures cpu = host_cpu_features();
     if (cpu.best_isa() < Isa::Avx2)
         GTEST_SKIP() << "the batch-order kernels need AVX2; this CPU has " << cpu.describe();
-    for (GgmlType type : {GgmlType::Q5_K, GgmlType::Q6_K, GgmlType::Q3_K}) {
+    for (GgmlType type : {GgmlType::Q5_K, GgmlType::Q6_K, GgmlType::Q3_K, GgmlType::IQ3_XXS, GgmlType::IQ3_S,
+                          GgmlType::IQ2_XXS, GgmlType::IQ2_XS, GgmlType::IQ2_S, GgmlType::IQ1_S, GgmlType::IQ1_M}) {
         for (int n_tok = 1; n_tok <= 12; ++n_tok) {
             const Problem p = make_problem(type, 512, 21, n_tok, 40 + static_cast<uint32_t>(n_tok));
             const std::vector<float> expected = run(detail::tiled_order_ref(type), p);
