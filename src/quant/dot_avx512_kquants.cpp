@@ -254,6 +254,34 @@ inline void transposed16(const Rows16& r, size_t off, __m512i dw[4]) {
     dw[3] = _mm512_unpackhi_epi64(t1, t3);
 }
 
+// The 32 bytes at offset `off` of the 16 rows, transposed: dw[q] lane k = dword q of row k. Rows
+// k and k + 8 share a register (256-bit halves); two 4x4 transposes inside the 128-bit lanes, then
+// the lanes exchanged between the two groups of registers.
+inline void transposed16x32(const Rows16& r, size_t off, __m512i dw[8]) {
+    __m512i t[2][4];
+    unroll<2>([&](auto g_) {
+        constexpr int g = decltype(g_)::value;
+        __m512i z[4];
+        unroll<4>([&](auto j_) {
+            constexpr int j = decltype(j_)::value;
+            z[j] = _mm512_inserti64x4(_mm512_castsi256_si512(load256(r.row(4 * g + j) + off)),
+                                      load256(r.row(4 * g + j + 8) + off), 1);
+        });
+        const __m512i t0 = _mm512_unpacklo_epi32(z[0], z[1]), t1 = _mm512_unpackhi_epi32(z[0], z[1]);
+        const __m512i t2 = _mm512_unpacklo_epi32(z[2], z[3]), t3 = _mm512_unpackhi_epi32(z[2], z[3]);
+        t[g][0] = _mm512_unpacklo_epi64(t0, t2);
+        t[g][1] = _mm512_unpackhi_epi64(t0, t2);
+        t[g][2] = _mm512_unpacklo_epi64(t1, t3);
+        t[g][3] = _mm512_unpackhi_epi64(t1, t3);
+    });
+    // t[g][q] lanes: rows 4g..4g+3 dword q, the same rows' dword 4 + q, rows 4g+8.. dword q, dword 4 + q.
+    unroll<4>([&](auto q_) {
+        constexpr int q = decltype(q_)::value;
+        dw[q] = _mm512_mask_shuffle_i64x2(t[0][q], 0xCC, t[1][q], t[1][q], 0x80);
+        dw[4 + q] = _mm512_mask_shuffle_i64x2(t[1][q], 0x33, t[0][q], t[0][q], 0x31);
+    });
+}
+
 // Byte kByte of every dword, as an int32.
 template <int kByte>
 inline __m512i byte_of(__m512i v) {
@@ -309,16 +337,17 @@ __attribute__((noinline)) void rows16_q4_K(Rows16 r, const BlockQ8_K* y, int cou
             constexpr int c = decltype(c_)::value;
             const int8_t* yq = y[i].qs + 64 * c;
             __m512i low[2], high[2];
+            __m512i dw[8];
+            transposed16x32(r, 16 + 32 * c, dw);
             unroll<2>([&](auto h_) {
                 constexpr int h = decltype(h_)::value;
-                __m512i dw[4];
-                transposed16(r, 16 + 32 * c + 16 * h, dw);
                 low[h] = _mm512_setzero_si512();
                 high[h] = _mm512_setzero_si512();
                 unroll<4>([&](auto q_) {
                     constexpr int q = decltype(q_)::value;
-                    low[h] = dot_u8s8<kVnni>(low[h], _mm512_and_si512(dw[q], nibble), broadcast32(yq + 16 * h + 4 * q));
-                    high[h] = dot_u8s8<kVnni>(high[h], _mm512_and_si512(_mm512_srli_epi32(dw[q], 4), nibble),
+                    low[h] = dot_u8s8<kVnni>(low[h], _mm512_and_si512(dw[4 * h + q], nibble),
+                                             broadcast32(yq + 16 * h + 4 * q));
+                    high[h] = dot_u8s8<kVnni>(high[h], _mm512_and_si512(_mm512_srli_epi32(dw[4 * h + q], 4), nibble),
                                               broadcast32(yq + 32 + 16 * h + 4 * q));
                 });
             });
