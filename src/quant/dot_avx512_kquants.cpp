@@ -186,12 +186,14 @@ void dot_q6_K(int n, float* out, const void* w, const void* a) {
 // lanes of register j) and transposed so that register q holds dword q of every row, lane k for
 // row k. A super-block's first 16 bytes (d, dmin, the packed scales) come out as d | dmin << 16 and
 // the packed words w0, w1, w2 of every row; each of its 4 chunks of 32 quant bytes as 8 such
-// registers, dotted (dpbusd, or maddubs + madd without VNNI) with y's dwords broadcast to every
-// lane: the low nibbles are sub-block 2c's, the high ones 2c + 1's. Each sub-block's integer sum
-// is multiplied by its row's scale (vpmulld), the mins by y's sub-block sums (from bsums). The
-// integer sums are exact, and the float steps each row's serial ones (serial_step): per
-// super-block acc = fma(float(scaled), d_w d_a, acc), acc_mins = fma(float(mins), dmin_w d_a,
-// acc_mins), then acc - acc_mins: every lane gets its single dot's bits.
+// registers (transposed16x32: rows k and k + 8 share a register, 32 shuffles a chunk where two
+// 16-byte transposes take 40), dotted (dpbusd, or maddubs + madd without VNNI) with y's dwords
+// broadcast to every lane: the low nibbles are sub-block 2c's, the high ones 2c + 1's. Each
+// sub-block's integer sum is multiplied by its row's scale (vpmulld), the mins by y's sub-block
+// sums (from bsums). The integer sums are exact, and the float steps each row's serial ones
+// (serial_step): per super-block acc = fma(float(scaled), d_w d_a, acc), acc_mins =
+// fma(float(mins), dmin_w d_a, acc_mins), then acc - acc_mins: every lane gets its single dot's
+// bits.
 
 // sum(u * s) over each 4 bytes into the 32-bit lanes of acc; u unsigned, s signed, and
 // 2 * u * |s| < 2^15 so that maddubs does not saturate where there is no VNNI.
