@@ -24,6 +24,7 @@
 #include "quant/gemm.h"
 #include "quant/gemm_kernels.h"
 #include "quant/iq_grids.h"
+#include "quant/transpose_avx2.h"
 
 namespace fitllm::quant::detail {
 namespace {
@@ -471,144 +472,180 @@ inline float block_d(const Block& x) {
     }
 }
 
-// The batch kernel at AVX2 and at AVX-512 without VNNI (gemm_iq_grid_avx512.cpp has the VNNI one):
-// kTileRows weight rows at a time, super-block by super-block. Each row's block is unpacked once for
-// all the call's tokens into the tile below; then per group of 4 rows and kT tokens (kT = 4, then
-// 2 and 1 for the rest) a register tile of 4 kT integer accumulators runs over the 8 sub-blocks:
-// maddubs of the weight bytes + kOffset (unsigned, 2 .. 126: no pair reaches the int16 limit) with
-// the activations, madd with the scale words, add. The offset comes back off
-// through Q8_K's bsums: the accumulators start at sum over the 16 groups of -kOffset * ls * bsum.
-// The sums are the exact integers of the reference; the float steps are its own, 8 outputs at a
-// time: float(sum) * (d_w / kDiv), then fma with d_a into the output of the previous block (kept
-// per token and row in the scratch buffer), so every output gets the reference's bits.
-constexpr int kTileRows = 16;
-constexpr int kOffset = 64;
+constexpr int kOffset = 64;  // added to the signed weights: unsigned bytes for maddubs
 
-struct alignas(64) GridTile {
-    __m256i u[kTileRows][8];   // per row and sub-block: the 32 weight bytes + kOffset
-    __m256i ls[kTileRows][8];  // the scale words (first 16 elements, last 16)
-    __m256i neg_c[kTileRows];  // -kOffset * ls per group of 16 elements (the bsums' layout)
-    alignas(32) float dw[kTileRows];
+// ---- The batch kernel at AVX2 and AVX-512 without VNNI (gemm_iq_grid_avx512.cpp has the VNNI one) ----
+// One 32-bit lane per weight row, 8 rows per tile, super-block by super-block: each row's block is
+// unpacked once for all the call's tokens, + kOffset (unsigned, 2 .. 126), and transposed so that
+// column c of the tile holds elements 4c .. 4c + 3 of the 8 rows. Per token (kLaneTok at a time)
+// and pair of columns: maddubs of each with the token's 4 bytes broadcast, the pair sums added in
+// 16 bits, started at the pair's -kOffset * (pair sums of the activations) (chunk_starts, once per
+// call); madd with the rows' scales (in both words) into the int32 sums. The 16-bit adds wrap, but
+// the words they end at are sums of v * q over 2 columns (|v| <= 62, |q| <= 127: 2 * 2 * 62 * 127 <
+// 2^15), so they are exact; maddubs' own pair sums never saturate (2 * 126 * 127 < 2^15). The
+// sums are the reference's exact integers; the float steps are its own, per row and token:
+// float(sum) * (d_w / kDiv), then fma with d_a into the output of the previous block (kept in a
+// scratch buffer until the tile's last block), so every output gets the reference's bits.
+constexpr int kLaneRows = 8;
+constexpr int kLaneTok = 4;
+constexpr int kChunk = 2;  // columns per 16-bit sum
+
+struct alignas(32) LaneTile {
+    __m256i w[64];   // column c: bytes 4c .. 4c + 3 of rows 0 .. 7, + kOffset
+    __m256i ls[16];  // group of 16 elements g: each row's scale in both 16-bit words
+    alignas(32) float dw[kLaneRows];
 };
 
-// Block i of rows 0 .. nr - 1 into the tile; rows nr .. n_pad - 1 get zero scales (sum 0).
+// Block i of rows 0 .. nr - 1 into the tile; the rows after them get zero scales (sums 0).
 template <typename Block, void (*kUnpack)(const Block&, Unpacked&), int kDiv>
-inline void fill_tile(const uint8_t* w, size_t w_stride, int nr, int n_pad, int i, GridTile& tile) {
+inline void fill_lanes(const uint8_t* w, size_t w_stride, int nr, int i, LaneTile& tile) {
     const __m256i offset = _mm256_set1_epi8(kOffset);
-    for (int r = 0; r < nr; ++r) {
+    __m256i rows[kLaneRows][8];
+    alignas(32) int32_t ls[16][kLaneRows];
+    for (int r = 0; r < kLaneRows; ++r) {
+        if (r >= nr) {
+            for (int ib = 0; ib < 8; ++ib) rows[r][ib] = _mm256_setzero_si256();
+            for (int g = 0; g < 16; ++g) ls[g][r] = 0;
+            tile.dw[r] = 0.0f;
+            continue;
+        }
         const Block& x = reinterpret_cast<const Block*>(w + static_cast<size_t>(r) * w_stride)[i];
         Unpacked u;
         kUnpack(x, u);
-        alignas(32) int16_t c[16];
         for (int ib = 0; ib < 8; ++ib) {
-            _mm256_store_si256(&tile.u[r][ib], _mm256_add_epi8(u.v[ib], offset));
-            _mm256_store_si256(&tile.ls[r][ib], u.ls[ib]);
-            c[2 * ib] = static_cast<int16_t>(-kOffset * _mm256_extract_epi16(u.ls[ib], 0));
-            c[2 * ib + 1] = static_cast<int16_t>(-kOffset * _mm256_extract_epi16(u.ls[ib], 8));
+            rows[r][ib] = _mm256_add_epi8(u.v[ib], offset);
+            ls[2 * ib][r] = _mm256_extract_epi32(u.ls[ib], 0);
+            ls[2 * ib + 1][r] = _mm256_extract_epi32(u.ls[ib], 4);
         }
-        tile.neg_c[r] = _mm256_load_si256(reinterpret_cast<const __m256i*>(c));
         tile.dw[r] = block_d(x) * (1.0f / kDiv);
     }
-    for (int r = nr; r < n_pad; ++r) {
-        for (int ib = 0; ib < 8; ++ib) {
-            tile.u[r][ib] = _mm256_setzero_si256();
-            tile.ls[r][ib] = _mm256_setzero_si256();
-        }
-        tile.neg_c[r] = _mm256_setzero_si256();
-        tile.dw[r] = 0.0f;
-    }
-}
-
-// Lane k of the result: the sum of a[k]'s 8 lanes.
-inline __m256i reduce8(const __m256i* a) {
-    const __m256i g0 = _mm256_hadd_epi32(_mm256_hadd_epi32(a[0], a[1]), _mm256_hadd_epi32(a[2], a[3]));
-    const __m256i g1 = _mm256_hadd_epi32(_mm256_hadd_epi32(a[4], a[5]), _mm256_hadd_epi32(a[6], a[7]));
-    return _mm256_add_epi32(_mm256_permute2x128_si256(g0, g1, 0x20), _mm256_permute2x128_si256(g0, g1, 0x31));
-}
-
-// Rows r0 .. r0 + 3 of the tile times tokens a[0 .. kT - 1] (each at this block), added into
-// out[t * kTileRows + r] by the reference's float steps.
-template <int kT>
-inline void tile_pass(const GridTile& tile, int r0, const BlockQ8_K* const* a, float* out) {
-    __m256i acc[4 * kT];
-#pragma GCC unroll 8
-    for (int t = 0; t < kT; ++t) {
-        const __m256i bs = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(a[t]->bsums));
-#pragma GCC unroll 8
-        for (int r = 0; r < 4; ++r) acc[4 * t + r] = _mm256_madd_epi16(tile.neg_c[r0 + r], bs);
-    }
-#pragma GCC unroll 8
+    for (int g = 0; g < 16; ++g) tile.ls[g] = _mm256_load_si256(reinterpret_cast<const __m256i*>(ls[g]));
     for (int ib = 0; ib < 8; ++ib) {
-        __m256i q[kT];
+        __m256i c[8];
+        for (int j = 0; j < 8; ++j) c[j] = rows[j][ib];
+        transpose8(c);
+        for (int j = 0; j < 8; ++j) tile.w[8 * ib + j] = c[j];
+    }
+}
+
+// Per token and block, the start of column pair k: -kOffset * the pair sums of its activations,
+// word-wise over its 2 columns (mod 2^16), as the 32-bit pattern to broadcast.
+inline void chunk_starts(const BlockQ8_K& a, int32_t* out) {
+    for (int ib = 0; ib < 8; ++ib) {
+        const __m256i q = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(a.qs + 32 * ib));
+        __m256i s = _mm256_sub_epi16(_mm256_setzero_si256(), _mm256_maddubs_epi16(_mm256_set1_epi8(kOffset), q));
+        s = _mm256_add_epi16(s, _mm256_shuffle_epi32(s, 0xB1));  // lane 2j: columns 2j and 2j + 1
+        alignas(32) int32_t lanes[8];
+        _mm256_store_si256(reinterpret_cast<__m256i*>(lanes), s);
+        for (int k = 0; k < 4; ++k) out[4 * ib + k] = lanes[2 * k];
+    }
+}
+
+// The tile's 8 rows times kT tokens (a[t]: their block, st[t]: its column pairs' starts), added
+// into out[8 t .. 8 t + 7]. kGroup: elements per scale (16 or 32).
+template <int kGroup, int kT>
+inline void lanes_pass(const LaneTile& tile, const BlockQ8_K* const* a, const int32_t* const* st, float* out) {
+    constexpr int kChunks = 64 / kChunk;  // column pairs per block
+    __m256i total[kT];
 #pragma GCC unroll 8
-        for (int t = 0; t < kT; ++t) q[t] = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(a[t]->qs + 32 * ib));
+    for (int t = 0; t < kT; ++t) total[t] = _mm256_setzero_si256();
+    for (int k = 0; k < kChunks; ++k) {
+        __m256i s[kT];
 #pragma GCC unroll 8
-        for (int r = 0; r < 4; ++r) {
-            const __m256i u = tile.u[r0 + r][ib];
-            const __m256i ls = tile.ls[r0 + r][ib];
+        for (int t = 0; t < kT; ++t) s[t] = _mm256_set1_epi32(st[t][k]);
+#pragma GCC unroll 8
+        for (int c = 0; c < kChunk; ++c) {
+            const int col = kChunk * k + c;
+            const __m256i w = tile.w[col];
 #pragma GCC unroll 8
             for (int t = 0; t < kT; ++t) {
-                const __m256i p = _mm256_maddubs_epi16(u, q[t]);
-                acc[4 * t + r] = _mm256_add_epi32(acc[4 * t + r], _mm256_madd_epi16(p, ls));
+                int32_t q4;
+                std::memcpy(&q4, a[t]->qs + 4 * col, 4);
+                s[t] = _mm256_add_epi16(s[t], _mm256_maddubs_epi16(w, _mm256_set1_epi32(q4)));
             }
         }
+        const __m256i ls = tile.ls[kGroup / 16 * (kChunk * k * 4 / kGroup)];
+#pragma GCC unroll 8
+        for (int t = 0; t < kT; ++t) total[t] = _mm256_add_epi32(total[t], _mm256_madd_epi16(s[t], ls));
     }
-    if constexpr (kT == 1) {
-        const __m256i g = _mm256_hadd_epi32(_mm256_hadd_epi32(acc[0], acc[1]), _mm256_hadd_epi32(acc[2], acc[3]));
-        const __m128i s = _mm_add_epi32(_mm256_castsi256_si128(g), _mm256_extracti128_si256(g, 1));
-        const __m128 block = _mm_mul_ps(_mm_cvtepi32_ps(s), _mm_load_ps(tile.dw + r0));
-        float* o = out + r0;
-        _mm_storeu_ps(o, _mm_fmadd_ps(block, _mm_set1_ps(a[0]->d), _mm_loadu_ps(o)));
-    } else {
-        const __m256 dw = _mm256_broadcast_ps(reinterpret_cast<const __m128*>(tile.dw + r0));
-#pragma GCC unroll 4
-        for (int t = 0; t < kT; t += 2) {
-            const __m256 block = _mm256_mul_ps(_mm256_cvtepi32_ps(reduce8(acc + 4 * t)), dw);
-            const __m256 da = _mm256_set_m128(_mm_set1_ps(a[t + 1]->d), _mm_set1_ps(a[t]->d));
-            float* o0 = out + t * kTileRows + r0;
-            float* o1 = o0 + kTileRows;
-            const __m256 o = _mm256_fmadd_ps(block, da, _mm256_loadu2_m128(o1, o0));
-            _mm256_storeu2_m128(o1, o0, o);
-        }
+    const __m256 dw = _mm256_load_ps(tile.dw);
+#pragma GCC unroll 8
+    for (int t = 0; t < kT; ++t) {
+        const __m256 block = _mm256_mul_ps(_mm256_cvtepi32_ps(total[t]), dw);
+        float* o = out + kLaneRows * t;
+        _mm256_storeu_ps(o, _mm256_fmadd_ps(block, _mm256_set1_ps(a[t]->d), _mm256_loadu_ps(o)));
     }
 }
 
-// The batch kernel of a grid i-quant: kTok tokens per register tile (then 2 and 1 for the rest).
-template <typename Block, void (*kUnpack)(const Block&, Unpacked&), int kDiv, int kTok>
-void gemm_grid(int n, int n_rows, int n_tok, const void* w, size_t w_stride, const void* act, size_t act_stride,
-               float* y, size_t y_stride) {
+// The batch kernel: kGroup elements per scale.
+template <typename Block, void (*kUnpack)(const Block&, Unpacked&), int kDiv, int kGroup>
+void gemm_lanes(int n, int n_rows, int n_tok, const void* w, size_t w_stride, const void* act, size_t act_stride,
+                float* y, size_t y_stride) {
+    constexpr int kChunks = 64 / kChunk;  // column pairs per block
     const int nb = n / kQK;
-    const size_t out_floats = static_cast<size_t>(n_tok) * kTileRows;
-    std::byte* buf = small_batch_scratch(sizeof(GridTile) + out_floats * sizeof(float));
-    auto& tile = *reinterpret_cast<GridTile*>(buf);
-    auto* out = reinterpret_cast<float*>(buf + sizeof(GridTile));
+    const size_t out_floats = static_cast<size_t>(n_tok) * kLaneRows;
+    const size_t n_starts = static_cast<size_t>(n_tok) * static_cast<size_t>(nb) * kChunks;
+    std::byte* buf = small_batch_scratch(sizeof(LaneTile) + out_floats * sizeof(float) + n_starts * sizeof(int32_t));
+    auto& tile = *reinterpret_cast<LaneTile*>(buf);
+    auto* out = reinterpret_cast<float*>(buf + sizeof(LaneTile));
+    auto* starts = reinterpret_cast<int32_t*>(buf + sizeof(LaneTile) + out_floats * sizeof(float));
     const auto* wb = static_cast<const uint8_t*>(w);
     const auto* ab = static_cast<const uint8_t*>(act);
-    for (int r0 = 0; r0 < n_rows; r0 += kTileRows) {
-        const int nr = n_rows - r0 < kTileRows ? n_rows - r0 : kTileRows;
-        const int n_pad = (nr + 3) / 4 * 4;
+    auto tok = [&](int t) { return reinterpret_cast<const BlockQ8_K*>(ab + static_cast<size_t>(t) * act_stride); };
+    // starts[(i * n_tok + t) * kChunks + k]: block i, token t, chunk k.
+    for (int i = 0; i < nb; ++i) {
+        for (int t = 0; t < n_tok; ++t) {
+            chunk_starts(tok(t)[i], starts + (static_cast<size_t>(i) * n_tok + t) * kChunks);
+        }
+    }
+    for (int r0 = 0; r0 < n_rows; r0 += kLaneRows) {
+        const int nr = n_rows - r0 < kLaneRows ? n_rows - r0 : kLaneRows;
         std::memset(out, 0, out_floats * sizeof(float));
         for (int i = 0; i < nb; ++i) {
-            fill_tile<Block, kUnpack, kDiv>(wb + static_cast<size_t>(r0) * w_stride, w_stride, nr, n_pad, i, tile);
+            fill_lanes<Block, kUnpack, kDiv>(wb + static_cast<size_t>(r0) * w_stride, w_stride, nr, i, tile);
             int t = 0;
             auto pass = [&](auto kind) {
                 constexpr int kT = decltype(kind)::value;
                 const BlockQ8_K* a[kT];
-                for (int j = 0; j < kT; ++j)
-                    a[j] = reinterpret_cast<const BlockQ8_K*>(ab + static_cast<size_t>(t + j) * act_stride) + i;
-                for (int r = 0; r < n_pad; r += 4) tile_pass<kT>(tile, r, a, out + static_cast<size_t>(t) * kTileRows);
+                const int32_t* st[kT];
+                for (int j = 0; j < kT; ++j) {
+                    a[j] = tok(t + j) + i;
+                    st[j] = starts + (static_cast<size_t>(i) * n_tok + t + j) * kChunks;
+                }
+                lanes_pass<kGroup, kT>(tile, a, st, out + static_cast<size_t>(t) * kLaneRows);
                 t += kT;
             };
-            while (n_tok - t >= kTok) pass(std::integral_constant<int, kTok>{});
-            if constexpr (kTok > 2) {
-                if (n_tok - t >= 2) pass(std::integral_constant<int, 2>{});
-            }
+            while (n_tok - t >= kLaneTok) pass(std::integral_constant<int, kLaneTok>{});
+            if (n_tok - t >= 2) pass(std::integral_constant<int, 2>{});
             if (n_tok - t >= 1) pass(std::integral_constant<int, 1>{});
         }
         for (int t = 0; t < n_tok; ++t) {
             std::memcpy(y + static_cast<size_t>(t) * y_stride + static_cast<size_t>(r0),
-                        out + static_cast<size_t>(t) * kTileRows, static_cast<size_t>(nr) * sizeof(float));
+                        out + static_cast<size_t>(t) * kLaneRows, static_cast<size_t>(nr) * sizeof(float));
         }
+    }
+}
+
+// The tiled-order kernel of a grid i-quant; nullptr for other types (gemm_batch_avx2.cpp's and
+// gemm_batch_avx512.cpp's tables; at AVX-512 VNNI gemm.cpp picks gemm_iq_grid_avx512.cpp's instead).
+inline GemmFn tiled_gemm(GgmlType weight_type) {
+    switch (weight_type) {
+        case GgmlType::IQ3_XXS:
+            return gemm_lanes<BlockIQ3_XXS, unpack_iq3_xxs, 4, 32>;
+        case GgmlType::IQ3_S:
+            return gemm_lanes<BlockIQ3_S, unpack_iq3_s, 1, 32>;
+        case GgmlType::IQ2_XXS:
+            return gemm_lanes<BlockIQ2_XXS, unpack_iq2_xxs, 8, 32>;
+        case GgmlType::IQ2_XS:
+            return gemm_lanes<BlockIQ2_XS, unpack_iq2_xs, 8, 16>;
+        case GgmlType::IQ2_S:
+            return gemm_lanes<BlockIQ2_S, unpack_iq2_s, 8, 16>;
+        case GgmlType::IQ1_S:
+            return gemm_lanes<BlockIQ1_S, unpack_iq1_s, 8, 32>;
+        case GgmlType::IQ1_M:
+            return gemm_lanes<BlockIQ1_M, unpack_iq1_m, 8, 16>;
+        default:
+            return nullptr;
     }
 }
 
@@ -629,30 +666,6 @@ inline DotFn dot(GgmlType weight_type) {
             return dot_iq1_s;
         case GgmlType::IQ1_M:
             return dot_iq1_m;
-        default:
-            return nullptr;
-    }
-}
-
-// The tiled-order kernel of a grid i-quant; nullptr for other types (gemm_batch_avx2.cpp's and
-// gemm_batch_avx512.cpp's tables; at AVX-512 VNNI gemm.cpp picks gemm_iq_grid_avx512.cpp's instead).
-inline GemmFn tiled_gemm(GgmlType weight_type) {
-    constexpr int kTok = 4;
-    switch (weight_type) {
-        case GgmlType::IQ3_XXS:
-            return gemm_grid<BlockIQ3_XXS, unpack_iq3_xxs, 4, kTok>;
-        case GgmlType::IQ3_S:
-            return gemm_grid<BlockIQ3_S, unpack_iq3_s, 1, kTok>;
-        case GgmlType::IQ2_XXS:
-            return gemm_grid<BlockIQ2_XXS, unpack_iq2_xxs, 8, kTok>;
-        case GgmlType::IQ2_XS:
-            return gemm_grid<BlockIQ2_XS, unpack_iq2_xs, 8, kTok>;
-        case GgmlType::IQ2_S:
-            return gemm_grid<BlockIQ2_S, unpack_iq2_s, 8, kTok>;
-        case GgmlType::IQ1_S:
-            return gemm_grid<BlockIQ1_S, unpack_iq1_s, 8, kTok>;
-        case GgmlType::IQ1_M:
-            return gemm_grid<BlockIQ1_M, unpack_iq1_m, 8, kTok>;
         default:
             return nullptr;
     }

@@ -1,7 +1,7 @@
 // The AVX-512 VNNI batch kernel of the grid i-quants (IQ3_XXS, IQ3_S, IQ2_XXS, IQ2_XS, IQ2_S, IQ1_S,
 // IQ1_M) in llama.cpp's tiled order (gemm_batch_ref.cpp's gemm_iq_grid_ref / gemm_iq1_ref). Compiled
 // with -mavx512f -mavx512bw -mavx512vl -mavx512vnni -mavx2 -mfma -mf16c; see dot_kernels.h for the
-// rules this file follows. Levels without VNNI run dot_iq_avx2.h's gemm_grid (tiled_gemm).
+// rules this file follows. Levels without VNNI run dot_iq_avx2.h's gemm_lanes (tiled_gemm).
 //
 // The layout of gemm_iq4_avx512.cpp: one 32-bit lane per weight row. A tile of 16 rows takes one
 // super-block at a time: each row's block unpacked by dot_iq_avx2.h (the signed weights, IQ1: 8 g +
