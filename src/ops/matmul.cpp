@@ -127,7 +127,7 @@ void matmul_dot_order(const WeightView& w, const quant::DotKernel& kernel, const
     // batch. Tasks of rows large enough that a call's preparation of the activations is shared by
     // many rows, yet several per thread to balance. FITLLM_NO_SMALL_BATCH=1 turns it off (A/B).
     static const bool small_off = std::getenv("FITLLM_NO_SMALL_BATCH") != nullptr;
-    const quant::GemmKernel small = small_off || n_tok > quant::kSmallBatchMaxTok
+    const quant::GemmKernel small = small_off || n_tok > quant::small_batch_max_tok(w.type)
                                         ? quant::GemmKernel{}
                                         : quant::select_small_batch(w.type, scratch.features());
     if (small.fn != nullptr && small.act_type == kernel.act_type) {

@@ -40,6 +40,13 @@ GemmKernel select_gemm(GgmlType weight_type, const CpuFeatures& features);
 // level select_dot picks (callers then run the dots); row_tile and tok_tile are 1.
 inline constexpr int kSmallBatchMaxTok = 8;
 GemmKernel select_small_batch(GgmlType weight_type, const CpuFeatures& features);
+// The most tokens callers hand a small-batch kernel in one call: F16's reads each weight row from
+// memory once for up to kSmallBatchMaxTokF16 (a draft model's check of its drafts), the others for
+// kSmallBatchMaxTok.
+inline constexpr int kSmallBatchMaxTokF16 = 16;
+constexpr int small_batch_max_tok(GgmlType weight_type) {
+    return weight_type == GgmlType::F16 ? kSmallBatchMaxTokF16 : kSmallBatchMaxTok;
+}
 
 // llama.cpp's CPU backend is not batch-invariant: for a batch of tokens of one sequence (a prompt)
 // it runs other kernels than for a lone token on some weight types, which sum in another float

@@ -3,8 +3,8 @@
 // type, per (row, token), in the same order, so every result equals that dot bit for bit. Compiled
 // with -mavx2 -mfma -mf16c; see dot_kernels.h for the rules this file follows.
 //
-// Sixteen registers hold the accumulators of 4 tokens for Q8_0 (2 each) and of 2 for the float
-// types (4 each); larger batches take several passes over a row, the later ones from L1.
+// Sixteen registers hold the accumulators of 4 tokens for Q8_0 (2 each) and of 2 for BF16 (4 each);
+// larger batches take several passes over a row, the later ones from L1 (F16: below).
 #include <immintrin.h>
 
 #include <cstdint>
@@ -25,7 +25,7 @@ constexpr int kQ8Tok = 4;
 constexpr int kFloatTok = 2;
 
 // ---- BF16 weights, F32 activations (dot_avx2.cpp's dot_float) ----
-// (F16 weights take f16 activations and have no small-batch kernel.)
+// (F16 weights take f16 activations: below.)
 
 template <typename W>
 __m256 load_weights8(const W* p) {
@@ -100,6 +100,114 @@ void float_small(int n, int n_rows, int n_tok, const void* w, size_t w_stride, c
             float_rows<W, 1>(n, n_rows, wb, w_stride, a, yt, y_stride);
         else
             float_rows<W, 2>(n, n_rows, wb, w_stride, a, yt, y_stride);
+    }
+}
+
+// ---- F16 weights, F16 activations (dot_avx2.cpp's dot_f16) ----
+// The dot keeps eight 8-lane accumulators, accumulator k taking the elements 64i + 8k + l in order,
+// and sums them as the AVX-512 dot's four of 16 lanes; each depends only on its own elements. So a
+// row runs kK of them at a time (a pass over the row) for up to kF16Tok tokens, every weight vector converted once and
+// FMAed into all the tokens' accumulators, and the sums are taken as the dot takes them. The
+// activations are converted to f32 once per call (exact), so the FMAs see the dot's very operands.
+// A call runs its rows one at a time, all the tokens over each (several groups for more than
+// kF16Tok, the later ones from L1), so the weights stream from memory once for up to
+// kSmallBatchMaxTokF16 tokens (a draft's check).
+
+constexpr int kF16Tok = 8;
+
+// The accumulators in the order the passes take them: 0 and 4 first (elements 0..7 and 32..39 of
+// each 64, every cache line of the row), so that the first pass streams the row from memory in order.
+constexpr int kF16Order[8] = {0, 4, 2, 6, 1, 5, 3, 7};
+
+// Pass p: accumulators kF16Order[p * kK .. p * kK + kK - 1] of kT tokens over the np (a multiple
+// of 64) leading elements of row x; a[t] the token's f32 activations; into acc[k][t].
+template <int kK, int kT>
+void f16_pass(int np, const uint16_t* x, const float* const* a, int p, __m256 (*acc)[kF16Tok]) {
+    __m256 s[kK][kT];
+    for (auto& row : s)
+        for (auto& v : row) v = _mm256_setzero_ps();
+    for (int i = 0; i < np; i += 64) {
+#pragma GCC unroll 8
+        for (int k = 0; k < kK; ++k) {
+            const int e = i + 8 * kF16Order[p * kK + k];
+            const __m256 v = _mm256_cvtph_ps(_mm_loadu_si128(reinterpret_cast<const __m128i*>(x + e)));
+#pragma GCC unroll 8
+            for (int t = 0; t < kT; ++t) s[k][t] = _mm256_fmadd_ps(v, _mm256_load_ps(a[t] + e), s[k][t]);
+        }
+    }
+    for (int k = 0; k < kK; ++k)
+        for (int t = 0; t < kT; ++t) acc[kF16Order[p * kK + k]][t] = s[k][t];
+}
+
+template <int kT>
+void f16_row(int n, const uint16_t* x, const float* const* a, float* y, size_t y_stride) {
+    // As many accumulators per token as 12 of the 16 registers hold.
+    constexpr int kK = kT == 1 ? 8 : kT <= 3 ? 4 : kT <= 6 ? 2 : 1;
+    const int np = n & ~63;
+    __m256 acc[8][kF16Tok];
+    for (int p = 0; p < 8 / kK; ++p) f16_pass<kK, kT>(np, x, a, p, acc);
+    for (int t = 0; t < kT; ++t) {
+        // accumulator j of the AVX-512 dot is acc[2j] (lanes 0..7) and acc[2j + 1] (lanes 8..15)
+        const __m256 lo = _mm256_add_ps(_mm256_add_ps(acc[0][t], acc[4][t]), _mm256_add_ps(acc[2][t], acc[6][t]));
+        const __m256 hi = _mm256_add_ps(_mm256_add_ps(acc[1][t], acc[5][t]), _mm256_add_ps(acc[3][t], acc[7][t]));
+        double sum = reduce_add16(lo, hi);
+        for (int i = np; i < n; ++i) sum += static_cast<double>(f16(x[i]) * a[t][i]);
+        y[static_cast<size_t>(t) * y_stride] = static_cast<float>(sum);
+    }
+}
+
+void f16_small(int n, int n_rows, int n_tok, const void* w, size_t w_stride, const void* act, size_t act_stride,
+               float* y, size_t y_stride) {
+    // The activations as f32, each token's row 32-byte aligned.
+    const size_t a_floats = (static_cast<size_t>(n) + 7) / 8 * 8;
+    auto* af = reinterpret_cast<float*>(small_batch_scratch(static_cast<size_t>(n_tok) * a_floats * sizeof(float)));
+    for (int t = 0; t < n_tok; ++t) {
+        const auto* h = reinterpret_cast<const uint16_t*>(static_cast<const uint8_t*>(act) + t * act_stride);
+        float* f = af + static_cast<size_t>(t) * a_floats;
+        int i = 0;
+        for (; i + 8 <= n; i += 8) {
+            _mm256_store_ps(f + i, _mm256_cvtph_ps(_mm_loadu_si128(reinterpret_cast<const __m128i*>(h + i))));
+        }
+        for (; i < n; ++i) f[i] = f16(h[i]);
+    }
+    // Groups of at most kF16Tok tokens, as even as they go (9: 5 and 4).
+    const int n_groups = (n_tok + kF16Tok - 1) / kF16Tok;
+    const int group = (n_tok + n_groups - 1) / n_groups;
+    const auto* wb = static_cast<const uint8_t*>(w);
+    for (int r = 0; r < n_rows; ++r) {
+        const auto* x = reinterpret_cast<const uint16_t*>(wb + static_cast<size_t>(r) * w_stride);
+        for (int t0 = 0; t0 < n_tok; t0 += group) {
+            const int tc = n_tok - t0 < group ? n_tok - t0 : group;
+            const float* a[kF16Tok];
+            for (int t = 0; t < tc; ++t) a[t] = af + static_cast<size_t>(t0 + t) * a_floats;
+            float* yt = y + static_cast<size_t>(t0) * y_stride + r;
+            switch (tc) {
+                case 1:
+                    f16_row<1>(n, x, a, yt, y_stride);
+                    break;
+                case 2:
+                    f16_row<2>(n, x, a, yt, y_stride);
+                    break;
+                case 3:
+                    f16_row<3>(n, x, a, yt, y_stride);
+                    break;
+                case 4:
+                    f16_row<4>(n, x, a, yt, y_stride);
+                    break;
+                case 5:
+                    f16_row<5>(n, x, a, yt, y_stride);
+                    break;
+                case 6:
+                    f16_row<6>(n, x, a, yt, y_stride);
+                    break;
+                case 7:
+                    f16_row<7>(n, x, a, yt, y_stride);
+                    break;
+                default:
+                    f16_row<8>(n, x, a, yt, y_stride);
+                    break;
+            }
+        }
     }
 }
 
@@ -343,6 +451,8 @@ GemmFn small_batch_avx2(GgmlType weight_type) {
     // a vector, sums one by one, unfused), and this file's loops over tokens get other code, so the
     // results would differ in the last bit. F32 weight matrices are rare (the dots run them).
     switch (weight_type) {
+        case GgmlType::F16:
+            return f16_small;
         case GgmlType::BF16:
             return float_small<uint16_t>;
         case GgmlType::Q8_0:

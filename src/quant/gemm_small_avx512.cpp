@@ -33,7 +33,7 @@ constexpr int kMaxTok = kSmallBatchMaxTok;  // Q8_0 tokens per pass over a row
 constexpr int kFloatTok = 4;                // float types: 4 accumulators per token
 
 // ---- F32 and BF16 weights, F32 activations (dot_avx512.cpp's dot_float) ----
-// (F16 weights take f16 activations and have no small-batch kernel.)
+// (F16 weights take f16 activations: below.)
 
 // W is float (F32) or uint16_t (BF16).
 template <typename W>
@@ -110,6 +110,111 @@ void float_small(int n, int n_rows, int n_tok, const void* w, size_t w_stride, c
             default:
                 float_rows<W, 4>(n, n_rows, wb, w_stride, a, yt, y_stride);
                 break;
+        }
+    }
+}
+
+// ---- F16 weights, F16 activations (dot_avx512.cpp's dot_f16) ----
+// The dot keeps four 16-lane accumulators, accumulator j taking the elements 64i + 16j + l in
+// order, and sums them as (acc0 + acc2) + (acc1 + acc3); each depends only on its own elements.
+// So a row runs kJ of them at a time (a pass over the row) for up to kF16Tok tokens, every weight
+// vector converted once and FMAed into all the tokens' accumulators, and the sums are taken as
+// the dot takes them. The activations are converted to f32 once per call (exact), so the FMAs see
+// the dot's very operands. A call runs its rows one at a time, all the tokens over each (several
+// groups for more than kF16Tok, the later ones from L1), so the weights stream from memory once
+// for up to kSmallBatchMaxTokF16 tokens (a draft's check).
+
+constexpr int kF16Tok = 8;
+
+// The accumulators in the order the passes take them: with two a pass, 0 and 2 (each pass then
+// reads every cache line of the row, so the first one streams the row from memory in order).
+constexpr int kF16Order[4] = {0, 2, 1, 3};
+
+// Pass p: accumulators kF16Order[p * kJ .. p * kJ + kJ - 1] of kT tokens over the np (a multiple
+// of 64) leading elements of row x; a[t] the token's f32 activations; into acc[j][t].
+template <int kJ, int kT>
+void f16_pass(int np, const uint16_t* x, const float* const* a, int p, __m512 (*acc)[kF16Tok]) {
+    __m512 s[kJ][kT];
+    for (auto& row : s)
+        for (auto& v : row) v = _mm512_setzero_ps();
+    for (int i = 0; i < np; i += 64) {
+#pragma GCC unroll 4
+        for (int j = 0; j < kJ; ++j) {
+            const int e = i + 16 * kF16Order[p * kJ + j];
+            const __m512 v = _mm512_cvtph_ps(_mm256_loadu_si256(reinterpret_cast<const __m256i*>(x + e)));
+#pragma GCC unroll 8
+            for (int t = 0; t < kT; ++t) s[j][t] = _mm512_fmadd_ps(v, _mm512_load_ps(a[t] + e), s[j][t]);
+        }
+    }
+    for (int j = 0; j < kJ; ++j)
+        for (int t = 0; t < kT; ++t) acc[kF16Order[p * kJ + j]][t] = s[j][t];
+}
+
+template <int kT>
+void f16_row(int n, const uint16_t* x, const float* const* a, float* y, size_t y_stride) {
+    // As many accumulators per token as 24 registers hold.
+    constexpr int kJ = kT <= 6 ? 4 : 2;
+    const int np = n & ~63;
+    __m512 acc[4][kF16Tok];
+    for (int p = 0; p < 4 / kJ; ++p) f16_pass<kJ, kT>(np, x, a, p, acc);
+    for (int t = 0; t < kT; ++t) {
+        double sum = _mm512_reduce_add_ps(
+            _mm512_add_ps(_mm512_add_ps(acc[0][t], acc[2][t]), _mm512_add_ps(acc[1][t], acc[3][t])));
+        for (int i = np; i < n; ++i) sum += static_cast<double>(_cvtsh_ss(x[i]) * a[t][i]);
+        y[static_cast<size_t>(t) * y_stride] = static_cast<float>(sum);
+    }
+}
+
+void f16_small(int n, int n_rows, int n_tok, const void* w, size_t w_stride, const void* act, size_t act_stride,
+               float* y, size_t y_stride) {
+    // The activations as f32, each token's row 64-byte aligned.
+    const size_t a_floats = (static_cast<size_t>(n) + 15) / 16 * 16;
+    auto* af = reinterpret_cast<float*>(small_batch_scratch(static_cast<size_t>(n_tok) * a_floats * sizeof(float)));
+    for (int t = 0; t < n_tok; ++t) {
+        const auto* h = reinterpret_cast<const uint16_t*>(static_cast<const uint8_t*>(act) + t * act_stride);
+        float* f = af + static_cast<size_t>(t) * a_floats;
+        for (int i = 0; i < n; i += 16) {
+            const __mmask16 m = n - i >= 16 ? __mmask16{0xFFFF} : static_cast<__mmask16>((1u << (n - i)) - 1);
+            _mm512_store_ps(f + i, _mm512_cvtph_ps(_mm256_maskz_loadu_epi16(m, h + i)));
+        }
+    }
+    // Groups of at most kF16Tok tokens, as even as they go (9: 5 and 4).
+    const int n_groups = (n_tok + kF16Tok - 1) / kF16Tok;
+    const int group = (n_tok + n_groups - 1) / n_groups;
+    const auto* wb = static_cast<const uint8_t*>(w);
+    for (int r = 0; r < n_rows; ++r) {
+        const auto* x = reinterpret_cast<const uint16_t*>(wb + static_cast<size_t>(r) * w_stride);
+        for (int t0 = 0; t0 < n_tok; t0 += group) {
+            const int tc = n_tok - t0 < group ? n_tok - t0 : group;
+            const float* a[kF16Tok];
+            for (int t = 0; t < tc; ++t) a[t] = af + static_cast<size_t>(t0 + t) * a_floats;
+            float* yt = y + static_cast<size_t>(t0) * y_stride + r;
+            switch (tc) {
+                case 1:
+                    f16_row<1>(n, x, a, yt, y_stride);
+                    break;
+                case 2:
+                    f16_row<2>(n, x, a, yt, y_stride);
+                    break;
+                case 3:
+                    f16_row<3>(n, x, a, yt, y_stride);
+                    break;
+                case 4:
+                    f16_row<4>(n, x, a, yt, y_stride);
+                    break;
+                case 5:
+                    f16_row<5>(n, x, a, yt, y_stride);
+                    break;
+                case 6:
+                    f16_row<6>(n, x, a, yt, y_stride);
+                    break;
+                case 7:
+                    f16_row<7>(n, x, a, yt, y_stride);
+                    break;
+                default:
+                    f16_row<8>(n, x, a, yt, y_stride);
+                    break;
+            }
         }
     }
 }
@@ -465,6 +570,8 @@ GemmFn table(GgmlType weight_type) {
     switch (weight_type) {
         case GgmlType::F32:
             return float_small<float>;
+        case GgmlType::F16:
+            return f16_small;
         case GgmlType::BF16:
             return float_small<uint16_t>;
         case GgmlType::Q8_0:

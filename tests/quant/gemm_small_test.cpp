@@ -44,7 +44,7 @@ TEST(GemmSmallBatch, EqualsTheDotBitForBitAndTheReferenceToRounding) {
             ++tested;
             for (int n : sizes_for(w)) {
                 for (int rows : {1, 5, 17}) {
-                    for (int toks : {1, 2, 3, 4, 5, 7, 8, 11}) {
+                    for (int toks : {1, 2, 3, 4, 5, 7, 8, 9, 11, 16, 17}) {
                         for (bool from_floats : {true, false}) {
                             const std::string what = std::string(traits(w).name) + " " + std::string(isa_name(isa)) +
                                                      " n=" + std::to_string(n) + " rows=" + std::to_string(rows) +
@@ -108,8 +108,8 @@ TEST(GemmSmallBatch, NoneWhereTheDotIsScalar) {
     EXPECT_EQ(select_small_batch(GgmlType::Q8_0, CpuFeatures{}).fn, nullptr);
 }
 
-// Through ops::matmul, over the thread pool: each token of a batch of 2..8 (and one of 11, past
-// the small batches) gets what it gets alone, for every type with a small-batch kernel.
+// Through ops::matmul, over the thread pool: each token of a batch of 2..8 (F16: up to 16, a draft
+// model's check) gets what it gets alone, for every type with a small-batch kernel.
 TEST(GemmSmallBatch, MatmulTokensGetTheirSingleTokenResults) {
     const CpuFeatures cpu = host_cpu_features();
     ops::ThreadPool pool(2);
@@ -121,7 +121,8 @@ TEST(GemmSmallBatch, MatmulTokensGetTheirSingleTokenResults) {
         const int rows = 130, cols = traits(w).block_elements == kQK ? 768 : 320;
         const auto packed = test::weight_rows(w, rows, cols, 3, true);
         const ops::WeightView view{w, rows, cols, packed.data(), 0};
-        for (int toks : {2, 4, 5, 8}) {
+        for (int toks : {2, 4, 5, 8, 9, 16}) {
+            if (toks > small_batch_max_tok(w)) continue;  // past the small batches: the tiles
             const auto x = test::gaussian(static_cast<size_t>(toks) * cols, static_cast<uint32_t>(toks));
             std::vector<float> batched(static_cast<size_t>(toks) * rows);
             ops::matmul(view, x.data(), toks, batched.data(), pool, scratch);
