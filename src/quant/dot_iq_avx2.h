@@ -620,8 +620,13 @@ void gemm_lanes(int n, int n_rows, int n_tok, const void* w, size_t w_stride, co
             if (n_tok - t >= 1) pass(std::integral_constant<int, 1>{});
         }
         for (int t = 0; t < n_tok; ++t) {
-            std::memcpy(y + static_cast<size_t>(t) * y_stride + static_cast<size_t>(r0),
-                        out + static_cast<size_t>(t) * kLaneRows, static_cast<size_t>(nr) * sizeof(float));
+            float* dst = y + static_cast<size_t>(t) * y_stride + static_cast<size_t>(r0);
+            const float* src = out + static_cast<size_t>(t) * kLaneRows;
+            if (nr == kLaneRows) {
+                _mm256_storeu_ps(dst, _mm256_load_ps(src));
+            } else {
+                std::memcpy(dst, src, static_cast<size_t>(nr) * sizeof(float));
+            }
         }
     }
 }

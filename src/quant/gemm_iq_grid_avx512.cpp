@@ -170,9 +170,10 @@ void gemm(int n, int n_rows, int n_tok, const void* w, size_t w_stride, const vo
                 micro_n<kGroup>(nt, tile, a, out + static_cast<size_t>(t) * kLanes);
             }
         }
+        const auto mask = static_cast<__mmask16>(nr >= kLanes ? 0xFFFF : (1u << nr) - 1);
         for (int t = 0; t < n_tok; ++t) {
-            std::memcpy(y + static_cast<size_t>(t) * y_stride + static_cast<size_t>(r0),
-                        out + static_cast<size_t>(t) * kLanes, static_cast<size_t>(nr) * sizeof(float));
+            _mm512_mask_storeu_ps(y + static_cast<size_t>(t) * y_stride + static_cast<size_t>(r0), mask,
+                                  _mm512_load_ps(out + static_cast<size_t>(t) * kLanes));
         }
     }
 }
