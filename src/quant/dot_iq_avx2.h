@@ -375,16 +375,17 @@ inline void dot_iq1_m(int n, float* out, const void* w, const void* a) {
 // gemm_batch_ref.cpp holds the scalar reference.
 
 // A super-block unpacked once for all the tokens of a batch: per sub-block the signed weight bytes
-// (the grid value times its sign; IQ1: 8 g + delta) and the scale words. sum(ls * v * q8) is the
-// exact integer sum of the per-token kernels (no pair reaches the int16 limit).
+// (the grid value times its sign; IQ1: 8 g + delta), per 16 elements the scale. sum(ls * v * q8)
+// is the reference's exact integer sum.
 struct Unpacked {
-    __m256i v[8], ls[8];
+    __m256i v[8];
+    int32_t ls[16];  // per group of 16 elements
 };
 
 inline void unpack_iq3_xxs(const BlockIQ3_XXS& x, Unpacked& u) {
     for (int ib = 0; ib < 8; ++ib) {
         const uint32_t aux = u32_at(x.qs + kQK / 4 + 4 * ib);
-        u.ls[ib] = scale_words(2 * static_cast<int>(aux >> 28) + 1);
+        u.ls[2 * ib] = u.ls[2 * ib + 1] = 2 * static_cast<int>(aux >> 28) + 1;
         u.v[ib] = _mm256_sign_epi8(grid4x8(kIq3xxsGrid, x.qs + 8 * ib, 0), xxs_sign_bytes(aux));
     }
 }
@@ -393,7 +394,7 @@ inline void unpack_iq3_s(const BlockIQ3_S& x, Unpacked& u) {
     alignas(32) uint16_t idx[64];
     iq3s_indices(x, idx);
     for (int ib = 0; ib < 8; ++ib) {
-        u.ls[ib] = scale_words(2 * ((x.scales[ib / 2] >> (4 * (ib % 2))) & 15) + 1);
+        u.ls[2 * ib] = u.ls[2 * ib + 1] = 2 * ((x.scales[ib / 2] >> (4 * (ib % 2))) & 15) + 1;
         u.v[ib] = _mm256_sign_epi8(grid4x8(kIq3sGrid, idx + 8 * ib), sign_bytes(u32_at(x.signs + 4 * ib)));
     }
 }
@@ -402,7 +403,7 @@ inline void unpack_iq2_xxs(const BlockIQ2_XXS& x, Unpacked& u) {
     for (int ib = 0; ib < 8; ++ib) {
         const auto* bytes = reinterpret_cast<const uint8_t*>(x.qs) + 8 * ib;
         const uint32_t w1 = u32_at(bytes + 4);
-        u.ls[ib] = scale_words(2 * static_cast<int>(w1 >> 28) + 1);
+        u.ls[2 * ib] = u.ls[2 * ib + 1] = 2 * static_cast<int>(w1 >> 28) + 1;
         u.v[ib] = _mm256_sign_epi8(
             grid8x4(kIq2xxsGrid[bytes[0]], kIq2xxsGrid[bytes[1]], kIq2xxsGrid[bytes[2]], kIq2xxsGrid[bytes[3]]),
             xxs_sign_bytes(w1));
@@ -412,7 +413,8 @@ inline void unpack_iq2_xxs(const BlockIQ2_XXS& x, Unpacked& u) {
 inline void unpack_iq2_xs(const BlockIQ2_XS& x, Unpacked& u) {
     for (int ib = 0; ib < 8; ++ib) {
         const uint16_t* q = x.qs + 4 * ib;
-        u.ls[ib] = scale_words(2 * (x.scales[ib] & 15) + 1, 2 * (x.scales[ib] >> 4) + 1);
+        u.ls[2 * ib] = 2 * (x.scales[ib] & 15) + 1;
+        u.ls[2 * ib + 1] = 2 * (x.scales[ib] >> 4) + 1;
         u.v[ib] = _mm256_sign_epi8(
             grid8x4(kIq2xsGrid[q[0] & 511], kIq2xsGrid[q[1] & 511], kIq2xsGrid[q[2] & 511], kIq2xsGrid[q[3] & 511]),
             xs_sign_bytes(q));
@@ -424,7 +426,8 @@ inline void unpack_iq2_s(const BlockIQ2_S& x, Unpacked& u) {
     iq2s_indices(x, idx);
     for (int ib = 0; ib < 8; ++ib) {
         const uint16_t* k = idx + 4 * ib;
-        u.ls[ib] = scale_words(2 * (x.scales[ib] & 15) + 1, 2 * (x.scales[ib] >> 4) + 1);
+        u.ls[2 * ib] = 2 * (x.scales[ib] & 15) + 1;
+        u.ls[2 * ib + 1] = 2 * (x.scales[ib] >> 4) + 1;
         u.v[ib] = _mm256_sign_epi8(grid8x4(kIq2sGrid[k[0]], kIq2sGrid[k[1]], kIq2sGrid[k[2]], kIq2sGrid[k[3]]),
                                    sign_bytes(u32_at(x.qs + kQK / 8 + 4 * ib)));
     }
@@ -438,7 +441,7 @@ inline void unpack_iq1_s(const BlockIQ1_S& x, Unpacked& u) {
         const int qh = x.qh[ib];
         const uint16_t* k = idx + 4 * ib;
         const __m256i grid = grid8x4(kIq1sGrid[k[0]], kIq1sGrid[k[1]], kIq1sGrid[k[2]], kIq1sGrid[k[3]]);
-        u.ls[ib] = scale_words(2 * ((qh >> 12) & 7) + 1);
+        u.ls[2 * ib] = u.ls[2 * ib + 1] = 2 * ((qh >> 12) & 7) + 1;
         const __m256i delta = _mm256_set1_epi8(static_cast<char>(1 - ((qh >> 14) & 2)));
         u.v[ib] = _mm256_add_epi8(_mm256_sign_epi8(eight, grid), delta);
     }
@@ -455,7 +458,8 @@ inline void unpack_iq1_m(const BlockIQ1_M& x, Unpacked& u) {
         const uint16_t* k = idx + 4 * ib;
         const __m256i grid = grid8x4(kIq1sGrid[k[0]], kIq1sGrid[k[1]], kIq1sGrid[k[2]], kIq1sGrid[k[3]]);
         const int s = sc[ib / 2] >> (6 * (ib % 2));
-        u.ls[ib] = scale_words(2 * (s & 7) + 1, 2 * ((s >> 3) & 7) + 1);
+        u.ls[2 * ib] = 2 * (s & 7) + 1;
+        u.ls[2 * ib + 1] = 2 * ((s >> 3) & 7) + 1;
         u.v[ib] = _mm256_add_epi8(_mm256_sign_epi8(eight, grid), delta_signs(qh, ib));
     }
 }
@@ -514,8 +518,8 @@ inline void fill_lanes(const uint8_t* w, size_t w_stride, int nr, int i, LaneTil
         kUnpack(x, u);
         for (int ib = 0; ib < 8; ++ib) {
             rows[r][ib] = _mm256_add_epi8(u.v[ib], offset);
-            ls[2 * ib][r] = _mm256_extract_epi32(u.ls[ib], 0);
-            ls[2 * ib + 1][r] = _mm256_extract_epi32(u.ls[ib], 4);
+            ls[2 * ib][r] = u.ls[2 * ib] * 0x10001;
+            ls[2 * ib + 1][r] = u.ls[2 * ib + 1] * 0x10001;
         }
         tile.dw[r] = block_d(x) * (1.0f / kDiv);
     }

@@ -61,8 +61,8 @@ void fill(Tile& tile, const uint8_t* w, size_t w_stride, int nr, int i) {
         kUnpack(x, u);
         for (int ib = 0; ib < 8; ++ib) {
             rows[r][ib] = _mm256_add_epi8(u.v[ib], offset);
-            tile.ls[2 * ib][r] = _mm256_extract_epi16(u.ls[ib], 0);
-            tile.ls[2 * ib + 1][r] = _mm256_extract_epi16(u.ls[ib], 8);
+            tile.ls[2 * ib][r] = u.ls[2 * ib];
+            tile.ls[2 * ib + 1][r] = u.ls[2 * ib + 1];
         }
         tile.dw[r] = iq::block_d(x) * (1.0f / kDiv);
     }
