@@ -111,8 +111,15 @@ int ModelDrafter::draft(std::span<const int32_t> history, int max_tokens, std::v
         logits = session_.feed(missing);
         cache.set_window_slack(slack_);
         n_fed_ += static_cast<int64_t>(missing.size());
+        // With --draft-vocab the logits past the first n_vocab are -infinity: they add nothing to
+        // the softmax, and skipping them spares most of its exps.
+        const auto scored = [&](std::span<const float> l) {
+            return params_.n_vocab > 0 && static_cast<size_t>(params_.n_vocab) < l.size()
+                       ? l.first(static_cast<size_t>(params_.n_vocab))
+                       : l;
+        };
         for (int i = 0; i < max_tokens; ++i) {
-            const auto [token, p] = top_token(logits);
+            const auto [token, p] = top_token(scored(logits));
             if (i > 0 && p < p_min) break;
             out.push_back(token);
             if (i + 1 < max_tokens) logits = session_.feed(std::span<const int32_t>(&token, 1));
