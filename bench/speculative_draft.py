@@ -14,8 +14,10 @@ dequantized with the gguf package's numpy code: matrices to F16, vectors F32; th
 is), not in the repository.
 
 Reported per prompt: its tokens, the tokens generated, decode tok/s without and with the draft
-(the best of the reps, the least disturbed on a shared machine), their ratio, the drafts accepted
-and the seconds the draft model took; then the set's ratio of total decode time.
+(the best of the reps, the least disturbed on a shared machine), their ratio, the drafts accepted,
+the seconds the draft model took, the target's passes (each checks one draft) and the time of one
+(the generation's time less the draft model's, over the passes) in plain decoded tokens; then the
+set's ratio of total decode time.
 """
 from __future__ import annotations
 
@@ -39,7 +41,8 @@ PROMPTS = {
 
 SUMMARY = re.compile(r"prompt: (\d+) tokens, [\d.]+ tok/s \| generated: (\d+) tokens, ([\d.]+) tok/s")
 DRAFTS = re.compile(r"draft model: (\d+) drafted, (\d+) accepted")
-DRAFT_TIME = re.compile(r"draft model: .* proposed, ([\d.]+) s of the")
+DRAFT_TIME = re.compile(r"draft model: .* proposed, ([\d.]+) s of the ([\d.]+) s of generation")
+PASSES = re.compile(r"tokens in (\d+) forward passes")
 
 
 def make_f16(src: str, dst: str) -> None:
@@ -87,7 +90,10 @@ def run(prompt: str, args: argparse.Namespace, draft: bool) -> dict:
     if dm:
         out["drafted"], out["accepted"] = int(dm.group(1)), int(dm.group(2))
     if tm:
-        out["draft_seconds"] = float(tm.group(1))
+        out["draft_seconds"], out["gen_seconds"] = float(tm.group(1)), float(tm.group(2))
+    pm = PASSES.search(p.stderr)
+    if pm:
+        out["passes"] = int(pm.group(1))
     return out
 
 
@@ -115,7 +121,7 @@ def main() -> int:
           f"--draft-max {args.draft_max} --draft-p-min {args.draft_p_min} --draft-vocab {args.draft_vocab}, "
           f"-t {args.threads}")
     print(f"{'prompt':10} {'p tok':>6} {'gen':>5} {'plain tok/s':>12} {'-md tok/s':>10} {'ratio':>6} "
-          f"{'accepted':>9} {'draft s':>8}")
+          f"{'accepted':>9} {'draft s':>8} {'checks':>7} {'check/token':>12}")
     for name, prompt in PROMPTS.items():
         plain, spec = [], []
         for _ in range(args.reps):
@@ -129,9 +135,16 @@ def main() -> int:
                "draft_tok_s": best["tok_s"], "ratio": best["tok_s"] / best_plain,
                "drafted": best.get("drafted", 0), "accepted": best.get("accepted", 0),
                "draft_seconds": best.get("draft_seconds", 0.0), "identical": identical}
+        # The target's passes (each checks one draft) and what one cost against a plain token:
+        # the generation's time less the draft model's, over the passes.
+        row["passes"] = best.get("passes", 0)
+        if row["passes"] and "gen_seconds" in best:
+            row["check_ms"] = 1000 * (best["gen_seconds"] - row["draft_seconds"]) / row["passes"]
+            row["check_per_token"] = row["check_ms"] * best_plain / 1000
         rows.append(row)
         print(f"{name:10} {row['n_prompt']:6d} {row['n_gen']:5d} {best_plain:12.1f} {row['draft_tok_s']:10.1f} "
-              f"{row['ratio']:5.2f}x {row['accepted']:4d}/{row['drafted']:<4d} {row['draft_seconds']:8.2f}"
+              f"{row['ratio']:5.2f}x {row['accepted']:4d}/{row['drafted']:<4d} {row['draft_seconds']:8.2f} "
+              f"{row['passes']:7d} {row.get('check_per_token', 0.0):11.2f}x"
               + ("" if identical else "  TEXT DIFFERS"))
     gen = sum(r["n_gen"] for r in rows)
     t_plain = sum(r["n_gen"] / r["plain_tok_s"] for r in rows)
