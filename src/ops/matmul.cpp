@@ -94,8 +94,10 @@ void run_tiles(const quant::GemmKernel& gemm, const WeightView& w, const Activat
 }
 
 // Every token in the single-token (dot) order: matrix-vector, the small-batch kernels or the tiles.
+// exact: each token gets its one-token floats bit for bit, so tiles that sum in another order than
+// the dots (quant::GemmKernel::dot_order false) are left to the dots.
 void matmul_dot_order(const WeightView& w, const quant::DotKernel& kernel, const float* x, int n_tok, float* y,
-                      ThreadPool& pool, Scratch& scratch) {
+                      ThreadPool& pool, Scratch& scratch, bool exact) {
     const int cols = static_cast<int>(w.cols);
     const Activations acts = activations(kernel.act_type, w, x, n_tok, pool, scratch);
     const std::byte* act = acts.data;
@@ -147,7 +149,7 @@ void matmul_dot_order(const WeightView& w, const quant::DotKernel& kernel, const
 
     static const bool gemm_off = std::getenv("FITLLM_NO_GEMM") != nullptr;
     const quant::GemmKernel gemm = gemm_off ? quant::GemmKernel{} : quant::select_gemm(w.type, scratch.features());
-    if (gemm.fn != nullptr && gemm.act_type == kernel.act_type) {
+    if (gemm.fn != nullptr && gemm.act_type == kernel.act_type && (gemm.dot_order || !exact)) {
         run_tiles(gemm, w, acts, n_tok, y, pool);
         return;
     }
@@ -181,29 +183,38 @@ void matmul(const WeightView& w, const float* x, int n_tok, float* y, ThreadPool
         throw std::invalid_argument("matmul: " + std::to_string(places.size()) + " token places for " +
                                     std::to_string(n_tok) + " tokens");
     }
+    // No places: every token alone, in the one-token floats.
+    if (places.empty()) return matmul_dot_order(w, kernel, x, n_tok, y, pool, scratch, true);
     // FITLLM_NO_BATCH_ORDER=1 keeps every token in the single-token order (A/B measurements).
     static const bool batch_order_off = std::getenv("FITLLM_NO_BATCH_ORDER") != nullptr;
-    const quant::BatchOrderGemm order = places.empty() || batch_order_off
-                                            ? quant::BatchOrderGemm{}
-                                            : quant::select_batch_order_gemm(w.type, scratch.features());
-    if (order.kernel.fn == nullptr) return matmul_dot_order(w, kernel, x, n_tok, y, pool, scratch);
+    const quant::BatchOrderGemm order =
+        batch_order_off ? quant::BatchOrderGemm{} : quant::select_batch_order_gemm(w.type, scratch.features());
+    // Where the type's tiles sum in another order than its dots, a run of 1 (decode, or a row in
+    // the one-token arithmetic: model::Batch::token_order_rows) keeps its one-token floats, and
+    // the rest of a prompt's tokens take the tiles.
+    const quant::GemmKernel tiles = quant::select_gemm(w.type, scratch.features());
+    const bool exact_runs_of_1 = tiles.fn != nullptr && !tiles.dot_order;
+    if (order.kernel.fn == nullptr && !exact_runs_of_1)
+        return matmul_dot_order(w, kernel, x, n_tok, y, pool, scratch, false);
 
-    // Maximal ranges of consecutive tokens on which the rule agrees, each run by its kernel.
-    const auto batch_order = [&](int t) {
+    // Maximal ranges of consecutive tokens on which the path agrees, each run by its kernel.
+    enum class Path { kBatchOrder, kExact, kDotOrder };
+    const auto path_of = [&](int t) {
         const TokenPlace& p = places[static_cast<size_t>(t)];
-        return order.applies(w.rows, w.cols, p.run_len, p.run_pos);
+        if (order.kernel.fn != nullptr && order.applies(w.rows, w.cols, p.run_len, p.run_pos)) return Path::kBatchOrder;
+        return exact_runs_of_1 && p.run_len == 1 ? Path::kExact : Path::kDotOrder;
     };
     for (int t0 = 0; t0 < n_tok;) {
-        const bool batch = batch_order(t0);
+        const Path path = path_of(t0);
         int t1 = t0 + 1;
-        while (t1 < n_tok && batch_order(t1) == batch) ++t1;
+        while (t1 < n_tok && path_of(t1) == path) ++t1;
         const float* xs = x + static_cast<int64_t>(t0) * w.cols;
         float* ys = y + static_cast<int64_t>(t0) * w.rows;
-        if (batch) {
+        if (path == Path::kBatchOrder) {
             run_tiles(order.kernel, w, activations(order.kernel.act_type, w, xs, t1 - t0, pool, scratch), t1 - t0, ys,
                       pool);
         } else {
-            matmul_dot_order(w, kernel, xs, t1 - t0, ys, pool, scratch);
+            matmul_dot_order(w, kernel, xs, t1 - t0, ys, pool, scratch, path == Path::kExact);
         }
         t0 = t1;
     }

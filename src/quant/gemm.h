@@ -2,7 +2,8 @@
 // Tiles of a matrix product: several weight rows times several activation rows in one call, so
 // that each weight block is loaded and unpacked once for several tokens (prompt processing).
 // Same pairing of weight and activation formats as the dot kernels (quant/dot.h); a kernel's
-// results agree with select_dot's kernel of the same ISA to float rounding.
+// results agree with select_dot's kernel of the same ISA to float rounding, and equal them bit for
+// bit where it says so (dot_order).
 //
 // For weight types without a tiled kernel select_gemm returns fn == nullptr and callers fall
 // back to one dot per (row, token).
@@ -28,6 +29,11 @@ struct GemmKernel {
     // of these where they can.
     int row_tile = 1;
     int tok_tile = 1;
+    // Every result is select_dot's (same features) for that (row, token) bit for bit: the same
+    // float steps in the same order. Where false (Q5_0 at AVX2; Q4_1, Q5_1; IQ4_XS at AVX2 and
+    // AVX-512 VNNI) the tile sums in another order, and ops::matmul runs the dots for the tokens
+    // that must get their one-token floats (tests/quant/matmul_token_order_test.cpp).
+    bool dot_order = false;
 };
 
 GemmKernel select_gemm(GgmlType weight_type, const CpuFeatures& features);

@@ -9,14 +9,25 @@
 //
 // maddubs sums two u8 x s8 products into 16 bits; the weights stay small enough that the products
 // of several groups add up in 16 bits without saturating: 8 groups of 4-bit quants
-// (8 * 2 * 15 * 128 < 2^15), 4 groups of 5-bit ones. Q8_0 weights become q + 128 = lo + 16 hi with
-// two 4-bit planes. The offset (8, 16, 128) comes back as -offset * sum(y), the int accumulator's
-// start, computed once per token and block.
+// (8 * 2 * 15 * 128 < 2^15), 4 groups of 5-bit ones. The offset (8, 16) comes back as
+// -offset * sum(y), the int accumulator's start, computed once per token and block.
+//
+// Q4_0 and Q8_0 give the dot kernel's (dot_avx2.cpp) float bit for bit, in dot_ref.cpp's order
+// (GemmKernel::dot_order), so a token gets the same floats in a batch as alone: Q4_0 (serial) in
+// one fma a block per row, carried over from chunk to chunk in y; Q8_0 (lanes8) in eight
+// accumulators per row, accumulator g taking group g's integer sum (register g of the tile) a
+// block, carried between chunks in a state buffer, summed in hsum's tree at the end. Q8_0's tile
+// holds the signed quants (plane 0) and their absolute values (plane 1): a group's sum is
+// maddubs(|x|, sign(y, x)), the dot's; that measured faster than the serial sum of two 4-bit
+// planes it replaced. Q5_0 (its dot is lanes8), Q4_1 and Q5_1 sum in the serial order, which
+// agrees with their dots to float rounding: lanes8 measured twice the time for Q5_0, so the
+// one-token arithmetic takes their dots instead (ops::matmul).
 #include <immintrin.h>
 
 #include <cstdint>
 #include <cstring>
 #include <type_traits>
+#include <vector>
 
 #include "quant/blocks.h"
 #include "quant/gemm_kernels.h"
@@ -31,7 +42,7 @@ constexpr int kTokChunk = 256;  // tokens whose per-block sums are prepared at o
 constexpr int kMaxTok = 4;      // tokens per micro-kernel: 2 * kMaxTok accumulators of 16 registers
 
 struct alignas(32) Tile {
-    uint8_t q[kChunk][16][32];  // block, group g (+ 8 for the high plane of Q8_0): bytes 4g..4g+3 of rows 0..7
+    uint8_t q[kChunk][16][32];  // block, group g (+ 8: Q8_0's |q|): bytes 4g..4g+3 of rows 0..7
     float d[kChunk][kLanes];
     float m[kChunk][kLanes];  // Q4_1 / Q5_1
 };
@@ -48,6 +59,8 @@ template <GgmlType kType>
 struct Kind;
 template <>
 struct Kind<GgmlType::Q4_0> {
+    static constexpr bool kLanes8 = false;   // lanes8 (Q8_0 only) or serial
+    static constexpr bool kDotOrder = true;  // the dot's order (GemmKernel::dot_order)
     using W = BlockQ4_0;
     using A = BlockQ8_0;
     static constexpr int kOffset = 8;
@@ -57,6 +70,8 @@ struct Kind<GgmlType::Q4_0> {
 };
 template <>
 struct Kind<GgmlType::Q5_0> {
+    static constexpr bool kLanes8 = false;
+    static constexpr bool kDotOrder = false;
     using W = BlockQ5_0;
     using A = BlockQ8_0;
     static constexpr int kOffset = 16;
@@ -66,15 +81,19 @@ struct Kind<GgmlType::Q5_0> {
 };
 template <>
 struct Kind<GgmlType::Q8_0> {
+    static constexpr bool kLanes8 = true;
+    static constexpr bool kDotOrder = true;
     using W = BlockQ8_0;
     using A = BlockQ8_0;
-    static constexpr int kOffset = 128;
+    static constexpr int kOffset = 0;  // signed x signed: maddubs(|x|, sign(y, x))
     static constexpr bool kAffine = false;
-    static constexpr int kPlanes = 2;
+    static constexpr int kPlanes = 2;  // q, |q|
     static constexpr int kGroupsIn16 = 8;
 };
 template <>
 struct Kind<GgmlType::Q4_1> {
+    static constexpr bool kLanes8 = false;
+    static constexpr bool kDotOrder = false;
     using W = BlockQ4_1;
     using A = BlockQ8_1;
     static constexpr int kOffset = 0;
@@ -84,6 +103,8 @@ struct Kind<GgmlType::Q4_1> {
 };
 template <>
 struct Kind<GgmlType::Q5_1> {
+    static constexpr bool kLanes8 = false;
+    static constexpr bool kDotOrder = false;
     using W = BlockQ5_1;
     using A = BlockQ8_1;
     static constexpr int kOffset = 0;
@@ -116,13 +137,13 @@ __m256i fifth_bits(const uint8_t* qh) {
     return _mm256_and_si256(_mm256_cmpeq_epi8(_mm256_and_si256(spread, select), select), _mm256_set1_epi8(0x10));
 }
 
-// The 32 quants of a weight block as unsigned bytes in element order; for Q8_0, plane 0 is the low
-// nibble of q + 128 and plane 1 the high one.
+// The 32 quants of a weight block as unsigned bytes in element order; for Q8_0, plane 0 is the
+// signed quants and plane 1 their absolute values (-128 as 128).
 template <typename Block>
 __m256i unpack(const Block& b, int plane) {
     if constexpr (std::is_same_v<Block, BlockQ8_0>) {
-        const __m256i u = _mm256_xor_si256(load256(b.qs), _mm256_set1_epi8(static_cast<char>(0x80)));  // q + 128
-        return _mm256_and_si256(plane == 0 ? u : _mm256_srli_epi16(u, 4), _mm256_set1_epi8(0x0F));
+        const __m256i q = load256(b.qs);
+        return plane == 0 ? q : _mm256_sign_epi8(q, q);
     } else {
         const __m128i p = load128(b.qs);
         const __m256i q = _mm256_and_si256(_mm256_set_m128i(_mm_srli_epi16(p, 4), p), _mm256_set1_epi8(0x0F));
@@ -172,12 +193,24 @@ void prepare(TokBlock* p, const uint8_t* act, size_t act_stride, int n_tok, int 
         TokBlock* out = p + t * kChunk;
         for (int b = 0; b < kb; ++b) {
             out[b].d = f16(y[b].d);
-            if constexpr (K::kAffine)
+            if constexpr (K::kAffine) {
                 out[b].s = f16(y[b].s);
-            else
+            } else if constexpr (!K::kLanes8) {
                 out[b].off = -K::kOffset * sum_i8(y[b].qs);
+            }
         }
     }
+}
+
+// Lanes 0 .. nr - 1 of v to out.
+void store_rows(float* out, __m256 v, int nr) {
+    if (nr >= kLanes) {
+        _mm256_storeu_ps(out, v);
+        return;
+    }
+    alignas(32) float lanes[kLanes];
+    _mm256_store_ps(lanes, v);
+    for (int j = 0; j < nr; ++j) out[j] = lanes[j];
 }
 
 // kT tokens times the tile's 8 rows over kb blocks; y (token 0, row 0) gets or adds the sums of
@@ -189,8 +222,21 @@ void micro(const Tile& tile, int kb, const TokBlock* prep, const uint8_t* act, s
     const A* a[kT];
     for (int t = 0; t < kT; ++t) a[t] = reinterpret_cast<const A*>(act + static_cast<size_t>(t) * act_stride);
     const __m256i ones = _mm256_set1_epi16(1), sixteens = _mm256_set1_epi16(16);
+    // Rows wider than a chunk go on from the sums of the chunks before (in y): one fma a block
+    // after another, the serial order of dot_ref.cpp.
     __m256 acc[kT];
-    for (int t = 0; t < kT; ++t) acc[t] = _mm256_setzero_ps();
+    for (int t = 0; t < kT; ++t) {
+        const float* out = y + static_cast<size_t>(t) * y_stride;
+        if (!add) {
+            acc[t] = _mm256_setzero_ps();
+        } else if (nr >= kLanes) {
+            acc[t] = _mm256_loadu_ps(out);
+        } else {
+            alignas(32) float lanes[kLanes] = {};
+            for (int j = 0; j < nr; ++j) lanes[j] = out[j];
+            acc[t] = _mm256_load_ps(lanes);
+        }
+    }
     for (int b = 0; b < kb; ++b) {
         __m256i sum[kT];
 #pragma GCC unroll 8
@@ -229,18 +275,41 @@ void micro(const Tile& tile, int kb, const TokBlock* prep, const uint8_t* act, s
             for (int t = 0; t < kT; ++t) acc[t] = _mm256_fmadd_ps(mw, _mm256_set1_ps(prep[t * kChunk + b].s), acc[t]);
         }
     }
-    for (int t = 0; t < kT; ++t) {
-        float* out = y + static_cast<size_t>(t) * y_stride;
-        if (nr >= kLanes) {
-            __m256 v = acc[t];
-            if (add) v = _mm256_add_ps(v, _mm256_loadu_ps(out));
-            _mm256_storeu_ps(out, v);
-        } else {
-            alignas(32) float lanes[kLanes];
-            _mm256_store_ps(lanes, acc[t]);
-            for (int j = 0; j < nr; ++j) out[j] = add ? out[j] + lanes[j] : lanes[j];
+    for (int t = 0; t < kT; ++t) store_rows(y + static_cast<size_t>(t) * y_stride, acc[t], nr);
+}
+
+// The lanes8 order (Q8_0, as dot_avx2.cpp's sum_blocks<true>): for one token and each of the
+// tile's rows, 8 float accumulators, accumulator g taking the exact integer sum of elements
+// 4g .. 4g + 3 of each block (register g of the tile) times d_w d_a in one fma a block; at the end
+// hsum's tree over g. Rows wider than a chunk carry the accumulators over in `state` ([g][row]
+// floats): first / last say whether this call starts or ends the row. One token a call: its 8
+// accumulators and the operands take the 16 registers.
+template <typename K>
+void micro_lanes8(const Tile& tile, int kb, const TokBlock* prep, const uint8_t* act, float* y, int nr, float* state,
+                  bool first, bool last) {
+    using A = typename K::A;
+    const A* a = reinterpret_cast<const A*>(act);
+    const __m256i ones = _mm256_set1_epi16(1);
+    __m256 acc[8];
+    for (int g = 0; g < 8; ++g) acc[g] = first ? _mm256_setzero_ps() : _mm256_loadu_ps(state + g * kLanes);
+    for (int b = 0; b < kb; ++b) {
+        const __m256 scale = _mm256_mul_ps(_mm256_load_ps(tile.d[b]), _mm256_set1_ps(prep[b].d));
+#pragma GCC unroll 8
+        for (int g = 0; g < 8; ++g) {
+            const __m256i yg = _mm256_set1_epi32(load_i32(a[b].qs + 4 * g));
+            const __m256i q = _mm256_load_si256(reinterpret_cast<const __m256i*>(tile.q[b][g]));
+            const __m256i abs = _mm256_load_si256(reinterpret_cast<const __m256i*>(tile.q[b][8 + g]));
+            const __m256i sum = _mm256_madd_epi16(_mm256_maddubs_epi16(abs, _mm256_sign_epi8(yg, q)), ones);
+            acc[g] = _mm256_fmadd_ps(_mm256_cvtepi32_ps(sum), scale, acc[g]);
         }
     }
+    if (!last) {
+        for (int g = 0; g < 8; ++g) _mm256_storeu_ps(state + g * kLanes, acc[g]);
+        return;
+    }
+    const __m256 v = _mm256_add_ps(_mm256_add_ps(_mm256_add_ps(acc[0], acc[4]), _mm256_add_ps(acc[2], acc[6])),
+                                   _mm256_add_ps(_mm256_add_ps(acc[1], acc[5]), _mm256_add_ps(acc[3], acc[7])));
+    store_rows(y, v, nr);
 }
 
 template <typename K>
@@ -267,6 +336,17 @@ void gemm(int n, int n_rows, int n_tok, const void* w, size_t w_stride, const vo
     const int nb = n / 32;
     Tile tile;
     TokBlock prep[kTokChunk * kChunk];
+    // The lanes8 accumulators of rows wider than a chunk, between chunks: 8 x 8 floats per row
+    // tile and token of a token chunk, grown to the largest call this thread has seen.
+    const int tok_chunk = n_tok < kTokChunk ? n_tok : kTokChunk;
+    float* state = nullptr;
+    if constexpr (K::kLanes8) {
+        static thread_local std::vector<float> buffer;
+        const size_t size =
+            nb > kChunk ? static_cast<size_t>((n_rows + kLanes - 1) / kLanes) * tok_chunk * 8 * kLanes : 0;
+        if (buffer.size() < size) buffer.resize(size);
+        state = buffer.data();
+    }
     for (int t0 = 0; t0 < n_tok; t0 += kTokChunk) {
         const int tc = n_tok - t0 < kTokChunk ? n_tok - t0 : kTokChunk;
         const uint8_t* a0 = a_bytes + static_cast<size_t>(t0) * act_stride;
@@ -276,11 +356,21 @@ void gemm(int n, int n_rows, int n_tok, const void* w, size_t w_stride, const vo
             for (int r0 = 0; r0 < n_rows; r0 += kLanes) {
                 const int nr = n_rows - r0 < kLanes ? n_rows - r0 : kLanes;
                 repack<K>(tile, w_bytes + static_cast<size_t>(r0) * w_stride, w_stride, nr, b0, kb);
-                for (int t = 0; t < tc; t += kMaxTok) {
-                    const int nt = tc - t < kMaxTok ? tc - t : kMaxTok;
-                    micro_n<K>(nt, tile, kb, prep + t * kChunk,
-                               a0 + static_cast<size_t>(t) * act_stride + b0 * sizeof(typename K::A), act_stride,
-                               y + static_cast<size_t>(t0 + t) * y_stride + r0, y_stride, nr, b0 > 0);
+                if constexpr (K::kLanes8) {
+                    float* tile_state = state + static_cast<size_t>(r0 / kLanes) * tok_chunk * 8 * kLanes;
+                    for (int t = 0; t < tc; ++t) {
+                        micro_lanes8<K>(tile, kb, prep + t * kChunk,
+                                        a0 + static_cast<size_t>(t) * act_stride + b0 * sizeof(typename K::A),
+                                        y + static_cast<size_t>(t0 + t) * y_stride + r0, nr,
+                                        tile_state + static_cast<size_t>(t) * 8 * kLanes, b0 == 0, b0 + kb == nb);
+                    }
+                } else {
+                    for (int t = 0; t < tc; t += kMaxTok) {
+                        const int nt = tc - t < kMaxTok ? tc - t : kMaxTok;
+                        micro_n<K>(nt, tile, kb, prep + t * kChunk,
+                                   a0 + static_cast<size_t>(t) * act_stride + b0 * sizeof(typename K::A), act_stride,
+                                   y + static_cast<size_t>(t0 + t) * y_stride + r0, y_stride, nr, b0 > 0);
+                    }
                 }
             }
         }
@@ -291,6 +381,7 @@ template <GgmlType kType>
 GemmKernel kernel() {
     GemmKernel k;
     k.fn = gemm<kType>;
+    k.dot_order = Kind<kType>::kDotOrder;
     k.row_tile = kLanes;
     k.tok_tile = kMaxTok;
     return k;

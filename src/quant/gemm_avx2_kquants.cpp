@@ -246,6 +246,7 @@ GemmKernel gemm_avx2_kquants(GgmlType weight_type) {
         default:
             return k;
     }
+    k.dot_order = true;
     k.row_tile = 1;
     k.tok_tile = kTok;
     return k;

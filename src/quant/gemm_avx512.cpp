@@ -521,6 +521,7 @@ template <GgmlType kType, bool kVnni>
 GemmKernel kernel() {
     GemmKernel k;
     k.fn = gemm<kType, kVnni>;
+    k.dot_order = !Kind<kType>::kAffine;  // Q4_1, Q5_1: the serial order; their dots sum in another
     k.row_tile = kLanes;
     k.tok_tile = kMaxTok;
     return k;
@@ -544,6 +545,7 @@ GemmKernel table(GgmlType weight_type) {
             if constexpr (kVnni) return {};
             GemmKernel k;
             k.fn = gemm_iq4_xs<kVnni>;
+            k.dot_order = true;
             k.row_tile = kIq4Rows;
             k.tok_tile = 1;
             return k;

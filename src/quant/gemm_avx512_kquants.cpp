@@ -484,6 +484,7 @@ GemmKernel table(GgmlType weight_type) {
         default:
             return k;
     }
+    k.dot_order = true;
     k.row_tile = 1;
     k.tok_tile = kTok;
     return k;

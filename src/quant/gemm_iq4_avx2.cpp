@@ -281,6 +281,7 @@ template <GgmlType kType>
 GemmKernel kernel() {
     GemmKernel k;
     k.fn = gemm<kType>;
+    k.dot_order = kType == GgmlType::IQ4_NL;  // IQ4_XS: one fma a super-block; its dot is lanes8
     k.row_tile = kLanes;
     k.tok_tile = Kind<kType>::kMaxTok;
     return k;

@@ -286,6 +286,7 @@ GemmKernel table(GgmlType weight_type) {
         default:
             return {};
     }
+    k.dot_order = weight_type == GgmlType::IQ4_NL;  // IQ4_XS: one fma a super-block; its dot is lanes8
     k.row_tile = kLanes;
     k.tok_tile = kMaxTok;
     return k;
