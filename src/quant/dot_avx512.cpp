@@ -581,6 +581,102 @@ void dot_rows_iq4_nl(int n, int n_rows, float* out, const void* w, size_t stride
         dot_rows_avx2(GgmlType::IQ4_NL));
 }
 
+// ---- Many rows at once (matrix-vector): Q8_0 ----
+//
+// Two rows a register, each in its single dot's layout (no transpose): row 2p's block in the low
+// 256 bits, row 2p + 1's in the high, each int32 lane the sum over 4 consecutive elements, which
+// is dot_q8_0's lanes8 order. So every half's float steps are the dot's own: lanes = fma(float(
+// sums), d_w d_a, lanes) block after block, hsum8 at the end. Sixteen rows (8 registers) a step,
+// their 16 d's converted at once and spread to the halves with one permute each. With VNNI the
+// weights go unsigned (w ^ 0x80 = w + 128) and 128 times y's sum over each 4 elements comes off
+// first: the exact sum, as the single dot's sign trick gives it while |y| <= 127 (Q8_0 activations
+// are); without VNNI, that sign trick itself (maddubs cannot saturate: 2 * 128 * 127 < 2^15).
+
+template <bool kVnni>
+__attribute__((noinline)) void q8_0_rows16(const uint8_t* lo, size_t stride, const BlockQ8_0* y, int nb, float* out) {
+    const size_t s1 = stride, s3 = 3 * stride, s5 = 5 * stride, s7 = 7 * stride;
+    const uint8_t* hi = lo + 8 * stride;
+    const size_t ahead = 16 * stride;  // the next group's rows, read while these compute
+    const __m512i bias = _mm512_set1_epi8(static_cast<char>(0x80));
+    __m512 acc[8];
+    unroll<8>([&](auto p_) { acc[decltype(p_)::value] = _mm512_setzero_ps(); });
+    for (int i = 0; i < nb; ++i, lo += sizeof(BlockQ8_0), hi += sizeof(BlockQ8_0)) {
+        // Row k's block i, as rows16_blocks finds it.
+        auto row = [&](int k) {
+            const uint8_t* b = k < 8 ? lo : hi;
+            switch (k & 7) {
+                case 0:
+                    return b;
+                case 1:
+                    return b + s1;
+                case 2:
+                    return b + 2 * s1;
+                case 3:
+                    return b + s3;
+                case 4:
+                    return b + 4 * s1;
+                case 5:
+                    return b + s5;
+                case 6:
+                    return b + 2 * s3;
+                default:
+                    return b + s7;
+            }
+        };
+        // Every 68 bytes, each row's next line of the next group, into L2 (as rows16_blocks).
+        if (i % 2 == 0) {
+            for (int k = 0; k < 16; ++k) _mm_prefetch(reinterpret_cast<const char*>(row(k) + ahead), _MM_HINT_T1);
+        }
+        const __m512i yy = _mm512_broadcast_i64x4(load256(y[i].qs));
+        __m512i off = _mm512_setzero_si512();
+        if constexpr (kVnni) off = _mm512_sub_epi32(off, _mm512_dpbusd_epi32(off, bias, yy));
+        uint64_t d4[4];
+        unroll<4>([&](auto g_) {
+            constexpr int g = decltype(g_)::value;
+            d4[g] = load_u16(row(4 * g)) | load_u16(row(4 * g + 1)) << 16 | load_u16(row(4 * g + 2)) << 32 |
+                    load_u16(row(4 * g + 3)) << 48;
+        });
+        const __m256i dw = _mm256_setr_epi64x(static_cast<long long>(d4[0]), static_cast<long long>(d4[1]),
+                                              static_cast<long long>(d4[2]), static_cast<long long>(d4[3]));
+        const __m512 scale = _mm512_mul_ps(_mm512_cvtph_ps(dw), _mm512_set1_ps(f16(y[i].d)));
+        unroll<8>([&](auto p_) {
+            constexpr int p = decltype(p_)::value;
+            const __m512i w =
+                _mm512_inserti64x4(_mm512_castsi256_si512(load256(row(2 * p) + 2)), load256(row(2 * p + 1) + 2), 1);
+            __m512i sums;
+            if constexpr (kVnni)
+                sums = _mm512_dpbusd_epi32(off, _mm512_xor_si512(w, bias), yy);
+            else
+                sums = signed_pair_dot<false>(w, yy);
+            const __m512 d = _mm512_permutexvar_ps(
+                _mm512_set_epi32(2 * p + 1, 2 * p + 1, 2 * p + 1, 2 * p + 1, 2 * p + 1, 2 * p + 1, 2 * p + 1, 2 * p + 1,
+                                 2 * p, 2 * p, 2 * p, 2 * p, 2 * p, 2 * p, 2 * p, 2 * p),
+                scale);
+            acc[p] = _mm512_fmadd_ps(_mm512_cvtepi32_ps(sums), d, acc[p]);
+        });
+    }
+    // hsum8 of each half: lanes j + j+4, then + j+2, then + j+1 (the same adds, in each half).
+    unroll<8>([&](auto p_) {
+        constexpr int p = decltype(p_)::value;
+        const __m512 t = _mm512_add_ps(acc[p], _mm512_shuffle_f32x4(acc[p], acc[p], _MM_SHUFFLE(2, 3, 0, 1)));
+        const __m512 u = _mm512_add_ps(t, _mm512_permute_ps(t, _MM_SHUFFLE(1, 0, 3, 2)));
+        const __m512 r = _mm512_add_ps(u, _mm512_permute_ps(u, _MM_SHUFFLE(2, 3, 0, 1)));
+        out[2 * p] = _mm512_cvtss_f32(r);
+        out[2 * p + 1] = _mm_cvtss_f32(_mm512_extractf32x4_ps(r, 2));
+    });
+}
+
+// The rows past the last sixteen take the single dot, row by row.
+template <bool kVnni>
+void dot_rows_q8_0(int n, int n_rows, float* out, const void* w, size_t stride, const void* a) {
+    const auto* y = as<BlockQ8_0>(a);
+    const auto* base = static_cast<const uint8_t*>(w);
+    int r = 0;
+    for (; r + 16 <= n_rows; r += 16)
+        q8_0_rows16<kVnni>(base + static_cast<size_t>(r) * stride, stride, y, n / 32, out + r);
+    for (; r < n_rows; ++r) dot_q8_0<kVnni>(n, out + r, base + static_cast<size_t>(r) * stride, a);
+}
+
 template <bool kVnni>
 DotFn table(GgmlType weight_type) {
     switch (weight_type) {
@@ -627,6 +723,8 @@ DotRowsFn dot_rows_avx512(GgmlType weight_type, bool vnni) {
             return vnni ? dot_rows_q4_0<true> : dot_rows_q4_0<false>;
         case GgmlType::IQ4_NL:
             return vnni ? dot_rows_iq4_nl : nullptr;
+        case GgmlType::Q8_0:
+            return vnni ? dot_rows_q8_0<true> : dot_rows_q8_0<false>;
         default:
             return nullptr;
     }

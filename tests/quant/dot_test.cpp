@@ -246,7 +246,7 @@ TEST(Dot, RowsGiveEachRowTheDotsBits) {
             if (traits(w).block_elements == 32) sizes.push_back(32 * (2 * 512 + 3));
             if (traits(w).block_elements == 256) sizes.push_back(256 * 67);  // rows longer than the model's
             for (int n : sizes) {
-                for (int n_rows : {1, 7, 8, 9, 15, 16, 19, 24, 33, 47}) {
+                for (int n_rows : {1, 7, 8, 9, 15, 16, 17, 19, 24, 33, 47}) {
                     if (n > 8192 && n_rows > 19) continue;
                     const Rows d = make_rows(w, n, n_rows, static_cast<uint32_t>(n * 31 + n_rows), false);
                     std::vector<float> got(static_cast<size_t>(n_rows), -1.0f);
@@ -265,16 +265,18 @@ TEST(Dot, RowsGiveEachRowTheDotsBits) {
     }
     // Q4_0 and IQ4_NL have one from AVX2 on (their serial order is the same at every level); with
     // AVX-512 Q4_0 has its own sixteen-row kernel, and IQ4_NL too where there is VNNI; Q4_K has one
-    // at both AVX-512 levels, none below.
+    // at both AVX-512 levels, none below; so has Q8_0 (in its lanes8 order).
     EXPECT_NE(select_dot(GgmlType::Q4_0, limit_to(cpu, Isa::Avx2)).rows, nullptr);
     EXPECT_NE(select_dot(GgmlType::IQ4_NL, limit_to(cpu, Isa::Avx2)).rows, nullptr);
     EXPECT_EQ(select_dot(GgmlType::Q4_0, CpuFeatures{}).rows, nullptr);
     EXPECT_EQ(select_dot(GgmlType::Q4_K, limit_to(cpu, Isa::Avx2)).rows, nullptr);
+    EXPECT_EQ(select_dot(GgmlType::Q8_0, limit_to(cpu, Isa::Avx2)).rows, nullptr);
     for (Isa isa : {Isa::Avx512, Isa::Avx512Vnni}) {
         if (isa > cpu.best_isa()) continue;
         const auto rows = [&](GgmlType w, Isa level) { return select_dot(w, limit_to(cpu, level)).rows; };
         EXPECT_NE(rows(GgmlType::Q4_0, isa), rows(GgmlType::Q4_0, Isa::Avx2)) << isa_name(isa);
         EXPECT_NE(rows(GgmlType::Q4_K, isa), nullptr) << isa_name(isa);
+        EXPECT_NE(rows(GgmlType::Q8_0, isa), nullptr) << isa_name(isa);
         if (isa == Isa::Avx512Vnni)
             EXPECT_NE(rows(GgmlType::IQ4_NL, isa), rows(GgmlType::IQ4_NL, Isa::Avx2));
         else
