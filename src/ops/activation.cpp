@@ -138,6 +138,60 @@ bool has_avx512() {
     return cpu().avx512f && cpu().fma;
 }
 
+// ggml_like_exp16 in 8 lanes for AVX2: the same fused steps; AVX2 has no vscalefps, so poly * 2^n
+// is two products by 2^(n/2) and 2^(n - n/2) (|n| <= 192: both powers normal, the first product
+// exact), the second rounding once as ldexp does where the result is subnormal.
+__attribute__((target("avx2,fma"))) inline __m256 ggml_like_exp8(__m256 x) {
+    const __m256 shift = _mm256_set1_ps(kExpShift);
+    const __m256 n = _mm256_sub_ps(_mm256_fmadd_ps(x, _mm256_set1_ps(kLog2e), shift), shift);
+    const __m256 b = _mm256_fnmadd_ps(n, _mm256_set1_ps(kLn2Lo), _mm256_fnmadd_ps(n, _mm256_set1_ps(kLn2Hi), x));
+    const __m256 u = _mm256_mul_ps(b, b);
+    const __m256 high = _mm256_fmadd_ps(_mm256_set1_ps(kC5), b, _mm256_set1_ps(kC4));
+    const __m256 mid = _mm256_fmadd_ps(_mm256_set1_ps(kC3), b, _mm256_set1_ps(kC2));
+    const __m256 low = _mm256_fmadd_ps(_mm256_set1_ps(kC1), b, _mm256_set1_ps(1.0f));
+    const __m256 poly = _mm256_fmadd_ps(_mm256_fmadd_ps(high, u, mid), u, low);
+    const __m256 abs_n = _mm256_andnot_ps(_mm256_set1_ps(-0.0f), n);
+    const __m256 huge = _mm256_cmp_ps(abs_n, _mm256_set1_ps(192.0f), _CMP_GT_OQ);
+    const __m256i ni = _mm256_cvtps_epi32(_mm256_andnot_ps(huge, n));  // n integral here
+    const __m256i n1 = _mm256_srai_epi32(ni, 1), n2 = _mm256_sub_epi32(ni, n1);
+    const __m256i bias = _mm256_set1_epi32(127);
+    const __m256 p1 = _mm256_castsi256_ps(_mm256_slli_epi32(_mm256_add_epi32(n1, bias), 23));
+    const __m256 p2 = _mm256_castsi256_ps(_mm256_slli_epi32(_mm256_add_epi32(n2, bias), 23));
+    __m256 result = _mm256_mul_ps(_mm256_mul_ps(poly, p1), p2);
+    const __m256 nan = _mm256_cmp_ps(n, n, _CMP_UNORD_Q);
+    if (_mm256_movemask_ps(_mm256_or_ps(huge, nan)) == 0) return result;
+    const __m256 saturated = _mm256_blendv_ps(_mm256_set1_ps(INFINITY), _mm256_setzero_ps(),
+                                              _mm256_cmp_ps(n, _mm256_setzero_ps(), _CMP_LE_OQ));
+    result = _mm256_blendv_ps(result, saturated, huge);
+    return _mm256_blendv_ps(result, n, nan);
+}
+
+__attribute__((target("avx2,fma"))) inline __m256 ggml_like_silu8(__m256 x) {
+    const __m256 e = ggml_like_exp8(_mm256_sub_ps(_mm256_setzero_ps(), x));
+    return _mm256_div_ps(x, _mm256_add_ps(_mm256_set1_ps(1.0f), e));
+}
+
+// As silu_avx512 / swiglu_avx512: whole groups of 16 by the formula, the rest by std::exp.
+__attribute__((target("avx2,fma"))) void silu_avx2(const float* x, int64_t n, float* y) {
+    int64_t i = 0;
+    const int64_t whole = n / 16 * 16;
+    for (; i < whole; i += 8) _mm256_storeu_ps(y + i, ggml_like_silu8(_mm256_loadu_ps(x + i)));
+    for (; i < n; ++i) y[i] = silu(x[i]);
+}
+
+__attribute__((target("avx2,fma"))) void swiglu_avx2(const float* gate, const float* up, int64_t n, float* y) {
+    int64_t i = 0;
+    const int64_t whole = n / 16 * 16;
+    for (; i < whole; i += 8) {
+        _mm256_storeu_ps(y + i, _mm256_mul_ps(ggml_like_silu8(_mm256_loadu_ps(gate + i)), _mm256_loadu_ps(up + i)));
+    }
+    for (; i < n; ++i) y[i] = silu(gate[i]) * up[i];
+}
+
+bool has_avx2_fma() {
+    return cpu().avx2 && cpu().fma;
+}
+
 }  // namespace
 
 void softmax(float* x, int64_t n) {
@@ -189,6 +243,7 @@ float gelu(float x) {
 
 void silu(const float* x, int64_t n, float* y) {
     if (has_avx512()) return silu_avx512(x, n, y);
+    if (has_avx2_fma()) return silu_avx2(x, n, y);
     int64_t i = 0;
     for (; i + 16 <= n; i += 16) {
         for (int lane = 0; lane < 16; ++lane) y[i + lane] = silu_ggml_simd(x[i + lane]);
@@ -204,6 +259,7 @@ void gelu(const float* x, int64_t n, float* y) {
 
 void swiglu(const float* gate, const float* up, int64_t n, float* y) {
     if (has_avx512()) return swiglu_avx512(gate, up, n, y);
+    if (has_avx2_fma()) return swiglu_avx2(gate, up, n, y);
     int64_t i = 0;
     for (; i + 16 <= n; i += 16) {
         for (int lane = 0; lane < 16; ++lane) y[i + lane] = silu_ggml_simd(gate[i + lane]) * up[i + lane];
