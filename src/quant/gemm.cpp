@@ -43,6 +43,7 @@ GemmKernel select_small_batch(GgmlType weight_type, const CpuFeatures& features)
     switch (dot.isa) {
         case Isa::Avx2:
             fn = detail::small_batch_avx2(weight_type);
+            if (fn == nullptr) fn = detail::lanes8_small_batch_avx2(weight_type);
             break;
         case Isa::Avx512:
         case Isa::Avx512Vnni:

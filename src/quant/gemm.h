@@ -31,8 +31,9 @@ struct GemmKernel {
     int tok_tile = 1;
     // Every result is select_dot's (same features) for that (row, token) bit for bit: the same
     // float steps in the same order. Where false (Q5_0 at AVX2; Q4_1, Q5_1; IQ4_XS at AVX2 and
-    // AVX-512 VNNI) the tile sums in another order, and ops::matmul runs the dots for the tokens
-    // that must get their one-token floats (tests/quant/matmul_token_order_test.cpp).
+    // AVX-512 VNNI) the tile sums in another order, and ops::matmul runs the small-batch kernel
+    // (Q5_0 at AVX2: a lanes8 tile) or the dots for the tokens that must get their one-token
+    // floats (tests/quant/matmul_token_order_test.cpp).
     bool dot_order = false;
 };
 

@@ -20,8 +20,9 @@
 // holds the signed quants (plane 0) and their absolute values (plane 1): a group's sum is
 // maddubs(|x|, sign(y, x)), the dot's; that measured faster than the serial sum of two 4-bit
 // planes it replaced. Q5_0 (its dot is lanes8), Q4_1 and Q5_1 sum in the serial order, which
-// agrees with their dots to float rounding: lanes8 measured twice the time for Q5_0, so the
-// one-token arithmetic takes their dots instead (ops::matmul).
+// agrees with their dots to float rounding: lanes8 measured twice the time for Q5_0's prompts.
+// Q5_0's lanes8 tile (q - 16 and |q - 16|, summed as Q8_0's) is its small-batch kernel
+// (quant::select_small_batch): a few tokens that need their one-token floats.
 #include <immintrin.h>
 
 #include <cstdint>
@@ -78,6 +79,12 @@ struct Kind<GgmlType::Q5_0> {
     static constexpr bool kAffine = false;
     static constexpr int kPlanes = 1;
     static constexpr int kGroupsIn16 = 4;
+};
+// Q5_0 in the lanes8 order: its tile holds q - 16 and |q - 16|.
+struct Q5_0Lanes8 : Kind<GgmlType::Q5_0> {
+    static constexpr bool kLanes8 = true;
+    static constexpr bool kDotOrder = true;
+    static constexpr int kPlanes = 2;
 };
 template <>
 struct Kind<GgmlType::Q8_0> {
@@ -137,12 +144,20 @@ __m256i fifth_bits(const uint8_t* qh) {
     return _mm256_and_si256(_mm256_cmpeq_epi8(_mm256_and_si256(spread, select), select), _mm256_set1_epi8(0x10));
 }
 
-// The 32 quants of a weight block as unsigned bytes in element order; for Q8_0, plane 0 is the
-// signed quants and plane 1 their absolute values (-128 as 128).
-template <typename Block>
-__m256i unpack(const Block& b, int plane) {
-    if constexpr (std::is_same_v<Block, BlockQ8_0>) {
-        const __m256i q = load256(b.qs);
+// The 32 quants of a weight block as unsigned bytes in element order; for the lanes8 kinds, plane
+// 0 is the signed values (Q8_0's q, Q5_0's q - 16) and plane 1 their absolute values (-128 as 128).
+template <typename K>
+__m256i unpack(const typename K::W& b, int plane) {
+    using Block = typename K::W;
+    if constexpr (K::kLanes8) {
+        __m256i q;
+        if constexpr (std::is_same_v<Block, BlockQ8_0>) {
+            q = load256(b.qs);
+        } else {
+            const __m128i p = load128(b.qs);
+            q = _mm256_and_si256(_mm256_set_m128i(_mm_srli_epi16(p, 4), p), _mm256_set1_epi8(0x0F));
+            q = _mm256_sub_epi8(_mm256_or_si256(q, fifth_bits(b.qh)), _mm256_set1_epi8(K::kOffset));
+        }
         return plane == 0 ? q : _mm256_sign_epi8(q, q);
     } else {
         const __m128i p = load128(b.qs);
@@ -165,7 +180,7 @@ void repack(Tile& tile, const uint8_t* w, size_t w_stride, int nr, int b0, int k
     for (int b = 0; b < kb; ++b) {
         for (int plane = 0; plane < K::kPlanes; ++plane) {
             __m256i r[8];
-            for (int j = 0; j < 8; ++j) r[j] = j < nr ? unpack(rows[j][b], plane) : _mm256_setzero_si256();
+            for (int j = 0; j < 8; ++j) r[j] = j < nr ? unpack<K>(rows[j][b], plane) : _mm256_setzero_si256();
             transpose8(r);
             for (int g = 0; g < 8; ++g) _mm256_store_si256(reinterpret_cast<__m256i*>(tile.q[b][8 * plane + g]), r[g]);
         }
@@ -278,7 +293,7 @@ void micro(const Tile& tile, int kb, const TokBlock* prep, const uint8_t* act, s
     for (int t = 0; t < kT; ++t) store_rows(y + static_cast<size_t>(t) * y_stride, acc[t], nr);
 }
 
-// The lanes8 order (Q8_0, as dot_avx2.cpp's sum_blocks<true>): for one token and each of the
+// The lanes8 order (Q8_0, Q5_0, as dot_avx2.cpp's sum_blocks<true>): for one token and each of the
 // tile's rows, 8 float accumulators, accumulator g taking the exact integer sum of elements
 // 4g .. 4g + 3 of each block (register g of the tile) times d_w d_a in one fma a block; at the end
 // hsum's tree over g. Rows wider than a chunk carry the accumulators over in `state` ([g][row]
@@ -327,10 +342,9 @@ void micro_n(int nt, const Tile& tile, int kb, const TokBlock* prep, const uint8
     }
 }
 
-template <GgmlType kType>
+template <typename K>
 void gemm(int n, int n_rows, int n_tok, const void* w, size_t w_stride, const void* act, size_t act_stride, float* y,
           size_t y_stride) {
-    using K = Kind<kType>;
     const auto* w_bytes = static_cast<const uint8_t*>(w);
     const auto* a_bytes = static_cast<const uint8_t*>(act);
     const int nb = n / 32;
@@ -380,7 +394,7 @@ void gemm(int n, int n_rows, int n_tok, const void* w, size_t w_stride, const vo
 template <GgmlType kType>
 GemmKernel kernel() {
     GemmKernel k;
-    k.fn = gemm<kType>;
+    k.fn = gemm<Kind<kType>>;
     k.dot_order = Kind<kType>::kDotOrder;
     k.row_tile = kLanes;
     k.tok_tile = kMaxTok;
@@ -388,6 +402,10 @@ GemmKernel kernel() {
 }
 
 }  // namespace
+
+GemmFn lanes8_small_batch_avx2(GgmlType weight_type) {
+    return weight_type == GgmlType::Q5_0 ? gemm<Q5_0Lanes8> : nullptr;
+}
 
 GemmKernel gemm_avx2(GgmlType weight_type) {
     switch (weight_type) {

@@ -23,6 +23,8 @@ GemmFn gemm_iq_grid_avx512_vnni(GgmlType weight_type);
 // (gemm_small_avx2.cpp, gemm_small_avx512.cpp); nullptr for other types.
 GemmFn small_batch_avx2(GgmlType weight_type);
 GemmFn small_batch_avx512(GgmlType weight_type, bool vnni);
+// Q5_0's at AVX2: gemm_avx2.cpp's tile in the lanes8 order (its prompts' tile sums in another).
+GemmFn lanes8_small_batch_avx2(GgmlType weight_type);
 
 // A buffer of at least `bytes` for the calling thread, 64-byte aligned, valid until its next call
 // (gemm.cpp: not inline, so the SIMD files can call it; see dot_kernels.h).
