@@ -285,6 +285,37 @@ TEST(Dot, RowsGiveEachRowTheDotsBits) {
     EXPECT_GT(checked, 0);
 }
 
+// Rows apart (a stride past the row's bytes, as a view of a wider matrix): each row still the
+// float fn gives it. The Q8_0 kernel reads back-to-back rows another way.
+TEST(Dot, RowsApartGiveEachRowTheDotsBits) {
+    const CpuFeatures cpu = detect_cpu_features();
+    if (cpu.best_isa() < Isa::Avx2) GTEST_SKIP() << "no AVX2 on this CPU (" << cpu.describe() << ")";
+    int checked = 0;
+    for (GgmlType w : kDotWeightTypes) {
+        for (Isa isa : kAllIsas) {
+            if (isa > cpu.best_isa()) continue;
+            const DotKernel k = select_dot(w, limit_to(cpu, isa));
+            if (k.rows == nullptr) continue;
+            const int n = 4 * traits(w).block_elements, n_rows = 35;
+            const size_t row_bytes = test::bytes_of_row(w, n), stride = row_bytes + 40;
+            const Rows d = make_rows(w, n, n_rows, 77, false);
+            std::vector<uint8_t> apart(stride * n_rows, 0xA5);
+            for (int r = 0; r < n_rows; ++r)
+                std::memcpy(apart.data() + static_cast<size_t>(r) * stride, d.w_row(r), row_bytes);
+            std::vector<float> got(static_cast<size_t>(n_rows), -1.0f);
+            k.rows(n, n_rows, got.data(), apart.data(), stride, d.act.data());
+            for (int r = 0; r < n_rows; ++r) {
+                float want = 0;
+                k.fn(n, &want, d.w_row(r), d.act.data());
+                EXPECT_EQ(std::memcmp(&got[size_t(r)], &want, sizeof want), 0)
+                    << label(w, isa, n, false) << " row " << r << ": got " << got[size_t(r)] << ", want " << want;
+            }
+            ++checked;
+        }
+    }
+    EXPECT_GT(checked, 0);
+}
+
 TEST(Dot, ZeroActivationsGiveZero) {
     const CpuFeatures cpu = detect_cpu_features();
     for (GgmlType w : kDotWeightTypes) {
