@@ -581,7 +581,7 @@ void dot_rows_iq4_nl(int n, int n_rows, float* out, const void* w, size_t stride
         dot_rows_avx2(GgmlType::IQ4_NL));
 }
 
-// ---- Many rows at once (matrix-vector): Q8_0 ----
+// ---- Many rows at once (matrix-vector): Q8_0, Q5_0 ----
 //
 // Two rows a register, each in its single dot's layout (no transpose): row 2p's block in the low
 // 256 bits, row 2p + 1's in the high, each int32 lane the sum over 4 consecutive elements, which
@@ -591,22 +591,26 @@ void dot_rows_iq4_nl(int n, int n_rows, float* out, const void* w, size_t stride
 // weights go unsigned (w ^ 0x80 = w + 128) and 128 times y's sum over each 4 elements comes off
 // first: the exact sum, as the single dot's sign trick gives it while |y| <= 127 (Q8_0 activations
 // are); without VNNI, that sign trick itself (maddubs cannot saturate: 2 * 128 * 127 < 2^15).
+// Q5_0 (also lanes8) the same way, its two rows' quants built as quants_x2 builds two blocks, the
+// offset 16 taken off as its single dot does.
 
-// How q8_0_rows16 prefetches (an enum, not a bool: DotIsolation finds the kVnni = false kernels by
+// How lanes8_rows16 prefetches (an enum, not a bool: DotIsolation finds the kVnni = false kernels by
 // "false" in their names).
 enum class RowsAt { kApart, kBackToBack };
 
-template <bool kVnni, RowsAt kRows>
-__attribute__((noinline)) void q8_0_rows16(const uint8_t* lo, size_t stride, const BlockQ8_0* y, int nb, float* out) {
+template <typename Block, bool kVnni, RowsAt kRows>
+__attribute__((noinline)) void lanes8_rows16(const uint8_t* lo, size_t stride, const BlockQ8_0* y, int nb, float* out) {
+    constexpr bool kQ8 = std::is_same_v<Block, BlockQ8_0>;
     const size_t s1 = stride, s3 = 3 * stride, s5 = 5 * stride, s7 = 7 * stride;
     const uint8_t* hi = lo + 8 * stride;
     const size_t ahead = 16 * stride;  // the next group's rows, read while these compute
     // Where the rows are back to back, the group after the next while a group is at most 64 KiB.
     const uint8_t* next = lo + (16 * stride <= 65536 ? 2 : 1) * ahead;
-    const __m512i bias = _mm512_set1_epi8(static_cast<char>(0x80));
+    // What the unsigned bytes stand above the weights (Q8_0 with VNNI: w ^ 0x80).
+    const __m512i bias = _mm512_set1_epi8(static_cast<char>(kQ8 ? 0x80 : 16));
     __m512 acc[8];
     unroll<8>([&](auto p_) { acc[decltype(p_)::value] = _mm512_setzero_ps(); });
-    for (int i = 0; i < nb; ++i, lo += sizeof(BlockQ8_0), hi += sizeof(BlockQ8_0)) {
+    for (int i = 0; i < nb; ++i, lo += sizeof(Block), hi += sizeof(Block)) {
         // Row k's block i, as rows16_blocks finds it.
         auto row = [&](int k) {
             const uint8_t* b = k < 8 ? lo : hi;
@@ -634,8 +638,8 @@ __attribute__((noinline)) void q8_0_rows16(const uint8_t* lo, size_t stride, con
         // from L2 against 32 for rows16_blocks's way; from memory the group after the next gained
         // 5-10% for groups of 640- and 2048-wide rows, lost for 5632); else as rows16_blocks.
         if constexpr (kRows == RowsAt::kBackToBack) {
-            const size_t end = static_cast<size_t>(i + 1) * 16 * sizeof(BlockQ8_0);
-            for (size_t at = static_cast<size_t>(i) * 16 * sizeof(BlockQ8_0) & ~size_t{63}; at < end; at += 64)
+            const size_t end = static_cast<size_t>(i + 1) * 16 * sizeof(Block);
+            for (size_t at = static_cast<size_t>(i) * 16 * sizeof(Block) & ~size_t{63}; at < end; at += 64)
                 _mm_prefetch(reinterpret_cast<const char*>(next + at), _MM_HINT_T1);
         } else if (i % 2 == 0) {
             for (int k = 0; k < 16; ++k) _mm_prefetch(reinterpret_cast<const char*>(row(k) + ahead), _MM_HINT_T1);
@@ -654,13 +658,21 @@ __attribute__((noinline)) void q8_0_rows16(const uint8_t* lo, size_t stride, con
         const __m512 scale = _mm512_mul_ps(_mm512_cvtph_ps(dw), _mm512_set1_ps(f16(y[i].d)));
         unroll<8>([&](auto p_) {
             constexpr int p = decltype(p_)::value;
-            const __m512i w =
-                _mm512_inserti64x4(_mm512_castsi256_si512(load256(row(2 * p) + 2)), load256(row(2 * p + 1) + 2), 1);
             __m512i sums;
-            if constexpr (kVnni)
-                sums = _mm512_dpbusd_epi32(off, _mm512_xor_si512(w, bias), yy);
-            else
-                sums = signed_pair_dot<false>(w, yy);
+            if constexpr (kQ8) {
+                const __m512i w =
+                    _mm512_inserti64x4(_mm512_castsi256_si512(load256(row(2 * p) + 2)), load256(row(2 * p + 1) + 2), 1);
+                if constexpr (kVnni)
+                    sums = _mm512_dpbusd_epi32(off, _mm512_xor_si512(w, bias), yy);
+                else
+                    sums = signed_pair_dot<false>(w, yy);
+            } else {
+                const __m512i q = quants_x2(*as<Block>(row(2 * p)), *as<Block>(row(2 * p + 1)));
+                if constexpr (kVnni)
+                    sums = _mm512_dpbusd_epi32(off, q, yy);
+                else
+                    sums = pair_dot<false, 16>(q, yy);
+            }
             const __m512 d = _mm512_permutexvar_ps(
                 _mm512_set_epi32(2 * p + 1, 2 * p + 1, 2 * p + 1, 2 * p + 1, 2 * p + 1, 2 * p + 1, 2 * p + 1, 2 * p + 1,
                                  2 * p, 2 * p, 2 * p, 2 * p, 2 * p, 2 * p, 2 * p, 2 * p),
@@ -680,21 +692,26 @@ __attribute__((noinline)) void q8_0_rows16(const uint8_t* lo, size_t stride, con
 }
 
 // The rows past the last sixteen take the single dot, row by row.
-template <bool kVnni>
-void dot_rows_q8_0(int n, int n_rows, float* out, const void* w, size_t stride, const void* a) {
+template <typename Block, bool kVnni>
+void dot_rows_lanes8(int n, int n_rows, float* out, const void* w, size_t stride, const void* a) {
     const auto* y = as<BlockQ8_0>(a);
     const auto* base = static_cast<const uint8_t*>(w);
     int r = 0;
     const int nb = n / 32;
-    const bool contiguous = stride == static_cast<size_t>(nb) * sizeof(BlockQ8_0);
+    const bool contiguous = stride == static_cast<size_t>(nb) * sizeof(Block);
     for (; r + 16 <= n_rows; r += 16) {
         const uint8_t* rows = base + static_cast<size_t>(r) * stride;
         if (contiguous)
-            q8_0_rows16<kVnni, RowsAt::kBackToBack>(rows, stride, y, nb, out + r);
+            lanes8_rows16<Block, kVnni, RowsAt::kBackToBack>(rows, stride, y, nb, out + r);
         else
-            q8_0_rows16<kVnni, RowsAt::kApart>(rows, stride, y, nb, out + r);
+            lanes8_rows16<Block, kVnni, RowsAt::kApart>(rows, stride, y, nb, out + r);
     }
-    for (; r < n_rows; ++r) dot_q8_0<kVnni>(n, out + r, base + static_cast<size_t>(r) * stride, a);
+    for (; r < n_rows; ++r) {
+        if constexpr (std::is_same_v<Block, BlockQ8_0>)
+            dot_q8_0<kVnni>(n, out + r, base + static_cast<size_t>(r) * stride, a);
+        else
+            dot_symmetric32<Block, 16, kVnni>(n, out + r, base + static_cast<size_t>(r) * stride, a);
+    }
 }
 
 template <bool kVnni>
@@ -744,7 +761,9 @@ DotRowsFn dot_rows_avx512(GgmlType weight_type, bool vnni) {
         case GgmlType::IQ4_NL:
             return vnni ? dot_rows_iq4_nl : nullptr;
         case GgmlType::Q8_0:
-            return vnni ? dot_rows_q8_0<true> : dot_rows_q8_0<false>;
+            return vnni ? dot_rows_lanes8<BlockQ8_0, true> : dot_rows_lanes8<BlockQ8_0, false>;
+        case GgmlType::Q5_0:
+            return vnni ? dot_rows_lanes8<BlockQ5_0, true> : dot_rows_lanes8<BlockQ5_0, false>;
         default:
             return nullptr;
     }

@@ -21,8 +21,9 @@ DotFn dot_avx2_kquants(GgmlType weight_type);
 DotFn dot_avx512(GgmlType weight_type, bool vnni);
 DotFn dot_avx512_kquants(GgmlType weight_type, bool vnni);
 // The AVX-512 rows kernels where there is one (Q4_0; IQ4_NL with VNNI), in the same serial order
-// as dot_rows_avx2's, which they call for the rows past their groups of sixteen; and Q8_0's, each
-// row in its single AVX-512 dot's order (lanes8), the rows past the last sixteen by that dot.
+// as dot_rows_avx2's, which they call for the rows past their groups of sixteen; and Q8_0's and
+// Q5_0's, each row in its single AVX-512 dot's order (lanes8), the rows past the last sixteen by
+// that dot.
 DotRowsFn dot_rows_avx512(GgmlType weight_type, bool vnni);
 // The k-quants' AVX-512 rows kernels (Q4_K), each row in its single AVX-512 dot's order (the
 // serial one, the same at every level); nullptr for the other types.

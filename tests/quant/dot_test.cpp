@@ -265,18 +265,20 @@ TEST(Dot, RowsGiveEachRowTheDotsBits) {
     }
     // Q4_0 and IQ4_NL have one from AVX2 on (their serial order is the same at every level); with
     // AVX-512 Q4_0 has its own sixteen-row kernel, and IQ4_NL too where there is VNNI; Q4_K has one
-    // at both AVX-512 levels, none below; so has Q8_0 (in its lanes8 order).
+    // at both AVX-512 levels, none below; so have Q8_0 and Q5_0 (in their lanes8 order).
     EXPECT_NE(select_dot(GgmlType::Q4_0, limit_to(cpu, Isa::Avx2)).rows, nullptr);
     EXPECT_NE(select_dot(GgmlType::IQ4_NL, limit_to(cpu, Isa::Avx2)).rows, nullptr);
     EXPECT_EQ(select_dot(GgmlType::Q4_0, CpuFeatures{}).rows, nullptr);
     EXPECT_EQ(select_dot(GgmlType::Q4_K, limit_to(cpu, Isa::Avx2)).rows, nullptr);
     EXPECT_EQ(select_dot(GgmlType::Q8_0, limit_to(cpu, Isa::Avx2)).rows, nullptr);
+    EXPECT_EQ(select_dot(GgmlType::Q5_0, limit_to(cpu, Isa::Avx2)).rows, nullptr);
     for (Isa isa : {Isa::Avx512, Isa::Avx512Vnni}) {
         if (isa > cpu.best_isa()) continue;
         const auto rows = [&](GgmlType w, Isa level) { return select_dot(w, limit_to(cpu, level)).rows; };
         EXPECT_NE(rows(GgmlType::Q4_0, isa), rows(GgmlType::Q4_0, Isa::Avx2)) << isa_name(isa);
         EXPECT_NE(rows(GgmlType::Q4_K, isa), nullptr) << isa_name(isa);
         EXPECT_NE(rows(GgmlType::Q8_0, isa), nullptr) << isa_name(isa);
+        EXPECT_NE(rows(GgmlType::Q5_0, isa), nullptr) << isa_name(isa);
         if (isa == Isa::Avx512Vnni)
             EXPECT_NE(rows(GgmlType::IQ4_NL, isa), rows(GgmlType::IQ4_NL, Isa::Avx2));
         else
