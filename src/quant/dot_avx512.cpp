@@ -22,6 +22,7 @@
 #include "quant/blocks.h"
 #include "quant/dot_iq_avx2.h"
 #include "quant/dot_kernels.h"
+#include "quant/rows16.h"
 #include "quant/unroll.h"
 
 namespace fitllm::quant::detail {
@@ -474,41 +475,20 @@ __attribute__((noinline)) __m512 rows16_blocks(const uint8_t* lo, size_t stride,
     const uint8_t* hi = lo + 8 * stride;
     const size_t ahead = 16 * stride;  // the next group's rows, read while these compute
     for (int i = 0; i < count; ++i, lo += sizeof(Block), hi += sizeof(Block)) {
-        // Row k's block i: from two bases and strides 1, 3, 5, 7 (times 1, 2 or 4).
-        auto row = [&](int k) {
-            const uint8_t* b = k < 8 ? lo : hi;
-            switch (k & 7) {
-                case 0:
-                    return b;
-                case 1:
-                    return b + s1;
-                case 2:
-                    return b + 2 * s1;
-                case 3:
-                    return b + s3;
-                case 4:
-                    return b + 4 * s1;
-                case 5:
-                    return b + s5;
-                case 6:
-                    return b + 2 * s3;
-                default:
-                    return b + s7;
-            }
-        };
+        const Rows16 rows{lo, hi, s1, s3, s5, s7};  // row k's block i
         // Every 36 bytes, each row's next line of the next group, into L2: the fastest of the
         // ways measured (into L1 with _MM_HINT_T0: 0.5x; the next group front to back, a line per
         // 64 of its bytes: 0.85x). A plain loop: GCC 12 drops the prefetches inside unroll's lambda.
         if (i % 2 == 0) {
-            for (int k = 0; k < 16; ++k) _mm_prefetch(reinterpret_cast<const char*>(row(k) + ahead), _MM_HINT_T1);
+            for (int k = 0; k < 16; ++k) _mm_prefetch(reinterpret_cast<const char*>(rows.row(k) + ahead), _MM_HINT_T1);
         }
         __m512i z[4];
         unroll<4>([&](auto j_) {
             constexpr int j = decltype(j_)::value;
-            __m512i v = _mm512_castsi128_si512(load128(row(j) + 2));
-            v = _mm512_inserti32x4(v, load128(row(j + 4) + 2), 1);
-            v = _mm512_inserti32x4(v, load128(row(j + 8) + 2), 2);
-            z[j] = _mm512_inserti32x4(v, load128(row(j + 12) + 2), 3);
+            __m512i v = _mm512_castsi128_si512(load128(rows.row(j) + 2));
+            v = _mm512_inserti32x4(v, load128(rows.row(j + 4) + 2), 1);
+            v = _mm512_inserti32x4(v, load128(rows.row(j + 8) + 2), 2);
+            z[j] = _mm512_inserti32x4(v, load128(rows.row(j + 12) + 2), 3);
         });
         const __m512i t0 = _mm512_unpacklo_epi32(z[0], z[1]), t1 = _mm512_unpackhi_epi32(z[0], z[1]);
         const __m512i t2 = _mm512_unpacklo_epi32(z[2], z[3]), t3 = _mm512_unpackhi_epi32(z[2], z[3]);
@@ -526,8 +506,8 @@ __attribute__((noinline)) __m512 rows16_blocks(const uint8_t* lo, size_t stride,
         uint64_t d4[4];
         unroll<4>([&](auto g_) {
             constexpr int g = decltype(g_)::value;
-            d4[g] = load_u16(row(4 * g)) | load_u16(row(4 * g + 1)) << 16 | load_u16(row(4 * g + 2)) << 32 |
-                    load_u16(row(4 * g + 3)) << 48;
+            d4[g] = load_u16(rows.row(4 * g)) | load_u16(rows.row(4 * g + 1)) << 16 |
+                    load_u16(rows.row(4 * g + 2)) << 32 | load_u16(rows.row(4 * g + 3)) << 48;
         });
         const __m256i dw = _mm256_setr_epi64x(static_cast<long long>(d4[0]), static_cast<long long>(d4[1]),
                                               static_cast<long long>(d4[2]), static_cast<long long>(d4[3]));
@@ -611,28 +591,7 @@ __attribute__((noinline)) void lanes8_rows16(const uint8_t* lo, size_t stride, c
     __m512 acc[8];
     unroll<8>([&](auto p_) { acc[decltype(p_)::value] = _mm512_setzero_ps(); });
     for (int i = 0; i < nb; ++i, lo += sizeof(Block), hi += sizeof(Block)) {
-        // Row k's block i, as rows16_blocks finds it.
-        auto row = [&](int k) {
-            const uint8_t* b = k < 8 ? lo : hi;
-            switch (k & 7) {
-                case 0:
-                    return b;
-                case 1:
-                    return b + s1;
-                case 2:
-                    return b + 2 * s1;
-                case 3:
-                    return b + s3;
-                case 4:
-                    return b + 4 * s1;
-                case 5:
-                    return b + s5;
-                case 6:
-                    return b + 2 * s3;
-                default:
-                    return b + s7;
-            }
-        };
+        const Rows16 rows{lo, hi, s1, s3, s5, s7};  // row k's block i
         // A later group into L2: where the rows are back to back (a matrix's), its bytes front to
         // back, 16 x 34 of them a block (a throwaway harness, thread CPU time, one thread: 45-57 GB/s
         // from L2 against 32 for rows16_blocks's way; from memory the group after the next gained
@@ -642,7 +601,7 @@ __attribute__((noinline)) void lanes8_rows16(const uint8_t* lo, size_t stride, c
             for (size_t at = static_cast<size_t>(i) * 16 * sizeof(Block) & ~size_t{63}; at < end; at += 64)
                 _mm_prefetch(reinterpret_cast<const char*>(next + at), _MM_HINT_T1);
         } else if (i % 2 == 0) {
-            for (int k = 0; k < 16; ++k) _mm_prefetch(reinterpret_cast<const char*>(row(k) + ahead), _MM_HINT_T1);
+            for (int k = 0; k < 16; ++k) _mm_prefetch(reinterpret_cast<const char*>(rows.row(k) + ahead), _MM_HINT_T1);
         }
         const __m512i yy = _mm512_broadcast_i64x4(load256(y[i].qs));
         __m512i off = _mm512_setzero_si512();
@@ -650,8 +609,8 @@ __attribute__((noinline)) void lanes8_rows16(const uint8_t* lo, size_t stride, c
         uint64_t d4[4];
         unroll<4>([&](auto g_) {
             constexpr int g = decltype(g_)::value;
-            d4[g] = load_u16(row(4 * g)) | load_u16(row(4 * g + 1)) << 16 | load_u16(row(4 * g + 2)) << 32 |
-                    load_u16(row(4 * g + 3)) << 48;
+            d4[g] = load_u16(rows.row(4 * g)) | load_u16(rows.row(4 * g + 1)) << 16 |
+                    load_u16(rows.row(4 * g + 2)) << 32 | load_u16(rows.row(4 * g + 3)) << 48;
         });
         const __m256i dw = _mm256_setr_epi64x(static_cast<long long>(d4[0]), static_cast<long long>(d4[1]),
                                               static_cast<long long>(d4[2]), static_cast<long long>(d4[3]));
@@ -660,14 +619,14 @@ __attribute__((noinline)) void lanes8_rows16(const uint8_t* lo, size_t stride, c
             constexpr int p = decltype(p_)::value;
             __m512i sums;
             if constexpr (kQ8) {
-                const __m512i w =
-                    _mm512_inserti64x4(_mm512_castsi256_si512(load256(row(2 * p) + 2)), load256(row(2 * p + 1) + 2), 1);
+                const __m512i w = _mm512_inserti64x4(_mm512_castsi256_si512(load256(rows.row(2 * p) + 2)),
+                                                     load256(rows.row(2 * p + 1) + 2), 1);
                 if constexpr (kVnni)
                     sums = _mm512_dpbusd_epi32(off, _mm512_xor_si512(w, bias), yy);
                 else
                     sums = signed_pair_dot<false>(w, yy);
             } else {
-                const __m512i q = quants_x2(*as<Block>(row(2 * p)), *as<Block>(row(2 * p + 1)));
+                const __m512i q = quants_x2(*as<Block>(rows.row(2 * p)), *as<Block>(rows.row(2 * p + 1)));
                 if constexpr (kVnni)
                     sums = _mm512_dpbusd_epi32(off, q, yy);
                 else

@@ -23,6 +23,7 @@
 #include "quant/dot_kernels.h"
 #include "quant/kquant_avx512.h"
 #include "quant/kquant_serial.h"
+#include "quant/rows16.h"
 #include "quant/unroll.h"
 
 namespace fitllm::quant::detail {
@@ -209,34 +210,6 @@ inline __m512i dot_u8s8(__m512i acc, __m512i u, __m512i s) {
 inline __m512i broadcast32(const void* p) {
     return _mm512_broadcastd_epi32(_mm_loadu_si32(p));
 }
-
-// Row k of 16 (0..7 from lo, 8..15 from hi, `stride` apart) from two bases and strides 1, 3, 5, 7.
-struct Rows16 {
-    const uint8_t* lo;
-    const uint8_t* hi;
-    size_t s1, s3, s5, s7;
-    const uint8_t* row(int k) const {
-        const uint8_t* b = k < 8 ? lo : hi;
-        switch (k & 7) {
-            case 0:
-                return b;
-            case 1:
-                return b + s1;
-            case 2:
-                return b + 2 * s1;
-            case 3:
-                return b + s3;
-            case 4:
-                return b + 4 * s1;
-            case 5:
-                return b + s5;
-            case 6:
-                return b + 2 * s3;
-            default:
-                return b + s7;
-        }
-    }
-};
 
 // The 16 bytes at offset `off` of the 16 rows, transposed: dw[q] lane k = dword q of row k.
 inline void transposed16(const Rows16& r, size_t off, __m512i dw[4]) {
